@@ -1,0 +1,298 @@
+// chain_verify on CUDA, in up to four launches that never wait on the host:
+//  1. row_stats:     every verification row split over the vocabulary; each
+//                    block reduces its slice to softmax statistics (argmax only
+//                    at T = 0) and records the draft's scaled logit.
+//  2. chain_walk:    a warp per sequence merges the slices of up to 32 rows at
+//                    once, tests acceptance in parallel and finds the first
+//                    rejection with a ballot; writes accept_len and the tokens.
+//  3. sample_slices: (T > 0) Gumbel-max over the one row per sequence that
+//                    needs a sample (bonus, residual or excluded draft).
+//  4. sample_finish: (T > 0) merges the slices and writes the sampled token.
+// Draft ids outside [0, V) are never dereferenced: they count as rejected.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "chain_verify_launch.h"
+#include "xkernels/sampling.h"
+
+namespace xkernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxSlices = 32;  // a warp merges the slices of a row
+constexpr int64_t kMinSliceGroups = 256;  // 1024 vocabulary ids per slice at least
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+
+// Loads ids 4g .. 4g+3 of a row, scaled; ids past the end read as -inf.
+template <typename T>
+__device__ __forceinline__ void load_group(const T* row, int64_t g, int64_t v, bool vector_ok, float scale,
+                                           float out[4]) {
+  const int64_t base = 4 * g;
+  if (vector_ok && base + 4 <= v) {
+    if constexpr (sizeof(T) == 4) {
+      const float4 x = *reinterpret_cast<const float4*>(row + base);
+      out[0] = x.x, out[1] = x.y, out[2] = x.z, out[3] = x.w;
+    } else {
+      const uint2 x = *reinterpret_cast<const uint2*>(row + base);
+      const T* h = reinterpret_cast<const T*>(&x);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) out[j] = to_float(h[j]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) out[j] = base + j < v ? to_float(row[base + j]) : kNegInf;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) out[j] *= scale;
+}
+
+__device__ __forceinline__ ArgMax shfl_argmax(ArgMax a, int delta) {
+  return ArgMax{__shfl_xor_sync(kFullMask, a.val, delta), __shfl_xor_sync(kFullMask, a.idx, delta)};
+}
+
+__device__ __forceinline__ RowStats warp_merge(RowStats s) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) {
+    const RowStats o{shfl_argmax(s.top, d), __shfl_xor_sync(kFullMask, s.sum, d)};
+    s = stats_merge(s, o);
+  }
+  return s;
+}
+
+__device__ __forceinline__ ArgMax warp_merge(ArgMax a) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) a = argmax_merge(a, shfl_argmax(a, d));
+  return a;
+}
+
+// Reduces one value per thread to thread 0 of the block.
+template <typename S>
+__device__ __forceinline__ S block_merge(S s, S empty) {
+  __shared__ S warp_results[kWarps];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  s = warp_merge(s);
+  if (lane == 0) warp_results[warp] = s;
+  __syncthreads();
+  if (warp == 0) {
+    s = lane < kWarps ? warp_results[lane] : empty;
+    s = warp_merge(s);
+  }
+  return s;
+}
+
+struct SliceRange {
+  int64_t begin, end;  // in groups of 4 ids
+};
+
+__device__ __forceinline__ SliceRange slice_range(int64_t v, int slices, int slice) {
+  const int64_t groups = (v + 3) / 4;
+  const int64_t per = (groups + slices - 1) / slices;
+  const int64_t begin = per * slice;
+  return SliceRange{begin, begin + per < groups ? begin + per : groups};
+}
+
+__device__ __forceinline__ uint64_t read_or(const int64_t* ptr, uint64_t fallback) {
+  return ptr ? static_cast<uint64_t>(*ptr) : fallback;
+}
+
+struct Workspace {
+  RowStats* row_slices;  // [n * (k+1) * row_slices]
+  float* draft_logit;    // [n * k], scaled logit of each draft
+  SampleJob* jobs;       // [n]
+  ArgMax* sample_slices;  // [n * sample_slices]
+  int row_slice_count, sample_slice_count;
+};
+
+template <typename T, bool kGreedy>
+__global__ void __launch_bounds__(kThreads) row_stats_kernel(ChainVerifyParams p, Workspace w, bool vector_ok) {
+  const int64_t rows_per_seq = p.k + 1;
+  const int64_t row = blockIdx.x / w.row_slice_count;  // n * (k+1) + i
+  const int slice = static_cast<int>(blockIdx.x % w.row_slice_count);
+  const int64_t n = row / rows_per_seq, i = row % rows_per_seq;
+  const T* logits = static_cast<const T*>(p.logits) + row * p.v;
+  const int64_t x = i < p.k ? p.draft[n * p.k + i] : -1;
+  const float scale = kGreedy ? 1.0f : p.inv_t;
+
+  RowStats s = stats_empty();
+  const SliceRange range = slice_range(p.v, w.row_slice_count, slice);
+  for (int64_t g = range.begin + threadIdx.x; g < range.end; g += kThreads) {
+    float a[4];
+    load_group(logits, g, p.v, vector_ok, scale, a);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int32_t id = static_cast<int32_t>(4 * g + j);
+      if constexpr (kGreedy) {
+        argmax_observe(s.top, a[j], id);
+      } else {
+        stats_observe(s, a[j], id);
+      }
+      if (id == x) w.draft_logit[n * p.k + i] = a[j];
+    }
+  }
+  s = block_merge(s, stats_empty());
+  if (threadIdx.x == 0) w.row_slices[blockIdx.x] = s;
+}
+
+__global__ void __launch_bounds__(kThreads) chain_walk_kernel(ChainVerifyParams p, Workspace w) {
+  const int lane = threadIdx.x % 32;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (n >= p.n) return;
+  const bool greedy = p.inv_t == 0.0f;
+  const uint64_t seed = read_or(p.seed_ptr, p.seed), offset = read_or(p.offset_ptr, p.offset);
+  const int64_t rows = p.k + 1;
+  int64_t* out = p.out_tokens + n * rows;
+
+  for (int64_t base = 0; base < rows; base += 32) {
+    const int64_t i = base + lane;
+    RowStats s = stats_empty();
+    bool stop = false, point_mass = true, valid = false;
+    int64_t x = -1;
+    if (i < rows) {
+      const RowStats* slices = w.row_slices + (n * rows + i) * w.row_slice_count;
+      for (int j = 0; j < w.row_slice_count; ++j) s = stats_merge(s, slices[j]);
+      point_mass = greedy || stats_degenerate(s);
+      if (i == p.k) {
+        stop = true;
+      } else {
+        x = p.draft[n * p.k + i];
+        valid = x >= 0 && x < p.v;
+        const float* q = p.q ? p.q + (n * p.k + i) * p.v : nullptr;
+        stop = !(valid && draft_accepted(point_mass, static_cast<int32_t>(x), s, w.draft_logit[n * p.k + i],
+                                         q != nullptr, q ? q[x] : 0.0f,
+                                         point_mass ? 0.0f
+                                                    : acceptance_coin(seed, offset, static_cast<uint32_t>(n),
+                                                                      static_cast<uint32_t>(i))));
+      }
+    }
+    const unsigned stops = __ballot_sync(kFullMask, stop);
+    const int first = stops ? __ffs(static_cast<int>(stops)) - 1 : 32;
+    if (lane < first && i < rows) out[i] = x;
+    if (stops == 0) continue;
+    if (lane == first) {
+      p.accept_len[n] = i;
+      SampleJob job{kSampleDone, static_cast<int32_t>(i), valid ? static_cast<int32_t>(x) : -1, s.top.idx, s};
+      if (point_mass) {
+        out[i] = s.top.idx;
+      } else {
+        job.mode = i == p.k ? kSamplePlain : (p.q ? kSampleResidual : kSampleExclude);
+      }
+      w.jobs[n] = job;
+    }
+    for (int64_t j = base + first + 1 + lane; j < rows; j += 32) out[j] = -1;
+    return;
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) sample_slices_kernel(ChainVerifyParams p, Workspace w, bool vector_ok) {
+  const int64_t n = blockIdx.x / w.sample_slice_count;
+  const int slice = static_cast<int>(blockIdx.x % w.sample_slice_count);
+  const SampleJob job = w.jobs[n];
+  if (job.mode == kSampleDone) return;
+  const uint64_t seed = read_or(p.seed_ptr, p.seed), offset = read_or(p.offset_ptr, p.offset);
+  const T* logits = static_cast<const T*>(p.logits) + (n * (p.k + 1) + job.row) * p.v;
+  const float* q = job.mode == kSampleResidual ? p.q + (n * p.k + job.row) * p.v : nullptr;
+
+  ArgMax best = argmax_empty();
+  const SliceRange range = slice_range(p.v, w.sample_slice_count, slice);
+  for (int64_t g = range.begin + threadIdx.x; g < range.end; g += kThreads) {
+    float a[4], qg[4];
+    load_group(logits, g, p.v, vector_ok, p.inv_t, a);
+    if (q) load_group(q, g, p.v, vector_ok, 1.0f, qg);
+    const int count = p.v - 4 * g < 4 ? static_cast<int>(p.v - 4 * g) : 4;
+    sample_group(best, job, seed, offset, static_cast<uint32_t>(n), static_cast<uint32_t>(g), a, q ? qg : nullptr,
+                 count);
+  }
+  best = block_merge(best, argmax_empty());
+  if (threadIdx.x == 0) w.sample_slices[blockIdx.x] = best;
+}
+
+__global__ void __launch_bounds__(kThreads) sample_finish_kernel(ChainVerifyParams p, Workspace w) {
+  const int lane = threadIdx.x % 32;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (n >= p.n) return;
+  const SampleJob job = w.jobs[n];
+  if (job.mode == kSampleDone) return;
+  ArgMax best = lane < w.sample_slice_count ? w.sample_slices[n * w.sample_slice_count + lane] : argmax_empty();
+  best = warp_merge(best);
+  if (lane == 0) p.out_tokens[n * (p.k + 1) + job.row] = sample_result(job, best);
+}
+
+// Slices per row so that the grid covers the GPU a few times over.
+int slice_count(int64_t rows, int64_t v, int num_sms) {
+  const int64_t want = (4 * static_cast<int64_t>(num_sms) + rows - 1) / rows;
+  const int64_t most = ((v + 3) / 4 + kMinSliceGroups - 1) / kMinSliceGroups;
+  int64_t s = want < most ? want : most;
+  s = s < kMaxSlices ? s : kMaxSlices;
+  return static_cast<int>(s < 1 ? 1 : s);
+}
+
+size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
+
+struct Layout {
+  int row_slices, sample_slices;
+  size_t row_bytes, logit_bytes, job_bytes, sample_bytes;
+};
+
+Layout layout(const ChainVerifyParams& p) {
+  Layout l;
+  l.row_slices = slice_count(p.n * (p.k + 1), p.v, p.num_sms);
+  l.sample_slices = slice_count(p.n, p.v, p.num_sms);
+  l.row_bytes = align_up(sizeof(RowStats) * p.n * (p.k + 1) * l.row_slices);
+  l.logit_bytes = align_up(sizeof(float) * p.n * p.k);
+  l.job_bytes = align_up(sizeof(SampleJob) * p.n);
+  l.sample_bytes = align_up(sizeof(ArgMax) * p.n * l.sample_slices);
+  return l;
+}
+
+template <typename T>
+cudaError_t launch_typed(const ChainVerifyParams& p, const Workspace& w, cudaStream_t stream) {
+  const bool vector_ok = p.v % 4 == 0 && reinterpret_cast<uintptr_t>(p.logits) % (4 * sizeof(T)) == 0 &&
+                         (p.q == nullptr || reinterpret_cast<uintptr_t>(p.q) % 16 == 0);
+  const bool greedy = p.inv_t == 0.0f;
+  const int64_t row_blocks = p.n * (p.k + 1) * w.row_slice_count;
+  const int64_t warp_blocks = (p.n + kWarps - 1) / kWarps;
+  if (greedy)
+    row_stats_kernel<T, true><<<row_blocks, kThreads, 0, stream>>>(p, w, vector_ok);
+  else
+    row_stats_kernel<T, false><<<row_blocks, kThreads, 0, stream>>>(p, w, vector_ok);
+  chain_walk_kernel<<<warp_blocks, kThreads, 0, stream>>>(p, w);
+  if (!greedy) {
+    sample_slices_kernel<T><<<p.n * w.sample_slice_count, kThreads, 0, stream>>>(p, w, vector_ok);
+    sample_finish_kernel<<<warp_blocks, kThreads, 0, stream>>>(p, w);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+size_t chain_verify_workspace_bytes(const ChainVerifyParams& p) {
+  const Layout l = layout(p);
+  return l.row_bytes + l.logit_bytes + l.job_bytes + l.sample_bytes;
+}
+
+cudaError_t launch_chain_verify(const ChainVerifyParams& p, void* workspace, cudaStream_t stream) {
+  if (p.n == 0) return cudaSuccess;
+  const Layout l = layout(p);
+  char* base = static_cast<char*>(workspace);
+  Workspace w;
+  w.row_slices = reinterpret_cast<RowStats*>(base);
+  w.draft_logit = reinterpret_cast<float*>(base + l.row_bytes);
+  w.jobs = reinterpret_cast<SampleJob*>(base + l.row_bytes + l.logit_bytes);
+  w.sample_slices = reinterpret_cast<ArgMax*>(base + l.row_bytes + l.logit_bytes + l.job_bytes);
+  w.row_slice_count = l.row_slices;
+  w.sample_slice_count = l.sample_slices;
+  switch (p.dtype) {
+    case LogitsType::kFloat32: return launch_typed<float>(p, w, stream);
+    case LogitsType::kBFloat16: return launch_typed<__nv_bfloat16>(p, w, stream);
+    case LogitsType::kFloat16: return launch_typed<__half>(p, w, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace xkernels::cuda

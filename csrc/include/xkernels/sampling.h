@@ -1,0 +1,152 @@
+// Sampling math shared by the CPU and CUDA kernels: a torch.argmax-compatible
+// running argmax, online softmax statistics, Gumbel noise from the package's
+// Philox stream, and the acceptance rule of speculative verification.
+#pragma once
+
+#include <cstdint>
+
+#include "xkernels/host_device.h"
+#include "xkernels/philox.h"
+
+namespace xkernels {
+
+// A running argmax that, like torch.argmax, ranks NaN above every number and
+// breaks ties toward the lowest index. The empty state loses to everything.
+struct ArgMax {
+  float val;
+  int32_t idx;
+};
+
+constexpr int32_t kNoIndex = 0x7FFFFFFF;
+
+XK_HD ArgMax argmax_empty() { return ArgMax{kNegInf, kNoIndex}; }
+
+// Whether (v, i) ranks before (best_v, best_i).
+XK_HD bool argmax_before(float v, int32_t i, float best_v, int32_t best_i) {
+  const bool v_nan = is_nan_f32(v), best_nan = is_nan_f32(best_v);
+  if (v_nan || best_nan) return v_nan && (!best_nan || i < best_i);
+  return v > best_v || (v == best_v && i < best_i);
+}
+
+XK_HD void argmax_observe(ArgMax& best, float v, int32_t i) {
+  if (argmax_before(v, i, best.val, best.idx)) best = ArgMax{v, i};
+}
+
+XK_HD ArgMax argmax_merge(ArgMax a, ArgMax b) {
+  return argmax_before(b.val, b.idx, a.val, a.idx) ? b : a;
+}
+
+// Softmax statistics of one row of scaled logits a = logits / T:
+// top = argmax(a), sum = sum_v exp(a_v - top.val). A row whose top value is
+// not finite (it holds a NaN or +inf, or is all -inf) has no softmax; the ops
+// treat it as a point mass at top.idx.
+struct RowStats {
+  ArgMax top;
+  float sum;
+};
+
+XK_HD RowStats stats_empty() { return RowStats{argmax_empty(), 0.0f}; }
+
+XK_HD bool stats_degenerate(const RowStats& s) { return !is_finite_f32(s.top.val); }
+
+// Rescales `sum` from max `from` to max `to` (to >= from); -inf rows add nothing.
+XK_HD float rescaled_sum(float sum, float from, float to) {
+  return from == kNegInf ? 0.0f : sum * exp_f32(from - to);
+}
+
+XK_HD void stats_observe(RowStats& s, float a, int32_t i) {
+  if (argmax_before(a, i, s.top.val, s.top.idx)) {
+    s.sum = a == kNegInf ? 0.0f : rescaled_sum(s.sum, s.top.val, a) + 1.0f;
+    s.top = ArgMax{a, i};
+  } else if (a != kNegInf) {
+    s.sum += exp_f32(a - s.top.val);
+  }
+}
+
+XK_HD RowStats stats_merge(const RowStats& x, const RowStats& y) {
+  RowStats out;
+  out.top = argmax_merge(x.top, y.top);
+  out.sum = rescaled_sum(x.sum, x.top.val, out.top.val) + rescaled_sum(y.sum, y.top.val, out.top.val);
+  return out;
+}
+
+// softmax(a)[v] for a = a_v, given the row's statistics.
+XK_HD float stats_prob(const RowStats& s, float a) { return exp_f32(a - s.top.val) / s.sum; }
+
+// Standard Gumbel noise -log(-log(u)) from one Philox word.
+XK_HD float gumbel_from_word(uint32_t word) { return -log_f32(-log_f32(uniform_open(word))); }
+
+// Above any noise gumbel_from_word returns (its maximum is -log(-log(1 - 2^-24))
+// = 16.64): a candidate whose score plus this bound is below the best so far
+// cannot win, so its noise need not be drawn.
+constexpr float kGumbelBound = 16.7f;
+
+XK_HD float acceptance_coin(uint64_t seed, uint64_t offset, uint32_t sequence, uint32_t row) {
+  return uniform_open(philox_draw(seed, offset, sequence, row, kCoinDraw).w[0]);
+}
+
+// Speculative acceptance of one draft token x at one verification row.
+// greedy: T == 0 or a degenerate row; then x is accepted iff it is the argmax.
+// Otherwise p = softmax(a)[x]; with the draft's own probability q = q(x) the
+// rule is u * q < p (accept with probability min(1, p / q)); without draft
+// probabilities the draft is a deterministic proposal and the rule is u < p.
+XK_HD bool draft_accepted(bool greedy, int32_t x, const RowStats& s, float a_x, bool has_q, float q_x,
+                          float u) {
+  if (greedy) return x == s.top.idx;
+  const float p = stats_prob(s, a_x);
+  return has_q ? u * q_x < p : u < p;
+}
+
+// What the sampling pass draws at the row where verification stopped.
+enum SampleMode : int32_t {
+  kSampleDone = 0,      // the token is already known (greedy)
+  kSamplePlain = 1,     // from p = softmax(a): the bonus row
+  kSampleExclude = 2,   // from p with the rejected draft removed (no draft probabilities)
+  kSampleResidual = 3,  // from normalize(max(p - q, 0))
+};
+
+struct SampleJob {
+  int32_t mode;      // SampleMode
+  int32_t row;       // verification row of the sample
+  int32_t exclude;   // the rejected draft (kSampleExclude)
+  int32_t fallback;  // the row's argmax, used if nothing can be drawn
+  RowStats stats;    // of the row
+};
+
+// log of the unnormalised probability of drawing v under the job's mode, or
+// -inf if v cannot be drawn.
+XK_HD float sample_log_weight(const SampleJob& job, float a, int32_t v, float q) {
+  switch (job.mode) {
+    case kSampleExclude:
+      return v == job.exclude ? kNegInf : a;
+    case kSampleResidual: {
+      const float r = stats_prob(job.stats, a) - q;
+      return r > 0.0f ? log_f32(r) : kNegInf;
+    }
+    default:
+      return a;
+  }
+}
+
+// Gumbel-max over vocabulary ids 4g .. 4g+count-1 (one Philox draw). The noise
+// is drawn only if some id could still beat `best`.
+XK_HD void sample_group(ArgMax& best, const SampleJob& job, uint64_t seed, uint64_t offset,
+                        uint32_t sequence, uint32_t g, const float* a, const float* q, int count) {
+  float w[4];
+  bool live = false;
+  for (int j = 0; j < 4; ++j) {
+    w[j] = j < count ? sample_log_weight(job, a[j], static_cast<int32_t>(4 * g + j), q ? q[j] : 0.0f)
+                     : kNegInf;
+    live |= w[j] != kNegInf && w[j] + kGumbelBound >= best.val;
+  }
+  if (!live) return;
+  const Philox4 r = philox_draw(seed, offset, sequence, static_cast<uint32_t>(job.row), g);
+  for (int j = 0; j < 4; ++j)
+    if (w[j] != kNegInf) argmax_observe(best, w[j] + gumbel_from_word(r.w[j]), static_cast<int32_t>(4 * g + j));
+}
+
+XK_HD int32_t sample_result(const SampleJob& job, const ArgMax& best) {
+  return best.val == kNegInf ? job.fallback : best.idx;
+}
+
+}  // namespace xkernels

@@ -1,0 +1,33 @@
+#include "checks.h"
+
+#include <c10/util/Exception.h>
+
+#include <cstdlib>
+#include <cstring>
+
+namespace xkernels {
+
+bool value_checks_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("XKERNELS_CHECK");
+    return v != nullptr && std::strcmp(v, "0") != 0 && v[0] != '\0';
+  }();
+  return enabled;
+}
+
+static const int64_t* rng_tensor_ptr(const std::optional<at::Tensor>& t, const char* name,
+                                     const at::Device& device) {
+  if (!t.has_value()) return nullptr;
+  TORCH_CHECK(t->scalar_type() == at::kLong, name, " must be an int64 tensor, got ", t->scalar_type());
+  TORCH_CHECK(t->numel() == 1, name, " must hold exactly one element, got shape ", t->sizes());
+  TORCH_CHECK(t->device() == device, name, " must be on ", device, " (the logits' device), got ", t->device());
+  return t->const_data_ptr<int64_t>();
+}
+
+RngArgs rng_args(int64_t seed, int64_t offset, const std::optional<at::Tensor>& seed_tensor,
+                 const std::optional<at::Tensor>& offset_tensor, const at::Device& device) {
+  return RngArgs{static_cast<uint64_t>(seed), static_cast<uint64_t>(offset),
+                 rng_tensor_ptr(seed_tensor, "seed", device), rng_tensor_ptr(offset_tensor, "offset", device)};
+}
+
+}  // namespace xkernels

@@ -1,0 +1,36 @@
+// The schemas of every xkernels op. Kernels register per dispatch key in
+// csrc/cpu and csrc/cuda; fake kernels live in Python (xkernels/_fake.py).
+#include <torch/library.h>
+
+#include <string>
+
+#include "xkernels/ops.h"
+
+#ifndef XK_VERSION
+#define XK_VERSION "unknown"
+#endif
+#ifndef XK_CUDA_ARCHS
+#define XK_CUDA_ARCHS ""
+#endif
+
+namespace xkernels {
+
+std::string build_info() {
+#ifdef XK_WITH_CUDA
+  const char* cuda = "yes";
+#else
+  const char* cuda = "no";
+#endif
+  return std::string("version=") + XK_VERSION + ";cuda=" + cuda + ";cuda_archs=" + XK_CUDA_ARCHS;
+}
+
+TORCH_LIBRARY(xkernels, m) {
+  m.set_python_module("xkernels._fake");
+  m.def("build_info() -> str", &build_info);
+  m.def(
+      "chain_verify(Tensor draft_tokens, Tensor target_logits, Tensor? draft_probs=None, "
+      "float temperature=0.0, int seed=0, int offset=0, Tensor? seed_tensor=None, "
+      "Tensor? offset_tensor=None) -> (Tensor accept_len, Tensor out_tokens)");
+}
+
+}  // namespace xkernels

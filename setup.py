@@ -1,0 +1,120 @@
+"""Builds libxkernels with CMake (the same build C++ users get) and puts it in the package.
+
+    pip install --no-build-isolation -e .
+
+Environment:
+    XKERNELS_CUDA=0/1      force the CUDA kernels off/on. Default: on when the installed
+                           torch is a CUDA build and nvcc is found (a GPU is not needed).
+    TORCH_CUDA_ARCH_LIST   architectures to compile for. Default: the visible GPUs, or
+                           "8.0;9.0a" (Ampere and Hopper) when none is visible.
+    CUDA_HOME              the CUDA toolkit; default: found from nvcc.
+    MAX_JOBS               parallel compile jobs.
+    XKERNELS_PTXAS_VERBOSE=1  print each kernel's registers and spills.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).parent.resolve()
+DEFAULT_ARCHS = "8.0;9.0a"
+
+
+def log(msg):
+    print(f"xkernels build: {msg}", flush=True)
+
+
+def find_cuda_home():
+    """The toolkit folder. The nvcc on PATH can be a wrapper script, so ask nvcc itself."""
+    if os.environ.get("CUDA_HOME"):
+        return Path(os.environ["CUDA_HOME"])
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return None
+    try:
+        dry = subprocess.run([nvcc, "--dryrun", "-c", "-x", "cu", os.devnull], capture_output=True, text=True)
+        m = re.search(r"TOP=(\S+)", dry.stdout + dry.stderr)
+        if m:
+            return Path(m.group(1)).resolve()
+    except OSError:
+        pass
+    return Path(nvcc).resolve().parent.parent
+
+
+def use_cuda(torch, cuda_home):
+    forced = os.environ.get("XKERNELS_CUDA")
+    if forced is not None:
+        if forced == "1" and (torch.version.cuda is None or cuda_home is None):
+            sys.exit("xkernels build: XKERNELS_CUDA=1 needs a CUDA build of torch and nvcc")
+        return forced == "1"
+    return torch.version.cuda is not None and cuda_home is not None
+
+
+def cuda_arch_list(torch):
+    if os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        return os.environ["TORCH_CUDA_ARCH_LIST"]
+    if torch.cuda.is_available():
+        caps = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+        return ";".join(f"{a}.{b}" + ("a" if a == 9 else "") for a, b in caps)
+    log(f"no GPU visible and TORCH_CUDA_ARCH_LIST unset: compiling for {DEFAULT_ARCHS}")
+    return DEFAULT_ARCHS
+
+
+def nvidia_wheel_paths(torch):
+    """Headers and libraries that the CUDA build of torch ships as nvidia-* wheels."""
+    site = Path(torch.__file__).resolve().parent.parent / "nvidia"
+    includes = sorted(str(p) for p in site.glob("*/include") if p.is_dir())
+    nvrtc = sorted(site.glob("*/lib/libnvrtc.so*"))
+    return includes, (str(nvrtc[0]) if nvrtc else None)
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext):
+        import torch
+
+        build_dir = ROOT / "build" / "cmake"
+        build_dir.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        args = [
+            f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
+            "-DCMAKE_BUILD_TYPE=Release",
+            f"-DXKERNELS_PTXAS_VERBOSE={'ON' if os.environ.get('XKERNELS_PTXAS_VERBOSE') == '1' else 'OFF'}",
+        ]
+        if shutil.which("ninja"):
+            args.append("-GNinja")
+        cuda_home = find_cuda_home()
+        if use_cuda(torch, cuda_home):
+            archs = cuda_arch_list(torch)
+            env["TORCH_CUDA_ARCH_LIST"] = archs
+            includes, nvrtc = nvidia_wheel_paths(torch)
+            env["CPATH"] = os.pathsep.join(includes + [env.get("CPATH", "")]).rstrip(os.pathsep)
+            args += [
+                "-DXKERNELS_CUDA=ON",
+                f"-DCMAKE_CUDA_COMPILER={cuda_home / 'bin' / 'nvcc'}",
+                f"-DCUDAToolkit_ROOT={cuda_home}",
+                f"-DCUDA_TOOLKIT_ROOT_DIR={cuda_home}",
+            ]
+            if nvrtc:
+                args.append(f"-DCUDA_nvrtc_LIBRARY={nvrtc}")
+            log(f"CUDA kernels ON (toolkit {cuda_home}, archs {archs})")
+        else:
+            args.append("-DXKERNELS_CUDA=OFF")
+            log("CUDA kernels OFF (CPU build of torch, nvcc not found, or XKERNELS_CUDA=0)")
+        jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
+        subprocess.check_call(["cmake", "-S", str(ROOT), "-B", str(build_dir), *args], env=env)
+        subprocess.check_call(["cmake", "--build", str(build_dir), "-j", jobs], env=env)
+        target = Path(self.get_ext_fullpath(ext.name))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(build_dir / "libxkernels.so", target)
+
+
+setup(
+    ext_modules=[Extension("xkernels.libxkernels", sources=[])],
+    cmdclass={"build_ext": CMakeBuild},
+)

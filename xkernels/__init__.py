@@ -1,0 +1,29 @@
+"""xkernels: hand-written C++ and CUDA kernels for speculative decoding, as torch custom ops.
+
+Importing the package loads libxkernels (which registers the ops under torch.ops.xkernels)
+and the fake kernels that let torch.compile and FakeTensor trace them.
+"""
+
+from pathlib import Path
+
+import torch
+
+
+def _load_library():
+    here = Path(__file__).parent
+    found = sorted(here.glob("libxkernels*.so"))
+    if not found:
+        raise ImportError(
+            f"libxkernels was not found in {here}: build it with `pip install --no-build-isolation -e .`"
+        )
+    torch.ops.load_library(str(found[0]))
+    return found[0]
+
+
+_LIBRARY_PATH = _load_library()
+
+from . import _fake  # noqa: E402,F401  (registers the fake kernels)
+from .ops import build_info, chain_verify  # noqa: E402
+
+__version__ = "0.1.0"
+__all__ = ["build_info", "chain_verify"]

@@ -1,0 +1,137 @@
+"""Plain PyTorch references: what each op means, in code one can read.
+
+The kernels must agree with these. They use the package's Philox stream (keyed as
+in csrc/include/xkernels/philox.h), so at temperature > 0 they draw the same
+tokens as the kernels for the same (seed, offset).
+"""
+
+from typing import Optional, Tuple
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+COIN_DRAW = 0xFFFFFFFF  # the Philox draw index of the acceptance coin
+
+
+def _mulhilo(a: int, b: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """High and low 32 bits of a * b for a 32-bit constant a and int64 tensor b in [0, 2^32)."""
+    lo_part = a * (b & 0xFFFF)
+    hi_part = a * (b >> 16)
+    mid = lo_part + ((hi_part & 0xFFFF) << 16)
+    return (hi_part >> 16) + (mid >> 32), mid & _MASK32
+
+
+def philox4x32_10(counter, key):
+    """Philox4x32-10 on int64 tensors holding 32-bit words. counter: 4 tensors, key: 2 ints."""
+    c0, c1, c2, c3 = counter
+    k0, k1 = key
+    for _ in range(10):
+        hi0, lo0 = _mulhilo(0xD2511F53, c0)
+        hi1, lo1 = _mulhilo(0xCD9E8D57, c2)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0 = (k0 + 0x9E3779B9) & _MASK32
+        k1 = (k1 + 0xBB67AE85) & _MASK32
+    return c0, c1, c2, c3
+
+
+def philox_draw(seed: int, offset: int, sequence, position, draw) -> torch.Tensor:
+    """The 4 words of Philox draw `draw` of (sequence, position): counter = (draw, position,
+    sequence, offset_lo), key = (seed_lo, seed_hi ^ offset_hi). Returns int64 [..., 4]."""
+    seed, offset = seed % 2**64, offset % 2**64
+    sequence, position, draw = torch.broadcast_tensors(
+        torch.as_tensor(sequence, dtype=torch.int64), torch.as_tensor(position, dtype=torch.int64),
+        torch.as_tensor(draw, dtype=torch.int64))
+    counter = (draw, position, sequence, torch.full_like(draw, offset & _MASK32))
+    key = (seed & _MASK32, (seed >> 32) ^ (offset >> 32))
+    return torch.stack(philox4x32_10(counter, key), dim=-1)
+
+
+def uniform_open(words: torch.Tensor) -> torch.Tensor:
+    """Uniforms strictly inside (0, 1) from 32-bit words: (top 23 bits + 0.5) / 2^23, in float32."""
+    return ((words >> 9).to(torch.float32) + 0.5) * 2.0**-23
+
+
+def gumbel_noise(seed: int, offset: int, sequence: int, position: int, vocab: int) -> torch.Tensor:
+    """Gumbel noise of vocabulary ids 0..vocab-1 at (sequence, position): word v % 4 of draw v // 4."""
+    draws = torch.arange((vocab + 3) // 4)
+    words = philox_draw(seed, offset, sequence, position, draws).reshape(-1)[:vocab]
+    return -torch.log(-torch.log(uniform_open(words)))
+
+
+def acceptance_coins(seed: int, offset: int, n: int, k: int) -> torch.Tensor:
+    """The acceptance uniform of every (sequence, row): [n, k] float32."""
+    seq = torch.arange(n)[:, None]
+    row = torch.arange(k)[None, :]
+    return uniform_open(philox_draw(seed, offset, seq, row, COIN_DRAW)[..., 0])
+
+
+def _as_int(value) -> int:
+    return int(value.item()) if isinstance(value, torch.Tensor) else int(value)
+
+
+def chain_verify(
+    draft_tokens: torch.Tensor,
+    target_logits: torch.Tensor,
+    draft_probs: Optional[torch.Tensor] = None,
+    temperature: float = 0.0,
+    seed=0,
+    offset=0,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Speculative verification of a chain of drafts; see xkernels.chain_verify."""
+    n, k = draft_tokens.shape
+    vocab = target_logits.shape[-1]
+    device = target_logits.device
+    if draft_tokens.numel() and not ((draft_tokens >= 0) & (draft_tokens < vocab)).all():
+        raise ValueError(f"draft_tokens holds ids outside [0, {vocab})")
+    greedy = temperature == 0
+    seed, offset = _as_int(seed), _as_int(offset)
+    logits = target_logits.detach().cpu().float()
+    draft = draft_tokens.detach().cpu()
+    q = None if draft_probs is None else draft_probs.detach().cpu().float()
+
+    # Scaled logits a = logits / T (as a product by the float32 reciprocal, like the kernels).
+    a = logits if greedy else logits * float(torch.tensor(1.0 / temperature, dtype=torch.float32))
+    top = a.argmax(-1)  # [n, k+1]; NaN first, ties to the lowest index
+    row_max = a.amax(-1) if vocab else torch.zeros(n, k + 1)
+    # A row without a softmax (NaN, +inf, or all -inf) is a point mass at its argmax.
+    point_mass = torch.full_like(top, greedy, dtype=torch.bool) | ~torch.isfinite(row_max)
+    row_sum = torch.exp(a - row_max[..., None]).sum(-1)
+
+    def prob(i_n, i_row, token):  # softmax(a)[token] of one row
+        return torch.exp(a[i_n, i_row, token] - row_max[i_n, i_row]) / row_sum[i_n, i_row]
+
+    coins = acceptance_coins(seed, offset, n, k)
+    accept_len = torch.zeros(n, dtype=torch.int64)
+    out = torch.full((n, k + 1), -1, dtype=torch.int64)
+    for s in range(n):
+        i = 0
+        while i < k:
+            x = int(draft[s, i])
+            if point_mass[s, i]:
+                accepted = x == int(top[s, i])
+            else:
+                p_x = prob(s, i, x)
+                accepted = bool(coins[s, i] * q[s, i, x] < p_x) if q is not None else bool(coins[s, i] < p_x)
+            if not accepted:
+                break
+            out[s, i] = x
+            i += 1
+        accept_len[s] = i
+        if point_mass[s, i]:
+            out[s, i] = top[s, i]
+            continue
+        # Sample the correction (or the bonus at row k) by Gumbel-max over log-weights.
+        if i == k:
+            log_w = a[s, i].clone()
+        elif q is not None:
+            residual = torch.exp(a[s, i] - row_max[s, i]) / row_sum[s, i] - q[s, i]
+            log_w = torch.where(residual > 0, torch.log(residual.clamp_min(1e-38)), float("-inf"))
+        else:
+            log_w = a[s, i].clone()
+            log_w[int(draft[s, i])] = float("-inf")
+        if torch.isneginf(log_w).all():  # nothing can be drawn (only by rounding): the argmax
+            out[s, i] = top[s, i]
+        else:
+            noisy = torch.where(torch.isneginf(log_w), float("-inf"), log_w + gumbel_noise(seed, offset, s, i, vocab))
+            out[s, i] = noisy.argmax()
+    return accept_len.to(device), out.to(device)
