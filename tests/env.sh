@@ -1,0 +1,16 @@
+# Sourced by tests/run.sh and bench/run.sh: makes a virtual environment with torch and the
+# test tools, and builds xkernels into it (editable). Safe to source again: what is there stays.
+#   XKERNELS_VENV   the environment (default: .venv in the repository)
+#   XKERNELS_TORCH  the torch requirement (default: torch==2.14.1, a CUDA 13 build that also
+#                   compiles the CUDA kernels on a machine without a GPU)
+set -euo pipefail
+XK_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+XK_VENV="${XKERNELS_VENV:-$XK_ROOT/.venv}"
+if [ ! -x "$XK_VENV/bin/python" ]; then
+  python3 -m venv "$XK_VENV"
+fi
+XK_PY="$XK_VENV/bin/python"
+"$XK_PY" -m pip install -q --disable-pip-version-check "${XKERNELS_TORCH:-torch==2.14.1}" numpy scipy pytest \
+  pytest-benchmark setuptools wheel
+"$XK_PY" -m pip install -q --disable-pip-version-check --no-build-isolation -e "$XK_ROOT"
+export XK_ROOT XK_VENV XK_PY
