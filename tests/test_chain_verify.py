@@ -66,6 +66,18 @@ def test_greedy_ties_go_to_lowest_index(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", LOGIT_DTYPES)
+@pytest.mark.parametrize("v", [3, 8, 13, 64, 1001])
+def test_many_ties_match_torch_argmax(device, dtype, v):
+    g = torch.Generator().manual_seed(v)
+    logits = torch.randint(0, 3, (32, 5, v), generator=g).to(dtype)  # ties everywhere
+    drafts = logits[:, :4].float().argmax(-1)
+    accept_len, out = xkernels.chain_verify(*to(device, drafts, logits))
+    assert (accept_len == 4).all()
+    assert torch.equal(out.cpu(), logits.float().argmax(-1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_rows_without_softmax_are_point_masses(device, temperature):
     v = 12

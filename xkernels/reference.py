@@ -95,28 +95,22 @@ def chain_verify(
     row_max = a.amax(-1) if vocab else torch.zeros(n, k + 1)
     # A row without a softmax (NaN, +inf, or all -inf) is a point mass at its argmax.
     point_mass = torch.full_like(top, greedy, dtype=torch.bool) | ~torch.isfinite(row_max)
-    row_sum = torch.exp(a - row_max[..., None]).sum(-1)
+    # Acceptance of every draft, then the chain stops at the first rejection.
+    # Under a point mass (greedy) a draft is accepted iff it is the argmax; otherwise with
+    # probability min(1, p(x) / q(x)), or p(x) for a deterministic proposal.
+    accepted = draft == top[:, :k]
+    if not greedy:
+        row_sum = torch.exp(a - row_max[..., None]).sum(-1)
+        p_x = torch.exp(a[:, :k].gather(-1, draft[..., None])[..., 0] - row_max[:, :k]) / row_sum[:, :k]
+        coins = acceptance_coins(seed, offset, n, k)
+        q_x = q.gather(-1, draft[..., None])[..., 0] if q is not None else None
+        sampled_accept = coins * q_x < p_x if q is not None else coins < p_x
+        accepted = torch.where(point_mass[:, :k], accepted, sampled_accept)
+    accept_len = accepted.long().cumprod(-1).sum(-1)
+    out = torch.where(torch.arange(k) < accept_len[:, None], draft, -1)
+    out = torch.cat([out, torch.full((n, 1), -1, dtype=torch.int64)], 1)
 
-    def prob(i_n, i_row, token):  # softmax(a)[token] of one row
-        return torch.exp(a[i_n, i_row, token] - row_max[i_n, i_row]) / row_sum[i_n, i_row]
-
-    coins = acceptance_coins(seed, offset, n, k)
-    accept_len = torch.zeros(n, dtype=torch.int64)
-    out = torch.full((n, k + 1), -1, dtype=torch.int64)
-    for s in range(n):
-        i = 0
-        while i < k:
-            x = int(draft[s, i])
-            if point_mass[s, i]:
-                accepted = x == int(top[s, i])
-            else:
-                p_x = prob(s, i, x)
-                accepted = bool(coins[s, i] * q[s, i, x] < p_x) if q is not None else bool(coins[s, i] < p_x)
-            if not accepted:
-                break
-            out[s, i] = x
-            i += 1
-        accept_len[s] = i
+    for s, i in enumerate(accept_len.tolist()):
         if point_mass[s, i]:
             out[s, i] = top[s, i]
             continue
@@ -125,7 +119,7 @@ def chain_verify(
             log_w = a[s, i].clone()
         elif q is not None:
             residual = torch.exp(a[s, i] - row_max[s, i]) / row_sum[s, i] - q[s, i]
-            log_w = torch.where(residual > 0, torch.log(residual.clamp_min(1e-38)), float("-inf"))
+            log_w = torch.where(residual > 0, torch.log(residual), float("-inf"))
         else:
             log_w = a[s, i].clone()
             log_w[int(draft[s, i])] = float("-inf")

@@ -5,6 +5,7 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <type_traits>
 #include <vector>
 
 #include "../ops/checks.h"
@@ -34,12 +35,20 @@ struct ChainArgs {
 // Verifies sequence n: writes its accept length and K+1 output tokens.
 template <typename T>
 void verify_sequence(const ChainArgs& c, int64_t n, const T* logits, const int64_t* draft, const float* q,
-                     int64_t* accept_len, int64_t* out, float* a) {
+                     int64_t* accept_len, int64_t* out, float* buffer) {
   const bool greedy = c.inv_t == 0.0f;
   SampleJob job{kSampleDone, 0, -1, 0, stats_empty()};
   int64_t i = 0;
   for (;; ++i) {
-    cpu::scale_row(logits + i * c.v, c.v, greedy ? 1.0f : c.inv_t, a);
+    // Greedy float32 rows are read in place; others are converted and scaled once.
+    const float* a = nullptr;
+    if constexpr (std::is_same_v<T, float>) {
+      if (greedy) a = logits + i * c.v;
+    }
+    if (a == nullptr) {
+      cpu::scale_row(logits + i * c.v, c.v, greedy ? 1.0f : c.inv_t, buffer);
+      a = buffer;
+    }
     const RowStats s = greedy ? RowStats{cpu::row_argmax(a, c.v), 0.0f} : cpu::row_stats(a, c.v);
     const bool point_mass = greedy || stats_degenerate(s);
     job = SampleJob{point_mass ? kSampleDone : kSamplePlain, static_cast<int32_t>(i), -1, s.top.idx, s};
@@ -62,6 +71,7 @@ void verify_sequence(const ChainArgs& c, int64_t n, const T* logits, const int64
   }
   int32_t token = job.fallback;
   if (job.mode != kSampleDone) {
+    const float* a = buffer;  // sampling happens only at T > 0, so the row is in the buffer
     const float* q_row = job.mode == kSampleResidual ? q + i * c.v : nullptr;
     ArgMax best = argmax_empty();
     for (int64_t g = 0; 4 * g < c.v; ++g) {

@@ -12,23 +12,36 @@
 namespace xkernels::cpu {
 namespace {
 
-// exp(x) for x <= 0 (Cephes' polynomial, about 1 ulp), without branches so that
-// the summing loop vectorises; x below -87 returns about 1e-38 instead of a
-// denormal, which no sum of at least 1 can see.
-inline float exp_nonpositive(float x) {
-  x = x < -87.0f ? -87.0f : x;
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float n = (x * 1.44269504088896341f + kRound) - kRound;
-  const float r = x - n * 0.693359375f - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
+// GCC/Clang vector extensions: each target clone lowers them to its widest registers.
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef int32_t i32x8 __attribute__((vector_size(32)));
+constexpr int kLanes = 8;
+
+inline f32x8 splat(float x) { return f32x8{x, x, x, x, x, x, x, x}; }
+
+inline f32x8 load8(const float* p) {
+  f32x8 x;
+  std::memcpy(&x, p, sizeof(x));
+  return x;
+}
+
+// exp(x) for x <= 0 (Cephes' polynomial, about 1 ulp), branch-free on 8 lanes; x below -87
+// gives about 1e-38 instead of a denormal, which no sum of at least 1 can see.
+inline f32x8 exp_nonpositive(f32x8 x) {
+  const f32x8 lowest = splat(-87.0f);
+  x = x < lowest ? lowest : x;
+  const f32x8 round = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  const f32x8 n = (x * splat(1.44269504088896341f) + round) - round;
+  const f32x8 r = x - n * splat(0.693359375f) - n * splat(-2.12194440e-4f);
+  f32x8 p = splat(1.9875691500e-4f);
+  p = p * r + splat(1.3981999507e-3f);
+  p = p * r + splat(8.3334519073e-3f);
+  p = p * r + splat(4.1665795894e-2f);
+  p = p * r + splat(1.6666665459e-1f);
+  p = p * r + splat(5.0000001201e-1f);
+  p = p * r * r + r + splat(1.0f);
+  const i32x8 bits = (__builtin_convertvector(n, i32x8) + 127) << 23;
+  f32x8 scale;
   std::memcpy(&scale, &bits, sizeof(scale));
   return p * scale;
 }
@@ -48,37 +61,41 @@ XK_CLONES void scale_row(const c10::Half* row, int64_t n, float scale, float* ou
   scale_row_impl(row, n, scale, out);
 }
 
-// Reductions keep kLanes independent accumulators so the compiler can use
-// vector registers without reordering a single float chain.
-constexpr int kLanes = 16;
-
-XK_CLONES static float max_ignoring_nan(const float* a, int64_t n, bool* has_nan) {
-  float m[kLanes];
-  int nan[kLanes];
-  for (int j = 0; j < kLanes; ++j) m[j] = kNegInf, nan[j] = 0;
+// One pass: each lane keeps its first maximum (NaNs are skipped and flagged).
+XK_CLONES static ArgMax argmax_ignoring_nan(const float* a, int64_t n, bool* has_nan) {
+  f32x8 best = splat(kNegInf);
+  i32x8 best_idx = {}, idx = {0, 1, 2, 3, 4, 5, 6, 7}, nan = {};
   int64_t v = 0;
-  for (; v + kLanes <= n; v += kLanes)
-    for (int j = 0; j < kLanes; ++j) {
-      m[j] = a[v + j] > m[j] ? a[v + j] : m[j];
-      nan[j] |= a[v + j] != a[v + j];
-    }
-  for (; v < n; ++v) {
-    m[0] = a[v] > m[0] ? a[v] : m[0];
-    nan[0] |= a[v] != a[v];
+  for (; v + kLanes <= n; v += kLanes, idx += kLanes) {
+    const f32x8 x = load8(a + v);
+    const i32x8 better = x > best;
+    best = better ? x : best;
+    best_idx = better ? idx : best_idx;
+    nan |= x != x;
   }
-  float best = kNegInf;
-  int any_nan = 0;
-  for (int j = 0; j < kLanes; ++j) best = m[j] > best ? m[j] : best, any_nan |= nan[j];
-  *has_nan = any_nan != 0;
-  return best;
+  ArgMax out = argmax_empty();
+  bool any_nan = false;
+  for (int j = 0; j < kLanes; ++j) {
+    if (best[j] != kNegInf) argmax_observe(out, best[j], best_idx[j]);
+    any_nan |= nan[j] != 0;
+  }
+  for (; v < n; ++v) {
+    any_nan |= is_nan_f32(a[v]);
+    if (!is_nan_f32(a[v])) argmax_observe(out, a[v], static_cast<int32_t>(v));
+  }
+  if (out.val == kNegInf) out = ArgMax{kNegInf, 0};  // no NaN and a -inf maximum: all are -inf
+  *has_nan = any_nan;
+  return out;
 }
 
 XK_CLONES static float sum_exp_shifted(const float* a, int64_t n, float shift) {
-  float acc[kLanes] = {};
+  f32x8 acc = splat(0.0f);
+  const f32x8 s = splat(shift);
   int64_t v = 0;
-  for (; v + kLanes <= n; v += kLanes)
-    for (int j = 0; j < kLanes; ++j) acc[j] += exp_nonpositive(a[v + j] - shift);
-  for (; v < n; ++v) acc[0] += exp_nonpositive(a[v] - shift);
+  for (; v + kLanes <= n; v += kLanes) acc += exp_nonpositive(load8(a + v) - s);
+  f32x8 tail = splat(kNegInf);
+  for (int j = 0; v + j < n; ++j) tail[j] = a[v + j];
+  acc += exp_nonpositive(tail - s);
   float sum = 0.0f;
   for (int j = 0; j < kLanes; ++j) sum += acc[j];
   return sum;
@@ -86,10 +103,10 @@ XK_CLONES static float sum_exp_shifted(const float* a, int64_t n, float shift) {
 
 ArgMax row_argmax(const float* a, int64_t n) {
   bool has_nan = false;
-  const float m = max_ignoring_nan(a, n, &has_nan);
-  for (int64_t v = 0; v < n; ++v)
-    if (has_nan ? is_nan_f32(a[v]) : a[v] == m) return ArgMax{a[v], static_cast<int32_t>(v)};
-  return argmax_empty();
+  const ArgMax top = argmax_ignoring_nan(a, n, &has_nan);
+  if (!has_nan) return top;
+  for (int64_t v = 0;; ++v)
+    if (is_nan_f32(a[v])) return ArgMax{a[v], static_cast<int32_t>(v)};
 }
 
 RowStats row_stats(const float* a, int64_t n) {
