@@ -19,9 +19,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from setuptools import Extension, setup
-from setuptools.command.build_ext import build_ext
-
 ROOT = Path(__file__).parent.resolve()
 DEFAULT_ARCHS = "8.0;9.0a"
 
@@ -74,47 +71,56 @@ def nvidia_wheel_paths(torch):
     return includes, (str(nvrtc[0]) if nvrtc else None)
 
 
-class CMakeBuild(build_ext):
-    def build_extension(self, ext):
-        import torch
+def build_with_cmake(library_path):
+    """Configures and builds libxkernels with CMake in build/cmake and copies it to library_path.
+    Needs only torch, CMake and a compiler (no setuptools): bench/gpu_check.sh calls it directly."""
+    import torch
 
-        build_dir = ROOT / "build" / "cmake"
-        build_dir.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
-        args = [
-            f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
-            "-DCMAKE_BUILD_TYPE=Release",
-            f"-DXKERNELS_PTXAS_VERBOSE={'ON' if os.environ.get('XKERNELS_PTXAS_VERBOSE') == '1' else 'OFF'}",
+    build_dir = ROOT / "build" / "cmake"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    args = [
+        f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
+        "-DCMAKE_BUILD_TYPE=Release",
+        f"-DXKERNELS_PTXAS_VERBOSE={'ON' if os.environ.get('XKERNELS_PTXAS_VERBOSE') == '1' else 'OFF'}",
+    ]
+    if shutil.which("ninja"):
+        args.append("-GNinja")
+    cuda_home = find_cuda_home()
+    if use_cuda(torch, cuda_home):
+        archs = cuda_arch_list(torch)
+        env["TORCH_CUDA_ARCH_LIST"] = archs
+        includes, nvrtc = nvidia_wheel_paths(torch)
+        env["CPATH"] = os.pathsep.join(includes + [env.get("CPATH", "")]).rstrip(os.pathsep)
+        args += [
+            "-DXKERNELS_CUDA=ON",
+            f"-DCMAKE_CUDA_COMPILER={cuda_home / 'bin' / 'nvcc'}",
+            f"-DCUDAToolkit_ROOT={cuda_home}",
+            f"-DCUDA_TOOLKIT_ROOT_DIR={cuda_home}",
         ]
-        if shutil.which("ninja"):
-            args.append("-GNinja")
-        cuda_home = find_cuda_home()
-        if use_cuda(torch, cuda_home):
-            archs = cuda_arch_list(torch)
-            env["TORCH_CUDA_ARCH_LIST"] = archs
-            includes, nvrtc = nvidia_wheel_paths(torch)
-            env["CPATH"] = os.pathsep.join(includes + [env.get("CPATH", "")]).rstrip(os.pathsep)
-            args += [
-                "-DXKERNELS_CUDA=ON",
-                f"-DCMAKE_CUDA_COMPILER={cuda_home / 'bin' / 'nvcc'}",
-                f"-DCUDAToolkit_ROOT={cuda_home}",
-                f"-DCUDA_TOOLKIT_ROOT_DIR={cuda_home}",
-            ]
-            if nvrtc:
-                args.append(f"-DCUDA_nvrtc_LIBRARY={nvrtc}")
-            log(f"CUDA kernels ON (toolkit {cuda_home}, archs {archs})")
-        else:
-            args.append("-DXKERNELS_CUDA=OFF")
-            log("CUDA kernels OFF (CPU build of torch, nvcc not found, or XKERNELS_CUDA=0)")
-        jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
-        subprocess.check_call(["cmake", "-S", str(ROOT), "-B", str(build_dir), *args], env=env)
-        subprocess.check_call(["cmake", "--build", str(build_dir), "-j", jobs], env=env)
-        target = Path(self.get_ext_fullpath(ext.name))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(build_dir / "libxkernels.so", target)
+        if nvrtc:
+            args.append(f"-DCUDA_nvrtc_LIBRARY={nvrtc}")
+        log(f"CUDA kernels ON (toolkit {cuda_home}, archs {archs})")
+    else:
+        args.append("-DXKERNELS_CUDA=OFF")
+        log("CUDA kernels OFF (CPU build of torch, nvcc not found, or XKERNELS_CUDA=0)")
+    jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
+    subprocess.check_call(["cmake", "-S", str(ROOT), "-B", str(build_dir), *args], env=env)
+    subprocess.check_call(["cmake", "--build", str(build_dir), "-j", jobs], env=env)
+    library_path = Path(library_path)
+    library_path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(build_dir / "libxkernels.so", library_path)
 
 
-setup(
-    ext_modules=[Extension("xkernels.libxkernels", sources=[])],
-    cmdclass={"build_ext": CMakeBuild},
-)
+if __name__ == "__main__":  # setuptools runs this file as __main__
+    from setuptools import Extension, setup
+    from setuptools.command.build_ext import build_ext
+
+    class CMakeBuild(build_ext):
+        def build_extension(self, ext):
+            build_with_cmake(self.get_ext_fullpath(ext.name))
+
+    setup(
+        ext_modules=[Extension("xkernels.libxkernels", sources=[])],
+        cmdclass={"build_ext": CMakeBuild},
+    )

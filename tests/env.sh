@@ -12,5 +12,12 @@ fi
 XK_PY="$XK_VENV/bin/python"
 "$XK_PY" -m pip install -q --disable-pip-version-check "${XKERNELS_TORCH:-torch==2.14.1}" numpy scipy pytest \
   pytest-benchmark setuptools wheel
-"$XK_PY" -m pip install -q --disable-pip-version-check --no-build-isolation -e "$XK_ROOT"
+mkdir -p "$XK_ROOT/build"
+if ! "$XK_PY" -m pip install -v --disable-pip-version-check --no-build-isolation -e "$XK_ROOT" \
+    > "$XK_ROOT/build/install.log" 2>&1; then
+  tail -60 "$XK_ROOT/build/install.log"
+  echo "building xkernels failed; the whole log is build/install.log" >&2
+  exit 1
+fi
+grep -E "^ *xkernels build:" "$XK_ROOT/build/install.log" | sort -u
 export XK_ROOT XK_VENV XK_PY

@@ -107,6 +107,15 @@ def test_seed_and_offset_tensors_match_ints(device):
     assert not torch.equal(ints[1], other[1])
 
 
+def test_dlpack_arrays_are_accepted():
+    drafts, logits, q = make_case(4, 3, 20, torch.float32, True)
+    got = xkernels.chain_verify(drafts.numpy(), logits.numpy(), draft_probs=q.numpy(), temperature=1.0, seed=2)
+    want = xkernels.chain_verify(drafts, logits, draft_probs=q, temperature=1.0, seed=2)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    with pytest.raises(TypeError, match="target_logits"):
+        xkernels.chain_verify(drafts, logits.tolist())
+
+
 def test_bad_inputs_name_the_argument():
     drafts, logits, q = make_case(2, 3, 10, torch.float32, True)
     cases = [

@@ -7,10 +7,19 @@ import torch
 Seed = Union[int, torch.Tensor]
 
 
+def _tensor(value, name: str):
+    """Tensors pass through; other arrays (CuPy, NumPy, JAX) come in zero-copy through DLPack."""
+    if value is None or isinstance(value, torch.Tensor):
+        return value
+    if hasattr(value, "__dlpack__"):
+        return torch.from_dlpack(value)
+    raise TypeError(f"{name} must be a torch.Tensor or support DLPack, got {type(value).__name__}")
+
+
 def _rng(value: Seed, name: str):
     """An int goes in the int argument; a tensor overrides it at run time (CUDA-graph friendly)."""
-    if isinstance(value, torch.Tensor):
-        return 0, value
+    if isinstance(value, torch.Tensor) or hasattr(value, "__dlpack__"):
+        return 0, _tensor(value, name)
     value = int(value)
     if not -(2**63) <= value < 2**64:
         raise ValueError(f"{name} must fit in 64 bits, got {value}")
@@ -35,6 +44,7 @@ def chain_verify(
         draft_probs: optional float32 ``[N, K, V]``, the distributions the drafts were
             sampled from. Without it the drafts are treated as deterministic proposals.
         temperature: 0 for greedy verification (ties go to the lowest index).
+        Arrays of other libraries (CuPy, NumPy) are taken zero-copy through DLPack.
         seed, offset: the Philox stream (ints, or one-element int64 tensors on the logits'
             device that a captured CUDA graph can advance in place).
 
@@ -55,7 +65,8 @@ def chain_verify(
     seed_int, seed_tensor = _rng(seed, "seed")
     offset_int, offset_tensor = _rng(offset, "offset")
     return torch.ops.xkernels.chain_verify.default(
-        draft_tokens, target_logits, draft_probs, float(temperature), seed_int, offset_int, seed_tensor,
+        _tensor(draft_tokens, "draft_tokens"), _tensor(target_logits, "target_logits"),
+        _tensor(draft_probs, "draft_probs"), float(temperature), seed_int, offset_int, seed_tensor,
         offset_tensor,
     )
 

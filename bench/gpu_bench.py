@@ -1,0 +1,139 @@
+"""GPU timings of the xkernels ops against eager PyTorch, with the bytes each must read.
+
+    python bench/gpu_bench.py [--json out.json]   timings (CUDA events, median after warm-up)
+    python bench/gpu_bench.py --sanitize          small edge cases, for compute-sanitizer
+
+Where CuPy is installed, each op is timed again with cupyx.profiler.benchmark on CuPy arrays
+(passed through DLPack) as a cross-check of the event timings.
+"""
+
+import argparse
+import json
+import statistics
+
+import torch
+
+import xkernels
+
+PEAK_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12, "B200": 8.0e12, "A100": 2.0e12}
+
+
+def peak_bandwidth():
+    name = torch.cuda.get_device_name()
+    for key, value in PEAK_BYTES_PER_S.items():
+        if key in name:
+            return name, value
+    return name, None
+
+
+def time_events(fn, warmup=25, iters=200):
+    """Median microseconds of fn on the current stream, one event pair per call."""
+    for _ in range(warmup):
+        fn()
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for start, end in pairs:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in pairs) * 1e3
+
+
+def time_cupy(fn, args):
+    try:
+        import cupy
+        import cupyx.profiler
+    except ImportError:
+        return None
+    cupy_args = [None if a is None else cupy.from_dlpack(a) for a in args]
+    result = cupyx.profiler.benchmark(lambda: fn(*cupy_args), n_repeat=200, n_warmup=25)
+    return float(cupy.asnumpy(cupy.median(cupy.asarray(result.gpu_times[0])))) * 1e6
+
+
+def chain_verify_inputs(n, k, v, dtype, temperature, with_q, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    logits = (torch.randn(n, k + 1, v, device="cuda", generator=g) * 4).to(dtype)
+    if temperature == 0:
+        drafts = torch.randint(0, v, (n, k), device="cuda", generator=g)
+        agree = torch.rand(n, k, device="cuda", generator=g) < 0.8
+        return torch.where(agree, logits[:, :k].float().argmax(-1), drafts), logits, None
+    q = torch.softmax((logits[:, :k].float() + torch.randn(n, k, v, device="cuda", generator=g) * 0.5) / temperature, -1)
+    drafts = torch.multinomial(q.reshape(-1, v), 1, generator=g).reshape(n, k)
+    return drafts, logits, q if with_q else None
+
+
+def eager_chain_verify(drafts, logits, q, temperature):
+    """What one writes in eager PyTorch (vLLM-style): fp32 softmax of every row, then the test."""
+    k = drafts.shape[1]
+    if temperature == 0:
+        top = logits.argmax(-1)
+        accept_len = (drafts == top[:, :k]).long().cumprod(-1).sum(-1)
+        return accept_len, top.gather(1, accept_len[:, None])
+    p = torch.softmax(logits.float() / temperature, -1)
+    p_x = p[:, :k].gather(-1, drafts[..., None])[..., 0]
+    q_x = q.gather(-1, drafts[..., None])[..., 0] if q is not None else torch.ones_like(p_x)
+    u = torch.rand_like(p_x)
+    accept_len = (u * q_x < p_x).long().cumprod(-1).sum(-1)
+    row = p.gather(1, accept_len[:, None, None].expand(-1, 1, p.shape[-1]))[:, 0]
+    if q is not None:
+        q_row = torch.cat([q, torch.zeros_like(q[:, :1])], 1).gather(
+            1, accept_len[:, None, None].expand(-1, 1, q.shape[-1]))[:, 0]
+        row = (row - q_row).clamp_min(0)
+    return accept_len, torch.multinomial(row, 1)
+
+
+def bench_chain_verify(results, peak):
+    n, k, v = 64, 16, 151936
+    for temperature, with_q in [(0.0, False), (1.0, False), (1.0, True)]:
+        drafts, logits, q = chain_verify_inputs(n, k, v, torch.bfloat16, temperature, with_q)
+        op = lambda d, l, qq: xkernels.chain_verify(d, l, draft_probs=qq, temperature=temperature, seed=1)  # noqa: E731
+        ours = time_events(lambda: op(drafts, logits, q))
+        eager = time_events(lambda: eager_chain_verify(drafts, logits, q, temperature))
+        cupy_us = time_cupy(op, [drafts, logits, q])
+        accept_len, _ = op(drafts, logits, q)
+        # The design reads every target row once, then (T > 0) one row per sequence again (and its q row).
+        read = n * (k + 1) * v * 2 + (n * v * (2 + (4 if with_q else 0)) if temperature > 0 else 0)
+        row = dict(op="chain_verify", shape=f"N={n} K={k} V={v} bf16", temperature=temperature,
+                   draft_probs=with_q, mean_accept_len=round(accept_len.float().mean().item(), 2),
+                   us=round(ours, 1), eager_us=round(eager, 1), speedup_vs_eager=round(eager / ours, 2),
+                   cupy_us=None if cupy_us is None else round(cupy_us, 1), bytes_read=read,
+                   bandwidth_fraction=None if peak is None else round(read / (ours * 1e-6) / peak, 3))
+        results.append(row)
+        print(json.dumps(row), flush=True)
+
+
+def sanitize_cases():
+    """Edge cases that must stay memory-safe: odd and tiny V, K=0, N=0, bad ids, degenerate rows."""
+    for n, k, v in [(3, 4, 7), (2, 0, 5), (0, 3, 9), (5, 16, 4099), (2, 2, 1)]:
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            for temperature, with_q in [(0.0, False), (1.0, False), (0.7, True)]:
+                drafts, logits, q = chain_verify_inputs(n, k, v, dtype, temperature, True)
+                if n and k:
+                    drafts[0, 0] = -5
+                    drafts[-1, -1] = v + 100
+                    logits[0, 0] = float("nan")
+                    logits[-1, 0] = float("-inf")
+                xkernels.chain_verify(drafts, logits, draft_probs=q if with_q else None, temperature=temperature)
+    torch.cuda.synchronize()
+    print("sanitize cases ran")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sanitize", action="store_true", help="run the small edge cases only")
+    parser.add_argument("--json", help="write the timings here")
+    args = parser.parse_args()
+    if args.sanitize:
+        sanitize_cases()
+        return
+    name, peak = peak_bandwidth()
+    print(f"device: {name}, peak HBM bandwidth {peak / 1e12 if peak else '?'} TB/s", flush=True)
+    results = []
+    bench_chain_verify(results, peak)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=name, torch=torch.__version__, results=results), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
