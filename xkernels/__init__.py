@@ -23,7 +23,9 @@ def _load_library():
 _LIBRARY_PATH = _load_library()
 
 from . import _fake  # noqa: E402,F401  (registers the fake kernels)
-from .ops import build_info, chain_verify  # noqa: E402
+from .ops import build_info, chain_verify, jacobi_refine, refine_step, sequential_refine  # noqa: E402
+from .refiner import RefinerWeights, XPressRefiner  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["build_info", "chain_verify"]
+__all__ = ["build_info", "chain_verify", "refine_step", "jacobi_refine", "sequential_refine", "RefinerWeights",
+           "XPressRefiner"]

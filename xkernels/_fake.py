@@ -17,3 +17,28 @@ def _chain_verify_fake(draft_tokens, target_logits, draft_probs=None, temperatur
     accept_len = draft_tokens.new_empty((n,))
     out_tokens = draft_tokens.new_empty((n, k + 1))
     return accept_len, out_tokens
+
+
+def _refine_outputs(ctx, base_logits, tokens_like):
+    torch._check(ctx.dim() == 3 and base_logits.dim() == 3, lambda: "ctx and base_logits must be 3-D")
+    n, d = base_logits.shape[0], base_logits.shape[1]
+    return tokens_like.new_empty((n, d)), ctx.new_empty((n, d))
+
+
+@torch.library.register_fake("xkernels::refine_step")
+def _refine_step_fake(ctx, prev_tokens, base_logits, emb, mix, w_gate, w_up, w_down, w_read, temperature=0.0,
+                      seed=0, offset=0, seed_tensor=None, offset_tensor=None):
+    return _refine_outputs(ctx, base_logits, prev_tokens)
+
+
+@torch.library.register_fake("xkernels::jacobi_refine")
+def _jacobi_refine_fake(ctx, prefix_tokens, base_logits, emb, mix, w_gate, w_up, w_down, w_read, max_iters,
+                        temperature=0.0, seed=0, offset=0, seed_tensor=None, offset_tensor=None):
+    tokens, logprobs = _refine_outputs(ctx, base_logits, prefix_tokens)
+    return tokens, logprobs, prefix_tokens.new_empty((ctx.shape[0],), dtype=torch.int32)
+
+
+@torch.library.register_fake("xkernels::sequential_refine")
+def _sequential_refine_fake(ctx, prefix_tokens, base_logits, emb, mix, w_gate, w_up, w_down, w_read,
+                            temperature=0.0, seed=0, offset=0, seed_tensor=None, offset_tensor=None):
+    return _refine_outputs(ctx, base_logits, prefix_tokens)

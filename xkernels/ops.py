@@ -76,3 +76,92 @@ def build_info() -> dict:
     fields = dict(item.split("=", 1) for item in torch.ops.xkernels.build_info.default().split(";"))
     fields["cuda"] = fields["cuda"] == "yes"
     return fields
+
+
+def _weights(weights):
+    from .refiner import RefinerWeights
+
+    if not isinstance(weights, RefinerWeights):
+        raise TypeError(f"weights must be an xkernels.RefinerWeights (see XPressRefiner.fold), got {type(weights).__name__}")
+    return tuple(_tensor(w, name) for w, name in zip(weights, weights._fields))
+
+
+def refine_step(
+    ctx: torch.Tensor,
+    prev_tokens: torch.Tensor,
+    base_logits: torch.Tensor,
+    weights,
+    *,
+    temperature: float = 0.0,
+    seed: Seed = 0,
+    offset: Seed = 0,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """One xPress refinement pass over a block of B slots whose last D are drafted.
+
+    Args:
+        ctx: float32 ``[N, B, r]``, the pass-invariant context (``XPressRefiner.prepare``).
+        prev_tokens: int64 ``[N, B]``; slot ``k`` reads the token of slot ``k-1`` (slot 0 the
+            token before the block).
+        base_logits: float32, bfloat16 or float16 ``[N, D, V]``, the drafter's logits.
+        weights: ``xkernels.RefinerWeights`` (``XPressRefiner.fold()``), float32 or bfloat16.
+        temperature: 0 for greedy.
+        seed, offset: the Philox stream; the Gumbel noise is keyed by (sequence, drafted slot, id).
+
+    Returns:
+        ``tokens`` int64 ``[N, D]`` = argmax(l / T + G) (argmax l at T = 0) and ``logprobs``
+        float32 ``[N, D]`` = log_softmax(l / T)[token] (log_softmax(l) at T = 0), where
+        ``l = base_logits + w_read z``. The ``[N, D, V]`` refined logits are never written.
+    """
+    seed_int, seed_tensor = _rng(seed, "seed")
+    offset_int, offset_tensor = _rng(offset, "offset")
+    return torch.ops.xkernels.refine_step.default(
+        _tensor(ctx, "ctx"), _tensor(prev_tokens, "prev_tokens"), _tensor(base_logits, "base_logits"),
+        *_weights(weights), float(temperature), seed_int, offset_int, seed_tensor, offset_tensor)
+
+
+def jacobi_refine(
+    ctx: torch.Tensor,
+    prefix_tokens: torch.Tensor,
+    base_logits: torch.Tensor,
+    weights,
+    *,
+    max_iters: int,
+    temperature: float = 0.0,
+    seed: Seed = 0,
+    offset: Seed = 0,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Batched Jacobi refinement with a per-sequence early stop.
+
+    ``prefix_tokens`` int64 ``[N, F+1]`` holds the token before the block and the ``F = B - D``
+    fixed slots. The iterate starts at the drafter's own sample ``x0 = argmax(s / T + G)``; every
+    pass recomputes all drafted slots from the previous iterate (the same noise ``G`` each pass).
+    A sequence stops after a pass that changes none of its tokens; converged sequences cost no
+    further work. With ``max_iters >= D`` the result equals ``sequential_refine``.
+
+    Returns ``tokens`` int64 ``[N, D]``, ``logprobs`` float32 ``[N, D]`` (of the last pass each
+    sequence ran; the drafter's own at ``max_iters = 0``) and ``iters`` int32 ``[N]`` (passes run).
+    """
+    seed_int, seed_tensor = _rng(seed, "seed")
+    offset_int, offset_tensor = _rng(offset, "offset")
+    return torch.ops.xkernels.jacobi_refine.default(
+        _tensor(ctx, "ctx"), _tensor(prefix_tokens, "prefix_tokens"), _tensor(base_logits, "base_logits"),
+        *_weights(weights), int(max_iters), float(temperature), seed_int, offset_int, seed_tensor, offset_tensor)
+
+
+def sequential_refine(
+    ctx: torch.Tensor,
+    prefix_tokens: torch.Tensor,
+    base_logits: torch.Tensor,
+    weights,
+    *,
+    temperature: float = 0.0,
+    seed: Seed = 0,
+    offset: Seed = 0,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Left-to-right refinement, one drafted slot per step (the DSpark Markov-head style decode
+    that ``jacobi_refine`` converges to). Arguments and results as in ``jacobi_refine``."""
+    seed_int, seed_tensor = _rng(seed, "seed")
+    offset_int, offset_tensor = _rng(offset, "offset")
+    return torch.ops.xkernels.sequential_refine.default(
+        _tensor(ctx, "ctx"), _tensor(prefix_tokens, "prefix_tokens"), _tensor(base_logits, "base_logits"),
+        *_weights(weights), float(temperature), seed_int, offset_int, seed_tensor, offset_tensor)

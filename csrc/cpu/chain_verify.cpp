@@ -92,7 +92,7 @@ std::tuple<at::Tensor, at::Tensor> chain_verify_cpu(const at::Tensor& draft_toke
                                                     const std::optional<at::Tensor>& seed_tensor,
                                                     const std::optional<at::Tensor>& offset_tensor) {
   const auto shape = check_chain_verify(draft_tokens, target_logits, draft_probs, temperature);
-  check_draft_ids(draft_tokens, shape.v);
+  check_token_ids(draft_tokens, shape.v, "draft_tokens");
   const RngArgs rng = rng_args(seed, offset, seed_tensor, offset_tensor, target_logits.device());
   const ChainArgs c{shape.k, shape.v, temperature == 0.0 ? 0.0f : static_cast<float>(1.0 / temperature),
                     rng.seed_ptr ? static_cast<uint64_t>(*rng.seed_ptr) : rng.seed,

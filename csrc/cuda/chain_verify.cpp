@@ -26,7 +26,7 @@ std::tuple<at::Tensor, at::Tensor> chain_verify_cuda(const at::Tensor& draft_tok
                                                      const std::optional<at::Tensor>& seed_tensor,
                                                      const std::optional<at::Tensor>& offset_tensor) {
   const auto shape = check_chain_verify(draft_tokens, target_logits, draft_probs, temperature);
-  if (value_checks_enabled()) check_draft_ids(draft_tokens, shape.v);
+  if (value_checks_enabled()) check_token_ids(draft_tokens, shape.v, "draft_tokens");
   const RngArgs rng = rng_args(seed, offset, seed_tensor, offset_tensor, target_logits.device());
   const c10::cuda::CUDAGuard guard(target_logits.device());
 

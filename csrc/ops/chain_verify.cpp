@@ -1,10 +1,6 @@
 // chain_verify: the C++ API (through the dispatcher) and the argument checks
 // both kernels run.
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/ops/any.h>
-#include <ATen/ops/ge.h>
-#include <ATen/ops/logical_or.h>
-#include <ATen/ops/lt.h>
 #include <c10/util/Exception.h>
 
 #include <limits>
@@ -51,12 +47,6 @@ ChainVerifyShape check_chain_verify(const at::Tensor& draft_tokens, const at::Te
                 " like target_logits, got ", q.device());
   }
   return ChainVerifyShape{n, k, v};
-}
-
-void check_draft_ids(const at::Tensor& draft_tokens, int64_t vocab) {
-  if (draft_tokens.numel() == 0) return;
-  const bool bad = at::logical_or(at::lt(draft_tokens, 0), at::ge(draft_tokens, vocab)).any().item<bool>();
-  TORCH_CHECK(!bad, "draft_tokens holds ids outside [0, ", vocab, ")");
 }
 
 }  // namespace xkernels

@@ -1,5 +1,9 @@
 #include "checks.h"
 
+#include <ATen/ops/any.h>
+#include <ATen/ops/ge.h>
+#include <ATen/ops/logical_or.h>
+#include <ATen/ops/lt.h>
 #include <c10/util/Exception.h>
 
 #include <cstdlib>
@@ -28,6 +32,12 @@ RngArgs rng_args(int64_t seed, int64_t offset, const std::optional<at::Tensor>& 
                  const std::optional<at::Tensor>& offset_tensor, const at::Device& device) {
   return RngArgs{static_cast<uint64_t>(seed), static_cast<uint64_t>(offset),
                  rng_tensor_ptr(seed_tensor, "seed", device), rng_tensor_ptr(offset_tensor, "offset", device)};
+}
+
+void check_token_ids(const at::Tensor& tokens, int64_t vocab, const char* name) {
+  if (tokens.numel() == 0) return;
+  const bool bad = at::logical_or(at::lt(tokens, 0), at::ge(tokens, vocab)).any().item<bool>();
+  TORCH_CHECK(!bad, name, " holds ids outside [0, ", vocab, ")");
 }
 
 }  // namespace xkernels

@@ -30,7 +30,21 @@ struct ChainVerifyShape {
 ChainVerifyShape check_chain_verify(const at::Tensor& draft_tokens, const at::Tensor& target_logits,
                                     const std::optional<at::Tensor>& draft_probs, double temperature);
 
-// Raises if any draft id lies outside [0, V) (reads the values).
-void check_draft_ids(const at::Tensor& draft_tokens, int64_t vocab);
+
+// The refine ops: N sequences, B slots (the last D drafted, F = B - D fixed),
+// rank r, SwiGLU hidden H, vocabulary V.
+struct RefineShape {
+  int64_t n, b, d, f, r, h, v;
+};
+
+// Checks ctx, the token tensor (`tokens_name`, [N, tokens_len]), base_logits and the
+// weights. The tokens are [N, B] (prev_tokens) or, with tokens_are_prefix, [N, F+1].
+RefineShape check_refine(const at::Tensor& ctx, const at::Tensor& tokens, const char* tokens_name,
+                         bool tokens_are_prefix, const at::Tensor& base_logits, const at::Tensor& emb,
+                         const at::Tensor& mix, const at::Tensor& w_gate, const at::Tensor& w_up,
+                         const at::Tensor& w_down, const at::Tensor& w_read, double temperature);
+
+// Raises if any id of `tokens` lies outside [0, vocab) (reads the values).
+void check_token_ids(const at::Tensor& tokens, int64_t vocab, const char* name);
 
 }  // namespace xkernels

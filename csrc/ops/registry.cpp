@@ -31,6 +31,19 @@ TORCH_LIBRARY(xkernels, m) {
       "chain_verify(Tensor draft_tokens, Tensor target_logits, Tensor? draft_probs=None, "
       "float temperature=0.0, int seed=0, int offset=0, Tensor? seed_tensor=None, "
       "Tensor? offset_tensor=None) -> (Tensor accept_len, Tensor out_tokens)");
+  m.def(
+      "refine_step(Tensor ctx, Tensor prev_tokens, Tensor base_logits, Tensor emb, Tensor mix, Tensor w_gate, "
+      "Tensor w_up, Tensor w_down, Tensor w_read, float temperature=0.0, int seed=0, int offset=0, "
+      "Tensor? seed_tensor=None, Tensor? offset_tensor=None) -> (Tensor tokens, Tensor logprobs)");
+  m.def(
+      "jacobi_refine(Tensor ctx, Tensor prefix_tokens, Tensor base_logits, Tensor emb, Tensor mix, "
+      "Tensor w_gate, Tensor w_up, Tensor w_down, Tensor w_read, int max_iters, float temperature=0.0, "
+      "int seed=0, int offset=0, Tensor? seed_tensor=None, Tensor? offset_tensor=None) "
+      "-> (Tensor tokens, Tensor logprobs, Tensor iters)");
+  m.def(
+      "sequential_refine(Tensor ctx, Tensor prefix_tokens, Tensor base_logits, Tensor emb, Tensor mix, "
+      "Tensor w_gate, Tensor w_up, Tensor w_down, Tensor w_read, float temperature=0.0, int seed=0, "
+      "int offset=0, Tensor? seed_tensor=None, Tensor? offset_tensor=None) -> (Tensor tokens, Tensor logprobs)");
 }
 
 }  // namespace xkernels

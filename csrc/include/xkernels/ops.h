@@ -31,6 +31,43 @@ std::tuple<at::Tensor, at::Tensor> chain_verify(const at::Tensor& draft_tokens,
                                                 const std::optional<at::Tensor>& seed_tensor = std::nullopt,
                                                 const std::optional<at::Tensor>& offset_tensor = std::nullopt);
 
+// Folded inference weights of an xPress refiner (see xkernels/refiner.py):
+// emb [V, r], mix [r, B, B] (only j <= k of mix[c, k, j] is read), w_gate and
+// w_up [H, r], w_down [r, H], w_read [V, r]; float32 or bfloat16, all alike.
+struct RefinerWeights {
+  at::Tensor emb, mix, w_gate, w_up, w_down, w_read;
+};
+
+// One refinement pass over a block of B slots whose last D are drafted.
+//   ctx [N, B, r] float32, prev_tokens int64 [N, B] (slot k reads slot k-1),
+//   base_logits [N, D, V] float32 / bfloat16 / float16.
+// For each drafted slot l = s + w_read z: tokens = argmax(l / T + Gumbel) (argmax l at
+// T = 0), logprobs = log_softmax(l / T)[token]. Returns (tokens int64 [N, D],
+// logprobs float32 [N, D]); the [N, D, V] logits are never written.
+std::tuple<at::Tensor, at::Tensor> refine_step(const at::Tensor& ctx, const at::Tensor& prev_tokens,
+                                               const at::Tensor& base_logits, const RefinerWeights& weights,
+                                               double temperature = 0.0, int64_t seed = 0, int64_t offset = 0,
+                                               const std::optional<at::Tensor>& seed_tensor = std::nullopt,
+                                               const std::optional<at::Tensor>& offset_tensor = std::nullopt);
+
+// Jacobi iteration of refine_step from the drafter's own sample, at most max_iters
+// passes; a sequence stops after a pass that changes none of its tokens.
+// prefix_tokens int64 [N, F+1]: the token before the block and the F = B - D fixed
+// slots. Returns (tokens, logprobs, iters int32 [N]: passes run).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> jacobi_refine(
+    const at::Tensor& ctx, const at::Tensor& prefix_tokens, const at::Tensor& base_logits,
+    const RefinerWeights& weights, int64_t max_iters, double temperature = 0.0, int64_t seed = 0,
+    int64_t offset = 0, const std::optional<at::Tensor>& seed_tensor = std::nullopt,
+    const std::optional<at::Tensor>& offset_tensor = std::nullopt);
+
+// Left-to-right refinement, one drafted slot per step: what Jacobi converges to.
+std::tuple<at::Tensor, at::Tensor> sequential_refine(const at::Tensor& ctx, const at::Tensor& prefix_tokens,
+                                                     const at::Tensor& base_logits, const RefinerWeights& weights,
+                                                     double temperature = 0.0, int64_t seed = 0,
+                                                     int64_t offset = 0,
+                                                     const std::optional<at::Tensor>& seed_tensor = std::nullopt,
+                                                     const std::optional<at::Tensor>& offset_tensor = std::nullopt);
+
 // How the library was built: version, whether CUDA kernels are compiled and
 // for which architectures.
 std::string build_info();

@@ -149,4 +149,34 @@ XK_HD int32_t sample_result(const SampleJob& job, const ArgMax& best) {
   return best.val == kNegInf ? job.fallback : best.idx;
 }
 
+// One pass over a row of scaled logits a that both samples and scores:
+// pick = argmax(a + noise) (noise = 0 for greedy), with the pick's own a, and the
+// softmax statistics of a, so log_softmax(a)[pick] needs no second pass.
+struct SampledRow {
+  ArgMax pick;   // by the perturbed score
+  float pick_a;  // a at pick.idx
+  RowStats stats;
+};
+
+XK_HD SampledRow sampled_empty() { return SampledRow{argmax_empty(), kNegInf, stats_empty()}; }
+
+XK_HD void sampled_observe(SampledRow& r, float a, float noise, int32_t v) {
+  stats_observe(r.stats, a, v);
+  const float score = a + noise;
+  if (argmax_before(score, v, r.pick.val, r.pick.idx)) {
+    r.pick = ArgMax{score, v};
+    r.pick_a = a;
+  }
+}
+
+XK_HD SampledRow sampled_merge(const SampledRow& x, const SampledRow& y) {
+  const bool take_y = argmax_before(y.pick.val, y.pick.idx, x.pick.val, x.pick.idx);
+  return SampledRow{take_y ? y.pick : x.pick, take_y ? y.pick_a : x.pick_a, stats_merge(x.stats, y.stats)};
+}
+
+// log_softmax(a)[pick]; NaN when the row has no softmax.
+XK_HD float sampled_logprob(const SampledRow& r) {
+  return stats_degenerate(r.stats) ? __builtin_nanf("") : r.pick_a - r.stats.top.val - log_f32(r.stats.sum);
+}
+
 }  // namespace xkernels

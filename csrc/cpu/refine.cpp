@@ -1,0 +1,249 @@
+// refine_step, jacobi_refine and sequential_refine on the CPU. The small front of a
+// pass (gather, mix, SwiGLU over B slots in rank space) uses ATen; the read is
+// fused: vocabulary chunks that stay in cache run in parallel, each one BLAS call
+// for all rows then one epilogue (bias add, scale, Gumbel-max, softmax statistics),
+// so the [rows, V] logits are never materialised.
+#include <ATen/Parallel.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/einsum.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/silu.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <vector>
+
+#include "../ops/checks.h"
+#include "row_reduce.h"
+#include "xkernels/sampling.h"
+
+namespace xkernels {
+namespace {
+
+constexpr int64_t kChunk = 2048;  // vocabulary ids per chunk: 2 MB of float32 w_read at r = 256
+
+struct Weights {
+  at::Tensor emb, mix, w_gate, w_up, w_down, w_read;
+};
+
+struct Rng {
+  float inv_t;  // 0: greedy
+  uint64_t seed, offset;
+};
+
+// z [N, B, r] (float32) of one pass. Only the lower triangle of mix is read.
+at::Tensor hidden_states(const at::Tensor& ctx, const at::Tensor& prev, const Weights& w) {
+  const int64_t n = ctx.size(0), b = ctx.size(1), r = ctx.size(2);
+  auto u = ctx + w.emb.index_select(0, prev.reshape({-1})).reshape({n, b, r}).to(at::kFloat);
+  u = at::einsum("ckj,njc->nkc", std::vector<at::Tensor>{w.mix.to(at::kFloat).tril(), u});
+  return u + at::linear(at::silu(at::linear(u, w.w_gate.to(at::kFloat))) * at::linear(u, w.w_up.to(at::kFloat)),
+                        w.w_down.to(at::kFloat));
+}
+
+// One row of the read: base logits s, its sequence and drafted slot (the noise key).
+template <typename T>
+struct ReadRow {
+  const T* s;
+  uint32_t sequence, slot;
+};
+
+// For each row m: l = s + w_read z_m (z undefined: l = s), then token = argmax(l/T + G)
+// and logprob = log_softmax(l/T)[token].
+template <typename T>
+void read_and_sample(const std::vector<ReadRow<T>>& rows, const at::Tensor& z, const at::Tensor& w_read,
+                     int64_t v, const Rng& rng, int64_t* tokens, float* logprobs) {
+  const int64_t m_rows = static_cast<int64_t>(rows.size());
+  if (m_rows == 0) return;
+  const int64_t chunks = (v + kChunk - 1) / kChunk;
+  const bool greedy = rng.inv_t == 0.0f;
+  std::vector<SampledRow> partial(static_cast<size_t>(m_rows * chunks));
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> a(kChunk);
+    for (int64_t c = begin; c < end; ++c) {
+      const int64_t v0 = c * kChunk, len = std::min(kChunk, v - v0);
+      at::Tensor dots;
+      if (z.defined()) dots = at::mm(z, w_read.narrow(0, v0, len).to(at::kFloat).t()).contiguous();
+      const float* dot = dots.defined() ? dots.const_data_ptr<float>() : nullptr;
+      for (int64_t m = 0; m < m_rows; ++m) {
+        const T* s = rows[m].s + v0;
+        const float scale = greedy ? 1.0f : rng.inv_t;
+        for (int64_t i = 0; i < len; ++i)
+          a[i] = (static_cast<float>(s[i]) + (dot ? dot[m * len + i] : 0.0f)) * scale;
+        RowStats st = cpu::row_stats(a.data(), len);
+        st.top.idx += static_cast<int32_t>(v0);
+        SampledRow out{st.top, st.top.val, st};
+        if (!greedy) {
+          const SampleJob job{kSamplePlain, static_cast<int32_t>(rows[m].slot), -1, 0, st};
+          ArgMax best = argmax_empty();
+          for (int64_t i = 0; i < len; i += 4)
+            sample_group(best, job, rng.seed, rng.offset, rows[m].sequence, static_cast<uint32_t>((v0 + i) / 4),
+                         a.data() + i, nullptr, static_cast<int>(std::min<int64_t>(4, len - i)));
+          out.pick = best;
+          out.pick_a = best.idx == kNoIndex ? kNegInf : a[best.idx - v0];
+        }
+        partial[m * chunks + c] = out;
+      }
+    }
+  });
+  for (int64_t m = 0; m < m_rows; ++m) {
+    SampledRow r = sampled_empty();
+    for (int64_t c = 0; c < chunks; ++c) r = sampled_merge(r, partial[m * chunks + c]);
+    tokens[m] = r.pick.idx == kNoIndex ? 0 : r.pick.idx;
+    logprobs[m] = sampled_logprob(r);
+  }
+}
+
+// Calls f with a value of the C++ type of a (checked) logits dtype.
+template <typename F>
+void dispatch_logits(at::ScalarType dtype, F&& f) {
+  switch (dtype) {
+    case at::kFloat: return f(float{});
+    case at::kBFloat16: return f(c10::BFloat16{});
+    case at::kHalf: return f(c10::Half{});
+    default: TORCH_CHECK(false, "unsupported logits dtype ", dtype);
+  }
+}
+
+Rng make_rng(double temperature, int64_t seed, int64_t offset, const std::optional<at::Tensor>& seed_tensor,
+             const std::optional<at::Tensor>& offset_tensor, const at::Device& device) {
+  const RngArgs a = rng_args(seed, offset, seed_tensor, offset_tensor, device);
+  return Rng{temperature == 0.0 ? 0.0f : static_cast<float>(1.0 / temperature),
+             a.seed_ptr ? static_cast<uint64_t>(*a.seed_ptr) : a.seed,
+             a.offset_ptr ? static_cast<uint64_t>(*a.offset_ptr) : a.offset};
+}
+
+// Samples drafted slots `slots` (all D when empty) of sequences `seqs`, reading z of the
+// matching rows (z [seqs, slots, r], or undefined for the drafter's own sample).
+void sample_slots(const at::Tensor& base_logits, const std::vector<int64_t>& seqs, const std::vector<int64_t>& slots,
+                  const at::Tensor& z, const at::Tensor& w_read, const Rng& rng, int64_t* tokens, float* logprobs) {
+  const int64_t d = base_logits.size(1), v = base_logits.size(2);
+  dispatch_logits(base_logits.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* base = base_logits.const_data_ptr<T>();
+    std::vector<ReadRow<T>> rows;
+    for (int64_t n : seqs)
+      for (int64_t slot : slots)
+        rows.push_back({base + (n * d + slot) * v, static_cast<uint32_t>(n), static_cast<uint32_t>(slot)});
+    const at::Tensor zr = z.defined() ? z.reshape({static_cast<int64_t>(rows.size()), -1}).contiguous() : z;
+    read_and_sample(rows, zr, w_read, v, rng, tokens, logprobs);
+  });
+}
+
+std::vector<int64_t> iota(int64_t n) {
+  std::vector<int64_t> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out[i] = i;
+  return out;
+}
+
+#define XK_REFINE_WEIGHT_ARGS                                                                              \
+  const at::Tensor &emb, const at::Tensor &mix, const at::Tensor &w_gate, const at::Tensor &w_up,          \
+      const at::Tensor &w_down, const at::Tensor &w_read
+#define XK_RNG_ARGS                                                                                        \
+  double temperature, int64_t seed, int64_t offset, const std::optional<at::Tensor>&seed_tensor,           \
+      const std::optional<at::Tensor>&offset_tensor
+
+std::tuple<at::Tensor, at::Tensor> refine_step_cpu(const at::Tensor& ctx, const at::Tensor& prev_tokens,
+                                                   const at::Tensor& base_logits, XK_REFINE_WEIGHT_ARGS,
+                                                   XK_RNG_ARGS) {
+  const auto s = check_refine(ctx, prev_tokens, "prev_tokens", false, base_logits, emb, mix, w_gate, w_up, w_down,
+                              w_read, temperature);
+  check_token_ids(prev_tokens, s.v, "prev_tokens");
+  const Rng rng = make_rng(temperature, seed, offset, seed_tensor, offset_tensor, ctx.device());
+  const Weights w{emb, mix, w_gate, w_up, w_down, w_read.contiguous()};
+  const auto logits = base_logits.contiguous();
+  auto tokens = at::empty({s.n, s.d}, prev_tokens.options());
+  auto logprobs = at::empty({s.n, s.d}, ctx.options());
+  const auto z = hidden_states(ctx, prev_tokens, w).narrow(1, s.f, s.d);
+  sample_slots(logits, iota(s.n), iota(s.d), z, w.w_read, rng, tokens.mutable_data_ptr<int64_t>(),
+               logprobs.mutable_data_ptr<float>());
+  return {tokens, logprobs};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> jacobi_refine_cpu(const at::Tensor& ctx,
+                                                                 const at::Tensor& prefix_tokens,
+                                                                 const at::Tensor& base_logits,
+                                                                 XK_REFINE_WEIGHT_ARGS, int64_t max_iters,
+                                                                 XK_RNG_ARGS) {
+  const auto s = check_refine(ctx, prefix_tokens, "prefix_tokens", true, base_logits, emb, mix, w_gate, w_up, w_down,
+                              w_read, temperature);
+  TORCH_CHECK(max_iters >= 0, "max_iters must be >= 0, got ", max_iters);
+  check_token_ids(prefix_tokens, s.v, "prefix_tokens");
+  const Rng rng = make_rng(temperature, seed, offset, seed_tensor, offset_tensor, ctx.device());
+  const Weights w{emb, mix, w_gate, w_up, w_down, w_read.contiguous()};
+  const auto logits = base_logits.contiguous();
+  auto tokens = at::empty({s.n, s.d}, prefix_tokens.options());
+  auto logprobs = at::empty({s.n, s.d}, ctx.options());
+  auto iters = at::zeros({s.n}, prefix_tokens.options().dtype(at::kInt));
+  int64_t* tok = tokens.mutable_data_ptr<int64_t>();
+  float* lp = logprobs.mutable_data_ptr<float>();
+  int32_t* it = iters.mutable_data_ptr<int32_t>();
+  const auto all_slots = iota(s.d);
+  sample_slots(logits, iota(s.n), all_slots, at::Tensor(), w.w_read, rng, tok, lp);  // x0: the drafter's sample
+
+  std::vector<int64_t> active = iota(s.n);
+  std::vector<int64_t> new_tok(static_cast<size_t>(s.n * s.d));
+  std::vector<float> new_lp(static_cast<size_t>(s.n * s.d));
+  for (int64_t pass = 0; pass < max_iters && !active.empty(); ++pass) {
+    const auto index = at::from_blob(active.data(), {static_cast<int64_t>(active.size())}, prefix_tokens.options());
+    const auto prev = at::cat(
+        std::vector<at::Tensor>{prefix_tokens.index_select(0, index), tokens.index_select(0, index).narrow(1, 0, s.d - 1)},
+        1);
+    const auto z = hidden_states(ctx.index_select(0, index), prev, w).narrow(1, s.f, s.d);
+    sample_slots(logits, active, all_slots, z, w.w_read, rng, new_tok.data(), new_lp.data());
+    std::vector<int64_t> still;
+    for (size_t a = 0; a < active.size(); ++a) {
+      const int64_t n = active[a];
+      bool changed = false;
+      for (int64_t k = 0; k < s.d; ++k) {
+        changed |= tok[n * s.d + k] != new_tok[a * s.d + k];
+        tok[n * s.d + k] = new_tok[a * s.d + k];
+        lp[n * s.d + k] = new_lp[a * s.d + k];
+      }
+      it[n] += 1;
+      if (changed) still.push_back(n);
+    }
+    active.swap(still);
+  }
+  return {tokens, logprobs, iters};
+}
+
+std::tuple<at::Tensor, at::Tensor> sequential_refine_cpu(const at::Tensor& ctx, const at::Tensor& prefix_tokens,
+                                                         const at::Tensor& base_logits, XK_REFINE_WEIGHT_ARGS,
+                                                         XK_RNG_ARGS) {
+  const auto s = check_refine(ctx, prefix_tokens, "prefix_tokens", true, base_logits, emb, mix, w_gate, w_up, w_down,
+                              w_read, temperature);
+  check_token_ids(prefix_tokens, s.v, "prefix_tokens");
+  const Rng rng = make_rng(temperature, seed, offset, seed_tensor, offset_tensor, ctx.device());
+  const Weights w{emb, mix, w_gate, w_up, w_down, w_read.contiguous()};
+  const auto logits = base_logits.contiguous();
+  auto tokens = at::zeros({s.n, s.d}, prefix_tokens.options());
+  auto logprobs = at::empty({s.n, s.d}, ctx.options());
+  std::vector<int64_t> step_tok(static_cast<size_t>(s.n));
+  std::vector<float> step_lp(static_cast<size_t>(s.n));
+  const auto seqs = iota(s.n);
+  auto tok = tokens.accessor<int64_t, 2>();
+  auto lp = logprobs.accessor<float, 2>();
+  for (int64_t slot = 0; slot < s.d; ++slot) {
+    // Slot F+slot depends only on slots before it, which are decided.
+    const auto prev = at::cat(std::vector<at::Tensor>{prefix_tokens, tokens.narrow(1, 0, s.d - 1)}, 1);
+    const auto z = hidden_states(ctx, prev, w).narrow(1, s.f + slot, 1);
+    sample_slots(logits, seqs, {slot}, z, w.w_read, rng, step_tok.data(), step_lp.data());
+    for (int64_t n = 0; n < s.n; ++n) tok[n][slot] = step_tok[n], lp[n][slot] = step_lp[n];
+  }
+  return {tokens, logprobs};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(xkernels, CPU, m) {
+  m.impl("refine_step", &refine_step_cpu);
+  m.impl("jacobi_refine", &jacobi_refine_cpu);
+  m.impl("sequential_refine", &sequential_refine_cpu);
+}
+
+}  // namespace xkernels

@@ -1,0 +1,108 @@
+// refine_step, jacobi_refine, sequential_refine: the C++ API (through the
+// dispatcher) and the argument checks both kernels run.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/Exception.h>
+
+#include <limits>
+
+#include "checks.h"
+#include "xkernels/ops.h"
+
+namespace xkernels {
+
+template <typename Signature>
+static auto typed_op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
+}
+
+using Opt = std::optional<at::Tensor>;
+using T = at::Tensor;
+
+std::tuple<at::Tensor, at::Tensor> refine_step(const at::Tensor& ctx, const at::Tensor& prev_tokens,
+                                               const at::Tensor& base_logits, const RefinerWeights& w,
+                                               double temperature, int64_t seed, int64_t offset,
+                                               const Opt& seed_tensor, const Opt& offset_tensor) {
+  static auto op = typed_op<std::tuple<T, T>(const T&, const T&, const T&, const T&, const T&, const T&, const T&,
+                                             const T&, const T&, double, int64_t, int64_t, const Opt&, const Opt&)>(
+      "xkernels::refine_step");
+  return op.call(ctx, prev_tokens, base_logits, w.emb, w.mix, w.w_gate, w.w_up, w.w_down, w.w_read, temperature,
+                 seed, offset, seed_tensor, offset_tensor);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> jacobi_refine(const at::Tensor& ctx, const at::Tensor& prefix_tokens,
+                                                             const at::Tensor& base_logits, const RefinerWeights& w,
+                                                             int64_t max_iters, double temperature, int64_t seed,
+                                                             int64_t offset, const Opt& seed_tensor,
+                                                             const Opt& offset_tensor) {
+  static auto op =
+      typed_op<std::tuple<T, T, T>(const T&, const T&, const T&, const T&, const T&, const T&, const T&, const T&,
+                                   const T&, int64_t, double, int64_t, int64_t, const Opt&, const Opt&)>(
+          "xkernels::jacobi_refine");
+  return op.call(ctx, prefix_tokens, base_logits, w.emb, w.mix, w.w_gate, w.w_up, w.w_down, w.w_read, max_iters,
+                 temperature, seed, offset, seed_tensor, offset_tensor);
+}
+
+std::tuple<at::Tensor, at::Tensor> sequential_refine(const at::Tensor& ctx, const at::Tensor& prefix_tokens,
+                                                     const at::Tensor& base_logits, const RefinerWeights& w,
+                                                     double temperature, int64_t seed, int64_t offset,
+                                                     const Opt& seed_tensor, const Opt& offset_tensor) {
+  static auto op = typed_op<std::tuple<T, T>(const T&, const T&, const T&, const T&, const T&, const T&, const T&,
+                                             const T&, const T&, double, int64_t, int64_t, const Opt&, const Opt&)>(
+      "xkernels::sequential_refine");
+  return op.call(ctx, prefix_tokens, base_logits, w.emb, w.mix, w.w_gate, w.w_up, w.w_down, w.w_read, temperature,
+                 seed, offset, seed_tensor, offset_tensor);
+}
+
+static void check_weight(const at::Tensor& t, const char* name, std::initializer_list<int64_t> shape,
+                         const char* shape_text, const at::Tensor& like, const at::Device& device) {
+  TORCH_CHECK(t.dim() == static_cast<int64_t>(shape.size()) && t.sizes().equals(shape), name, " must have shape ",
+              shape_text, " = ", at::IntArrayRef(shape), ", got ", t.sizes());
+  TORCH_CHECK(t.scalar_type() == like.scalar_type(), name, " must have the dtype of w_read (", like.scalar_type(),
+              "), got ", t.scalar_type());
+  TORCH_CHECK(t.device() == device, name, " must be on ", device, " like ctx, got ", t.device());
+}
+
+RefineShape check_refine(const at::Tensor& ctx, const at::Tensor& tokens, const char* tokens_name,
+                         bool tokens_are_prefix, const at::Tensor& base_logits, const at::Tensor& emb,
+                         const at::Tensor& mix, const at::Tensor& w_gate, const at::Tensor& w_up,
+                         const at::Tensor& w_down, const at::Tensor& w_read, double temperature) {
+  TORCH_CHECK(ctx.dim() == 3, "ctx must have shape [N, B, r], got ", ctx.sizes());
+  TORCH_CHECK(ctx.scalar_type() == at::kFloat, "ctx must be float32, got ", ctx.scalar_type());
+  const auto device = ctx.device();
+  TORCH_CHECK(base_logits.dim() == 3, "base_logits must have shape [N, D, V], got ", base_logits.sizes());
+  const auto dt = base_logits.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf,
+              "base_logits must be float32, bfloat16 or float16, got ", dt);
+  TORCH_CHECK(base_logits.device() == device, "base_logits must be on ", device, " like ctx, got ",
+              base_logits.device());
+  TORCH_CHECK(w_read.dim() == 2, "w_read must have shape [V, r], got ", w_read.sizes());
+  TORCH_CHECK(w_read.scalar_type() == at::kFloat || w_read.scalar_type() == at::kBFloat16,
+              "w_read must be float32 or bfloat16, got ", w_read.scalar_type());
+  TORCH_CHECK(w_gate.dim() == 2, "w_gate must have shape [H, r], got ", w_gate.sizes());
+  RefineShape s;
+  s.n = ctx.size(0), s.b = ctx.size(1), s.r = ctx.size(2);
+  s.d = base_logits.size(1), s.v = base_logits.size(2), s.h = w_gate.size(0);
+  s.f = s.b - s.d;
+  TORCH_CHECK(base_logits.size(0) == s.n, "base_logits must have N=", s.n, " sequences like ctx, got ",
+              base_logits.sizes());
+  TORCH_CHECK(s.d >= 1 && s.d <= s.b, "base_logits must have between 1 and B=", s.b, " drafted slots, got D=", s.d);
+  TORCH_CHECK(s.v > 0 && s.v < std::numeric_limits<int32_t>::max(), "base_logits vocabulary V=", s.v,
+              " must be in [1, 2^31)");
+  TORCH_CHECK(s.r > 0 && s.h > 0, "the rank r and SwiGLU width H must be positive");
+  check_weight(w_read, "w_read", {s.v, s.r}, "[V, r]", w_read, device);
+  check_weight(emb, "emb", {s.v, s.r}, "[V, r]", w_read, device);
+  check_weight(mix, "mix", {s.r, s.b, s.b}, "[r, B, B]", w_read, device);
+  check_weight(w_gate, "w_gate", {s.h, s.r}, "[H, r]", w_read, device);
+  check_weight(w_up, "w_up", {s.h, s.r}, "[H, r]", w_read, device);
+  check_weight(w_down, "w_down", {s.r, s.h}, "[r, H]", w_read, device);
+  const int64_t len = tokens_are_prefix ? s.f + 1 : s.b;
+  TORCH_CHECK(tokens.dim() == 2 && tokens.size(0) == s.n && tokens.size(1) == len, tokens_name,
+              " must have shape ", tokens_are_prefix ? "[N, F+1] = [" : "[N, B] = [", s.n, ", ", len, "], got ",
+              tokens.sizes());
+  TORCH_CHECK(tokens.scalar_type() == at::kLong, tokens_name, " must be int64, got ", tokens.scalar_type());
+  TORCH_CHECK(tokens.device() == device, tokens_name, " must be on ", device, " like ctx, got ", tokens.device());
+  TORCH_CHECK(temperature >= 0.0 && temperature == temperature, "temperature must be >= 0, got ", temperature);
+  return s;
+}
+
+}  // namespace xkernels
