@@ -141,17 +141,24 @@ def _drafted_slots(ctx, base_logits):
     return b, d
 
 
-def sample_rows(logits: torch.Tensor, temperature: float, seed: int, offset: int):
-    """tokens = argmax(l / T + G), logprobs = log_softmax(l / T)[tokens] for logits [N, D, V];
-    at T = 0: argmax(l) and log_softmax(l). G is Gumbel noise keyed by (sequence n, drafted slot d, v)."""
+def perturbed_scores(logits: torch.Tensor, temperature: float, seed: int, offset: int):
+    """(a, score) for logits [N, D, V]: a = l / T (l at T = 0) and score = a + G, the Gumbel noise
+    keyed by (sequence n, drafted slot d, id v) (score = a at T = 0)."""
     n, d, v = logits.shape
     a = logits.float()
-    score = a
-    if temperature != 0:
-        a = a * float(torch.tensor(1.0 / temperature, dtype=torch.float32))
-        noise = torch.stack([torch.stack([gumbel_noise(seed, offset, i, j, v) for j in range(d)]) for i in range(n)]) \
-            if n * d else torch.zeros(n, d, v)
-        score = a + noise.to(a.device)
+    if temperature == 0:
+        return a, a
+    a = a * float(torch.tensor(1.0 / temperature, dtype=torch.float32))
+    if n * d == 0:
+        return a, a
+    noise = torch.stack([torch.stack([gumbel_noise(seed, offset, i, j, v) for j in range(d)]) for i in range(n)])
+    return a, a + noise.to(a.device)
+
+
+def sample_rows(logits: torch.Tensor, temperature: float, seed: int, offset: int):
+    """tokens = argmax(l / T + G), logprobs = log_softmax(l / T)[tokens] for logits [N, D, V];
+    at T = 0: argmax(l) and log_softmax(l)."""
+    a, score = perturbed_scores(logits, temperature, seed, offset)
     tokens = score.argmax(-1)
     logprobs = a.log_softmax(-1).gather(-1, tokens[..., None])[..., 0]
     return tokens, logprobs

@@ -122,6 +122,7 @@ Rng make_rng(double temperature, int64_t seed, int64_t offset, const std::option
 void sample_slots(const at::Tensor& base_logits, const std::vector<int64_t>& seqs, const std::vector<int64_t>& slots,
                   const at::Tensor& z, const at::Tensor& w_read, const Rng& rng, int64_t* tokens, float* logprobs) {
   const int64_t d = base_logits.size(1), v = base_logits.size(2);
+  if (seqs.empty() || slots.empty()) return;
   dispatch_logits(base_logits.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     const T* base = base_logits.const_data_ptr<T>();

@@ -13,20 +13,14 @@
 #include <cuda_fp16.h>
 
 #include "chain_verify_launch.h"
+#include "device_utils.cuh"
 #include "xkernels/sampling.h"
 
 namespace xkernels::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
 constexpr int kMaxSlices = 32;  // a warp merges the slices of a row
 constexpr int64_t kMinSliceGroups = 256;  // 1024 vocabulary ids per slice at least
-constexpr unsigned kFullMask = 0xFFFFFFFFu;
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 
 // Loads ids 4g .. 4g+3 of a row, scaled; ids past the end read as -inf.
 template <typename T>
@@ -51,40 +45,6 @@ __device__ __forceinline__ void load_group(const T* row, int64_t g, int64_t v, b
   for (int j = 0; j < 4; ++j) out[j] *= scale;
 }
 
-__device__ __forceinline__ ArgMax shfl_argmax(ArgMax a, int delta) {
-  return ArgMax{__shfl_xor_sync(kFullMask, a.val, delta), __shfl_xor_sync(kFullMask, a.idx, delta)};
-}
-
-__device__ __forceinline__ RowStats warp_merge(RowStats s) {
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) {
-    const RowStats o{shfl_argmax(s.top, d), __shfl_xor_sync(kFullMask, s.sum, d)};
-    s = stats_merge(s, o);
-  }
-  return s;
-}
-
-__device__ __forceinline__ ArgMax warp_merge(ArgMax a) {
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) a = argmax_merge(a, shfl_argmax(a, d));
-  return a;
-}
-
-// Reduces one value per thread to thread 0 of the block.
-template <typename S>
-__device__ __forceinline__ S block_merge(S s, S empty) {
-  __shared__ S warp_results[kWarps];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  s = warp_merge(s);
-  if (lane == 0) warp_results[warp] = s;
-  __syncthreads();
-  if (warp == 0) {
-    s = lane < kWarps ? warp_results[lane] : empty;
-    s = warp_merge(s);
-  }
-  return s;
-}
-
 struct SliceRange {
   int64_t begin, end;  // in groups of 4 ids
 };
@@ -94,10 +54,6 @@ __device__ __forceinline__ SliceRange slice_range(int64_t v, int slices, int sli
   const int64_t per = (groups + slices - 1) / slices;
   const int64_t begin = per * slice;
   return SliceRange{begin, begin + per < groups ? begin + per : groups};
-}
-
-__device__ __forceinline__ uint64_t read_or(const int64_t* ptr, uint64_t fallback) {
-  return ptr ? static_cast<uint64_t>(*ptr) : fallback;
 }
 
 struct Workspace {

@@ -7,11 +7,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "launch_types.h"
 #include "xkernels/sampling.h"
 
 namespace xkernels::cuda {
-
-enum class LogitsType { kFloat32, kBFloat16, kFloat16 };
 
 struct ChainVerifyParams {
   const void* logits;  // [n, k+1, v]

@@ -1,0 +1,78 @@
+// Device helpers shared by the CUDA kernels: element loads, warp and block merges
+// of the shared reduction states (xkernels/sampling.h), device-side RNG arguments.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "xkernels/sampling.h"
+
+namespace xkernels::cuda {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) x += __shfl_xor_sync(kFullMask, x, d);
+  return x;
+}
+
+__device__ __forceinline__ ArgMax shfl_argmax(ArgMax a, int delta) {
+  return ArgMax{__shfl_xor_sync(kFullMask, a.val, delta), __shfl_xor_sync(kFullMask, a.idx, delta)};
+}
+
+__device__ __forceinline__ RowStats warp_merge(RowStats s) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) {
+    const RowStats o{shfl_argmax(s.top, d), __shfl_xor_sync(kFullMask, s.sum, d)};
+    s = stats_merge(s, o);
+  }
+  return s;
+}
+
+__device__ __forceinline__ ArgMax warp_merge(ArgMax a) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) a = argmax_merge(a, shfl_argmax(a, d));
+  return a;
+}
+
+__device__ __forceinline__ SampledRow warp_merge(SampledRow s) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) {
+    SampledRow o;
+    o.pick = shfl_argmax(s.pick, d);
+    o.pick_a = __shfl_xor_sync(kFullMask, s.pick_a, d);
+    o.stats = RowStats{shfl_argmax(s.stats.top, d), __shfl_xor_sync(kFullMask, s.stats.sum, d)};
+    s = sampled_merge(s, o);
+  }
+  return s;
+}
+
+// Reduces one value per thread to thread 0 of the block (of kThreads threads).
+template <typename S>
+__device__ __forceinline__ S block_merge(S s, S empty) {
+  __shared__ S warp_results[kWarps];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  s = warp_merge(s);
+  if (lane == 0) warp_results[warp] = s;
+  __syncthreads();
+  if (warp == 0) {
+    s = lane < kWarps ? warp_results[lane] : empty;
+    s = warp_merge(s);
+  }
+  return s;
+}
+
+__device__ __forceinline__ uint64_t read_or(const int64_t* ptr, uint64_t fallback) {
+  return ptr ? static_cast<uint64_t>(*ptr) : fallback;
+}
+
+}  // namespace xkernels::cuda

@@ -1,0 +1,130 @@
+// refine_step, jacobi_refine and sequential_refine on CUDA: checks, allocation and the
+// launches on the current stream.
+#include <ATen/core/Tensor.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "../ops/checks.h"
+#include "refine_launch.h"
+
+namespace xkernels {
+namespace {
+
+struct Prepared {
+  cuda::RefineParams params;
+  at::Tensor workspace;
+  std::vector<at::Tensor> keep_alive;  // contiguous copies the params point into
+};
+
+Prepared prepare(const at::Tensor& ctx, const at::Tensor& tokens, const char* tokens_name, bool tokens_are_prefix,
+                 const at::Tensor& base_logits, const at::Tensor& emb, const at::Tensor& mix,
+                 const at::Tensor& w_gate, const at::Tensor& w_up, const at::Tensor& w_down,
+                 const at::Tensor& w_read, double temperature, int64_t seed, int64_t offset,
+                 const std::optional<at::Tensor>& seed_tensor, const std::optional<at::Tensor>& offset_tensor) {
+  const auto s = check_refine(ctx, tokens, tokens_name, tokens_are_prefix, base_logits, emb, mix, w_gate, w_up,
+                              w_down, w_read, temperature);
+  TORCH_CHECK(s.b <= cuda::kRefineMaxSlots, "ctx: the CUDA kernels take blocks of at most ",
+              cuda::kRefineMaxSlots, " slots, got B=", s.b);
+  TORCH_CHECK(s.r <= cuda::kRefineMaxRank, "ctx: the CUDA kernels take a rank of at most ", cuda::kRefineMaxRank,
+              ", got r=", s.r);
+  if (value_checks_enabled()) check_token_ids(tokens, s.v, tokens_name);
+  const RngArgs rng = rng_args(seed, offset, seed_tensor, offset_tensor, ctx.device());
+
+  Prepared out;
+  auto keep = [&](const at::Tensor& t) -> const void* {
+    out.keep_alive.push_back(t.contiguous());
+    return out.keep_alive.back().const_data_ptr();
+  };
+  cuda::RefineParams& p = out.params;
+  p.ctx = static_cast<const float*>(keep(ctx));
+  p.prefix = static_cast<const int64_t*>(keep(tokens));
+  p.prefix_len = tokens.size(1);
+  p.base = keep(base_logits);
+  p.base_type = base_logits.scalar_type() == at::kFloat      ? cuda::LogitsType::kFloat32
+                : base_logits.scalar_type() == at::kBFloat16 ? cuda::LogitsType::kBFloat16
+                                                             : cuda::LogitsType::kFloat16;
+  p.emb = keep(emb), p.mix = keep(mix), p.w_gate = keep(w_gate), p.w_up = keep(w_up);
+  p.w_down = keep(w_down), p.w_read = keep(w_read);
+  p.weight_type = w_read.scalar_type() == at::kFloat ? cuda::WeightType::kFloat32 : cuda::WeightType::kBFloat16;
+  p.n = s.n, p.b = s.b, p.d = s.d, p.f = s.f, p.r = s.r, p.h = s.h, p.v = s.v;
+  p.inv_t = temperature == 0.0 ? 0.0f : static_cast<float>(1.0 / temperature);
+  p.seed = rng.seed, p.offset = rng.offset, p.seed_ptr = rng.seed_ptr, p.offset_ptr = rng.offset_ptr;
+  p.num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  out.workspace = at::empty({static_cast<int64_t>(cuda::refine_workspace_bytes(p))}, ctx.options().dtype(at::kByte));
+  return out;
+}
+
+void check_launch(cudaError_t err, const char* op) {
+  TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
+}
+
+#define XK_REFINE_WEIGHT_ARGS                                                                              \
+  const at::Tensor &emb, const at::Tensor &mix, const at::Tensor &w_gate, const at::Tensor &w_up,          \
+      const at::Tensor &w_down, const at::Tensor &w_read
+#define XK_RNG_ARGS                                                                                        \
+  double temperature, int64_t seed, int64_t offset, const std::optional<at::Tensor>&seed_tensor,           \
+      const std::optional<at::Tensor>&offset_tensor
+
+std::tuple<at::Tensor, at::Tensor> refine_step_cuda(const at::Tensor& ctx, const at::Tensor& prev_tokens,
+                                                    const at::Tensor& base_logits, XK_REFINE_WEIGHT_ARGS,
+                                                    XK_RNG_ARGS) {
+  const c10::cuda::CUDAGuard guard(ctx.device());
+  auto prep = prepare(ctx, prev_tokens, "prev_tokens", false, base_logits, emb, mix, w_gate, w_up, w_down, w_read,
+                      temperature, seed, offset, seed_tensor, offset_tensor);
+  const auto& p = prep.params;
+  auto tokens = at::empty({p.n, p.d}, prev_tokens.options());
+  auto logprobs = at::empty({p.n, p.d}, ctx.options());
+  check_launch(cuda::launch_refine_step(p, prep.workspace.mutable_data_ptr(), tokens.mutable_data_ptr<int64_t>(),
+                                        logprobs.mutable_data_ptr<float>(), at::cuda::getCurrentCUDAStream().stream()),
+               "refine_step");
+  return {tokens, logprobs};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> jacobi_refine_cuda(const at::Tensor& ctx,
+                                                                  const at::Tensor& prefix_tokens,
+                                                                  const at::Tensor& base_logits,
+                                                                  XK_REFINE_WEIGHT_ARGS, int64_t max_iters,
+                                                                  XK_RNG_ARGS) {
+  TORCH_CHECK(max_iters >= 0, "max_iters must be >= 0, got ", max_iters);
+  const c10::cuda::CUDAGuard guard(ctx.device());
+  auto prep = prepare(ctx, prefix_tokens, "prefix_tokens", true, base_logits, emb, mix, w_gate, w_up, w_down, w_read,
+                      temperature, seed, offset, seed_tensor, offset_tensor);
+  const auto& p = prep.params;
+  auto tokens = at::empty({p.n, p.d}, prefix_tokens.options());
+  auto logprobs = at::empty({p.n, p.d}, ctx.options());
+  auto iters = at::zeros({p.n}, prefix_tokens.options().dtype(at::kInt));
+  check_launch(cuda::launch_jacobi_refine(p, max_iters, prep.workspace.mutable_data_ptr(),
+                                          tokens.mutable_data_ptr<int64_t>(), logprobs.mutable_data_ptr<float>(),
+                                          iters.mutable_data_ptr<int32_t>(), at::cuda::getCurrentCUDAStream().stream()),
+               "jacobi_refine");
+  return {tokens, logprobs, iters};
+}
+
+std::tuple<at::Tensor, at::Tensor> sequential_refine_cuda(const at::Tensor& ctx, const at::Tensor& prefix_tokens,
+                                                          const at::Tensor& base_logits, XK_REFINE_WEIGHT_ARGS,
+                                                          XK_RNG_ARGS) {
+  const c10::cuda::CUDAGuard guard(ctx.device());
+  auto prep = prepare(ctx, prefix_tokens, "prefix_tokens", true, base_logits, emb, mix, w_gate, w_up, w_down, w_read,
+                      temperature, seed, offset, seed_tensor, offset_tensor);
+  const auto& p = prep.params;
+  auto tokens = at::zeros({p.n, p.d}, prefix_tokens.options());
+  auto logprobs = at::empty({p.n, p.d}, ctx.options());
+  check_launch(cuda::launch_sequential_refine(p, prep.workspace.mutable_data_ptr(), tokens.mutable_data_ptr<int64_t>(),
+                                              logprobs.mutable_data_ptr<float>(),
+                                              at::cuda::getCurrentCUDAStream().stream()),
+               "sequential_refine");
+  return {tokens, logprobs};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(xkernels, CUDA, m) {
+  m.impl("refine_step", &refine_step_cuda);
+  m.impl("jacobi_refine", &jacobi_refine_cuda);
+  m.impl("sequential_refine", &sequential_refine_cuda);
+}
+
+}  // namespace xkernels

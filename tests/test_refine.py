@@ -1,0 +1,230 @@
+import pytest
+import torch
+
+import xkernels
+from xkernels import reference
+from xkernels.refiner import RefinerWeights, XPressRefiner
+from tests.utils import DEVICES, LOGIT_DTYPES, chi_squared_pvalue
+
+# (N, B, D, V, r, H): F = B - D fixed slots
+SHAPES = [(3, 6, 5, 300, 16, 32), (2, 4, 4, 257, 32, 64), (1, 16, 15, 1000, 64, 128), (4, 3, 1, 50, 8, 16),
+          (0, 4, 3, 50, 8, 16)]
+
+
+def make_case(n, b, d, v, r, h, logits_dtype=torch.float32, weight_dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    weights = RefinerWeights(
+        emb=torch.randn(v, r, generator=g) * 0.5,
+        mix=torch.randn(r, b, b, generator=g).tril() * 0.3 + torch.eye(b),
+        w_gate=torch.randn(h, r, generator=g) * r**-0.5,
+        w_up=torch.randn(h, r, generator=g) * r**-0.5,
+        w_down=torch.randn(r, h, generator=g) * h**-0.5,
+        w_read=torch.randn(v, r, generator=g) * r**-0.5,
+    ).to(weight_dtype)
+    ctx = torch.randn(n, b, r, generator=g)
+    base = (torch.randn(n, d, v, generator=g) * 2).to(logits_dtype)
+    prev = torch.randint(0, v, (n, b), generator=g)
+    return ctx, prev, base, weights
+
+
+def to(device, *items):
+    return [x.to(device) if x is not None else None for x in items]
+
+
+def assert_same_tokens(got, want, scores, atol):
+    """Tokens agree except where the reference's best two scores lie within rounding (atol)."""
+    got = got.cpu()
+    if torch.equal(got, want):
+        return
+    top2 = scores.topk(2, dim=-1).values
+    gap = top2[..., 0] - top2[..., 1]
+    differ = got != want
+    assert (gap[differ] <= atol).all(), f"tokens differ where the top-2 gap is {gap[differ].min()}"
+
+
+TOL = {torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 5e-2}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("logits_dtype", LOGIT_DTYPES)
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [0.0, 1.0, 0.7])
+def test_refine_step_matches_reference(device, shape, logits_dtype, weight_dtype, temperature):
+    ctx, prev, base, weights = make_case(*shape, logits_dtype, weight_dtype, seed=sum(shape))
+    tokens, logprobs = xkernels.refine_step(*to(device, ctx, prev, base), weights.to(device),
+                                            temperature=temperature, seed=5, offset=2)
+    want_tokens, want_logprobs = reference.refine_step(ctx, prev, base, weights, temperature, 5, 2)
+    _, scores = reference.perturbed_scores(reference.refine_logits(ctx, prev, base, weights), temperature, 5, 2)
+    tol = max(TOL[logits_dtype], TOL[weight_dtype])
+    assert_same_tokens(tokens, want_tokens, scores, tol)
+    same = tokens.cpu() == want_tokens
+    torch.testing.assert_close(logprobs.cpu()[same], want_logprobs[same], atol=1e-3, rtol=1e-4)
+
+
+def test_module_forward_matches_folded_weights():
+    torch.manual_seed(0)
+    n, b, d, v, hidden = 3, 8, 7, 120, 24
+    model = XPressRefiner(v, hidden, b, rank=16, mlp_ratio=2).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    h = torch.randn(n, b, hidden, dtype=torch.float64)
+    base = torch.randn(n, d, v, dtype=torch.float64)
+    prev = torch.randint(0, v, (n, b))
+    refined = model(base, h, prev)
+    assert refined.shape == (n, d, v) and refined.requires_grad
+    weights = model.fold()
+    folded = reference.refine_logits(model.prepare(h).detach(), prev, base, weights)
+    torch.testing.assert_close(folded, refined.float().detach(), atol=2e-4, rtol=1e-4)
+    tokens, _ = xkernels.refine_step(model.prepare(h).detach().float(), prev, base.float(), weights.to(torch.float32))
+    assert_same_tokens(tokens, refined.argmax(-1), refined.float().detach(), 1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_jacobi_converges_to_sequential(device, temperature):
+    n, b, d, v, r, h = 6, 9, 8, 200, 16, 32
+    ctx, prev, base, weights = make_case(n, b, d, v, r, h, seed=3)
+    prefix = prev[:, : b - d + 1]
+    args = (*to(device, ctx, prefix, base), weights.to(device))
+    seq_tokens, seq_logprobs = xkernels.sequential_refine(*args, temperature=temperature, seed=9)
+    want = reference.sequential_refine(ctx, prefix, base, weights, temperature, 9)
+    assert torch.equal(seq_tokens.cpu(), want[0])
+    torch.testing.assert_close(seq_logprobs.cpu(), want[1], atol=1e-4, rtol=1e-4)
+    for passes in range(d + 2):
+        tokens, logprobs, iters = xkernels.jacobi_refine(*args, max_iters=passes, temperature=temperature, seed=9)
+        ref_tokens, ref_logprobs, ref_iters = reference.jacobi_refine(ctx, prefix, base, weights, passes,
+                                                                     temperature, 9)
+        assert torch.equal(tokens.cpu(), ref_tokens) and torch.equal(iters.cpu(), ref_iters)
+        torch.testing.assert_close(logprobs.cpu(), ref_logprobs, atol=1e-4, rtol=1e-4)
+        assert iters.dtype == torch.int32 and (iters <= passes).all()
+        # After t passes the first t drafted slots are final.
+        assert torch.equal(tokens[:, :passes].cpu(), seq_tokens[:, :passes].cpu())
+        if passes >= d:
+            assert torch.equal(tokens, seq_tokens)
+            torch.testing.assert_close(logprobs, seq_logprobs, atol=1e-4, rtol=1e-4)
+    # A converged sequence is not changed by further passes.
+    few = xkernels.jacobi_refine(*args, max_iters=3, temperature=temperature, seed=9)
+    many = xkernels.jacobi_refine(*args, max_iters=20, temperature=temperature, seed=9)
+    done = few[2] < 3
+    assert torch.equal(few[0][done], many[0][done]) and torch.equal(few[2][done], many[2][done])
+
+
+def test_dspark_markov_head_is_a_special_case():
+    """b_k = W2 W1[x_{k-1}]: no context, identity mix, a zero SwiGLU, emb = W1, w_read = W2."""
+    n, b, v, r = 5, 7, 90, 12
+    g = torch.Generator().manual_seed(1)
+    w1, w2 = torch.randn(v, r, generator=g), torch.randn(v, r, generator=g) * 0.5
+    zeros = torch.zeros(2 * r, r)
+    weights = RefinerWeights(emb=w1, mix=torch.eye(b).expand(r, b, b).contiguous(), w_gate=zeros, w_up=zeros,
+                             w_down=zeros.T.contiguous(), w_read=w2)
+    base = torch.randn(n, b - 1, v, generator=g) * 2
+    anchor = torch.randint(0, v, (n, 2), generator=g)  # the token before the block and the anchor slot
+    tokens, _ = xkernels.sequential_refine(torch.zeros(n, b, r), anchor, base, weights)
+    prev = anchor[:, 1]
+    for k in range(b - 1):
+        want = (base[:, k] + w1[prev] @ w2.T).argmax(-1)
+        assert torch.equal(tokens[:, k], want)
+        prev = want
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", ["sequential", "jacobi"])
+def test_sampled_blocks_follow_the_refined_model(device, op):
+    """At T=1 the block (x1, x2) follows p(x1) p(x2 | x1) of the refined model (chi-squared)."""
+    samples, b, d, v, r, h = 40000, 3, 2, 4, 8, 16
+    ctx, prev, base, weights = make_case(1, b, d, v, r, h, seed=11)
+    weights = weights._replace(w_read=weights.w_read * 6)  # a strong, token-dependent refinement
+    prefix = prev[:, : b - d + 1]
+    batch = [ctx.expand(samples, -1, -1).contiguous(), prefix.expand(samples, -1).contiguous(),
+             base.expand(samples, -1, -1).contiguous()]
+    args = (*to(device, *batch), weights.to(device))
+    if op == "sequential":
+        tokens, logprobs = xkernels.sequential_refine(*args, temperature=1.0, seed=4)
+    else:
+        tokens, logprobs, _ = xkernels.jacobi_refine(*args, max_iters=d, temperature=1.0, seed=4)
+    tokens, logprobs = tokens.cpu(), logprobs.cpu()
+    # The refined model's conditionals, enumerated.
+    p1 = reference.refine_logits(ctx, torch.cat([prefix, torch.zeros(1, 1, dtype=torch.long)], 1), base,
+                                 weights)[0, 0].softmax(-1)
+    p2 = torch.stack([reference.refine_logits(ctx, torch.cat([prefix, torch.tensor([[x]])], 1), base,
+                                              weights)[0, 1].softmax(-1) for x in range(v)])
+    counts = torch.bincount(tokens[:, 0] * v + tokens[:, 1], minlength=v * v)
+    assert chi_squared_pvalue(counts, p1[:, None] * p2) > 1e-3
+    torch.testing.assert_close(logprobs[:, 0], p1.log()[tokens[:, 0]], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(logprobs[:, 1], p2.log()[tokens[:, 0], tokens[:, 1]], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    ctx, prev, base, weights = to(device, *make_case(2, 5, 4, 70, 8, 16)[:3]) + [make_case(2, 5, 4, 70, 8, 16)[3].to(device)]
+    w = tuple(weights)
+    torch.library.opcheck(torch.ops.xkernels.refine_step.default, (ctx, prev, base, *w, 1.0, 3, 1, None, None))
+    prefix = prev[:, :2].contiguous()
+    torch.library.opcheck(torch.ops.xkernels.jacobi_refine.default, (ctx, prefix, base, *w, 3, 0.0, 0, 0, None, None))
+    torch.library.opcheck(torch.ops.xkernels.sequential_refine.default, (ctx, prefix, base, *w, 1.0, 1, 0, None, None))
+
+
+def test_bad_inputs_name_the_argument():
+    ctx, prev, base, weights = make_case(2, 5, 4, 70, 8, 16)
+    prefix = prev[:, :2]
+    step = lambda **kw: xkernels.refine_step(kw.get("ctx", ctx), kw.get("prev", prev), kw.get("base", base),  # noqa
+                                             kw.get("weights", weights))
+    cases = [
+        (dict(ctx=ctx[:, :4]), "must have shape"),  # B mismatch with prev_tokens / mix
+        (dict(ctx=ctx.double()), "ctx must be float32"),
+        (dict(prev=prev[:, :3]), "prev_tokens must have shape"),
+        (dict(prev=prev + 100), "prev_tokens holds ids outside"),
+        (dict(prev=prev.int()), "prev_tokens must be int64"),
+        (dict(base=base[..., :60]), "must have shape"),  # V mismatch with the weights
+        (dict(base=base.double()), "base_logits must be"),
+        (dict(base=torch.randn(2, 6, 70)), "drafted slots"),
+        (dict(weights=weights._replace(w_read=weights.w_read[:, :7])), "w_read must have shape"),
+        (dict(weights=weights._replace(emb=weights.emb.bfloat16())), "emb must have the dtype"),
+        (dict(weights=weights._replace(mix=weights.mix[:, :4])), "mix must have shape"),
+        (dict(weights=weights._replace(w_down=weights.w_down.T)), "w_down must have shape"),
+        (dict(weights=tuple(weights)), "RefinerWeights"),
+    ]
+    for change, message in cases:
+        with pytest.raises((RuntimeError, TypeError), match=message):
+            step(**change)
+    with pytest.raises(RuntimeError, match="max_iters"):
+        xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=-1)
+    with pytest.raises(RuntimeError, match="prefix_tokens must have shape"):
+        xkernels.sequential_refine(ctx, prev, base, weights)
+    with pytest.raises(RuntimeError, match="temperature"):
+        xkernels.sequential_refine(ctx, prefix, base, weights, temperature=-0.5)
+
+
+@pytest.mark.needs_cuda
+@pytest.mark.parametrize("logits_dtype", LOGIT_DTYPES)
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_cpu_and_cuda_agree(logits_dtype, weight_dtype, temperature):
+    n, b, d, v, r, h = 8, 16, 15, 4099, 256, 512
+    ctx, prev, base, weights = make_case(n, b, d, v, r, h, logits_dtype, weight_dtype, seed=2)
+    prefix = prev[:, :2]
+    cpu = xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=4, temperature=temperature, seed=1, offset=3)
+    gpu = xkernels.jacobi_refine(*to("cuda", ctx, prefix, base), weights.to("cuda"), max_iters=4,
+                                 temperature=temperature, seed=1, offset=3)
+    assert torch.equal(cpu[0], gpu[0].cpu()) and torch.equal(cpu[2], gpu[2].cpu())
+    torch.testing.assert_close(cpu[1], gpu[1].cpu(), atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.needs_cuda
+def test_jacobi_is_cuda_graph_capturable():
+    ctx, prev, base, weights = to("cuda", *make_case(4, 8, 7, 500, 32, 64)[:3]) + [make_case(4, 8, 7, 500, 32, 64)[3].cuda()]
+    prefix = prev[:, :2].contiguous()
+    offset = torch.zeros(1, dtype=torch.int64, device="cuda")
+    run = lambda: xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=4, temperature=1.0, seed=2,  # noqa
+                                         offset=offset)
+    run()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run()
+    for step in range(3):
+        offset.fill_(step)
+        graph.replay()
+        eager = xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=4, temperature=1.0, seed=2, offset=step)
+        assert all(torch.equal(a, b) for a, b in zip(captured, eager))
