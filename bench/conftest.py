@@ -14,12 +14,15 @@ def pytest_terminal_summary(terminalreporter, config):
         cases[bench.group][bench.extra_info.get("impl", bench.name)] = bench
     write = terminalreporter.write_line
     write("")
-    write(f"{'case':<58} {'reference ms':>13} {'xkernels ms':>12} {'speed-up':>9}  notes")
+    write("baseline: the plain PyTorch reference, or the op named first in the case")
+    write(f"{'case':<58} {'baseline ms':>13} {'xkernels ms':>12} {'speed-up':>9}  notes")
     for group in sorted(cases):
         impls = cases[group]
         if "xkernels" not in impls or "reference" not in impls:
             continue
         ours, ref = impls["xkernels"], impls["reference"]
         notes = ", ".join(f"{k}={v}" for k, v in ours.extra_info.items() if k != "impl")
+        if "largest_alloc_MB" in ref.extra_info:
+            notes += f" (baseline {ref.extra_info['largest_alloc_MB']})"
         write(f"{group:<58} {ref.stats.median * 1e3:>13.3f} {ours.stats.median * 1e3:>12.3f} "
               f"{ref.stats.median / ours.stats.median:>8.1f}x  {notes}")

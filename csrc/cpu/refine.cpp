@@ -117,28 +117,29 @@ Rng make_rng(double temperature, int64_t seed, int64_t offset, const std::option
              a.offset_ptr ? static_cast<uint64_t>(*a.offset_ptr) : a.offset};
 }
 
-// Samples drafted slots `slots` (all D when empty) of sequences `seqs`, reading z of the
-// matching rows (z [seqs, slots, r], or undefined for the drafter's own sample).
-void sample_slots(const at::Tensor& base_logits, const std::vector<int64_t>& seqs, const std::vector<int64_t>& slots,
-                  const at::Tensor& z, const at::Tensor& w_read, const Rng& rng, int64_t* tokens, float* logprobs) {
+using Rows = std::vector<std::pair<int64_t, int64_t>>;  // (sequence, drafted slot)
+
+// Samples the given rows; z [rows, r] holds their hidden states (undefined: the drafter's
+// own sample, s alone). Writes tokens[i] and logprobs[i] for row i.
+void sample_rows(const at::Tensor& base_logits, const Rows& rows, const at::Tensor& z, const at::Tensor& w_read,
+                 const Rng& rng, int64_t* tokens, float* logprobs) {
   const int64_t d = base_logits.size(1), v = base_logits.size(2);
-  if (seqs.empty() || slots.empty()) return;
+  if (rows.empty()) return;
   dispatch_logits(base_logits.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     const T* base = base_logits.const_data_ptr<T>();
-    std::vector<ReadRow<T>> rows;
-    for (int64_t n : seqs)
-      for (int64_t slot : slots)
-        rows.push_back({base + (n * d + slot) * v, static_cast<uint32_t>(n), static_cast<uint32_t>(slot)});
-    const at::Tensor zr = z.defined() ? z.reshape({static_cast<int64_t>(rows.size()), -1}).contiguous() : z;
-    read_and_sample(rows, zr, w_read, v, rng, tokens, logprobs);
+    std::vector<ReadRow<T>> read;
+    for (const auto& [n, slot] : rows)
+      read.push_back({base + (n * d + slot) * v, static_cast<uint32_t>(n), static_cast<uint32_t>(slot)});
+    read_and_sample(read, z.defined() ? z.contiguous() : z, w_read, v, rng, tokens, logprobs);
   });
 }
 
-std::vector<int64_t> iota(int64_t n) {
-  std::vector<int64_t> out(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) out[i] = i;
-  return out;
+Rows all_rows(int64_t n, int64_t d) {
+  Rows rows;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t k = 0; k < d; ++k) rows.emplace_back(i, k);
+  return rows;
 }
 
 #define XK_REFINE_WEIGHT_ARGS                                                                              \
@@ -159,9 +160,9 @@ std::tuple<at::Tensor, at::Tensor> refine_step_cpu(const at::Tensor& ctx, const 
   const auto logits = base_logits.contiguous();
   auto tokens = at::empty({s.n, s.d}, prev_tokens.options());
   auto logprobs = at::empty({s.n, s.d}, ctx.options());
-  const auto z = hidden_states(ctx, prev_tokens, w).narrow(1, s.f, s.d);
-  sample_slots(logits, iota(s.n), iota(s.d), z, w.w_read, rng, tokens.mutable_data_ptr<int64_t>(),
-               logprobs.mutable_data_ptr<float>());
+  const auto z = hidden_states(ctx, prev_tokens, w).narrow(1, s.f, s.d).reshape({s.n * s.d, s.r});
+  sample_rows(logits, all_rows(s.n, s.d), z, w.w_read, rng, tokens.mutable_data_ptr<int64_t>(),
+              logprobs.mutable_data_ptr<float>());
   return {tokens, logprobs};
 }
 
@@ -183,30 +184,45 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> jacobi_refine_cpu(const at::Tenso
   int64_t* tok = tokens.mutable_data_ptr<int64_t>();
   float* lp = logprobs.mutable_data_ptr<float>();
   int32_t* it = iters.mutable_data_ptr<int32_t>();
-  const auto all_slots = iota(s.d);
-  sample_slots(logits, iota(s.n), all_slots, at::Tensor(), w.w_read, rng, tok, lp);  // x0: the drafter's sample
+  sample_rows(logits, all_rows(s.n, s.d), at::Tensor(), w.w_read, rng, tok, lp);  // x0: the drafter's sample
 
-  std::vector<int64_t> active = iota(s.n);
-  std::vector<int64_t> new_tok(static_cast<size_t>(s.n * s.d));
-  std::vector<float> new_lp(static_cast<size_t>(s.n * s.d));
+  // Slots before first_dirty[n] read unchanged tokens, so they are final and are not recomputed.
+  std::vector<int64_t> active(static_cast<size_t>(s.n)), first_dirty(static_cast<size_t>(s.n), 0);
+  for (int64_t n = 0; n < s.n; ++n) active[n] = n;
   for (int64_t pass = 0; pass < max_iters && !active.empty(); ++pass) {
     const auto index = at::from_blob(active.data(), {static_cast<int64_t>(active.size())}, prefix_tokens.options());
     const auto prev = at::cat(
         std::vector<at::Tensor>{prefix_tokens.index_select(0, index), tokens.index_select(0, index).narrow(1, 0, s.d - 1)},
         1);
-    const auto z = hidden_states(ctx.index_select(0, index), prev, w).narrow(1, s.f, s.d);
-    sample_slots(logits, active, all_slots, z, w.w_read, rng, new_tok.data(), new_lp.data());
-    std::vector<int64_t> still;
-    for (size_t a = 0; a < active.size(); ++a) {
-      const int64_t n = active[a];
-      bool changed = false;
-      for (int64_t k = 0; k < s.d; ++k) {
-        changed |= tok[n * s.d + k] != new_tok[a * s.d + k];
-        tok[n * s.d + k] = new_tok[a * s.d + k];
-        lp[n * s.d + k] = new_lp[a * s.d + k];
+    Rows rows;
+    std::vector<int64_t> z_rows;  // rows of hidden [active * B, r]
+    for (size_t a = 0; a < active.size(); ++a)
+      for (int64_t k = first_dirty[active[a]]; k < s.d; ++k) {
+        rows.emplace_back(active[a], k);
+        z_rows.push_back(static_cast<int64_t>(a) * s.b + s.f + k);
       }
+    std::vector<int64_t> new_tok(rows.size());
+    std::vector<float> new_lp(rows.size());
+    if (!rows.empty()) {
+      const auto hidden = hidden_states(ctx.index_select(0, index), prev, w).reshape({-1, s.r});
+      const auto z = hidden.index_select(
+          0, at::from_blob(z_rows.data(), {static_cast<int64_t>(z_rows.size())}, prefix_tokens.options()));
+      sample_rows(logits, rows, z, w.w_read, rng, new_tok.data(), new_lp.data());
+    }
+    std::vector<int64_t> changed_first(static_cast<size_t>(s.n), -1);  // first changed slot per sequence
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const auto [n, k] = rows[i];
+      if (tok[n * s.d + k] != new_tok[i] && changed_first[n] < 0) changed_first[n] = k;
+      tok[n * s.d + k] = new_tok[i];
+      lp[n * s.d + k] = new_lp[i];
+    }
+    std::vector<int64_t> still;
+    for (int64_t n : active) {
       it[n] += 1;
-      if (changed) still.push_back(n);
+      if (changed_first[n] >= 0) {
+        first_dirty[n] = changed_first[n] + 1;
+        still.push_back(n);
+      }
     }
     active.swap(still);
   }
@@ -226,14 +242,15 @@ std::tuple<at::Tensor, at::Tensor> sequential_refine_cpu(const at::Tensor& ctx, 
   auto logprobs = at::empty({s.n, s.d}, ctx.options());
   std::vector<int64_t> step_tok(static_cast<size_t>(s.n));
   std::vector<float> step_lp(static_cast<size_t>(s.n));
-  const auto seqs = iota(s.n);
   auto tok = tokens.accessor<int64_t, 2>();
   auto lp = logprobs.accessor<float, 2>();
   for (int64_t slot = 0; slot < s.d; ++slot) {
     // Slot F+slot depends only on slots before it, which are decided.
     const auto prev = at::cat(std::vector<at::Tensor>{prefix_tokens, tokens.narrow(1, 0, s.d - 1)}, 1);
-    const auto z = hidden_states(ctx, prev, w).narrow(1, s.f + slot, 1);
-    sample_slots(logits, seqs, {slot}, z, w.w_read, rng, step_tok.data(), step_lp.data());
+    const auto z = hidden_states(ctx, prev, w).select(1, s.f + slot);
+    Rows rows;
+    for (int64_t n = 0; n < s.n; ++n) rows.emplace_back(n, slot);
+    sample_rows(logits, rows, z, w.w_read, rng, step_tok.data(), step_lp.data());
     for (int64_t n = 0; n < s.n; ++n) tok[n][slot] = step_tok[n], lp[n][slot] = step_lp[n];
   }
   return {tokens, logprobs};

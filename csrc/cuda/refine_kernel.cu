@@ -6,8 +6,8 @@
 //                   the Gumbel-max pick and the softmax statistics (the logits are never stored)
 //  4. finish:       merges the slices: token and log-probability per row
 // Jacobi adds an update launch per pass (convergence flags live on the device), so max_iters
-// passes are a fixed launch sequence a CUDA graph can capture; blocks of converged sequences
-// exit at once. Token ids outside [0, V) read a zero embedding row.
+// passes are a fixed launch sequence a CUDA graph can capture; blocks of converged sequences,
+// and of slots before a sequence's first change (final), exit at once. Token ids outside [0, V) read a zero embedding row.
 #include "device_utils.cuh"
 #include "refine_launch.h"
 
@@ -23,6 +23,7 @@ struct RefineWorkspace {
   int64_t* new_tokens;   // [n, d]
   float* new_logprobs;   // [n, d]
   int32_t* active;       // [n]
+  int32_t* first_dirty;  // [n]: drafted slots before it read unchanged tokens (final)
   int tiles;
 };
 
@@ -30,12 +31,18 @@ struct RefineWorkspace {
 // active sequences.
 struct RowSet {
   const int64_t* drafted;  // the current drafted tokens [n, d]
-  const int32_t* active;   // null: every sequence
+  const int32_t* active;       // null: every sequence
+  const int32_t* first_dirty;  // null: every slot of the range
   int64_t d_begin, d_count;
   bool read;  // false: the drafter's own sample, s alone
 };
 
 __device__ __forceinline__ bool is_active(const RowSet& rs, int64_t n) { return !rs.active || rs.active[n]; }
+
+// Whether row (n, drafted slot d) is computed in this launch.
+__device__ __forceinline__ bool is_live(const RowSet& rs, int64_t n, int64_t d) {
+  return is_active(rs, n) && (!rs.first_dirty || d >= rs.first_dirty[n]);
+}
 
 __device__ __forceinline__ int64_t prev_token(const RefineParams& p, const RowSet& rs, int64_t n, int64_t k) {
   return k < p.prefix_len ? p.prefix[n * p.prefix_len + k] : rs.drafted[n * p.d + (k - p.prefix_len)];
@@ -67,7 +74,7 @@ __global__ void __launch_bounds__(kThreads) front_mix_kernel(RefineParams p, Row
 template <typename TW>
 __global__ void __launch_bounds__(kThreads) front_swiglu_kernel(RefineParams p, RowSet rs, RefineWorkspace w) {
   const int64_t n = blockIdx.x / rs.d_count, d = rs.d_begin + blockIdx.x % rs.d_count;
-  if (!is_active(rs, n)) return;
+  if (!is_live(rs, n, d)) return;
   extern __shared__ float smem[];
   float* u = smem;
   float* hid = smem + p.r;
@@ -112,19 +119,19 @@ __global__ void __launch_bounds__(kThreads) read_kernel(RefineParams p, RowSet r
   bool any_live = false;  // blocks of converged sequences exit at once
   for (int g = 0; g < kRowGroup; ++g) {
     const int64_t mg = m0 + g;
-    any_live |= mg < rows && is_active(rs, mg / rs.d_count);
+    any_live |= mg < rows && is_live(rs, mg / rs.d_count, rs.d_begin + mg % rs.d_count);
   }
   if (!any_live) return;
 
   // This lane's row (lanes < kRowGroup own one row each).
   const int64_t m = m0 + lane;
   const int64_t n = m / rs.d_count, d = rs.d_begin + m % rs.d_count;
-  const bool mine = lane < kRowGroup && m < rows && is_active(rs, n);
+  const bool mine = lane < kRowGroup && m < rows && is_live(rs, n, d);
   if (rs.read) {
     for (int g = 0; g < kRowGroup; ++g) {
       const int64_t mg = m0 + g;
       const int64_t ng = mg / rs.d_count, dg = rs.d_begin + mg % rs.d_count;
-      const bool live = mg < rows && is_active(rs, ng);
+      const bool live = mg < rows && is_live(rs, ng, dg);
       for (int64_t c = threadIdx.x; c < p.r; c += kThreads) zs[g][c] = live ? w.z[(ng * p.d + dg) * p.r + c] : 0.0f;
     }
     __syncthreads();
@@ -181,33 +188,34 @@ __global__ void finish_kernel(RefineParams p, RowSet rs, RefineWorkspace w, int6
   const int64_t m = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (m >= p.n * rs.d_count) return;
   const int64_t n = m / rs.d_count, d = rs.d_begin + m % rs.d_count;
-  if (!is_active(rs, n)) return;
+  if (!is_live(rs, n, d)) return;
   SampledRow r = sampled_empty();
   for (int t = 0; t < w.tiles; ++t) r = sampled_merge(r, w.partial[m * w.tiles + t]);
   tokens[n * p.d + d] = r.pick.idx == kNoIndex ? 0 : r.pick.idx;
   logprobs[n * p.d + d] = sampled_logprob(r);
 }
 
-__global__ void fill_active_kernel(int32_t* active, int64_t n) {
+__global__ void jacobi_init_kernel(RefineWorkspace w, int64_t n) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) active[i] = 1;
+  if (i < n) w.active[i] = 1, w.first_dirty[i] = 0;
 }
 
-// After a pass: adopt the new tokens of active sequences, count the pass, and stop the
-// sequences whose tokens did not change.
+// After a pass: adopt the recomputed tokens of active sequences, count the pass, stop the
+// sequences whose tokens did not change, and mark the slots after the first change dirty.
 __global__ void jacobi_update_kernel(RefineParams p, RefineWorkspace w, int64_t* tokens, float* logprobs,
                                      int32_t* iters) {
   const int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (n >= p.n || !w.active[n]) return;
-  bool changed = false;
-  for (int64_t d = 0; d < p.d; ++d) {
+  int64_t first_change = -1;
+  for (int64_t d = w.first_dirty[n]; d < p.d; ++d) {
     const int64_t i = n * p.d + d;
-    changed |= tokens[i] != w.new_tokens[i];
+    if (first_change < 0 && tokens[i] != w.new_tokens[i]) first_change = d;
     tokens[i] = w.new_tokens[i];
     logprobs[i] = w.new_logprobs[i];
   }
   iters[n] += 1;
-  w.active[n] = changed ? 1 : 0;
+  w.active[n] = first_change >= 0 ? 1 : 0;
+  if (first_change >= 0) w.first_dirty[n] = static_cast<int32_t>(first_change + 1);
 }
 
 size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
@@ -235,6 +243,7 @@ RefineWorkspace carve(const RefineParams& p, void* workspace) {
   w.new_tokens = reinterpret_cast<int64_t*>(take(sizeof(int64_t) * p.n * p.d));
   w.new_logprobs = reinterpret_cast<float*>(take(sizeof(float) * p.n * p.d));
   w.active = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * p.n));
+  w.first_dirty = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * p.n));
   return w;
 }
 
@@ -261,12 +270,12 @@ cudaError_t run(Op op, const RefineParams& p, int64_t max_iters, void* workspace
   const RefineWorkspace w = carve(p, workspace);
   switch (op) {
     case Op::kStep:
-      pass<TB, TW>(p, RowSet{nullptr, nullptr, 0, p.d, true}, w, tokens, logprobs, stream);
+      pass<TB, TW>(p, RowSet{nullptr, nullptr, nullptr, 0, p.d, true}, w, tokens, logprobs, stream);
       break;
     case Op::kJacobi: {
-      pass<TB, TW>(p, RowSet{nullptr, nullptr, 0, p.d, false}, w, tokens, logprobs, stream);  // x0
-      fill_active_kernel<<<(p.n + 127) / 128, 128, 0, stream>>>(w.active, p.n);
-      const RowSet rs{tokens, w.active, 0, p.d, true};
+      pass<TB, TW>(p, RowSet{nullptr, nullptr, nullptr, 0, p.d, false}, w, tokens, logprobs, stream);  // x0
+      jacobi_init_kernel<<<(p.n + 127) / 128, 128, 0, stream>>>(w, p.n);
+      const RowSet rs{tokens, w.active, w.first_dirty, 0, p.d, true};
       for (int64_t i = 0; i < max_iters; ++i) {
         pass<TB, TW>(p, rs, w, w.new_tokens, w.new_logprobs, stream);
         jacobi_update_kernel<<<(p.n + 127) / 128, 128, 0, stream>>>(p, w, tokens, logprobs, iters);
@@ -274,7 +283,7 @@ cudaError_t run(Op op, const RefineParams& p, int64_t max_iters, void* workspace
       break;
     }
     case Op::kSequential:
-      for (int64_t d = 0; d < p.d; ++d) pass<TB, TW>(p, RowSet{tokens, nullptr, d, 1, true}, w, tokens, logprobs, stream);
+      for (int64_t d = 0; d < p.d; ++d) pass<TB, TW>(p, RowSet{tokens, nullptr, nullptr, d, 1, true}, w, tokens, logprobs, stream);
       break;
   }
   return cudaGetLastError();
@@ -305,7 +314,7 @@ size_t refine_workspace_bytes(const RefineParams& p) {
   const int tiles = tile_count(p);
   return align_up(sizeof(float) * p.n * p.b * p.r) + align_up(sizeof(float) * p.n * p.d * p.r) +
          align_up(sizeof(SampledRow) * p.n * p.d * tiles) + align_up(sizeof(int64_t) * p.n * p.d) +
-         align_up(sizeof(float) * p.n * p.d) + align_up(sizeof(int32_t) * p.n);
+         align_up(sizeof(float) * p.n * p.d) + 2 * align_up(sizeof(int32_t) * p.n);
 }
 
 cudaError_t launch_refine_step(const RefineParams& p, void* workspace, int64_t* tokens, float* logprobs,

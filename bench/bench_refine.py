@@ -1,0 +1,62 @@
+"""xPress refinement on the CPU (V=32768, r=256, B=16, D=15): the fused ops against the eager
+reference, Jacobi against the sequential decode, and the largest single allocation of each."""
+
+import pytest
+import torch
+
+import xkernels
+from xkernels import reference
+from xkernels.refiner import RefinerWeights
+
+V, R, B, D, H = 32768, 256, 16, 15, 512
+
+
+def make_inputs(n, dtype):
+    g = torch.Generator().manual_seed(0)
+    weights = RefinerWeights(
+        emb=torch.randn(V, R, generator=g) * 0.5, mix=torch.randn(R, B, B, generator=g).tril() * 0.1 + torch.eye(B),
+        w_gate=torch.randn(H, R, generator=g) * R**-0.5, w_up=torch.randn(H, R, generator=g) * R**-0.5,
+        w_down=torch.randn(R, H, generator=g) * H**-0.5, w_read=torch.randn(V, R, generator=g) * R**-0.5,
+    ).to(dtype)
+    ctx = torch.randn(n, B, R, generator=g)
+    base = (torch.randn(n, D, V, generator=g) * 3).to(dtype)
+    prev = torch.randint(0, V, (n, B), generator=g)
+    return ctx, prev, base, weights
+
+
+def largest_allocation(fn):
+    """Bytes of the largest single CPU allocation made while fn runs (torch profiler)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    return max((e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0), default=0)
+
+
+def calls(op, impl, ctx, prev, base, weights, temperature):
+    prefix = prev[:, :2]
+    if op == "refine_step":
+        if impl == "xkernels":
+            return lambda: xkernels.refine_step(ctx, prev, base, weights, temperature=temperature, seed=1)
+        return lambda: reference.refine_step(ctx, prev, base, weights, temperature, 1)
+    if op == "jacobi_refine x4":
+        if impl == "xkernels":
+            return lambda: xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=4, temperature=temperature)
+        return lambda: reference.jacobi_refine(ctx, prefix, base, weights, 4, temperature)
+    # sequential (15 serial steps, the baseline) against Jacobi with 4 passes, both xkernels
+    if impl == "xkernels":
+        return lambda: xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=4, temperature=temperature)
+    return lambda: xkernels.sequential_refine(ctx, prefix, base, weights, temperature=temperature)
+
+
+CASES = [(op, n, dtype, 0.0) for op in ["refine_step", "jacobi_refine x4", "sequential vs jacobi x4"]
+         for n in (1, 4) for dtype in (torch.float32, torch.bfloat16)] + [("refine_step", 1, torch.float32, 1.0)]
+
+
+@pytest.mark.parametrize("impl", ["xkernels", "reference"])
+@pytest.mark.parametrize("op,n,dtype,temperature", CASES)
+def bench_refine(benchmark, impl, op, n, dtype, temperature):
+    ctx, prev, base, weights = make_inputs(n, dtype)
+    fn = calls(op, impl, ctx, prev, base, weights, temperature)
+    benchmark.group = f"{op} N={n} {str(dtype).replace('torch.', '')} T={temperature}"
+    benchmark.extra_info["impl"] = impl
+    benchmark.extra_info["largest_alloc_MB"] = round(largest_allocation(fn) / 2**20, 2)
+    benchmark.pedantic(fn, rounds=3 if impl == "reference" and temperature else 8, warmup_rounds=1)
