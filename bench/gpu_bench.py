@@ -102,6 +102,50 @@ def bench_chain_verify(results, peak):
         print(json.dumps(row), flush=True)
 
 
+def refine_inputs(n, b, v, r, h, dtype=torch.bfloat16, seed=0):
+    from xkernels.refiner import RefinerWeights
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    rand = lambda *shape: torch.randn(*shape, device="cuda", generator=g)  # noqa: E731
+    weights = RefinerWeights(emb=rand(v, r) * 0.5, mix=rand(r, b, b).tril() * 0.1 + torch.eye(b, device="cuda"),
+                             w_gate=rand(h, r) * r**-0.5, w_up=rand(h, r) * r**-0.5, w_down=rand(r, h) * h**-0.5,
+                             w_read=rand(v, r) * r**-0.5).to(dtype)
+    ctx = rand(n, b, r)
+    base = (rand(n, b - 1, v) * 3).to(dtype)
+    prev = torch.randint(0, v, (n, b), device="cuda", generator=g)
+    return ctx, prev, base, weights
+
+
+def bench_refine(results, peak):
+    from xkernels import reference
+
+    b, v, r, h = 16, 151936, 256, 512
+    for n in (1, 8, 32):
+        ctx, prev, base, weights = refine_inputs(n, b, v, r, h)
+        prefix = prev[:, :2].contiguous()
+        step = time_events(lambda: xkernels.refine_step(ctx, prev, base, weights))
+        jacobi = time_events(lambda: xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=4), iters=50)
+        sequential = time_events(lambda: xkernels.sequential_refine(ctx, prefix, base, weights), iters=50)
+        eager = time_events(lambda: reference.refine_step(ctx, prev, base, weights), iters=50)
+        try:
+            compiled_fn = torch.compile(reference.refine_step)
+            compiled = time_events(lambda: compiled_fn(ctx, prev, base, weights), warmup=3, iters=50)
+        except Exception as e:  # report, do not fail the timing run
+            print(f"torch.compile reference failed: {e!r}")
+            compiled = None
+        iters = xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=4)[2]
+        floor_bytes = v * r * 2 + n * (b - 1) * v * 2  # w_read once, the base logits once
+        row = dict(op="refine_step / jacobi_refine", shape=f"N={n} B={b} V={v} r={r} bf16", pass_us=round(step, 1),
+                   pass_floor_us=None if peak is None else round(floor_bytes / peak * 1e6, 1),
+                   pass_bandwidth_fraction=None if peak is None else round(floor_bytes / (step * 1e-6) / peak, 3),
+                   jacobi4_us=round(jacobi, 1), jacobi4_mean_passes=round(iters.float().mean().item(), 2),
+                   sequential15_us=round(sequential, 1), eager_reference_pass_us=round(eager, 1),
+                   compiled_reference_pass_us=None if compiled is None else round(compiled, 1),
+                   speedup_pass_vs_eager=round(eager / step, 2))
+        results.append(row)
+        print(json.dumps(row), flush=True)
+
+
 def sanitize_cases():
     """Edge cases that must stay memory-safe: odd and tiny V, K=0, N=0, bad ids, degenerate rows."""
     for n, k, v in [(3, 4, 7), (2, 0, 5), (0, 3, 9), (5, 16, 4099), (2, 2, 1)]:
@@ -114,6 +158,16 @@ def sanitize_cases():
                     logits[0, 0] = float("nan")
                     logits[-1, 0] = float("-inf")
                 xkernels.chain_verify(drafts, logits, draft_probs=q if with_q else None, temperature=temperature)
+    for n, b, v, r, h in [(3, 5, 97, 16, 32), (2, 16, 1000, 256, 512), (0, 4, 10, 8, 16)]:
+        for dtype in (torch.float32, torch.bfloat16):
+            ctx, prev, base, weights = refine_inputs(n, b, v, r, h, dtype)
+            if n:
+                prev[0, 0] = -3  # read as a zero embedding row
+            prefix = prev[:, :2].contiguous()
+            for temperature in (0.0, 1.0):
+                xkernels.refine_step(ctx, prev, base, weights, temperature=temperature)
+                xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=3, temperature=temperature)
+                xkernels.sequential_refine(ctx, prefix, base, weights, temperature=temperature)
     torch.cuda.synchronize()
     print("sanitize cases ran")
 
@@ -130,6 +184,7 @@ def main():
     print(f"device: {name}, peak HBM bandwidth {peak / 1e12 if peak else '?'} TB/s", flush=True)
     results = []
     bench_chain_verify(results, peak)
+    bench_refine(results, peak)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=name, torch=torch.__version__, results=results), f, indent=1)
