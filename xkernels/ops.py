@@ -26,6 +26,13 @@ def _rng(value: Seed, name: str):
     return (value - 2**64 if value >= 2**63 else value), None
 
 
+def _rng_args(seed: Seed, offset: Seed):
+    """The schema's (seed, offset, seed_tensor, offset_tensor) from Python ints or tensors."""
+    seed_int, seed_tensor = _rng(seed, "seed")
+    offset_int, offset_tensor = _rng(offset, "offset")
+    return seed_int, offset_int, seed_tensor, offset_tensor
+
+
 def chain_verify(
     draft_tokens: torch.Tensor,
     target_logits: torch.Tensor,
@@ -62,13 +69,9 @@ def chain_verify(
     they are checked only with ``XKERNELS_CHECK=1`` (a host sync) and are otherwise
     rejected without being read.
     """
-    seed_int, seed_tensor = _rng(seed, "seed")
-    offset_int, offset_tensor = _rng(offset, "offset")
     return torch.ops.xkernels.chain_verify.default(
         _tensor(draft_tokens, "draft_tokens"), _tensor(target_logits, "target_logits"),
-        _tensor(draft_probs, "draft_probs"), float(temperature), seed_int, offset_int, seed_tensor,
-        offset_tensor,
-    )
+        _tensor(draft_probs, "draft_probs"), float(temperature), *_rng_args(seed, offset))
 
 
 def build_info() -> dict:
@@ -112,11 +115,9 @@ def refine_step(
         float32 ``[N, D]`` = log_softmax(l / T)[token] (log_softmax(l) at T = 0), where
         ``l = base_logits + w_read z``. The ``[N, D, V]`` refined logits are never written.
     """
-    seed_int, seed_tensor = _rng(seed, "seed")
-    offset_int, offset_tensor = _rng(offset, "offset")
     return torch.ops.xkernels.refine_step.default(
         _tensor(ctx, "ctx"), _tensor(prev_tokens, "prev_tokens"), _tensor(base_logits, "base_logits"),
-        *_weights(weights), float(temperature), seed_int, offset_int, seed_tensor, offset_tensor)
+        *_weights(weights), float(temperature), *_rng_args(seed, offset))
 
 
 def jacobi_refine(
@@ -141,11 +142,9 @@ def jacobi_refine(
     Returns ``tokens`` int64 ``[N, D]``, ``logprobs`` float32 ``[N, D]`` (of the last pass each
     sequence ran; the drafter's own at ``max_iters = 0``) and ``iters`` int32 ``[N]`` (passes run).
     """
-    seed_int, seed_tensor = _rng(seed, "seed")
-    offset_int, offset_tensor = _rng(offset, "offset")
     return torch.ops.xkernels.jacobi_refine.default(
         _tensor(ctx, "ctx"), _tensor(prefix_tokens, "prefix_tokens"), _tensor(base_logits, "base_logits"),
-        *_weights(weights), int(max_iters), float(temperature), seed_int, offset_int, seed_tensor, offset_tensor)
+        *_weights(weights), int(max_iters), float(temperature), *_rng_args(seed, offset))
 
 
 def sequential_refine(
@@ -160,8 +159,6 @@ def sequential_refine(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Left-to-right refinement, one drafted slot per step (the DSpark Markov-head style decode
     that ``jacobi_refine`` converges to). Arguments and results as in ``jacobi_refine``."""
-    seed_int, seed_tensor = _rng(seed, "seed")
-    offset_int, offset_tensor = _rng(offset, "offset")
     return torch.ops.xkernels.sequential_refine.default(
         _tensor(ctx, "ctx"), _tensor(prefix_tokens, "prefix_tokens"), _tensor(base_logits, "base_logits"),
-        *_weights(weights), float(temperature), seed_int, offset_int, seed_tensor, offset_tensor)
+        *_weights(weights), float(temperature), *_rng_args(seed, offset))

@@ -9,22 +9,12 @@
 #include <vector>
 
 #include "../ops/checks.h"
+#include "dispatch.h"
 #include "row_reduce.h"
 #include "xkernels/sampling.h"
 
 namespace xkernels {
 namespace {
-
-// Calls f with a value of the C++ type of a (checked) logits dtype.
-template <typename F>
-void dispatch_logits(at::ScalarType dtype, F&& f) {
-  switch (dtype) {
-    case at::kFloat: return f(float{});
-    case at::kBFloat16: return f(c10::BFloat16{});
-    case at::kHalf: return f(c10::Half{});
-    default: TORCH_CHECK(false, "unsupported logits dtype ", dtype);
-  }
-}
 
 struct ChainArgs {
   int64_t k, v;
@@ -105,7 +95,7 @@ std::tuple<at::Tensor, at::Tensor> chain_verify_cpu(const at::Tensor& draft_toke
   auto out = at::empty({shape.n, shape.k + 1}, draft_tokens.options());
   if (shape.n == 0) return {accept_len, out};
 
-  dispatch_logits(logits.scalar_type(), [&](auto tag) {
+  cpu::dispatch_logits(logits.scalar_type(), [&](auto tag) {
     const auto* l = logits.const_data_ptr<decltype(tag)>();
     const auto* d = draft.const_data_ptr<int64_t>();
     const float* qp = q.defined() ? q.const_data_ptr<float>() : nullptr;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "../ops/checks.h"
+#include "dispatch.h"
 #include "row_reduce.h"
 #include "xkernels/sampling.h"
 
@@ -98,23 +99,24 @@ void read_and_sample(const std::vector<ReadRow<T>>& rows, const at::Tensor& z, c
   }
 }
 
-// Calls f with a value of the C++ type of a (checked) logits dtype.
-template <typename F>
-void dispatch_logits(at::ScalarType dtype, F&& f) {
-  switch (dtype) {
-    case at::kFloat: return f(float{});
-    case at::kBFloat16: return f(c10::BFloat16{});
-    case at::kHalf: return f(c10::Half{});
-    default: TORCH_CHECK(false, "unsupported logits dtype ", dtype);
-  }
-}
+// A checked call: its shape, RNG, weights and contiguous base logits.
+struct Call {
+  RefineShape s;
+  Rng rng;
+  Weights w;
+  at::Tensor logits;
+};
 
-Rng make_rng(double temperature, int64_t seed, int64_t offset, const std::optional<at::Tensor>& seed_tensor,
-             const std::optional<at::Tensor>& offset_tensor, const at::Device& device) {
-  const RngArgs a = rng_args(seed, offset, seed_tensor, offset_tensor, device);
-  return Rng{temperature == 0.0 ? 0.0f : static_cast<float>(1.0 / temperature),
-             a.seed_ptr ? static_cast<uint64_t>(*a.seed_ptr) : a.seed,
-             a.offset_ptr ? static_cast<uint64_t>(*a.offset_ptr) : a.offset};
+Call prepare(const at::Tensor& ctx, const at::Tensor& tokens, const char* tokens_name, bool tokens_are_prefix,
+             const at::Tensor& base_logits, XK_REFINE_WEIGHT_ARGS, XK_RNG_ARGS) {
+  const auto s = check_refine(ctx, tokens, tokens_name, tokens_are_prefix, base_logits, emb, mix, w_gate, w_up,
+                              w_down, w_read, temperature);
+  check_token_ids(tokens, s.v, tokens_name);
+  const RngArgs a = rng_args(seed, offset, seed_tensor, offset_tensor, ctx.device());
+  const Rng rng{temperature == 0.0 ? 0.0f : static_cast<float>(1.0 / temperature),
+                a.seed_ptr ? static_cast<uint64_t>(*a.seed_ptr) : a.seed,
+                a.offset_ptr ? static_cast<uint64_t>(*a.offset_ptr) : a.offset};
+  return Call{s, rng, Weights{emb, mix, w_gate, w_up, w_down, w_read.contiguous()}, base_logits.contiguous()};
 }
 
 using Rows = std::vector<std::pair<int64_t, int64_t>>;  // (sequence, drafted slot)
@@ -125,7 +127,7 @@ void sample_rows(const at::Tensor& base_logits, const Rows& rows, const at::Tens
                  const Rng& rng, int64_t* tokens, float* logprobs) {
   const int64_t d = base_logits.size(1), v = base_logits.size(2);
   if (rows.empty()) return;
-  dispatch_logits(base_logits.scalar_type(), [&](auto tag) {
+  cpu::dispatch_logits(base_logits.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     const T* base = base_logits.const_data_ptr<T>();
     std::vector<ReadRow<T>> read;
@@ -142,22 +144,11 @@ Rows all_rows(int64_t n, int64_t d) {
   return rows;
 }
 
-#define XK_REFINE_WEIGHT_ARGS                                                                              \
-  const at::Tensor &emb, const at::Tensor &mix, const at::Tensor &w_gate, const at::Tensor &w_up,          \
-      const at::Tensor &w_down, const at::Tensor &w_read
-#define XK_RNG_ARGS                                                                                        \
-  double temperature, int64_t seed, int64_t offset, const std::optional<at::Tensor>&seed_tensor,           \
-      const std::optional<at::Tensor>&offset_tensor
-
 std::tuple<at::Tensor, at::Tensor> refine_step_cpu(const at::Tensor& ctx, const at::Tensor& prev_tokens,
                                                    const at::Tensor& base_logits, XK_REFINE_WEIGHT_ARGS,
                                                    XK_RNG_ARGS) {
-  const auto s = check_refine(ctx, prev_tokens, "prev_tokens", false, base_logits, emb, mix, w_gate, w_up, w_down,
-                              w_read, temperature);
-  check_token_ids(prev_tokens, s.v, "prev_tokens");
-  const Rng rng = make_rng(temperature, seed, offset, seed_tensor, offset_tensor, ctx.device());
-  const Weights w{emb, mix, w_gate, w_up, w_down, w_read.contiguous()};
-  const auto logits = base_logits.contiguous();
+  const auto [s, rng, w, logits] = prepare(ctx, prev_tokens, "prev_tokens", false, base_logits, emb, mix, w_gate, w_up,
+                                           w_down, w_read, temperature, seed, offset, seed_tensor, offset_tensor);
   auto tokens = at::empty({s.n, s.d}, prev_tokens.options());
   auto logprobs = at::empty({s.n, s.d}, ctx.options());
   const auto z = hidden_states(ctx, prev_tokens, w).narrow(1, s.f, s.d).reshape({s.n * s.d, s.r});
@@ -171,13 +162,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> jacobi_refine_cpu(const at::Tenso
                                                                  const at::Tensor& base_logits,
                                                                  XK_REFINE_WEIGHT_ARGS, int64_t max_iters,
                                                                  XK_RNG_ARGS) {
-  const auto s = check_refine(ctx, prefix_tokens, "prefix_tokens", true, base_logits, emb, mix, w_gate, w_up, w_down,
-                              w_read, temperature);
   TORCH_CHECK(max_iters >= 0, "max_iters must be >= 0, got ", max_iters);
-  check_token_ids(prefix_tokens, s.v, "prefix_tokens");
-  const Rng rng = make_rng(temperature, seed, offset, seed_tensor, offset_tensor, ctx.device());
-  const Weights w{emb, mix, w_gate, w_up, w_down, w_read.contiguous()};
-  const auto logits = base_logits.contiguous();
+  const auto [s, rng, w, logits] = prepare(ctx, prefix_tokens, "prefix_tokens", true, base_logits, emb, mix, w_gate,
+                                           w_up, w_down, w_read, temperature, seed, offset, seed_tensor, offset_tensor);
   auto tokens = at::empty({s.n, s.d}, prefix_tokens.options());
   auto logprobs = at::empty({s.n, s.d}, ctx.options());
   auto iters = at::zeros({s.n}, prefix_tokens.options().dtype(at::kInt));
@@ -232,12 +219,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> jacobi_refine_cpu(const at::Tenso
 std::tuple<at::Tensor, at::Tensor> sequential_refine_cpu(const at::Tensor& ctx, const at::Tensor& prefix_tokens,
                                                          const at::Tensor& base_logits, XK_REFINE_WEIGHT_ARGS,
                                                          XK_RNG_ARGS) {
-  const auto s = check_refine(ctx, prefix_tokens, "prefix_tokens", true, base_logits, emb, mix, w_gate, w_up, w_down,
-                              w_read, temperature);
-  check_token_ids(prefix_tokens, s.v, "prefix_tokens");
-  const Rng rng = make_rng(temperature, seed, offset, seed_tensor, offset_tensor, ctx.device());
-  const Weights w{emb, mix, w_gate, w_up, w_down, w_read.contiguous()};
-  const auto logits = base_logits.contiguous();
+  const auto [s, rng, w, logits] = prepare(ctx, prefix_tokens, "prefix_tokens", true, base_logits, emb, mix, w_gate,
+                                           w_up, w_down, w_read, temperature, seed, offset, seed_tensor, offset_tensor);
   auto tokens = at::zeros({s.n, s.d}, prefix_tokens.options());
   auto logprobs = at::empty({s.n, s.d}, ctx.options());
   std::vector<int64_t> step_tok(static_cast<size_t>(s.n));

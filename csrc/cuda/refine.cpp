@@ -61,13 +61,6 @@ void check_launch(cudaError_t err, const char* op) {
   TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
 }
 
-#define XK_REFINE_WEIGHT_ARGS                                                                              \
-  const at::Tensor &emb, const at::Tensor &mix, const at::Tensor &w_gate, const at::Tensor &w_up,          \
-      const at::Tensor &w_down, const at::Tensor &w_read
-#define XK_RNG_ARGS                                                                                        \
-  double temperature, int64_t seed, int64_t offset, const std::optional<at::Tensor>&seed_tensor,           \
-      const std::optional<at::Tensor>&offset_tensor
-
 std::tuple<at::Tensor, at::Tensor> refine_step_cuda(const at::Tensor& ctx, const at::Tensor& prev_tokens,
                                                     const at::Tensor& base_logits, XK_REFINE_WEIGHT_ARGS,
                                                     XK_RNG_ARGS) {
