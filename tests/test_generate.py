@@ -1,0 +1,66 @@
+"""The decoding loops lose nothing: at T=0 every mode emits the tokens of "ar"; at T>0 the
+same distribution (chi-squared over the first two tokens)."""
+
+import pytest
+import torch
+
+from xkernels import XPressRefiner
+from xkernels.decoding import generate
+from xkernels.models import BlockDrafter, DrafterConfig, TargetConfig, TargetLM
+from tests.utils import chi_squared_pvalue
+
+
+def tiny_models(vocab, block=8, seed=0):
+    """Randomly initialised target, drafter and refiner, in float64 so that the one-token and
+    the block forwards of the target round to the same float32 logits."""
+    torch.manual_seed(seed)
+    target = TargetLM(TargetConfig(vocab, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=64))
+    with torch.no_grad():
+        target.embed.weight.normal_(0, 1.0)
+    drafter = BlockDrafter(DrafterConfig(dim=32, mask_token_id=vocab - 1, ffn_hidden=64, block_size=block,
+                                         target_layers=(0, 1)))
+    refiner = XPressRefiner(vocab, 32, block, rank=16)
+    with torch.no_grad():
+        for p in refiner.parameters():
+            p.normal_(0, 0.3)
+    return target.double().eval(), drafter.double().eval(), refiner.double().eval()
+
+
+@pytest.mark.parametrize("mode,iters", [("drafter", 4), ("sequential", 4), ("jacobi", 1), ("jacobi", 4)])
+def test_greedy_modes_emit_the_ar_tokens(mode, iters):
+    target, drafter, refiner = tiny_models(64)
+    for prompt in ([1, 2, 3, 4, 5], [9], [7, 7, 7, 30, 31, 2, 40, 41, 42, 11, 3]):
+        want, _ = generate(target, prompt, 30, mode="ar")
+        got, stats = generate(target, prompt, 30, mode=mode, drafter=drafter, refiner=refiner, iters=iters)
+        assert got == want
+        assert stats.new_tokens == 30 and stats.target_calls == len(stats.accept_lens)
+        assert stats.tau == pytest.approx(30 / stats.target_calls)
+
+
+VOCAB, SAMPLES = 8, 2500
+
+
+@pytest.mark.parametrize("mode", ["ar", "drafter", "sequential", "jacobi"])
+def test_sampling_modes_follow_the_target(mode):
+    target, drafter, refiner = tiny_models(VOCAB, block=4, seed=1)
+    prompt = [1, 2, 3]
+    with torch.no_grad():
+        p1 = torch.softmax(target(torch.tensor([prompt]))[0][0, -1].float(), -1)
+        p2 = torch.stack([torch.softmax(target(torch.tensor([prompt + [y]]))[0][0, -1].float(), -1)
+                          for y in range(VOCAB)])
+    counts = torch.zeros(VOCAB * VOCAB)
+    for seed in range(SAMPLES):
+        out, _ = generate(target, prompt, 2, mode=mode, drafter=drafter, refiner=refiner, iters=1,
+                          temperature=1.0, seed=seed)
+        counts[out[0] * VOCAB + out[1]] += 1
+    assert chi_squared_pvalue(counts, p1[:, None] * p2) > 1e-3
+
+
+def test_bad_arguments():
+    target, drafter, refiner = tiny_models(16)
+    with pytest.raises(ValueError, match="mode"):
+        generate(target, [1, 2], 3, mode="beam")
+    with pytest.raises(ValueError, match="drafter"):
+        generate(target, [1, 2], 3, mode="drafter")
+    with pytest.raises(ValueError, match="refiner"):
+        generate(target, [1, 2], 3, mode="jacobi", drafter=drafter)

@@ -1,0 +1,3 @@
+from .generate import MODES, Stats, generate
+
+__all__ = ["MODES", "Stats", "generate"]

@@ -1,0 +1,157 @@
+"""Decoding loops composed from the xkernels ops, one sequence at a time.
+
+Modes:
+    "ar"          plain autoregressive decoding with the KV cache (the baseline)
+    "drafter"     dFlash: the drafter proposes a block, chain_verify checks it in one target call
+    "sequential"  the drafter plus sequential_refine (xPress refinement decoded slot by slot)
+    "jacobi"      the drafter plus jacobi_refine with `iters` passes (xPress)
+
+Every mode emits exactly the tokens "ar" would at T = 0, and the same distribution at T > 0.
+"""
+
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence
+
+import torch
+
+from ..ops import chain_verify, jacobi_refine, sequential_refine, refine_step
+
+MODES = ("ar", "drafter", "sequential", "jacobi")
+
+
+@dataclass
+class Stats:
+    mode: str
+    new_tokens: int = 0
+    target_calls: int = 0  # forwards after the prefill
+    refine_passes: int = 0
+    accept_lens: List[int] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def tau(self) -> float:
+        """Tokens committed per target call, the bonus token included."""
+        return self.new_tokens / max(self.target_calls, 1)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / max(self.seconds, 1e-9)
+
+
+def _next_token(logits_row: torch.Tensor, temperature: float, seed: int, offset: int) -> int:
+    """The argmax, or a sample of softmax(l / T): chain_verify with no drafts emits just the bonus."""
+    no_drafts = torch.empty(1, 0, dtype=torch.int64, device=logits_row.device)
+    _, out = chain_verify(no_drafts, logits_row.float().view(1, 1, -1), temperature=temperature, seed=seed,
+                          offset=offset)
+    return int(out[0, 0])
+
+
+def _decode_ar(target, prompt, max_new_tokens, temperature, seed, stats):
+    cache = target.new_cache()
+    logits, _ = target(prompt, cache)
+    out = []
+    while True:
+        out.append(_next_token(logits[0, -1], temperature, seed, len(out)))
+        if len(out) == max_new_tokens:
+            return out
+        logits, _ = target(torch.tensor([[out[-1]]], device=prompt.device), cache)
+        stats.target_calls += 1
+
+
+def _propose(mode, base_logits, h, tokens, refiner, weights, iters, temperature, seed, step, stats):
+    """Draft tokens [1, D'] and, at T > 0, the distributions [1, D', V] they were drawn from."""
+    if mode == "drafter":
+        if temperature == 0:
+            return base_logits.argmax(-1), None
+        q = torch.softmax(base_logits.float() / temperature, -1)
+        g = torch.Generator(device=q.device).manual_seed(seed * 1_000_003 + step)
+        return torch.multinomial(q[0], 1, generator=g).view(1, -1), q
+
+    ctx = refiner.prepare(h).float()
+    before = tokens[-2] if len(tokens) > 1 else tokens[-1]  # slot 0 (the anchor) reads the token before it
+    prefix = torch.tensor([[before, tokens[-1]]], device=base_logits.device)
+    rng = dict(temperature=temperature, seed=seed, offset=step)
+    if mode == "sequential":
+        drafts, _ = sequential_refine(ctx, prefix, base_logits, weights, **rng)
+        stats.refine_passes += drafts.shape[1]
+    else:
+        drafts, _, passes = jacobi_refine(ctx, prefix, base_logits, weights, max_iters=iters, **rng)
+        stats.refine_passes += int(passes[0])
+    if temperature == 0:
+        return drafts, None
+    prev = torch.cat([prefix, drafts[:, :-1]], dim=1)
+    if mode == "jacobi":
+        # A slot's draft follows q(. | the drafts before it) only where Jacobi has settled: a check pass
+        # from the final drafts (same noise) agrees up to the first unsettled slot, whose check sample
+        # is itself a proper draft; verify up to there.
+        check, _ = refine_step(ctx, prev, base_logits, weights, **rng)
+        stats.refine_passes += 1
+        differ = (check != drafts)[0].nonzero()
+        keep = int(differ[0]) + 1 if len(differ) else drafts.shape[1]
+        drafts = check[:, :keep]  # prev is right for these slots: it differs from check only later
+    d = drafts.shape[1]
+    refined = base_logits[:, :d].float() + refiner.delta(ctx, prev)[:, 1 : d + 1].float()
+    return drafts, torch.softmax(refined / temperature, -1)
+
+
+def _decode_speculative(mode, target, drafter, refiner, prompt, max_new_tokens, iters, temperature, seed, stats):
+    layers = drafter.cfg.target_layers
+    block = drafter.cfg.block_size
+    weights = refiner.fold().to(torch.float32) if refiner is not None else None
+    cache = target.new_cache()
+    # The target sees every committed token but the newest (the anchor), whose features are unknown.
+    if prompt.shape[1] > 1:
+        _, hidden = target(prompt[:, :-1], cache, hidden_layers=layers)
+        features = torch.cat(hidden, dim=-1)
+    else:
+        features = torch.zeros(1, 0, len(layers) * target.cfg.dim, device=prompt.device,
+                               dtype=target.lm_head.weight.dtype)
+    tokens = prompt[0].tolist()
+    start = len(tokens)
+    step = 0
+    while len(tokens) - start < max_new_tokens:
+        anchor = tokens[-1]
+        block_ids = torch.tensor([[anchor] + [drafter.cfg.mask_token_id] * (block - 1)], device=prompt.device)
+        h = drafter(target.embed(block_ids), features, start=len(tokens) - 1)
+        base_logits = target.lm_head(h[:, 1:]).float()
+        drafts, q = _propose(mode, base_logits, h, tokens, refiner, weights, iters, temperature, seed, step, stats)
+        logits, hidden = target(torch.cat([torch.tensor([[anchor]], device=prompt.device), drafts], 1), cache,
+                                hidden_layers=layers)
+        accept_len, out = chain_verify(drafts, logits.float(), draft_probs=q, temperature=temperature, seed=seed,
+                                       offset=step)
+        accepted = int(accept_len[0])
+        tokens += out[0, : accepted + 1].tolist()
+        cache.crop(cache.length - drafts.shape[1] + accepted)  # keep the anchor and the accepted drafts
+        features = torch.cat([features, torch.cat(hidden, dim=-1)[:, : accepted + 1]], dim=1)
+        stats.target_calls += 1
+        stats.accept_lens.append(accepted)
+        step += 1
+    return tokens[start : start + max_new_tokens]
+
+
+@torch.inference_mode()
+def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: str = "ar", drafter=None,
+             refiner=None, iters: int = 4, temperature: float = 0.0, seed: int = 0):
+    """Continue prompt_ids by max_new_tokens tokens. Returns (tokens, Stats)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode != "ar" and drafter is None:
+        raise ValueError(f"mode {mode!r} needs a drafter")
+    if mode in ("sequential", "jacobi") and refiner is None:
+        raise ValueError(f"mode {mode!r} needs a refiner")
+    device = target.lm_head.weight.device
+    prompt = torch.as_tensor(list(prompt_ids), dtype=torch.int64, device=device).view(1, -1)
+    if prompt.shape[1] < 1 or max_new_tokens < 1:
+        raise ValueError("the prompt and max_new_tokens must be non-empty")
+    stats = Stats(mode)
+    began = time.perf_counter()
+    if mode == "ar":
+        out = _decode_ar(target, prompt, max_new_tokens, temperature, seed, stats)
+        stats.target_calls += 1  # the prefill's logits give the first token; count it like a step
+    else:
+        out = _decode_speculative(mode, target, drafter, refiner, prompt, max_new_tokens, iters, temperature, seed,
+                                  stats)
+    stats.seconds = time.perf_counter() - began
+    stats.new_tokens = len(out)
+    return out, stats

@@ -1,0 +1,160 @@
+"""A small decoder-only LM in the Qwen3 style (RMSNorm, RoPE, QK-norm, SwiGLU, grouped-query
+attention) with a croppable KV cache, returning logits and the hidden states of chosen layers."""
+
+from dataclasses import asdict, dataclass
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class TargetConfig:
+    vocab_size: int
+    dim: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    ffn_hidden: int = 704
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding of x [B, H, T, hd] at integer positions [T] or [B, T] (rotate-half)."""
+    half = x.shape[-1] // 2
+    freqs = theta ** (-torch.arange(half, device=x.device, dtype=torch.float64) / half)
+    angles = positions.to(torch.float64)[..., None] * freqs
+    if angles.dim() == 3:  # per-sequence positions: broadcast over heads
+        angles = angles[:, None]
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+class KVCache:
+    """Keys and values per layer, [B, kv_heads, T, head_dim]; crop() drops rejected positions."""
+
+    def __init__(self, n_layers: int):
+        self.k: List[Optional[torch.Tensor]] = [None] * n_layers
+        self.v: List[Optional[torch.Tensor]] = [None] * n_layers
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k[0] is None else self.k[0].shape[2]
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        if self.k[layer] is not None:
+            k = torch.cat([self.k[layer], k], dim=2)
+            v = torch.cat([self.v[layer], v], dim=2)
+        self.k[layer], self.v[layer] = k, v
+        return k, v
+
+    def crop(self, length: int) -> None:
+        self.k = [None if t is None else t[:, :, :length] for t in self.k]
+        self.v = [None if t is None else t[:, :, :length] for t in self.v]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.cfg = cfg
+        hd = cfg.head_dim
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * hd, bias=False)
+        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * hd, bias=False)
+        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * hd, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * hd, cfg.dim, bias=False)
+        self.q_norm = RMSNorm(hd, cfg.norm_eps)
+        self.k_norm = RMSNorm(hd, cfg.norm_eps)
+
+    def heads(self, x, proj, n):
+        b, t, _ = x.shape
+        return proj(x).view(b, t, n, self.cfg.head_dim).transpose(1, 2)
+
+    def forward(self, x, positions, kv_source=None, kv_positions=None, mask=None, cache=None, layer=0):
+        """Queries from x; keys and values from kv_source (default x), appended to the cache if given."""
+        cfg = self.cfg
+        src = x if kv_source is None else kv_source
+        src_pos = positions if kv_positions is None else kv_positions
+        q = apply_rope(self.q_norm(self.heads(x, self.wq, cfg.n_heads)), positions, cfg.rope_theta)
+        k = apply_rope(self.k_norm(self.heads(src, self.wk, cfg.n_kv_heads)), src_pos, cfg.rope_theta)
+        v = self.heads(src, self.wv, cfg.n_kv_heads)
+        if cache is not None:
+            k, v = cache.append(layer, k, v)
+        rep = cfg.n_heads // cfg.n_kv_heads
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.wo(out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.gate = nn.Linear(dim, hidden, bias=False)
+        self.up = nn.Linear(dim, hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x):
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.mlp = SwiGLU(cfg.dim, cfg.ffn_hidden)
+
+    def forward(self, x, positions, mask, cache=None, layer=0):
+        x = x + self.attn(self.attn_norm(x), positions, mask=mask, cache=cache, layer=layer)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class TargetLM(nn.Module):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        nn.init.normal_(self.embed.weight, std=0.02)
+
+    def forward(self, tokens: torch.Tensor, cache: Optional[KVCache] = None,
+                hidden_layers: Sequence[int] = ()) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+        """Logits [B, T, V] of tokens [B, T] that follow the cache's positions, and the outputs of
+        the blocks listed in hidden_layers (each [B, T, dim])."""
+        start = 0 if cache is None else cache.length
+        t = tokens.shape[1]
+        positions = torch.arange(start, start + t, device=tokens.device)
+        # Query i (at position start + i) sees keys 0 .. start + i.
+        mask = torch.ones(t, start + t, dtype=torch.bool, device=tokens.device).tril(start)
+        x = self.embed(tokens)
+        hidden = []
+        for i, block in enumerate(self.blocks):
+            x = block(x, positions, mask, cache, i)
+            if i in hidden_layers:
+                hidden.append(x)
+        return self.lm_head(self.norm(x)), hidden
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.cfg.n_layers)
