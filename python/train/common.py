@@ -1,0 +1,61 @@
+"""Helpers the training recipes share: token streams, random windows, the loss curve."""
+
+import math
+import random
+from pathlib import Path
+from typing import Dict, List
+
+import torch
+
+from xkernels import data
+from xkernels.models.shipped import load_tokenizer
+
+OUT = Path(__file__).resolve().parents[2] / "xkernels" / "models" / "weights"
+
+
+def token_streams(split: str, math_count: int = 20_000) -> Dict[str, torch.Tensor]:
+    """One int64 token stream per domain, documents separated by <|endoftext|>."""
+    tok = load_tokenizer()
+    eot = tok.token_to_id(data.EOT)
+    docs = {"code": list(data.code_documents(split)), "math": list(data.math_documents(split, math_count))}
+    streams = {}
+    for domain, texts in docs.items():
+        ids: List[int] = []
+        for enc in tok.encode_batch(texts):
+            ids += enc.ids + [eot]
+        streams[domain] = torch.tensor(ids, dtype=torch.int64)
+    return streams
+
+
+def windows(streams: Dict[str, torch.Tensor], batch: int, length: int, rng: random.Random) -> torch.Tensor:
+    """[batch, length] windows, half from each domain."""
+    rows = []
+    for i in range(batch):
+        stream = streams[data.DOMAINS[i % len(data.DOMAINS)]]
+        start = rng.randrange(0, len(stream) - length)
+        rows.append(stream[start : start + length])
+    return torch.stack(rows)
+
+
+def cosine_lr(step: int, total: int, peak: float, warmup: int = 50) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    return peak * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
+
+
+def plot_losses(curves: Dict[str, List[float]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for name, values in curves.items():
+        ax.plot(range(1, len(values) + 1), values, label=name)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,137 @@
+"""Co-trains the dFlash-style drafter and the xPress refiner against the frozen shipped target and
+writes xkernels/models/weights/{drafter,refiner}.* with a model card and loss curves.
+About 15 minutes on 2 CPU cores.
+
+    python python/train/train_drafter.py [--steps 700]
+
+Per block (anchor at position a, gold tokens x[a+1 .. a+D], D = B - 1), with per-slot weights
+w_k = exp(-k / 8), the loss is
+    1.0 * CE(refined, gold)        refiner, teacher forcing: slot k reads the gold token before it
+  + 1.0 * TV(refined, target)      total variation to the target's distribution at that slot
+  + 0.5 * CE(refined', gold)       consistency: a second pass reading the model's own predictions
+  + 0.5 * CE(drafter, gold)        anchor: keeps the drafter's own cross-entropy low
+"""
+
+import argparse
+import json
+import math
+import random
+import time
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from common import OUT, cosine_lr, plot_losses, token_streams, windows
+from xkernels import XPressRefiner, data
+from xkernels.models import BlockDrafter, DrafterConfig
+from xkernels.models.shipped import load_target, load_tokenizer, save
+
+BLOCK, RANK = 16, 64
+BATCH, LENGTH, ANCHORS = 8, 160, 4  # 8 windows, 4 blocks each
+WEIGHTS = dict(ce=1.0, tv=1.0, consistency=0.5, anchor=0.5)
+
+
+def block_batch(target, x, layers, rng):
+    """Anchors, the target's features and distributions for a batch of windows x [N, T]."""
+    with torch.no_grad():
+        logits, hidden = target(x, hidden_layers=layers)
+    n, t = x.shape
+    anchors = torch.tensor([[rng.randrange(1, t - BLOCK) for _ in range(ANCHORS)] for _ in range(n)])
+    rows = torch.arange(n).repeat_interleave(ANCHORS)
+    a = anchors.reshape(-1)
+    slots = a[:, None] + torch.arange(BLOCK)  # positions of the block's slots
+    features = torch.cat(hidden, -1)[rows]
+    gold = x[rows[:, None], slots[:, 1:]]  # [M, D]
+    prev = x[rows[:, None], slots - 1]  # slot k reads the token before it
+    target_probs = logits[rows[:, None], slots[:, :-1]].softmax(-1)  # predicts the token at slot k+1
+    anchor_ids = x[rows, a]
+    return features, a, anchor_ids, gold, prev, target_probs
+
+
+def losses(target, drafter, refiner, batch, mask_id):
+    features, a, anchor_ids, gold, prev, target_probs = batch
+    m, d = gold.shape
+    block_ids = torch.cat([anchor_ids[:, None], torch.full((m, d), mask_id)], 1)
+    h = drafter(target.embed(block_ids).detach(), features, ctx_len=a)
+    base = target.lm_head(h[:, 1:])
+    w = torch.exp(-torch.arange(d, dtype=torch.float32) / 8)
+    w = w / w.sum()
+
+    def ce(logits):
+        return (F.cross_entropy(logits.reshape(-1, logits.shape[-1]), gold.reshape(-1), reduction="none")
+                .view(m, d) * w).sum(-1).mean()
+
+    refined = refiner(base, h, prev)
+    tv = (0.5 * (refined.softmax(-1) - target_probs).abs().sum(-1) * w).sum(-1).mean()
+    own = torch.cat([prev[:, :2], refined.argmax(-1)[:, :-1]], 1).detach()
+    refined_own = refiner(base, h, own)
+    parts = dict(ce=ce(refined), tv=tv, consistency=ce(refined_own), anchor=ce(base))
+    return sum(WEIGHTS[k] * v for k, v in parts.items()), parts, base, refined
+
+
+@torch.no_grad()
+def evaluate(target, drafter, refiner, streams, layers, mask_id, batches=6):
+    """Held-out cross-entropies and greedy agreement with the target (teacher forced)."""
+    rng = random.Random(99)
+    sums = dict(drafter_ce=0.0, refiner_ce=0.0, drafter_match=0.0, refiner_match=0.0)
+    for _ in range(batches):
+        batch = block_batch(target, windows(streams, BATCH, LENGTH, rng), layers, rng)
+        _, parts, base, refined = losses(target, drafter, refiner, batch, mask_id)
+        want = batch[5].argmax(-1)
+        sums["drafter_ce"] += parts["anchor"].item() / batches
+        sums["refiner_ce"] += parts["ce"].item() / batches
+        sums["drafter_match"] += (base.argmax(-1) == want).float().mean().item() / batches
+        sums["refiner_match"] += (refined.argmax(-1) == want).float().mean().item() / batches
+    return {k: round(v, 3) for k, v in sums.items()}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=700)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    began = time.time()
+    target = load_target()
+    for p in target.parameters():
+        p.requires_grad_(False)
+    mask_id = load_tokenizer().token_to_id(data.MASK)
+    dcfg = DrafterConfig(dim=target.cfg.dim, mask_token_id=mask_id, n_layers=2, ffn_hidden=704, block_size=BLOCK,
+                         target_layers=(1, 3))
+    drafter = BlockDrafter(dcfg)
+    refiner = XPressRefiner(target.cfg.vocab_size, target.cfg.dim, BLOCK, rank=RANK, mlp_ratio=2)
+    params = list(drafter.parameters()) + list(refiner.parameters())
+    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01, betas=(0.9, 0.95))
+    train, held = token_streams("train"), token_streams("held_out")
+    rng = random.Random(0)
+    curves = {k: [] for k in WEIGHTS}
+    for step in (bar := tqdm(range(args.steps), desc="drafter+refiner")):
+        for group in opt.param_groups:
+            group["lr"] = cosine_lr(step, args.steps, args.lr)
+        batch = block_batch(target, windows(train, BATCH, LENGTH, rng), dcfg.target_layers, rng)
+        loss, parts, _, _ = losses(target, drafter, refiner, batch, mask_id)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        for k, v in parts.items():
+            curves[k].append(v.item())
+        bar.set_postfix({k: f"{sum(c[-20:]) / len(c[-20:]):.3f}" for k, c in curves.items()})
+    drafter.eval(), refiner.eval()
+    scores = evaluate(target, drafter, refiner, held, dcfg.target_layers, mask_id)
+    minutes = (time.time() - began) / 60
+    save(drafter, dcfg.to_dict(), "drafter")
+    save(refiner, dict(vocab_size=target.cfg.vocab_size, hidden_size=target.cfg.dim, block_size=BLOCK, rank=RANK,
+                       mlp_ratio=2), "refiner")
+    plot_losses(curves, OUT / "drafter_loss.png", "drafter + refiner")
+    card = {"steps": args.steps, "blocks_per_step": BATCH * ANCHORS, "block_size": BLOCK, "rank": RANK,
+            "loss_weights": WEIGHTS, "minutes": round(minutes, 1), "held_out": scores,
+            "drafter_parameters": sum(p.numel() for p in drafter.parameters()),
+            "refiner_parameters": sum(p.numel() for p in refiner.parameters())}
+    (OUT / "drafter_card.json").write_text(json.dumps(card, indent=1))
+    print(json.dumps(card, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""The training and held-out text, built at run time (nothing downloaded, nothing third-party
+committed), from two domains:
+
+- code: the source files of the running Python's standard library (a sorted list; a file is
+  held out when the hash of its relative path says so);
+- math: multi-step arithmetic word problems with worked answers from a seeded generator
+  (held-out problems come from other seeds and never repeat a training problem).
+
+Deterministic for a given Python version.
+"""
+
+import hashlib
+import random
+import sysconfig
+from pathlib import Path
+from typing import Iterator, List
+
+DOMAINS = ("code", "math")
+HELD_OUT_PERCENT = 10
+EOT = "<|endoftext|>"
+MASK = "<|mask|>"
+
+
+def _held_out(name: str) -> bool:
+    return int(hashlib.sha256(name.encode()).hexdigest(), 16) % 100 < HELD_OUT_PERCENT
+
+
+def code_files(split: str) -> List[Path]:
+    """Standard-library modules (tests and vendored packages left out), sorted."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith(("test/", "site-packages/", "idlelib/idle_test/", "lib2to3/tests/")) or "/tests/" in rel:
+            continue
+        if _held_out(rel) == (split == "held_out"):
+            files.append(path)
+    return files
+
+
+def code_documents(split: str, max_chars: int = 40_000) -> Iterator[str]:
+    for path in code_files(split):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        if text.strip():
+            yield text[:max_chars]
+
+
+_NAMES = ["Ava", "Ben", "Chloe", "Dev", "Emma", "Finn", "Grace", "Hugo", "Iris", "Jon", "Kai", "Lena", "Maya", "Noah"]
+_ITEMS = ["apples", "books", "coins", "stickers", "pencils", "marbles", "cards", "shells", "stamps", "cookies"]
+
+
+def math_problem(rng: random.Random) -> str:
+    """A 2-4 step word problem and its worked answer."""
+    name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+    total = rng.randint(5, 60)
+    lines = [f"{name} has {total} {item}."]
+    work = []
+    for _ in range(rng.randint(2, 4)):
+        kind = rng.choice(["buy", "give", "times", "bags"])
+        if kind == "buy":
+            n = rng.randint(2, 40)
+            lines.append(f"{name} buys {n} more {item}.")
+            work.append(f"{total} + {n} = {total + n}.")
+            total += n
+        elif kind == "give" and total > 1:
+            n = rng.randint(1, total - 1)
+            lines.append(f"Then {name} gives away {n} {item}.")
+            work.append(f"{total} - {n} = {total - n}.")
+            total -= n
+        elif kind == "times" and total < 200:
+            n = rng.randint(2, 4)
+            lines.append(f"Then the number of {item} is multiplied by {n}.")
+            work.append(f"{total} * {n} = {total * n}.")
+            total *= n
+        else:
+            bags, per = rng.randint(2, 6), rng.randint(2, 9)
+            lines.append(f"{name} gets {bags} bags with {per} {item} in each bag.")
+            work.append(f"{bags} * {per} = {bags * per}. {total} + {bags * per} = {total + bags * per}.")
+            total += bags * per
+    question = f"Question: {' '.join(lines)} How many {item} does {name} have now?\n"
+    return question + f"Answer: {' '.join(work)} The answer is {total}.\n"
+
+
+def math_documents(split: str, count: int) -> Iterator[str]:
+    """count distinct problems; held-out ones come from other seeds and skip training problems."""
+    seen = set()
+    if split == "held_out":
+        seen = set(math_documents("train", count=2000))
+    rng = random.Random(0 if split == "train" else 10_007)
+    produced = 0
+    while produced < count:
+        text = math_problem(rng)
+        if text in seen:
+            continue
+        seen.add(text)
+        produced += 1
+        yield text
+
+
+def corpus(split: str, math_count: int = 20_000) -> List[str]:
+    """All documents of a split, code then math."""
+    return list(code_documents(split)) + list(math_documents(split, math_count))
+
+
+def held_out_prompts(domain: str, count: int, rng_seed: int = 0) -> List[str]:
+    """Prompts from held-out documents: a code file's opening lines, or a problem's question and
+    the start of its answer."""
+    rng = random.Random(rng_seed)
+    if domain == "code":
+        docs = [d for d in code_documents("held_out") if len(d) > 600]
+        picks = rng.sample(docs, min(count, len(docs)))
+        return [d[: d.index("\n", 300) + 1] if "\n" in d[300:] else d[:300] for d in picks]
+    problems = list(math_documents("held_out", count))
+    return [p[: p.index("Answer:") + len("Answer:")] for p in problems]

@@ -1,0 +1,100 @@
+"""The demo: speculative decoding on the shipped models, on held-out prompts of each domain.
+
+For every domain it prints mode, tau (tokens per target call), target calls, tokens per second
+and the speed-up over plain autoregressive decoding, then writes a plot (tau and speed-up by mode
+and by Jacobi passes) and the numbers as JSON.
+"""
+
+import json
+from pathlib import Path
+from statistics import mean
+
+import torch
+from tqdm import tqdm
+
+from . import data
+from .decoding import generate
+from .models.shipped import load_all
+
+
+def run_demo(prompts: int = 4, tokens: int = 64, temperature: float = 0.0, passes=(1, 2, 3, 4, 5, 6),
+             iters: int = 4, out: Path = Path("demo_out"), seed: int = 0) -> dict:
+    torch.manual_seed(seed)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    models = load_all()
+    runs = [("ar", "ar", None), ("drafter", "drafter", None), ("sequential", "sequential", None),
+            ("jacobi", "jacobi", iters)] + [("jacobi", f"jacobi-{p}", p) for p in passes if p != iters]
+    results = {}
+    total = len(data.DOMAINS) * prompts * len(runs)
+    with tqdm(total=total, desc="demo") as bar:
+        for domain in data.DOMAINS:
+            texts = data.held_out_prompts(domain, prompts, rng_seed=seed)
+            generate(models.target, models.tokenizer.encode(texts[0]).ids, 8)  # warm-up
+            rows, ar_tokens = {}, []
+            for mode, name, p in runs:
+                stats_list, same = [], []
+                for i, text in enumerate(texts):
+                    ids = models.tokenizer.encode(text).ids
+                    out_ids, stats = generate(models.target, ids, tokens, mode=mode, drafter=models.drafter,
+                                              refiner=models.refiner, iters=p or iters, temperature=temperature,
+                                              seed=seed + i)
+                    if mode == "ar":
+                        ar_tokens.append(out_ids)
+                    same.append(out_ids == ar_tokens[i])
+                    stats_list.append(stats)
+                    bar.update()
+                rows[name] = dict(
+                    mode=mode, passes=p, tau=mean(s.tau for s in stats_list),
+                    target_calls=mean(s.target_calls for s in stats_list),
+                    refine_passes=mean(s.refine_passes for s in stats_list),
+                    tokens_per_second=sum(s.new_tokens for s in stats_list) / sum(s.seconds for s in stats_list),
+                    same_tokens_as_ar=all(same))
+            base = rows["ar"]["tokens_per_second"]
+            for row in rows.values():
+                row["speedup"] = row["tokens_per_second"] / base
+            results[domain] = rows
+    report = dict(prompts=prompts, tokens=tokens, temperature=temperature, jacobi_iters=iters, domains=results)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "demo.json").write_text(json.dumps(report, indent=1))
+    _plot(results, passes, out / "demo.png", temperature)
+    return report
+
+
+def format_tables(report: dict) -> str:
+    lines = []
+    for domain, rows in report["domains"].items():
+        lines.append(f"\n{domain} (held-out prompts: {report['prompts']}, {report['tokens']} new tokens each, "
+                     f"T={report['temperature']})")
+        lines.append(f"{'mode':<14} {'tau':>6} {'target calls':>13} {'tokens/s':>9} {'speed-up':>9} "
+                     f"{'refine passes':>14}" + ("  same as ar" if report["temperature"] == 0 else ""))
+        for name, r in rows.items():
+            line = (f"{name:<14} {r['tau']:>6.2f} {r['target_calls']:>13.1f} {r['tokens_per_second']:>9.1f} "
+                    f"{r['speedup']:>8.2f}x {r['refine_passes']:>14.1f}")
+            if report["temperature"] == 0:
+                line += f"  {'yes' if r['same_tokens_as_ar'] else 'NO'}"
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def _plot(results, passes, path, temperature):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for ax, key, label in [(axes[0], "tau", "tau (tokens per target call)"), (axes[1], "speedup", "speed-up over ar")]:
+        for domain, rows in results.items():
+            jacobi = [rows[f"jacobi-{p}" if f"jacobi-{p}" in rows else "jacobi"][key] for p in passes]
+            line, = ax.plot(passes, jacobi, marker="o", label=f"{domain}: jacobi")
+            for mode, style in [("drafter", ":"), ("sequential", "--")]:
+                ax.axhline(rows[mode][key], linestyle=style, color=line.get_color(), label=f"{domain}: {mode}")
+        ax.set_xlabel("Jacobi passes")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[1].axhline(1.0, color="black", linewidth=0.8)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"xPress refinement on the shipped models (T={temperature})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
