@@ -30,7 +30,7 @@ def demo(args):
 
     passes = tuple(range(1, args.max_passes + 1))
     report = run_demo(prompts=args.prompts, tokens=args.tokens, temperature=args.temperature, passes=passes,
-                      iters=args.iters, out=Path(args.out), seed=args.seed)
+                      iters=args.iters, out=Path(args.out), seed=args.seed, draft_len=args.draft_len)
     print(format_tables(report))
     print(f"\nwrote {args.out}/demo.png and {args.out}/demo.json")
 
@@ -48,6 +48,8 @@ def main(argv=None):
     d.add_argument("--temperature", type=float, default=0.0, help="0 for greedy (default), e.g. 1 to sample")
     d.add_argument("--iters", type=int, default=4, help="Jacobi passes of the 'jacobi' row (default 4)")
     d.add_argument("--max-passes", type=int, default=6, help="plot Jacobi with 1..this many passes (default 6)")
+    d.add_argument("--draft-len", type=int, default=None,
+                   help="verify only the first drafts of each block (default: all 15)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--out", default="demo_out", help="folder for demo.png and demo.json (default demo_out)")
     d.set_defaults(run=demo)

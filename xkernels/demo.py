@@ -18,7 +18,7 @@ from .models.shipped import load_all
 
 
 def run_demo(prompts: int = 4, tokens: int = 64, temperature: float = 0.0, passes=(1, 2, 3, 4, 5, 6),
-             iters: int = 4, out: Path = Path("demo_out"), seed: int = 0) -> dict:
+             iters: int = 4, out: Path = Path("demo_out"), seed: int = 0, draft_len=None) -> dict:
     torch.manual_seed(seed)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     models = load_all()
@@ -37,7 +37,7 @@ def run_demo(prompts: int = 4, tokens: int = 64, temperature: float = 0.0, passe
                     ids = models.tokenizer.encode(text).ids
                     out_ids, stats = generate(models.target, ids, tokens, mode=mode, drafter=models.drafter,
                                               refiner=models.refiner, iters=p or iters, temperature=temperature,
-                                              seed=seed + i)
+                                              seed=seed + i, draft_len=draft_len)
                     if mode == "ar":
                         ar_tokens.append(out_ids)
                     same.append(out_ids == ar_tokens[i])
@@ -53,7 +53,8 @@ def run_demo(prompts: int = 4, tokens: int = 64, temperature: float = 0.0, passe
             for row in rows.values():
                 row["speedup"] = row["tokens_per_second"] / base
             results[domain] = rows
-    report = dict(prompts=prompts, tokens=tokens, temperature=temperature, jacobi_iters=iters, domains=results)
+    report = dict(prompts=prompts, tokens=tokens, temperature=temperature, jacobi_iters=iters,
+                  draft_len=draft_len or models.drafter.cfg.block_size - 1, domains=results)
     out.mkdir(parents=True, exist_ok=True)
     (out / "demo.json").write_text(json.dumps(report, indent=1))
     _plot(results, passes, out / "demo.png", temperature)
@@ -64,7 +65,7 @@ def format_tables(report: dict) -> str:
     lines = []
     for domain, rows in report["domains"].items():
         lines.append(f"\n{domain} (held-out prompts: {report['prompts']}, {report['tokens']} new tokens each, "
-                     f"T={report['temperature']})")
+                     f"T={report['temperature']}, drafts verified per block: {report['draft_len']})")
         lines.append(f"{'mode':<14} {'tau':>6} {'target calls':>13} {'tokens/s':>9} {'speed-up':>9} "
                      f"{'refine passes':>14}" + ("  same as ar" if report["temperature"] == 0 else ""))
         for name, r in rows.items():

@@ -53,7 +53,8 @@ def losses(target, drafter, refiner, batch, mask_id):
     features, a, anchor_ids, gold, prev, target_probs = batch
     m, d = gold.shape
     block_ids = torch.cat([anchor_ids[:, None], torch.full((m, d), mask_id)], 1)
-    h = drafter(target.embed(block_ids).detach(), features, ctx_len=a)
+    ctx_kv = drafter.context(features, torch.arange(features.shape[1]))
+    h = drafter(target.embed(block_ids).detach(), ctx_kv, ctx_len=a)
     base = target.lm_head(h[:, 1:])
     w = torch.exp(-torch.arange(d, dtype=torch.float32) / 8)
     w = w / w.sum()

@@ -95,35 +95,41 @@ def _propose(mode, base_logits, h, tokens, refiner, weights, iters, temperature,
     return drafts, torch.softmax(refined / temperature, -1)
 
 
-def _decode_speculative(mode, target, drafter, refiner, prompt, max_new_tokens, iters, temperature, seed, stats):
+def _decode_speculative(mode, target, drafter, refiner, prompt, max_new_tokens, iters, temperature, seed,
+                        draft_len, stats):
     layers = drafter.cfg.target_layers
     block = drafter.cfg.block_size
     weights = refiner.fold().to(torch.float32) if refiner is not None else None
     cache = target.new_cache()
     # The target sees every committed token but the newest (the anchor), whose features are unknown.
-    if prompt.shape[1] > 1:
-        _, hidden = target(prompt[:, :-1], cache, hidden_layers=layers)
-        features = torch.cat(hidden, dim=-1)
-    else:
-        features = torch.zeros(1, 0, len(layers) * target.cfg.dim, device=prompt.device,
-                               dtype=target.lm_head.weight.dtype)
     tokens = prompt[0].tolist()
     start = len(tokens)
+    if start > 1:
+        _, hidden = target(prompt[:, :-1], cache, hidden_layers=layers)
+        ctx_kv = drafter.context(torch.cat(hidden, dim=-1), torch.arange(start - 1, device=prompt.device))
+    else:
+        empty = torch.zeros(1, 0, len(layers) * target.cfg.dim, device=prompt.device, dtype=target.lm_head.weight.dtype)
+        ctx_kv = drafter.context(empty, torch.arange(0, device=prompt.device))
     step = 0
     while len(tokens) - start < max_new_tokens:
         anchor = tokens[-1]
         block_ids = torch.tensor([[anchor] + [drafter.cfg.mask_token_id] * (block - 1)], device=prompt.device)
-        h = drafter(target.embed(block_ids), features, start=len(tokens) - 1)
+        h = drafter(target.embed(block_ids), ctx_kv, start=len(tokens) - 1)
         base_logits = target.lm_head(h[:, 1:]).float()
         drafts, q = _propose(mode, base_logits, h, tokens, refiner, weights, iters, temperature, seed, step, stats)
+        drafts, q = drafts[:, :draft_len], None if q is None else q[:, :draft_len]
         logits, hidden = target(torch.cat([torch.tensor([[anchor]], device=prompt.device), drafts], 1), cache,
                                 hidden_layers=layers)
         accept_len, out = chain_verify(drafts, logits.float(), draft_probs=q, temperature=temperature, seed=seed,
                                        offset=step)
         accepted = int(accept_len[0])
+        # The anchor and the accepted drafts are committed: the target keeps their cache entries and
+        # the drafter their injected keys and values.
+        cache.crop(cache.length - drafts.shape[1] + accepted)
+        new = drafter.context(torch.cat(hidden, dim=-1)[:, : accepted + 1],
+                              torch.arange(len(tokens) - 1, len(tokens) + accepted, device=prompt.device))
+        ctx_kv = [(torch.cat([k, nk], dim=2), torch.cat([v, nv], dim=2)) for (k, v), (nk, nv) in zip(ctx_kv, new)]
         tokens += out[0, : accepted + 1].tolist()
-        cache.crop(cache.length - drafts.shape[1] + accepted)  # keep the anchor and the accepted drafts
-        features = torch.cat([features, torch.cat(hidden, dim=-1)[:, : accepted + 1]], dim=1)
         stats.target_calls += 1
         stats.accept_lens.append(accepted)
         step += 1
@@ -132,8 +138,12 @@ def _decode_speculative(mode, target, drafter, refiner, prompt, max_new_tokens, 
 
 @torch.inference_mode()
 def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: str = "ar", drafter=None,
-             refiner=None, iters: int = 4, temperature: float = 0.0, seed: int = 0):
-    """Continue prompt_ids by max_new_tokens tokens. Returns (tokens, Stats)."""
+             refiner=None, iters: int = 4, temperature: float = 0.0, seed: int = 0,
+             draft_len: Optional[int] = None):
+    """Continue prompt_ids by max_new_tokens tokens. Returns (tokens, Stats).
+
+    draft_len verifies only the first drafts of each block (all B-1 by default): the target's
+    verification costs grow with the tokens it checks, so on a CPU fewer can pay off."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if mode != "ar" and drafter is None:
@@ -151,7 +161,7 @@ def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: st
         stats.target_calls += 1  # the prefill's logits give the first token; count it like a step
     else:
         out = _decode_speculative(mode, target, drafter, refiner, prompt, max_new_tokens, iters, temperature, seed,
-                                  stats)
+                                  draft_len or drafter.cfg.block_size - 1, stats)
     stats.seconds = time.perf_counter() - began
     stats.new_tokens = len(out)
     return out, stats

@@ -3,10 +3,11 @@
 The input is [anchor, MASK x (B-1)] embedded with the target's frozen embedding. The target's
 hidden states at a few layers, concatenated and projected (fc, then RMSNorm), become keys and
 values injected into every drafter layer; block queries attend to that context and,
-bidirectionally, to the whole block. The target's frozen LM head reads the output."""
+bidirectionally, to the whole block. The target's frozen LM head reads the output. The injected
+keys and values of committed positions never change, so a decoder computes them once."""
 
 from dataclasses import asdict, dataclass
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -43,10 +44,8 @@ class DrafterLayer(nn.Module):
         self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.mlp = SwiGLU(cfg.dim, cfg.ffn_hidden)
 
-    def forward(self, x, ctx, block_pos, ctx_pos, mask):
-        h = self.attn_norm(x)
-        kv = torch.cat([ctx, h], dim=1)
-        x = x + self.attn(h, block_pos, kv_source=kv, kv_positions=torch.cat([ctx_pos, block_pos], dim=-1), mask=mask)
+    def forward(self, x, ctx_kv, block_pos, mask):
+        x = x + self.attn(self.attn_norm(x), block_pos, prefix_kv=ctx_kv, mask=mask)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -59,28 +58,30 @@ class BlockDrafter(nn.Module):
         self.layers = nn.ModuleList(DrafterLayer(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
 
-    def forward(self, block_embeds: torch.Tensor, features: torch.Tensor, start: int = 0,
+    def context(self, features: torch.Tensor, positions: torch.Tensor) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+        """The injected keys and values of every layer for target features [N, T, layers*dim] at
+        positions [T]. A decoder keeps them and appends those of newly committed positions."""
+        ctx = self.ctx_norm(self.fc(features))
+        return [layer.attn.keys_values(ctx, positions) for layer in self.layers]
+
+    def forward(self, block_embeds: torch.Tensor, ctx_kv: List[Tuple[torch.Tensor, torch.Tensor]], start: int = 0,
                 ctx_len: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Final normed hidden states [N, B, dim] of a block.
 
-        block_embeds [N, B, dim]: the embedded [anchor, MASK ...]; features [N, T, layers*dim]: the
-        target's hidden states of the context positions 0..T-1; start: the anchor's position (an
-        int, for one sequence), or with ctx_len [N] per sequence (training), where sequence n sees
-        context positions < ctx_len[n] and its anchor sits at position ctx_len[n]."""
+        block_embeds [N, B, dim]: the embedded [anchor, MASK ...]; ctx_kv: context(...) of the
+        positions before the anchor; start: the anchor's position. For training, ctx_len [N] gives
+        each sequence its own anchor position, and it sees only the context positions before it."""
         n, b, _ = block_embeds.shape
-        t = features.shape[1]
-        ctx = self.ctx_norm(self.fc(features))
-        ctx_pos = torch.arange(t, device=features.device)
         mask = None
         if ctx_len is None:
-            block_pos = torch.arange(int(start), int(start) + b, device=features.device)
+            block_pos = torch.arange(start, start + b, device=block_embeds.device)
         else:
-            block_pos = ctx_len[:, None] + torch.arange(b, device=features.device)  # [N, B]
-            ctx_pos = ctx_pos.expand(n, t)
-            visible = torch.cat([ctx_pos < ctx_len[:, None],
-                                 torch.ones(n, b, dtype=torch.bool, device=features.device)], dim=1)
+            t = ctx_kv[0][0].shape[2]
+            block_pos = ctx_len[:, None] + torch.arange(b, device=block_embeds.device)  # [N, B]
+            visible = torch.cat([torch.arange(t, device=block_embeds.device) < ctx_len[:, None],
+                                 torch.ones(n, b, dtype=torch.bool, device=block_embeds.device)], dim=1)
             mask = visible[:, None, None, :]  # [N, 1, 1, T + B]
         x = block_embeds
-        for layer in self.layers:
-            x = layer(x, ctx, block_pos, ctx_pos, mask)
+        for layer, kv in zip(self.layers, ctx_kv):
+            x = layer(x, kv, block_pos, mask)
         return self.norm(x)

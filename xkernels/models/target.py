@@ -89,14 +89,20 @@ class Attention(nn.Module):
         b, t, _ = x.shape
         return proj(x).view(b, t, n, self.cfg.head_dim).transpose(1, 2)
 
-    def forward(self, x, positions, kv_source=None, kv_positions=None, mask=None, cache=None, layer=0):
-        """Queries from x; keys and values from kv_source (default x), appended to the cache if given."""
+    def keys_values(self, src: torch.Tensor, positions: torch.Tensor):
+        """Keys (normed, rotated) and values of src [B, T, dim] at positions, [B, kv_heads, T, hd]."""
         cfg = self.cfg
-        src = x if kv_source is None else kv_source
-        src_pos = positions if kv_positions is None else kv_positions
+        k = apply_rope(self.k_norm(self.heads(src, self.wk, cfg.n_kv_heads)), positions, cfg.rope_theta)
+        return k, self.heads(src, self.wv, cfg.n_kv_heads)
+
+    def forward(self, x, positions, prefix_kv=None, mask=None, cache=None, layer=0):
+        """Attention of x [B, T, dim] over its own keys and values, placed after prefix_kv (keys and
+        values given, e.g. an injected context) or after the cache's (and appended to it)."""
+        cfg = self.cfg
         q = apply_rope(self.q_norm(self.heads(x, self.wq, cfg.n_heads)), positions, cfg.rope_theta)
-        k = apply_rope(self.k_norm(self.heads(src, self.wk, cfg.n_kv_heads)), src_pos, cfg.rope_theta)
-        v = self.heads(src, self.wv, cfg.n_kv_heads)
+        k, v = self.keys_values(x, positions)
+        if prefix_kv is not None:
+            k, v = torch.cat([prefix_kv[0], k], dim=2), torch.cat([prefix_kv[1], v], dim=2)
         if cache is not None:
             k, v = cache.append(layer, k, v)
         rep = cfg.n_heads // cfg.n_kv_heads
