@@ -29,7 +29,9 @@ def run_demo(prompts: int = 4, tokens: int = 64, temperature: float = 0.0, passe
     with tqdm(total=total, desc="demo") as bar:
         for domain in data.DOMAINS:
             texts = data.held_out_prompts(domain, prompts, rng_seed=seed)
-            generate(models.target, models.tokenizer.encode(texts[0]).ids, 8)  # warm-up
+            for mode, _, p in runs[:4]:  # warm-up: first calls pay for lazy initialisation
+                generate(models.target, models.tokenizer.encode(texts[0]).ids, 16, mode=mode, drafter=models.drafter,
+                         refiner=models.refiner, temperature=temperature, draft_len=draft_len)
             rows, ar_tokens = {}, []
             for mode, name, p in runs:
                 stats_list, same = [], []
