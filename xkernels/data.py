@@ -1,8 +1,9 @@
 """The training and held-out text, built at run time (nothing downloaded, nothing third-party
 committed), from two domains:
 
-- code: the source files of the running Python's standard library (a sorted list; a file is
-  held out when the hash of its relative path says so);
+- code: the source files of the running Python's standard library (a sorted list without the
+  top-level test package and tests/ folders; a file is held out when the hash of its relative
+  path says so);
 - math: multi-step arithmetic word problems with worked answers from a seeded generator
   (held-out problems come from other seeds and never repeat a training problem).
 
@@ -26,7 +27,8 @@ def _held_out(name: str) -> bool:
 
 
 def code_files(split: str) -> List[Path]:
-    """Standard-library modules (tests and vendored packages left out), sorted."""
+    """Standard-library modules, sorted: the top-level test package, tests/ folders and
+    site-packages are left out (test/ folders inside packages, like ctypes/test, are in)."""
     root = Path(sysconfig.get_paths()["stdlib"])
     files = []
     for path in sorted(root.rglob("*.py")):

@@ -1,0 +1,33 @@
+"""The corpus is deterministic and its held-out side is never trained on."""
+
+import sysconfig
+
+from xkernels import data
+
+
+def test_held_out_code_files_are_not_training_files():
+    train, held = data.code_files("train"), data.code_files("held_out")
+    assert train and held
+    assert not set(train) & set(held)
+    assert train == sorted(train) and data.code_files("train") == train
+    # The top-level test package and every tests/ folder are left out (the shipped models were
+    # trained on exactly this list; test/ folders inside packages, like ctypes/test, are in).
+    stdlib = sysconfig.get_paths()["stdlib"]
+    rel = [p.relative_to(stdlib).as_posix() for p in train + held]
+    assert not any(r.startswith("test/") or "/tests/" in r for r in rel)
+
+
+def test_held_out_math_problems_are_new_and_deterministic():
+    train = set(data.math_documents("train", 2000))
+    held = list(data.math_documents("held_out", 200))
+    assert len(set(held)) == 200 and not train & set(held)
+    assert held == list(data.math_documents("held_out", 200))
+    problem = held[0]
+    assert problem.startswith("Question: ") and "\nAnswer: " in problem and "The answer is " in problem
+
+
+def test_held_out_prompts():
+    for domain in data.DOMAINS:
+        prompts = data.held_out_prompts(domain, 3)
+        assert len(prompts) == 3 and all(prompts) and prompts == data.held_out_prompts(domain, 3)
+    assert all(p.endswith("Answer:") for p in data.held_out_prompts("math", 3))

@@ -1,0 +1,24 @@
+"""The demo runs end to end on the shipped models and writes its plot and numbers."""
+
+import json
+
+import pytest
+
+from xkernels.models.shipped import WEIGHTS
+
+
+@pytest.mark.skipif(not (WEIGHTS / "refiner.safetensors").exists(), reason="the models are not trained yet")
+def test_demo_writes_tables_plot_and_json(tmp_path):
+    from xkernels.demo import format_tables, run_demo
+
+    report = run_demo(prompts=1, tokens=12, passes=(1, 2), iters=2, out=tmp_path)
+    saved = json.loads((tmp_path / "demo.json").read_text())
+    assert (tmp_path / "demo.png").stat().st_size > 0
+    assert set(saved["domains"]) == {"code", "math"}
+    for rows in saved["domains"].values():
+        assert set(rows) == {"ar", "drafter", "sequential", "jacobi", "jacobi-1"}
+        assert all(r["same_tokens_as_ar"] for r in rows.values())
+        assert rows["ar"]["tau"] == 1.0 and rows["ar"]["speedup"] == 1.0
+        assert all(r["tau"] >= 1.0 for r in rows.values())
+    table = format_tables(report)
+    assert "code" in table and "math" in table and "jacobi-1" in table
