@@ -20,7 +20,6 @@ from .models.shipped import load_all
 def run_demo(prompts: int = 4, tokens: int = 64, temperature: float = 0.0, passes=(1, 2, 3, 4, 5, 6),
              iters: int = 4, out: Path = Path("demo_out"), seed: int = 0, draft_len=None) -> dict:
     torch.manual_seed(seed)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     models = load_all()
     runs = [("ar", "ar", None), ("drafter", "drafter", None), ("sequential", "sequential", None),
             ("jacobi", "jacobi", iters)] + [("jacobi", f"jacobi-{p}", p) for p in passes if p != iters]
