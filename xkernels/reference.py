@@ -134,11 +134,11 @@ def chain_verify(
 # ---- xPress refinement ----
 
 
-def _drafted_slots(ctx, base_logits):
+def _drafted_slots(ctx, base_logits) -> int:
     b, d = ctx.shape[1], base_logits.shape[1]
     if d > b:
         raise ValueError(f"base_logits has {d} drafted slots but the block has only {b}")
-    return b, d
+    return d
 
 
 def perturbed_scores(logits: torch.Tensor, temperature: float, seed: int, offset: int):
@@ -169,7 +169,7 @@ def refine_logits(ctx, prev_tokens, base_logits, weights) -> torch.Tensor:
     the kernels never write them)."""
     from .refiner import refiner_hidden
 
-    _, d = _drafted_slots(ctx, base_logits)
+    d = _drafted_slots(ctx, base_logits)
     z = refiner_hidden(weights, ctx, prev_tokens)[:, ctx.shape[1] - d:]
     return base_logits.float() + z @ weights.w_read.float().T
 

@@ -72,16 +72,18 @@ def _propose(mode, base_logits, h, tokens, refiner, weights, iters, temperature,
     before = tokens[-2] if len(tokens) > 1 else tokens[-1]  # slot 0 (the anchor) reads the token before it
     prefix = torch.tensor([[before, tokens[-1]]], device=base_logits.device)
     rng = dict(temperature=temperature, seed=seed, offset=step)
+    converged = True
     if mode == "sequential":
         drafts, _ = sequential_refine(ctx, prefix, base_logits, weights, **rng)
         stats.refine_passes += drafts.shape[1]
     else:
         drafts, _, passes = jacobi_refine(ctx, prefix, base_logits, weights, max_iters=iters, **rng)
         stats.refine_passes += int(passes[0])
+        converged = int(passes[0]) < iters  # it stopped on a pass that changed nothing
     if temperature == 0:
         return drafts, None
     prev = torch.cat([prefix, drafts[:, :-1]], dim=1)
-    if mode == "jacobi":
+    if not converged:
         # A slot's draft follows q(. | the drafts before it) only where Jacobi has settled: a check pass
         # from the final drafts (same noise) agrees up to the first unsettled slot, whose check sample
         # is itself a proper draft; verify up to there.
