@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Builds the CUDA emulation library: every csrc/cuda/*.cu (and the emulation's own test kernels), translated (translate.py) and compiled
+# by the host compiler against cuda_emu.h, with AddressSanitizer and UndefinedBehaviorSanitizer.
+# Prints the library's path. Needs only python3 and a C++20 compiler (no torch, no nvcc).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+EMU="$ROOT/tests/cuda_emu"
+OUT="$ROOT/build/cuda_emu"
+mkdir -p "$OUT"
+CXX="${CXX:-g++}"
+FLAGS=(-std=c++20 ${XK_EMU_OPT:--O1} -g -fPIC -fno-omit-frame-pointer ${XK_EMU_SAN--fsanitize=address,undefined,float-cast-overflow}
+       -fno-sanitize-recover=all -Wall -Wno-unknown-pragmas -Wno-sign-compare -Werror=return-type
+       -I"$EMU/include" -I"$EMU" -I"$ROOT/csrc/include" -I"$ROOT/csrc/cuda" -include "$EMU/cuda_emu.h")
+objs=()
+compile() {  # source, object
+  "$CXX" "${FLAGS[@]}" -c "$1" -o "$2"
+}
+pids=()
+for cu in "$ROOT"/csrc/cuda/*.cu "$EMU"/selftest_kernels.cu; do
+  name="$(basename "${cu%.cu}")"
+  python3 "$EMU/translate.py" "$cu" "$OUT/$name.cpp"
+  compile "$OUT/$name.cpp" "$OUT/$name.o" & pids+=($!)
+  objs+=("$OUT/$name.o")
+done
+compile "$EMU/cuda_emu.cpp" "$OUT/cuda_emu.o" & pids+=($!)
+compile "$EMU/shim.cpp" "$OUT/shim.o" & pids+=($!)
+for pid in "${pids[@]}"; do wait "$pid"; done
+"$CXX" -shared -fsanitize=address,undefined "${objs[@]}" "$OUT/cuda_emu.o" "$OUT/shim.o" -o "$OUT/libxk_cuda_emu.so"
+echo "$OUT/libxk_cuda_emu.so"

@@ -1,0 +1,403 @@
+// The scheduler of the CUDA emulation: one fiber per CUDA thread, blocks one after another,
+// checked barriers and warp collectives. See cuda_emu.h.
+#include "cuda_emu.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <algorithm>
+#include <array>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define XK_ASAN 1
+#else
+#define XK_ASAN 0
+#endif
+
+// Saves the callee-saved registers and the floating-point control words on the current stack,
+// stores the stack pointer in *from_sp and resumes the context saved at to_sp. A context switch
+// of glibc's swapcontext costs a system call (the signal mask); the emulation switches at every
+// collective of every lane, so it keeps its own (x86-64 System V).
+extern "C" void xk_emu_switch(void** from_sp, void* to_sp);
+asm(R"(
+.text
+.globl xk_emu_switch
+.type xk_emu_switch,@function
+xk_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+.size xk_emu_switch,.-xk_emu_switch
+)");
+
+namespace xk_emu {
+namespace {
+
+constexpr size_t kStackBytes = 128 * 1024;
+constexpr size_t kDefaultDynamicSmem = 48 * 1024;
+
+enum class State { kReady, kBarrier, kCollective, kDone };
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::kShflIdx: return "__shfl_sync";
+    case Op::kShflXor: return "__shfl_xor_sync";
+    case Op::kShflDown: return "__shfl_down_sync";
+    case Op::kShflUp: return "__shfl_up_sync";
+    case Op::kBallot: return "__ballot_sync";
+    case Op::kAny: return "__any_sync";
+    case Op::kAll: return "__all_sync";
+    case Op::kSyncWarp: return "__syncwarp";
+    case Op::kWmma: return "a wmma operation";
+  }
+  return "?";
+}
+
+struct Fiber {
+  void* sp = nullptr;  // saved stack pointer while switched out
+  std::unique_ptr<char[]> stack;
+  Coords coords;
+  int linear = 0;
+  State state = State::kReady;
+  Op op = Op::kSyncWarp;
+  unsigned mask = 0;
+  int arg = 0, width = 32;
+  uint64_t in = 0, out = 0;
+  void* fake_stack = nullptr;
+};
+
+struct Emu {
+  void* main_sp = nullptr;
+  const void* main_stack_bottom = nullptr;
+  size_t main_stack_size = 0;
+  void* main_fake_stack = nullptr;
+  std::vector<Fiber> fibers;
+  Fiber* current = nullptr;
+  void (*body)(void*) = nullptr;
+  void* body_arg = nullptr;
+  std::vector<char> smem;
+  std::string violation;  // of the running launch
+  std::string first_violation;  // since the test last asked
+  cudaError_t last_error = cudaSuccess;
+  std::map<const void*, int> max_dynamic_smem;
+  int threads = 0;                // of the running block; fibers[threads..] are spare
+  int done = 0, at_barrier = 0;  // threads of the running block
+};
+
+Emu& emu() {
+  static Emu e;
+  return e;
+}
+
+std::string where(const Fiber& f) {
+  std::ostringstream s;
+  s << "thread (" << f.coords.thread_idx.x << "," << f.coords.thread_idx.y << "," << f.coords.thread_idx.z
+    << ") of block (" << f.coords.block_idx.x << "," << f.coords.block_idx.y << "," << f.coords.block_idx.z << ")";
+  return s.str();
+}
+
+std::string hex(unsigned m) {
+  char b[16];
+  std::snprintf(b, sizeof b, "0x%08x", m);
+  return b;
+}
+
+void fail(const std::string& what) {
+  Emu& e = emu();
+  if (e.violation.empty()) e.violation = what;
+}
+
+// Fiber -> scheduler.
+void yield_to_main(bool finished) {
+  Emu& e = emu();
+  Fiber* f = e.current;
+#if XK_ASAN
+  __sanitizer_start_switch_fiber(finished ? nullptr : &f->fake_stack, e.main_stack_bottom, e.main_stack_size);
+#endif
+  xk_emu_switch(&f->sp, e.main_sp);
+#if XK_ASAN
+  __sanitizer_finish_switch_fiber(f->fake_stack, nullptr, nullptr);
+#endif
+  (void)finished;
+}
+
+void fiber_entry() {
+  Emu& e = emu();
+#if XK_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &e.main_stack_bottom, &e.main_stack_size);
+#endif
+  e.body(e.body_arg);
+  Fiber* f = e.current;
+  f->state = State::kDone;
+  ++e.done;
+  // Lanes waiting for this one at a collective can never complete it.
+  const int first = f->linear / 32 * 32, last = std::min(first + 32, e.threads);
+  for (int t = first; t < last; ++t) {
+    const Fiber& o = e.fibers[t];
+    if (o.state == State::kCollective && (o.mask >> (f->linear % 32) & 1u))
+      fail(where(*f) + " exited while " + where(o) + " waits for it at " + op_name(o.op) + " with mask " +
+           hex(o.mask));
+  }
+  if (e.at_barrier) fail(where(*f) + " exited while other threads wait at __syncthreads");
+  yield_to_main(true);
+}
+
+[[noreturn]] void fiber_start() {
+  fiber_entry();
+  std::abort();  // a finished fiber is never resumed
+}
+
+// A fresh stack that xk_emu_switch "returns" into fiber_start from, 16-byte aligned as after a call.
+void* initial_stack(char* stack) {
+  auto top = reinterpret_cast<uintptr_t>(stack + kStackBytes) & ~uintptr_t{15};
+  auto* at = reinterpret_cast<uint64_t*>(top - 16);
+  at[0] = reinterpret_cast<uint64_t>(&fiber_start);
+  at[1] = 0;
+  uint64_t* sp = at - 7;  // control words, r15, r14, r13, r12, rbx, rbp
+  for (int i = 0; i < 7; ++i) sp[i] = 0;
+  sp[0] = 0x1F80u | (uint64_t{0x037Fu} << 32);  // default MXCSR and x87 control word
+  return sp;
+}
+
+// Scheduler -> fiber.
+void resume(Fiber& f) {
+  Emu& e = emu();
+  e.current = &f;
+#if XK_ASAN
+  __sanitizer_start_switch_fiber(&e.main_fake_stack, f.stack.get(), kStackBytes);
+#endif
+  xk_emu_switch(&e.main_sp, f.sp);
+#if XK_ASAN
+  __sanitizer_finish_switch_fiber(e.main_fake_stack, nullptr, nullptr);
+#endif
+  e.current = nullptr;
+}
+
+// The lanes of `f`'s warp that exist in the block.
+unsigned existing_lanes(const Fiber& f) {
+  const int threads = emu().threads;
+  const int first = f.linear / 32 * 32;
+  const int count = threads - first < 32 ? threads - first : 32;
+  return count == 32 ? 0xFFFFFFFFu : (1u << count) - 1u;
+}
+
+void complete_collective(std::array<Fiber*, 32>& lanes, Op op) {
+  // lanes[l] is the fiber of lane l, or null when l is not in the mask.
+  for (int l = 0; l < 32; ++l) {
+    Fiber* f = lanes[l];
+    if (!f) continue;
+    auto read = [&](int src) -> uint64_t {
+      if (src < 0 || src >= 32 || !lanes[src]) {
+        fail(where(*f) + ": " + op_name(op) + " reads lane " + std::to_string(src) + ", which is not in mask " +
+             hex(f->mask));
+        return 0;
+      }
+      return lanes[src]->in;
+    };
+    const int w = f->width, seg = l / w * w;
+    switch (op) {
+      case Op::kShflIdx: f->out = read(seg + ((f->arg % w) + w) % w); break;
+      case Op::kShflXor: {
+        const int src = l ^ f->arg;
+        f->out = src >= seg + w ? f->in : read(src);
+        break;
+      }
+      case Op::kShflDown: f->out = l + f->arg >= seg + w ? f->in : read(l + f->arg); break;
+      case Op::kShflUp: f->out = l - f->arg < seg ? f->in : read(l - f->arg); break;
+      case Op::kBallot:
+      case Op::kAny:
+      case Op::kAll: {
+        unsigned bits = 0, members = 0;
+        for (int j = 0; j < 32; ++j)
+          if (lanes[j]) members |= 1u << j, bits |= (lanes[j]->in ? 1u : 0u) << j;
+        f->out = op == Op::kBallot ? bits : op == Op::kAny ? bits != 0 : bits == members;
+        break;
+      }
+      case Op::kSyncWarp:
+      case Op::kWmma: f->out = 0; break;
+    }
+  }
+  for (Fiber* f : lanes)
+    if (f) f->state = State::kReady;
+}
+
+}  // namespace
+
+const Coords& coords() {
+  Emu& e = emu();
+  if (!e.current) {
+    std::fprintf(stderr, "xk_emu: a CUDA built-in was used outside a kernel\n");
+    std::abort();
+  }
+  return e.current->coords;
+}
+
+void* dynamic_smem_base() { return emu().smem.empty() ? nullptr : emu().smem.data(); }
+
+uint64_t warp_collective(Op op, unsigned mask, uint64_t value, int arg, int width) {
+  Emu& e = emu();
+  Fiber* f = e.current;
+  const int lane = f->linear % 32;
+  if (width <= 0 || width > 32 || (width & (width - 1)) != 0) fail(where(*f) + ": width must be a power of 2 <= 32");
+  if (!(mask >> lane & 1u))
+    fail(where(*f) + ": " + op_name(op) + " with mask " + hex(mask) + ", which leaves out the calling lane " +
+         std::to_string(lane));
+  if (mask & ~existing_lanes(*f))
+    fail(where(*f) + ": " + op_name(op) + " mask " + hex(mask) + " names lanes the block does not have");
+  f->state = State::kCollective;
+  f->op = op, f->mask = mask, f->in = value, f->arg = arg, f->width = width;
+
+  std::array<Fiber*, 32> lanes{};
+  bool all_here = e.violation.empty();
+  const int first = f->linear / 32 * 32;
+  for (int l = 0; l < 32 && e.violation.empty(); ++l) {
+    if (!(mask >> l & 1u)) continue;
+    Fiber& o = e.fibers[first + l];
+    lanes[l] = &o;
+    if (o.state == State::kDone) {
+      fail(where(*f) + ": " + op_name(op) + " with mask " + hex(mask) + " names lane " + std::to_string(l) +
+           ", which has exited");
+    } else if (o.state == State::kBarrier) {
+      fail(where(*f) + ": " + op_name(op) + " waits for lane " + std::to_string(l) + ", which sits at __syncthreads");
+    } else if (o.state == State::kCollective) {
+      if (o.op != op || o.mask != mask || o.width != width)
+        fail(where(*f) + ": " + op_name(op) + " with mask " + hex(mask) + " meets " + where(o) + " at " +
+             op_name(o.op) + " with mask " + hex(o.mask));
+    } else {
+      all_here = false;
+    }
+  }
+  if (all_here && e.violation.empty()) complete_collective(lanes, op);
+  yield_to_main(false);
+  return f->out;
+}
+
+void block_barrier() {
+  Emu& e = emu();
+  Fiber* f = e.current;
+  f->state = State::kBarrier;
+  if (e.done) fail(where(*f) + " reached __syncthreads after a thread of its block exited");
+  const int first = f->linear / 32 * 32, last = std::min(first + 32, e.threads);
+  for (int t = first; t < last; ++t) {
+    const Fiber& o = e.fibers[t];
+    if (o.state == State::kCollective && (o.mask >> (f->linear % 32) & 1u))
+      fail(where(*f) + " reached __syncthreads while " + where(o) + " waits for it at " + op_name(o.op));
+  }
+  if (++e.at_barrier == e.threads && e.violation.empty()) {
+    for (int t = 0; t < e.threads; ++t) e.fibers[t].state = State::kReady;
+    e.at_barrier = 0;
+  }
+  yield_to_main(false);
+}
+
+cudaError_t launch_check(const void* kernel, dim3 grid, dim3 block, size_t smem) {
+  Emu& e = emu();
+  std::string bad;
+  const uint64_t threads = static_cast<uint64_t>(block.x) * block.y * block.z;
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) bad = "empty grid";
+  else if (grid.x > 0x7FFFFFFFu || grid.y > 65535 || grid.z > 65535) bad = "grid too large";
+  else if (threads == 0 || threads > 1024 || block.z > 64) bad = "block of " + std::to_string(threads) + " threads";
+  size_t smem_limit = kDefaultDynamicSmem;
+  if (auto it = e.max_dynamic_smem.find(kernel); it != e.max_dynamic_smem.end())
+    smem_limit = static_cast<size_t>(it->second);
+  if (bad.empty() && smem > smem_limit)
+    bad = std::to_string(smem) + " bytes of dynamic shared memory without the opt-in (limit " +
+          std::to_string(smem_limit) + ")";
+  if (bad.empty()) return cudaSuccess;
+  if (e.first_violation.empty()) e.first_violation = "launch refused: " + bad;
+  e.last_error = cudaErrorInvalidConfiguration;
+  if (bad.find("shared memory") != std::string::npos) e.last_error = cudaErrorInvalidValue;
+  return e.last_error;
+}
+
+void run_grid(dim3 grid, dim3 block, size_t smem, void (*body)(void*), void* arg) {
+  Emu& e = emu();
+  if (!e.violation.empty() || e.last_error != cudaSuccess) return;  // a failed stream runs nothing more
+  const int threads = static_cast<int>(block.x * block.y * block.z);
+  if (e.fibers.size() < static_cast<size_t>(threads)) e.fibers.resize(static_cast<size_t>(threads));
+  for (Fiber& f : e.fibers)  // stacks are kept from launch to launch
+    if (!f.stack) f.stack.reset(new char[kStackBytes]);
+  e.threads = threads;
+  e.body = body, e.body_arg = arg;
+  for (unsigned bz = 0; bz < grid.z; ++bz)
+    for (unsigned by = 0; by < grid.y; ++by)
+      for (unsigned bx = 0; bx < grid.x; ++bx) {
+        e.smem.assign(smem, static_cast<char>(0xA5));  // exactly the bytes asked for, not zeroed
+        e.done = e.at_barrier = 0;
+        for (int t = 0; t < threads; ++t) {
+          Fiber& f = e.fibers[t];
+          f.linear = t;
+          f.state = State::kReady;
+          f.coords = Coords{dim3(t % block.x, t / block.x % block.y, t / (block.x * block.y)), dim3(bx, by, bz), block,
+                            grid};
+          f.sp = initial_stack(f.stack.get());
+        }
+        for (;;) {
+          bool ran = false, done = true;
+          for (int t = 0; t < threads; ++t) {
+            Fiber& f = e.fibers[t];
+            if (f.state == State::kReady) {
+              resume(f);
+              ran = true;
+              if (!e.violation.empty()) break;
+            }
+          }
+          if (!e.violation.empty()) break;
+          done = e.done == threads;
+          if (done) break;
+          if (!ran) {
+            fail("deadlock: no thread of block (" + std::to_string(bx) + "," + std::to_string(by) +
+                 ") can run (threads wait at collectives whose lanes never arrive)");
+            break;
+          }
+        }
+        if (!e.violation.empty()) {
+          // The fibers that were stopped mid-kernel are dropped (kernels keep no resources on their stacks).
+          if (e.first_violation.empty()) e.first_violation = e.violation;
+          e.violation.clear();
+          e.last_error = cudaErrorLaunchFailure;
+          e.smem.clear();
+          return;
+        }
+      }
+  e.smem.clear();
+}
+
+cudaError_t take_last_error(bool clear) {
+  Emu& e = emu();
+  const cudaError_t err = e.last_error;
+  if (clear) e.last_error = cudaSuccess;
+  return err;
+}
+
+void set_max_dynamic_smem(const void* kernel, int bytes) { emu().max_dynamic_smem[kernel] = bytes; }
+
+std::string take_violation() {
+  std::string v;
+  v.swap(emu().first_violation);
+  return v;
+}
+
+}  // namespace xk_emu

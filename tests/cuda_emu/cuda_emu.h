@@ -1,0 +1,293 @@
+// A test-only emulation of the CUDA execution model on the CPU, so that the real .cu sources
+// run (under AddressSanitizer and UndefinedBehaviorSanitizer) on a machine without a GPU.
+//
+// Every CUDA thread of a block is a fiber; the blocks of a grid run one after another. Barriers
+// and warp collectives are checked rendezvous: a lane that is missing (exited, or waiting at a
+// different collective or mask), a mask that leaves out the calling lane or names lanes the
+// block does not have, and a shuffle that reads a lane outside its mask are violations. So are
+// launches CUDA would refuse (empty grid, block over 1024 threads, dynamic shared memory above
+// 48 KB without the opt-in). A violation stops the kernel; launches then fail like CUDA's
+// (cudaGetLastError), and xk_emu::take_violation() tells the test what happened.
+//
+// What it cannot see: races on shared or global memory between barriers (threads interleave only
+// at barriers and collectives), the memory model, and GPU rounding (host libm, no FMA contraction
+// rules of nvcc). See README.md.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+// ---- keywords -----------------------------------------------------------------------------
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__
+#define __launch_bounds__(...)
+#define __restrict__ __restrict
+// Shared memory is per block; blocks run one at a time, so a function-local static is exactly
+// one block's copy. Dynamic shared memory is rewritten by translate.py to xk_emu::dynamic_smem.
+#define __shared__ static
+#define __align__(n) alignas(n)
+
+// ---- runtime types ------------------------------------------------------------------------
+struct dim3 {
+  unsigned x, y, z;
+  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+using uint3 = dim3;
+
+struct CUstream_st;
+using cudaStream_t = CUstream_st*;
+
+enum cudaError_t {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorLaunchFailure = 719,
+};
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+
+struct alignas(8) float2 { float x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(8) uint2 { unsigned x, y; };
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+struct alignas(8) int2 { int x, y; };
+struct alignas(16) int4 { int x, y, z, w; };
+
+namespace xk_emu {
+
+struct Coords {
+  dim3 thread_idx, block_idx, block_dim, grid_dim;
+};
+const Coords& coords();  // of the running fiber
+
+// Rendezvous of the lanes of `mask` in the caller's warp. `value` is this lane's 8-byte input;
+// returns this lane's result. Kinds: see cuda_emu.cpp.
+enum class Op { kShflIdx, kShflXor, kShflDown, kShflUp, kBallot, kAny, kAll, kSyncWarp, kWmma };
+uint64_t warp_collective(Op op, unsigned mask, uint64_t value, int arg, int width);
+void block_barrier();
+
+cudaError_t launch_check(const void* kernel, dim3 grid, dim3 block, size_t smem);
+void run_grid(dim3 grid, dim3 block, size_t smem, void (*body)(void*), void* arg);
+void* dynamic_smem_base();
+cudaError_t take_last_error(bool clear);
+void set_max_dynamic_smem(const void* kernel, int bytes);
+
+// Tests read (and clear) the first violation of the emulated CUDA rules since the last call;
+// empty if none.
+std::string take_violation();
+
+template <typename T>
+T* dynamic_smem() {
+  return static_cast<T*>(dynamic_smem_base());
+}
+
+template <typename T>
+uint64_t to_bits(T v) {
+  static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>);
+  uint64_t b = 0;
+  std::memcpy(&b, &v, sizeof(T));
+  return b;
+}
+
+template <typename T>
+T from_bits(uint64_t b) {
+  T v;
+  std::memcpy(&v, &b, sizeof(T));
+  return v;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args) becomes xk_emu::launch(kernel, grid, block, smem, stream)(args).
+template <typename... P>
+struct Launch {
+  void (*kernel)(P...);
+  dim3 grid, block;
+  size_t smem;
+
+  template <typename... A>
+  void operator()(A&&... a) const {
+    if (launch_check(reinterpret_cast<const void*>(kernel), grid, block, smem) != cudaSuccess) return;
+    struct Bound {
+      void (*kernel)(P...);
+      std::tuple<std::decay_t<P>...> args;
+    } bound{kernel, std::tuple<std::decay_t<P>...>(std::forward<A>(a)...)};
+    run_grid(grid, block, smem, [](void* b) {
+      auto* self = static_cast<Bound*>(b);
+      std::apply(self->kernel, self->args);  // by value: each thread gets its own copy of the arguments
+    }, &bound);
+  }
+};
+
+inline dim3 to_dim3(dim3 d) { return d; }
+// A grid or block given as an integer: CUDA converts it to unsigned; so does this, and the
+// launch check then sees what CUDA would.
+template <typename I, typename = std::enable_if_t<std::is_integral_v<I>>>
+dim3 to_dim3(I n) {
+  return dim3(n < 0 || static_cast<uint64_t>(n) > 0xFFFFFFFFull ? 0u : static_cast<unsigned>(n));
+}
+
+template <typename... P, typename G, typename B>
+Launch<P...> launch(void (*kernel)(P...), G grid, B block, size_t smem = 0, cudaStream_t = nullptr) {
+  return Launch<P...>{kernel, to_dim3(grid), to_dim3(block), smem};
+}
+
+}  // namespace xk_emu
+
+#define threadIdx (::xk_emu::coords().thread_idx)
+#define blockIdx (::xk_emu::coords().block_idx)
+#define blockDim (::xk_emu::coords().block_dim)
+#define gridDim (::xk_emu::coords().grid_dim)
+constexpr int warpSize = 32;
+
+inline cudaError_t cudaGetLastError() { return xk_emu::take_last_error(true); }
+inline cudaError_t cudaPeekAtLastError() { return xk_emu::take_last_error(false); }
+inline const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    default: return "unspecified launch failure";
+  }
+}
+template <typename... P>
+cudaError_t cudaFuncSetAttribute(void (*kernel)(P...), cudaFuncAttribute attr, int value) {
+  if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+    if (value < 0 || value > 227 * 1024) return cudaErrorInvalidValue;
+    xk_emu::set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), value);
+  }
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t = nullptr) {
+  std::memset(p, v, n);
+  return cudaSuccess;
+}
+
+// ---- synchronisation and warp intrinsics --------------------------------------------------
+inline void __syncthreads() { xk_emu::block_barrier(); }
+inline void __syncwarp(unsigned mask = 0xFFFFFFFFu) {
+  xk_emu::warp_collective(xk_emu::Op::kSyncWarp, mask, 0, 0, 32);
+}
+
+template <typename T>
+T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
+  return xk_emu::from_bits<T>(xk_emu::warp_collective(xk_emu::Op::kShflIdx, mask, xk_emu::to_bits(v), src, width));
+}
+template <typename T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+  return xk_emu::from_bits<T>(
+      xk_emu::warp_collective(xk_emu::Op::kShflXor, mask, xk_emu::to_bits(v), lane_mask, width));
+}
+template <typename T>
+T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+  return xk_emu::from_bits<T>(
+      xk_emu::warp_collective(xk_emu::Op::kShflDown, mask, xk_emu::to_bits(v), static_cast<int>(delta), width));
+}
+template <typename T>
+T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+  return xk_emu::from_bits<T>(
+      xk_emu::warp_collective(xk_emu::Op::kShflUp, mask, xk_emu::to_bits(v), static_cast<int>(delta), width));
+}
+inline unsigned __ballot_sync(unsigned mask, int pred) {
+  return static_cast<unsigned>(xk_emu::warp_collective(xk_emu::Op::kBallot, mask, pred != 0, 0, 32));
+}
+inline int __any_sync(unsigned mask, int pred) {
+  return static_cast<int>(xk_emu::warp_collective(xk_emu::Op::kAny, mask, pred != 0, 0, 32));
+}
+inline int __all_sync(unsigned mask, int pred) {
+  return static_cast<int>(xk_emu::warp_collective(xk_emu::Op::kAll, mask, pred != 0, 0, 32));
+}
+
+// ---- atomics (fibers never interleave inside one) -------------------------------------------
+template <typename T>
+T atomicAdd(T* p, T v) {
+  const T old = *p;
+  *p = old + v;
+  return old;
+}
+template <typename T>
+T atomicMax(T* p, T v) {
+  const T old = *p;
+  *p = old < v ? v : old;
+  return old;
+}
+template <typename T>
+T atomicMin(T* p, T v) {
+  const T old = *p;
+  *p = v < old ? v : old;
+  return old;
+}
+template <typename T>
+T atomicExch(T* p, T v) {
+  const T old = *p;
+  *p = v;
+  return old;
+}
+template <typename T>
+T atomicCAS(T* p, T compare, T v) {
+  const T old = *p;
+  if (old == compare) *p = v;
+  return old;
+}
+template <typename T>
+T atomicOr(T* p, T v) {
+  const T old = *p;
+  *p = old | v;
+  return old;
+}
+
+// ---- integer and float intrinsics ----------------------------------------------------------
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline int __ffsll(long long x) { return __builtin_ffsll(x); }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(static_cast<unsigned>(x)); }
+inline unsigned __float_as_uint(float x) { return xk_emu::from_bits<unsigned>(xk_emu::to_bits(x)); }
+inline float __uint_as_float(unsigned x) { return xk_emu::from_bits<float>(x); }
+inline int __float_as_int(float x) { return xk_emu::from_bits<int>(xk_emu::to_bits(x)); }
+inline float __int_as_float(int x) { return xk_emu::from_bits<float>(static_cast<uint32_t>(x)); }
+template <typename T>
+T __ldg(const T* p) {
+  return *p;
+}
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b) {
+  return static_cast<unsigned long long>((static_cast<unsigned __int128>(a) * b) >> 64);
+}
+inline unsigned __umulhi(unsigned a, unsigned b) {
+  return static_cast<unsigned>((static_cast<uint64_t>(a) * b) >> 32);
+}
+
+// ---- 16-bit floats --------------------------------------------------------------------------
+struct __nv_bfloat16 {
+  uint16_t bits;
+};
+struct __half {
+  uint16_t bits;
+};
+
+inline float __bfloat162float(__nv_bfloat16 x) { return __uint_as_float(static_cast<unsigned>(x.bits) << 16); }
+inline __nv_bfloat16 __float2bfloat16(float f) {  // round to nearest even, NaN kept quiet
+  const unsigned u = __float_as_uint(f);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return __nv_bfloat16{static_cast<uint16_t>((u >> 16) | 0x40u)};
+  return __nv_bfloat16{static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16)};
+}
+inline float __half2float(__half x) {
+  _Float16 h;
+  std::memcpy(&h, &x.bits, 2);
+  return static_cast<float>(h);
+}
+inline __half __float2half(float f) {
+  const _Float16 h = static_cast<_Float16>(f);
+  __half out;
+  std::memcpy(&out.bits, &h, 2);
+  return out;
+}

@@ -1,0 +1,80 @@
+"""ctypes bindings of the CUDA emulation library (build.sh): the real CUDA launchers, run on the
+CPU, called with torch CPU tensors. Each call raises EmuViolation if the kernels broke a CUDA
+rule the emulation checks, and returns what the kernels wrote."""
+import ctypes
+import os
+
+import torch
+
+LOGITS_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+WEIGHT_TYPES = {torch.float32: 0, torch.bfloat16: 1}
+REFINE_OPS = {"refine_step": 0, "jacobi_refine": 1, "sequential_refine": 2}
+
+
+class EmuViolation(AssertionError):
+    pass
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+def _ptr(t):
+    return None if t is None else ctypes.c_void_p(t.data_ptr())
+
+
+def _c(t):
+    return None if t is None else t.contiguous()
+
+
+def _inv_t(temperature):
+    return 0.0 if temperature == 0 else 1.0 / temperature
+
+
+class CudaEmu:
+    def __init__(self, path=None):
+        self.lib = ctypes.CDLL(path or os.environ["XK_CUDA_EMU_LIB"])
+        self.lib.xk_emu_chain_verify.restype = ctypes.c_int
+        self.lib.xk_emu_refine.restype = ctypes.c_int
+
+    def _check(self, rc, message):
+        text = message.value.decode()
+        if rc == -1:
+            raise EmuViolation(text)
+        if rc != 0:
+            raise LaunchError(f"launch failed with cudaError {rc}")
+
+    def chain_verify(self, drafts, logits, q=None, temperature=0.0, seed=0, offset=0, num_sms=4,
+                     seed_tensor=None, offset_tensor=None):
+        n, k1, v = logits.shape
+        drafts, logits, q = _c(drafts), _c(logits), _c(q)
+        accept_len = torch.empty(n, dtype=torch.int64)
+        out = torch.empty(n, k1, dtype=torch.int64)
+        msg = ctypes.create_string_buffer(1024)
+        rc = self.lib.xk_emu_chain_verify(
+            _ptr(logits), LOGITS_TYPES[logits.dtype], _ptr(drafts), _ptr(q), ctypes.c_int64(n), ctypes.c_int64(k1 - 1),
+            ctypes.c_int64(v), ctypes.c_float(_inv_t(temperature)), ctypes.c_uint64(seed % 2**64),
+            ctypes.c_uint64(offset % 2**64), _ptr(seed_tensor), _ptr(offset_tensor), ctypes.c_int(num_sms),
+            _ptr(accept_len), _ptr(out), msg, ctypes.c_size_t(len(msg)))
+        self._check(rc, msg)
+        return accept_len, out
+
+    def refine(self, op, ctx, tokens, base, weights, temperature=0.0, seed=0, offset=0, max_iters=0, num_sms=4):
+        n, b, r = ctx.shape
+        d, v = base.shape[1], base.shape[2]
+        h = weights.w_gate.shape[0]
+        w = [_c(x) for x in (weights.emb, weights.mix, weights.w_gate, weights.w_up, weights.w_down, weights.w_read)]
+        ctx, tokens, base = _c(ctx), _c(tokens), _c(base)
+        out_tokens = torch.empty(n, d, dtype=torch.int64)
+        out_logprobs = torch.empty(n, d, dtype=torch.float32)
+        iters = torch.empty(n, dtype=torch.int32)
+        msg = ctypes.create_string_buffer(1024)
+        i64 = ctypes.c_int64
+        rc = self.lib.xk_emu_refine(
+            ctypes.c_int(REFINE_OPS[op]), _ptr(ctx), _ptr(tokens), i64(tokens.shape[1]), _ptr(base),
+            LOGITS_TYPES[base.dtype], *[_ptr(x) for x in w], WEIGHT_TYPES[w[0].dtype], i64(n), i64(b), i64(d), i64(r),
+            i64(h), i64(v), ctypes.c_float(_inv_t(temperature)), ctypes.c_uint64(seed), ctypes.c_uint64(offset),
+            i64(max_iters), ctypes.c_int(num_sms), _ptr(out_tokens), _ptr(out_logprobs), _ptr(iters), msg,
+            ctypes.c_size_t(len(msg)))
+        self._check(rc, msg)
+        return out_tokens, out_logprobs, iters

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Runs the real CUDA kernels on the CPU under the emulation (cuda_emu.h), AddressSanitizer and
+# UndefinedBehaviorSanitizer, against the references. Uses the test environment of tests/env.sh.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../env.sh"
+cd "$XK_ROOT"
+XK_CUDA_EMU_LIB="$(bash tests/cuda_emu/build.sh)"
+export XK_CUDA_EMU_LIB
+ASAN_LIB="$("${CXX:-g++}" -print-file-name=libasan.so)"
+# Leak checking would report the Python interpreter's own allocations.
+LD_PRELOAD="$ASAN_LIB" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  "$XK_PY" -m pytest tests/cuda_emu "$@"

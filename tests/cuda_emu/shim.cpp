@@ -1,0 +1,122 @@
+// C entry points over the real CUDA launchers (csrc/cuda/*_launch.h) for ctypes. Every input
+// is copied into a "device" buffer of exactly its size (AddressSanitizer then flags any read or
+// write past it), outputs start as 0xA5 garbage unless the launcher's contract says the caller
+// zero-fills them, and what the kernels wrote is copied back.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "chain_verify_launch.h"
+#include "cuda_emu.h"
+#include "refine_launch.h"
+
+namespace {
+
+class Device {
+ public:
+  ~Device() {
+    for (void* p : owned_) std::free(p);
+  }
+  template <typename T = void>
+  T* alloc(size_t bytes, int fill) {
+    void* p = std::malloc(bytes ? bytes : 1);
+    std::memset(p, fill, bytes);
+    owned_.push_back(p);
+    return static_cast<T*>(p);
+  }
+  template <typename T>
+  const T* copy(const T* host, size_t bytes) {
+    if (!host) return nullptr;
+    T* d = alloc<T>(bytes, 0);
+    std::memcpy(d, host, bytes);
+    return d;
+  }
+
+ private:
+  std::vector<void*> owned_;
+};
+
+// The launch's result: its cudaError_t, or -1 with the emulation's violation in `message`.
+int finish(cudaError_t err, char* message, size_t message_len) {
+  const std::string v = xk_emu::take_violation();
+  const cudaError_t pending = cudaGetLastError();
+  if (err == cudaSuccess) err = pending;
+  std::snprintf(message, message_len, "%s", v.c_str());
+  if (!v.empty()) return -1;
+  return static_cast<int>(err);
+}
+
+size_t logits_bytes(int type) { return type == 0 ? 4 : 2; }
+
+}  // namespace
+
+extern "C" {
+
+int xk_emu_chain_verify(const void* logits, int logits_type, const int64_t* draft, const float* q, int64_t n,
+                        int64_t k, int64_t v, float inv_t, uint64_t seed, uint64_t offset, const int64_t* seed_tensor,
+                        const int64_t* offset_tensor, int num_sms, int64_t* accept_len, int64_t* out_tokens,
+                        char* message, size_t message_len) {
+  using namespace xkernels::cuda;
+  Device dev;
+  ChainVerifyParams p{};
+  p.logits = dev.copy(static_cast<const char*>(logits), n * (k + 1) * v * logits_bytes(logits_type));
+  p.dtype = static_cast<LogitsType>(logits_type);
+  p.draft = dev.copy(draft, sizeof(int64_t) * n * k);
+  p.q = dev.copy(q, sizeof(float) * n * k * v);
+  p.n = n, p.k = k, p.v = v, p.inv_t = inv_t, p.seed = seed, p.offset = offset;
+  p.seed_ptr = dev.copy(seed_tensor, sizeof(int64_t));
+  p.offset_ptr = dev.copy(offset_tensor, sizeof(int64_t));
+  p.accept_len = dev.alloc<int64_t>(sizeof(int64_t) * n, 0xA5);
+  p.out_tokens = dev.alloc<int64_t>(sizeof(int64_t) * n * (k + 1), 0xA5);
+  p.num_sms = num_sms;
+  void* workspace = dev.alloc(chain_verify_workspace_bytes(p), 0xA5);
+  const cudaError_t err = launch_chain_verify(p, workspace, nullptr);
+  std::memcpy(accept_len, p.accept_len, sizeof(int64_t) * n);
+  std::memcpy(out_tokens, p.out_tokens, sizeof(int64_t) * n * (k + 1));
+  return finish(err, message, message_len);
+}
+
+// op: 0 refine_step (tokens = prev_tokens [n, b]), 1 jacobi_refine, 2 sequential_refine
+// (tokens = prefix_tokens [n, f + 1]). Weights are float32 (weight_type 0) or bfloat16 (1).
+int xk_emu_refine(int op, const float* ctx, const int64_t* tokens, int64_t tokens_len, const void* base,
+                  int base_type, const void* emb, const void* mix, const void* w_gate, const void* w_up,
+                  const void* w_down, const void* w_read, int weight_type, int64_t n, int64_t b, int64_t d, int64_t r,
+                  int64_t h, int64_t v, float inv_t, uint64_t seed, uint64_t offset, int64_t max_iters, int num_sms,
+                  int64_t* out_tokens, float* out_logprobs, int32_t* out_iters, char* message, size_t message_len) {
+  using namespace xkernels::cuda;
+  Device dev;
+  const size_t wb = weight_type == 0 ? 4 : 2;
+  const int64_t f = b - d;
+  RefineParams p{};
+  p.ctx = dev.copy(ctx, sizeof(float) * n * b * r);
+  p.prefix = dev.copy(tokens, sizeof(int64_t) * n * tokens_len);
+  p.prefix_len = tokens_len;
+  p.base = dev.copy(static_cast<const char*>(base), n * d * v * logits_bytes(base_type));
+  p.base_type = static_cast<LogitsType>(base_type);
+  p.emb = dev.copy(static_cast<const char*>(emb), v * r * wb);
+  p.mix = dev.copy(static_cast<const char*>(mix), r * b * b * wb);
+  p.w_gate = dev.copy(static_cast<const char*>(w_gate), h * r * wb);
+  p.w_up = dev.copy(static_cast<const char*>(w_up), h * r * wb);
+  p.w_down = dev.copy(static_cast<const char*>(w_down), r * h * wb);
+  p.w_read = dev.copy(static_cast<const char*>(w_read), v * r * wb);
+  p.weight_type = static_cast<WeightType>(weight_type);
+  p.n = n, p.b = b, p.d = d, p.f = f, p.r = r, p.h = h, p.v = v;
+  p.inv_t = inv_t, p.seed = seed, p.offset = offset, p.num_sms = num_sms;
+  void* workspace = dev.alloc(refine_workspace_bytes(p), 0xA5);
+  // The callers zero-fill what the launchers' contracts say (csrc/cuda/refine.cpp).
+  int64_t* tok = dev.alloc<int64_t>(sizeof(int64_t) * n * d, op == 2 ? 0 : 0xA5);
+  float* lp = dev.alloc<float>(sizeof(float) * n * d, 0xA5);
+  int32_t* it = dev.alloc<int32_t>(sizeof(int32_t) * n, 0);
+  cudaError_t err = cudaErrorInvalidValue;
+  if (op == 0) err = launch_refine_step(p, workspace, tok, lp, nullptr);
+  if (op == 1) err = launch_jacobi_refine(p, max_iters, workspace, tok, lp, it, nullptr);
+  if (op == 2) err = launch_sequential_refine(p, workspace, tok, lp, nullptr);
+  std::memcpy(out_tokens, tok, sizeof(int64_t) * n * d);
+  std::memcpy(out_logprobs, lp, sizeof(float) * n * d);
+  if (out_iters) std::memcpy(out_iters, it, sizeof(int32_t) * n);
+  return finish(err, message, message_len);
+}
+
+}  // extern "C"

@@ -1,0 +1,52 @@
+"""chain_verify's CUDA kernels, run by the emulation, against the reference."""
+import pytest
+import torch
+
+from xkernels import reference
+from tests.test_chain_verify import make_case
+
+# (N, K, V): tails of the 4-id groups, one id, rows longer than 32 (two warp rounds of the walk),
+# many slices per row (num_sms), a batch over several warps of chain_walk.
+SHAPES = [(3, 5, 37), (2, 1, 1), (1, 40, 19), (9, 4, 1030), (33, 2, 65)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("temperature,with_q", [(0.0, False), (1.0, False), (1.0, True), (0.6, True)])
+@pytest.mark.parametrize("num_sms", [1, 64])
+def test_matches_reference(emu, shape, dtype, temperature, with_q, num_sms):
+    drafts, logits, q = make_case(*shape, dtype, with_q, seed=sum(shape))
+    for seed, offset in [(3, 1), (2**63 + 5, 2**40 + 1)]:
+        got = emu.chain_verify(drafts, logits, q, temperature, seed, offset, num_sms=num_sms)
+        want = reference.chain_verify(drafts, logits, q, temperature, seed, offset)
+        assert torch.equal(got[0], want[0])
+        assert torch.equal(got[1], want[1])
+
+
+def test_seed_and_offset_tensors(emu):
+    drafts, logits, q = make_case(4, 3, 50, torch.float32, True, seed=2)
+    got = emu.chain_verify(drafts, logits, q, 1.0, 0, 0, seed_tensor=torch.tensor([11]),
+                           offset_tensor=torch.tensor([4]))
+    want = reference.chain_verify(drafts, logits, q, 1.0, 11, 4)
+    assert torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_out_of_range_drafts_are_rejected_unread(emu, temperature):
+    drafts, logits, q = make_case(4, 3, 20, torch.float32, True, seed=3)
+    drafts[0, 0], drafts[1, 1], drafts[2, 2] = -1, 20, 2**40
+    accept_len, out = emu.chain_verify(drafts, logits, q, temperature)
+    assert accept_len[0] == 0 and accept_len[1] <= 1 and accept_len[2] <= 2
+    assert ((out >= -1) & (out < 20)).all()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_degenerate_rows(emu, temperature):
+    logits = torch.randn(3, 3, 9)
+    logits[0, 0] = float("-inf")
+    logits[1, 1, 4] = float("nan")
+    logits[2, 0, 2] = float("inf")
+    drafts = torch.tensor([[0, 1], [2, 4], [2, 3]])
+    got = emu.chain_verify(drafts, logits, None, temperature, 5, 1)
+    want = reference.chain_verify(drafts, logits, None, temperature, 5, 1)
+    assert torch.equal(got[1], want[1])

@@ -1,0 +1,48 @@
+"""The emulation itself: it runs correct CUDA code and reports each rule a kernel breaks."""
+import ctypes
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def run_case(emu, which):
+    msg = ctypes.create_string_buffer(1024)
+    result = ctypes.c_float()
+    rc = emu.lib.xk_emu_selftest(ctypes.c_int(which), ctypes.byref(result), msg, ctypes.c_size_t(len(msg)))
+    return rc, msg.value.decode(), result.value
+
+
+def test_correct_kernel_runs(emu):
+    rc, msg, result = run_case(emu, 0)
+    assert (rc, msg) == (0, "")
+    assert result == sum(range(64))
+
+
+@pytest.mark.parametrize("which,expected", [
+    (1, "exited"),
+    (2, "exited"),
+    (3, "leaves out the calling lane"),
+    (4, "meets"),
+    (5, "__syncthreads"),
+    (6, "not in mask"),
+    (7, "without the opt-in"),
+    (9, "empty grid"),
+    (10, "block of 2048 threads"),
+])
+def test_violation_is_reported(emu, which, expected):
+    rc, msg, _ = run_case(emu, which)
+    assert rc == -1 and expected in msg, msg
+
+
+def test_opt_in_allows_big_dynamic_shared_memory(emu):
+    assert run_case(emu, 8)[:2] == (0, "")
+
+
+def test_out_of_bounds_read_is_caught():
+    code = ("import ctypes, os; lib = ctypes.CDLL(os.environ['XK_CUDA_EMU_LIB']); "
+            "lib.xk_emu_selftest(11, None, ctypes.create_string_buffer(8), 8)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ))
+    assert proc.returncode != 0
+    assert "heap-buffer-overflow" in proc.stderr

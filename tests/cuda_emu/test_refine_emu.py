@@ -1,0 +1,55 @@
+"""The refine ops' CUDA kernels, run by the emulation, against the references."""
+import pytest
+import torch
+
+from xkernels import reference
+from tests.test_refine import TOL, assert_same_tokens, make_case
+
+# (N, B, D, V, r, H): vocabulary tails, one drafted slot, F = 0, rows over several row groups,
+# ranks that are and are not multiples of the tensor-core tile.
+SHAPES = [(3, 6, 5, 77, 16, 32), (2, 4, 4, 40, 32, 24), (1, 3, 1, 19, 8, 16), (5, 5, 4, 130, 24, 40)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("logits_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_refine_step(emu, shape, logits_dtype, weight_dtype, temperature):
+    ctx, prev, base, weights = make_case(*shape, logits_dtype, weight_dtype, seed=sum(shape))
+    tokens, logprobs, _ = emu.refine("refine_step", ctx, prev, base, weights, temperature, 5, 2)
+    want_tokens, want_logprobs = reference.refine_step(ctx, prev, base, weights, temperature, 5, 2)
+    _, scores = reference.perturbed_scores(reference.refine_logits(ctx, prev, base, weights), temperature, 5, 2)
+    assert_same_tokens(tokens, want_tokens, scores, max(TOL[logits_dtype], TOL[weight_dtype]))
+    same = tokens == want_tokens
+    torch.testing.assert_close(logprobs[same], want_logprobs[same], atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("num_sms", [1, 16])
+def test_jacobi_and_sequential(emu, temperature, num_sms):
+    n, b, d, v, r, h = 4, 7, 6, 90, 16, 32
+    ctx, prev, base, weights = make_case(n, b, d, v, r, h, seed=3)
+    prefix = prev[:, : b - d + 1]
+    seq = emu.refine("sequential_refine", ctx, prefix, base, weights, temperature, 9, num_sms=num_sms)
+    want = reference.sequential_refine(ctx, prefix, base, weights, temperature, 9)
+    assert torch.equal(seq[0], want[0])
+    torch.testing.assert_close(seq[1], want[1], atol=1e-4, rtol=1e-4)
+    for passes in [0, 1, 2, d, d + 3]:
+        got = emu.refine("jacobi_refine", ctx, prefix, base, weights, temperature, 9, max_iters=passes,
+                         num_sms=num_sms)
+        ref = reference.jacobi_refine(ctx, prefix, base, weights, passes, temperature, 9)
+        assert torch.equal(got[0], ref[0]) and torch.equal(got[2], ref[2])
+        torch.testing.assert_close(got[1], ref[1], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_out_of_range_tokens_read_a_zero_row(emu, temperature):
+    ctx, prev, base, weights = make_case(2, 4, 3, 30, 8, 16, seed=4)
+    prev[0, 1], prev[1, 0] = -5, 30
+    tokens, logprobs, _ = emu.refine("refine_step", ctx, prev, base, weights, temperature, 1)
+    zero_row = weights._replace(emb=torch.cat([weights.emb, torch.zeros(1, 8)]),
+                                w_read=torch.cat([weights.w_read, torch.zeros(1, 8)]))
+    clamped = torch.where((prev < 0) | (prev >= 30), 30, prev)
+    want = reference.refine_step(ctx, clamped, torch.cat([base, torch.full((2, 3, 1), -torch.inf)], -1), zero_row,
+                                 temperature, 1)
+    assert torch.equal(tokens, want[0])
