@@ -94,7 +94,7 @@ void read_and_sample(const std::vector<ReadRow<T>>& rows, const at::Tensor& z, c
   for (int64_t m = 0; m < m_rows; ++m) {
     SampledRow r = sampled_empty();
     for (int64_t c = 0; c < chunks; ++c) r = sampled_merge(r, partial[m * chunks + c]);
-    tokens[m] = r.pick.idx == kNoIndex ? 0 : r.pick.idx;
+    tokens[m] = sampled_token(r);
     logprobs[m] = sampled_logprob(r);
   }
 }

@@ -53,6 +53,7 @@ Prepared prepare(const at::Tensor& ctx, const at::Tensor& tokens, const char* to
   p.inv_t = temperature == 0.0 ? 0.0f : static_cast<float>(1.0 / temperature);
   p.seed = rng.seed, p.offset = rng.offset, p.seed_ptr = rng.seed_ptr, p.offset_ptr = rng.offset_ptr;
   p.num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  p.cc_major = at::cuda::getCurrentDeviceProperties()->major;
   out.workspace = at::empty({static_cast<int64_t>(cuda::refine_workspace_bytes(p))}, ctx.options().dtype(at::kByte));
   return out;
 }

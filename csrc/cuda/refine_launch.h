@@ -31,6 +31,7 @@ struct RefineParams {
   const int64_t* seed_ptr;
   const int64_t* offset_ptr;
   int num_sms;
+  int cc_major;  // the device's compute capability: tensor-core reads need 8 or more
 };
 
 size_t refine_workspace_bytes(const RefineParams& p);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #define XK_ASAN 1
 #else
@@ -254,6 +255,8 @@ const Coords& coords() {
   return e.current->coords;
 }
 
+void report(const std::string& what) { fail(where(*emu().current) + ": " + what); }
+
 void* dynamic_smem_base() { return emu().smem.empty() ? nullptr : emu().smem.data(); }
 
 uint64_t warp_collective(Op op, unsigned mask, uint64_t value, int arg, int width) {
@@ -374,7 +377,11 @@ void run_grid(dim3 grid, dim3 block, size_t smem, void (*body)(void*), void* arg
           }
         }
         if (!e.violation.empty()) {
-          // The fibers that were stopped mid-kernel are dropped (kernels keep no resources on their stacks).
+          // The fibers that were stopped mid-kernel are dropped (kernels keep no resources on their
+          // stacks); their frames' redzones are cleared so the stacks can be used again.
+#if XK_ASAN
+          for (Fiber& f : e.fibers) __asan_unpoison_memory_region(f.stack.get(), kStackBytes);
+#endif
           if (e.first_violation.empty()) e.first_violation = e.violation;
           e.violation.clear();
           e.last_error = cudaErrorLaunchFailure;

@@ -34,7 +34,7 @@
 // Shared memory is per block; blocks run one at a time, so a function-local static is exactly
 // one block's copy. Dynamic shared memory is rewritten by translate.py to xk_emu::dynamic_smem.
 #define __shared__ static
-#define __align__(n) alignas(n)
+#define __align__(n) __attribute__((aligned(n)))
 
 // ---- runtime types ------------------------------------------------------------------------
 struct dim3 {

@@ -103,7 +103,7 @@ int xk_emu_refine(int op, const float* ctx, const int64_t* tokens, int64_t token
   p.w_read = dev.copy(static_cast<const char*>(w_read), v * r * wb);
   p.weight_type = static_cast<WeightType>(weight_type);
   p.n = n, p.b = b, p.d = d, p.f = f, p.r = r, p.h = h, p.v = v;
-  p.inv_t = inv_t, p.seed = seed, p.offset = offset, p.num_sms = num_sms;
+  p.inv_t = inv_t, p.seed = seed, p.offset = offset, p.num_sms = num_sms, p.cc_major = 9;
   void* workspace = dev.alloc(refine_workspace_bytes(p), 0xA5);
   // The callers zero-fill what the launchers' contracts say (csrc/cuda/refine.cpp).
   int64_t* tok = dev.alloc<int64_t>(sizeof(int64_t) * n * d, op == 2 ? 0 : 0xA5);

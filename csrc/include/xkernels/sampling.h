@@ -174,6 +174,13 @@ XK_HD SampledRow sampled_merge(const SampledRow& x, const SampledRow& y) {
   return SampledRow{take_y ? y.pick : x.pick, take_y ? y.pick_a : x.pick_a, stats_merge(x.stats, y.stats)};
 }
 
+// The token of a merged row: the perturbed argmax, or the row's argmax when the row has no
+// softmax (a NaN, a +inf, or all -inf: a point mass at its torch.argmax whatever the noise).
+XK_HD int32_t sampled_token(const SampledRow& r) {
+  const int32_t idx = stats_degenerate(r.stats) ? r.stats.top.idx : r.pick.idx;
+  return idx == kNoIndex ? 0 : idx;
+}
+
 // log_softmax(a)[pick]; NaN when the row has no softmax.
 XK_HD float sampled_logprob(const SampledRow& r) {
   return stats_degenerate(r.stats) ? __builtin_nanf("") : r.pick_a - r.stats.top.val - log_f32(r.stats.sum);
