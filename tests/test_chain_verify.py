@@ -3,7 +3,7 @@ import torch
 
 import xkernels
 from xkernels import reference
-from tests.utils import DEVICES, LOGIT_DTYPES, chi_squared_pvalue
+from tests.utils import DEVICES, LOGIT_DTYPES, assert_chains_agree, chi_squared_pvalue
 
 SHAPES = [(5, 16, 1000), (4, 3, 33), (3, 1, 7), (6, 4, 151), (2, 0, 9), (0, 4, 11)]
 
@@ -126,7 +126,9 @@ def test_bad_inputs_name_the_argument():
         (dict(target_logits=logits.double()), "target_logits must be float32"),
         (dict(draft_probs=q[:, :2]), "draft_probs must have shape"),
         (dict(draft_probs=q.half()), "draft_probs must be float32"),
-        (dict(temperature=-1.0), "temperature"),
+        (dict(temperature=-1.0), "temperature must be finite and >= 0"),
+        (dict(temperature=float("inf")), "temperature must be finite and >= 0"),
+        (dict(temperature=float("nan")), "temperature must be finite and >= 0"),
         (dict(draft_tokens=drafts + 10), "outside"),
         (dict(draft_tokens=drafts - 20), "outside"),
         (dict(seed=torch.tensor([1, 2])), "seed"),
@@ -177,7 +179,7 @@ def test_cpu_and_cuda_agree(dtype, temperature, with_q):
     cpu = xkernels.chain_verify(drafts, logits, draft_probs=q, temperature=temperature, seed=1, offset=2)
     gpu = xkernels.chain_verify(*to("cuda", drafts, logits), draft_probs=None if q is None else q.cuda(),
                                 temperature=temperature, seed=1, offset=2)
-    assert torch.equal(cpu[0], gpu[0].cpu()) and torch.equal(cpu[1], gpu[1].cpu())
+    assert_chains_agree(gpu, cpu, drafts, logits, q, temperature, 1, 2)
 
 
 @pytest.mark.needs_cuda
@@ -269,3 +271,24 @@ def broken_verify(drafts, logits, q):
 def test_lossless_test_catches_a_wrong_residual(with_q):
     counts, expected = emitted_pair_counts(broken_verify, with_q, seed=17)
     assert chi_squared_pvalue(counts, expected) < 1e-6
+
+
+def test_a_temperature_whose_reciprocal_overflows_is_greedy():
+    drafts, logits, q = make_case(8, 4, 60, torch.float32, True, seed=5)
+    for tiny in [1e-39, 5e-324]:
+        got = xkernels.chain_verify(drafts, logits, draft_probs=q, temperature=tiny, seed=1)
+        greedy = xkernels.chain_verify(drafts, logits, draft_probs=q)
+        assert torch.equal(got[1], greedy[1])
+        assert torch.equal(reference.chain_verify(drafts, logits, q, tiny, 1)[1], greedy[1])
+
+
+def test_rounding_tolerant_agreement_catches_a_real_difference():
+    """assert_chains_agree (the CPU-vs-CUDA comparison) accepts identical results and rejects a
+    changed token where the decision is not close."""
+    drafts, logits, q = make_case(16, 4, 50, torch.float32, True, seed=7)
+    want = reference.chain_verify(drafts, logits, q, 1.0, 1, 2)
+    assert_chains_agree(want, want, drafts, logits, q, 1.0, 1, 2)
+    wrong = want[1].clone()
+    wrong[3, 0] = (wrong[3, 0] + 1) % 50
+    with pytest.raises(AssertionError, match="sequence 3 differs"):
+        assert_chains_agree((want[0], wrong), want, drafts, logits, q, 1.0, 1, 2)

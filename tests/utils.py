@@ -14,3 +14,29 @@ def chi_squared_pvalue(counts: torch.Tensor, expected_probs: torch.Tensor) -> fl
     keep = probs > 0
     expected = probs[keep] / probs[keep].sum() * counts.sum()
     return float(scipy.stats.chisquare(counts[keep].numpy(), expected.numpy()).pvalue)
+
+
+def assert_chains_agree(got, want, drafts, logits, q, temperature, seed, offset, tol=1e-4):
+    """chain_verify results of two devices: identical, except sequences whose first difference
+    sits where the decision is within rounding (float64 recomputation): an acceptance test with
+    u * q(x) within tol of p(x), or a sampled row whose best two perturbed scores are within tol."""
+    from xkernels import reference
+
+    got = [t.cpu() for t in got]
+    n, k1, v = logits.shape
+    coins = reference.acceptance_coins(seed, offset, n, k1).double()
+    inv_t = reference.inverse_temperature(temperature)
+    for s in (got[1] != want[1]).any(-1).nonzero().flatten().tolist():
+        i = int((got[1][s] != want[1][s]).nonzero()[0])
+        a = logits[s, i].double() * (inv_t if inv_t else 1.0)
+        p = a.softmax(-1)
+        near = False
+        if i < k1 - 1 and inv_t:  # the acceptance of draft i
+            x = int(drafts[s, i])
+            rhs = coins[s, i] * (q[s, i, x].double() if q is not None else 1.0)
+            near = abs(float(rhs - p[x])) <= tol
+        if not near:  # the sampled (or greedy) token at row i
+            score = a if not inv_t else a + reference.gumbel_noise(seed, offset, s, i, v).double()
+            top2 = score.topk(2).values
+            near = float(top2[0] - top2[1]) <= tol * max(1.0, float(top2[0].abs()))
+        assert near, f"sequence {s} differs at row {i} where the decision is not within rounding"

@@ -5,6 +5,7 @@ in csrc/include/xkernels/philox.h), so at temperature > 0 they draw the same
 tokens as the kernels for the same (seed, offset).
 """
 
+import math
 from typing import Optional, Tuple
 
 import torch
@@ -69,6 +70,18 @@ def _as_int(value) -> int:
     return int(value.item()) if isinstance(value, torch.Tensor) else int(value)
 
 
+def inverse_temperature(temperature: float) -> float:
+    """The float32 reciprocal 1 / T the kernels scale logits by, or 0.0 for greedy decoding:
+    T must be finite and >= 0; T = 0, and a T > 0 whose reciprocal overflows float32 (below
+    about 2.9e-39, the T -> 0 limit), are greedy."""
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
+    if temperature == 0:
+        return 0.0
+    inv = float(torch.tensor(1.0 / temperature, dtype=torch.float32))
+    return inv if math.isfinite(inv) else 0.0
+
+
 def chain_verify(
     draft_tokens: torch.Tensor,
     target_logits: torch.Tensor,
@@ -83,14 +96,15 @@ def chain_verify(
     device = target_logits.device
     if draft_tokens.numel() and not ((draft_tokens >= 0) & (draft_tokens < vocab)).all():
         raise ValueError(f"draft_tokens holds ids outside [0, {vocab})")
-    greedy = temperature == 0
+    inv_t = inverse_temperature(temperature)
+    greedy = inv_t == 0
     seed, offset = _as_int(seed), _as_int(offset)
     logits = target_logits.detach().cpu().float()
     draft = draft_tokens.detach().cpu()
     q = None if draft_probs is None else draft_probs.detach().cpu().float()
 
     # Scaled logits a = logits / T (as a product by the float32 reciprocal, like the kernels).
-    a = logits if greedy else logits * float(torch.tensor(1.0 / temperature, dtype=torch.float32))
+    a = logits if greedy else logits * inv_t
     top = a.argmax(-1)  # [n, k+1]; NaN first, ties to the lowest index
     row_max = a.amax(-1) if vocab else torch.zeros(n, k + 1)
     # A row without a softmax (NaN, +inf, or all -inf) is a point mass at its argmax.
@@ -146,9 +160,10 @@ def perturbed_scores(logits: torch.Tensor, temperature: float, seed: int, offset
     keyed by (sequence n, drafted slot d, id v) (score = a at T = 0)."""
     n, d, v = logits.shape
     a = logits.float()
-    if temperature == 0:
+    inv_t = inverse_temperature(temperature)
+    if inv_t == 0:
         return a, a
-    a = a * float(torch.tensor(1.0 / temperature, dtype=torch.float32))
+    a = a * inv_t
     if n * d == 0:
         return a, a
     noise = torch.stack([torch.stack([gumbel_noise(seed, offset, i, j, v) for j in range(d)]) for i in range(n)])

@@ -84,7 +84,7 @@ std::tuple<at::Tensor, at::Tensor> chain_verify_cpu(const at::Tensor& draft_toke
   const auto shape = check_chain_verify(draft_tokens, target_logits, draft_probs, temperature);
   check_token_ids(draft_tokens, shape.v, "draft_tokens");
   const RngArgs rng = rng_args(seed, offset, seed_tensor, offset_tensor, target_logits.device());
-  const ChainArgs c{shape.k, shape.v, temperature == 0.0 ? 0.0f : static_cast<float>(1.0 / temperature),
+  const ChainArgs c{shape.k, shape.v, inverse_temperature(temperature),
                     rng.seed_ptr ? static_cast<uint64_t>(*rng.seed_ptr) : rng.seed,
                     rng.offset_ptr ? static_cast<uint64_t>(*rng.offset_ptr) : rng.offset};
 

@@ -113,7 +113,7 @@ Call prepare(const at::Tensor& ctx, const at::Tensor& tokens, const char* tokens
                               w_down, w_read, temperature);
   check_token_ids(tokens, s.v, tokens_name);
   const RngArgs a = rng_args(seed, offset, seed_tensor, offset_tensor, ctx.device());
-  const Rng rng{temperature == 0.0 ? 0.0f : static_cast<float>(1.0 / temperature),
+  const Rng rng{inverse_temperature(temperature),
                 a.seed_ptr ? static_cast<uint64_t>(*a.seed_ptr) : a.seed,
                 a.offset_ptr ? static_cast<uint64_t>(*a.offset_ptr) : a.offset};
   return Call{s, rng, Weights{emb, mix, w_gate, w_up, w_down, w_read.contiguous()}, base_logits.contiguous()};

@@ -43,7 +43,7 @@ std::tuple<at::Tensor, at::Tensor> chain_verify_cuda(const at::Tensor& draft_tok
   p.draft = draft.const_data_ptr<int64_t>();
   p.q = q.defined() ? q.const_data_ptr<float>() : nullptr;
   p.n = shape.n, p.k = shape.k, p.v = shape.v;
-  p.inv_t = temperature == 0.0 ? 0.0f : static_cast<float>(1.0 / temperature);
+  p.inv_t = inverse_temperature(temperature);
   p.seed = rng.seed, p.offset = rng.offset;
   p.seed_ptr = rng.seed_ptr, p.offset_ptr = rng.offset_ptr;
   p.accept_len = accept_len.mutable_data_ptr<int64_t>();

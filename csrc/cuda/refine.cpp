@@ -50,7 +50,7 @@ Prepared prepare(const at::Tensor& ctx, const at::Tensor& tokens, const char* to
   p.w_down = keep(w_down), p.w_read = keep(w_read);
   p.weight_type = w_read.scalar_type() == at::kFloat ? cuda::WeightType::kFloat32 : cuda::WeightType::kBFloat16;
   p.n = s.n, p.b = s.b, p.d = s.d, p.f = s.f, p.r = s.r, p.h = s.h, p.v = s.v;
-  p.inv_t = temperature == 0.0 ? 0.0f : static_cast<float>(1.0 / temperature);
+  p.inv_t = inverse_temperature(temperature);
   p.seed = rng.seed, p.offset = rng.offset, p.seed_ptr = rng.seed_ptr, p.offset_ptr = rng.offset_ptr;
   p.num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   p.cc_major = at::cuda::getCurrentDeviceProperties()->major;

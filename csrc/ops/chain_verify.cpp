@@ -37,7 +37,7 @@ ChainVerifyShape check_chain_verify(const at::Tensor& draft_tokens, const at::Te
   TORCH_CHECK(v < std::numeric_limits<int32_t>::max(), "target_logits vocabulary V=", v, " is too large (V < 2^31)");
   TORCH_CHECK(draft_tokens.device() == target_logits.device(), "draft_tokens must be on ", target_logits.device(),
               " like target_logits, got ", draft_tokens.device());
-  TORCH_CHECK(temperature >= 0.0 && temperature == temperature, "temperature must be >= 0, got ", temperature);
+  inverse_temperature(temperature);  // checks the range
   if (draft_probs.has_value()) {
     const auto& q = *draft_probs;
     TORCH_CHECK(q.scalar_type() == at::kFloat, "draft_probs must be float32, got ", q.scalar_type());

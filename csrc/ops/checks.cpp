@@ -6,6 +6,7 @@
 #include <ATen/ops/lt.h>
 #include <c10/util/Exception.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -32,6 +33,14 @@ RngArgs rng_args(int64_t seed, int64_t offset, const std::optional<at::Tensor>& 
                  const std::optional<at::Tensor>& offset_tensor, const at::Device& device) {
   return RngArgs{static_cast<uint64_t>(seed), static_cast<uint64_t>(offset),
                  rng_tensor_ptr(seed_tensor, "seed", device), rng_tensor_ptr(offset_tensor, "offset", device)};
+}
+
+float inverse_temperature(double temperature) {
+  TORCH_CHECK(std::isfinite(temperature) && temperature >= 0.0, "temperature must be finite and >= 0, got ",
+              temperature);
+  if (temperature == 0.0) return 0.0f;
+  const float inv = static_cast<float>(1.0 / temperature);
+  return std::isfinite(inv) ? inv : 0.0f;
 }
 
 void check_token_ids(const at::Tensor& tokens, int64_t vocab, const char* name) {

@@ -52,6 +52,11 @@ RefineShape check_refine(const at::Tensor& ctx, const at::Tensor& tokens, const 
                          const at::Tensor& mix, const at::Tensor& w_gate, const at::Tensor& w_up,
                          const at::Tensor& w_down, const at::Tensor& w_read, double temperature);
 
+// The float32 reciprocal of the temperature that the kernels scale logits by, or 0 for greedy.
+// Raises unless temperature is finite and >= 0. A positive temperature whose reciprocal
+// overflows float32 (below about 2.9e-39) is greedy too: the limit of sampling as T -> 0.
+float inverse_temperature(double temperature);
+
 // Raises if any id of `tokens` lies outside [0, vocab) (reads the values).
 void check_token_ids(const at::Tensor& tokens, int64_t vocab, const char* name);
 

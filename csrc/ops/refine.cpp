@@ -101,7 +101,7 @@ RefineShape check_refine(const at::Tensor& ctx, const at::Tensor& tokens, const 
               tokens.sizes());
   TORCH_CHECK(tokens.scalar_type() == at::kLong, tokens_name, " must be int64, got ", tokens.scalar_type());
   TORCH_CHECK(tokens.device() == device, tokens_name, " must be on ", device, " like ctx, got ", tokens.device());
-  TORCH_CHECK(temperature >= 0.0 && temperature == temperature, "temperature must be >= 0, got ", temperature);
+  inverse_temperature(temperature);  // checks the range
   return s;
 }
 
