@@ -46,11 +46,11 @@ __device__ __forceinline__ void load_group(const T* row, int64_t g, int64_t v, b
 }
 
 struct SliceRange {
-  int64_t begin, end;  // in groups of 4 ids
+  int64_t begin, end;  // in chunks of `width` ids
 };
 
-__device__ __forceinline__ SliceRange slice_range(int64_t v, int slices, int slice) {
-  const int64_t groups = (v + 3) / 4;
+__device__ __forceinline__ SliceRange slice_range(int64_t v, int width, int slices, int slice) {
+  const int64_t groups = (v + width - 1) / width;
   const int64_t per = (groups + slices - 1) / slices;
   const int64_t begin = per * slice;
   return SliceRange{begin, begin + per < groups ? begin + per : groups};
@@ -64,8 +64,28 @@ struct Workspace {
   int row_slice_count, sample_slice_count;
 };
 
+// Loads ids kIds*c .. kIds*c + kIds-1 of a row (16 bytes), scaled; ids past the end read as -inf.
+template <typename T, int kIds>
+__device__ __forceinline__ void load_chunk(const T* row, int64_t c, int64_t v, bool vector_ok, float scale,
+                                           float out[kIds]) {
+  const int64_t base = kIds * c;
+  if (vector_ok && base + kIds <= v) {
+    const uint4 x = *reinterpret_cast<const uint4*>(row + base);
+    const T* e = reinterpret_cast<const T*>(&x);
+#pragma unroll
+    for (int j = 0; j < kIds; ++j) out[j] = to_float(e[j]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kIds; ++j) out[j] = base + j < v ? to_float(row[base + j]) : kNegInf;
+  }
+#pragma unroll
+  for (int j = 0; j < kIds; ++j) out[j] *= scale;
+}
+
+// Every verification row, split in row_slice_count slices; 16-byte loads, four in flight a thread.
 template <typename T, bool kGreedy>
 __global__ void __launch_bounds__(kThreads) row_stats_kernel(ChainVerifyParams p, Workspace w, bool vector_ok) {
+  constexpr int kIds = 16 / sizeof(T);
   const int64_t rows_per_seq = p.k + 1;
   const int64_t row = blockIdx.x / w.row_slice_count;  // n * (k+1) + i
   const int slice = static_cast<int>(blockIdx.x % w.row_slice_count);
@@ -75,13 +95,14 @@ __global__ void __launch_bounds__(kThreads) row_stats_kernel(ChainVerifyParams p
   const float scale = kGreedy ? 1.0f : p.inv_t;
 
   RowStats s = stats_empty();
-  const SliceRange range = slice_range(p.v, w.row_slice_count, slice);
-  for (int64_t g = range.begin + threadIdx.x; g < range.end; g += kThreads) {
-    float a[4];
-    load_group(logits, g, p.v, vector_ok, scale, a);
+  const SliceRange range = slice_range(p.v, kIds, w.row_slice_count, slice);
+#pragma unroll 4
+  for (int64_t c = range.begin + threadIdx.x; c < range.end; c += kThreads) {
+    float a[kIds];
+    load_chunk<T, kIds>(logits, c, p.v, vector_ok, scale, a);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int32_t id = static_cast<int32_t>(4 * g + j);
+    for (int j = 0; j < kIds; ++j) {
+      const int32_t id = static_cast<int32_t>(kIds * c + j);
       if constexpr (kGreedy) {
         argmax_observe(s.top, a[j], id);
       } else {
@@ -155,7 +176,7 @@ __global__ void __launch_bounds__(kThreads) sample_slices_kernel(ChainVerifyPara
   const float* q = job.mode == kSampleResidual ? p.q + (n * p.k + job.row) * p.v : nullptr;
 
   ArgMax best = argmax_empty();
-  const SliceRange range = slice_range(p.v, w.sample_slice_count, slice);
+  const SliceRange range = slice_range(p.v, 4, w.sample_slice_count, slice);
   for (int64_t g = range.begin + threadIdx.x; g < range.end; g += kThreads) {
     float a[4], qg[4];
     load_group(logits, g, p.v, vector_ok, p.inv_t, a);
@@ -179,9 +200,10 @@ __global__ void __launch_bounds__(kThreads) sample_finish_kernel(ChainVerifyPara
   if (lane == 0) p.out_tokens[n * (p.k + 1) + job.row] = sample_result(job, best);
 }
 
-// Slices per row so that the grid covers the GPU a few times over.
+// Slices per row so that the grid is about 8 waves of 8 resident blocks an SM: the last, partial
+// wave then costs at most an eighth (one wave of whole rows left a tail as long as the rest).
 int slice_count(int64_t rows, int64_t v, int num_sms) {
-  const int64_t want = (4 * static_cast<int64_t>(num_sms) + rows - 1) / rows;
+  const int64_t want = (64 * static_cast<int64_t>(num_sms) + rows - 1) / rows;
   const int64_t most = ((v + 3) / 4 + kMinSliceGroups - 1) / kMinSliceGroups;
   int64_t s = want < most ? want : most;
   s = s < kMaxSlices ? s : kMaxSlices;
@@ -208,7 +230,8 @@ Layout layout(const ChainVerifyParams& p) {
 
 template <typename T>
 cudaError_t launch_typed(const ChainVerifyParams& p, const Workspace& w, cudaStream_t stream) {
-  const bool vector_ok = p.v % 4 == 0 && reinterpret_cast<uintptr_t>(p.logits) % (4 * sizeof(T)) == 0 &&
+  // 16-byte row loads need every row start 16-byte aligned (row_stats); sample_slices loads 4 ids.
+  const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && reinterpret_cast<uintptr_t>(p.logits) % 16 == 0 &&
                          (p.q == nullptr || reinterpret_cast<uintptr_t>(p.q) % 16 == 0);
   const bool greedy = p.inv_t == 0.0f;
   const int64_t row_blocks = p.n * (p.k + 1) * w.row_slice_count;

@@ -1,5 +1,5 @@
 // C entry points over the real CUDA launchers (csrc/cuda/*_launch.h) for ctypes. Every input
-// is copied into a "device" buffer of exactly its size (AddressSanitizer then flags any read or
+// is copied into a "device" buffer of exactly its size, aligned like cudaMalloc's (AddressSanitizer then flags any read or
 // write past it), outputs start as 0xA5 garbage unless the launcher's contract says the caller
 // zero-fills them, and what the kernels wrote is copied back.
 #include <cstdio>
@@ -21,7 +21,8 @@ class Device {
   }
   template <typename T = void>
   T* alloc(size_t bytes, int fill) {
-    void* p = std::malloc(bytes ? bytes : 1);
+    void* p = nullptr;  // 256-byte aligned like cudaMalloc; exactly `bytes` addressable
+    if (posix_memalign(&p, 256, bytes ? bytes : 1) != 0) std::abort();
     std::memset(p, fill, bytes);
     owned_.push_back(p);
     return static_cast<T*>(p);

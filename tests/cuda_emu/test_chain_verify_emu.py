@@ -5,9 +5,10 @@ import torch
 from xkernels import reference
 from tests.test_chain_verify import make_case
 
-# (N, K, V): tails of the 4-id groups, one id, rows longer than 32 (two warp rounds of the walk),
-# many slices per row (num_sms), a batch over several warps of chain_walk.
-SHAPES = [(3, 5, 37), (2, 1, 1), (1, 40, 19), (9, 4, 1030), (33, 2, 65)]
+# (N, K, V): tails of the 16-byte chunks, one id, rows longer than 32 (two warp rounds of the walk),
+# many slices per row (num_sms), a batch over several warps of chain_walk, and vocabularies whose
+# rows take the 16-byte vector loads (V a multiple of 8).
+SHAPES = [(3, 5, 37), (2, 1, 1), (1, 40, 19), (9, 4, 1030), (33, 2, 65), (3, 2, 1024), (2, 3, 72)]
 
 
 @pytest.mark.parametrize("shape", SHAPES)
