@@ -17,6 +17,10 @@ import xkernels
 
 PEAK_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12, "B200": 8.0e12, "A100": 2.0e12}
 
+# The design estimates of bench/floors.md (H200, microseconds), printed beside each measurement.
+ESTIMATE_US = {("chain_verify", 0.0, False): 80, ("chain_verify", 1.0, False): 88, ("chain_verify", 1.0, True): 97,
+               ("refine_step", 1): 32, ("refine_step", 8): 35, ("refine_step", 32): 110}
+
 
 def peak_bandwidth():
     name = torch.cuda.get_device_name()
@@ -97,6 +101,8 @@ def bench_chain_verify(results, peak):
                    draft_probs=with_q, mean_accept_len=round(accept_len.float().mean().item(), 2),
                    us=round(ours, 1), eager_us=round(eager, 1), speedup_vs_eager=round(eager / ours, 2),
                    cupy_us=None if cupy_us is None else round(cupy_us, 1), bytes_read=read,
+                   floor_us=None if peak is None else round(read / peak * 1e6, 1),
+                   h200_estimate_us=ESTIMATE_US[("chain_verify", temperature, with_q)],
                    bandwidth_fraction=None if peak is None else round(read / (ours * 1e-6) / peak, 3))
         results.append(row)
         print(json.dumps(row), flush=True)
@@ -137,6 +143,7 @@ def bench_refine(results, peak):
         floor_bytes = v * r * 2 + n * (b - 1) * v * 2  # w_read once, the base logits once
         row = dict(op="refine_step / jacobi_refine", shape=f"N={n} B={b} V={v} r={r} bf16", pass_us=round(step, 1),
                    pass_floor_us=None if peak is None else round(floor_bytes / peak * 1e6, 1),
+                   pass_h200_estimate_us=ESTIMATE_US[("refine_step", n)],
                    pass_bandwidth_fraction=None if peak is None else round(floor_bytes / (step * 1e-6) / peak, 3),
                    jacobi4_us=round(jacobi, 1), jacobi4_mean_passes=round(iters.float().mean().item(), 2),
                    sequential15_us=round(sequential, 1), eager_reference_pass_us=round(eager, 1),
@@ -158,7 +165,7 @@ def sanitize_cases():
                     logits[0, 0] = float("nan")
                     logits[-1, 0] = float("-inf")
                 xkernels.chain_verify(drafts, logits, draft_probs=q if with_q else None, temperature=temperature)
-    for n, b, v, r, h in [(3, 5, 97, 16, 32), (2, 16, 1000, 256, 512), (0, 4, 10, 8, 16)]:
+    for n, b, v, r, h in [(3, 5, 97, 16, 32), (2, 16, 1000, 256, 512), (0, 4, 10, 8, 16), (1, 4, 300, 16, 12400)]:
         for dtype in (torch.float32, torch.bfloat16):
             ctx, prev, base, weights = refine_inputs(n, b, v, r, h, dtype)
             if n:

@@ -324,6 +324,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) read_mma_kernel(RefineParams p
 #pragma unroll
     for (int t = 0; t < kMaxTiles; ++t)
       if (t < m_tiles) wmma::fill_fragment(acc[t], 0.0f);
+#pragma unroll 4  // four B fragments in flight a warp: the N = 1 read is a stream of w_read
     for (int64_t k = 0; k < p.r; k += 16) {
       wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b;
       if (full) {
