@@ -4,11 +4,13 @@
 
 Environment:
     XKERNELS_CUDA=0/1      force the CUDA kernels off/on. Default: on when the installed
-                           torch is a CUDA build and nvcc is found (a GPU is not needed).
+                           torch is a CUDA build and nvcc is found (a GPU is not needed);
+                           otherwise the CPU kernels alone, with any torch build.
     TORCH_CUDA_ARCH_LIST   architectures to compile for. Default: the visible GPUs, or
                            "8.0;9.0a" (Ampere and Hopper) when none is visible.
     CUDA_HOME              the CUDA toolkit; default: found from nvcc.
     MAX_JOBS               parallel compile jobs.
+    XKERNELS_BUILD_DIR     CMake's build folder (default build/cmake); one per configuration.
     XKERNELS_PTXAS_VERBOSE=1  print each kernel's registers and spills.
 """
 
@@ -45,12 +47,20 @@ def find_cuda_home():
 
 
 def use_cuda(torch, cuda_home):
+    """(build the CUDA kernels?, why) from the environment, torch and the toolkit."""
     forced = os.environ.get("XKERNELS_CUDA")
-    if forced is not None:
-        if forced == "1" and (torch.version.cuda is None or cuda_home is None):
+    if forced == "1":
+        if torch.version.cuda is None or cuda_home is None:
             sys.exit("xkernels build: XKERNELS_CUDA=1 needs a CUDA build of torch and nvcc")
-        return forced == "1"
-    return torch.version.cuda is not None and cuda_home is not None
+        return True, "XKERNELS_CUDA=1"
+    if forced == "0":
+        return False, "XKERNELS_CUDA=0"
+    if torch.version.cuda is None:
+        return False, f"torch {torch.__version__} is a CPU build"
+    if cuda_home is None:
+        return False, (f"torch {torch.__version__} is a CUDA {torch.version.cuda} build but nvcc was not found "
+                       "(put it on PATH or set CUDA_HOME to build the CUDA kernels)")
+    return True, f"torch {torch.__version__} is a CUDA {torch.version.cuda} build and nvcc was found"
 
 
 def cuda_arch_list(torch):
@@ -76,7 +86,7 @@ def build_with_cmake(library_path):
     Needs only torch, CMake and a compiler (no setuptools): bench/gpu_check.sh calls it directly."""
     import torch
 
-    build_dir = ROOT / "build" / "cmake"
+    build_dir = Path(os.environ.get("XKERNELS_BUILD_DIR", ROOT / "build" / "cmake")).resolve()
     build_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     args = [
@@ -87,7 +97,8 @@ def build_with_cmake(library_path):
     if shutil.which("ninja"):
         args.append("-GNinja")
     cuda_home = find_cuda_home()
-    if use_cuda(torch, cuda_home):
+    cuda, why = use_cuda(torch, cuda_home)
+    if cuda:
         archs = cuda_arch_list(torch)
         env["TORCH_CUDA_ARCH_LIST"] = archs
         includes, nvrtc = nvidia_wheel_paths(torch)
@@ -100,10 +111,17 @@ def build_with_cmake(library_path):
         ]
         if nvrtc:
             args.append(f"-DCUDA_nvrtc_LIBRARY={nvrtc}")
-        log(f"CUDA kernels ON (toolkit {cuda_home}, archs {archs})")
+        log(f"CUDA kernels ON: {why} (toolkit {cuda_home}, archs {archs})")
     else:
         args.append("-DXKERNELS_CUDA=OFF")
-        log("CUDA kernels OFF (CPU build of torch, nvcc not found, or XKERNELS_CUDA=0)")
+        if torch.version.cuda is not None:
+            # torch's CMake config wants a CUDA toolkit whenever torch is a CUDA build: link its CPU
+            # libraries directly instead (cmake/TorchCpuLibs.cmake).
+            args += ["-DXKERNELS_TORCH_CPU_LIBS=ON", f"-DXK_TORCH_ROOT={Path(torch.__file__).resolve().parent}",
+                     f"-DXK_TORCH_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}"]
+        else:
+            args.append("-DXKERNELS_TORCH_CPU_LIBS=OFF")
+        log(f"CUDA kernels OFF: {why}")
     jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
     subprocess.check_call(["cmake", "-S", str(ROOT), "-B", str(build_dir), *args], env=env)
     subprocess.check_call(["cmake", "--build", str(build_dir), "-j", jobs], env=env)

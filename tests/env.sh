@@ -11,7 +11,7 @@ if [ ! -x "$XK_VENV/bin/python" ]; then
 fi
 XK_PY="$XK_VENV/bin/python"
 "$XK_PY" -m pip install -q --disable-pip-version-check "${XKERNELS_TORCH:-torch==2.14.1}" numpy scipy pytest \
-  pytest-benchmark setuptools wheel tokenizers safetensors tqdm matplotlib
+  pytest-benchmark setuptools wheel tokenizers safetensors tqdm matplotlib transformers
 mkdir -p "$XK_ROOT/build"
 if ! "$XK_PY" -m pip install -v --disable-pip-version-check --no-build-isolation -e "$XK_ROOT" \
     > "$XK_ROOT/build/install.log" 2>&1; then

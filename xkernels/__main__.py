@@ -2,6 +2,7 @@
 
     python -m xkernels demo   speculative decoding on the shipped models (tables, plot, JSON)
     python -m xkernels info   how the package was built and the ops it has
+    python -m xkernels export-hf OUT   the shipped target and tokenizer as a transformers folder
 """
 
 import argparse
@@ -35,6 +36,13 @@ def demo(args):
     print(f"\nwrote {args.out}/demo.png and {args.out}/demo.json")
 
 
+def export_hf(args):
+    from .models.hf import export_all
+
+    out = export_all(args.out)
+    print(f"wrote {out}: AutoModelForCausalLM.from_pretrained({str(out)!r}) and AutoTokenizer.from_pretrained(...)")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m xkernels", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -53,6 +61,9 @@ def main(argv=None):
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--out", default="demo_out", help="folder for demo.png and demo.json (default demo_out)")
     d.set_defaults(run=demo)
+    e = commands.add_parser("export-hf", help="the shipped target (Qwen3) and tokenizer as a transformers folder")
+    e.add_argument("out", help="the folder to write (config.json, model.safetensors, tokenizer files)")
+    e.set_defaults(run=export_hf)
     args = parser.parse_args(argv)
     args.run(args)
 

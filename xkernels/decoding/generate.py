@@ -15,6 +15,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
+from ..models.hf import as_target
 from ..ops import chain_verify, jacobi_refine, sequential_refine, refine_step
 
 MODES = ("ar", "drafter", "sequential", "jacobi")
@@ -144,6 +145,9 @@ def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: st
              draft_len: Optional[int] = None):
     """Continue prompt_ids by max_new_tokens tokens. Returns (tokens, Stats).
 
+    target is a TargetLM or a transformers causal LM (adapted by xkernels.models.hf.HFTarget,
+    which checks before decoding that it has what the loop needs).
+
     draft_len verifies only the first drafts of each block (all B-1 by default): the target's
     verification costs grow with the tokens it checks, so on a CPU fewer can pay off."""
     if mode not in MODES:
@@ -152,6 +156,7 @@ def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: st
         raise ValueError(f"mode {mode!r} needs a drafter")
     if mode in ("sequential", "jacobi") and refiner is None:
         raise ValueError(f"mode {mode!r} needs a refiner")
+    target = as_target(target, drafter if mode != "ar" else None)
     device = target.lm_head.weight.device
     prompt = torch.as_tensor(list(prompt_ids), dtype=torch.int64, device=device).view(1, -1)
     if prompt.shape[1] < 1 or max_new_tokens < 1:
