@@ -32,7 +32,8 @@ grep -qE "CUDA kernels OFF: torch .* (is a CUDA .* build but nvcc was not found|
 cp -r tests "$OUTSIDE/tests"
 (cd "$OUTSIDE" && no_nvcc "$ENV2/bin/python" -m xkernels info &&
   no_nvcc "$ENV2/bin/python" -c 'import xkernels, sys; assert "site-packages" in str(xkernels._LIBRARY_PATH), xkernels._LIBRARY_PATH; assert not xkernels.build_info()["cuda"]' &&
-  no_nvcc "$ENV2/bin/python" -m pytest -q -p no:cacheprovider tests/test_chain_verify.py tests/test_refine.py)
+  no_nvcc "$ENV2/bin/python" -m pytest -q -p no:cacheprovider -W ignore::pytest.PytestUnknownMarkWarning \
+    tests/test_chain_verify.py tests/test_refine.py)
 
 echo "-- 2. the C++ consumer against the installed CPU-only build, no toolkit"
 cmake --install build/cmake-cpu --prefix build/install-cpu > /dev/null
