@@ -42,3 +42,39 @@ def _jacobi_refine_fake(ctx, prefix_tokens, base_logits, emb, mix, w_gate, w_up,
 def _sequential_refine_fake(ctx, prefix_tokens, base_logits, emb, mix, w_gate, w_up, w_down, w_read,
                             temperature=0.0, seed=0, offset=0, seed_tensor=None, offset_tensor=None):
     return _refine_outputs(ctx, base_logits, prefix_tokens)
+
+
+@torch.library.register_fake("xkernels::build_draft_tree")
+def _build_draft_tree_fake(topk_logprobs, topk_tokens, budget):
+    torch._check(topk_logprobs.dim() == 3, lambda: "topk_logprobs must have shape [N, D, k]")
+    n, m = topk_logprobs.shape[0], budget + 1
+    return (topk_tokens.new_empty((n, m)), topk_tokens.new_empty((n, m)), topk_tokens.new_empty((n,)),
+            topk_tokens.new_empty((n, m)))
+
+
+@torch.library.register_fake("xkernels::tree_attention_mask")
+def _tree_attention_mask_fake(parents, num_nodes=None, packed=False):
+    torch._check(parents.dim() == 2, lambda: "parents must have shape [N, M]")
+    n, m = parents.shape
+    if packed:
+        return parents.new_empty((n, m, (m + 7) // 8), dtype=torch.uint8)
+    return parents.new_empty((n, m, m), dtype=torch.bool)
+
+
+@torch.library.register_fake("xkernels::tree_positions")
+def _tree_positions_fake(parents, num_nodes=None):
+    torch._check(parents.dim() == 2, lambda: "parents must have shape [N, M]")
+    return parents.new_empty(parents.shape)
+
+
+@torch.library.register_fake("xkernels::tree_verify")
+def _tree_verify_fake(tokens, parents, target_logits, draft_probs=None, without_replacement=False, temperature=0.0,
+                      seed=0, offset=0, num_nodes=None, seed_tensor=None, offset_tensor=None):
+    torch._check(parents.dim() == 2, lambda: "parents must have shape [N, M]")
+    n, m = parents.shape
+    return tokens.new_empty((n,)), tokens.new_empty((n, m)), tokens.new_empty((n, m))
+
+
+@torch.library.register_fake("xkernels::compact_kv_")
+def _compact_kv_fake(cache, path, accept_len, prefix_len):
+    return None

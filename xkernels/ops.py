@@ -162,3 +162,85 @@ def sequential_refine(
     return torch.ops.xkernels.sequential_refine.default(
         _tensor(ctx, "ctx"), _tensor(prefix_tokens, "prefix_tokens"), _tensor(base_logits, "base_logits"),
         *_weights(weights), float(temperature), *_rng_args(seed, offset))
+
+
+# ---- draft trees (format: xkernels/tree.py) ----
+
+
+def build_draft_tree(topk_logprobs: torch.Tensor, topk_tokens: torch.Tensor, budget: int):
+    """DDTree's best-first draft tree over per-slot candidates, built on the tensors' device.
+
+    Args:
+        topk_logprobs: float32 ``[N, D, k]``, each slot's candidate log-probs sorted descending.
+        topk_tokens: int64 ``[N, D, k]``, the candidates.
+        budget: draft nodes to add (the tree has ``M = budget + 1`` nodes with the root).
+
+    Returns ``(tokens, parents, num_nodes, depth)``: int64 ``[N, M]``, ``[N, M]``, ``[N]``,
+    ``[N, M]``. A node's score is the sum of its path's log-probs; the tree holds the ``budget``
+    best prefixes (ties: the candidate pushed first). The root's token is -1: it is the caller's
+    last committed token. Fewer nodes than M (a tiny D * k) leave padding (-1, -1, 0)."""
+    return torch.ops.xkernels.build_draft_tree.default(
+        _tensor(topk_logprobs, "topk_logprobs"), _tensor(topk_tokens, "topk_tokens"), int(budget))
+
+
+def tree_attention_mask(parents: torch.Tensor, *, num_nodes: Optional[torch.Tensor] = None,
+                        layout: str = "bool") -> torch.Tensor:
+    """Node ``i`` may attend to node ``j`` iff ``j`` is ``i`` or an ancestor of ``i``.
+
+    ``layout="bool"``: bool ``[N, M, M]``; ``layout="packed"``: uint8 ``[N, M, ceil(M/8)]``, bit
+    ``j % 8`` of byte ``j // 8`` (little-endian, the layout of FlashInfer's and SGLang's custom
+    masks). Padding nodes (``i >= num_nodes``) see themselves only. Raises on an invalid tree."""
+    if layout not in ("bool", "packed"):
+        raise ValueError(f"layout must be 'bool' or 'packed', got {layout!r}")
+    return torch.ops.xkernels.tree_attention_mask.default(
+        _tensor(parents, "parents"), _tensor(num_nodes, "num_nodes"), layout == "packed")
+
+
+def tree_positions(parents: torch.Tensor, *, num_nodes: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """int64 ``[N, M]``: each node's depth (root 0, padding 0), its rotary position after the prefix."""
+    return torch.ops.xkernels.tree_positions.default(_tensor(parents, "parents"), _tensor(num_nodes, "num_nodes"))
+
+
+def tree_verify(
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    target_logits: torch.Tensor,
+    *,
+    draft_probs: Optional[torch.Tensor] = None,
+    without_replacement: bool = False,
+    temperature: float = 0.0,
+    seed: Seed = 0,
+    offset: Seed = 0,
+    num_nodes: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Lossless verification of a draft tree in one pass over the rows it visits.
+
+    Args:
+        tokens, parents: int64 ``[N, M]``, the tree (``xkernels/tree.py``); tokens of real nodes
+            but the root lie in ``[0, V)``.
+        target_logits: ``[N, M, V]``, the target's next-token logits after each node's path.
+        draft_probs: float32 ``[N, M, V]``: row ``i`` is the distribution the children of node
+            ``i`` were drawn from (i.i.d., or ``without_replacement``). Without it the children
+            are deterministic proposals (top-k, a best-first tree).
+        temperature, seed, offset: as in ``chain_verify``.
+        num_nodes: int64 ``[N]``, nodes at or past it are padding.
+
+    Returns ``(accept_len [N], path [N, M], out_tokens [N, M])``: the accepted drafts' count, the
+    accepted nodes from the root (-1 padded), and the accepted tokens then the correction or bonus
+    token (-1 padded). At ``T = 0`` the walk follows the first child whose token is the target's
+    argmax; at ``T > 0`` the emitted tokens follow the target's distribution exactly (rules in
+    ``csrc/include/xkernels/tree.h``). On CUDA an invalid tree or out-of-range token is handled
+    memory-safely and raises only with ``XKERNELS_CHECK=1``."""
+    return torch.ops.xkernels.tree_verify.default(
+        _tensor(tokens, "tokens"), _tensor(parents, "parents"), _tensor(target_logits, "target_logits"),
+        _tensor(draft_probs, "draft_probs"), bool(without_replacement), float(temperature),
+        *_rng_args(seed, offset)[:2], _tensor(num_nodes, "num_nodes"), *_rng_args(seed, offset)[2:])
+
+
+def compact_kv_(cache: torch.Tensor, path: torch.Tensor, accept_len: torch.Tensor, prefix_len: int) -> torch.Tensor:
+    """In place on ``cache [N, H, L, d]``: entries ``prefix_len + path[n, j]`` move to
+    ``prefix_len + j`` for ``j = 0..accept_len[n]`` (the root and the accepted nodes of
+    ``tree_verify``, now contiguous behind the prefix). Returns ``cache``."""
+    torch.ops.xkernels.compact_kv_.default(cache, _tensor(path, "path"), _tensor(accept_len, "accept_len"),
+                                           int(prefix_len))
+    return cache

@@ -57,6 +57,30 @@ RefineShape check_refine(const at::Tensor& ctx, const at::Tensor& tokens, const 
 // overflows float32 (below about 2.9e-39) is greedy too: the limit of sampling as T -> 0.
 float inverse_temperature(double temperature);
 
+// The draft-tree ops (csrc/ops/tree.cpp).
+struct DraftTreeShape {
+  int64_t n, d, k, budget;
+};
+DraftTreeShape check_build_draft_tree(const at::Tensor& topk_logprobs, const at::Tensor& topk_tokens, int64_t budget);
+
+struct TreeShape {
+  int64_t n, m;
+};
+// Metadata of a tree: parents int64 [N, M], num_nodes int64 [N] (optional).
+TreeShape check_tree(const at::Tensor& parents, const std::optional<at::Tensor>& num_nodes, const char* parents_name);
+// Values of a tree (reads them: a host sync on CUDA): num_nodes in [1, M], parents[:, 0] = -1 and
+// 0 <= parents[i] < i for the real nodes.
+void check_tree_values(const at::Tensor& parents, const std::optional<at::Tensor>& num_nodes,
+                       const char* parents_name);
+
+// tree_verify's arguments (metadata only); returns V.
+int64_t check_tree_verify(const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& target_logits,
+                          const std::optional<at::Tensor>& draft_probs, double temperature,
+                          const std::optional<at::Tensor>& num_nodes);
+// compact_kv_'s arguments (metadata only).
+void check_compact_kv(const at::Tensor& cache, const at::Tensor& path, const at::Tensor& accept_len,
+                      int64_t prefix_len);
+
 // Raises if any id of `tokens` lies outside [0, vocab) (reads the values).
 void check_token_ids(const at::Tensor& tokens, int64_t vocab, const char* name);
 

@@ -44,6 +44,16 @@ TORCH_LIBRARY(xkernels, m) {
       "sequential_refine(Tensor ctx, Tensor prefix_tokens, Tensor base_logits, Tensor emb, Tensor mix, "
       "Tensor w_gate, Tensor w_up, Tensor w_down, Tensor w_read, float temperature=0.0, int seed=0, "
       "int offset=0, Tensor? seed_tensor=None, Tensor? offset_tensor=None) -> (Tensor tokens, Tensor logprobs)");
+  m.def(
+      "build_draft_tree(Tensor topk_logprobs, Tensor topk_tokens, int budget) "
+      "-> (Tensor tokens, Tensor parents, Tensor num_nodes, Tensor depth)");
+  m.def("tree_attention_mask(Tensor parents, Tensor? num_nodes=None, bool packed=False) -> Tensor");
+  m.def("tree_positions(Tensor parents, Tensor? num_nodes=None) -> Tensor");
+  m.def(
+      "tree_verify(Tensor tokens, Tensor parents, Tensor target_logits, Tensor? draft_probs=None, "
+      "bool without_replacement=False, float temperature=0.0, int seed=0, int offset=0, Tensor? num_nodes=None, "
+      "Tensor? seed_tensor=None, Tensor? offset_tensor=None) -> (Tensor accept_len, Tensor path, Tensor out_tokens)");
+  m.def("compact_kv_(Tensor(a!) cache, Tensor path, Tensor accept_len, int prefix_len) -> ()");
 }
 
 }  // namespace xkernels

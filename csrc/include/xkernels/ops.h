@@ -68,6 +68,44 @@ std::tuple<at::Tensor, at::Tensor> sequential_refine(const at::Tensor& ctx, cons
                                                      const std::optional<at::Tensor>& seed_tensor = std::nullopt,
                                                      const std::optional<at::Tensor>& offset_tensor = std::nullopt);
 
+// ---- Draft trees. Format: per sequence, nodes 0..M-1 in topological order, node 0 the root
+// (the last committed token); parents int64 [N, M] with parents[:, 0] = -1 and
+// 0 <= parents[i] < i for the real nodes i < num_nodes (int64 [N], optional: all M).
+
+// DDTree's best-first tree over per-slot top-k candidates topk_logprobs float32 / topk_tokens
+// int64 [N, D, k] (log-probs sorted descending per slot): the `budget` best prefixes by summed
+// log-prob (ties to the candidate pushed first). Returns (tokens, parents, num_nodes, depth), M =
+// budget + 1; the root's token is -1 (the caller's last committed token).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_draft_tree(const at::Tensor& topk_logprobs,
+                                                                            const at::Tensor& topk_tokens,
+                                                                            int64_t budget);
+
+// mask[n, i, j] = node j is node i or an ancestor of it: bool [N, M, M], or packed uint8
+// [N, M, ceil(M/8)] (bit j % 8 of byte j / 8). A padding node sees itself only.
+at::Tensor tree_attention_mask(const at::Tensor& parents, const std::optional<at::Tensor>& num_nodes = std::nullopt,
+                               bool packed = false);
+
+// The depth of each node (root 0, padding 0), int64 [N, M]: rotary positions after the prefix.
+at::Tensor tree_positions(const at::Tensor& parents, const std::optional<at::Tensor>& num_nodes = std::nullopt);
+
+// Lossless verification of a draft tree. target_logits [N, M, V]: the target's next-token logits
+// after each node's path. Greedy at T = 0; at T > 0 deterministic children (no draft_probs), or
+// children drawn i.i.d. (or without_replacement) from draft_probs float32 [N, M, V] (row i: the
+// distribution node i's children were drawn from). Returns (accept_len [N], path [N, M]: the
+// accepted nodes from the root, -1 padded, out_tokens [N, M]: the accepted drafts, then the
+// correction or bonus token, -1 padded).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify(
+    const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& target_logits,
+    const std::optional<at::Tensor>& draft_probs = std::nullopt, bool without_replacement = false,
+    double temperature = 0.0, int64_t seed = 0, int64_t offset = 0,
+    const std::optional<at::Tensor>& num_nodes = std::nullopt,
+    const std::optional<at::Tensor>& seed_tensor = std::nullopt,
+    const std::optional<at::Tensor>& offset_tensor = std::nullopt);
+
+// In place: the K/V entries prefix_len + path[n, j] of cache [N, H, L, d] move to prefix_len + j,
+// j = 0..accept_len[n] (the root and the accepted nodes, behind the prefix).
+void compact_kv_(const at::Tensor& cache, const at::Tensor& path, const at::Tensor& accept_len, int64_t prefix_len);
+
 // How the library was built: version, whether CUDA kernels are compiled and
 // for which architectures.
 std::string build_info();

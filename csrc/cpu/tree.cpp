@@ -1,0 +1,292 @@
+// The draft-tree ops on the CPU: sequences in parallel (a grain of several sequences, so small
+// batches stay on one thread); tree_verify reads only the rows of the nodes it visits.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "../ops/checks.h"
+#include "dispatch.h"
+#include "row_reduce.h"
+#include "xkernels/tree.h"
+
+namespace xkernels {
+namespace {
+
+// Sequences per parallel task: the per-sequence work of the mask and build ops is small.
+constexpr int64_t kTreeGrain = 8;
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_draft_tree_cpu(const at::Tensor& topk_logprobs,
+                                                                                const at::Tensor& topk_tokens,
+                                                                                int64_t budget) {
+  const auto s = check_build_draft_tree(topk_logprobs, topk_tokens, budget);
+  const auto lp = topk_logprobs.contiguous();
+  const auto tok = topk_tokens.contiguous();
+  const int64_t m = budget + 1;
+  auto tokens = at::empty({s.n, m}, topk_tokens.options());
+  auto parents = at::empty({s.n, m}, topk_tokens.options());
+  auto depth = at::empty({s.n, m}, topk_tokens.options());
+  auto num_nodes = at::empty({s.n}, topk_tokens.options());
+  const float* lpp = lp.const_data_ptr<float>();
+  const int64_t* tp = tok.const_data_ptr<int64_t>();
+  at::parallel_for(0, s.n, kTreeGrain, [&](int64_t begin, int64_t end) {
+    std::vector<TreeCandidate> heap(static_cast<size_t>(m));
+    for (int64_t n = begin; n < end; ++n)
+      num_nodes.mutable_data_ptr<int64_t>()[n] =
+          build_tree(lpp + n * s.d * s.k, tp + n * s.d * s.k, s.d, s.k, budget, heap.data(),
+                     tokens.mutable_data_ptr<int64_t>() + n * m, parents.mutable_data_ptr<int64_t>() + n * m,
+                     depth.mutable_data_ptr<int64_t>() + n * m);
+  });
+  return {tokens, parents, num_nodes, depth};
+}
+
+// The node count of each sequence.
+std::vector<int64_t> node_counts(const at::Tensor& num_nodes, int64_t n, int64_t m) {
+  std::vector<int64_t> out(static_cast<size_t>(n), m);
+  if (num_nodes.defined()) {
+    const auto c = num_nodes.contiguous();
+    std::copy_n(c.const_data_ptr<int64_t>(), n, out.begin());
+  }
+  return out;
+}
+
+at::Tensor tree_attention_mask_cpu(const at::Tensor& parents, const std::optional<at::Tensor>& num_nodes,
+                                   bool packed) {
+  const auto s = check_tree(parents, num_nodes, "parents");
+  check_tree_values(parents, num_nodes, "parents");
+  const auto par = parents.contiguous();
+  const auto counts = node_counts(num_nodes.value_or(at::Tensor()), s.n, s.m);
+  const int64_t row_bytes = packed ? (s.m + 7) / 8 : s.m;
+  auto mask = at::zeros({s.n, s.m, row_bytes}, parents.options().dtype(packed ? at::kByte : at::kBool));
+  auto* out = static_cast<uint8_t*>(mask.mutable_data_ptr());  // bool is one byte
+  const int64_t* pp = par.const_data_ptr<int64_t>();
+  at::parallel_for(0, s.n, kTreeGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      uint8_t* rows = out + n * s.m * row_bytes;
+      for (int64_t i = 0; i < s.m; ++i) {
+        uint8_t* row = rows + i * row_bytes;
+        if (i > 0 && i < counts[n]) std::copy_n(rows + pp[n * s.m + i] * row_bytes, row_bytes, row);  // the parent's row
+        if (packed)
+          row[i / 8] |= static_cast<uint8_t>(1u << (i % 8));
+        else
+          row[i] = 1;
+      }
+    }
+  });
+  return mask;
+}
+
+at::Tensor tree_positions_cpu(const at::Tensor& parents, const std::optional<at::Tensor>& num_nodes) {
+  const auto s = check_tree(parents, num_nodes, "parents");
+  check_tree_values(parents, num_nodes, "parents");
+  const auto par = parents.contiguous();
+  const auto counts = node_counts(num_nodes.value_or(at::Tensor()), s.n, s.m);
+  auto depth = at::zeros({s.n, s.m}, parents.options());
+  int64_t* d = depth.mutable_data_ptr<int64_t>();
+  const int64_t* pp = par.const_data_ptr<int64_t>();
+  at::parallel_for(0, s.n, kTreeGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n)
+      for (int64_t i = 1; i < counts[n]; ++i) d[n * s.m + i] = d[n * s.m + pp[n * s.m + i]] + 1;
+  });
+  return depth;
+}
+
+struct VerifyArgs {
+  int64_t m, v;
+  float inv_t;
+  uint64_t seed, offset;
+  bool without_replacement;
+};
+
+// Gumbel-max over log w(v) for v < len, w given per id; -inf ids cannot be drawn.
+template <typename W>
+int32_t sample_weights(const VerifyArgs& c, int64_t n, int64_t node, W&& log_weight) {
+  ArgMax best = argmax_empty();
+  float w[4];
+  for (int64_t g = 0; 4 * g < c.v; ++g) {
+    const int count = static_cast<int>(std::min<int64_t>(4, c.v - 4 * g));
+    for (int j = 0; j < count; ++j) w[j] = log_weight(4 * g + j);
+    tree_sample_group(best, c.seed, c.offset, static_cast<uint32_t>(n), static_cast<uint32_t>(node),
+                      static_cast<uint32_t>(g), w, count);
+  }
+  return best.idx;
+}
+
+// Walks sequence n's tree. a, r, q: scratch rows of V floats.
+template <typename TL>
+void verify_tree(const VerifyArgs& c, int64_t n, int64_t count, const int64_t* tokens, const int64_t* parents,
+                 const TL* logits, const float* draft_probs, int64_t* accept_len, int64_t* path, int64_t* out,
+                 float* a, float* r, float* q) {
+  // children in node order: first_child / next_sibling lists
+  std::vector<int64_t> first(static_cast<size_t>(c.m), -1), next(static_cast<size_t>(c.m), -1),
+      last(static_cast<size_t>(c.m), -1);
+  for (int64_t i = 1; i < count; ++i) {
+    const int64_t p = parents[i];
+    (last[p] < 0 ? first[p] : next[last[p]]) = i;
+    last[p] = i;
+  }
+  const bool greedy = c.inv_t == 0.0f;
+  int64_t node = 0, acc = 0;
+  path[0] = 0;
+  for (;;) {
+    cpu::scale_row(logits + node * c.v, c.v, greedy ? 1.0f : c.inv_t, a);
+    const RowStats s = greedy ? RowStats{cpu::row_argmax(a, c.v), 0.0f} : cpu::row_stats(a, c.v);
+    int64_t chosen = -1;
+    int32_t emit = s.top.idx;
+    if (greedy || stats_degenerate(s)) {
+      for (int64_t ch = first[node]; ch >= 0 && chosen < 0; ch = next[ch])
+        if (tokens[ch] == s.top.idx) chosen = ch;
+    } else if (draft_probs == nullptr) {
+      // Deterministic children: rejected tokens leave r (their probability mass leaves `remaining`).
+      std::vector<int32_t> rejected;
+      float remaining = 1.0f;
+      for (int64_t ch = first[node]; ch >= 0 && chosen < 0; ch = next[ch]) {
+        const auto x = static_cast<int32_t>(tokens[ch]);
+        if (std::find(rejected.begin(), rejected.end(), x) != rejected.end()) continue;  // r(x) = 0
+        const float p_x = stats_prob(s, a[x]);
+        if (tree_accept_plain(acceptance_coin(c.seed, c.offset, static_cast<uint32_t>(n), static_cast<uint32_t>(ch)),
+                              p_x, remaining)) {
+          chosen = ch;
+        } else {
+          rejected.push_back(x);
+          remaining -= p_x;
+        }
+      }
+      if (chosen < 0)
+        emit = sample_weights(c, n, node, [&](int64_t v) {
+          return std::find(rejected.begin(), rejected.end(), static_cast<int32_t>(v)) != rejected.end() ? kNegInf
+                                                                                                         : a[v];
+        });
+    } else {
+      // Children drawn from q: r and q unnormalised with sums zr and zq; r = p until a rejection.
+      const float* q_row = draft_probs + node * c.v;
+      const float* qs = q_row;
+      float zq = 0.0f, zr = 1.0f;
+      for (int64_t v = 0; v < c.v; ++v) zq += q_row[v];
+      bool residual = false, empty = false;
+      for (int64_t ch = first[node]; ch >= 0 && chosen < 0; ch = next[ch]) {
+        const auto x = static_cast<int32_t>(tokens[ch]);
+        const float r_x = residual ? r[x] : stats_prob(s, a[x]);
+        if (tree_accept_sampled(acceptance_coin(c.seed, c.offset, static_cast<uint32_t>(n), static_cast<uint32_t>(ch)),
+                                qs[x], zq, r_x, zr)) {
+          chosen = ch;
+          break;
+        }
+        float sum = 0.0f;
+        for (int64_t v = 0; v < c.v; ++v) {
+          r[v] = tree_residual(residual ? r[v] : stats_prob(s, a[v]), zr, qs[v], zq);
+          sum += r[v];
+        }
+        residual = true, zr = sum;
+        if (c.without_replacement) {
+          if (qs != q) std::copy_n(q_row, c.v, q), qs = q;
+          zq -= q[x];
+          q[x] = 0.0f;
+        }
+        if (!(zr > 0.0f)) {
+          empty = true;
+          break;
+        }
+      }
+      if (chosen < 0 && !empty)
+        emit = residual ? sample_weights(c, n, node, [&](int64_t v) { return r[v] > 0.0f ? std::log(r[v]) : kNegInf; })
+                        : sample_weights(c, n, node, [&](int64_t v) { return a[v]; });
+      if (chosen < 0 && emit == kNoIndex) emit = s.top.idx;
+    }
+    if (chosen < 0) {
+      out[acc] = emit == kNoIndex ? s.top.idx : emit;
+      break;
+    }
+    out[acc++] = tokens[chosen];
+    path[acc] = chosen;
+    node = chosen;
+  }
+  *accept_len = acc;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_cpu(
+    const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& target_logits,
+    const std::optional<at::Tensor>& draft_probs, bool without_replacement, double temperature, int64_t seed,
+    int64_t offset, const std::optional<at::Tensor>& num_nodes, const std::optional<at::Tensor>& seed_tensor,
+    const std::optional<at::Tensor>& offset_tensor) {
+  const int64_t v = check_tree_verify(tokens, parents, target_logits, draft_probs, temperature, num_nodes);
+  check_tree_values(parents, num_nodes, "parents");
+  const int64_t n = parents.size(0), m = parents.size(1);
+  const auto tok = tokens.contiguous(), par = parents.contiguous(), logits = target_logits.contiguous();
+  const auto counts = node_counts(num_nodes.value_or(at::Tensor()), n, m);
+  for (int64_t s = 0; s < n; ++s)
+    for (int64_t i = 1; i < counts[s]; ++i) {
+      const int64_t x = tok.const_data_ptr<int64_t>()[s * m + i];
+      TORCH_CHECK(x >= 0 && x < v, "tokens holds ids outside [0, ", v, ") (sequence ", s, ", node ", i, ")");
+    }
+  const RngArgs rng = rng_args(seed, offset, seed_tensor, offset_tensor, target_logits.device());
+  const VerifyArgs c{m, v, inverse_temperature(temperature), rng.seed_ptr ? static_cast<uint64_t>(*rng.seed_ptr) : rng.seed,
+                     rng.offset_ptr ? static_cast<uint64_t>(*rng.offset_ptr) : rng.offset, without_replacement};
+  const auto q = draft_probs.has_value() ? draft_probs->contiguous() : at::Tensor();
+  auto accept_len = at::empty({n}, tokens.options());
+  auto path = at::full({n, m}, -1, tokens.options());
+  auto out = at::full({n, m}, -1, tokens.options());
+  cpu::dispatch_logits(logits.scalar_type(), [&](auto tag) {
+    using TL = decltype(tag);
+    const TL* l = logits.const_data_ptr<TL>();
+    at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> a(static_cast<size_t>(v)), r(static_cast<size_t>(v)), qw(static_cast<size_t>(v));
+      for (int64_t s = begin; s < end; ++s)
+        verify_tree(c, s, counts[s], tok.const_data_ptr<int64_t>() + s * m, par.const_data_ptr<int64_t>() + s * m,
+                    l + s * m * v, q.defined() ? q.const_data_ptr<float>() + s * m * v : nullptr,
+                    accept_len.mutable_data_ptr<int64_t>() + s, path.mutable_data_ptr<int64_t>() + s * m,
+                    out.mutable_data_ptr<int64_t>() + s * m, a.data(), r.data(), qw.data());
+    });
+  });
+  return {accept_len, path, out};
+}
+
+void compact_kv_cpu(const at::Tensor& cache, const at::Tensor& path, const at::Tensor& accept_len,
+                    int64_t prefix_len) {
+  check_compact_kv(cache, path, accept_len, prefix_len);
+  const int64_t n = cache.size(0), heads = cache.size(1), len = cache.size(2), d = cache.size(3);
+  const int64_t m = path.size(1);
+  const auto p = path.contiguous(), acc = accept_len.contiguous();
+  for (int64_t s = 0; s < n; ++s) {
+    const int64_t a = acc.const_data_ptr<int64_t>()[s];
+    TORCH_CHECK(a >= 0 && a < m, "accept_len must lie in [0, M) = [0, ", m, "), got ", a, " (sequence ", s, ")");
+    const int64_t* ps = p.const_data_ptr<int64_t>() + s * m;
+    for (int64_t j = 0; j <= a; ++j)
+      TORCH_CHECK(ps[j] >= j && (j == 0 || ps[j] > ps[j - 1]) && prefix_len + ps[j] < len,
+                  "path must be increasing from the root with prefix_len + path < L (sequence ", s, ", entry ", j, ")");
+  }
+  const int64_t elem = cache.element_size();
+  auto* base = static_cast<char*>(cache.mutable_data_ptr());
+  at::parallel_for(0, n * heads, kTreeGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t sh = begin; sh < end; ++sh) {
+      const int64_t s = sh / heads, h = sh % heads;
+      const int64_t a = acc.const_data_ptr<int64_t>()[s];
+      const int64_t* ps = p.const_data_ptr<int64_t>() + s * m;
+      // Increasing j: a source (path[j] >= j) is never a slot written before it.
+      for (int64_t j = 1; j <= a; ++j) {
+        if (ps[j] == j) continue;
+        char* dst = base + (s * cache.stride(0) + h * cache.stride(1) + (prefix_len + j) * cache.stride(2)) * elem;
+        const char* src = base + (s * cache.stride(0) + h * cache.stride(1) + (prefix_len + ps[j]) * cache.stride(2)) * elem;
+        std::copy_n(src, d * elem, dst);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(xkernels, CPU, m) {
+  m.impl("build_draft_tree", &build_draft_tree_cpu);
+  m.impl("tree_attention_mask", &tree_attention_mask_cpu);
+  m.impl("tree_positions", &tree_positions_cpu);
+  m.impl("tree_verify", &tree_verify_cpu);
+  m.impl("compact_kv_", &compact_kv_cpu);
+}
+
+}  // namespace xkernels

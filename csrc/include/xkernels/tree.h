@@ -1,0 +1,142 @@
+// Draft-tree math shared by the CPU and CUDA kernels: DDTree's best-first construction, the
+// validity rule of a tree, and the acceptance rules of tree verification.
+//
+// Tree format: per sequence, nodes 0..M-1 in topological order; node 0 is the root (the last
+// committed token); parents[0] = -1 and 0 <= parents[i] < i for the real nodes i < num_nodes.
+#pragma once
+
+#include <cstdint>
+
+#include "xkernels/host_device.h"
+#include "xkernels/sampling.h"
+
+namespace xkernels {
+
+// ---- best-first tree construction (DDTree) ----
+//
+// A node is a prefix of candidate ranks (rank c_t at slot t); its score is the sum of the
+// slots' log-probs. The children of a node are the next slot's candidates, which come sorted by
+// log-prob, so the best child is rank 0 and each candidate's next sibling is rank + 1. Popping
+// the best frontier entry and pushing its next sibling and its first child yields the `budget`
+// best prefixes (scores only fall along both moves). Ties: the entry pushed first wins, a rule
+// both kernels follow exactly (the scores are the same float sums in the same order). A NaN
+// log-prob counts as -inf.
+struct TreeCandidate {
+  float score;     // of the prefix this candidate would add
+  float base;      // its parent's score
+  uint32_t order;  // push order: the tie-break
+  int32_t parent, slot, rank;
+};
+
+XK_HD bool candidate_before(const TreeCandidate& a, const TreeCandidate& b) {
+  return a.score > b.score || (a.score == b.score && a.order < b.order);
+}
+
+XK_HD void heap_push(TreeCandidate* heap, int64_t& size, const TreeCandidate& c) {
+  int64_t i = size++;
+  while (i > 0) {
+    const int64_t up = (i - 1) / 2;
+    if (!candidate_before(c, heap[up])) break;
+    heap[i] = heap[up];
+    i = up;
+  }
+  heap[i] = c;
+}
+
+XK_HD TreeCandidate heap_pop(TreeCandidate* heap, int64_t& size) {
+  const TreeCandidate top = heap[0];
+  const TreeCandidate last = heap[--size];
+  int64_t i = 0;
+  for (;;) {
+    const int64_t left = 2 * i + 1;
+    if (left >= size) break;
+    int64_t best = left;
+    if (left + 1 < size && candidate_before(heap[left + 1], heap[left])) best = left + 1;
+    if (!candidate_before(heap[best], last)) break;
+    heap[i] = heap[best];
+    i = best;
+  }
+  if (size > 0) heap[i] = last;
+  return top;
+}
+
+XK_HD float tree_logprob(const float* lp, int64_t k, int32_t slot, int32_t rank) {
+  const float x = lp[slot * k + rank];
+  return is_nan_f32(x) ? kNegInf : x;
+}
+
+// One sequence's tree from its slots' top-k candidates lp, tok [d, k] (log-probs sorted
+// descending per slot). Writes tokens, parents, depth [budget + 1] (root: token -1, parent -1,
+// depth 0; nodes past the count: -1, -1, 0) and returns the node count (root included).
+// heap holds budget + 1 entries (each pop pushes at most two).
+XK_HD int64_t build_tree(const float* lp, const int64_t* tok, int64_t d, int64_t k, int64_t budget,
+                         TreeCandidate* heap, int64_t* tokens, int64_t* parents, int64_t* depth) {
+  tokens[0] = -1, parents[0] = -1, depth[0] = 0;
+  int64_t nodes = 1, size = 0;
+  uint32_t order = 0;
+  if (d > 0 && k > 0 && budget > 0) heap_push(heap, size, TreeCandidate{tree_logprob(lp, k, 0, 0), 0.0f, order++, 0, 0, 0});
+  while (nodes <= budget && size > 0) {
+    const TreeCandidate c = heap_pop(heap, size);
+    const int64_t i = nodes++;
+    tokens[i] = tok[c.slot * k + c.rank];
+    parents[i] = c.parent;
+    depth[i] = c.slot + 1;
+    if (c.rank + 1 < k)
+      heap_push(heap, size, TreeCandidate{c.base + tree_logprob(lp, k, c.slot, c.rank + 1), c.base, order++, c.parent,
+                                          c.slot, c.rank + 1});
+    if (c.slot + 1 < d)
+      heap_push(heap, size, TreeCandidate{c.score + tree_logprob(lp, k, c.slot + 1, 0), c.score, order++,
+                                          static_cast<int32_t>(i), c.slot + 1, 0});
+  }
+  for (int64_t i = nodes; i <= budget; ++i) tokens[i] = -1, parents[i] = -1, depth[i] = 0;
+  return nodes;
+}
+
+// ---- validity ----
+
+// Whether node i (< num_nodes) has a valid parent.
+XK_HD bool tree_parent_ok(const int64_t* parents, int64_t i) {
+  return i == 0 ? parents[0] == -1 : parents[i] >= 0 && parents[i] < i;
+}
+
+// ---- verification ----
+//
+// The walk starts at the root; at each node it looks at the children in node order.
+//  - point mass (T = 0, or a row without a softmax): move to the first child whose token is the
+//    row's argmax; if none, emit the argmax.
+//  - T > 0, deterministic children (no draft_probs): with r = p, child x is accepted with
+//    probability r(x) / sum(r); a rejected x gets r(x) = 0 (a duplicate token is then never
+//    accepted, so it cannot count twice); if none is accepted, sample from r.
+//  - T > 0, children drawn i.i.d. from q (draft_probs; SpecInfer / SpecTr): x is accepted iff
+//    u < r(x) / q(x) with r normalised; on rejection r <- normalize(max(r - q, 0)), and without
+//    replacement also q(x) <- 0, renormalised. If none is accepted, sample from r.
+// Child c's coin is the acceptance coin of position c (acceptance_coin(seed, offset, n, c)); the
+// sample at node i is Gumbel-max with the noise of position i (word v % 4 of draw v / 4), as in
+// chain_verify. A residual that is numerically empty emits the row's argmax.
+
+// Deterministic children: u * remaining < p(x), remaining = 1 - the mass of the rejected tokens.
+XK_HD bool tree_accept_plain(float u, float p_x, float remaining) { return u * remaining < p_x; }
+
+// Sampled children, with r and q kept unnormalised (sums zr, zq): u * q(x) / zq < r(x) / zr.
+XK_HD bool tree_accept_sampled(float u, float q_x, float zq, float r_x, float zr) { return u * q_x * zr < r_x * zq; }
+
+// The residual update of one element: max(r / zr - q / zq, 0).
+XK_HD float tree_residual(float r, float zr, float q, float zq) {
+  const float x = r / zr - (zq > 0.0f ? q / zq : 0.0f);
+  return x > 0.0f ? x : 0.0f;
+}
+
+// Gumbel-max over ids 4g .. 4g+count-1 with log-weights w (-inf: cannot be drawn); the noise of
+// position `node`, drawn only if some id could beat `best`.
+XK_HD void tree_sample_group(ArgMax& best, uint64_t seed, uint64_t offset, uint32_t sequence, uint32_t node,
+                             uint32_t g, const float* w, int count) {
+  bool live = false;
+  for (int j = 0; j < 4; ++j) live |= j < count && w[j] != kNegInf && w[j] + kGumbelBound >= best.val;
+  if (!live) return;
+  const Philox4 r = philox_draw(seed, offset, sequence, node, g);
+  for (int j = 0; j < 4; ++j)
+    if (j < count && w[j] != kNegInf)
+      argmax_observe(best, w[j] + gumbel_from_word(r.w[j]), static_cast<int32_t>(4 * g + j));
+}
+
+}  // namespace xkernels
