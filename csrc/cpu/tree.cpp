@@ -220,11 +220,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_cpu(
   const int64_t n = parents.size(0), m = parents.size(1);
   const auto tok = tokens.contiguous(), par = parents.contiguous(), logits = target_logits.contiguous();
   const auto counts = node_counts(num_nodes.value_or(at::Tensor()), n, m);
-  for (int64_t s = 0; s < n; ++s)
-    for (int64_t i = 1; i < counts[s]; ++i) {
-      const int64_t x = tok.const_data_ptr<int64_t>()[s * m + i];
-      TORCH_CHECK(x >= 0 && x < v, "tokens holds ids outside [0, ", v, ") (sequence ", s, ", node ", i, ")");
-    }
+  check_tree_tokens(tok, num_nodes, v);
   const RngArgs rng = rng_args(seed, offset, seed_tensor, offset_tensor, target_logits.device());
   const VerifyArgs c{m, v, inverse_temperature(temperature), rng.seed_ptr ? static_cast<uint64_t>(*rng.seed_ptr) : rng.seed,
                      rng.offset_ptr ? static_cast<uint64_t>(*rng.offset_ptr) : rng.offset, without_replacement};

@@ -56,7 +56,8 @@ __device__ __forceinline__ SampledRow warp_merge(SampledRow s) {
   return s;
 }
 
-// Reduces one value per thread to thread 0 of the block (of kThreads threads).
+// Reduces one value per thread to thread 0 of the block (of kThreads threads). A __syncthreads
+// must separate two calls (the second would overwrite warp_results while warp 0 reads them).
 template <typename S>
 __device__ __forceinline__ S block_merge(S s, S empty) {
   __shared__ S warp_results[kWarps];
@@ -69,6 +70,18 @@ __device__ __forceinline__ S block_merge(S s, S empty) {
     s = warp_merge(s);
   }
   return s;
+}
+
+// The block's sum of one float per thread, at thread 0 (of a block of kThreads threads). Like
+// block_merge it reuses a shared buffer: a __syncthreads must separate two calls.
+__device__ __forceinline__ float block_sum(float x) {
+  __shared__ float warp_sums[kWarps];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  x = warp_sum(x);
+  if (lane == 0) warp_sums[warp] = x;
+  __syncthreads();
+  if (warp == 0) x = warp_sum(lane < kWarps ? warp_sums[lane] : 0.0f);
+  return x;
 }
 
 __device__ __forceinline__ uint64_t read_or(const int64_t* ptr, uint64_t fallback) {

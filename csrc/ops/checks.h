@@ -77,6 +77,8 @@ void check_tree_values(const at::Tensor& parents, const std::optional<at::Tensor
 int64_t check_tree_verify(const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& target_logits,
                           const std::optional<at::Tensor>& draft_probs, double temperature,
                           const std::optional<at::Tensor>& num_nodes);
+// The tokens of real nodes but the root lie in [0, vocab) (reads the values).
+void check_tree_tokens(const at::Tensor& tokens, const std::optional<at::Tensor>& num_nodes, int64_t vocab);
 // compact_kv_'s arguments (metadata only).
 void check_compact_kv(const at::Tensor& cache, const at::Tensor& path, const at::Tensor& accept_len,
                       int64_t prefix_len);

@@ -111,6 +111,16 @@ void check_tree_values(const T& parents, const Opt& num_nodes, const char* paren
   TORCH_CHECK(!parents.select(1, 0).ne(-1).any().item<bool>(), parents_name, "[:, 0] (the root) must be -1");
 }
 
+void check_tree_tokens(const T& tokens, const Opt& num_nodes, int64_t vocab) {
+  const int64_t n = tokens.size(0), m = tokens.size(1);
+  if (n == 0 || m < 2) return;
+  const auto index = at::arange(1, m, tokens.options());
+  const auto body = tokens.narrow(1, 1, m - 1);
+  auto bad = at::logical_or(at::lt(body, 0), at::ge(body, vocab));
+  if (num_nodes.has_value()) bad = at::logical_and(bad, at::lt(index.unsqueeze(0), num_nodes->unsqueeze(1)));
+  TORCH_CHECK(!bad.any().item<bool>(), "tokens holds ids outside [0, ", vocab, ") at real nodes");
+}
+
 int64_t check_tree_verify(const T& tokens, const T& parents, const T& target_logits, const Opt& draft_probs,
                           double temperature, const Opt& num_nodes) {
   const auto shape = check_tree(parents, num_nodes, "parents");

@@ -78,3 +78,59 @@ class CudaEmu:
             ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
         return out_tokens, out_logprobs, iters
+
+    def build_draft_tree(self, lp, tok, budget):
+        n, d, k = lp.shape
+        lp, tok = _c(lp), _c(tok)
+        m = budget + 1
+        out = [torch.empty(n, m, dtype=torch.int64) for _ in range(3)] + [torch.empty(n, dtype=torch.int64)]
+        msg = ctypes.create_string_buffer(1024)
+        i64 = ctypes.c_int64
+        rc = self.lib.xk_emu_build_draft_tree(_ptr(lp), _ptr(tok), i64(n), i64(d), i64(k), i64(budget),
+                                              *[_ptr(t) for t in out], msg, ctypes.c_size_t(len(msg)))
+        self._check(rc, msg)
+        tokens, parents, depth, num_nodes = out
+        return tokens, parents, num_nodes, depth
+
+    def tree_mask(self, parents, num_nodes=None, packed=False, positions=False):
+        n, m = parents.shape
+        parents, num_nodes = _c(parents), _c(num_nodes)
+        if positions:
+            out = torch.empty(n, m, dtype=torch.int64)
+        else:
+            out = torch.empty(n, m, (m + 7) // 8 if packed else m, dtype=torch.uint8 if packed else torch.bool)
+        msg = ctypes.create_string_buffer(1024)
+        rc = self.lib.xk_emu_tree_mask(_ptr(parents), _ptr(num_nodes), ctypes.c_int64(n), ctypes.c_int64(m),
+                                       ctypes.c_int(packed), ctypes.c_int(positions), _ptr(out), msg,
+                                       ctypes.c_size_t(len(msg)))
+        self._check(rc, msg)
+        return out
+
+    def tree_verify(self, tokens, parents, logits, q=None, without_replacement=False, temperature=0.0, seed=0,
+                    offset=0, num_nodes=None):
+        n, m, v = logits.shape
+        tokens, parents, logits, q, num_nodes = _c(tokens), _c(parents), _c(logits), _c(q), _c(num_nodes)
+        accept_len = torch.empty(n, dtype=torch.int64)
+        path = torch.empty(n, m, dtype=torch.int64)
+        out = torch.empty(n, m, dtype=torch.int64)
+        msg = ctypes.create_string_buffer(1024)
+        i64 = ctypes.c_int64
+        rc = self.lib.xk_emu_tree_verify(
+            _ptr(tokens), _ptr(parents), _ptr(num_nodes), _ptr(logits), LOGITS_TYPES[logits.dtype], _ptr(q),
+            ctypes.c_int(without_replacement), i64(n), i64(m), i64(v), ctypes.c_float(_inv_t(temperature)),
+            ctypes.c_uint64(seed), ctypes.c_uint64(offset), _ptr(accept_len), _ptr(path), _ptr(out), msg,
+            ctypes.c_size_t(len(msg)))
+        self._check(rc, msg)
+        return accept_len, path, out
+
+    def compact_kv(self, cache, path, accept_len, prefix_len):
+        cache = cache.contiguous().clone()
+        n, h, length, d = cache.shape
+        path, accept_len = _c(path), _c(accept_len)
+        msg = ctypes.create_string_buffer(1024)
+        i64 = ctypes.c_int64
+        rc = self.lib.xk_emu_compact_kv(_ptr(cache), i64(n), i64(h), i64(length), i64(d), i64(cache.element_size()),
+                                        _ptr(path), _ptr(accept_len), i64(path.shape[1]), i64(prefix_len), msg,
+                                        ctypes.c_size_t(len(msg)))
+        self._check(rc, msg)
+        return cache

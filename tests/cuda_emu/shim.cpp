@@ -11,6 +11,7 @@
 #include "chain_verify_launch.h"
 #include "cuda_emu.h"
 #include "refine_launch.h"
+#include "tree_launch.h"
 
 namespace {
 
@@ -117,6 +118,78 @@ int xk_emu_refine(int op, const float* ctx, const int64_t* tokens, int64_t token
   std::memcpy(out_tokens, tok, sizeof(int64_t) * n * d);
   std::memcpy(out_logprobs, lp, sizeof(float) * n * d);
   if (out_iters) std::memcpy(out_iters, it, sizeof(int32_t) * n);
+  return finish(err, message, message_len);
+}
+
+int xk_emu_build_draft_tree(const float* lp, const int64_t* tok, int64_t n, int64_t d, int64_t k, int64_t budget,
+                            int64_t* tokens, int64_t* parents, int64_t* depth, int64_t* num_nodes, char* message,
+                            size_t message_len) {
+  using namespace xkernels::cuda;
+  Device dev;
+  const int64_t m = budget + 1;
+  TreeBuildParams p{dev.copy(lp, sizeof(float) * n * d * k), dev.copy(tok, sizeof(int64_t) * n * d * k), n, d, k,
+                    budget, dev.alloc<int64_t>(sizeof(int64_t) * n * m, 0xA5), dev.alloc<int64_t>(sizeof(int64_t) * n * m, 0xA5),
+                    dev.alloc<int64_t>(sizeof(int64_t) * n * m, 0xA5), dev.alloc<int64_t>(sizeof(int64_t) * n, 0xA5)};
+  const cudaError_t err = launch_build_draft_tree(p, dev.alloc(tree_build_workspace_bytes(p), 0xA5), nullptr);
+  std::memcpy(tokens, p.out_tokens, sizeof(int64_t) * n * m);
+  std::memcpy(parents, p.parents, sizeof(int64_t) * n * m);
+  std::memcpy(depth, p.depth, sizeof(int64_t) * n * m);
+  std::memcpy(num_nodes, p.num_nodes, sizeof(int64_t) * n);
+  return finish(err, message, message_len);
+}
+
+// The mask (want_depth = 0; packed bits or bool bytes) or the positions (want_depth = 1) into out.
+int xk_emu_tree_mask(const int64_t* parents, const int64_t* num_nodes, int64_t n, int64_t m, int packed,
+                     int want_depth, void* out, char* message, size_t message_len) {
+  using namespace xkernels::cuda;
+  Device dev;
+  const size_t bytes = want_depth ? sizeof(int64_t) * n * m : static_cast<size_t>(n * m * (packed ? (m + 7) / 8 : m));
+  void* result = dev.alloc(bytes, 0xA5);
+  TreeMaskParams p{dev.copy(parents, sizeof(int64_t) * n * m), dev.copy(num_nodes, sizeof(int64_t) * n), n, m,
+                   packed != 0, want_depth ? nullptr : static_cast<uint8_t*>(result),
+                   want_depth ? static_cast<int64_t*>(result) : nullptr};
+  const cudaError_t err = launch_tree_mask(p, nullptr);
+  std::memcpy(out, result, bytes);
+  return finish(err, message, message_len);
+}
+
+int xk_emu_tree_verify(const int64_t* tokens, const int64_t* parents, const int64_t* num_nodes, const void* logits,
+                       int logits_type, const float* q, int without_replacement, int64_t n, int64_t m, int64_t v,
+                       float inv_t, uint64_t seed, uint64_t offset, int64_t* accept_len, int64_t* path,
+                       int64_t* out_tokens, char* message, size_t message_len) {
+  using namespace xkernels::cuda;
+  Device dev;
+  TreeVerifyParams p{};
+  p.tokens = dev.copy(tokens, sizeof(int64_t) * n * m);
+  p.parents = dev.copy(parents, sizeof(int64_t) * n * m);
+  p.num_nodes = dev.copy(num_nodes, sizeof(int64_t) * n);
+  p.logits = dev.copy(static_cast<const char*>(logits), n * m * v * logits_bytes(logits_type));
+  p.dtype = static_cast<LogitsType>(logits_type);
+  p.q = dev.copy(q, sizeof(float) * n * m * v);
+  p.without_replacement = without_replacement != 0;
+  p.n = n, p.m = m, p.v = v, p.inv_t = inv_t, p.seed = seed, p.offset = offset;
+  p.accept_len = dev.alloc<int64_t>(sizeof(int64_t) * n, 0xA5);
+  p.path = dev.alloc<int64_t>(sizeof(int64_t) * n * m, 0xA5);
+  p.out_tokens = dev.alloc<int64_t>(sizeof(int64_t) * n * m, 0xA5);
+  const cudaError_t err = launch_tree_verify(p, dev.alloc(tree_verify_workspace_bytes(p), 0xA5), nullptr);
+  std::memcpy(accept_len, p.accept_len, sizeof(int64_t) * n);
+  std::memcpy(path, p.path, sizeof(int64_t) * n * m);
+  std::memcpy(out_tokens, p.out_tokens, sizeof(int64_t) * n * m);
+  return finish(err, message, message_len);
+}
+
+// cache: contiguous [n, heads, len, d] of elem-byte elements, moved in place (copied in and out).
+int xk_emu_compact_kv(void* cache, int64_t n, int64_t heads, int64_t len, int64_t d, int64_t elem,
+                      const int64_t* path, const int64_t* accept_len, int64_t m, int64_t prefix_len, char* message,
+                      size_t message_len) {
+  using namespace xkernels::cuda;
+  Device dev;
+  const size_t bytes = static_cast<size_t>(n * heads * len * d * elem);
+  char* c = const_cast<char*>(dev.copy(static_cast<const char*>(cache), bytes));
+  CompactKvParams p{c, heads * len * d, len * d, d, n, heads, len, d, elem, dev.copy(path, sizeof(int64_t) * n * m),
+                    dev.copy(accept_len, sizeof(int64_t) * n), m, prefix_len};
+  const cudaError_t err = launch_compact_kv(p, nullptr);
+  std::memcpy(cache, c, bytes);
   return finish(err, message, message_len);
 }
 

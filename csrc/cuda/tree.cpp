@@ -1,0 +1,131 @@
+// The draft-tree ops on CUDA: checks, allocation and the launches on the current stream.
+#include <ATen/core/Tensor.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "../ops/checks.h"
+#include "tree_launch.h"
+
+namespace xkernels {
+namespace {
+
+void check_launch(cudaError_t err, const char* op) {
+  TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
+}
+
+cudaStream_t stream() { return at::cuda::getCurrentCUDAStream().stream(); }
+
+at::Tensor workspace(size_t bytes, const at::Tensor& like) {
+  return at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_draft_tree_cuda(const at::Tensor& topk_logprobs,
+                                                                                 const at::Tensor& topk_tokens,
+                                                                                 int64_t budget) {
+  const auto s = check_build_draft_tree(topk_logprobs, topk_tokens, budget);
+  const c10::cuda::CUDAGuard guard(topk_logprobs.device());
+  const auto lp = topk_logprobs.contiguous(), tok = topk_tokens.contiguous();
+  const int64_t m = budget + 1;
+  auto tokens = at::empty({s.n, m}, tok.options()), parents = at::empty({s.n, m}, tok.options());
+  auto depth = at::empty({s.n, m}, tok.options()), num_nodes = at::empty({s.n}, tok.options());
+  cuda::TreeBuildParams p{lp.const_data_ptr<float>(), tok.const_data_ptr<int64_t>(), s.n, s.d, s.k, budget,
+                          tokens.mutable_data_ptr<int64_t>(), parents.mutable_data_ptr<int64_t>(),
+                          depth.mutable_data_ptr<int64_t>(), num_nodes.mutable_data_ptr<int64_t>()};
+  auto scratch = workspace(cuda::tree_build_workspace_bytes(p), lp);
+  check_launch(cuda::launch_build_draft_tree(p, scratch.mutable_data_ptr(), stream()), "build_draft_tree");
+  return {tokens, parents, num_nodes, depth};
+}
+
+// The mask (packed or bool) or, with want_depth, the positions.
+at::Tensor tree_walk_cuda(const at::Tensor& parents, const std::optional<at::Tensor>& num_nodes, bool packed,
+                          bool want_depth) {
+  const auto s = check_tree(parents, num_nodes, "parents");
+  if (value_checks_enabled()) check_tree_values(parents, num_nodes, "parents");
+  const c10::cuda::CUDAGuard guard(parents.device());
+  const auto par = parents.contiguous();
+  const auto nn = num_nodes.has_value() ? num_nodes->contiguous() : at::Tensor();
+  cuda::TreeMaskParams p{par.const_data_ptr<int64_t>(), nn.defined() ? nn.const_data_ptr<int64_t>() : nullptr,
+                         s.n, s.m, packed, nullptr, nullptr};
+  at::Tensor out;
+  if (want_depth) {
+    out = at::empty({s.n, s.m}, par.options());
+    p.depth = out.mutable_data_ptr<int64_t>();
+  } else {
+    out = at::empty({s.n, s.m, packed ? (s.m + 7) / 8 : s.m}, par.options().dtype(packed ? at::kByte : at::kBool));
+    p.mask = static_cast<uint8_t*>(out.mutable_data_ptr());
+  }
+  check_launch(cuda::launch_tree_mask(p, stream()), want_depth ? "tree_positions" : "tree_attention_mask");
+  return out;
+}
+
+at::Tensor tree_attention_mask_cuda(const at::Tensor& parents, const std::optional<at::Tensor>& num_nodes,
+                                    bool packed) {
+  return tree_walk_cuda(parents, num_nodes, packed, false);
+}
+
+at::Tensor tree_positions_cuda(const at::Tensor& parents, const std::optional<at::Tensor>& num_nodes) {
+  return tree_walk_cuda(parents, num_nodes, false, true);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_cuda(
+    const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& target_logits,
+    const std::optional<at::Tensor>& draft_probs, bool without_replacement, double temperature, int64_t seed,
+    int64_t offset, const std::optional<at::Tensor>& num_nodes, const std::optional<at::Tensor>& seed_tensor,
+    const std::optional<at::Tensor>& offset_tensor) {
+  const int64_t v = check_tree_verify(tokens, parents, target_logits, draft_probs, temperature, num_nodes);
+  if (value_checks_enabled()) {
+    check_tree_values(parents, num_nodes, "parents");
+    check_tree_tokens(tokens, num_nodes, v);
+  }
+  const RngArgs rng = rng_args(seed, offset, seed_tensor, offset_tensor, target_logits.device());
+  const c10::cuda::CUDAGuard guard(target_logits.device());
+  const int64_t n = parents.size(0), m = parents.size(1);
+  const auto tok = tokens.contiguous(), par = parents.contiguous(), logits = target_logits.contiguous();
+  const auto nn = num_nodes.has_value() ? num_nodes->contiguous() : at::Tensor();
+  const auto q = draft_probs.has_value() ? draft_probs->contiguous() : at::Tensor();
+  auto accept_len = at::empty({n}, tok.options()), path = at::empty({n, m}, tok.options());
+  auto out = at::empty({n, m}, tok.options());
+  cuda::TreeVerifyParams p{};
+  p.tokens = tok.const_data_ptr<int64_t>(), p.parents = par.const_data_ptr<int64_t>();
+  p.num_nodes = nn.defined() ? nn.const_data_ptr<int64_t>() : nullptr;
+  p.logits = logits.const_data_ptr();
+  p.dtype = logits.scalar_type() == at::kFloat      ? cuda::LogitsType::kFloat32
+            : logits.scalar_type() == at::kBFloat16 ? cuda::LogitsType::kBFloat16
+                                                    : cuda::LogitsType::kFloat16;
+  p.q = q.defined() ? q.const_data_ptr<float>() : nullptr;
+  p.without_replacement = without_replacement;
+  p.n = n, p.m = m, p.v = v;
+  p.inv_t = inverse_temperature(temperature);
+  p.seed = rng.seed, p.offset = rng.offset, p.seed_ptr = rng.seed_ptr, p.offset_ptr = rng.offset_ptr;
+  p.accept_len = accept_len.mutable_data_ptr<int64_t>(), p.path = path.mutable_data_ptr<int64_t>();
+  p.out_tokens = out.mutable_data_ptr<int64_t>();
+  auto scratch = workspace(cuda::tree_verify_workspace_bytes(p), logits);
+  check_launch(cuda::launch_tree_verify(p, scratch.mutable_data_ptr(), stream()), "tree_verify");
+  return {accept_len, path, out};
+}
+
+void compact_kv_cuda(const at::Tensor& cache, const at::Tensor& path, const at::Tensor& accept_len,
+                     int64_t prefix_len) {
+  check_compact_kv(cache, path, accept_len, prefix_len);
+  const c10::cuda::CUDAGuard guard(cache.device());
+  const auto p_path = path.contiguous(), p_acc = accept_len.contiguous();
+  cuda::CompactKvParams p{static_cast<char*>(cache.mutable_data_ptr()), cache.stride(0), cache.stride(1),
+                          cache.stride(2), cache.size(0), cache.size(1), cache.size(2), cache.size(3),
+                          static_cast<int64_t>(cache.element_size()), p_path.const_data_ptr<int64_t>(),
+                          p_acc.const_data_ptr<int64_t>(), path.size(1), prefix_len};
+  check_launch(cuda::launch_compact_kv(p, stream()), "compact_kv_");
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(xkernels, CUDA, m) {
+  m.impl("build_draft_tree", &build_draft_tree_cuda);
+  m.impl("tree_attention_mask", &tree_attention_mask_cuda);
+  m.impl("tree_positions", &tree_positions_cuda);
+  m.impl("tree_verify", &tree_verify_cuda);
+  m.impl("compact_kv_", &compact_kv_cuda);
+}
+
+}  // namespace xkernels

@@ -1,0 +1,332 @@
+// The draft-tree ops on CUDA, one launch each, never waiting on the host:
+//  build_draft_tree:    a thread per sequence runs the best-first search of xkernels/tree.h
+//                       (its heap in global scratch, so any budget fits).
+//  tree_attention_mask: a block per sequence zeroes the mask, then a thread per node walks its
+//  / tree_positions     ancestors, setting its own row (no two threads write one row).
+//  tree_verify:         a block per sequence walks the tree; at each visited node the block
+//                       reduces that one row's softmax statistics, thread 0 tests the children in
+//                       order, and the block samples (Gumbel-max) or updates the residual when a
+//                       rule needs the whole row. Only visited rows are read.
+//  compact_kv_:         a block per (sequence, head) moves the accepted entries in path order.
+// Values the host cannot check without a sync (parents, num_nodes, token ids, path) are handled
+// memory-safely: an invalid parent ends a walk, a child whose token lies outside [0, V) is never
+// accepted, an invalid path stops the moves; XKERNELS_CHECK=1 makes the bindings raise instead.
+#include "device_utils.cuh"
+#include "tree_launch.h"
+#include "xkernels/tree.h"
+
+namespace xkernels::cuda {
+namespace {
+
+__device__ __forceinline__ int64_t node_count(const int64_t* num_nodes, int64_t n, int64_t m) {
+  if (!num_nodes) return m;
+  const int64_t c = num_nodes[n];
+  return c < 1 ? 1 : c > m ? m : c;
+}
+
+__global__ void build_tree_kernel(TreeBuildParams p, TreeCandidate* heaps) {
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (n >= p.n) return;
+  const int64_t m = p.budget + 1, slots = p.d * p.k;
+  p.num_nodes[n] = build_tree(p.logprobs + n * slots, p.tokens + n * slots, p.d, p.k, p.budget, heaps + n * m,
+                              p.out_tokens + n * m, p.parents + n * m, p.depth + n * m);
+}
+
+__global__ void __launch_bounds__(kThreads) tree_mask_kernel(TreeMaskParams p) {
+  const int64_t n = blockIdx.x;
+  const int64_t count = node_count(p.num_nodes, n, p.m);
+  const int64_t* parents = p.parents + n * p.m;
+  const int64_t row_bytes = p.packed ? (p.m + 7) / 8 : p.m;
+  uint8_t* mask = p.mask ? p.mask + n * p.m * row_bytes : nullptr;
+  if (mask) {
+    for (int64_t b = threadIdx.x; b < p.m * row_bytes; b += kThreads) mask[b] = 0;
+    __syncthreads();
+  }
+  for (int64_t i = threadIdx.x; i < p.m; i += kThreads) {
+    uint8_t* row = mask ? mask + i * row_bytes : nullptr;
+    int64_t depth = 0;
+    for (int64_t j = i;;) {
+      if (row) {
+        if (p.packed)
+          row[j / 8] |= static_cast<uint8_t>(1u << (j % 8));
+        else
+          row[j] = 1;
+      }
+      if (j == 0 || i >= count) break;
+      const int64_t up = parents[j];
+      if (up < 0 || up >= j) break;  // an invalid parent ends the walk
+      j = up;
+      ++depth;
+    }
+    if (p.depth) p.depth[n * p.m + i] = depth;
+  }
+}
+
+struct VerifyWorkspace {
+  int32_t* kids;      // [n, m] the children of the node being tested
+  int32_t* rejected;  // [n, m] tokens rejected at it (deterministic children)
+  float* r;           // [n, v] the residual (draft_probs), or null
+  float* qw;          // [n, v] q with removed tokens (without replacement), or null
+};
+
+// What thread 0 decides and the block shares at one node.
+struct NodeState {
+  RowStats stats;
+  int64_t chosen;
+  int32_t kids, rejected, x;
+  float zq, zr, remaining;
+  bool residual, q_copied, empty;
+};
+
+template <typename T>
+__device__ __forceinline__ float scaled(const T* row, int64_t x, float scale) {
+  return to_float(row[x]) * scale;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1) tree_verify_kernel(TreeVerifyParams p, VerifyWorkspace w) {
+  __shared__ NodeState sh;
+  const int64_t n = blockIdx.x, m = p.m, v = p.v;
+  const int64_t count = node_count(p.num_nodes, n, m);
+  const int64_t* tokens = p.tokens + n * m;
+  const int64_t* parents = p.parents + n * m;
+  int32_t* kids = w.kids + n * m;
+  int32_t* rejected = w.rejected + n * m;
+  float* r = w.r ? w.r + n * v : nullptr;
+  float* qw = w.qw ? w.qw + n * v : nullptr;
+  const uint64_t seed = read_or(p.seed_ptr, p.seed), offset = read_or(p.offset_ptr, p.offset);
+  const bool greedy = p.inv_t == 0.0f;
+  const float scale = greedy ? 1.0f : p.inv_t;
+  int64_t node = 0, acc = 0;
+  for (;;) {
+    const T* row = static_cast<const T*>(p.logits) + (n * m + node) * v;
+    RowStats s = stats_empty();
+    for (int64_t x = threadIdx.x; x < v; x += kThreads) {
+      if (greedy)
+        argmax_observe(s.top, scaled(row, x, 1.0f), static_cast<int32_t>(x));
+      else
+        stats_observe(s, scaled(row, x, scale), static_cast<int32_t>(x));
+    }
+    s = block_merge(s, stats_empty());
+    if (threadIdx.x == 0) {
+      int32_t k = 0;
+      for (int64_t c = node + 1; c < count; ++c)
+        if (parents[c] == node) kids[k++] = static_cast<int32_t>(c);
+      sh = NodeState{s, -1, k, 0, -1, 0.0f, 1.0f, 1.0f, false, false, false};
+    }
+    __syncthreads();
+    s = sh.stats;
+    const bool point_mass = greedy || stats_degenerate(s);
+    const float* q_row = p.q ? p.q + (n * m + node) * v : nullptr;
+    if (point_mass) {
+      if (threadIdx.x == 0)
+        for (int32_t i = 0; i < sh.kids && sh.chosen < 0; ++i)
+          if (tokens[kids[i]] == s.top.idx) sh.chosen = kids[i];
+    } else if (!q_row) {
+      if (threadIdx.x == 0) {
+        for (int32_t i = 0; i < sh.kids && sh.chosen < 0; ++i) {
+          const int64_t x = tokens[kids[i]];
+          if (x < 0 || x >= v) continue;
+          bool seen = false;
+          for (int32_t j = 0; j < sh.rejected; ++j) seen |= rejected[j] == x;
+          if (seen) continue;  // r(x) = 0 already
+          const float p_x = stats_prob(s, scaled(row, x, scale));
+          if (tree_accept_plain(acceptance_coin(seed, offset, static_cast<uint32_t>(n), static_cast<uint32_t>(kids[i])),
+                                p_x, sh.remaining)) {
+            sh.chosen = kids[i];
+          } else {
+            rejected[sh.rejected++] = static_cast<int32_t>(x);
+            sh.remaining -= p_x;
+          }
+        }
+      }
+    } else if (sh.kids > 0) {
+      float zq = 0.0f;
+      for (int64_t x = threadIdx.x; x < v; x += kThreads) zq += q_row[x];
+      zq = block_sum(zq);
+      if (threadIdx.x == 0) sh.zq = zq;
+      for (int32_t i = 0; i < sh.kids; ++i) {
+        __syncthreads();
+        if (threadIdx.x == 0) {
+          const int64_t x = tokens[kids[i]];
+          sh.x = x >= 0 && x < v ? static_cast<int32_t>(x) : -1;
+          if (sh.x >= 0) {
+            const float* qs = sh.q_copied ? qw : q_row;
+            const float r_x = sh.residual ? r[x] : stats_prob(s, scaled(row, x, scale));
+            if (tree_accept_sampled(acceptance_coin(seed, offset, static_cast<uint32_t>(n), static_cast<uint32_t>(kids[i])),
+                                    qs[x], sh.zq, r_x, sh.zr))
+              sh.chosen = kids[i];
+          }
+        }
+        __syncthreads();
+        if (sh.chosen >= 0 || sh.x < 0) {
+          if (sh.chosen >= 0) break;
+          continue;  // a token outside [0, V): never accepted, no residual step
+        }
+        // Rejected: r <- max(r / zr - q / zq, 0), over the whole row.
+        const float* qs = sh.q_copied ? qw : q_row;
+        const float zr = sh.zr, zq_now = sh.zq;
+        const bool residual = sh.residual;
+        float total = 0.0f;
+        for (int64_t x = threadIdx.x; x < v; x += kThreads) {
+          const float before = residual ? r[x] : stats_prob(s, scaled(row, x, scale));
+          r[x] = tree_residual(before, zr, qs[x], zq_now);
+          total += r[x];
+        }
+        if (p.without_replacement && !sh.q_copied)
+          for (int64_t x = threadIdx.x; x < v; x += kThreads) qw[x] = q_row[x];
+        total = block_sum(total);
+        __syncthreads();  // qw copied by every thread
+        if (threadIdx.x == 0) {
+          sh.zr = total;
+          sh.residual = true;
+          sh.empty = !(total > 0.0f);
+          if (p.without_replacement) {
+            sh.zq -= qw[sh.x];
+            qw[sh.x] = 0.0f;
+            sh.q_copied = true;
+          }
+        }
+        __syncthreads();
+        if (sh.empty) break;
+      }
+    }
+    __syncthreads();
+    const int64_t chosen = sh.chosen;
+    if (chosen < 0) {
+      int32_t emit = s.top.idx;
+      if (!point_mass && !sh.empty) {
+        ArgMax best = argmax_empty();
+        const bool residual = sh.residual;
+        const int32_t nrej = sh.rejected;
+        for (int64_t g = threadIdx.x; 4 * g < v; g += kThreads) {
+          const int cnt = v - 4 * g < 4 ? static_cast<int>(v - 4 * g) : 4;
+          float wt[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int64_t x = 4 * g + j;
+            if (j >= cnt) {
+              wt[j] = kNegInf;
+            } else if (residual) {
+              wt[j] = r[x] > 0.0f ? log_f32(r[x]) : kNegInf;
+            } else {
+              bool excluded = false;
+              for (int32_t k = 0; k < nrej; ++k) excluded |= rejected[k] == x;
+              wt[j] = excluded ? kNegInf : scaled(row, x, scale);
+            }
+          }
+          tree_sample_group(best, seed, offset, static_cast<uint32_t>(n), static_cast<uint32_t>(node),
+                            static_cast<uint32_t>(g), wt, cnt);
+        }
+        best = block_merge(best, argmax_empty());
+        if (best.idx != kNoIndex) emit = best.idx;
+      }
+      if (threadIdx.x == 0) {
+        p.out_tokens[n * m + acc] = emit;
+        p.accept_len[n] = acc;
+      }
+      break;
+    }
+    if (threadIdx.x == 0) {
+      p.out_tokens[n * m + acc] = tokens[chosen];
+      p.path[n * m + acc + 1] = chosen;
+    }
+    ++acc;
+    node = chosen;
+    __syncthreads();  // sh and the shared reduction buffers are reused for the next node
+  }
+  for (int64_t j = threadIdx.x; j < m; j += kThreads) {
+    if (j == 0) p.path[n * m] = 0;
+    if (j > acc) p.path[n * m + j] = -1;
+    if (j > acc) p.out_tokens[n * m + j] = -1;
+  }
+}
+
+template <typename E>
+__global__ void compact_kv_kernel(CompactKvParams p) {
+  const int64_t s = blockIdx.x / p.heads, h = blockIdx.x % p.heads;
+  int64_t a = p.accept_len[s];
+  a = a < 0 ? 0 : a > p.m - 1 ? p.m - 1 : a;
+  const int64_t* path = p.path + s * p.m;
+  E* base = reinterpret_cast<E*>(p.cache) + s * p.stride0 + h * p.stride1;
+  int64_t prev = 0;
+  // Increasing j: a source (path[j] >= j) is never a slot an earlier step wrote, so the threads
+  // need no barrier between steps.
+  for (int64_t j = 1; j <= a; ++j) {
+    const int64_t src = path[j];
+    if (src < j || src <= prev || p.prefix_len + src >= p.len) break;  // an invalid path stops the moves
+    prev = src;
+    if (src == j) continue;
+    E* dst_row = base + (p.prefix_len + j) * p.stride2;
+    const E* src_row = base + (p.prefix_len + src) * p.stride2;
+    for (int64_t e = threadIdx.x; e < p.d; e += blockDim.x) dst_row[e] = src_row[e];
+  }
+}
+
+size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
+
+template <typename T>
+cudaError_t launch_verify_typed(const TreeVerifyParams& p, const VerifyWorkspace& w, cudaStream_t stream) {
+  tree_verify_kernel<T><<<p.n, kThreads, 0, stream>>>(p, w);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+size_t tree_build_workspace_bytes(const TreeBuildParams& p) {
+  return align_up(sizeof(TreeCandidate) * p.n * (p.budget + 1));
+}
+
+cudaError_t launch_build_draft_tree(const TreeBuildParams& p, void* workspace, cudaStream_t stream) {
+  if (p.n == 0) return cudaSuccess;
+  build_tree_kernel<<<(p.n + 127) / 128, 128, 0, stream>>>(p, static_cast<TreeCandidate*>(workspace));
+  return cudaGetLastError();
+}
+
+cudaError_t launch_tree_mask(const TreeMaskParams& p, cudaStream_t stream) {
+  if (p.n == 0) return cudaSuccess;
+  tree_mask_kernel<<<p.n, kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+size_t tree_verify_workspace_bytes(const TreeVerifyParams& p) {
+  const size_t lists = 2 * align_up(sizeof(int32_t) * p.n * p.m);
+  const size_t rows = p.q ? align_up(sizeof(float) * p.n * p.v) * (p.without_replacement ? 2 : 1) : 0;
+  return lists + rows;
+}
+
+cudaError_t launch_tree_verify(const TreeVerifyParams& p, void* workspace, cudaStream_t stream) {
+  if (p.n == 0) return cudaSuccess;
+  char* at = static_cast<char*>(workspace);
+  VerifyWorkspace w{};
+  w.kids = reinterpret_cast<int32_t*>(at);
+  at += align_up(sizeof(int32_t) * p.n * p.m);
+  w.rejected = reinterpret_cast<int32_t*>(at);
+  at += align_up(sizeof(int32_t) * p.n * p.m);
+  if (p.q) {
+    w.r = reinterpret_cast<float*>(at);
+    at += align_up(sizeof(float) * p.n * p.v);
+    if (p.without_replacement) w.qw = reinterpret_cast<float*>(at);
+  }
+  switch (p.dtype) {
+    case LogitsType::kFloat32: return launch_verify_typed<float>(p, w, stream);
+    case LogitsType::kBFloat16: return launch_verify_typed<__nv_bfloat16>(p, w, stream);
+    case LogitsType::kFloat16: return launch_verify_typed<__half>(p, w, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t launch_compact_kv(const CompactKvParams& p, cudaStream_t stream) {
+  if (p.n == 0 || p.heads == 0) return cudaSuccess;
+  const int64_t blocks = p.n * p.heads;
+  switch (p.elem) {
+    case 1: compact_kv_kernel<uint8_t><<<blocks, 128, 0, stream>>>(p); break;
+    case 2: compact_kv_kernel<uint16_t><<<blocks, 128, 0, stream>>>(p); break;
+    case 4: compact_kv_kernel<uint32_t><<<blocks, 128, 0, stream>>>(p); break;
+    case 8: compact_kv_kernel<uint64_t><<<blocks, 128, 0, stream>>>(p); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace xkernels::cuda

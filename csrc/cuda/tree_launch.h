@@ -1,0 +1,60 @@
+// The host interface of the draft-tree CUDA kernels: plain pointers, no torch headers.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "launch_types.h"
+
+namespace xkernels::cuda {
+
+// build_draft_tree: a thread per sequence, its heap in `workspace` (tree_build_workspace_bytes).
+struct TreeBuildParams {
+  const float* logprobs;  // [n, d, k]
+  const int64_t* tokens;  // [n, d, k]
+  int64_t n, d, k, budget;
+  int64_t *out_tokens, *parents, *depth, *num_nodes;  // [n, budget+1], [n]
+};
+size_t tree_build_workspace_bytes(const TreeBuildParams& p);
+cudaError_t launch_build_draft_tree(const TreeBuildParams& p, void* workspace, cudaStream_t stream);
+
+// tree_attention_mask (mask != null; packed: uint8 bits, else bool bytes) or tree_positions
+// (depth != null): a block per sequence, a thread per node walking its ancestors. Invalid
+// parents end the walk (memory-safe).
+struct TreeMaskParams {
+  const int64_t* parents;    // [n, m]
+  const int64_t* num_nodes;  // [n] or null
+  int64_t n, m;
+  bool packed;
+  uint8_t* mask;   // [n, m, packed ? ceil(m/8) : m] or null
+  int64_t* depth;  // [n, m] or null
+};
+cudaError_t launch_tree_mask(const TreeMaskParams& p, cudaStream_t stream);
+
+struct TreeVerifyParams {
+  const int64_t *tokens, *parents, *num_nodes;  // [n, m], [n, m], [n] or null
+  const void* logits;                           // [n, m, v]
+  LogitsType dtype;
+  const float* q;  // [n, m, v] or null
+  bool without_replacement;
+  int64_t n, m, v;
+  float inv_t;
+  uint64_t seed, offset;
+  const int64_t *seed_ptr, *offset_ptr;
+  int64_t *accept_len, *path, *out_tokens;  // [n], [n, m], [n, m]
+};
+size_t tree_verify_workspace_bytes(const TreeVerifyParams& p);
+cudaError_t launch_tree_verify(const TreeVerifyParams& p, void* workspace, cudaStream_t stream);
+
+// compact_kv_: a block per (sequence, head); an invalid path stops the moves (memory-safe).
+struct CompactKvParams {
+  char* cache;  // element (s, h, l, e) at ((s * stride0 + h * stride1 + l * stride2) + e) * elem bytes
+  int64_t stride0, stride1, stride2, n, heads, len, d, elem;
+  const int64_t *path, *accept_len;  // [n, m], [n]
+  int64_t m, prefix_len;
+};
+cudaError_t launch_compact_kv(const CompactKvParams& p, cudaStream_t stream);
+
+}  // namespace xkernels::cuda

@@ -1,0 +1,81 @@
+"""The draft-tree CUDA kernels, run by the emulation, against the references."""
+import pytest
+import torch
+
+from xkernels import reference
+from tests.test_tree import random_tree, topk_case, verify_case
+
+
+@pytest.mark.parametrize("n,d,k,budget,ties", [(4, 5, 3, 12, False), (3, 3, 2, 63, True), (2, 4, 4, 0, False),
+                                               (130, 2, 2, 5, False)])
+def test_build_draft_tree(emu, n, d, k, budget, ties):
+    lp, tok = topk_case(n, d, k, seed=d + k, ties=ties)
+    lp[0, 0, -1] = float("nan")
+    for a, b in zip(emu.build_draft_tree(lp, tok, budget), reference.build_draft_tree(lp, tok, budget)):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("kind", ["chain", "star", "bushy"])
+@pytest.mark.parametrize("m", [1, 9, 300])
+def test_masks_and_positions(emu, kind, m):
+    parents = random_tree(3, m, kind, seed=m)
+    num_nodes = torch.tensor([m, max(1, m // 2), 1])
+    for nn in (None, num_nodes):
+        assert torch.equal(emu.tree_mask(parents, nn), reference.tree_attention_mask(parents, nn))
+        assert torch.equal(emu.tree_mask(parents, nn, packed=True), reference.tree_attention_mask(parents, nn, True))
+        assert torch.equal(emu.tree_mask(parents, nn, positions=True), reference.tree_positions(parents, nn))
+
+
+def test_invalid_parents_stay_memory_safe(emu):
+    parents = random_tree(2, 9, "bushy")
+    parents[0, 4] = 7  # a parent after its child
+    parents[1, 3] = -9
+    parents[1, 5] = 2**40
+    emu.tree_mask(parents, torch.tensor([9, 20]))  # num_nodes past M is clamped
+    emu.tree_mask(parents, packed=True, positions=True)
+    tokens, _, logits, q = verify_case(2, 9, 20, "bushy")
+    tokens[0, 2], tokens[1, 1] = -3, 99
+    for temperature, qq in [(0.0, None), (1.0, None), (1.0, q)]:
+        accept_len, path, out = emu.tree_verify(tokens, parents, logits, qq, True, temperature,
+                                                num_nodes=torch.tensor([0, 50]))
+        assert ((out >= -1) & (out < 20)).all() and ((path >= -1) & (path < 9)).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kind", ["chain", "star", "bushy"])
+@pytest.mark.parametrize("temperature,with_q,without_replacement",
+                         [(0.0, False, False), (1.0, False, False), (1.0, True, False), (0.7, True, True)])
+def test_tree_verify(emu, dtype, kind, temperature, with_q, without_replacement):
+    tokens, parents, logits, q = verify_case(5, 13, 300, kind, dtype, seed=len(kind))
+    num_nodes = torch.tensor([13, 5, 1, 9, 13])
+    for nn in (None, num_nodes):
+        got = emu.tree_verify(tokens, parents, logits, q if with_q else None, without_replacement, temperature, 11,
+                              2, nn)
+        want = reference.tree_verify(tokens, parents, logits, q if with_q else None, without_replacement,
+                                     temperature, 11, 2, nn)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+
+
+def test_greedy_ties_and_nan_rows(emu):
+    parents = torch.tensor([[-1, 0, 0, 1]])
+    logits = torch.zeros(1, 4, 6)
+    logits[0, 0, [2, 4]] = 1.0
+    logits[0, 2, 5] = float("nan")
+    tokens = torch.tensor([[-1, 4, 2, 5]])
+    for temperature in (0.0, 1.0):
+        got = emu.tree_verify(tokens, parents, logits, temperature=temperature)
+        want = reference.tree_verify(tokens, parents, logits, temperature=temperature)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.uint8])
+def test_compact_kv(emu, dtype):
+    tokens, parents, logits, _ = verify_case(4, 9, 20, "chain", seed=4)
+    accept_len, path, _ = reference.tree_verify(tokens, parents, logits)
+    cache = (torch.randn(4, 3, 16, 8) * 50).to(dtype)
+    assert torch.equal(emu.compact_kv(cache, path, accept_len, 5), reference.compact_kv(cache, path, accept_len, 5))
+    bad = path.clone()
+    bad[:, 1] = 40  # past the cache: the moves stop
+    emu.compact_kv(cache, bad, accept_len, 5)
