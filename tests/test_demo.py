@@ -12,11 +12,14 @@ def test_demo_writes_tables_plot_and_json(tmp_path):
     from xkernels.demo import format_tables, run_demo
 
     report = run_demo(prompts=1, tokens=12, passes=(1, 2), iters=2, out=tmp_path)
+    for domain in ("code", "math"):
+        sweep = report["tau_by_verified_tokens"][domain]
+        assert set(sweep["chain"]) == {4, 8, 15} and set(sweep["tree"]) == {4, 8, 16, 32}
     saved = json.loads((tmp_path / "demo.json").read_text())
     assert (tmp_path / "demo.png").stat().st_size > 0
     assert set(saved["domains"]) == {"code", "math"}
     for rows in saved["domains"].values():
-        assert set(rows) == {"ar", "drafter", "sequential", "jacobi", "jacobi-1"}
+        assert set(rows) == {"ar", "drafter", "sequential", "jacobi", "tree", "tree-jacobi", "jacobi-1"}
         assert all(r["same_tokens_as_ar"] for r in rows.values())
         assert rows["ar"]["tau"] == 1.0 and rows["ar"]["speedup"] == 1.0
         assert all(r["tau"] >= 1.0 for r in rows.values())

@@ -26,12 +26,15 @@ def tiny_models(vocab, block=8, seed=0):
     return target.double().eval(), drafter.double().eval(), refiner.double().eval()
 
 
-@pytest.mark.parametrize("mode,iters", [("drafter", 4), ("sequential", 4), ("jacobi", 1), ("jacobi", 4)])
-def test_greedy_modes_emit_the_ar_tokens(mode, iters):
+@pytest.mark.parametrize("mode,iters,budget", [("drafter", 4, 15), ("sequential", 4, 15), ("jacobi", 1, 15),
+                                               ("jacobi", 4, 15), ("tree", 4, 4), ("tree", 4, 31),
+                                               ("tree-jacobi", 2, 12)])
+def test_greedy_modes_emit_the_ar_tokens(mode, iters, budget):
     target, drafter, refiner = tiny_models(64)
     for prompt in ([1, 2, 3, 4, 5], [9], [7, 7, 7, 30, 31, 2, 40, 41, 42, 11, 3]):
         want, _ = generate(target, prompt, 30, mode="ar")
-        got, stats = generate(target, prompt, 30, mode=mode, drafter=drafter, refiner=refiner, iters=iters)
+        got, stats = generate(target, prompt, 30, mode=mode, drafter=drafter, refiner=refiner, iters=iters,
+                              tree_budget=budget)
         assert got == want
         assert stats.new_tokens == 30 and stats.target_calls == len(stats.accept_lens)
         assert stats.tau == pytest.approx(30 / stats.target_calls)
@@ -40,7 +43,7 @@ def test_greedy_modes_emit_the_ar_tokens(mode, iters):
 VOCAB, SAMPLES = 8, 2500
 
 
-@pytest.mark.parametrize("mode", ["ar", "drafter", "sequential", "jacobi"])
+@pytest.mark.parametrize("mode", ["ar", "drafter", "sequential", "jacobi", "tree", "tree-jacobi"])
 def test_sampling_modes_follow_the_target(mode):
     target, drafter, refiner = tiny_models(VOCAB, block=4, seed=1)
     prompt = [1, 2, 3]
@@ -56,8 +59,63 @@ def test_sampling_modes_follow_the_target(mode):
     assert chi_squared_pvalue(counts, p1[:, None] * p2) > 1e-3
 
 
+def test_tree_attention_equals_each_path_alone():
+    """A forward over [anchor + tree] under the tree mask and depth positions gives every node the
+    logits of its root-to-node path run on its own with a plain causal mask after the same prefix."""
+    import xkernels
+    from tests.test_tree import random_tree
+
+    target, _, _ = tiny_models(64)
+    prefix = torch.tensor([[5, 9, 2, 33]])
+    parents = random_tree(1, 12, "bushy", seed=3)
+    tokens = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        cache = target.new_cache()
+        target(prefix, cache)
+        tree_logits, _ = target(tokens, cache, tree_mask=xkernels.tree_attention_mask(parents)[0],
+                                tree_depth=xkernels.tree_positions(parents)[0])
+        for i in range(12):
+            path, j = [], i
+            while j >= 0:
+                path.insert(0, j)
+                j = int(parents[0, j])
+            alone, _ = target(torch.cat([prefix, tokens[:, path]], 1))
+            torch.testing.assert_close(tree_logits[0, i], alone[0, -1], atol=1e-10, rtol=1e-10)
+
+
+def test_tree_cache_keeps_the_accepted_path():
+    """After a tree step (forward, tree_verify, keep_path) the cache equals the cache of the
+    committed tokens run plainly after the prefix."""
+    import xkernels
+
+    target, _, _ = tiny_models(64)
+    prefix = [3, 1, 4, 1, 5]
+    want, _ = generate(target, prefix, 3, mode="ar")  # the target's greedy continuation
+    # Root (the anchor 5); the greedy path is 0 -> 2 -> 5 -> 6, beside wrong siblings, so the kept
+    # entries move (2 -> 1, 5 -> 2, 6 -> 3).
+    parents = torch.tensor([[-1, 0, 0, 1, 2, 2, 5]])
+    tokens = torch.tensor([[5, (want[0] + 1) % 64, want[0], 9, (want[1] + 1) % 64, want[1], want[2]]])
+    with torch.no_grad():
+        cache = target.new_cache()
+        target(torch.tensor([prefix[:-1]]), cache)
+        logits, _ = target(tokens, cache, tree_mask=xkernels.tree_attention_mask(parents)[0],
+                           tree_depth=xkernels.tree_positions(parents)[0])
+        accept_len, path, out = xkernels.tree_verify(tokens, parents, logits.float())
+        assert accept_len.tolist() == [3] and path[0, :4].tolist() == [0, 2, 5, 6]
+        cache.keep_path(len(prefix) - 1, path, accept_len)
+        plain = target.new_cache()
+        target(torch.tensor([prefix + want[:3]]), plain)
+        assert cache.length == plain.length == len(prefix) + 3
+        for a, b in zip(cache.k + cache.v, plain.k + plain.v):
+            torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
 def test_bad_arguments():
     target, drafter, refiner = tiny_models(16)
+    with pytest.raises(ValueError, match="tree_budget"):
+        generate(target, [1, 2], 3, mode="tree", drafter=drafter, tree_budget=0)
+    with pytest.raises(ValueError, match="refiner"):
+        generate(target, [1, 2], 3, mode="tree-jacobi", drafter=drafter)
     with pytest.raises(ValueError, match="mode"):
         generate(target, [1, 2], 3, mode="beam")
     with pytest.raises(ValueError, match="drafter"):
@@ -79,7 +137,7 @@ def test_shipped_models_lose_nothing_at_t0():
         for text in data.held_out_prompts(domain, 2):
             ids = models.tokenizer.encode(text).ids
             want, _ = generate(target, ids, 24, mode="ar")
-            for mode in ("drafter", "sequential", "jacobi"):
+            for mode in ("drafter", "sequential", "jacobi", "tree", "tree-jacobi"):
                 got, _ = generate(target, ids, 24, mode=mode, drafter=drafter, refiner=refiner, iters=3)
                 assert got == want, (domain, mode)
 

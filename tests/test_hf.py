@@ -9,6 +9,7 @@ transformers = pytest.importorskip("transformers")
 
 from xkernels import data  # noqa: E402
 from xkernels.decoding import MODES, generate  # noqa: E402
+from xkernels.decoding.generate import TREE_MODES  # noqa: E402
 from xkernels.models import hf, shipped  # noqa: E402
 from tests.test_generate import tiny_models  # noqa: E402
 
@@ -44,7 +45,7 @@ def test_tokenizer_loads_with_autotokenizer(exported):
     assert tok.mask_token == "<|mask|>"
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", [m for m in MODES if m not in TREE_MODES])
 def test_every_mode_equals_transformers_generate(exported, mode):
     _, model, models = exported
     for ids in prompts(models):
@@ -79,3 +80,8 @@ def test_unsupported_models_are_refused_before_decoding():
         generate(one_layer, [1, 2, 3], 4, mode="jacobi", drafter=drafter.float(), refiner=refiner.float())
     with pytest.raises(TypeError, match="target must be a TargetLM or a transformers causal LM"):
         generate(object(), [1, 2, 3], 4)
+    tiny_hf = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8))
+    with pytest.raises(ValueError, match="needs a target that takes a tree attention mask"):
+        generate(tiny_hf, [1, 2, 3], 4, mode="tree", drafter=drafter.float())

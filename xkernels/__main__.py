@@ -31,7 +31,8 @@ def demo(args):
 
     passes = tuple(range(1, args.max_passes + 1))
     report = run_demo(prompts=args.prompts, tokens=args.tokens, temperature=args.temperature, passes=passes,
-                      iters=args.iters, out=Path(args.out), seed=args.seed, draft_len=args.draft_len)
+                      iters=args.iters, out=Path(args.out), seed=args.seed, draft_len=args.draft_len,
+                      sweep=not args.no_sweep)
     print(format_tables(report))
     print(f"\nwrote {args.out}/demo.png and {args.out}/demo.json")
 
@@ -49,8 +50,9 @@ def main(argv=None):
     commands.add_parser("info", help="versions, CUDA architectures and the ops available").set_defaults(run=info)
     d = commands.add_parser("demo", help="speculative decoding on the shipped models, on held-out prompts",
                             description="Decodes held-out code and math prompts with every mode (ar, drafter, "
-                                        "sequential, jacobi) and reports tau, target calls, tokens per second and "
-                                        "the speed-up over ar; writes demo.png and demo.json.")
+                                        "sequential, jacobi, tree, tree-jacobi) and reports tau, target calls, tokens "
+                                        "per second and the speed-up over ar, and tau against the drafts verified per "
+                                        "target call for chains and trees; writes demo.png and demo.json.")
     d.add_argument("--prompts", type=int, default=4, help="held-out prompts per domain (default 4)")
     d.add_argument("--tokens", type=int, default=64, help="new tokens per prompt (default 64)")
     d.add_argument("--temperature", type=float, default=0.0, help="0 for greedy (default), e.g. 1 to sample")
@@ -59,6 +61,7 @@ def main(argv=None):
     d.add_argument("--draft-len", type=int, default=None,
                    help="verify only the first drafts of each block (default: all 15)")
     d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--no-sweep", action="store_true", help="skip the chain-vs-tree sweep of verified tokens")
     d.add_argument("--out", default="demo_out", help="folder for demo.png and demo.json (default demo_out)")
     d.set_defaults(run=demo)
     e = commands.add_parser("export-hf", help="the shipped target (Qwen3) and tokenizer as a transformers folder")

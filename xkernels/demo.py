@@ -2,7 +2,8 @@
 
 For every domain it prints mode, tau (tokens per target call), target calls, tokens per second
 and the speed-up over plain autoregressive decoding, then writes a plot (tau and speed-up by mode
-and by Jacobi passes) and the numbers as JSON.
+and by Jacobi passes, and tau against the tokens verified per target call for chains and trees)
+and the numbers as JSON.
 """
 
 import json
@@ -17,14 +18,23 @@ from .decoding import generate
 from .models.shipped import load_all
 
 
+CHAIN_LENGTHS = (4, 8, 15)  # drafts a chain verifies per block (at most the block's 15)
+TREE_BUDGETS = (4, 8, 16, 32)  # draft nodes a tree verifies per block
+
+
 def run_demo(prompts: int = 4, tokens: int = 64, temperature: float = 0.0, passes=(1, 2, 3, 4, 5, 6),
-             iters: int = 4, out: Path = Path("demo_out"), seed: int = 0, draft_len=None) -> dict:
+             iters: int = 4, out: Path = Path("demo_out"), seed: int = 0, draft_len=None,
+             sweep: bool = True) -> dict:
     torch.manual_seed(seed)
     models = load_all()
+    verified = draft_len or models.drafter.cfg.block_size - 1  # the trees verify as many drafts as the chains
     runs = [("ar", "ar", None), ("drafter", "drafter", None), ("sequential", "sequential", None),
-            ("jacobi", "jacobi", iters)] + [("jacobi", f"jacobi-{p}", p) for p in passes if p != iters]
-    results = {}
-    total = len(data.DOMAINS) * prompts * len(runs)
+            ("jacobi", "jacobi", iters), ("tree", "tree", None), ("tree-jacobi", "tree-jacobi", iters)] + [
+        ("jacobi", f"jacobi-{p}", p) for p in passes if p != iters]
+    results, sweeps = {}, {}
+    sweep_runs = [("drafter", dict(draft_len=k), k) for k in CHAIN_LENGTHS] + [
+        ("tree", dict(tree_budget=b), b) for b in TREE_BUDGETS] if sweep else []
+    total = len(data.DOMAINS) * prompts * (len(runs) + len(sweep_runs))
     with tqdm(total=total, desc="demo") as bar:
         for domain in data.DOMAINS:
             texts = data.held_out_prompts(domain, prompts, rng_seed=seed)
@@ -38,7 +48,7 @@ def run_demo(prompts: int = 4, tokens: int = 64, temperature: float = 0.0, passe
                     ids = models.tokenizer.encode(text).ids
                     out_ids, stats = generate(models.target, ids, tokens, mode=mode, drafter=models.drafter,
                                               refiner=models.refiner, iters=p or iters, temperature=temperature,
-                                              seed=seed + i, draft_len=draft_len)
+                                              seed=seed + i, draft_len=draft_len, tree_budget=verified)
                     if mode == "ar":
                         ar_tokens.append(out_ids)
                     same.append(out_ids == ar_tokens[i])
@@ -54,11 +64,20 @@ def run_demo(prompts: int = 4, tokens: int = 64, temperature: float = 0.0, passe
             for row in rows.values():
                 row["speedup"] = row["tokens_per_second"] / base
             results[domain] = rows
+            sweeps[domain] = {"chain": {}, "tree": {}}
+            for mode, kwargs, size in sweep_runs:
+                taus = []
+                for i, text in enumerate(texts):
+                    taus.append(generate(models.target, models.tokenizer.encode(text).ids, tokens, mode=mode,
+                                         drafter=models.drafter, temperature=temperature, seed=seed + i,
+                                         **kwargs)[1].tau)
+                    bar.update()
+                sweeps[domain]["chain" if mode == "drafter" else "tree"][size] = mean(taus)
     report = dict(prompts=prompts, tokens=tokens, temperature=temperature, jacobi_iters=iters,
-                  draft_len=draft_len or models.drafter.cfg.block_size - 1, domains=results)
+                  draft_len=verified, domains=results, tau_by_verified_tokens=sweeps)
     out.mkdir(parents=True, exist_ok=True)
     (out / "demo.json").write_text(json.dumps(report, indent=1))
-    _plot(results, passes, out / "demo.png", temperature)
+    _plot(results, sweeps, passes, out / "demo.png", temperature)
     return report
 
 
@@ -75,16 +94,21 @@ def format_tables(report: dict) -> str:
             if report["temperature"] == 0:
                 line += f"  {'yes' if r['same_tokens_as_ar'] else 'NO'}"
             lines.append(line)
+        sweep = report.get("tau_by_verified_tokens", {}).get(domain)
+        if sweep and sweep["chain"]:
+            lines.append("tau by drafts verified per target call (drafter marginals): " + ", ".join(
+                [f"chain {k}: {t:.2f}" for k, t in sweep["chain"].items()] +
+                [f"tree {k}: {t:.2f}" for k, t in sweep["tree"].items()]))
     return "\n".join(lines)
 
 
-def _plot(results, passes, path, temperature):
+def _plot(results, sweeps, passes, path, temperature):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
     for ax, key, label in [(axes[0], "tau", "tau (tokens per target call)"), (axes[1], "speedup", "speed-up over ar")]:
         for domain, rows in results.items():
             jacobi = [rows[f"jacobi-{p}" if f"jacobi-{p}" in rows else "jacobi"][key] for p in passes]
@@ -96,6 +120,16 @@ def _plot(results, passes, path, temperature):
         ax.grid(alpha=0.3)
     axes[1].axhline(1.0, color="black", linewidth=0.8)
     axes[0].legend(fontsize=7)
+    for domain, sweep in sweeps.items():
+        if not sweep["chain"]:
+            continue
+        chain, tree = sorted((int(k), v) for k, v in sweep["chain"].items()), sorted((int(k), v) for k, v in sweep["tree"].items())
+        line, = axes[2].plot(*zip(*tree), marker="o", label=f"{domain}: tree")
+        axes[2].plot(*zip(*chain), marker="s", linestyle="--", color=line.get_color(), label=f"{domain}: chain")
+    axes[2].set_xlabel("drafts verified per target call")
+    axes[2].set_ylabel("tau (drafter marginals)")
+    axes[2].grid(alpha=0.3)
+    axes[2].legend(fontsize=7)
     fig.suptitle(f"xPress refinement on the shipped models (T={temperature})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -5,8 +5,14 @@ Modes:
     "drafter"     dFlash: the drafter proposes a block, chain_verify checks it in one target call
     "sequential"  the drafter plus sequential_refine (xPress refinement decoded slot by slot)
     "jacobi"      the drafter plus jacobi_refine with `iters` passes (xPress)
+    "tree"        DDTree: a best-first draft tree over the drafter's per-slot top-k marginals
+                  (build_draft_tree), verified in one target call under the tree's attention mask
+                  (tree_attention_mask, tree_positions, tree_verify); the KV cache keeps the
+                  accepted path (compact_kv_)
+    "tree-jacobi" the same over the refined marginals of the final Jacobi iterate
 
-Every mode emits exactly the tokens "ar" would at T = 0, and the same distribution at T > 0.
+Every mode emits exactly the tokens "ar" would at T = 0, and the same distribution at T > 0 (a
+tree is a deterministic function of the context, so it is verified without draft_probs).
 """
 
 import time
@@ -16,9 +22,12 @@ from typing import List, Optional, Sequence
 import torch
 
 from ..models.hf import as_target
-from ..ops import chain_verify, jacobi_refine, sequential_refine, refine_step
+from ..models.target import TargetLM
+from ..ops import (build_draft_tree, chain_verify, jacobi_refine, refine_step, sequential_refine,
+                   tree_attention_mask, tree_verify)
 
-MODES = ("ar", "drafter", "sequential", "jacobi")
+MODES = ("ar", "drafter", "sequential", "jacobi", "tree", "tree-jacobi")
+TREE_MODES = ("tree", "tree-jacobi")
 
 
 @dataclass
@@ -38,6 +47,18 @@ class Stats:
     @property
     def tokens_per_second(self) -> float:
         return self.new_tokens / max(self.seconds, 1e-9)
+
+
+# The drafts of block `step` and its verification draw from separate Philox streams: both key
+# their noise by (sequence, slot or row, vocabulary id), so one offset would make the residual
+# sample at row d reuse the noise that chose draft d, and the sample would no longer follow the
+# residual given the rejection.
+def _draft_offset(step: int) -> int:
+    return 2 * step + 1
+
+
+def _verify_offset(step: int) -> int:
+    return 2 * step
 
 
 def _next_token(logits_row: torch.Tensor, temperature: float, seed: int, offset: int) -> int:
@@ -72,7 +93,7 @@ def _propose(mode, base_logits, h, tokens, refiner, weights, iters, temperature,
     ctx = refiner.prepare(h).float()
     before = tokens[-2] if len(tokens) > 1 else tokens[-1]  # slot 0 (the anchor) reads the token before it
     prefix = torch.tensor([[before, tokens[-1]]], device=base_logits.device)
-    rng = dict(temperature=temperature, seed=seed, offset=step)
+    rng = dict(temperature=temperature, seed=seed, offset=_draft_offset(step))
     converged = True
     if mode == "sequential":
         drafts, _ = sequential_refine(ctx, prefix, base_logits, weights, **rng)
@@ -98,8 +119,42 @@ def _propose(mode, base_logits, h, tokens, refiner, weights, iters, temperature,
     return drafts, torch.softmax(refined / temperature, -1)
 
 
+def _tree_marginals(mode, base_logits, h, tokens, refiner, weights, iters, temperature, seed, step, stats):
+    """Per-slot logits [1, D, V] the tree is built over: the drafter's, or the refiner's at the final
+    Jacobi iterate (each slot conditioned on the iterate's tokens before it)."""
+    if mode == "tree":
+        return base_logits
+    ctx = refiner.prepare(h).float()
+    before = tokens[-2] if len(tokens) > 1 else tokens[-1]
+    prefix = torch.tensor([[before, tokens[-1]]], device=base_logits.device)
+    drafts, _, passes = jacobi_refine(ctx, prefix, base_logits, weights, max_iters=iters, temperature=temperature,
+                                      seed=seed, offset=_draft_offset(step))
+    stats.refine_passes += int(passes[0])
+    prev = torch.cat([prefix, drafts[:, :-1]], dim=1)
+    return base_logits.float() + refiner.delta(ctx, prev)[:, 1:].float()
+
+
+def _tree_block(target, anchor, marginals, cache, layers, tree_budget, tree_topk, temperature, seed, step):
+    """One tree step: build, one target call, verify, keep the accepted path in the cache.
+    Returns (emitted tokens, accepted count, hidden states [1, accepted+1, ...] of the kept nodes)."""
+    lp, tok = torch.log_softmax(marginals.float(), -1).topk(min(tree_topk, marginals.shape[-1]), -1)
+    tokens, parents, num_nodes, depth = build_draft_tree(lp, tok, tree_budget)
+    m = int(num_nodes[0])  # the one host sync of the build: how many nodes the forward takes
+    tokens, parents, depth = tokens[:, :m].clone(), parents[:, :m], depth[0, :m]
+    tokens[0, 0] = anchor
+    prefix_len = cache.length
+    logits, hidden = target(tokens, cache, hidden_layers=layers, tree_mask=tree_attention_mask(parents)[0],
+                            tree_depth=depth)
+    accept_len, path, out = tree_verify(tokens, parents, logits.float(), temperature=temperature, seed=seed,
+                                        offset=_verify_offset(step))
+    accepted = int(accept_len[0])
+    cache.keep_path(prefix_len, path, accept_len)
+    kept = path[0, : accepted + 1]
+    return out[0, : accepted + 1].tolist(), accepted, torch.cat(hidden, dim=-1)[:, kept]
+
+
 def _decode_speculative(mode, target, drafter, refiner, prompt, max_new_tokens, iters, temperature, seed,
-                        draft_len, stats):
+                        draft_len, stats, tree_budget=15, tree_topk=8):
     layers = drafter.cfg.target_layers
     block = drafter.cfg.block_size
     weights = refiner.fold().to(torch.float32) if refiner is not None else None
@@ -119,12 +174,25 @@ def _decode_speculative(mode, target, drafter, refiner, prompt, max_new_tokens, 
         block_ids = torch.tensor([[anchor] + [drafter.cfg.mask_token_id] * (block - 1)], device=prompt.device)
         h = drafter(target.embed(block_ids), ctx_kv, start=len(tokens) - 1)
         base_logits = target.lm_head(h[:, 1:]).float()
+        if mode in TREE_MODES:
+            marginals = _tree_marginals(mode, base_logits, h, tokens, refiner, weights, iters, temperature, seed, step,
+                                        stats)
+            emitted, accepted, kept_hidden = _tree_block(target, anchor, marginals, cache, layers, tree_budget,
+                                                         tree_topk, temperature, seed, step)
+            new = drafter.context(kept_hidden, torch.arange(len(tokens) - 1, len(tokens) + accepted,
+                                                            device=prompt.device))
+            ctx_kv = [(torch.cat([k, nk], dim=2), torch.cat([v, nv], dim=2)) for (k, v), (nk, nv) in zip(ctx_kv, new)]
+            tokens += emitted
+            stats.target_calls += 1
+            stats.accept_lens.append(accepted)
+            step += 1
+            continue
         drafts, q = _propose(mode, base_logits, h, tokens, refiner, weights, iters, temperature, seed, step, stats)
         drafts, q = drafts[:, :draft_len], None if q is None else q[:, :draft_len]
         logits, hidden = target(torch.cat([torch.tensor([[anchor]], device=prompt.device), drafts], 1), cache,
                                 hidden_layers=layers)
         accept_len, out = chain_verify(drafts, logits.float(), draft_probs=q, temperature=temperature, seed=seed,
-                                       offset=step)
+                                       offset=_verify_offset(step))
         accepted = int(accept_len[0])
         # The anchor and the accepted drafts are committed: the target keeps their cache entries and
         # the drafter their injected keys and values.
@@ -142,21 +210,27 @@ def _decode_speculative(mode, target, drafter, refiner, prompt, max_new_tokens, 
 @torch.inference_mode()
 def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: str = "ar", drafter=None,
              refiner=None, iters: int = 4, temperature: float = 0.0, seed: int = 0,
-             draft_len: Optional[int] = None):
+             draft_len: Optional[int] = None, tree_budget: int = 15, tree_topk: int = 8):
     """Continue prompt_ids by max_new_tokens tokens. Returns (tokens, Stats).
 
     target is a TargetLM or a transformers causal LM (adapted by xkernels.models.hf.HFTarget,
     which checks before decoding that it has what the loop needs).
 
     draft_len verifies only the first drafts of each block (all B-1 by default): the target's
-    verification costs grow with the tokens it checks, so on a CPU fewer can pay off."""
+    verification costs grow with the tokens it checks, so on a CPU fewer can pay off. The tree modes
+    verify tree_budget draft nodes (plus the anchor) built from each slot's tree_topk candidates."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if mode != "ar" and drafter is None:
         raise ValueError(f"mode {mode!r} needs a drafter")
-    if mode in ("sequential", "jacobi") and refiner is None:
+    if mode in ("sequential", "jacobi", "tree-jacobi") and refiner is None:
         raise ValueError(f"mode {mode!r} needs a refiner")
+    if mode in TREE_MODES and tree_budget < 1:
+        raise ValueError(f"tree_budget must be >= 1, got {tree_budget}")
     target = as_target(target, drafter if mode != "ar" else None)
+    if mode in TREE_MODES and not isinstance(target, TargetLM):
+        raise ValueError(f"mode {mode!r} needs a target that takes a tree attention mask (xkernels' TargetLM); "
+                         f"{type(target).__name__} does not")
     device = target.lm_head.weight.device
     prompt = torch.as_tensor(list(prompt_ids), dtype=torch.int64, device=device).view(1, -1)
     if prompt.shape[1] < 1 or max_new_tokens < 1:
@@ -168,7 +242,7 @@ def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: st
         stats.target_calls += 1  # the prefill's logits give the first token; count it like a step
     else:
         out = _decode_speculative(mode, target, drafter, refiner, prompt, max_new_tokens, iters, temperature, seed,
-                                  draft_len or drafter.cfg.block_size - 1, stats)
+                                  draft_len or drafter.cfg.block_size - 1, stats, tree_budget, tree_topk)
     stats.seconds = time.perf_counter() - began
     stats.new_tokens = len(out)
     return out, stats

@@ -72,6 +72,15 @@ class KVCache:
         self.k = [None if t is None else t[:, :, :length] for t in self.k]
         self.v = [None if t is None else t[:, :, :length] for t in self.v]
 
+    def keep_path(self, prefix_len: int, path: torch.Tensor, accept_len: torch.Tensor) -> None:
+        """After a tree forward: keep the entries of the root and accepted nodes (path [B, M],
+        accept_len [B]), moved behind the prefix in place (xkernels.compact_kv_), then crop."""
+        from ..ops import compact_kv_
+
+        for t in self.k + self.v:
+            compact_kv_(t, path, accept_len, prefix_len)
+        self.crop(prefix_len + int(accept_len.max()) + 1)
+
 
 class Attention(nn.Module):
     def __init__(self, cfg: TargetConfig):
@@ -145,15 +154,23 @@ class TargetLM(nn.Module):
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         nn.init.normal_(self.embed.weight, std=0.02)
 
-    def forward(self, tokens: torch.Tensor, cache: Optional[KVCache] = None,
-                hidden_layers: Sequence[int] = ()) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+    def forward(self, tokens: torch.Tensor, cache: Optional[KVCache] = None, hidden_layers: Sequence[int] = (),
+                tree_mask: Optional[torch.Tensor] = None,
+                tree_depth: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, List[torch.Tensor]]:
         """Logits [B, T, V] of tokens [B, T] that follow the cache's positions, and the outputs of
-        the blocks listed in hidden_layers (each [B, T, dim])."""
+        the blocks listed in hidden_layers (each [B, T, dim]).
+
+        With tree_mask [T, T] (xkernels.tree_attention_mask) and tree_depth [T] the tokens are a
+        draft tree: each attends to the cache and to its ancestors, at position start + depth."""
         start = 0 if cache is None else cache.length
         t = tokens.shape[1]
-        positions = torch.arange(start, start + t, device=tokens.device)
-        # Query i (at position start + i) sees keys 0 .. start + i.
-        mask = torch.ones(t, start + t, dtype=torch.bool, device=tokens.device).tril(start)
+        if tree_mask is None:
+            positions = torch.arange(start, start + t, device=tokens.device)
+            # Query i (at position start + i) sees keys 0 .. start + i.
+            mask = torch.ones(t, start + t, dtype=torch.bool, device=tokens.device).tril(start)
+        else:
+            positions = start + tree_depth
+            mask = torch.cat([torch.ones(t, start, dtype=torch.bool, device=tokens.device), tree_mask], dim=1)
         x = self.embed(tokens)
         hidden = []
         for i, block in enumerate(self.blocks):
