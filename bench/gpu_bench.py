@@ -19,7 +19,9 @@ PEAK_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12, "B200": 8.0e12, "A100": 2.0
 
 # The design estimates of bench/floors.md (H200, microseconds), printed beside each measurement.
 ESTIMATE_US = {("chain_verify", 0.0, False): 80, ("chain_verify", 1.0, False): 88, ("chain_verify", 1.0, True): 97,
-               ("refine_step", 1): 32, ("refine_step", 8): 35, ("refine_step", 32): 110}
+               ("refine_step", 1): 32, ("refine_step", 8): 35, ("refine_step", 32): 110,
+               ("build_draft_tree",): 40, ("tree_attention_mask",): 6, ("tree_verify", 0.0, False): 45,
+               ("tree_verify", 1.0, False): 60, ("tree_verify", 1.0, True): 150}
 
 
 def peak_bandwidth():
@@ -153,6 +155,52 @@ def bench_refine(results, peak):
         print(json.dumps(row), flush=True)
 
 
+def tree_inputs(n, budget, v, dtype, seed=0):
+    """A best-first tree over random marginals, target logits at every node with the argmax
+    planted on most first children (walks of a few nodes), and children's draft distributions."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    lp, tok = torch.randn(n, 15, v, device="cuda", generator=g).log_softmax(-1).topk(8, -1)
+    tokens, parents, num_nodes, _ = xkernels.build_draft_tree(lp.contiguous(), tok.contiguous(), budget)
+    m = budget + 1
+    logits = torch.randn(n, m, v, device="cuda", generator=g) * 4
+    rows = torch.arange(n, device="cuda")
+    for i in range(1, m):
+        p = parents[:, i]
+        first = (parents[:, 1:i] == p[:, None]).sum(-1) == 0
+        plant = first & (torch.rand(n, device="cuda", generator=g) < 0.8)
+        logits[rows[plant], p[plant], tokens[plant, i]] = 100.0
+    q = torch.softmax(logits + torch.randn(n, m, v, device="cuda", generator=g), -1)
+    return lp.contiguous(), tok.contiguous(), tokens, parents, logits.to(dtype), q
+
+
+def bench_tree(results, peak):
+    n, budget, v = 64, 63, 151936
+    m = budget + 1
+    lp, tok, tokens, parents, logits, q = tree_inputs(n, budget, v, torch.bfloat16)
+    build = time_events(lambda: xkernels.build_draft_tree(lp, tok, budget))
+    mask = time_events(lambda: xkernels.tree_attention_mask(parents, layout="packed"))
+    for name, us, est in [("build_draft_tree", build, ("build_draft_tree",)),
+                          ("tree_attention_mask packed", mask, ("tree_attention_mask",))]:
+        row = dict(op=name, shape=f"N={n} budget={budget}", us=round(us, 1), h200_estimate_us=ESTIMATE_US[est])
+        results.append(row)
+        print(json.dumps(row), flush=True)
+    for temperature, with_q in [(0.0, False), (1.0, False), (1.0, True)]:
+        qq = q if with_q else None
+        op = lambda: xkernels.tree_verify(tokens, parents, logits, draft_probs=qq, temperature=temperature, seed=1)  # noqa: E731
+        us = time_events(op, iters=50)
+        accept_len, _, _ = op()
+        visited = (accept_len + 1).sum().item()
+        # Every visited row once, plus (draft_probs) its q row and residual passes (at least one).
+        read = visited * v * (2 + (4 * 3 if with_q else 0))
+        row = dict(op="tree_verify", shape=f"N={n} M={m} V={v} bf16", temperature=temperature, draft_probs=with_q,
+                   mean_accept_len=round(accept_len.float().mean().item(), 2), us=round(us, 1), bytes_read=read,
+                   floor_us=None if peak is None else round(read / peak * 1e6, 1),
+                   h200_estimate_us=ESTIMATE_US[("tree_verify", temperature, with_q)],
+                   bandwidth_fraction=None if peak is None else round(read / (us * 1e-6) / peak, 3))
+        results.append(row)
+        print(json.dumps(row), flush=True)
+
+
 def sanitize_cases():
     """Edge cases that must stay memory-safe: odd and tiny V, K=0, N=0, bad ids, degenerate rows."""
     for n, k, v in [(3, 4, 7), (2, 0, 5), (0, 3, 9), (5, 16, 4099), (2, 2, 1)]:
@@ -175,6 +223,20 @@ def sanitize_cases():
                 xkernels.refine_step(ctx, prev, base, weights, temperature=temperature)
                 xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=3, temperature=temperature)
                 xkernels.sequential_refine(ctx, prefix, base, weights, temperature=temperature)
+    for n, budget, v in [(3, 12, 97), (2, 63, 1000), (0, 4, 10)]:
+        for dtype in (torch.float32, torch.bfloat16):
+            lp, tok, tokens, parents, logits, q = tree_inputs(n, budget, v, dtype)
+            xkernels.build_draft_tree(lp, tok, budget)
+            xkernels.tree_attention_mask(parents, layout="packed")
+            xkernels.tree_positions(parents)
+            if n:
+                tokens[0, 1] = v + 5  # never accepted, never read
+                parents[-1, 2] = 7  # invalid: walks stop there
+            for temperature, with_q, wr in [(0.0, False, False), (1.0, False, False), (1.0, True, False), (0.7, True, True)]:
+                accept_len, path, _ = xkernels.tree_verify(tokens, parents, logits, draft_probs=q if with_q else None,
+                                                           without_replacement=wr, temperature=temperature)
+            cache = torch.randn(n, 2, budget + 8, 16, device="cuda", dtype=dtype)
+            xkernels.compact_kv_(cache, path, accept_len, 3)
     torch.cuda.synchronize()
     print("sanitize cases ran")
 
@@ -192,6 +254,7 @@ def main():
     results = []
     bench_chain_verify(results, peak)
     bench_refine(results, peak)
+    bench_tree(results, peak)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=name, torch=torch.__version__, results=results), f, indent=1)

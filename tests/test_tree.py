@@ -326,3 +326,17 @@ def test_cpu_and_cuda_agree(temperature, with_q):
                                draft_probs=q.cuda() if with_q else None, temperature=temperature, seed=3)
     same = (cpu[2] == gpu[2].cpu()).all(-1)
     assert same.float().mean() > 0.95  # the rest differ only where a decision is within rounding
+
+
+def test_flex_attention_mask_mod_covers_prefix_and_ancestors():
+    from torch.nn.attention.flex_attention import create_mask
+
+    from xkernels.tree import tree_block_mask, tree_mask_mod
+
+    parents = random_tree(2, 11, "bushy", seed=5)
+    num_nodes = torch.tensor([11, 6])
+    dense = xkernels.tree_attention_mask(parents, num_nodes=num_nodes)
+    got = create_mask(tree_mask_mod(parents, 7, num_nodes), 2, 1, 11, 18, device="cpu")[:, 0]
+    assert torch.equal(got, torch.cat([torch.ones(2, 11, 7, dtype=torch.bool), dense], -1))
+    block = tree_block_mask(parents, 7, num_nodes, block_size=16)
+    assert block.shape[-2:] == (11, 18)

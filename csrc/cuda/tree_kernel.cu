@@ -1,6 +1,7 @@
 // The draft-tree ops on CUDA, one launch each, never waiting on the host:
-//  build_draft_tree:    a thread per sequence runs the best-first search of xkernels/tree.h
-//                       (its heap in global scratch, so any budget fits).
+//  build_draft_tree:    a warp per sequence stages its candidates in shared memory, then one lane
+//                       runs the best-first search of xkernels/tree.h with the heap there too
+//                       (global scratch instead when they do not fit in 48 KB: any budget works).
 //  tree_attention_mask: a block per sequence zeroes the mask, then a thread per node walks its
 //  / tree_positions     ancestors, setting its own row (no two threads write one row).
 //  tree_verify:         a block per sequence walks the tree; at each visited node the block
@@ -24,12 +25,33 @@ __device__ __forceinline__ int64_t node_count(const int64_t* num_nodes, int64_t 
   return c < 1 ? 1 : c > m ? m : c;
 }
 
-__global__ void build_tree_kernel(TreeBuildParams p, TreeCandidate* heaps) {
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (n >= p.n) return;
-  const int64_t m = p.budget + 1, slots = p.d * p.k;
-  p.num_nodes[n] = build_tree(p.logprobs + n * slots, p.tokens + n * slots, p.d, p.k, p.budget, heaps + n * m,
-                              p.out_tokens + n * m, p.parents + n * m, p.depth + n * m);
+constexpr size_t kBuildSmemLimit = 48 * 1024;
+
+// Shared-memory bytes of one sequence's build: heap, log-probs, tokens (0: they do not fit).
+size_t build_smem_bytes(const TreeBuildParams& p) {
+  const size_t bytes = sizeof(TreeCandidate) * (p.budget + 1) + (sizeof(int64_t) + sizeof(float)) * p.d * p.k;
+  return bytes <= kBuildSmemLimit ? bytes : 0;
+}
+
+__global__ void __launch_bounds__(32) build_tree_kernel(TreeBuildParams p, TreeCandidate* scratch, bool staged) {
+  extern __shared__ __align__(16) uint8_t build_smem[];
+  const int64_t n = blockIdx.x, m = p.budget + 1, slots = p.d * p.k;
+  const float* lp = p.logprobs + n * slots;
+  const int64_t* tok = p.tokens + n * slots;
+  TreeCandidate* heap = nullptr;
+  if (!staged) {
+    heap = scratch + n * m;
+  } else {  // heap, then tokens, then log-probs (the alignments in that order)
+    heap = reinterpret_cast<TreeCandidate*>(build_smem);
+    int64_t* tok_s = reinterpret_cast<int64_t*>(heap + m);
+    float* lp_s = reinterpret_cast<float*>(tok_s + slots);
+    for (int64_t i = threadIdx.x; i < slots; i += 32) tok_s[i] = tok[i], lp_s[i] = lp[i];
+    __syncwarp();
+    lp = lp_s, tok = tok_s;
+  }
+  if (threadIdx.x == 0)
+    p.num_nodes[n] = build_tree(lp, tok, p.d, p.k, p.budget, heap, p.out_tokens + n * m, p.parents + n * m,
+                                p.depth + n * m);
 }
 
 __global__ void __launch_bounds__(kThreads) tree_mask_kernel(TreeMaskParams p) {
@@ -274,12 +296,13 @@ cudaError_t launch_verify_typed(const TreeVerifyParams& p, const VerifyWorkspace
 }  // namespace
 
 size_t tree_build_workspace_bytes(const TreeBuildParams& p) {
-  return align_up(sizeof(TreeCandidate) * p.n * (p.budget + 1));
+  return build_smem_bytes(p) ? 0 : align_up(sizeof(TreeCandidate) * p.n * (p.budget + 1));
 }
 
 cudaError_t launch_build_draft_tree(const TreeBuildParams& p, void* workspace, cudaStream_t stream) {
   if (p.n == 0) return cudaSuccess;
-  build_tree_kernel<<<(p.n + 127) / 128, 128, 0, stream>>>(p, static_cast<TreeCandidate*>(workspace));
+  const size_t smem = build_smem_bytes(p);
+  build_tree_kernel<<<p.n, 32, smem, stream>>>(p, static_cast<TreeCandidate*>(workspace), smem != 0);
   return cudaGetLastError();
 }
 
