@@ -292,3 +292,4 @@ def test_rounding_tolerant_agreement_catches_a_real_difference():
     wrong[3, 0] = (wrong[3, 0] + 1) % 50
     with pytest.raises(AssertionError, match="sequence 3 differs"):
         assert_chains_agree((want[0], wrong), want, drafts, logits, q, 1.0, 1, 2)
+

@@ -31,3 +31,20 @@ def test_held_out_prompts():
         prompts = data.held_out_prompts(domain, 3)
         assert len(prompts) == 3 and all(prompts) and prompts == data.held_out_prompts(domain, 3)
     assert all(p.endswith("Answer:") for p in data.held_out_prompts("math", 3))
+
+
+def test_held_out_code_excludes_near_duplicates_of_training_files():
+    """Generated codec tables and other near-copies of training files are not held-out prompts."""
+    from collections import defaultdict
+
+    index = defaultdict(list)
+    for i, doc in enumerate(data.code_documents("train")):
+        for line in data._line_set(doc):
+            index[line].append(i)
+    clean = data.held_out_code_documents()
+    everything = list(data.code_documents("held_out"))
+    assert 0 < len(clean) < len(everything)
+    assert all(data.near_duplicate_share(d, index) < data.NEAR_DUPLICATE_SHARE for d in clean)
+    assert not any("Character Mapping Codec" in d for d in clean)
+    assert any("Character Mapping Codec" in d for d in everything)  # they were there before the filter
+    assert not any("Character Mapping Codec" in p for p in data.held_out_prompts("code", 20))

@@ -3,21 +3,27 @@ committed), from two domains:
 
 - code: the source files of the running Python's standard library (a sorted list without the
   top-level test package and tests/ folders; a file is held out when the hash of its relative
-  path says so);
+  path says so; held-out files that are near-duplicates of a training file, such as the generated
+  codec tables of encodings/, are left out of the evaluation);
 - math: multi-step arithmetic word problems with worked answers from a seeded generator
   (held-out problems come from other seeds and never repeat a training problem).
 
 Deterministic for a given Python version.
 """
 
+import functools
 import hashlib
 import random
 import sysconfig
+from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Iterator, List
+from typing import Iterator, List, Tuple
 
 DOMAINS = ("code", "math")
 HELD_OUT_PERCENT = 10
+# A held-out file is a near-duplicate of a training file when at least this share of its distinct
+# lines (of more than 8 characters, stripped) appears in that one training file.
+NEAR_DUPLICATE_SHARE = 0.3
 EOT = "<|endoftext|>"
 MASK = "<|mask|>"
 
@@ -48,6 +54,32 @@ def code_documents(split: str, max_chars: int = 40_000) -> Iterator[str]:
             continue
         if text.strip():
             yield text[:max_chars]
+
+
+def _line_set(text: str) -> set:
+    return {line.strip() for line in text.splitlines() if len(line.strip()) > 8}
+
+
+def near_duplicate_share(doc: str, index: dict) -> float:
+    """The largest share of doc's distinct lines found in a single training file (index: line ->
+    training file numbers)."""
+    lines = _line_set(doc)
+    if not lines:
+        return 0.0
+    hits = Counter(i for line in lines for i in index.get(line, ()))
+    return max(hits.values(), default=0) / len(lines)
+
+
+@functools.lru_cache(maxsize=1)
+def held_out_code_documents() -> Tuple[str, ...]:
+    """Held-out code documents that are not near-duplicates of any training file (content
+    similarity, not only the path hash: the held-out split has generated tables and small
+    variants of training files)."""
+    index = defaultdict(list)
+    for i, doc in enumerate(code_documents("train")):
+        for line in _line_set(doc):
+            index[line].append(i)
+    return tuple(d for d in code_documents("held_out") if near_duplicate_share(d, index) < NEAR_DUPLICATE_SHARE)
 
 
 _NAMES = ["Ava", "Ben", "Chloe", "Dev", "Emma", "Finn", "Grace", "Hugo", "Iris", "Jon", "Kai", "Lena", "Maya", "Noah"]
@@ -112,7 +144,7 @@ def held_out_prompts(domain: str, count: int, rng_seed: int = 0) -> List[str]:
     the start of its answer."""
     rng = random.Random(rng_seed)
     if domain == "code":
-        docs = [d for d in code_documents("held_out") if len(d) > 600]
+        docs = [d for d in held_out_code_documents() if len(d) > 600]
         picks = rng.sample(docs, min(count, len(docs)))
         return [d[: d.index("\n", 300) + 1] if "\n" in d[300:] else d[:300] for d in picks]
     problems = list(math_documents("held_out", count))

@@ -18,6 +18,7 @@ from .decoding import generate
 from .models.shipped import load_all
 
 
+PARTS = ("drafter", "refinement", "verification", "bookkeeping")
 CHAIN_LENGTHS = (4, 8, 15)  # drafts a chain verifies per block (at most the block's 15)
 TREE_BUDGETS = (4, 8, 16, 32)  # draft nodes a tree verifies per block
 
@@ -54,8 +55,10 @@ def run_demo(prompts: int = 4, tokens: int = 64, temperature: float = 0.0, passe
                     same.append(out_ids == ar_tokens[i])
                     stats_list.append(stats)
                     bar.update()
+                blocks = sum(s.target_calls for s in stats_list) if mode != "ar" else 0
+                parts = {k: 1e3 * sum(s.parts.get(k, 0.0) for s in stats_list) / blocks for k in PARTS} if blocks else {}
                 rows[name] = dict(
-                    mode=mode, passes=p, tau=mean(s.tau for s in stats_list),
+                    mode=mode, passes=p, tau=mean(s.tau for s in stats_list), ms_per_block=parts,
                     target_calls=mean(s.target_calls for s in stats_list),
                     refine_passes=mean(s.refine_passes for s in stats_list),
                     tokens_per_second=sum(s.new_tokens for s in stats_list) / sum(s.seconds for s in stats_list),
@@ -94,6 +97,9 @@ def format_tables(report: dict) -> str:
             if report["temperature"] == 0:
                 line += f"  {'yes' if r['same_tokens_as_ar'] else 'NO'}"
             lines.append(line)
+        lines.append("ms per block (" + ", ".join(PARTS) + "): " + "; ".join(
+            f"{name} " + "/".join(f"{r['ms_per_block'][k]:.2f}" for k in PARTS)
+            for name, r in rows.items() if r.get("ms_per_block") and "-" not in name.replace("tree-jacobi", "")))
         sweep = report.get("tau_by_verified_tokens", {}).get(domain)
         if sweep and sweep["chain"]:
             lines.append("tau by drafts verified per target call (drafter marginals): " + ", ".join(

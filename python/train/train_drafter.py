@@ -1,21 +1,27 @@
 """Co-trains the dFlash-style drafter and the xPress refiner against the frozen shipped target and
 writes xkernels/models/weights/{drafter,refiner}.* with a model card and loss curves.
-About 12 minutes on 2 CPU cores.
 
-    python python/train/train_drafter.py [--steps 3500]
+    python python/train/train_drafter.py --objective legacy --steps 3500     # stage 1, ~12 min on 2 cores
+    python python/train/train_drafter.py --objective xpress --init shipped --steps 2000   # stage 2
 
 Per block (anchor at position a, gold tokens x[a+1 .. a+D], D = B - 1), with per-slot weights
-w_k = exp(-k / 8), the loss is
+w_k = exp(-k / 8), the loss is, for --objective legacy,
     1.0 * CE(refined, gold)        refiner, teacher forcing: slot k reads the gold token before it
   + 1.0 * TV(refined, target)      total variation to the target's distribution at that slot
   + 0.5 * CE(refined', gold)       consistency: a second pass reading the model's own predictions
   + 0.5 * CE(drafter, gold)        anchor: keeps the drafter's own cross-entropy low
+and for --objective xpress (the xPress authors' recipe, trained for few Jacobi passes)
+    1.0 * DSpark(refined)          DSpark(l) = 0.9 * TV(l, target) + 0.1 * CE(l, gold), teacher forced
+  + 0.3 * mean_j DSpark(l_j)       consistency over 3 Jacobi passes: pass j reads the detached argmax
+                                   of pass j-1, pass 1 the drafter's own argmax (the Jacobi seed)
+  + 0.5 * CE(drafter, gold)        anchor
 """
 
 import argparse
 import json
 import random
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -24,11 +30,13 @@ from tqdm import tqdm
 from common import OUT, cosine_lr, plot_losses, token_streams, windows
 from xkernels import XPressRefiner, data
 from xkernels.models import BlockDrafter, DrafterConfig
-from xkernels.models.shipped import load_target, load_tokenizer, save
+from xkernels.models.shipped import load_drafter, load_refiner, load_target, load_tokenizer, save
 
 BLOCK, RANK = 16, 64
 BATCH, LENGTH, ANCHORS = 8, 160, 4  # 8 windows, 4 blocks each
-WEIGHTS = dict(ce=1.0, tv=1.0, consistency=0.5, anchor=0.5)
+OBJECTIVES = {"legacy": dict(ce=1.0, tv=1.0, consistency=0.5, anchor=0.5),
+              "xpress": dict(dspark=1.0, consistency=0.3, anchor=0.5)}
+JACOBI_PASSES = 3
 
 
 def block_batch(target, x, layers, rng):
@@ -48,7 +56,7 @@ def block_batch(target, x, layers, rng):
     return features, a, anchor_ids, gold, prev, target_probs
 
 
-def losses(target, drafter, refiner, batch, mask_id):
+def losses(target, drafter, refiner, batch, mask_id, objective="legacy"):
     features, a, anchor_ids, gold, prev, target_probs = batch
     m, d = gold.shape
     block_ids = torch.cat([anchor_ids[:, None], torch.full((m, d), mask_id)], 1)
@@ -62,25 +70,42 @@ def losses(target, drafter, refiner, batch, mask_id):
         return (F.cross_entropy(logits.reshape(-1, logits.shape[-1]), gold.reshape(-1), reduction="none")
                 .view(m, d) * w).sum(-1).mean()
 
+    def tv(logits):
+        return (0.5 * (logits.softmax(-1) - target_probs).abs().sum(-1) * w).sum(-1).mean()
+
+    def reading(drafts):  # slot k reads slot k-1: the token before the anchor, the anchor, the drafts
+        return torch.cat([prev[:, :2], drafts[:, :-1]], 1).detach()
+
     refined = refiner(base, h, prev)
-    tv = (0.5 * (refined.softmax(-1) - target_probs).abs().sum(-1) * w).sum(-1).mean()
-    own = torch.cat([prev[:, :2], refined.argmax(-1)[:, :-1]], 1).detach()
-    refined_own = refiner(base, h, own)
-    parts = dict(ce=ce(refined), tv=tv, consistency=ce(refined_own), anchor=ce(base))
-    return sum(WEIGHTS[k] * v for k, v in parts.items()), parts, base, refined
+    if objective == "legacy":
+        refined_own = refiner(base, h, reading(refined.argmax(-1)))
+        parts = dict(ce=ce(refined), tv=tv(refined), consistency=ce(refined_own), anchor=ce(base))
+    else:
+        def dspark(logits):
+            return 0.9 * tv(logits) + 0.1 * ce(logits)
+
+        drafts, consistency = base.argmax(-1), 0.0
+        for _ in range(JACOBI_PASSES):
+            passed = refiner(base, h, reading(drafts))
+            consistency = consistency + dspark(passed) / JACOBI_PASSES
+            drafts = passed.argmax(-1)
+        parts = dict(dspark=dspark(refined), consistency=consistency, anchor=ce(base))
+    weights = OBJECTIVES[objective]
+    return sum(weights[k] * v for k, v in parts.items()), parts, base, refined
 
 
 @torch.no_grad()
-def evaluate(target, drafter, refiner, streams, layers, mask_id, batches=6):
+def evaluate(target, drafter, refiner, streams, layers, mask_id, objective, batches=6):
     """Held-out cross-entropies and greedy agreement with the target (teacher forced)."""
     rng = random.Random(99)
     sums = dict(drafter_ce=0.0, refiner_ce=0.0, drafter_match=0.0, refiner_match=0.0)
     for _ in range(batches):
         batch = block_batch(target, windows(streams, BATCH, LENGTH, rng), layers, rng)
-        _, parts, base, refined = losses(target, drafter, refiner, batch, mask_id)
+        _, parts, base, refined = losses(target, drafter, refiner, batch, mask_id, objective)
         want = batch[5].argmax(-1)
+        gold = batch[3]
         sums["drafter_ce"] += parts["anchor"].item() / batches
-        sums["refiner_ce"] += parts["ce"].item() / batches
+        sums["refiner_ce"] += F.cross_entropy(refined.reshape(-1, refined.shape[-1]), gold.reshape(-1)).item() / batches
         sums["drafter_match"] += (base.argmax(-1) == want).float().mean().item() / batches
         sums["refiner_match"] += (refined.argmax(-1) == want).float().mean().item() / batches
     return {k: round(v, 3) for k, v in sums.items()}
@@ -90,6 +115,10 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=3500)
     parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--objective", choices=sorted(OBJECTIVES), default="xpress")
+    parser.add_argument("--init", choices=["scratch", "shipped"], default="scratch",
+                        help="start from the shipped drafter and refiner (stage 2) or from scratch")
+    parser.add_argument("--out", type=Path, default=OUT, help="weights folder (default: the package's)")
     args = parser.parse_args()
     torch.manual_seed(0)
     began = time.time()
@@ -99,18 +128,22 @@ def main():
     mask_id = load_tokenizer().token_to_id(data.MASK)
     dcfg = DrafterConfig(dim=target.cfg.dim, mask_token_id=mask_id, n_layers=2, ffn_hidden=704, block_size=BLOCK,
                          target_layers=(1, 3))
-    drafter = BlockDrafter(dcfg)
-    refiner = XPressRefiner(target.cfg.vocab_size, target.cfg.dim, BLOCK, rank=RANK, mlp_ratio=2)
+    if args.init == "shipped":
+        drafter, refiner = load_drafter().train(), load_refiner().train()
+        dcfg = drafter.cfg
+    else:
+        drafter = BlockDrafter(dcfg)
+        refiner = XPressRefiner(target.cfg.vocab_size, target.cfg.dim, BLOCK, rank=RANK, mlp_ratio=2)
     params = list(drafter.parameters()) + list(refiner.parameters())
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01, betas=(0.9, 0.95))
     train, held = token_streams("train"), token_streams("held_out")
     rng = random.Random(0)
-    curves = {k: [] for k in WEIGHTS}
+    curves = {k: [] for k in OBJECTIVES[args.objective]}
     for step in (bar := tqdm(range(args.steps), desc="drafter+refiner")):
         for group in opt.param_groups:
             group["lr"] = cosine_lr(step, args.steps, args.lr)
         batch = block_batch(target, windows(train, BATCH, LENGTH, rng), dcfg.target_layers, rng)
-        loss, parts, _, _ = losses(target, drafter, refiner, batch, mask_id)
+        loss, parts, _, _ = losses(target, drafter, refiner, batch, mask_id, args.objective)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -119,17 +152,20 @@ def main():
             curves[k].append(v.item())
         bar.set_postfix({k: f"{sum(c[-20:]) / len(c[-20:]):.3f}" for k, c in curves.items()})
     drafter.eval(), refiner.eval()
-    scores = evaluate(target, drafter, refiner, held, dcfg.target_layers, mask_id)
+    scores = evaluate(target, drafter, refiner, held, dcfg.target_layers, mask_id, args.objective)
     minutes = (time.time() - began) / 60
-    save(drafter, dcfg.to_dict(), "drafter")
+    save(drafter, dcfg.to_dict(), "drafter", args.out)
     save(refiner, dict(vocab_size=target.cfg.vocab_size, hidden_size=target.cfg.dim, block_size=BLOCK, rank=RANK,
-                       mlp_ratio=2), "refiner")
-    plot_losses(curves, OUT / "drafter_loss.png", "drafter + refiner")
-    card = {"steps": args.steps, "blocks_per_step": BATCH * ANCHORS, "block_size": BLOCK, "rank": RANK,
-            "loss_weights": WEIGHTS, "minutes": round(minutes, 1), "held_out": scores,
+                       mlp_ratio=2), "refiner", args.out)
+    plot_losses(curves, args.out / "drafter_loss.png", f"drafter + refiner ({args.objective})")
+    card = {"command": f"python python/train/train_drafter.py --objective {args.objective} --init {args.init} "
+                       f"--steps {args.steps} --lr {args.lr}", "objective": args.objective, "init": args.init,
+            "steps": args.steps, "blocks_per_step": BATCH * ANCHORS, "block_size": BLOCK, "rank": RANK,
+            "loss_weights": OBJECTIVES[args.objective], "jacobi_passes": JACOBI_PASSES if args.objective == "xpress" else 1,
+            "minutes": round(minutes, 1), "held_out": scores,
             "drafter_parameters": sum(p.numel() for p in drafter.parameters()),
             "refiner_parameters": sum(p.numel() for p in refiner.parameters())}
-    (OUT / "drafter_card.json").write_text(json.dumps(card, indent=1))
+    (args.out / "drafter_card.json").write_text(json.dumps(card, indent=1))
     print(json.dumps(card, indent=1))
 
 

@@ -15,14 +15,16 @@ Every mode emits exactly the tokens "ar" would at T = 0, and the same distributi
 tree is a deterministic function of the context, so it is verified without draft_probs).
 """
 
+import contextlib
+import os
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
 from ..models.hf import as_target
-from ..models.target import TargetLM
+from ..models.target import KVCache, TargetLM
 from ..ops import (build_draft_tree, chain_verify, jacobi_refine, refine_step, sequential_refine,
                    tree_attention_mask, tree_verify)
 
@@ -38,6 +40,7 @@ class Stats:
     refine_passes: int = 0
     accept_lens: List[int] = field(default_factory=list)
     seconds: float = 0.0
+    parts: Dict[str, float] = field(default_factory=dict)  # seconds per part of a block (speculative modes)
 
     @property
     def tau(self) -> float:
@@ -159,58 +162,114 @@ def _decode_speculative(mode, target, drafter, refiner, prompt, max_new_tokens, 
     block = drafter.cfg.block_size
     weights = refiner.fold().to(torch.float32) if refiner is not None else None
     cache = target.new_cache()
+    context = KVCache(len(drafter.layers))  # the drafter's injected keys and values, grown in place
+    device = prompt.device
+
+    def commit_context(features, first):
+        for i, (k, v) in enumerate(drafter.context(features, torch.arange(first, first + features.shape[1],
+                                                                          device=device))):
+            context.append(i, k, v)
+
     # The target sees every committed token but the newest (the anchor), whose features are unknown.
     tokens = prompt[0].tolist()
     start = len(tokens)
     if start > 1:
         _, hidden = target(prompt[:, :-1], cache, hidden_layers=layers)
-        ctx_kv = drafter.context(torch.cat(hidden, dim=-1), torch.arange(start - 1, device=prompt.device))
+        commit_context(torch.cat(hidden, dim=-1), 0)
     else:
-        empty = torch.zeros(1, 0, len(layers) * target.cfg.dim, device=prompt.device, dtype=target.lm_head.weight.dtype)
-        ctx_kv = drafter.context(empty, torch.arange(0, device=prompt.device))
+        commit_context(torch.zeros(1, 0, len(layers) * target.cfg.dim, device=device,
+                                   dtype=target.lm_head.weight.dtype), 0)
+    masks = torch.full((1, block - 1), drafter.cfg.mask_token_id, device=device)
     step = 0
+    clock = _PartClock(stats)
     while len(tokens) - start < max_new_tokens:
         anchor = tokens[-1]
-        block_ids = torch.tensor([[anchor] + [drafter.cfg.mask_token_id] * (block - 1)], device=prompt.device)
-        h = drafter(target.embed(block_ids), ctx_kv, start=len(tokens) - 1)
+        anchor_ids = torch.tensor([[anchor]], device=device)
+        h = drafter(target.embed(torch.cat([anchor_ids, masks], 1)), list(zip(context.k, context.v)),
+                    start=len(tokens) - 1)
         base_logits = target.lm_head(h[:, 1:]).float()
+        clock.lap("drafter")
         if mode in TREE_MODES:
             marginals = _tree_marginals(mode, base_logits, h, tokens, refiner, weights, iters, temperature, seed, step,
                                         stats)
+            clock.lap("refinement")
             emitted, accepted, kept_hidden = _tree_block(target, anchor, marginals, cache, layers, tree_budget,
                                                          tree_topk, temperature, seed, step)
-            new = drafter.context(kept_hidden, torch.arange(len(tokens) - 1, len(tokens) + accepted,
-                                                            device=prompt.device))
-            ctx_kv = [(torch.cat([k, nk], dim=2), torch.cat([v, nv], dim=2)) for (k, v), (nk, nv) in zip(ctx_kv, new)]
-            tokens += emitted
-            stats.target_calls += 1
-            stats.accept_lens.append(accepted)
-            step += 1
-            continue
-        drafts, q = _propose(mode, base_logits, h, tokens, refiner, weights, iters, temperature, seed, step, stats)
-        drafts, q = drafts[:, :draft_len], None if q is None else q[:, :draft_len]
-        logits, hidden = target(torch.cat([torch.tensor([[anchor]], device=prompt.device), drafts], 1), cache,
-                                hidden_layers=layers)
-        accept_len, out = chain_verify(drafts, logits.float(), draft_probs=q, temperature=temperature, seed=seed,
-                                       offset=_verify_offset(step))
-        accepted = int(accept_len[0])
-        # The anchor and the accepted drafts are committed: the target keeps their cache entries and
-        # the drafter their injected keys and values.
-        cache.crop(cache.length - drafts.shape[1] + accepted)
-        new = drafter.context(torch.cat(hidden, dim=-1)[:, : accepted + 1],
-                              torch.arange(len(tokens) - 1, len(tokens) + accepted, device=prompt.device))
-        ctx_kv = [(torch.cat([k, nk], dim=2), torch.cat([v, nv], dim=2)) for (k, v), (nk, nv) in zip(ctx_kv, new)]
-        tokens += out[0, : accepted + 1].tolist()
+            clock.lap("verification")
+        else:
+            drafts, q = _propose(mode, base_logits, h, tokens, refiner, weights, iters, temperature, seed, step, stats)
+            drafts, q = drafts[:, :draft_len], None if q is None else q[:, :draft_len]
+            clock.lap("refinement")
+            logits, hidden = target(torch.cat([anchor_ids, drafts], 1), cache, hidden_layers=layers)
+            accept_len, out = chain_verify(drafts, logits.float(), draft_probs=q, temperature=temperature, seed=seed,
+                                           offset=_verify_offset(step))
+            # The one host read of the block: the accepted length and the emitted tokens together.
+            row = torch.cat([accept_len, out[0]]).tolist()
+            accepted, emitted = row[0], row[1 : row[0] + 2]
+            # The anchor and the accepted drafts are committed: the target keeps their cache entries
+            # and the drafter their injected keys and values.
+            cache.crop(cache.length - drafts.shape[1] + accepted)
+            kept_hidden = torch.cat(hidden, dim=-1)[:, : accepted + 1]
+            clock.lap("verification")
+        commit_context(kept_hidden, len(tokens) - 1)
+        tokens += emitted
         stats.target_calls += 1
         stats.accept_lens.append(accepted)
         step += 1
+        clock.lap("bookkeeping")
     return tokens[start : start + max_new_tokens]
+
+
+class _PartClock:
+    """Adds the wall time since the last lap to stats.parts[name] (CPU time: the work is synchronous
+    there; on a GPU the parts are the host's view)."""
+
+    def __init__(self, stats):
+        self.stats, self.last = stats, time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.stats.parts[name] = self.stats.parts.get(name, 0.0) + now - self.last
+        self.last = now
+
+
+# Below this many target parameters one decoding step is a few milliseconds of small operations:
+# a thread pool cannot pay for itself there, and on a busy machine every parallel region waits for
+# a descheduled pool thread (2 threads were 47x slower than 1 under one competing process).
+SMALL_MODEL_PARAMS = 50_000_000
+
+
+def decode_threads(target, num_threads: Optional[int] = None) -> int:
+    """The intra-op threads the loop runs with: num_threads, else XKERNELS_NUM_THREADS, else 1 for a
+    target under SMALL_MODEL_PARAMS parameters and torch's setting for a larger one."""
+    if num_threads is None and os.environ.get("XKERNELS_NUM_THREADS"):
+        num_threads = int(os.environ["XKERNELS_NUM_THREADS"])
+    if num_threads is not None:
+        if num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {num_threads}")
+        return num_threads
+    model = getattr(target, "model", target)  # an HFTarget wraps the transformers model
+    params = sum(p.numel() for p in model.parameters()) if hasattr(model, "parameters") else 0
+    return 1 if params < SMALL_MODEL_PARAMS else torch.get_num_threads()
+
+
+@contextlib.contextmanager
+def _intra_op_threads(n: int):
+    before = torch.get_num_threads()
+    if n != before:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if n != before:
+            torch.set_num_threads(before)
 
 
 @torch.inference_mode()
 def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: str = "ar", drafter=None,
              refiner=None, iters: int = 4, temperature: float = 0.0, seed: int = 0,
-             draft_len: Optional[int] = None, tree_budget: int = 15, tree_topk: int = 8):
+             draft_len: Optional[int] = None, tree_budget: int = 15, tree_topk: int = 8,
+             num_threads: Optional[int] = None):
     """Continue prompt_ids by max_new_tokens tokens. Returns (tokens, Stats).
 
     target is a TargetLM or a transformers causal LM (adapted by xkernels.models.hf.HFTarget,
@@ -218,7 +277,9 @@ def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: st
 
     draft_len verifies only the first drafts of each block (all B-1 by default): the target's
     verification costs grow with the tokens it checks, so on a CPU fewer can pay off. The tree modes
-    verify tree_budget draft nodes (plus the anchor) built from each slot's tree_topk candidates."""
+    verify tree_budget draft nodes (plus the anchor) built from each slot's tree_topk candidates.
+    num_threads: torch's intra-op threads during the call (see decode_threads: 1 for small models
+    unless set here or by XKERNELS_NUM_THREADS); the previous setting is restored after."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if mode != "ar" and drafter is None:
@@ -236,13 +297,14 @@ def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: st
     if prompt.shape[1] < 1 or max_new_tokens < 1:
         raise ValueError("the prompt and max_new_tokens must be non-empty")
     stats = Stats(mode)
-    began = time.perf_counter()
-    if mode == "ar":
-        out = _decode_ar(target, prompt, max_new_tokens, temperature, seed, stats)
-        stats.target_calls += 1  # the prefill's logits give the first token; count it like a step
-    else:
-        out = _decode_speculative(mode, target, drafter, refiner, prompt, max_new_tokens, iters, temperature, seed,
-                                  draft_len or drafter.cfg.block_size - 1, stats, tree_budget, tree_topk)
-    stats.seconds = time.perf_counter() - began
+    with _intra_op_threads(decode_threads(target, num_threads)):
+        began = time.perf_counter()
+        if mode == "ar":
+            out = _decode_ar(target, prompt, max_new_tokens, temperature, seed, stats)
+            stats.target_calls += 1  # the prefill's logits give the first token; count it like a step
+        else:
+            out = _decode_speculative(mode, target, drafter, refiner, prompt, max_new_tokens, iters, temperature,
+                                      seed, draft_len or drafter.cfg.block_size - 1, stats, tree_budget, tree_topk)
+        stats.seconds = time.perf_counter() - began
     stats.new_tokens = len(out)
     return out, stats

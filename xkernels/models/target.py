@@ -51,34 +51,59 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.
 
 
 class KVCache:
-    """Keys and values per layer, [B, kv_heads, T, head_dim]; crop() drops rejected positions."""
+    """Keys and values per layer in preallocated buffers [B, kv_heads, capacity, head_dim], written
+    in place: append() writes after the valid positions (the capacity doubles when a step needs
+    more), crop() only lowers the length, and k / v are views of the valid positions."""
 
-    def __init__(self, n_layers: int):
-        self.k: List[Optional[torch.Tensor]] = [None] * n_layers
-        self.v: List[Optional[torch.Tensor]] = [None] * n_layers
+    def __init__(self, n_layers: int, capacity: int = 512):
+        self._k: List[Optional[torch.Tensor]] = [None] * n_layers
+        self._v: List[Optional[torch.Tensor]] = [None] * n_layers
+        self._len = [0] * n_layers
+        self.capacity = capacity
 
     @property
     def length(self) -> int:
-        return 0 if self.k[0] is None else self.k[0].shape[2]
+        return self._len[0]
+
+    @property
+    def k(self) -> List[Optional[torch.Tensor]]:
+        return [None if b is None else b[:, :, :n] for b, n in zip(self._k, self._len)]
+
+    @property
+    def v(self) -> List[Optional[torch.Tensor]]:
+        return [None if b is None else b[:, :, :n] for b, n in zip(self._v, self._len)]
+
+    def _reserve(self, layer: int, like: torch.Tensor, need: int) -> None:
+        buf = self._k[layer]
+        if buf is not None and buf.shape[2] >= need:
+            return
+        size = max(self.capacity, need, 0 if buf is None else 2 * buf.shape[2])
+        shape = (like.shape[0], like.shape[1], size, like.shape[3])
+        k, v = like.new_empty(shape), like.new_empty(shape)
+        if buf is not None:
+            n = self._len[layer]
+            k[:, :, :n], v[:, :, :n] = buf[:, :, :n], self._v[layer][:, :, :n]
+        self._k[layer], self._v[layer] = k, v
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        if self.k[layer] is not None:
-            k = torch.cat([self.k[layer], k], dim=2)
-            v = torch.cat([self.v[layer], v], dim=2)
-        self.k[layer], self.v[layer] = k, v
-        return k, v
+        n, t = self._len[layer], k.shape[2]
+        self._reserve(layer, k, n + t)
+        self._k[layer][:, :, n : n + t] = k
+        self._v[layer][:, :, n : n + t] = v
+        self._len[layer] = n + t
+        return self._k[layer][:, :, : n + t], self._v[layer][:, :, : n + t]
 
     def crop(self, length: int) -> None:
-        self.k = [None if t is None else t[:, :, :length] for t in self.k]
-        self.v = [None if t is None else t[:, :, :length] for t in self.v]
+        self._len = [min(n, length) for n in self._len]
 
     def keep_path(self, prefix_len: int, path: torch.Tensor, accept_len: torch.Tensor) -> None:
         """After a tree forward: keep the entries of the root and accepted nodes (path [B, M],
         accept_len [B]), moved behind the prefix in place (xkernels.compact_kv_), then crop."""
         from ..ops import compact_kv_
 
-        for t in self.k + self.v:
-            compact_kv_(t, path, accept_len, prefix_len)
+        for t in self._k + self._v:
+            if t is not None:
+                compact_kv_(t, path, accept_len, prefix_len)
         self.crop(prefix_len + int(accept_len.max()) + 1)
 
 
