@@ -5,6 +5,7 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <type_traits>
 #include <vector>
 
@@ -22,10 +23,33 @@ struct ChainArgs {
   uint64_t seed, offset;
 };
 
-// Verifies sequence n: writes its accept length and K+1 output tokens.
+// Gumbel-max over log r (r: a residual row, zeros cannot be drawn) with the noise of (n, row).
+// A group is skipped, without its logs or its Philox draw, when no r in it reaches
+// exp(best - kGumbelBound): such an id cannot beat the best whatever its noise.
+ArgMax sample_residual(const ChainArgs& c, int64_t n, int32_t row, const float* r) {
+  ArgMax best = argmax_empty();
+  float threshold = 0.0f;
+  for (int64_t g = 0; 4 * g < c.v; ++g) {
+    const int count = static_cast<int>(std::min<int64_t>(4, c.v - 4 * g));
+    const float* rg = r + 4 * g;
+    bool live = false;
+    for (int j = 0; j < count; ++j) live |= rg[j] > 0.0f && rg[j] >= threshold;
+    if (!live) continue;
+    const Philox4 noise = philox_draw(c.seed, c.offset, static_cast<uint32_t>(n), static_cast<uint32_t>(row),
+                                      static_cast<uint32_t>(g));
+    for (int j = 0; j < count; ++j)
+      if (rg[j] > 0.0f)
+        argmax_observe(best, log_f32(rg[j]) + gumbel_from_word(noise.w[j]), static_cast<int32_t>(4 * g + j));
+    threshold = best.val == kNegInf ? 0.0f : exp_f32(best.val - kGumbelBound);
+  }
+  return best;
+}
+
+// Verifies sequence n: writes its accept length and K+1 output tokens. buffer and residual hold V
+// floats each.
 template <typename T>
 void verify_sequence(const ChainArgs& c, int64_t n, const T* logits, const int64_t* draft, const float* q,
-                     int64_t* accept_len, int64_t* out, float* buffer) {
+                     int64_t* accept_len, int64_t* out, float* buffer, float* residual) {
   const bool greedy = c.inv_t == 0.0f;
   SampleJob job{kSampleDone, 0, -1, 0, stats_empty()};
   int64_t i = 0;
@@ -64,7 +88,11 @@ void verify_sequence(const ChainArgs& c, int64_t n, const T* logits, const int64
     const float* a = buffer;  // sampling happens only at T > 0, so the row is in the buffer
     const float* q_row = job.mode == kSampleResidual ? q + i * c.v : nullptr;
     ArgMax best = argmax_empty();
-    for (int64_t g = 0; 4 * g < c.v; ++g) {
+    if (q_row) {  // the residual row at once (vectorised), then only the groups that can win
+      cpu::residual_row(a, q_row, c.v, job.stats.top.val, job.stats.sum, residual);
+      best = sample_residual(c, n, job.row, residual);
+    }
+    for (int64_t g = 0; !q_row && 4 * g < c.v; ++g) {
       const int count = static_cast<int>(c.v - 4 * g < 4 ? c.v - 4 * g : 4);
       sample_group(best, job, c.seed, c.offset, static_cast<uint32_t>(n), static_cast<uint32_t>(g), a + 4 * g,
                    q_row ? q_row + 4 * g : nullptr, count);
@@ -102,10 +130,11 @@ std::tuple<at::Tensor, at::Tensor> chain_verify_cpu(const at::Tensor& draft_toke
     auto* acc = accept_len.mutable_data_ptr<int64_t>();
     auto* o = out.mutable_data_ptr<int64_t>();
     at::parallel_for(0, shape.n, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> row(static_cast<size_t>(shape.v));
+      std::vector<float> row(static_cast<size_t>(shape.v)), residual(qp ? static_cast<size_t>(shape.v) : 0);
       for (int64_t n = begin; n < end; ++n)
         verify_sequence(c, n, l + n * (shape.k + 1) * shape.v, d + n * shape.k,
-                        qp ? qp + n * shape.k * shape.v : nullptr, acc + n, o + n * (shape.k + 1), row.data());
+                        qp ? qp + n * shape.k * shape.v : nullptr, acc + n, o + n * (shape.k + 1), row.data(),
+                        residual.data());
     });
   });
   return {accept_len, out};

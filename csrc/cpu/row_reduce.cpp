@@ -109,6 +109,22 @@ ArgMax row_argmax(const float* a, int64_t n) {
     if (is_nan_f32(a[v])) return ArgMax{a[v], static_cast<int32_t>(v)};
 }
 
+XK_CLONES void residual_row(const float* a, const float* q, int64_t n, float top, float sum, float* r) {
+  const f32x8 t = splat(top), inv = splat(1.0f / sum), zero = splat(0.0f), neg_inf = splat(kNegInf);
+  int64_t v = 0;
+  for (; v + kLanes <= n; v += kLanes) {
+    const f32x8 x = load8(a + v);
+    const f32x8 d = exp_nonpositive(x - t) * inv - load8(q + v);
+    f32x8 out = d > zero ? d : zero;
+    out = x == neg_inf ? zero : out;
+    std::memcpy(r + v, &out, sizeof(out));
+  }
+  for (; v < n; ++v) {
+    const float d = a[v] == kNegInf ? 0.0f : exp_f32(a[v] - top) / sum - q[v];
+    r[v] = d > 0.0f ? d : 0.0f;
+  }
+}
+
 RowStats row_stats(const float* a, int64_t n) {
   RowStats s{row_argmax(a, n), 0.0f};
   if (!stats_degenerate(s)) s.sum = sum_exp_shifted(a, n, s.top.val);

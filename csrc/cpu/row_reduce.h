@@ -21,6 +21,10 @@ void scale_row(const c10::Half* row, int64_t n, float scale, float* out);
 // torch.argmax of a (the first NaN if there is one).
 ArgMax row_argmax(const float* a, int64_t n);
 
+// r[v] = max(softmax(a)[v] - q[v], 0), the unnormalised residual of speculative sampling, given
+// a's statistics (top = max, sum = sum exp(a - top)); ids with a = -inf get 0.
+void residual_row(const float* a, const float* q, int64_t n, float top, float sum, float* r);
+
 // Softmax statistics of a; sum is 0 when the row is degenerate.
 RowStats row_stats(const float* a, int64_t n);
 
