@@ -5,7 +5,6 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
-#include <algorithm>
 #include <type_traits>
 #include <vector>
 
@@ -22,28 +21,6 @@ struct ChainArgs {
   float inv_t;  // 0: greedy
   uint64_t seed, offset;
 };
-
-// Gumbel-max over log r (r: a residual row, zeros cannot be drawn) with the noise of (n, row).
-// A group is skipped, without its logs or its Philox draw, when no r in it reaches
-// exp(best - kGumbelBound): such an id cannot beat the best whatever its noise.
-ArgMax sample_residual(const ChainArgs& c, int64_t n, int32_t row, const float* r) {
-  ArgMax best = argmax_empty();
-  float threshold = 0.0f;
-  for (int64_t g = 0; 4 * g < c.v; ++g) {
-    const int count = static_cast<int>(std::min<int64_t>(4, c.v - 4 * g));
-    const float* rg = r + 4 * g;
-    bool live = false;
-    for (int j = 0; j < count; ++j) live |= rg[j] > 0.0f && rg[j] >= threshold;
-    if (!live) continue;
-    const Philox4 noise = philox_draw(c.seed, c.offset, static_cast<uint32_t>(n), static_cast<uint32_t>(row),
-                                      static_cast<uint32_t>(g));
-    for (int j = 0; j < count; ++j)
-      if (rg[j] > 0.0f)
-        argmax_observe(best, log_f32(rg[j]) + gumbel_from_word(noise.w[j]), static_cast<int32_t>(4 * g + j));
-    threshold = best.val == kNegInf ? 0.0f : exp_f32(best.val - kGumbelBound);
-  }
-  return best;
-}
 
 // Verifies sequence n: writes its accept length and K+1 output tokens. buffer and residual hold V
 // floats each.
@@ -90,7 +67,7 @@ void verify_sequence(const ChainArgs& c, int64_t n, const T* logits, const int64
     ArgMax best = argmax_empty();
     if (q_row) {  // the residual row at once (vectorised), then only the groups that can win
       cpu::residual_row(a, q_row, c.v, job.stats.top.val, job.stats.sum, residual);
-      best = sample_residual(c, n, job.row, residual);
+      best = cpu::sample_positive(c.seed, c.offset, static_cast<uint32_t>(n), static_cast<uint32_t>(job.row), residual, c.v);
     }
     for (int64_t g = 0; !q_row && 4 * g < c.v; ++g) {
       const int count = static_cast<int>(c.v - 4 * g < 4 ? c.v - 4 * g : 4);

@@ -1,5 +1,7 @@
 #include "row_reduce.h"
 
+#include "xkernels/tree.h"
+
 #include <cstring>
 
 // Each hot loop is compiled for AVX-512, AVX2 and the baseline, picked at load time.
@@ -109,20 +111,70 @@ ArgMax row_argmax(const float* a, int64_t n) {
     if (is_nan_f32(a[v])) return ArgMax{a[v], static_cast<int32_t>(v)};
 }
 
-XK_CLONES void residual_row(const float* a, const float* q, int64_t n, float top, float sum, float* r) {
+XK_CLONES void residual_row(const float* a, const float* q, int64_t n, float top, float sum, float* r, float q_scale) {
   const f32x8 t = splat(top), inv = splat(1.0f / sum), zero = splat(0.0f), neg_inf = splat(kNegInf);
+  const f32x8 qs = splat(q_scale);
   int64_t v = 0;
   for (; v + kLanes <= n; v += kLanes) {
     const f32x8 x = load8(a + v);
-    const f32x8 d = exp_nonpositive(x - t) * inv - load8(q + v);
+    const f32x8 d = exp_nonpositive(x - t) * inv - load8(q + v) * qs;
     f32x8 out = d > zero ? d : zero;
     out = x == neg_inf ? zero : out;
     std::memcpy(r + v, &out, sizeof(out));
   }
   for (; v < n; ++v) {
-    const float d = a[v] == kNegInf ? 0.0f : exp_f32(a[v] - top) / sum - q[v];
+    const float d = a[v] == kNegInf ? 0.0f : exp_f32(a[v] - top) / sum - q[v] * q_scale;
     r[v] = d > 0.0f ? d : 0.0f;
   }
+}
+
+XK_CLONES float row_sum(const float* a, int64_t n) {
+  f32x8 acc = splat(0.0f);
+  int64_t v = 0;
+  for (; v + kLanes <= n; v += kLanes) acc += load8(a + v);
+  float total = 0.0f;
+  for (int j = 0; j < kLanes; ++j) total += acc[j];
+  for (; v < n; ++v) total += a[v];
+  return total;
+}
+
+XK_CLONES float residual_update(float* r, const float* q, int64_t n, float r_sum, float q_sum) {
+  const f32x8 rs = splat(r_sum), qs = splat(q_sum > 0.0f ? q_sum : 1.0f), zero = splat(0.0f);
+  const f32x8 use_q = splat(q_sum > 0.0f ? 1.0f : 0.0f);
+  f32x8 acc = zero;
+  int64_t v = 0;
+  for (; v + kLanes <= n; v += kLanes) {
+    const f32x8 d = load8(r + v) / rs - load8(q + v) / qs * use_q;
+    const f32x8 out = d > zero ? d : zero;
+    acc += out;
+    std::memcpy(r + v, &out, sizeof(out));
+  }
+  float total = 0.0f;
+  for (int j = 0; j < kLanes; ++j) total += acc[j];
+  for (; v < n; ++v) {
+    r[v] = tree_residual(r[v], r_sum, q[v], q_sum);
+    total += r[v];
+  }
+  return total;
+}
+
+ArgMax sample_positive(uint64_t seed, uint64_t offset, uint32_t sequence, uint32_t position, const float* r,
+                       int64_t n) {
+  ArgMax best = argmax_empty();
+  float threshold = 0.0f;
+  for (int64_t g = 0; 4 * g < n; ++g) {
+    const int count = n - 4 * g < 4 ? static_cast<int>(n - 4 * g) : 4;
+    const float* rg = r + 4 * g;
+    bool live = false;
+    for (int j = 0; j < count; ++j) live |= rg[j] > 0.0f && rg[j] >= threshold;
+    if (!live) continue;
+    const Philox4 noise = philox_draw(seed, offset, sequence, position, static_cast<uint32_t>(g));
+    for (int j = 0; j < count; ++j)
+      if (rg[j] > 0.0f)
+        argmax_observe(best, log_f32(rg[j]) + gumbel_from_word(noise.w[j]), static_cast<int32_t>(4 * g + j));
+    threshold = best.val == kNegInf ? 0.0f : exp_f32(best.val - kGumbelBound);
+  }
+  return best;
 }
 
 RowStats row_stats(const float* a, int64_t n) {

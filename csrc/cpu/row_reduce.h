@@ -21,9 +21,22 @@ void scale_row(const c10::Half* row, int64_t n, float scale, float* out);
 // torch.argmax of a (the first NaN if there is one).
 ArgMax row_argmax(const float* a, int64_t n);
 
-// r[v] = max(softmax(a)[v] - q[v], 0), the unnormalised residual of speculative sampling, given
-// a's statistics (top = max, sum = sum exp(a - top)); ids with a = -inf get 0.
-void residual_row(const float* a, const float* q, int64_t n, float top, float sum, float* r);
+// r[v] = max(softmax(a)[v] - q[v] * q_scale, 0), the unnormalised residual of speculative
+// sampling, given a's statistics (top = max, sum = sum exp(a - top)); ids with a = -inf get 0.
+void residual_row(const float* a, const float* q, int64_t n, float top, float sum, float* r, float q_scale = 1.0f);
+
+// sum of a (8 lanes, then the lanes in order).
+float row_sum(const float* a, int64_t n);
+
+// In place r[v] = max(r[v] / r_sum - q[v] / q_sum, 0) (xkernels/tree.h's tree_residual); returns
+// the new sum of r.
+float residual_update(float* r, const float* q, int64_t n, float r_sum, float q_sum);
+
+// Gumbel-max over log r (zeros cannot be drawn) with the noise of (sequence, position): what
+// sample_group of xkernels/sampling.h draws, but a group is skipped, without its logs or its Philox
+// draw, when no r in it reaches exp(best - kGumbelBound) (it cannot win whatever its noise).
+ArgMax sample_positive(uint64_t seed, uint64_t offset, uint32_t sequence, uint32_t position, const float* r,
+                       int64_t n);
 
 // Softmax statistics of a; sum is 0 when the row is degenerate.
 RowStats row_stats(const float* a, int64_t n);

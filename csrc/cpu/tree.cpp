@@ -167,8 +167,7 @@ void verify_tree(const VerifyArgs& c, int64_t n, int64_t count, const int64_t* t
       // Children drawn from q: r and q unnormalised with sums zr and zq; r = p until a rejection.
       const float* q_row = draft_probs + node * c.v;
       const float* qs = q_row;
-      float zq = 0.0f, zr = 1.0f;
-      for (int64_t v = 0; v < c.v; ++v) zq += q_row[v];
+      float zq = first[node] >= 0 ? cpu::row_sum(q_row, c.v) : 0.0f, zr = 1.0f;
       bool residual = false, empty = false;
       for (int64_t ch = first[node]; ch >= 0 && chosen < 0; ch = next[ch]) {
         const auto x = static_cast<int32_t>(tokens[ch]);
@@ -179,9 +178,11 @@ void verify_tree(const VerifyArgs& c, int64_t n, int64_t count, const int64_t* t
           break;
         }
         float sum = 0.0f;
-        for (int64_t v = 0; v < c.v; ++v) {
-          r[v] = tree_residual(residual ? r[v] : stats_prob(s, a[v]), zr, qs[v], zq);
-          sum += r[v];
+        if (residual) {
+          sum = cpu::residual_update(r, qs, c.v, zr, zq);
+        } else {  // the first residual, max(p - q / zq, 0), straight from the logits (vectorised)
+          cpu::residual_row(a, qs, c.v, s.top.val, s.sum, r, zq > 0.0f ? 1.0f / zq : 0.0f);
+          sum = cpu::row_sum(r, c.v);
         }
         residual = true, zr = sum;
         if (c.without_replacement) {
@@ -195,7 +196,8 @@ void verify_tree(const VerifyArgs& c, int64_t n, int64_t count, const int64_t* t
         }
       }
       if (chosen < 0 && !empty)
-        emit = residual ? sample_weights(c, n, node, [&](int64_t v) { return r[v] > 0.0f ? std::log(r[v]) : kNegInf; })
+        emit = residual ? cpu::sample_positive(c.seed, c.offset, static_cast<uint32_t>(n), static_cast<uint32_t>(node),
+                                               r, c.v).idx
                         : sample_weights(c, n, node, [&](int64_t v) { return a[v]; });
       if (chosen < 0 && emit == kNoIndex) emit = s.top.idx;
     }
