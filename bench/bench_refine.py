@@ -41,6 +41,12 @@ def calls(op, impl, ctx, prev, base, weights, temperature):
         if impl == "xkernels":
             return lambda: xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=4, temperature=temperature)
         return lambda: reference.jacobi_refine(ctx, prefix, base, weights, 4, temperature)
+    if op == "refine_step vs bare z @ w_read.T":  # the GEMM the fused read cannot avoid, as the baseline
+        if impl == "xkernels":
+            return lambda: xkernels.refine_step(ctx, prev, base, weights, temperature=temperature, seed=1)
+        z = torch.randn(ctx.shape[0] * D, R, generator=torch.Generator().manual_seed(3))
+        w_read = weights.w_read.float()
+        return lambda: z @ w_read.T
     # sequential (15 serial steps, the baseline) against Jacobi with 4 passes, both xkernels
     if impl == "xkernels":
         return lambda: xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=4, temperature=temperature)
@@ -48,7 +54,8 @@ def calls(op, impl, ctx, prev, base, weights, temperature):
 
 
 CASES = [(op, n, dtype, 0.0) for op in ["refine_step", "jacobi_refine x4", "sequential vs jacobi x4"]
-         for n in (1, 4) for dtype in (torch.float32, torch.bfloat16)] + [("refine_step", 1, torch.float32, 1.0)]
+         for n in (1, 4) for dtype in (torch.float32, torch.bfloat16)] + [("refine_step", 1, torch.float32, 1.0)] + [
+    ("refine_step vs bare z @ w_read.T", n, torch.float32, 0.0) for n in (1, 4)]
 
 
 @pytest.mark.parametrize("impl", ["xkernels", "reference"])
