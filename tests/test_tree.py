@@ -340,3 +340,29 @@ def test_flex_attention_mask_mod_covers_prefix_and_ancestors():
     assert torch.equal(got, torch.cat([torch.ones(2, 11, 7, dtype=torch.bool), dense], -1))
     block = tree_block_mask(parents, 7, num_nodes, block_size=16)
     assert block.shape[-2:] == (11, 18)
+
+
+@pytest.mark.needs_cuda
+def test_tree_ops_are_cuda_graph_capturable():
+    lp, tok = topk_case(4, 5, 3)
+    lp, tok = lp.cuda(), tok.cuda()
+    offset = torch.zeros(1, dtype=torch.int64, device="cuda")
+    logits = torch.randn(4, 13, 50, generator=torch.Generator().manual_seed(0)).cuda()
+
+    def step():
+        tokens, parents, num_nodes, _ = xkernels.build_draft_tree(lp, tok, 12)
+        mask = xkernels.tree_attention_mask(parents, num_nodes=num_nodes, layout="packed")
+        tokens = tokens.clamp_min(0)
+        return mask, xkernels.tree_verify(tokens, parents, logits, temperature=1.0, seed=2, offset=offset,
+                                          num_nodes=num_nodes)
+
+    step()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    for value in range(3):
+        offset.fill_(value)
+        graph.replay()
+        eager = step()
+        assert torch.equal(captured[0], eager[0])
+        assert all(torch.equal(a, b) for a, b in zip(captured[1], eager[1]))
