@@ -237,6 +237,15 @@ def sanitize_cases():
                                                            without_replacement=wr, temperature=temperature)
             cache = torch.randn(n, 2, budget + 8, 16, device="cuda", dtype=dtype)
             xkernels.compact_kv_(cache, path, accept_len, 3)
+    for n, length, v in [(2, 32, 1000), (1, 7, 33), (0, 4, 10)]:
+        for dtype in (torch.float32, torch.bfloat16):
+            logits = torch.randn(n, length, v, device="cuda").to(dtype)
+            block = torch.full((n, length), 5, device="cuda")
+            if n:
+                block[0, ::2] = 1
+                logits[0, 0, 3] = float("nan")
+            for temperature, threshold in [(0.0, None), (1.0, None), (0.7, 0.5)]:
+                xkernels.dllm_step(logits, block, 5, num_unmask=3, threshold=threshold, temperature=temperature)
     torch.cuda.synchronize()
     print("sanitize cases ran")
 

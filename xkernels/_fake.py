@@ -78,3 +78,12 @@ def _tree_verify_fake(tokens, parents, target_logits, draft_probs=None, without_
 @torch.library.register_fake("xkernels::compact_kv_")
 def _compact_kv_fake(cache, path, accept_len, prefix_len):
     return None
+
+
+@torch.library.register_fake("xkernels::dllm_step")
+def _dllm_step_fake(logits, block_tokens, mask_id, num_unmask=1, threshold=None, temperature=0.0, seed=0, offset=0,
+                    seed_tensor=None, offset_tensor=None):
+    torch._check(logits.dim() == 3, lambda: "logits must have shape [N, L, V]")
+    n, length = logits.shape[0], logits.shape[1]
+    return (block_tokens.new_empty((n, length)), block_tokens.new_empty((n, length)),
+            block_tokens.new_empty((n, length)), logits.new_empty((n, length), dtype=torch.float32))

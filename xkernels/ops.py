@@ -244,3 +244,40 @@ def compact_kv_(cache: torch.Tensor, path: torch.Tensor, accept_len: torch.Tenso
     torch.ops.xkernels.compact_kv_.default(cache, _tensor(path, "path"), _tensor(accept_len, "accept_len"),
                                            int(prefix_len))
     return cache
+
+
+# ---- diffusion LLMs ----
+
+
+def dllm_step(
+    logits: torch.Tensor,
+    block_tokens: torch.Tensor,
+    mask_id: int,
+    *,
+    num_unmask: int = 1,
+    threshold: Optional[float] = None,
+    temperature: float = 0.0,
+    seed: Seed = 0,
+    offset: Seed = 0,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One step of a masked diffusion LM's block decoding: LLaDA's low-confidence unmasking.
+
+    Args:
+        logits: float32, bfloat16 or float16 ``[N, L, V]``, the model's logits at the block's L
+            positions.
+        block_tokens: int64 ``[N, L]``, the block so far (``mask_id`` where still masked).
+        num_unmask: how many masked positions to unmask (all if fewer are masked).
+        threshold: instead, unmask every masked position whose confidence exceeds it, and at
+            least the most confident one (Fast-dLLM's parallel decoding).
+        temperature, seed, offset: ``x0 = argmax(logits / T + G)`` with the Gumbel noise of
+            (sequence, position) from the package's Philox stream (none at ``T = 0``); a loop
+            passes an offset fixed by (block, step).
+
+    Returns ``(new_block, positions, tokens, confidence)``: the block with the chosen positions
+    unmasked; the chosen positions ascending and their tokens, int64 ``[N, L]``, -1 padded; and
+    float32 ``[N, L]`` confidences ``softmax(logits)[x0]`` (the untempered softmax, as LLaDA and
+    Fast-dLLM score it; -inf at unmasked positions, NaN for a row without a softmax, which ranks
+    last). Ties go to the lower position."""
+    return torch.ops.xkernels.dllm_step.default(
+        _tensor(logits, "logits"), _tensor(block_tokens, "block_tokens"), int(mask_id), int(num_unmask),
+        None if threshold is None else float(threshold), float(temperature), *_rng_args(seed, offset))

@@ -397,3 +397,57 @@ def compact_kv(cache: torch.Tensor, path: torch.Tensor, accept_len: torch.Tensor
         for j in range(int(accept_len[s]) + 1):
             out[s, :, prefix_len + j] = cache[s, :, prefix_len + int(path[s, j])]
     return out
+
+
+# ---- diffusion LLM decoding (Spiffy, issue 8) ----
+
+
+def dllm_step(logits, block_tokens, mask_id, num_unmask=1, threshold=None, temperature=0.0, seed=0, offset=0):
+    """One step of the LLaDA low-confidence rule over a block. For every masked position l of
+    sequence n: x0 = argmax(logits / T + G) (G: the Gumbel noise of (sequence n, position l); none at
+    T = 0) and confidence = softmax(logits)[x0] (the untempered softmax, as LLaDA and Fast-dLLM
+    score it). Unmasked positions have confidence -inf. Then unmask the num_unmask most confident
+    masked positions (ties to the lowest position), or, with threshold, every masked position whose
+    confidence exceeds it and at least the most confident one. Returns new_block [N, L],
+    positions [N, L] (the unmasked positions ascending, -1 padded), tokens [N, L] (theirs, -1
+    padded) and confidence [N, L] float32."""
+    n, length, v = logits.shape
+    seed, offset = _as_int(seed), _as_int(offset)
+    inv_t = inverse_temperature(temperature)
+    l = logits.detach().cpu().float()
+    block = block_tokens.detach().cpu()
+    masked = block == mask_id
+    a = l * inv_t if inv_t else l
+    if inv_t and n * length:
+        noise = torch.stack([torch.stack([gumbel_noise(seed, offset, s, p, v) for p in range(length)])
+                             for s in range(n)])
+        score = a + noise
+    else:
+        score = a
+    x0 = score.argmax(-1)
+    conf = torch.softmax(l, -1).gather(-1, x0[..., None])[..., 0]
+    conf = torch.where(masked, conf, torch.tensor(-math.inf))
+    new_block = block.clone()
+    positions = torch.full((n, length), -1, dtype=torch.int64)
+    tokens = torch.full((n, length), -1, dtype=torch.int64)
+    for s in range(n):
+        count = int(masked[s].sum())
+        if count == 0:
+            continue
+        # higher confidence first, a NaN last, ties to the lower position
+        def rank(p):
+            c = float(conf[s, p])
+            return (1, 0.0, p) if c != c else (0, -c, p)
+
+        order = sorted((p for p in range(length) if masked[s, p]), key=rank)
+        if threshold is None:
+            chosen = order[: min(num_unmask, count)]
+        else:
+            chosen = [p for p in order if float(conf[s, p]) > threshold] or order[:1]
+        chosen.sort()
+        for j, p in enumerate(chosen):
+            new_block[s, p] = x0[s, p]
+            positions[s, j] = p
+            tokens[s, j] = x0[s, p]
+    dev = logits.device
+    return new_block.to(dev), positions.to(dev), tokens.to(dev), conf.to(dev)

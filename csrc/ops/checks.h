@@ -83,6 +83,13 @@ void check_tree_tokens(const at::Tensor& tokens, const std::optional<at::Tensor>
 void check_compact_kv(const at::Tensor& cache, const at::Tensor& path, const at::Tensor& accept_len,
                       int64_t prefix_len);
 
+// dllm_step's arguments: logits [N, L, V], block_tokens [N, L].
+struct DllmShape {
+  int64_t n, l, v;
+};
+DllmShape check_dllm_step(const at::Tensor& logits, const at::Tensor& block_tokens, int64_t num_unmask,
+                          std::optional<double> threshold, double temperature);
+
 // Raises if any id of `tokens` lies outside [0, vocab) (reads the values).
 void check_token_ids(const at::Tensor& tokens, int64_t vocab, const char* name);
 

@@ -54,6 +54,10 @@ TORCH_LIBRARY(xkernels, m) {
       "bool without_replacement=False, float temperature=0.0, int seed=0, int offset=0, Tensor? num_nodes=None, "
       "Tensor? seed_tensor=None, Tensor? offset_tensor=None) -> (Tensor accept_len, Tensor path, Tensor out_tokens)");
   m.def("compact_kv_(Tensor(a!) cache, Tensor path, Tensor accept_len, int prefix_len) -> ()");
+  m.def(
+      "dllm_step(Tensor logits, Tensor block_tokens, int mask_id, int num_unmask=1, float? threshold=None, "
+      "float temperature=0.0, int seed=0, int offset=0, Tensor? seed_tensor=None, Tensor? offset_tensor=None) "
+      "-> (Tensor new_block, Tensor positions, Tensor tokens, Tensor confidence)");
 }
 
 }  // namespace xkernels

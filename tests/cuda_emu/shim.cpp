@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "chain_verify_launch.h"
+#include "dllm_launch.h"
 #include "cuda_emu.h"
 #include "refine_launch.h"
 #include "tree_launch.h"
@@ -190,6 +191,30 @@ int xk_emu_compact_kv(void* cache, int64_t n, int64_t heads, int64_t len, int64_
                     dev.copy(accept_len, sizeof(int64_t) * n), m, prefix_len};
   const cudaError_t err = launch_compact_kv(p, nullptr);
   std::memcpy(cache, c, bytes);
+  return finish(err, message, message_len);
+}
+
+int xk_emu_dllm_step(const void* logits, int logits_type, const int64_t* block, int64_t n, int64_t l, int64_t v,
+                     int64_t mask_id, int64_t num_unmask, int use_threshold, float threshold, float inv_t,
+                     uint64_t seed, uint64_t offset, int64_t* new_block, int64_t* positions, int64_t* tokens,
+                     float* confidence, char* message, size_t message_len) {
+  using namespace xkernels::cuda;
+  Device dev;
+  DllmParams p{};
+  p.logits = dev.copy(static_cast<const char*>(logits), n * l * v * logits_bytes(logits_type));
+  p.dtype = static_cast<LogitsType>(logits_type);
+  p.block = dev.copy(block, sizeof(int64_t) * n * l);
+  p.n = n, p.l = l, p.v = v, p.mask_id = mask_id, p.num_unmask = num_unmask;
+  p.use_threshold = use_threshold != 0, p.threshold = threshold, p.inv_t = inv_t, p.seed = seed, p.offset = offset;
+  p.new_block = const_cast<int64_t*>(dev.copy(block, sizeof(int64_t) * n * l));  // the caller's copy of block
+  p.positions = dev.alloc<int64_t>(sizeof(int64_t) * n * l, 0xFF);  // -1, as the caller fills them
+  p.tokens = dev.alloc<int64_t>(sizeof(int64_t) * n * l, 0xFF);
+  p.confidence = dev.alloc<float>(sizeof(float) * n * l, 0xA5);
+  const cudaError_t err = launch_dllm_step(p, dev.alloc(dllm_workspace_bytes(p), 0xA5), nullptr);
+  std::memcpy(new_block, p.new_block, sizeof(int64_t) * n * l);
+  std::memcpy(positions, p.positions, sizeof(int64_t) * n * l);
+  std::memcpy(tokens, p.tokens, sizeof(int64_t) * n * l);
+  std::memcpy(confidence, p.confidence, sizeof(float) * n * l);
   return finish(err, message, message_len);
 }
 

@@ -106,6 +106,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify(
 // j = 0..accept_len[n] (the root and the accepted nodes, behind the prefix).
 void compact_kv_(const at::Tensor& cache, const at::Tensor& path, const at::Tensor& accept_len, int64_t prefix_len);
 
+// One step of a masked diffusion LM's block decoding (LLaDA's low-confidence rule): for each
+// masked position of block_tokens [N, L], x0 = argmax(logits / T + Gumbel) (argmax at T = 0) and
+// confidence = softmax(logits)[x0]; unmask the num_unmask most confident (ties to the lower
+// position), or with a threshold every one above it and at least the best. Returns (new_block,
+// positions, tokens: int64 [N, L], -1 padded, confidence float32 [N, L], -inf where unmasked).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step(
+    const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id, int64_t num_unmask = 1,
+    std::optional<double> threshold = std::nullopt, double temperature = 0.0, int64_t seed = 0, int64_t offset = 0,
+    const std::optional<at::Tensor>& seed_tensor = std::nullopt,
+    const std::optional<at::Tensor>& offset_tensor = std::nullopt);
+
 // How the library was built: version, whether CUDA kernels are compiled and
 // for which architectures.
 std::string build_info();

@@ -1,0 +1,86 @@
+// dllm_step on the CPU: the masked positions' rows in parallel (each: a Gumbel-max pick over the
+// tempered logits and the softmax statistics of the raw ones), then each sequence's selection.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "../ops/checks.h"
+#include "dispatch.h"
+#include "row_reduce.h"
+#include "xkernels/dllm.h"
+
+namespace xkernels {
+namespace {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step_cpu(
+    const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id, int64_t num_unmask,
+    std::optional<double> threshold, double temperature, int64_t seed, int64_t offset,
+    const std::optional<at::Tensor>& seed_tensor, const std::optional<at::Tensor>& offset_tensor) {
+  const auto s = check_dllm_step(logits, block_tokens, num_unmask, threshold, temperature);
+  const RngArgs rng = rng_args(seed, offset, seed_tensor, offset_tensor, logits.device());
+  const uint64_t sd = rng.seed_ptr ? static_cast<uint64_t>(*rng.seed_ptr) : rng.seed;
+  const uint64_t off = rng.offset_ptr ? static_cast<uint64_t>(*rng.offset_ptr) : rng.offset;
+  const float inv_t = inverse_temperature(temperature);
+  const auto l = logits.contiguous();
+  const auto block = block_tokens.contiguous();
+  auto new_block = block.clone();
+  auto positions = at::full({s.n, s.l}, -1, block.options());
+  auto tokens = at::full({s.n, s.l}, -1, block.options());
+  auto confidence = at::empty({s.n, s.l}, logits.options().dtype(at::kFloat));
+  std::vector<int64_t> x0(static_cast<size_t>(s.n * s.l), -1);
+  const int64_t* b = block.const_data_ptr<int64_t>();
+  float* conf = confidence.mutable_data_ptr<float>();
+  cpu::dispatch_logits(l.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* lp = l.const_data_ptr<T>();
+    at::parallel_for(0, s.n * s.l, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> raw(static_cast<size_t>(s.v)), a(static_cast<size_t>(s.v));
+      for (int64_t row = begin; row < end; ++row) {
+        if (b[row] != mask_id) {
+          conf[row] = kNegInf;
+          continue;
+        }
+        cpu::scale_row(lp + row * s.v, s.v, 1.0f, raw.data());
+        const RowStats raw_stats = cpu::row_stats(raw.data(), s.v);
+        int32_t pick = raw_stats.top.idx;
+        if (inv_t != 0.0f) {
+          cpu::scale_row(lp + row * s.v, s.v, inv_t, a.data());
+          const RowStats st = cpu::row_stats(a.data(), s.v);
+          if (!stats_degenerate(st)) {
+            const SampleJob job{kSamplePlain, static_cast<int32_t>(row % s.l), -1, st.top.idx, st};
+            ArgMax best = argmax_empty();
+            for (int64_t g = 0; 4 * g < s.v; ++g)
+              sample_group(best, job, sd, off, static_cast<uint32_t>(row / s.l), static_cast<uint32_t>(g),
+                           a.data() + 4 * g, nullptr, static_cast<int>(std::min<int64_t>(4, s.v - 4 * g)));
+            pick = sample_result(job, best);
+          } else {
+            pick = st.top.idx;
+          }
+        }
+        x0[row] = pick;
+        conf[row] = dllm_confidence(raw_stats, raw[pick]);
+      }
+    });
+  });
+  const double thr = threshold.value_or(0.0);
+  at::parallel_for(0, s.n, 16, [&](int64_t begin, int64_t end) {
+    std::vector<uint8_t> chosen(static_cast<size_t>(s.l));
+    for (int64_t n = begin; n < end; ++n)
+      dllm_select(conf + n * s.l, b + n * s.l, x0.data() + n * s.l, s.l, mask_id, num_unmask,
+                  threshold.has_value(), static_cast<float>(thr), chosen.data(),
+                  new_block.mutable_data_ptr<int64_t>() + n * s.l, positions.mutable_data_ptr<int64_t>() + n * s.l,
+                  tokens.mutable_data_ptr<int64_t>() + n * s.l);
+  });
+  return {new_block, positions, tokens, confidence};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(xkernels, CPU, m) { m.impl("dllm_step", &dllm_step_cpu); }
+
+}  // namespace xkernels

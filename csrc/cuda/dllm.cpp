@@ -1,0 +1,53 @@
+// dllm_step on CUDA: checks, allocation and the launches on the current stream.
+#include <ATen/core/Tensor.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "../ops/checks.h"
+#include "dllm_launch.h"
+
+namespace xkernels {
+namespace {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step_cuda(
+    const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id, int64_t num_unmask,
+    std::optional<double> threshold, double temperature, int64_t seed, int64_t offset,
+    const std::optional<at::Tensor>& seed_tensor, const std::optional<at::Tensor>& offset_tensor) {
+  const auto s = check_dllm_step(logits, block_tokens, num_unmask, threshold, temperature);
+  const RngArgs rng = rng_args(seed, offset, seed_tensor, offset_tensor, logits.device());
+  const c10::cuda::CUDAGuard guard(logits.device());
+  const auto l = logits.contiguous();
+  const auto block = block_tokens.contiguous();
+  auto new_block = block.clone();
+  auto positions = at::full({s.n, s.l}, -1, block.options());
+  auto tokens = at::full({s.n, s.l}, -1, block.options());
+  auto confidence = at::empty({s.n, s.l}, logits.options().dtype(at::kFloat));
+  cuda::DllmParams p{};
+  p.logits = l.const_data_ptr();
+  p.dtype = l.scalar_type() == at::kFloat      ? cuda::LogitsType::kFloat32
+            : l.scalar_type() == at::kBFloat16 ? cuda::LogitsType::kBFloat16
+                                               : cuda::LogitsType::kFloat16;
+  p.block = block.const_data_ptr<int64_t>();
+  p.n = s.n, p.l = s.l, p.v = s.v, p.mask_id = mask_id, p.num_unmask = num_unmask;
+  p.use_threshold = threshold.has_value();
+  p.threshold = static_cast<float>(threshold.value_or(0.0));
+  p.inv_t = inverse_temperature(temperature);
+  p.seed = rng.seed, p.offset = rng.offset, p.seed_ptr = rng.seed_ptr, p.offset_ptr = rng.offset_ptr;
+  p.new_block = new_block.mutable_data_ptr<int64_t>();
+  p.positions = positions.mutable_data_ptr<int64_t>();
+  p.tokens = tokens.mutable_data_ptr<int64_t>();
+  p.confidence = confidence.mutable_data_ptr<float>();
+  auto workspace = at::empty({static_cast<int64_t>(cuda::dllm_workspace_bytes(p))}, l.options().dtype(at::kByte));
+  const cudaError_t err = cuda::launch_dllm_step(p, workspace.mutable_data_ptr(), at::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, "dllm_step: CUDA launch failed: ", cudaGetErrorString(err));
+  return {new_block, positions, tokens, confidence};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(xkernels, CUDA, m) { m.impl("dllm_step", &dllm_step_cuda); }
+
+}  // namespace xkernels

@@ -1,0 +1,30 @@
+// The host interface of the dllm_step CUDA kernels: plain pointers, no torch headers.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "launch_types.h"
+
+namespace xkernels::cuda {
+
+struct DllmParams {
+  const void* logits;  // [n, l, v]
+  LogitsType dtype;
+  const int64_t* block;  // [n, l]
+  int64_t n, l, v, mask_id, num_unmask;
+  bool use_threshold;
+  float threshold, inv_t;  // inv_t 0: greedy
+  uint64_t seed, offset;
+  const int64_t *seed_ptr, *offset_ptr;
+  // new_block: a copy of block; positions and tokens: filled with -1 (by the caller)
+  int64_t *new_block, *positions, *tokens;
+  float* confidence;  // [n, l]
+};
+
+size_t dllm_workspace_bytes(const DllmParams& p);
+cudaError_t launch_dllm_step(const DllmParams& p, void* workspace, cudaStream_t stream);
+
+}  // namespace xkernels::cuda

@@ -1,0 +1,61 @@
+// The step rule of diffusion-LLM decoding (LLaDA's low-confidence unmasking), shared by the CPU
+// and CUDA kernels of dllm_step.
+#pragma once
+
+#include <cstdint>
+
+#include "xkernels/host_device.h"
+#include "xkernels/sampling.h"
+
+namespace xkernels {
+
+// softmax(raw)[pick] from the raw row's statistics: NaN when the row has no softmax.
+XK_HD float dllm_confidence(const RowStats& raw, float raw_pick) {
+  return stats_degenerate(raw) ? __builtin_nanf("") : exp_f32(raw_pick - raw.top.val) / raw.sum;
+}
+
+// Whether masked position p (confidence c) ranks before q (confidence d): higher confidence first,
+// a NaN last, ties to the lower position.
+XK_HD bool dllm_before(float c, int64_t p, float d, int64_t q) {
+  const bool c_nan = is_nan_f32(c), d_nan = is_nan_f32(d);
+  if (c_nan != d_nan) return d_nan;
+  if (!c_nan && c != d) return c > d;
+  return p < q;
+}
+
+// One sequence: picks the positions to unmask (the num_unmask best, or with a threshold every one
+// above it and at least the best), writes new_block at them and lists them ascending in positions
+// and tokens (the rest of both stays -1, as the caller filled it). chosen: scratch of l bytes.
+XK_HD void dllm_select(const float* conf, const int64_t* block, const int64_t* x0, int64_t l, int64_t mask_id,
+                       int64_t num_unmask, bool use_threshold, float threshold, uint8_t* chosen, int64_t* new_block,
+                       int64_t* positions, int64_t* tokens) {
+  int64_t masked = 0, best = -1;
+  for (int64_t p = 0; p < l; ++p) {
+    chosen[p] = 0;
+    if (block[p] != mask_id) continue;
+    ++masked;
+    if (best < 0 || dllm_before(conf[p], p, conf[best], best)) best = p;
+  }
+  if (masked == 0) return;
+  if (use_threshold) {
+    for (int64_t p = 0; p < l; ++p) chosen[p] = block[p] == mask_id && conf[p] > threshold;
+    chosen[best] = 1;
+  } else {
+    const int64_t take = num_unmask < masked ? num_unmask : masked;
+    for (int64_t t = 0; t < take; ++t) {  // the best not yet chosen, take times
+      int64_t pick = -1;
+      for (int64_t p = 0; p < l; ++p)
+        if (block[p] == mask_id && !chosen[p] && (pick < 0 || dllm_before(conf[p], p, conf[pick], pick))) pick = p;
+      chosen[pick] = 1;
+    }
+  }
+  int64_t j = 0;
+  for (int64_t p = 0; p < l; ++p) {
+    if (!chosen[p]) continue;
+    new_block[p] = x0[p];
+    positions[j] = p;
+    tokens[j++] = x0[p];
+  }
+}
+
+}  // namespace xkernels

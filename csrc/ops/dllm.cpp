@@ -1,0 +1,50 @@
+// dllm_step: the C++ API (through the dispatcher) and the argument checks both kernels run.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <limits>
+
+#include "checks.h"
+#include "xkernels/ops.h"
+
+namespace xkernels {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step(
+    const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id, int64_t num_unmask,
+    std::optional<double> threshold, double temperature, int64_t seed, int64_t offset,
+    const std::optional<at::Tensor>& seed_tensor, const std::optional<at::Tensor>& offset_tensor) {
+  using T = at::Tensor;
+  using Opt = std::optional<at::Tensor>;
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("xkernels::dllm_step", "")
+                       .typed<std::tuple<T, T, T, T>(const T&, const T&, int64_t, int64_t, std::optional<double>,
+                                                     double, int64_t, int64_t, const Opt&, const Opt&)>();
+  return op.call(logits, block_tokens, mask_id, num_unmask, threshold, temperature, seed, offset, seed_tensor,
+                 offset_tensor);
+}
+
+DllmShape check_dllm_step(const at::Tensor& logits, const at::Tensor& block_tokens, int64_t num_unmask,
+                          std::optional<double> threshold, double temperature) {
+  TORCH_CHECK(logits.dim() == 3, "logits must have shape [N, L, V], got ", logits.sizes());
+  const auto dt = logits.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf,
+              "logits must be float32, bfloat16 or float16, got ", dt);
+  TORCH_CHECK(block_tokens.scalar_type() == at::kLong, "block_tokens must be int64, got ", block_tokens.scalar_type());
+  TORCH_CHECK(block_tokens.dim() == 2 && block_tokens.size(0) == logits.size(0) &&
+                  block_tokens.size(1) == logits.size(1),
+              "block_tokens must have shape [N, L] = [", logits.size(0), ", ", logits.size(1), "], got ",
+              block_tokens.sizes());
+  TORCH_CHECK(block_tokens.device() == logits.device(), "block_tokens must be on ", logits.device(),
+              " like logits, got ", block_tokens.device());
+  const int64_t v = logits.size(2);
+  TORCH_CHECK(v > 0 && v < std::numeric_limits<int32_t>::max(), "logits vocabulary V must be in [1, 2^31)");
+  TORCH_CHECK(logits.size(1) < std::numeric_limits<int32_t>::max(), "logits: L must be below 2^31");
+  TORCH_CHECK(num_unmask >= 1, "num_unmask must be >= 1, got ", num_unmask);
+  TORCH_CHECK(!threshold.has_value() || std::isfinite(*threshold), "threshold must be finite, got ",
+              threshold.value_or(0.0));
+  inverse_temperature(temperature);  // checks the range
+  return DllmShape{logits.size(0), logits.size(1), v};
+}
+
+}  // namespace xkernels

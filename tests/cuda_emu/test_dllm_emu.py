@@ -1,0 +1,20 @@
+"""dllm_step's CUDA kernels, run by the emulation, against the reference."""
+import pytest
+import torch
+
+from xkernels import reference
+from tests.test_dllm import MASK, step_case
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("num_unmask,threshold", [(1, None), (3, None), (40, None), (1, 0.2)])
+def test_matches_reference(emu, dtype, temperature, num_unmask, threshold):
+    logits, block = step_case(4, 9, 301, dtype, seed=num_unmask)
+    block[1] = 2  # nothing masked
+    logits[3, 2] = float("nan")
+    got = emu.dllm_step(logits, block, MASK, num_unmask, threshold, temperature, 9, 4)
+    want = reference.dllm_step(logits, block, MASK, num_unmask, threshold, temperature, 9, 4)
+    for a, b in zip(got[:3], want[:3]):
+        assert torch.equal(a, b)
+    torch.testing.assert_close(got[3], want[3], atol=1e-5, rtol=1e-4, equal_nan=True)
