@@ -2,8 +2,6 @@
 // tempered logits and the softmax statistics of the raw ones), then each sequence's selection.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/full.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -27,11 +25,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step_cpu(
   const uint64_t off = rng.offset_ptr ? static_cast<uint64_t>(*rng.offset_ptr) : rng.offset;
   const float inv_t = inverse_temperature(temperature);
   const auto l = logits.contiguous();
-  const auto block = block_tokens.contiguous();
-  auto new_block = block.clone();
-  auto positions = at::full({s.n, s.l}, -1, block.options());
-  auto tokens = at::full({s.n, s.l}, -1, block.options());
-  auto confidence = at::empty({s.n, s.l}, logits.options().dtype(at::kFloat));
+  auto [block, new_block, positions, tokens, confidence] = dllm_outputs(logits, block_tokens, s);
   std::vector<int64_t> x0(static_cast<size_t>(s.n * s.l), -1);
   const int64_t* b = block.const_data_ptr<int64_t>();
   float* conf = confidence.mutable_data_ptr<float>();

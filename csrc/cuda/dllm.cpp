@@ -2,7 +2,6 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/full.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
@@ -20,11 +19,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step_cuda(
   const RngArgs rng = rng_args(seed, offset, seed_tensor, offset_tensor, logits.device());
   const c10::cuda::CUDAGuard guard(logits.device());
   const auto l = logits.contiguous();
-  const auto block = block_tokens.contiguous();
-  auto new_block = block.clone();
-  auto positions = at::full({s.n, s.l}, -1, block.options());
-  auto tokens = at::full({s.n, s.l}, -1, block.options());
-  auto confidence = at::empty({s.n, s.l}, logits.options().dtype(at::kFloat));
+  auto [block, new_block, positions, tokens, confidence] = dllm_outputs(logits, block_tokens, s);
   cuda::DllmParams p{};
   p.logits = l.const_data_ptr();
   p.dtype = l.scalar_type() == at::kFloat      ? cuda::LogitsType::kFloat32

@@ -89,6 +89,12 @@ struct DllmShape {
 };
 DllmShape check_dllm_step(const at::Tensor& logits, const at::Tensor& block_tokens, int64_t num_unmask,
                           std::optional<double> threshold, double temperature);
+// The contiguous block and the outputs both kernels fill: new_block (a copy of the block),
+// positions and tokens (-1), confidence.
+struct DllmOutputs {
+  at::Tensor block, new_block, positions, tokens, confidence;
+};
+DllmOutputs dllm_outputs(const at::Tensor& logits, const at::Tensor& block_tokens, const DllmShape& s);
 
 // Raises if any id of `tokens` lies outside [0, vocab) (reads the values).
 void check_token_ids(const at::Tensor& tokens, int64_t vocab, const char* name);

@@ -1,5 +1,7 @@
 // dllm_step: the C++ API (through the dispatcher) and the argument checks both kernels run.
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
 #include <c10/util/Exception.h>
 
 #include <cmath>
@@ -45,6 +47,16 @@ DllmShape check_dllm_step(const at::Tensor& logits, const at::Tensor& block_toke
               threshold.value_or(0.0));
   inverse_temperature(temperature);  // checks the range
   return DllmShape{logits.size(0), logits.size(1), v};
+}
+
+DllmOutputs dllm_outputs(const at::Tensor& logits, const at::Tensor& block_tokens, const DllmShape& s) {
+  DllmOutputs o;
+  o.block = block_tokens.contiguous();
+  o.new_block = o.block.clone();
+  o.positions = at::full({s.n, s.l}, -1, o.block.options());
+  o.tokens = at::full({s.n, s.l}, -1, o.block.options());
+  o.confidence = at::empty({s.n, s.l}, logits.options().dtype(at::kFloat));
+  return o;
 }
 
 }  // namespace xkernels
