@@ -231,10 +231,11 @@ def tree_verify(
     argmax; at ``T > 0`` the emitted tokens follow the target's distribution exactly (rules in
     ``csrc/include/xkernels/tree.h``). On CUDA an invalid tree or out-of-range token is handled
     memory-safely and raises only with ``XKERNELS_CHECK=1``."""
+    seed_int, offset_int, seed_tensor, offset_tensor = _rng_args(seed, offset)
     return torch.ops.xkernels.tree_verify.default(
         _tensor(tokens, "tokens"), _tensor(parents, "parents"), _tensor(target_logits, "target_logits"),
-        _tensor(draft_probs, "draft_probs"), bool(without_replacement), float(temperature),
-        *_rng_args(seed, offset)[:2], _tensor(num_nodes, "num_nodes"), *_rng_args(seed, offset)[2:])
+        _tensor(draft_probs, "draft_probs"), bool(without_replacement), float(temperature), seed_int, offset_int,
+        _tensor(num_nodes, "num_nodes"), seed_tensor, offset_tensor)
 
 
 def compact_kv_(cache: torch.Tensor, path: torch.Tensor, accept_len: torch.Tensor, prefix_len: int) -> torch.Tensor:

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <map>
+#include <set>
 #include <memory>
 #include <sstream>
 #include <vector>
@@ -103,6 +104,7 @@ struct Emu {
   std::string first_violation;  // since the test last asked
   cudaError_t last_error = cudaSuccess;
   std::map<const void*, int> max_dynamic_smem;
+  std::set<std::string> launched;  // kernel names that have run
   int threads = 0;                // of the running block; fibers[threads..] are spare
   int done = 0, at_barrier = 0;  // threads of the running block
 };
@@ -335,9 +337,10 @@ cudaError_t launch_check(const void* kernel, dim3 grid, dim3 block, size_t smem)
   return e.last_error;
 }
 
-void run_grid(dim3 grid, dim3 block, size_t smem, void (*body)(void*), void* arg) {
+void run_grid(const char* name, dim3 grid, dim3 block, size_t smem, void (*body)(void*), void* arg) {
   Emu& e = emu();
   if (!e.violation.empty() || e.last_error != cudaSuccess) return;  // a failed stream runs nothing more
+  e.launched.insert(name);
   const int threads = static_cast<int>(block.x * block.y * block.z);
   if (e.fibers.size() < static_cast<size_t>(threads)) e.fibers.resize(static_cast<size_t>(threads));
   for (Fiber& f : e.fibers)  // stacks are kept from launch to launch
@@ -400,6 +403,12 @@ cudaError_t take_last_error(bool clear) {
 }
 
 void set_max_dynamic_smem(const void* kernel, int bytes) { emu().max_dynamic_smem[kernel] = bytes; }
+
+std::string launched_kernels() {
+  std::string out;
+  for (const std::string& name : emu().launched) out += (out.empty() ? "" : ",") + name;
+  return out;
+}
 
 std::string take_violation() {
   std::string v;

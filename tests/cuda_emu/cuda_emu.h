@@ -75,7 +75,9 @@ uint64_t warp_collective(Op op, unsigned mask, uint64_t value, int arg, int widt
 void block_barrier();
 
 cudaError_t launch_check(const void* kernel, dim3 grid, dim3 block, size_t smem);
-void run_grid(dim3 grid, dim3 block, size_t smem, void (*body)(void*), void* arg);
+void run_grid(const char* name, dim3 grid, dim3 block, size_t smem, void (*body)(void*), void* arg);
+// The names of the kernels that have run a block, comma-separated (for the coverage test).
+std::string launched_kernels();
 void* dynamic_smem_base();
 cudaError_t take_last_error(bool clear);
 void set_max_dynamic_smem(const void* kernel, int bytes);
@@ -104,9 +106,10 @@ T from_bits(uint64_t b) {
   return v;
 }
 
-// kernel<<<grid, block, smem, stream>>>(args) becomes xk_emu::launch(kernel, grid, block, smem, stream)(args).
+// kernel<<<grid, block, smem, stream>>>(args) becomes xk_emu::launch("kernel", kernel, grid, block, smem, stream)(args).
 template <typename... P>
 struct Launch {
+  const char* name;
   void (*kernel)(P...);
   dim3 grid, block;
   size_t smem;
@@ -118,7 +121,7 @@ struct Launch {
       void (*kernel)(P...);
       std::tuple<std::decay_t<P>...> args;
     } bound{kernel, std::tuple<std::decay_t<P>...>(std::forward<A>(a)...)};
-    run_grid(grid, block, smem, [](void* b) {
+    run_grid(name, grid, block, smem, [](void* b) {
       auto* self = static_cast<Bound*>(b);
       std::apply(self->kernel, self->args);  // by value: each thread gets its own copy of the arguments
     }, &bound);
@@ -134,8 +137,9 @@ dim3 to_dim3(I n) {
 }
 
 template <typename... P, typename G, typename B>
-Launch<P...> launch(void (*kernel)(P...), G grid, B block, size_t smem = 0, cudaStream_t = nullptr) {
-  return Launch<P...>{kernel, to_dim3(grid), to_dim3(block), smem};
+Launch<P...> launch(const char* name, void (*kernel)(P...), G grid, B block, size_t smem = 0,
+                    cudaStream_t = nullptr) {
+  return Launch<P...>{name, kernel, to_dim3(grid), to_dim3(block), smem};
 }
 
 }  // namespace xk_emu

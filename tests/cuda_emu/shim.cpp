@@ -218,4 +218,9 @@ int xk_emu_dllm_step(const void* logits, int logits_type, const int64_t* block, 
   return finish(err, message, message_len);
 }
 
+// The kernels that have run a block so far, comma-separated, into buffer.
+void xk_emu_launched_kernels(char* buffer, size_t len) {
+  std::snprintf(buffer, len, "%s", xk_emu::launched_kernels().c_str());
+}
+
 }  // extern "C"

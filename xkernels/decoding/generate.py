@@ -150,10 +150,11 @@ def _tree_block(target, anchor, marginals, cache, layers, tree_budget, tree_topk
                             tree_depth=depth)
     accept_len, path, out = tree_verify(tokens, parents, logits.float(), temperature=temperature, seed=seed,
                                         offset=_verify_offset(step))
-    accepted = int(accept_len[0])
-    cache.keep_path(prefix_len, path, accept_len)
-    kept = path[0, : accepted + 1]
-    return out[0, : accepted + 1].tolist(), accepted, torch.cat(hidden, dim=-1)[:, kept]
+    # The block's second host read: the accepted length and the emitted tokens together.
+    row = torch.cat([accept_len, out[0]]).tolist()
+    accepted, emitted = row[0], row[1 : row[0] + 2]
+    cache.keep_path(prefix_len, path, accept_len, kept=accepted + 1)
+    return emitted, accepted, torch.cat(hidden, dim=-1)[:, path[0, : accepted + 1]]
 
 
 def _decode_speculative(mode, target, drafter, refiner, prompt, max_new_tokens, iters, temperature, seed,

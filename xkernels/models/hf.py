@@ -12,7 +12,6 @@
 """
 
 import inspect
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -182,5 +181,4 @@ def export_all(out) -> Path:
     out = Path(out)
     export_target(load_target(), out)
     export_tokenizer(out)
-    (out / "xkernels_export.json").write_text(json.dumps({"from": "xkernels shipped target"}))
     return out

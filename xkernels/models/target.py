@@ -96,15 +96,17 @@ class KVCache:
     def crop(self, length: int) -> None:
         self._len = [min(n, length) for n in self._len]
 
-    def keep_path(self, prefix_len: int, path: torch.Tensor, accept_len: torch.Tensor) -> None:
+    def keep_path(self, prefix_len: int, path: torch.Tensor, accept_len: torch.Tensor,
+                  kept: Optional[int] = None) -> None:
         """After a tree forward: keep the entries of the root and accepted nodes (path [B, M],
-        accept_len [B]), moved behind the prefix in place (xkernels.compact_kv_), then crop."""
+        accept_len [B]), moved behind the prefix in place (xkernels.compact_kv_), then crop to
+        prefix_len + kept (default: read max(accept_len) + 1 from the tensor)."""
         from ..ops import compact_kv_
 
         for t in self._k + self._v:
             if t is not None:
                 compact_kv_(t, path, accept_len, prefix_len)
-        self.crop(prefix_len + int(accept_len.max()) + 1)
+        self.crop(prefix_len + (int(accept_len.max()) + 1 if kept is None else kept))
 
 
 class Attention(nn.Module):

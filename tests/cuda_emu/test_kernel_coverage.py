@@ -1,0 +1,34 @@
+"""Every __global__ of csrc/cuda ran under the emulation in this session. The other test files of
+this folder run first (conftest.py orders this one last); run the whole folder."""
+import ctypes
+import re
+from pathlib import Path
+
+# Every kernel of the package, by the file that defines it; the test below checks this list
+# against the sources, so a new kernel must be added here (and covered) the day it lands.
+KERNELS = {
+    "chain_verify_kernel.cu": {"row_stats_kernel", "chain_walk_kernel", "sample_slices_kernel",
+                               "sample_finish_kernel"},
+    "refine_kernel.cu": {"front_mix_kernel", "front_hidden_kernel", "front_down_kernel", "read_simt_kernel",
+                         "read_mma_kernel", "finish_kernel", "jacobi_init_kernel", "jacobi_update_kernel"},
+    "tree_kernel.cu": {"build_tree_kernel", "tree_mask_kernel", "tree_verify_kernel", "compact_kv_kernel"},
+    "dllm_kernel.cu": {"dllm_rows_kernel", "dllm_select_kernel"},
+}
+CUDA = Path(__file__).resolve().parents[2] / "csrc" / "cuda"
+
+
+def test_the_list_names_every_kernel_of_the_sources():
+    found = {}
+    for path in sorted(CUDA.glob("*.cu")):
+        names = set(re.findall(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)", path.read_text()))
+        if names:
+            found[path.name] = names
+    assert found == KERNELS
+
+
+def test_every_kernel_ran(emu):
+    buffer = ctypes.create_string_buffer(4096)
+    emu.lib.xk_emu_launched_kernels(buffer, ctypes.c_size_t(len(buffer)))
+    ran = set(buffer.value.decode().split(","))
+    missing = set().union(*KERNELS.values()) - ran
+    assert not missing, f"kernels the emulation never ran: {sorted(missing)}"
