@@ -87,3 +87,29 @@ def _dllm_step_fake(logits, block_tokens, mask_id, num_unmask=1, threshold=None,
     n, length = logits.shape[0], logits.shape[1]
     return (block_tokens.new_empty((n, length)), block_tokens.new_empty((n, length)),
             block_tokens.new_empty((n, length)), logits.new_empty((n, length), dtype=torch.float32))
+
+
+@torch.library.register_fake("xkernels::spiffy_materialize")
+def _spiffy_materialize_fake(logits, block_tokens, mask_id, graph_ranks, graph_child_ptr, graph_children, keep,
+                             temperature=0.0):
+    torch._check(logits.dim() == 3, lambda: "logits must have shape [N, L, V]")
+    n, length = logits.shape[0], logits.shape[1]
+    return (block_tokens.new_empty((n, keep, length)), block_tokens.new_empty((n, keep)),
+            logits.new_empty((n, keep), dtype=torch.float32))
+
+
+@torch.library.register_fake("xkernels::spiffy_accept")
+def _spiffy_accept_fake(root_logits, draft_logits, draft_blocks, node_ids, block_tokens, mask_id, num_unmask=1,
+                        threshold=None, temperature=0.0, seed=0, offset=0, seed_tensor=None, offset_tensor=None):
+    torch._check(root_logits.dim() == 3, lambda: "root_logits must have shape [N, L, V]")
+    n, length = root_logits.shape[0], root_logits.shape[1]
+    return (block_tokens.new_empty((n,)), block_tokens.new_empty((n, length)), block_tokens.new_empty((n, length)),
+            block_tokens.new_empty((n, length)), block_tokens.new_empty((n,)))
+
+
+@torch.library.register_fake("xkernels::spiffy_attention_mask")
+def _spiffy_attention_mask_fake(prefix_lens, num_drafts, block_size, max_prefix_len, packed=False):
+    q = (1 + num_drafts) * block_size
+    k = max_prefix_len + q
+    return prefix_lens.new_empty((prefix_lens.shape[0], q, (k + 7) // 8 if packed else k),
+                                 dtype=torch.uint8 if packed else torch.bool)

@@ -139,13 +139,29 @@ def corpus(split: str, math_count: int = 20_000) -> List[str]:
     return list(code_documents(split)) + list(math_documents(split, math_count))
 
 
+def _prompt(domain: str, doc: str) -> str:
+    """A code file's opening lines, or a problem's question and the start of its answer."""
+    if domain == "code":
+        return doc[: doc.index("\n", 300) + 1] if "\n" in doc[300:] else doc[:300]
+    return doc[: doc.index("Answer:") + len("Answer:")]
+
+
 def held_out_prompts(domain: str, count: int, rng_seed: int = 0) -> List[str]:
-    """Prompts from held-out documents: a code file's opening lines, or a problem's question and
-    the start of its answer."""
-    rng = random.Random(rng_seed)
+    """Prompts from held-out documents (evaluation)."""
     if domain == "code":
         docs = [d for d in held_out_code_documents() if len(d) > 600]
-        picks = rng.sample(docs, min(count, len(docs)))
-        return [d[: d.index("\n", 300) + 1] if "\n" in d[300:] else d[:300] for d in picks]
-    problems = list(math_documents("held_out", count))
-    return [p[: p.index("Answer:") + len("Answer:")] for p in problems]
+        docs = random.Random(rng_seed).sample(docs, min(count, len(docs)))
+    else:
+        docs = list(math_documents("held_out", count))
+    return [_prompt(domain, d) for d in docs]
+
+
+def training_prompts(domain: str, count: int, rng_seed: int = 0) -> List[str]:
+    """Prompts from training documents (calibration, never evaluation)."""
+    if domain == "code":
+        docs = [d for d in code_documents("train") if len(d) > 600]
+        docs = random.Random(rng_seed).sample(docs, min(count, len(docs)))
+    else:
+        docs = list(math_documents("train", 2000))
+        docs = random.Random(rng_seed).sample(docs, count)
+    return [_prompt(domain, d) for d in docs]

@@ -272,7 +272,8 @@ def dllm_step(
             least the most confident one (Fast-dLLM's parallel decoding).
         temperature, seed, offset: ``x0 = argmax(logits / T + G)`` with the Gumbel noise of
             (sequence, position) from the package's Philox stream (none at ``T = 0``); a loop
-            passes an offset fixed by (block, step).
+            passes an offset fixed by (block, step). The mask token is never picked (its logit
+            counts as -inf), so every step unmasks for real.
 
     Returns ``(new_block, positions, tokens, confidence)``: the block with the chosen positions
     unmasked; the chosen positions ascending and their tokens, int64 ``[N, L]``, -1 padded; and
@@ -282,3 +283,102 @@ def dllm_step(
     return torch.ops.xkernels.dllm_step.default(
         _tensor(logits, "logits"), _tensor(block_tokens, "block_tokens"), int(mask_id), int(num_unmask),
         None if threshold is None else float(threshold), float(temperature), *_rng_args(seed, offset))
+
+
+# ---- Spiffy ----
+
+
+def spiffy_materialize(
+    logits: torch.Tensor,
+    block_tokens: torch.Tensor,
+    mask_id: int,
+    graph,
+    *,
+    keep: int,
+    temperature: float = 0.0,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fills a Spiffy draft graph with concrete drafts and keeps the most promising.
+
+    Args:
+        logits: ``[N, L, V]`` step distribution at the root (the block as it is).
+        block_tokens: int64 ``[N, L]``, the block (``mask_id`` where masked).
+        graph: a :class:`xkernels.spiffy.DraftGraph` on logits' device.
+        keep: how many drafts to keep (at most the graph's nodes besides the root).
+        temperature: scores use ``softmax(logits / T)`` (``softmax(logits)`` at ``T = 0``).
+
+    Node ranks (i, j) become positions and tokens: position rank i orders the masked positions
+    by the untempered top-1 probability (higher first, ties to the lower position), vocabulary
+    rank j orders a position's tokens by logit (ties to the lower id). A node's score is the
+    geometric mean of its tokens' probabilities combined by geometric mean with its children's
+    scores; nodes are kept best first from a frontier that starts at the root's children, so every
+    kept node is a child of the root or of a kept node.
+
+    Returns ``(draft_blocks [N, keep, L], node_ids [N, keep], scores [N, keep] float32)``, in the
+    order kept; a slot left over when the frontier runs out holds the block itself, node -1 and
+    score 0."""
+    return torch.ops.xkernels.spiffy_materialize.default(
+        _tensor(logits, "logits"), _tensor(block_tokens, "block_tokens"), int(mask_id), graph.ranks,
+        graph.child_ptr, graph.children, int(keep), float(temperature))
+
+
+def spiffy_accept(
+    root_logits: torch.Tensor,
+    draft_logits: torch.Tensor,
+    draft_blocks: torch.Tensor,
+    node_ids: torch.Tensor,
+    block_tokens: torch.Tensor,
+    mask_id: int,
+    *,
+    num_unmask: int = 1,
+    threshold: Optional[float] = None,
+    temperature: float = 0.0,
+    seed: Seed = 0,
+    offset: Seed = 0,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Spiffy's verification: commits every step that one-step-per-call decoding would take and
+    whose logits the forward already computed.
+
+    Takes :func:`dllm_step`'s step (same ``num_unmask``, ``threshold``, ``temperature``, ``seed``;
+    offset ``offset + d`` at the d-th step) from ``root_logits [N, L, V]``; while the new block
+    equals a kept draft (``draft_blocks [N, K, L]`` with ``node_ids [N, K] >= 0``), takes the next
+    step from that draft's logits (``draft_logits [N, K, L, V]``, computed in the same forward for
+    exactly that block). Lossless at any temperature: each committed step is dllm_step's on the
+    true logits of the block reached.
+
+    Returns ``(num_steps [N], positions [N, L], tokens [N, L], new_block [N, L], continue_from
+    [N])``: the steps taken, the unmasked positions and their tokens in the order committed (-1
+    padded), the new block, and the draft whose logits gave the last step (-1: the root)."""
+    return torch.ops.xkernels.spiffy_accept.default(
+        _tensor(root_logits, "root_logits"), _tensor(draft_logits, "draft_logits"),
+        _tensor(draft_blocks, "draft_blocks"), _tensor(node_ids, "node_ids"), _tensor(block_tokens, "block_tokens"),
+        int(mask_id), int(num_unmask), None if threshold is None else float(threshold), float(temperature),
+        *_rng_args(seed, offset))
+
+
+def spiffy_attention_mask(
+    num_drafts: int,
+    block_size: int,
+    prefix_len,
+    *,
+    max_prefix_len: Optional[int] = None,
+    packed: bool = False,
+    device=None,
+) -> torch.Tensor:
+    """The attention mask of one forward over ``[prefix, real block, num_drafts draft copies]``
+    (each copy ``block_size`` tokens at the block's positions): every query sees the prefix and its
+    own copy of the block (bidirectionally), never another copy; so the real block never sees the
+    drafts and a draft never sees the real block.
+
+    ``prefix_len`` is an int (one sequence) or int64 ``[N]`` per sequence (keys past a sequence's
+    prefix, up to ``max_prefix_len``, are padding). Returns bool ``[Q, K]`` for an int (``[N, Q,
+    K]`` for a tensor), ``Q = (1 + num_drafts) * block_size``, ``K = max_prefix_len + Q``; with
+    ``packed`` uint8 rows of ``ceil(K / 8)`` bytes, bit ``k % 8`` of byte ``k / 8``."""
+    single = not isinstance(prefix_len, torch.Tensor)
+    lens = torch.tensor([int(prefix_len)], device=device) if single else _tensor(prefix_len, "prefix_len")
+    if max_prefix_len is None:
+        if not single:
+            raise ValueError("spiffy_attention_mask: give max_prefix_len with a prefix_len tensor")
+        max_prefix_len = int(prefix_len)
+    mask = torch.ops.xkernels.spiffy_attention_mask.default(lens, int(num_drafts), int(block_size),
+                                                            int(max_prefix_len), bool(packed))
+    return mask[0] if single else mask

@@ -9,7 +9,7 @@
 
 #include "../ops/checks.h"
 #include "dispatch.h"
-#include "row_reduce.h"
+#include "dllm_row.h"
 #include "xkernels/dllm.h"
 
 namespace xkernels {
@@ -33,31 +33,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step_cpu(
     using T = decltype(tag);
     const T* lp = l.const_data_ptr<T>();
     at::parallel_for(0, s.n * s.l, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> raw(static_cast<size_t>(s.v)), a(static_cast<size_t>(s.v));
+      std::vector<float> raw(static_cast<size_t>(s.v)), scaled(static_cast<size_t>(s.v));
       for (int64_t row = begin; row < end; ++row) {
         if (b[row] != mask_id) {
           conf[row] = kNegInf;
           continue;
         }
-        cpu::scale_row(lp + row * s.v, s.v, 1.0f, raw.data());
-        const RowStats raw_stats = cpu::row_stats(raw.data(), s.v);
-        int32_t pick = raw_stats.top.idx;
-        if (inv_t != 0.0f) {
-          cpu::scale_row(lp + row * s.v, s.v, inv_t, a.data());
-          const RowStats st = cpu::row_stats(a.data(), s.v);
-          if (!stats_degenerate(st)) {
-            const SampleJob job{kSamplePlain, static_cast<int32_t>(row % s.l), -1, st.top.idx, st};
-            ArgMax best = argmax_empty();
-            for (int64_t g = 0; 4 * g < s.v; ++g)
-              sample_group(best, job, sd, off, static_cast<uint32_t>(row / s.l), static_cast<uint32_t>(g),
-                           a.data() + 4 * g, nullptr, static_cast<int>(std::min<int64_t>(4, s.v - 4 * g)));
-            pick = sample_result(job, best);
-          } else {
-            pick = st.top.idx;
-          }
-        }
-        x0[row] = pick;
-        conf[row] = dllm_confidence(raw_stats, raw[pick]);
+        const auto r = cpu::dllm_row(lp + row * s.v, s.v, mask_id, inv_t, sd, off, static_cast<uint32_t>(row / s.l),
+                                     static_cast<uint32_t>(row % s.l), raw.data(), scaled.data());
+        x0[row] = r.x0;
+        conf[row] = r.confidence;
       }
     });
   });

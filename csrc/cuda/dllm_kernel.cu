@@ -20,14 +20,14 @@ __global__ void __launch_bounds__(kThreads) dllm_rows_kernel(DllmParams p, int64
   }
   const T* src = static_cast<const T*>(p.logits) + row * p.v;
   RowStats raw = stats_empty();
-  for (int64_t x = threadIdx.x; x < p.v; x += kThreads) stats_observe(raw, to_float(src[x]), static_cast<int32_t>(x));
+  for (int64_t x = threadIdx.x; x < p.v; x += kThreads) stats_observe(raw, dllm_logit(to_float(src[x]), x, p.mask_id), static_cast<int32_t>(x));
   raw = block_merge(raw, stats_empty());
   int32_t pick = raw.top.idx;
   if (p.inv_t != 0.0f) {
     __syncthreads();  // block_merge's buffer is reused
     RowStats st = stats_empty();
     for (int64_t x = threadIdx.x; x < p.v; x += kThreads)
-      stats_observe(st, to_float(src[x]) * p.inv_t, static_cast<int32_t>(x));
+      stats_observe(st, dllm_logit(to_float(src[x]), x, p.mask_id) * p.inv_t, static_cast<int32_t>(x));
     st = block_merge(st, stats_empty());
     if (threadIdx.x == 0) shared_stats = st;
     __syncthreads();
@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(kThreads) dllm_rows_kernel(DllmParams p, int64
         float a[4];
         const int count = p.v - 4 * g < 4 ? static_cast<int>(p.v - 4 * g) : 4;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) a[j] = j < count ? to_float(src[4 * g + j]) * p.inv_t : kNegInf;
+        for (int j = 0; j < 4; ++j) a[j] = j < count ? dllm_logit(to_float(src[4 * g + j]), 4 * g + j, p.mask_id) * p.inv_t : kNegInf;
         sample_group(best, job, seed, offset, static_cast<uint32_t>(row / p.l), static_cast<uint32_t>(g), a, nullptr,
                      count);
       }
@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(kThreads) dllm_rows_kernel(DllmParams p, int64
   }
   if (threadIdx.x == 0) {
     x0[row] = pick;
-    p.confidence[row] = dllm_confidence(raw, to_float(src[pick]));
+    p.confidence[row] = dllm_confidence(raw, dllm_logit(to_float(src[pick]), pick, p.mask_id));
   }
 }
 

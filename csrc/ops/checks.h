@@ -96,6 +96,25 @@ struct DllmOutputs {
 };
 DllmOutputs dllm_outputs(const at::Tensor& logits, const at::Tensor& block_tokens, const DllmShape& s);
 
+// spiffy_materialize's arguments (metadata; with check_values the graph's values too, a host read).
+struct SpiffyShape {
+  int64_t n, l, v, g, k, e;
+};
+SpiffyShape check_spiffy_materialize(const at::Tensor& logits, const at::Tensor& block_tokens,
+                                     const at::Tensor& graph_ranks, const at::Tensor& graph_child_ptr,
+                                     const at::Tensor& graph_children, int64_t keep, double temperature,
+                                     bool check_values);
+// spiffy_accept's arguments (metadata only): N, L, V, and K drafts.
+struct SpiffyAcceptShape {
+  int64_t n, l, v, k;
+};
+SpiffyAcceptShape check_spiffy_accept(const at::Tensor& root_logits, const at::Tensor& draft_logits,
+                                      const at::Tensor& draft_blocks, const at::Tensor& node_ids,
+                                      const at::Tensor& block_tokens, int64_t num_unmask,
+                                      std::optional<double> threshold, double temperature);
+void check_spiffy_attention_mask(const at::Tensor& prefix_lens, int64_t num_drafts, int64_t block_size,
+                                 int64_t max_prefix_len);
+
 // Raises if any id of `tokens` lies outside [0, vocab) (reads the values).
 void check_token_ids(const at::Tensor& tokens, int64_t vocab, const char* name);
 

@@ -148,3 +148,51 @@ class CudaEmu:
             *[_ptr(t) for t in outs], msg, ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
         return tuple(outs)
+
+    def spiffy_materialize(self, logits, block, mask_id, graph, keep, temperature=0.0):
+        n, length, v = logits.shape
+        logits, block = _c(logits), _c(block)
+        ranks, ptr, children = _c(graph.ranks), _c(graph.child_ptr), _c(graph.children)
+        drafts = torch.empty(n, keep, length, dtype=torch.int64)
+        node_ids = torch.empty(n, keep, dtype=torch.int64)
+        scores = torch.empty(n, keep)
+        msg = ctypes.create_string_buffer(1024)
+        i64 = ctypes.c_int64
+        rc = self.lib.xk_emu_spiffy_materialize(
+            _ptr(logits), LOGITS_TYPES[logits.dtype], _ptr(block), i64(n), i64(length), i64(v), i64(mask_id),
+            _ptr(ranks), _ptr(ptr), _ptr(children), i64(ranks.shape[0]), i64(ranks.shape[1]), i64(children.numel()),
+            i64(keep), ctypes.c_float(_inv_t(temperature) or 1.0), _ptr(drafts), _ptr(node_ids), _ptr(scores), msg,
+            ctypes.c_size_t(len(msg)))
+        self._check(rc, msg)
+        return drafts, node_ids, scores
+
+    def spiffy_accept(self, root, draft_logits, drafts, node_ids, block, mask_id, num_unmask=1, threshold=None,
+                      temperature=0.0, seed=0, offset=0):
+        n, length, v = root.shape
+        k = drafts.shape[1]
+        root, draft_logits, drafts, node_ids, block = map(_c, (root, draft_logits, drafts, node_ids, block))
+        num_steps, continue_from = torch.empty(n, dtype=torch.int64), torch.empty(n, dtype=torch.int64)
+        positions, tokens, new_block = (torch.empty(n, length, dtype=torch.int64) for _ in range(3))
+        msg = ctypes.create_string_buffer(1024)
+        i64 = ctypes.c_int64
+        rc = self.lib.xk_emu_spiffy_accept(
+            _ptr(root), _ptr(draft_logits), LOGITS_TYPES[root.dtype], _ptr(drafts), _ptr(node_ids), _ptr(block),
+            i64(n), i64(length), i64(v), i64(k), i64(mask_id), i64(num_unmask), ctypes.c_int(threshold is not None),
+            ctypes.c_float(threshold or 0.0), ctypes.c_float(_inv_t(temperature)), ctypes.c_uint64(seed),
+            ctypes.c_uint64(offset), _ptr(num_steps), _ptr(positions), _ptr(tokens), _ptr(new_block),
+            _ptr(continue_from), msg, ctypes.c_size_t(len(msg)))
+        self._check(rc, msg)
+        return num_steps, positions, tokens, new_block, continue_from
+
+    def spiffy_attention_mask(self, prefix_lens, num_drafts, block_size, max_prefix_len, packed=False):
+        n = prefix_lens.shape[0]
+        q = (1 + num_drafts) * block_size
+        keys = max_prefix_len + q
+        mask = torch.empty(n, q, (keys + 7) // 8 if packed else keys, dtype=torch.uint8)
+        msg = ctypes.create_string_buffer(1024)
+        i64 = ctypes.c_int64
+        rc = self.lib.xk_emu_spiffy_attention_mask(_ptr(_c(prefix_lens)), i64(n), i64(num_drafts), i64(block_size),
+                                                   i64(max_prefix_len), ctypes.c_int(packed), _ptr(mask), msg,
+                                                   ctypes.c_size_t(len(msg)))
+        self._check(rc, msg)
+        return mask if packed else mask.bool()

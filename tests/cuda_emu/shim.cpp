@@ -12,6 +12,7 @@
 #include "dllm_launch.h"
 #include "cuda_emu.h"
 #include "refine_launch.h"
+#include "spiffy_launch.h"
 #include "tree_launch.h"
 
 namespace {
@@ -49,6 +50,11 @@ int finish(cudaError_t err, char* message, size_t message_len) {
   std::snprintf(message, message_len, "%s", v.c_str());
   if (!v.empty()) return -1;
   return static_cast<int>(err);
+}
+
+// memcpy, but an empty output (a null data pointer from torch) is fine.
+void copy_out(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memcpy(dst, src, bytes);
 }
 
 size_t logits_bytes(int type) { return type == 0 ? 4 : 2; }
@@ -215,6 +221,71 @@ int xk_emu_dllm_step(const void* logits, int logits_type, const int64_t* block, 
   std::memcpy(positions, p.positions, sizeof(int64_t) * n * l);
   std::memcpy(tokens, p.tokens, sizeof(int64_t) * n * l);
   std::memcpy(confidence, p.confidence, sizeof(float) * n * l);
+  return finish(err, message, message_len);
+}
+
+int xk_emu_spiffy_materialize(const void* logits, int logits_type, const int64_t* block, int64_t n, int64_t l,
+                              int64_t v, int64_t mask_id, const int32_t* ranks, const int32_t* child_ptr,
+                              const int32_t* children, int64_t g, int64_t k, int64_t e, int64_t keep, float scale,
+                              int64_t* drafts, int64_t* node_ids, float* scores, char* message, size_t message_len) {
+  using namespace xkernels::cuda;
+  Device dev;
+  SpiffyMaterializeParams p{};
+  p.logits = dev.copy(static_cast<const char*>(logits), n * l * v * logits_bytes(logits_type));
+  p.dtype = static_cast<LogitsType>(logits_type);
+  p.block = dev.copy(block, sizeof(int64_t) * n * l);
+  p.graph = xkernels::GraphView{dev.copy(ranks, sizeof(int32_t) * g * k * 2), dev.copy(child_ptr, sizeof(int32_t) * (g + 1)),
+                                dev.copy(children, sizeof(int32_t) * e), g, k, e};
+  p.n = n, p.l = l, p.v = v, p.mask_id = mask_id, p.keep = keep, p.scale = scale;
+  p.drafts = dev.alloc<int64_t>(sizeof(int64_t) * n * keep * l, 0xA5);
+  p.node_ids = dev.alloc<int64_t>(sizeof(int64_t) * n * keep, 0xFF);  // -1 and 0, as the caller fills them
+  p.scores = dev.alloc<float>(sizeof(float) * n * keep, 0);
+  const cudaError_t err = launch_spiffy_materialize(p, dev.alloc(spiffy_materialize_workspace_bytes(p), 0xA5), nullptr);
+  copy_out(drafts, p.drafts, sizeof(int64_t) * n * keep * l);
+  copy_out(node_ids, p.node_ids, sizeof(int64_t) * n * keep);
+  copy_out(scores, p.scores, sizeof(float) * n * keep);
+  return finish(err, message, message_len);
+}
+
+int xk_emu_spiffy_accept(const void* root, const void* draft_logits, int logits_type, const int64_t* drafts,
+                         const int64_t* node_ids, const int64_t* block, int64_t n, int64_t l, int64_t v, int64_t k,
+                         int64_t mask_id, int64_t num_unmask, int use_threshold, float threshold, float inv_t,
+                         uint64_t seed, uint64_t offset, int64_t* num_steps, int64_t* positions, int64_t* tokens,
+                         int64_t* new_block, int64_t* continue_from, char* message, size_t message_len) {
+  using namespace xkernels::cuda;
+  Device dev;
+  SpiffyAcceptParams p{};
+  p.root_logits = dev.copy(static_cast<const char*>(root), n * l * v * logits_bytes(logits_type));
+  p.draft_logits = dev.copy(static_cast<const char*>(draft_logits), n * k * l * v * logits_bytes(logits_type));
+  p.dtype = static_cast<LogitsType>(logits_type);
+  p.drafts = dev.copy(drafts, sizeof(int64_t) * n * k * l);
+  p.node_ids = dev.copy(node_ids, sizeof(int64_t) * n * k);
+  p.n = n, p.l = l, p.v = v, p.k = k, p.mask_id = mask_id, p.num_unmask = num_unmask;
+  p.use_threshold = use_threshold != 0, p.threshold = threshold, p.inv_t = inv_t, p.seed = seed, p.offset = offset;
+  p.new_block = const_cast<int64_t*>(dev.copy(block, sizeof(int64_t) * n * l));
+  p.positions = dev.alloc<int64_t>(sizeof(int64_t) * n * l, 0xFF);
+  p.tokens = dev.alloc<int64_t>(sizeof(int64_t) * n * l, 0xFF);
+  p.num_steps = dev.alloc<int64_t>(sizeof(int64_t) * n, 0);
+  p.continue_from = dev.alloc<int64_t>(sizeof(int64_t) * n, 0xFF);
+  const cudaError_t err = launch_spiffy_accept(p, dev.alloc(spiffy_accept_workspace_bytes(p), 0xA5), nullptr);
+  copy_out(num_steps, p.num_steps, sizeof(int64_t) * n);
+  copy_out(positions, p.positions, sizeof(int64_t) * n * l);
+  copy_out(tokens, p.tokens, sizeof(int64_t) * n * l);
+  copy_out(new_block, p.new_block, sizeof(int64_t) * n * l);
+  copy_out(continue_from, p.continue_from, sizeof(int64_t) * n);
+  return finish(err, message, message_len);
+}
+
+int xk_emu_spiffy_attention_mask(const int64_t* prefix_lens, int64_t n, int64_t num_drafts, int64_t block_size,
+                                 int64_t max_prefix, int packed, uint8_t* mask, char* message, size_t message_len) {
+  using namespace xkernels::cuda;
+  Device dev;
+  const int64_t q = (1 + num_drafts) * block_size, keys = max_prefix + q;
+  const size_t bytes = n * q * (packed ? (keys + 7) / 8 : keys);
+  SpiffyMaskParams p{dev.copy(prefix_lens, sizeof(int64_t) * n), n, num_drafts, block_size, max_prefix, packed != 0,
+                     dev.alloc<uint8_t>(bytes, 0xA5)};
+  const cudaError_t err = launch_spiffy_attention_mask(p, nullptr);
+  copy_out(mask, p.mask, bytes);
   return finish(err, message, message_len);
 }
 

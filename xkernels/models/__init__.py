@@ -1,4 +1,5 @@
+from .block_diffusion import BlockDiffusionConfig, BlockDiffusionLM
 from .drafter import BlockDrafter, DrafterConfig
 from .target import KVCache, TargetConfig, TargetLM
 
-__all__ = ["BlockDrafter", "DrafterConfig", "KVCache", "TargetConfig", "TargetLM"]
+__all__ = ["BlockDiffusionConfig", "BlockDiffusionLM", "BlockDrafter", "DrafterConfig", "KVCache", "TargetConfig", "TargetLM"]

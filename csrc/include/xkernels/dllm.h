@@ -9,6 +9,10 @@
 
 namespace xkernels {
 
+// The logit of id x as the rule sees it: the mask token is never a candidate (its logit counts as
+// -inf), so every step unmasks for real.
+XK_HD float dllm_logit(float a, int64_t x, int64_t mask_id) { return x == mask_id ? kNegInf : a; }
+
 // softmax(raw)[pick] from the raw row's statistics: NaN when the row has no softmax.
 XK_HD float dllm_confidence(const RowStats& raw, float raw_pick) {
   return stats_degenerate(raw) ? __builtin_nanf("") : exp_f32(raw_pick - raw.top.val) / raw.sum;

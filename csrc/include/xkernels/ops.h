@@ -117,6 +117,37 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step(
     const std::optional<at::Tensor>& seed_tensor = std::nullopt,
     const std::optional<at::Tensor>& offset_tensor = std::nullopt);
 
+// Spiffy (xkernels/spiffy.h has the graph format). Fills the draft graph (graph_ranks int32
+// [G, K, 2], graph_child_ptr int32 [G + 1], graph_children int32 [E]) from the step distribution
+// logits [N, L, V] of block_tokens [N, L], scores every node (the geometric mean of its tokens'
+// probabilities under softmax(logits / T), softmax(logits) at T = 0, combined with its children's
+// scores by geometric mean) and keeps the best `keep` nodes such that every kept node is a child of
+// the root or of a kept node. Returns (draft_blocks int64 [N, keep, L], node_ids int64 [N, keep] in
+// the order kept, scores float32 [N, keep]); unused slots: the block itself, node -1, score 0.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> spiffy_materialize(
+    const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id, const at::Tensor& graph_ranks,
+    const at::Tensor& graph_child_ptr, const at::Tensor& graph_children, int64_t keep, double temperature = 0.0);
+
+// Samples dllm_step's step (num_unmask / threshold, temperature, the noise of offset + d at depth d)
+// from root_logits [N, L, V]; while the new block equals a kept draft (draft_blocks [N, K, L],
+// node_ids [N, K] >= 0) samples the next step from that draft's logits (draft_logits [N, K, L, V]).
+// Returns (num_steps [N], positions and tokens [N, L]: the unmasked positions and their tokens in
+// the order committed, -1 padded; new_block [N, L]; continue_from [N]: the draft whose logits gave
+// the last step, -1 for the root).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> spiffy_accept(
+    const at::Tensor& root_logits, const at::Tensor& draft_logits, const at::Tensor& draft_blocks,
+    const at::Tensor& node_ids, const at::Tensor& block_tokens, int64_t mask_id, int64_t num_unmask = 1,
+    std::optional<double> threshold = std::nullopt, double temperature = 0.0, int64_t seed = 0, int64_t offset = 0,
+    const std::optional<at::Tensor>& seed_tensor = std::nullopt,
+    const std::optional<at::Tensor>& offset_tensor = std::nullopt);
+
+// The attention mask of a forward over [prefix (max_prefix_len keys), real block, num_drafts draft
+// copies] (each block_size): a query sees the prefix keys below prefix_lens[n] and its own copy of
+// the block. bool [N, Q, K] (Q = (1 + num_drafts) * block_size, K = max_prefix_len + Q), or with
+// packed uint8 [N, Q, ceil(K / 8)] (bit k % 8 of byte k / 8).
+at::Tensor spiffy_attention_mask(const at::Tensor& prefix_lens, int64_t num_drafts, int64_t block_size,
+                                 int64_t max_prefix_len, bool packed = false);
+
 // How the library was built: version, whether CUDA kernels are compiled and
 // for which architectures.
 std::string build_info();

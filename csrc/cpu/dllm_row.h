@@ -1,0 +1,46 @@
+// One masked position's row of dllm_step's rule on the CPU (also spiffy_accept's steps): x0 (the
+// argmax at T = 0, else Gumbel-max over the tempered row with the noise of (sequence, position))
+// and its confidence softmax(raw)[x0], the mask token excluded (dllm_logit).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "row_reduce.h"
+#include "xkernels/dllm.h"
+
+namespace xkernels::cpu {
+
+struct DllmRow {
+  int64_t x0;
+  float confidence;
+};
+
+// raw, scaled: scratch of v floats each.
+template <typename T>
+DllmRow dllm_row(const T* row, int64_t v, int64_t mask_id, float inv_t, uint64_t seed, uint64_t offset, uint32_t sequence,
+                 uint32_t position, float* raw, float* scaled) {
+  const bool mask_in_row = mask_id >= 0 && mask_id < v;
+  scale_row(row, v, 1.0f, raw);
+  if (mask_in_row) raw[mask_id] = kNegInf;  // dllm_logit: never a candidate
+  const RowStats raw_stats = row_stats(raw, v);
+  int32_t pick = raw_stats.top.idx;
+  if (inv_t != 0.0f) {
+    scale_row(row, v, inv_t, scaled);
+    if (mask_in_row) scaled[mask_id] = kNegInf;
+    const RowStats st = row_stats(scaled, v);
+    pick = st.top.idx;
+    if (!stats_degenerate(st)) {
+      const SampleJob job{kSamplePlain, static_cast<int32_t>(position), -1, st.top.idx, st};
+      ArgMax best = argmax_empty();
+      for (int64_t g = 0; 4 * g < v; ++g)
+        sample_group(best, job, seed, offset, sequence, static_cast<uint32_t>(g), scaled + 4 * g, nullptr,
+                     static_cast<int>(std::min<int64_t>(4, v - 4 * g)));
+      pick = sample_result(job, best);
+    }
+  }
+  return DllmRow{pick, dllm_confidence(raw_stats, raw[pick])};
+}
+
+}  // namespace xkernels::cpu

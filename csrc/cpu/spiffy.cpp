@@ -1,0 +1,198 @@
+// The Spiffy ops on the CPU. spiffy_materialize: the masked positions' rows in parallel (softmax
+// statistics and top tokens), then per sequence the ranking, scores and selection of
+// xkernels/spiffy.h. spiffy_accept: per sequence, dllm_step's rule on the logits of the state
+// reached, for as long as that state is a kept draft. spiffy_attention_mask: the rule per row.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "../ops/checks.h"
+#include "dispatch.h"
+#include "dllm_row.h"
+#include "xkernels/spiffy.h"
+
+namespace xkernels {
+namespace {
+
+// The per-position summary of every masked row (others untouched).
+template <typename T>
+void position_tops(const T* logits, const int64_t* block, int64_t rows, int64_t v, int64_t mask_id, float scale,
+                   PositionTop* out) {
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> raw(static_cast<size_t>(v)), scaled(static_cast<size_t>(v));
+    for (int64_t row = begin; row < end; ++row) {
+      if (block[row] != mask_id) continue;
+      cpu::scale_row(logits + row * v, v, 1.0f, raw.data());
+      if (mask_id >= 0 && mask_id < v) raw[mask_id] = kNegInf;  // dllm_logit: never a candidate
+      const RowStats raw_stats = cpu::row_stats(raw.data(), v);
+      TopTokens top;
+      top_clear(top);
+      for (int64_t x = 0; x < v; ++x) top_observe(top, raw[x], static_cast<int32_t>(x));
+      float scaled_sum = raw_stats.sum;
+      if (scale != 1.0f) {
+        cpu::scale_row(logits + row * v, v, scale, scaled.data());
+        if (mask_id >= 0 && mask_id < v) scaled[mask_id] = kNegInf;
+        scaled_sum = cpu::row_stats(scaled.data(), v).sum;
+      }
+      position_top(top, raw_stats, scaled_sum, scale, out[row]);
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> spiffy_materialize_cpu(
+    const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id, const at::Tensor& graph_ranks,
+    const at::Tensor& graph_child_ptr, const at::Tensor& graph_children, int64_t keep, double temperature) {
+  const auto s = check_spiffy_materialize(logits, block_tokens, graph_ranks, graph_child_ptr, graph_children, keep,
+                                          temperature, /*check_values=*/true);
+  const float inv_t = inverse_temperature(temperature);
+  const float scale = inv_t == 0.0f ? 1.0f : inv_t;
+  const auto l = logits.contiguous();
+  const auto block = block_tokens.contiguous();
+  const auto ranks = graph_ranks.contiguous(), ptr = graph_child_ptr.contiguous(), children = graph_children.contiguous();
+  const GraphView gr{ranks.const_data_ptr<int32_t>(), ptr.const_data_ptr<int32_t>(),
+                     children.const_data_ptr<int32_t>(), s.g, s.k, s.e};
+  auto drafts = at::empty({s.n, keep, s.l}, block.options());
+  auto node_ids = at::full({s.n, keep}, -1, block.options());
+  auto scores = at::zeros({s.n, keep}, logits.options().dtype(at::kFloat));
+  const int64_t* b = block.const_data_ptr<int64_t>();
+  std::vector<PositionTop> pos(static_cast<size_t>(s.n * s.l));
+  cpu::dispatch_logits(l.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    position_tops(l.const_data_ptr<T>(), b, s.n * s.l, s.v, mask_id, scale, pos.data());
+  });
+  at::parallel_for(0, s.n, 1, [&](int64_t begin, int64_t end) {
+    std::vector<int32_t> order(static_cast<size_t>(s.l));
+    std::vector<float> score(static_cast<size_t>(s.g));
+    std::vector<uint8_t> state(static_cast<size_t>(s.g));
+    for (int64_t n = begin; n < end; ++n) {
+      const PositionTop* pn = pos.data() + n * s.l;
+      const int64_t* bn = b + n * s.l;
+      const int64_t masked = spiffy_rank_positions(pn, bn, s.l, mask_id, order.data());
+      score[0] = kNegInf;
+      for (int64_t g = 1; g < s.g; ++g) score[g] = spiffy_local_log(gr.ranks + g * s.k * 2, s.k, pn, order.data(), masked);
+      spiffy_combine_scores(gr, score.data());
+      std::fill(state.begin(), state.end(), kNodeOut);
+      spiffy_expand(gr, 0, score.data(), state.data());
+      for (int64_t r = 0; r < keep; ++r) {
+        int64_t best = -1;
+        for (int64_t g = 1; g < s.g; ++g)
+          if (state[g] == kNodeFrontier && (best < 0 || score[g] > score[best])) best = g;
+        int64_t* draft = drafts.mutable_data_ptr<int64_t>() + (n * keep + r) * s.l;
+        if (best < 0) {
+          std::copy(bn, bn + s.l, draft);
+          continue;
+        }
+        state[best] = kNodeKept;
+        spiffy_expand(gr, best, score.data(), state.data());
+        spiffy_fill(gr.ranks + best * s.k * 2, s.k, pn, order.data(), bn, s.l, draft);
+        node_ids.mutable_data_ptr<int64_t>()[n * keep + r] = best;
+        scores.mutable_data_ptr<float>()[n * keep + r] = std::exp(score[best]);
+      }
+    }
+  });
+  return {drafts, node_ids, scores};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> spiffy_accept_cpu(
+    const at::Tensor& root_logits, const at::Tensor& draft_logits, const at::Tensor& draft_blocks,
+    const at::Tensor& node_ids, const at::Tensor& block_tokens, int64_t mask_id, int64_t num_unmask,
+    std::optional<double> threshold, double temperature, int64_t seed, int64_t offset,
+    const std::optional<at::Tensor>& seed_tensor, const std::optional<at::Tensor>& offset_tensor) {
+  const auto s = check_spiffy_accept(root_logits, draft_logits, draft_blocks, node_ids, block_tokens, num_unmask,
+                                     threshold, temperature);
+  const RngArgs rng = rng_args(seed, offset, seed_tensor, offset_tensor, root_logits.device());
+  const uint64_t sd = rng.seed_ptr ? static_cast<uint64_t>(*rng.seed_ptr) : rng.seed;
+  const uint64_t off = rng.offset_ptr ? static_cast<uint64_t>(*rng.offset_ptr) : rng.offset;
+  const float inv_t = inverse_temperature(temperature);
+  const float thr = static_cast<float>(threshold.value_or(0.0));
+  const auto root = root_logits.contiguous(), drafts = draft_logits.contiguous();
+  const auto blocks = draft_blocks.contiguous(), ids = node_ids.contiguous();
+  auto new_block = block_tokens.contiguous().clone();
+  auto num_steps = at::zeros({s.n}, new_block.options());
+  auto positions = at::full({s.n, s.l}, -1, new_block.options());
+  auto tokens = at::full({s.n, s.l}, -1, new_block.options());
+  auto continue_from = at::full({s.n}, -1, new_block.options());
+  cpu::dispatch_logits(root.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    at::parallel_for(0, s.n, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> raw(static_cast<size_t>(s.v)), scaled(static_cast<size_t>(s.v)), conf(static_cast<size_t>(s.l));
+      std::vector<int64_t> x0(static_cast<size_t>(s.l));
+      std::vector<uint8_t> chosen(static_cast<size_t>(s.l));
+      for (int64_t n = begin; n < end; ++n) {
+        int64_t* state = new_block.mutable_data_ptr<int64_t>() + n * s.l;
+        int64_t committed = 0, cur = -1, steps = 0;
+        for (;;) {
+          const int64_t masked = std::count(state, state + s.l, mask_id);
+          // The second stop guards the outputs: only a row without a softmax can pick the mask token.
+          if (masked == 0 || committed + masked > s.l) break;
+          const T* lp = cur < 0 ? root.const_data_ptr<T>() + n * s.l * s.v
+                                : drafts.const_data_ptr<T>() + (n * s.k + cur) * s.l * s.v;
+          for (int64_t p = 0; p < s.l; ++p) {
+            conf[p] = kNegInf;
+            if (state[p] != mask_id) continue;
+            const auto r = cpu::dllm_row(lp + p * s.v, s.v, mask_id, inv_t, sd, off + static_cast<uint64_t>(steps),
+                                         static_cast<uint32_t>(n), static_cast<uint32_t>(p), raw.data(), scaled.data());
+            x0[p] = r.x0, conf[p] = r.confidence;
+          }
+          int64_t* pos_out = positions.mutable_data_ptr<int64_t>() + n * s.l + committed;
+          dllm_select(conf.data(), state, x0.data(), s.l, mask_id, num_unmask, threshold.has_value(), thr,
+                      chosen.data(), state, pos_out, tokens.mutable_data_ptr<int64_t>() + n * s.l + committed);
+          committed += std::count(chosen.begin(), chosen.end(), 1);
+          ++steps;
+          const int64_t m = spiffy_match(state, blocks.const_data_ptr<int64_t>() + n * s.k * s.l,
+                                         ids.const_data_ptr<int64_t>() + n * s.k, s.k, s.l);
+          if (m < 0) break;
+          cur = m;
+        }
+        num_steps.mutable_data_ptr<int64_t>()[n] = steps;
+        continue_from.mutable_data_ptr<int64_t>()[n] = cur;
+      }
+    });
+  });
+  return {num_steps, positions, tokens, new_block, continue_from};
+}
+
+at::Tensor spiffy_attention_mask_cpu(const at::Tensor& prefix_lens, int64_t num_drafts, int64_t block_size,
+                                     int64_t max_prefix_len, bool packed) {
+  check_spiffy_attention_mask(prefix_lens, num_drafts, block_size, max_prefix_len);
+  const auto lens = prefix_lens.contiguous();
+  const int64_t n = lens.size(0), q = (1 + num_drafts) * block_size, k = max_prefix_len + q;
+  const int64_t* len = lens.const_data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i)
+    TORCH_CHECK(len[i] >= 0 && len[i] <= max_prefix_len, "prefix_lens[", i, "] = ", len[i], " must be in [0, ",
+                max_prefix_len, "] (max_prefix_len)");
+  const int64_t row_bytes = packed ? (k + 7) / 8 : k;
+  auto mask = at::zeros({n, q, row_bytes}, lens.options().dtype(packed ? at::kByte : at::kBool));
+  uint8_t* m = static_cast<uint8_t*>(mask.mutable_data_ptr());
+  at::parallel_for(0, n * q, std::max<int64_t>(1, 32768 / std::max<int64_t>(k, 1)), [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      uint8_t* out = m + row * row_bytes;
+      const int64_t seq = row / q, qi = row % q;
+      for (int64_t key = 0; key < k; ++key) {
+        if (!spiffy_mask_at(qi, key, block_size, max_prefix_len, len[seq])) continue;
+        if (packed)
+          out[key / 8] |= static_cast<uint8_t>(1u << (key % 8));
+        else
+          out[key] = 1;
+      }
+    }
+  });
+  return mask;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(xkernels, CPU, m) {
+  m.impl("spiffy_materialize", &spiffy_materialize_cpu);
+  m.impl("spiffy_accept", &spiffy_accept_cpu);
+  m.impl("spiffy_attention_mask", &spiffy_attention_mask_cpu);
+}
+
+}  // namespace xkernels

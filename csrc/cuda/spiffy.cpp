@@ -1,0 +1,117 @@
+// The Spiffy ops on CUDA: checks, allocation and the launches on the current stream. The graph's
+// values are not checked here (that would read the device); the kernels skip what is out of range.
+#include <ATen/core/Tensor.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "../ops/checks.h"
+#include "spiffy_launch.h"
+
+namespace xkernels {
+namespace {
+
+cuda::LogitsType logits_type(const at::Tensor& t) {
+  return t.scalar_type() == at::kFloat      ? cuda::LogitsType::kFloat32
+         : t.scalar_type() == at::kBFloat16 ? cuda::LogitsType::kBFloat16
+                                            : cuda::LogitsType::kFloat16;
+}
+
+at::Tensor workspace(size_t bytes, const at::Tensor& like) {
+  return at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> spiffy_materialize_cuda(
+    const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id, const at::Tensor& graph_ranks,
+    const at::Tensor& graph_child_ptr, const at::Tensor& graph_children, int64_t keep, double temperature) {
+  const auto s = check_spiffy_materialize(logits, block_tokens, graph_ranks, graph_child_ptr, graph_children, keep,
+                                          temperature, value_checks_enabled());
+  const c10::cuda::CUDAGuard guard(logits.device());
+  const float inv_t = inverse_temperature(temperature);
+  const auto l = logits.contiguous(), block = block_tokens.contiguous();
+  const auto ranks = graph_ranks.contiguous(), ptr = graph_child_ptr.contiguous(), children = graph_children.contiguous();
+  auto drafts = at::empty({s.n, keep, s.l}, block.options());
+  auto node_ids = at::full({s.n, keep}, -1, block.options());
+  auto scores = at::zeros({s.n, keep}, l.options().dtype(at::kFloat));
+  cuda::SpiffyMaterializeParams p{};
+  p.logits = l.const_data_ptr();
+  p.dtype = logits_type(l);
+  p.block = block.const_data_ptr<int64_t>();
+  p.graph = GraphView{ranks.const_data_ptr<int32_t>(), ptr.const_data_ptr<int32_t>(),
+                      children.const_data_ptr<int32_t>(), s.g, s.k, s.e};
+  p.n = s.n, p.l = s.l, p.v = s.v, p.mask_id = mask_id, p.keep = keep;
+  p.scale = inv_t == 0.0f ? 1.0f : inv_t;
+  p.drafts = drafts.mutable_data_ptr<int64_t>();
+  p.node_ids = node_ids.mutable_data_ptr<int64_t>();
+  p.scores = scores.mutable_data_ptr<float>();
+  auto ws = workspace(cuda::spiffy_materialize_workspace_bytes(p), l);
+  const cudaError_t err =
+      cuda::launch_spiffy_materialize(p, ws.mutable_data_ptr(), at::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, "spiffy_materialize: CUDA launch failed: ", cudaGetErrorString(err));
+  return {drafts, node_ids, scores};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> spiffy_accept_cuda(
+    const at::Tensor& root_logits, const at::Tensor& draft_logits, const at::Tensor& draft_blocks,
+    const at::Tensor& node_ids, const at::Tensor& block_tokens, int64_t mask_id, int64_t num_unmask,
+    std::optional<double> threshold, double temperature, int64_t seed, int64_t offset,
+    const std::optional<at::Tensor>& seed_tensor, const std::optional<at::Tensor>& offset_tensor) {
+  const auto s = check_spiffy_accept(root_logits, draft_logits, draft_blocks, node_ids, block_tokens, num_unmask,
+                                     threshold, temperature);
+  const RngArgs rng = rng_args(seed, offset, seed_tensor, offset_tensor, root_logits.device());
+  const c10::cuda::CUDAGuard guard(root_logits.device());
+  const auto root = root_logits.contiguous(), drafts = draft_logits.contiguous();
+  const auto blocks = draft_blocks.contiguous(), ids = node_ids.contiguous();
+  auto new_block = block_tokens.contiguous().clone();
+  auto num_steps = at::zeros({s.n}, new_block.options());
+  auto positions = at::full({s.n, s.l}, -1, new_block.options());
+  auto tokens = at::full({s.n, s.l}, -1, new_block.options());
+  auto continue_from = at::full({s.n}, -1, new_block.options());
+  cuda::SpiffyAcceptParams p{};
+  p.root_logits = root.const_data_ptr();
+  p.draft_logits = drafts.const_data_ptr();
+  p.dtype = logits_type(root);
+  p.drafts = blocks.const_data_ptr<int64_t>();
+  p.node_ids = ids.const_data_ptr<int64_t>();
+  p.n = s.n, p.l = s.l, p.v = s.v, p.k = s.k, p.mask_id = mask_id, p.num_unmask = num_unmask;
+  p.use_threshold = threshold.has_value();
+  p.threshold = static_cast<float>(threshold.value_or(0.0));
+  p.inv_t = inverse_temperature(temperature);
+  p.seed = rng.seed, p.offset = rng.offset, p.seed_ptr = rng.seed_ptr, p.offset_ptr = rng.offset_ptr;
+  p.new_block = new_block.mutable_data_ptr<int64_t>();
+  p.positions = positions.mutable_data_ptr<int64_t>();
+  p.tokens = tokens.mutable_data_ptr<int64_t>();
+  p.num_steps = num_steps.mutable_data_ptr<int64_t>();
+  p.continue_from = continue_from.mutable_data_ptr<int64_t>();
+  auto ws = workspace(cuda::spiffy_accept_workspace_bytes(p), root);
+  const cudaError_t err = cuda::launch_spiffy_accept(p, ws.mutable_data_ptr(), at::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, "spiffy_accept: CUDA launch failed: ", cudaGetErrorString(err));
+  return {num_steps, positions, tokens, new_block, continue_from};
+}
+
+at::Tensor spiffy_attention_mask_cuda(const at::Tensor& prefix_lens, int64_t num_drafts, int64_t block_size,
+                                      int64_t max_prefix_len, bool packed) {
+  check_spiffy_attention_mask(prefix_lens, num_drafts, block_size, max_prefix_len);
+  const c10::cuda::CUDAGuard guard(prefix_lens.device());
+  const auto lens = prefix_lens.contiguous();
+  const int64_t n = lens.size(0), q = (1 + num_drafts) * block_size, k = max_prefix_len + q;
+  auto mask = at::empty({n, q, packed ? (k + 7) / 8 : k}, lens.options().dtype(packed ? at::kByte : at::kBool));
+  const cuda::SpiffyMaskParams p{lens.const_data_ptr<int64_t>(), n, num_drafts, block_size, max_prefix_len, packed,
+                                 static_cast<uint8_t*>(mask.mutable_data_ptr())};
+  const cudaError_t err = cuda::launch_spiffy_attention_mask(p, at::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, "spiffy_attention_mask: CUDA launch failed: ", cudaGetErrorString(err));
+  return mask;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(xkernels, CUDA, m) {
+  m.impl("spiffy_materialize", &spiffy_materialize_cuda);
+  m.impl("spiffy_accept", &spiffy_accept_cuda);
+  m.impl("spiffy_attention_mask", &spiffy_attention_mask_cuda);
+}
+
+}  // namespace xkernels

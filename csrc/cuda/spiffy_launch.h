@@ -1,0 +1,55 @@
+// The host interface of the Spiffy CUDA kernels: plain pointers, no torch headers.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "launch_types.h"
+#include "xkernels/spiffy.h"
+
+namespace xkernels::cuda {
+
+struct SpiffyMaterializeParams {
+  const void* logits;  // [n, l, v]
+  LogitsType dtype;
+  const int64_t* block;  // [n, l]
+  GraphView graph;
+  int64_t n, l, v, mask_id, keep;
+  float scale;                // the scoring temperature's 1/T (1 at T = 0)
+  int64_t* drafts;            // [n, keep, l]
+  int64_t* node_ids;          // [n, keep], filled with -1 by the caller
+  float* scores;              // [n, keep], filled with 0 by the caller
+};
+
+size_t spiffy_materialize_workspace_bytes(const SpiffyMaterializeParams& p);
+cudaError_t launch_spiffy_materialize(const SpiffyMaterializeParams& p, void* workspace, cudaStream_t stream);
+
+struct SpiffyAcceptParams {
+  const void* root_logits;   // [n, l, v]
+  const void* draft_logits;  // [n, k, l, v]
+  LogitsType dtype;
+  const int64_t *drafts, *node_ids;  // [n, k, l], [n, k]
+  int64_t n, l, v, k, mask_id, num_unmask;
+  bool use_threshold;
+  float threshold, inv_t;  // inv_t 0: greedy
+  uint64_t seed, offset;
+  const int64_t *seed_ptr, *offset_ptr;
+  // new_block: a copy of the block; positions, tokens: -1; num_steps: 0; continue_from: -1 (the caller)
+  int64_t *new_block, *positions, *tokens, *num_steps, *continue_from;
+};
+
+size_t spiffy_accept_workspace_bytes(const SpiffyAcceptParams& p);
+cudaError_t launch_spiffy_accept(const SpiffyAcceptParams& p, void* workspace, cudaStream_t stream);
+
+struct SpiffyMaskParams {
+  const int64_t* prefix_lens;  // [n]
+  int64_t n, num_drafts, block_size, max_prefix;
+  bool packed;
+  uint8_t* mask;  // [n, q, row bytes]
+};
+
+cudaError_t launch_spiffy_attention_mask(const SpiffyMaskParams& p, cudaStream_t stream);
+
+}  // namespace xkernels::cuda

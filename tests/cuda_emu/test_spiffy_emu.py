@@ -1,0 +1,78 @@
+"""The Spiffy CUDA kernels, run by the emulation, against the references."""
+import pytest
+import torch
+
+from xkernels import reference
+from xkernels.spiffy import DraftGraph
+from tests.test_dllm import MASK, step_case
+from tests.test_spiffy import accept_case, hand_graph
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+@pytest.mark.parametrize("keep", [0, 3, 8])
+def test_materialize_matches_reference(emu, dtype, temperature, keep):
+    logits, block = step_case(5, 12, 301, dtype, seed=keep)
+    block[1] = 3  # nothing masked
+    block[2, 2:] = 3  # two masked positions
+    logits[3, 4] = float("nan")
+    graph = hand_graph()
+    got = emu.spiffy_materialize(logits, block, MASK, graph, keep, temperature)
+    want = reference.spiffy_materialize(logits, block, MASK, graph.ranks, graph.child_ptr, graph.children, keep,
+                                        temperature)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    torch.testing.assert_close(got[2], want[2], atol=1e-5, rtol=1e-4)
+
+
+def test_materialize_with_many_warps_of_rows_and_a_small_vocabulary(emu):
+    """More masked rows than warps, V below kSpiffyMaxRank (ranks past V cannot be filled)."""
+    logits, block = step_case(2, 40, 5, seed=1)
+    graph = DraftGraph([[], [(0, 0)], [(0, 4)], [(0, 0), (30, 1)]], [(0, 1), (0, 2), (1, 3)])
+    got = emu.spiffy_materialize(logits, block, MASK, graph, 3)
+    want = reference.spiffy_materialize(logits, block, MASK, graph.ranks, graph.child_ptr, graph.children, 3)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_materialize_stays_in_bounds_on_a_bad_graph(emu):
+    """Values the CUDA op does not check (a host read): edges out of range, a child before its
+    parent, ranks beyond the block. The kernel skips them; ASan would report a stray access."""
+    logits, block = step_case(2, 6, 30, seed=2)
+    graph = hand_graph()
+    graph.child_ptr = torch.tensor([0, 2, 99, -5, 4, 4, 4, 4, 4, 4], dtype=torch.int32)
+    graph.children = torch.tensor([1, 0, 12, 3], dtype=torch.int32)
+    graph.ranks = graph.ranks.clone()
+    graph.ranks[3, 0] = torch.tensor([40, 100], dtype=torch.int32)
+    drafts, node_ids, _ = emu.spiffy_materialize(logits, block, MASK, graph, 4)
+    assert ((node_ids >= -1) & (node_ids < len(graph))).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("threshold", [None, 0.2])
+def test_accept_matches_reference(emu, dtype, temperature, threshold):
+    args = accept_case(4, 6, 10, 301, dtype, seed=2)
+    args[-1][3] = 3  # nothing masked
+    got = emu.spiffy_accept(*args, MASK, 1, threshold, temperature, 5, 11)
+    want = reference.spiffy_accept(*args, MASK, threshold=threshold, temperature=temperature, seed=5, offset=11)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+def test_accept_follows_a_chain_of_drafts(emu):
+    logits, block = step_case(1, 10, 40, seed=4)
+    chain = DraftGraph([[]] + [[(i, 0) for i in range(d)] for d in range(1, 5)], [(d, d + 1) for d in range(4)])
+    drafts, node_ids, _ = reference.spiffy_materialize(logits, block, MASK, chain.ranks, chain.child_ptr,
+                                                       chain.children, 4)
+    draft_logits = logits[:, None].expand(1, 4, 10, 40).contiguous()
+    got = emu.spiffy_accept(logits, draft_logits, drafts, node_ids, block, MASK, 2, None, 0.0, 1, 3)
+    want = reference.spiffy_accept(logits, draft_logits, drafts, node_ids, block, MASK, 2, None, 0.0, 1, 3)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    assert int(got[0][0]) == 3 and int(got[4][0]) == 3  # steps of two tokens: the drafts of 2 and 4 tokens match
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_attention_mask_matches_reference(emu, packed):
+    lens = torch.tensor([5, 0, 3, 13])
+    got = emu.spiffy_attention_mask(lens, 3, 4, 13, packed)
+    assert torch.equal(got, reference.spiffy_attention_mask(lens, 3, 4, 13, packed))

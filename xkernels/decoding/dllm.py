@@ -1,0 +1,103 @@
+"""Block diffusion decoding (SDAR / LLaDA style) and Spiffy, one sequence at a time.
+
+Blocks of `block_size` masked tokens are decoded left to right. Within a block, each step calls
+the model on the block (after the exact prefix cache) and unmasks tokens by dllm_step's rule:
+the most confident one, or with `threshold` every one above it (at least one). A finished block's
+keys and values join the cache in one more call (the model is block-causal, so they never change).
+
+With Spiffy, from a block's second step on, each call also verifies drafts: spiffy_materialize
+fills the draft graph from the last step distribution the loop has; one forward computes the
+logits of the real block and of every draft (each copy attends to the prefix and to itself:
+the batch rows of BlockDiffusionLM.forward); spiffy_accept then takes the real step and, for as
+long as the block reached is a draft, that draft's step from its own logits. Every step is the
+vanilla step on the exact logits of the block it starts from, and step t of block b draws the
+noise of offset b * block_size + t in both loops, so the tokens are identical to vanilla
+decoding at any temperature, with and without a threshold.
+"""
+
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import torch
+
+from ..models.block_diffusion import BlockDiffusionLM
+from ..ops import dllm_step, spiffy_accept, spiffy_materialize
+from ..spiffy import SpiffyConfig
+
+
+@dataclass
+class DllmStats:
+    model_calls: int = 0  # NFE: every forward, the prompt's and the finished blocks' included
+    steps: int = 0  # unmasking steps (the calls vanilla one-step-per-call decoding makes per block)
+    new_tokens: int = 0
+    seconds: float = 0.0
+    drafts: int = 0  # drafts verified, over all calls
+    steps_per_call: List[int] = field(default_factory=list)  # steps committed by each block call
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / max(self.seconds, 1e-9)
+
+
+@torch.no_grad()
+def dllm_generate(model: BlockDiffusionLM, prompt_ids, max_new_tokens: int, *, block_size: int = 32,
+                  temperature: float = 0.0, seed: int = 0, threshold: Optional[float] = None,
+                  spiffy: Optional[SpiffyConfig] = None, trace: Optional[list] = None):
+    """Returns (the new tokens, int64 [max_new_tokens], and DllmStats). prompt_ids: int64 [P] or
+    [1, P]. trace, a list, receives per block the vanilla steps (logits, block before, block
+    after), which xkernels.spiffy.calibrate reads (vanilla decoding only)."""
+    if spiffy is not None and trace is not None:
+        raise ValueError("dllm_generate: trace records vanilla decoding; give it without spiffy")
+    began = time.perf_counter()
+    mask_id = model.cfg.mask_id
+    prompt = torch.as_tensor(prompt_ids).reshape(1, -1)
+    stats = DllmStats()
+    cache = model.new_cache()
+    model.commit(prompt, cache)
+    stats.model_calls += 1
+    out: List[torch.Tensor] = []
+    blocks = -(-max_new_tokens // block_size)
+    for b in range(blocks):
+        block = torch.full((1, block_size), mask_id, dtype=torch.int64, device=prompt.device)
+        steps: list = []
+        stale = None  # the logits of the last step taken: they fill the next call's drafts
+        t = 0
+        while bool((block == mask_id).any()):
+            offset = b * block_size + t
+            drafts, node_ids = None, None
+            if spiffy is not None and stale is not None:
+                drafts, node_ids, _ = spiffy_materialize(stale, block, mask_id, spiffy.graph, keep=spiffy.keep,
+                                                         temperature=temperature)
+                used = int((node_ids[0] >= 0).sum())  # unused slots are at the end
+                drafts, node_ids = drafts[:, :used], node_ids[:, :used]
+            copies = block if drafts is None else torch.cat([block, drafts[0]])
+            logits = model(copies, cache)
+            stats.model_calls += 1
+            if drafts is None:
+                new_block, _, _, _ = dllm_step(logits[:1], block, mask_id, threshold=threshold,
+                                               temperature=temperature, seed=seed, offset=offset)
+                taken, last = 1, -1
+                if trace is not None:
+                    steps.append((logits[0], block[0], new_block[0]))
+            else:
+                stats.drafts += drafts.shape[1]
+                taken, _, _, new_block, last = spiffy_accept(
+                    logits[:1], logits[1:][None], drafts, node_ids, block, mask_id, threshold=threshold,
+                    temperature=temperature, seed=seed, offset=offset)
+                taken, last = int(taken[0]), int(last[0])
+            stale = logits[last + 1 : last + 2]
+            block = new_block
+            t += taken
+            stats.steps_per_call.append(taken)
+        stats.steps += t
+        if trace is not None:
+            trace.append(steps)
+        out.append(block[0])
+        if b + 1 < blocks:
+            model.commit(block, cache)
+            stats.model_calls += 1
+    tokens = torch.cat(out)[:max_new_tokens]
+    stats.new_tokens = tokens.numel()
+    stats.seconds = time.perf_counter() - began
+    return tokens, stats

@@ -1,0 +1,86 @@
+"""A block-causal masked diffusion LM (SDAR style): the target's transformer (RMSNorm, RoPE,
+QK-norm, SwiGLU) with attention bidirectional inside a block and causal across blocks, so the
+keys and values of finished blocks never change and a prefix KV cache is exact.
+
+A decoding call feeds copies of the current block: `forward(blocks [C, L], cache)` gives the
+logits of C versions of the block, each at the positions after the cache and attending to the
+cache and to itself only. Spiffy's draft copies ride in that batch dimension; a flat layout (the
+copies one after another in the sequence, under xkernels.spiffy_attention_mask) is supported too.
+"""
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .target import Block, KVCache, RMSNorm, TargetConfig
+
+
+@dataclass
+class BlockDiffusionConfig(TargetConfig):
+    block_size: int = 32
+    mask_id: int = 1
+
+
+def block_causal_mask(length: int, block_size: int, device=None) -> torch.Tensor:
+    """[T, T] bool: query i sees key j when j's block is not after i's. Blocks end at `length`
+    (the first may be partial), so a prompt's last block ends where generation starts."""
+    block = (torch.arange(length, device=device) - length) // block_size
+    return block[None, :] <= block[:, None]
+
+
+class BlockDiffusionLM(nn.Module):
+    def __init__(self, cfg: BlockDiffusionConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        nn.init.normal_(self.embed.weight, std=0.02)
+
+    def hidden(self, tokens: torch.Tensor, positions: torch.Tensor, mask: Optional[torch.Tensor],
+               cache: Optional[KVCache] = None, commit: bool = False) -> torch.Tensor:
+        """Logits of tokens [C, T] at positions, attending to the cache (all of it) and to each
+        other under mask [T, T] (None: all). commit appends their keys and values to the cache."""
+        x = self.embed(tokens)
+        c, t = tokens.shape
+        start = 0 if cache is None else cache.length
+        if mask is not None and start:
+            mask = torch.cat([mask.new_ones(t, start), mask], dim=1)
+        for i, block in enumerate(self.blocks):
+            h = block.attn_norm(x)
+            if commit:
+                a = block.attn(h, positions, mask=mask, cache=cache, layer=i)
+            else:
+                prefix = None if not start else (cache.k[i].expand(c, -1, -1, -1), cache.v[i].expand(c, -1, -1, -1))
+                a = block.attn(h, positions, prefix_kv=prefix, mask=mask)
+            x = x + a
+            x = x + block.mlp(block.mlp_norm(x))
+        return self.lm_head(self.norm(x))
+
+    def forward(self, blocks: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
+        """Logits [C, L, V] of C versions of the block that follows the cache."""
+        start = 0 if cache is None else cache.length
+        positions = torch.arange(start, start + blocks.shape[1], device=blocks.device)
+        return self.hidden(blocks, positions, None, cache)
+
+    def commit(self, tokens: torch.Tensor, cache: KVCache) -> None:
+        """Appends the keys and values of finished tokens [1, T] (a prompt or a decoded block),
+        block-causal among themselves, to the cache."""
+        start = cache.length
+        positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
+        self.hidden(tokens, positions, block_causal_mask(tokens.shape[1], self.cfg.block_size, tokens.device),
+                    cache, commit=True)
+
+    def forward_flat(self, blocks: torch.Tensor, cache: KVCache, mask: torch.Tensor) -> torch.Tensor:
+        """forward() with the copies [C, L] laid out one after another in one sequence under mask
+        [C * L, C * L] (the part of xkernels.spiffy_attention_mask after the prefix), every copy at
+        the block's positions. Equal to forward() up to rounding."""
+        c, length = blocks.shape
+        positions = torch.arange(cache.length, cache.length + length, device=blocks.device).repeat(c)
+        return self.hidden(blocks.reshape(1, -1), positions, mask, cache).view(c, length, -1)
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.cfg.n_layers)
