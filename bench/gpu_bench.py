@@ -21,7 +21,9 @@ PEAK_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12, "B200": 8.0e12, "A100": 2.0
 ESTIMATE_US = {("chain_verify", 0.0, False): 80, ("chain_verify", 1.0, False): 88, ("chain_verify", 1.0, True): 97,
                ("refine_step", 1): 32, ("refine_step", 8): 35, ("refine_step", 32): 110,
                ("build_draft_tree",): 40, ("tree_attention_mask",): 6, ("tree_verify", 0.0, False): 45,
-               ("tree_verify", 1.0, False): 60, ("tree_verify", 1.0, True): 150}
+               ("tree_verify", 1.0, False): 60, ("tree_verify", 1.0, True): 150,
+               ("dllm_step",): 60, ("spiffy_materialize",): 250, ("spiffy_accept",): 120,
+               ("spiffy_attention_mask",): 6}
 
 
 def peak_bandwidth():
@@ -201,6 +203,51 @@ def bench_tree(results, peak):
         print(json.dumps(row), flush=True)
 
 
+def spiffy_inputs(n, length, v, dtype, masked=24, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    logits = (torch.randn(n, length, v, device="cuda", generator=g) * 3).to(dtype)
+    block = torch.randint(2, v, (n, length), device="cuda", generator=g)
+    block[:, torch.randperm(length, device="cuda", generator=g)[:masked]] = 1
+    return logits, block
+
+
+def bench_spiffy(results, peak):
+    """The diffusion ops at LLaDA's vocabulary (126464) and block (32), bfloat16 logits, the shipped
+    graph. accept: keep=16 drafts whose logits equal the root's (deep walks), at V=32768."""
+    from xkernels.spiffy import shipped_graph
+
+    n, length, v, keep = 16, 32, 126464, 16
+    graph = shipped_graph(device="cuda")
+    logits, block = spiffy_inputs(n, length, v, torch.bfloat16)
+    rows_bytes = int((block == 1).sum()) * v * 2  # every masked row once
+    cases = [("dllm_step", lambda: xkernels.dllm_step(logits, block, 1, temperature=1.0, seed=1), rows_bytes),
+             ("spiffy_materialize", lambda: xkernels.spiffy_materialize(logits, block, 1, graph, keep=keep),
+              rows_bytes)]
+    small_v = 32768
+    root, block2 = spiffy_inputs(n, length, small_v, torch.bfloat16, seed=1)
+    drafts, node_ids, _ = xkernels.spiffy_materialize(root, block2, 1, graph, keep=keep)
+    draft_logits = root[:, None].expand(n, keep, length, small_v).contiguous()
+    steps = xkernels.spiffy_accept(root, draft_logits, drafts, node_ids, block2, 1, seed=1)[0]
+    # each step reads the masked rows of the node it stands on (24, 23, ... masked)
+    accept_bytes = sum(sum(24 - t for t in range(int(s))) for s in steps.tolist()) * small_v * 2
+    cases.append(("spiffy_accept", lambda: xkernels.spiffy_accept(root, draft_logits, drafts, node_ids, block2, 1,
+                                                                  temperature=1.0, seed=1), accept_bytes))
+    lens = torch.full((n,), 1024, device="cuda")
+    cases.append(("spiffy_attention_mask", lambda: xkernels.spiffy_attention_mask(keep, length, lens,
+                                                                                   max_prefix_len=1024, packed=True),
+                  n * (1 + keep) * length * (1024 + (1 + keep) * length) // 8))
+    for name, fn, moved in cases:
+        us = time_events(fn, iters=100)
+        row = dict(op=name, shape=f"N={n} L={length} V={small_v if name == 'spiffy_accept' else v} bf16 keep={keep}",
+                   us=round(us, 1), bytes_moved=moved, floor_us=None if peak is None else round(moved / peak * 1e6, 1),
+                   h200_estimate_us=ESTIMATE_US[(name,)],
+                   bandwidth_fraction=None if peak is None else round(moved / (us * 1e-6) / peak, 3))
+        if name == "spiffy_accept":
+            row["mean_steps"] = round(steps.float().mean().item(), 2)
+        results.append(row)
+        print(json.dumps(row), flush=True)
+
+
 def sanitize_cases():
     """Edge cases that must stay memory-safe: odd and tiny V, K=0, N=0, bad ids, degenerate rows."""
     for n, k, v in [(3, 4, 7), (2, 0, 5), (0, 3, 9), (5, 16, 4099), (2, 2, 1)]:
@@ -246,6 +293,24 @@ def sanitize_cases():
                 logits[0, 0, 3] = float("nan")
             for temperature, threshold in [(0.0, None), (1.0, None), (0.7, 0.5)]:
                 xkernels.dllm_step(logits, block, 5, num_unmask=3, threshold=threshold, temperature=temperature)
+    from xkernels.spiffy import shipped_graph
+
+    graph = shipped_graph(device="cuda")
+    for n, length, v, keep in [(2, 32, 1000, 8), (1, 7, 33, 3), (0, 4, 10, 2), (3, 40, 5, 31)]:
+        for dtype in (torch.float32, torch.bfloat16):
+            logits, block = spiffy_inputs(n, length, v, dtype, masked=min(length, 24))
+            if n:
+                logits[0, 0, 3] = float("nan")
+                block[-1] = 7  # nothing masked
+            for temperature in (0.0, 0.7):
+                drafts, node_ids, _ = xkernels.spiffy_materialize(logits, block, 1, graph, keep=keep,
+                                                                  temperature=temperature)
+                draft_logits = logits[:, None].expand(n, keep, length, v).contiguous()
+                for threshold in (None, 0.3):
+                    xkernels.spiffy_accept(logits, draft_logits, drafts, node_ids, block, 1, threshold=threshold,
+                                           temperature=temperature, seed=2)
+            lens = torch.tensor([3, 0, 9, 5][: max(n, 1)], device="cuda")
+            xkernels.spiffy_attention_mask(keep, length, lens, max_prefix_len=9, packed=dtype == torch.bfloat16)
     torch.cuda.synchronize()
     print("sanitize cases ran")
 
@@ -264,6 +329,7 @@ def main():
     bench_chain_verify(results, peak)
     bench_refine(results, peak)
     bench_tree(results, peak)
+    bench_spiffy(results, peak)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=name, torch=torch.__version__, results=results), f, indent=1)

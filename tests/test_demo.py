@@ -25,3 +25,19 @@ def test_demo_writes_tables_plot_and_json(tmp_path):
         assert all(r["tau"] >= 1.0 for r in rows.values())
     table = format_tables(report)
     assert "code" in table and "math" in table and "jacobi-1" in table
+
+
+@pytest.mark.skipif(not (WEIGHTS / "block_diffusion.safetensors").exists(), reason="the model is not trained yet")
+def test_diffusion_demo_writes_tables_plot_and_json(tmp_path):
+    from xkernels.demo_diffusion import KEEPS, format_diffusion_tables, run_diffusion_demo
+
+    report = run_diffusion_demo(prompts=1, tokens=12, keep=2, out=tmp_path)
+    assert (tmp_path / "demo_diffusion.png").stat().st_size > 0
+    saved = json.loads((tmp_path / "demo_diffusion.json").read_text())
+    for rows in saved["domains"].values():
+        assert {"vanilla", "threshold", "spiffy-2", "spiffy-2+threshold"} <= set(rows)
+        assert {f"spiffy-{k}" for k in KEEPS} <= set(rows)
+        assert all(r["same_as_vanilla"] for r in rows.values())
+        assert rows["vanilla"]["nfe_reduction"] == 1.0
+    table = format_diffusion_tables(report)
+    assert "spiffy-2+threshold" in table and "NFE" in table

@@ -13,6 +13,7 @@ from xkernels.models.block_diffusion import BlockDiffusionConfig, BlockDiffusion
 from xkernels.spiffy import DraftGraph, SpiffyConfig, select_graph, trace_lookahead
 from tests.test_dllm import MASK, step_case
 from tests.utils import DEVICES, LOGIT_DTYPES
+from xkernels.models.shipped import WEIGHTS
 
 # Nodes are listed out of order on purpose: DraftGraph sorts them topologically.
 NODES = [[], [(0, 0), (1, 0)], [(0, 0)], [(0, 1)], [(0, 0), (1, 1)], [(0, 0), (2, 0)],
@@ -232,7 +233,7 @@ def test_calibration_of_a_toy_trace():
     assert walks == [[frozenset({(0, 0)}), frozenset({(0, 0), (1, 1)})],
                      [frozenset({(0, 1)}), frozenset({(0, 1), (1, 0)})],
                      [frozenset({(0, 0)})]]
-    graph = select_graph(walks * 3 + [[frozenset({(0, 0)})]], budget=3)
+    graph = select_graph(walks * 3 + [[frozenset({(0, 0)})]], budget=3, objective="v3")
     # values: {(0,0)} 7, {(0,1)} 3, {(0,0),(1,1)} 3 + 7 (its parent's count), {(0,1),(1,0)} 3 + 3
     assert graph.nodes == [frozenset(), frozenset({(0, 0)}), frozenset({(0, 0), (1, 1)})]
     assert graph.edges == [(0, 1), (1, 2)]
@@ -284,3 +285,25 @@ def test_a_planted_graph_is_accepted_and_saves_the_calls_it_should():
     assert vanilla.model_calls == 1 + 8 + 1 + 8
     assert stats.steps_per_call == [1, 4, 3] * 2
     assert stats.model_calls == 1 + 3 + 1 + 3
+
+
+@pytest.mark.skipif(not (WEIGHTS / "block_diffusion.safetensors").exists(), reason="the model is not trained yet")
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("threshold", [None, 0.9])
+def test_the_shipped_model_and_graphs_decode_held_out_prompts_like_vanilla(temperature, threshold):
+    from xkernels import data
+    from xkernels.models.shipped import load_block_diffusion, load_tokenizer
+    from xkernels.spiffy import shipped_graph
+
+    model, tok = load_block_diffusion(), load_tokenizer()
+    config = SpiffyConfig(shipped_graph(threshold is not None), keep=8)
+    saved = 0
+    for domain in data.DOMAINS:
+        for i, text in enumerate(data.held_out_prompts(domain, 2)):
+            ids = torch.tensor(tok.encode(text).ids)
+            want, vanilla = dllm_generate(model, ids, 32, temperature=temperature, seed=i, threshold=threshold)
+            got, stats = dllm_generate(model, ids, 32, temperature=temperature, seed=i, threshold=threshold,
+                                       spiffy=config)
+            assert torch.equal(got, want)
+            saved += vanilla.model_calls - stats.model_calls
+    assert saved > 0

@@ -1,6 +1,7 @@
 """Command line of xkernels.
 
-    python -m xkernels demo   speculative decoding on the shipped models (tables, plot, JSON)
+    python -m xkernels demo   speculative decoding on the shipped models, then Spiffy on the block
+                              diffusion LM (tables, plots, JSON)
     python -m xkernels info   how the package was built and the ops it has
     python -m xkernels export-hf OUT   the shipped target and tokenizer as a transformers folder
 """
@@ -35,6 +36,14 @@ def demo(args):
                       sweep=not args.no_sweep)
     print(format_tables(report))
     print(f"\nwrote {args.out}/demo.png and {args.out}/demo.json")
+    if args.no_diffusion:
+        return
+    from .demo_diffusion import format_diffusion_tables, run_diffusion_demo
+
+    report = run_diffusion_demo(prompts=args.prompts, tokens=args.tokens, temperature=args.temperature,
+                                keep=args.keep, seed=args.seed, out=Path(args.out))
+    print(format_diffusion_tables(report))
+    print(f"\nwrote {args.out}/demo_diffusion.png and {args.out}/demo_diffusion.json")
 
 
 def export_hf(args):
@@ -52,7 +61,9 @@ def main(argv=None):
                             description="Decodes held-out code and math prompts with every mode (ar, drafter, "
                                         "sequential, jacobi, tree, tree-jacobi) and reports tau, target calls, tokens "
                                         "per second and the speed-up over ar, and tau against the drafts verified per "
-                                        "target call for chains and trees; writes demo.png and demo.json.")
+                                        "target call for chains and trees; writes demo.png and demo.json. Then the "
+                                        "block diffusion LM: vanilla, threshold, Spiffy and Spiffy + threshold "
+                                        "(NFE, tokens per second, identical or not); writes demo_diffusion.png/json.")
     d.add_argument("--prompts", type=int, default=4, help="held-out prompts per domain (default 4)")
     d.add_argument("--tokens", type=int, default=64, help="new tokens per prompt (default 64)")
     d.add_argument("--temperature", type=float, default=0.0, help="0 for greedy (default), e.g. 1 to sample")
@@ -62,6 +73,8 @@ def main(argv=None):
                    help="verify only the first drafts of each block (default: all 15)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--no-sweep", action="store_true", help="skip the chain-vs-tree sweep of verified tokens")
+    d.add_argument("--keep", type=int, default=8, help="Spiffy drafts kept per model call (default 8)")
+    d.add_argument("--no-diffusion", action="store_true", help="skip the block diffusion (Spiffy) section")
     d.add_argument("--out", default="demo_out", help="folder for demo.png and demo.json (default demo_out)")
     d.set_defaults(run=demo)
     e = commands.add_parser("export-hf", help="the shipped target (Qwen3) and tokenizer as a transformers folder")

@@ -166,13 +166,19 @@ def trace_lookahead(trace: Sequence[Tuple[torch.Tensor, torch.Tensor, torch.Tens
     return walks
 
 
-def select_graph(walks: Iterable[List[Node]], budget: int) -> DraftGraph:
-    """The graph of at most `budget` nodes (the root included) chosen greedily from observed walks:
-    a node's value is its count plus its parents' counts (the paper's v3 objective; the root, in
-    every walk, is left out of the parents' counts so that it does not flatten the choice among its
-    children), and the node
-    of highest value among the children of the chosen nodes joins next (ties to the first seen),
-    so the chosen set stays connected. Edges: every observed parent-child pair of chosen nodes."""
+OBJECTIVES = ("frequency", "v3")
+
+
+def select_graph(walks: Iterable[List[Node]], budget: int, objective: str = "v3") -> DraftGraph:
+    """The graph of at most `budget` nodes (the root included) chosen greedily from observed walks.
+    A node's value is its count (objective "frequency": the expected number of accepted steps a
+    kept node adds, the paper's v4 objective) or its count plus its parents' counts ("v3"; the
+    root, in every walk, is left out of the parents so that it does not flatten the choice among
+    its children). The node of highest value among the children of the chosen nodes joins next
+    (ties to the first seen), so the chosen set stays connected. Edges: every observed
+    parent-child pair of chosen nodes."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"select_graph: objective must be one of {OBJECTIVES}, got {objective!r}")
     root: Node = frozenset()
     count: Counter = Counter()
     parents: Dict[Node, set] = defaultdict(set)
@@ -187,7 +193,7 @@ def select_graph(walks: Iterable[List[Node]], budget: int) -> DraftGraph:
     for b, ps in parents.items():
         for a in ps:
             children[a].add(b)
-    value = {b: count[b] + sum(count[a] for a in ps if a != root) for b, ps in parents.items()}
+    value = {b: count[b] + (objective == "v3") * sum(count[a] for a in ps if a != root) for b, ps in parents.items()}
     chosen = [root]
     frontier = set(children[root])
     while frontier and len(chosen) < budget:
@@ -204,7 +210,7 @@ def select_graph(walks: Iterable[List[Node]], budget: int) -> DraftGraph:
 
 def calibrate(model, prompts: Sequence[torch.Tensor], *, budget: int, depth: int, block_size: int = 32,
               max_new_tokens: int = 64, threshold: Optional[float] = None, temperature: float = 0.0,
-              seed: int = 0) -> DraftGraph:
+              seed: int = 0, objective: str = "v3") -> DraftGraph:
     """Runs vanilla decoding (xkernels.decoding.dllm_generate) on the prompts (token id tensors),
     expresses each step's next `depth` unmaskings in the rank coordinates the loop will have there
     (trace_lookahead), and keeps the best connected `budget` nodes (select_graph)."""
@@ -217,9 +223,10 @@ def calibrate(model, prompts: Sequence[torch.Tensor], *, budget: int, depth: int
                       threshold=threshold, trace=blocks)
         for steps in blocks:
             walks += trace_lookahead(steps, model.cfg.mask_id, depth)
-    graph = select_graph(walks, budget)
+    graph = select_graph(walks, budget, objective)
     graph.meta.update({"budget": budget, "depth": depth, "block_size": block_size, "prompts": len(prompts),
-                       "max_new_tokens": max_new_tokens, "threshold": threshold, "temperature": temperature})
+                       "max_new_tokens": max_new_tokens, "threshold": threshold, "temperature": temperature,
+                       "objective": objective})
     return graph
 
 

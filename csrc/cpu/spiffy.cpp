@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "../ops/checks.h"
@@ -159,6 +160,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> spiffy_ac
   return {num_steps, positions, tokens, new_block, continue_from};
 }
 
+// Sets bits [begin, end) of a packed row (bit k % 8 of byte k / 8).
+void set_bits(uint8_t* row, int64_t begin, int64_t end) {
+  for (; begin < end && begin % 8; ++begin) row[begin / 8] |= static_cast<uint8_t>(1u << (begin % 8));
+  const int64_t full = (end - begin) / 8;
+  if (full > 0) std::memset(row + begin / 8, 0xFF, static_cast<size_t>(full)), begin += 8 * full;
+  for (; begin < end; ++begin) row[begin / 8] |= static_cast<uint8_t>(1u << (begin % 8));
+}
+
 at::Tensor spiffy_attention_mask_cpu(const at::Tensor& prefix_lens, int64_t num_drafts, int64_t block_size,
                                      int64_t max_prefix_len, bool packed) {
   check_spiffy_attention_mask(prefix_lens, num_drafts, block_size, max_prefix_len);
@@ -171,16 +180,16 @@ at::Tensor spiffy_attention_mask_cpu(const at::Tensor& prefix_lens, int64_t num_
   const int64_t row_bytes = packed ? (k + 7) / 8 : k;
   auto mask = at::zeros({n, q, row_bytes}, lens.options().dtype(packed ? at::kByte : at::kBool));
   uint8_t* m = static_cast<uint8_t*>(mask.mutable_data_ptr());
-  at::parallel_for(0, n * q, std::max<int64_t>(1, 32768 / std::max<int64_t>(k, 1)), [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, n * q, std::max<int64_t>(1, 65536 / std::max<int64_t>(row_bytes, 1)), [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
+      const SpiffyMaskRow r = spiffy_mask_row(row % q, block_size, max_prefix_len, len[row / q]);
       uint8_t* out = m + row * row_bytes;
-      const int64_t seq = row / q, qi = row % q;
-      for (int64_t key = 0; key < k; ++key) {
-        if (!spiffy_mask_at(qi, key, block_size, max_prefix_len, len[seq])) continue;
-        if (packed)
-          out[key / 8] |= static_cast<uint8_t>(1u << (key % 8));
-        else
-          out[key] = 1;
+      if (packed) {
+        set_bits(out, 0, r.prefix_end);
+        set_bits(out, r.own_begin, r.own_end);
+      } else {
+        std::memset(out, 1, static_cast<size_t>(r.prefix_end));
+        std::memset(out + r.own_begin, 1, static_cast<size_t>(r.own_end - r.own_begin));
       }
     }
   });

@@ -178,15 +178,15 @@ __global__ void spiffy_mask_kernel(SpiffyMaskParams p, int64_t q_len, int64_t ro
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t byte = i % row_bytes, row = i / row_bytes;
-    const int64_t q = row % q_len, len = p.prefix_lens[row / q_len];
+    const SpiffyMaskRow r = spiffy_mask_row(row % q_len, p.block_size, p.max_prefix, p.prefix_lens[row / q_len]);
     if (!p.packed) {
-      p.mask[i] = spiffy_mask_at(q, byte, p.block_size, p.max_prefix, len);
+      p.mask[i] = spiffy_mask_at(r, byte);
       continue;
     }
     const int64_t keys = p.max_prefix + q_len;
     uint8_t bits = 0;
     for (int b = 0; b < 8 && 8 * byte + b < keys; ++b)
-      bits |= static_cast<uint8_t>(spiffy_mask_at(q, 8 * byte + b, p.block_size, p.max_prefix, len)) << b;
+      bits |= static_cast<uint8_t>(spiffy_mask_at(r, 8 * byte + b)) << b;
     p.mask[i] = bits;
   }
 }

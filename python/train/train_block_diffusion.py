@@ -9,12 +9,17 @@ it and to itself. Every noised block masks its tokens with its own rate t ~ U(0,
 is the cross-entropy of the masked tokens. Block boundaries are shifted by a random offset per
 batch, so a prompt of any length can end a block.
 
-    python python/train/train_block_diffusion.py [--steps 900]
+    python python/train/train_block_diffusion.py [--steps 900] [--lr 1e-3]
+    python python/train/train_block_diffusion.py --init shipped --steps 1200 --lr 5e-4   # a second stage
+
+The shipped weights come from the first command (defaults) followed by the second; the model card
+lists the stages.
 """
 
 import argparse
 import json
 import random
+import sys
 import time
 
 import torch
@@ -23,7 +28,7 @@ from tqdm import tqdm
 
 from common import OUT, cosine_lr, plot_losses, token_streams, windows
 from xkernels.models.block_diffusion import BlockDiffusionConfig, BlockDiffusionLM
-from xkernels.models.shipped import load_config, load_target, save
+from xkernels.models.shipped import load_block_diffusion, load_config, load_target, save
 
 BATCH, LENGTH = 12, 192
 
@@ -67,17 +72,25 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=900)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--init", choices=["target", "shipped"], default="target",
+                        help="start from the AR target (default) or continue the shipped block diffusion LM")
     args = parser.parse_args()
     torch.manual_seed(0)
     began = time.time()
     train, held = token_streams("train"), token_streams("held_out")
-    cfg = BlockDiffusionConfig(**load_config("target"))
-    model = BlockDiffusionLM(cfg)
-    model.load_state_dict(load_target().state_dict())
+    if args.init == "target":
+        cfg = BlockDiffusionConfig(**load_config("target"))
+        model = BlockDiffusionLM(cfg)
+        model.load_state_dict(load_target().state_dict())
+        stages = []
+    else:
+        model = load_block_diffusion()
+        cfg = model.cfg
+        stages = json.loads((OUT / "block_diffusion_card.json").read_text())["stages"]
     start_loss = held_out_loss(model.eval(), held)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.05, betas=(0.9, 0.95))
-    rng, gen = random.Random(0), torch.Generator().manual_seed(0)
+    rng, gen = random.Random(len(stages)), torch.Generator().manual_seed(len(stages))  # new batches per stage
     losses = []
     for step in (bar := tqdm(range(args.steps), desc="block diffusion")):
         for group in opt.param_groups:
@@ -92,10 +105,14 @@ def main():
     model.eval()
     held_loss = held_out_loss(model, held)
     save(model, cfg.to_dict(), "block_diffusion")
-    plot_losses({"train": losses}, OUT / "block_diffusion_loss.png", "block diffusion LM (masked-token cross-entropy)")
-    card = {"steps": args.steps, "lr": args.lr, "batch": BATCH, "length": LENGTH, "init": "shipped target",
-            "minutes": round((time.time() - began) / 60, 1), "held_out_loss_at_init": round(start_loss, 3),
-            "held_out_loss": round(held_loss, 3), "parameters": sum(p.numel() for p in model.parameters())}
+    plot = "block_diffusion_loss.png" if not stages else f"block_diffusion_loss_stage{len(stages) + 1}.png"
+    plot_losses({"train": losses}, OUT / plot, "block diffusion LM (masked-token cross-entropy)")
+    stages.append({"loss_curve": plot, "command": " ".join(["python python/train/train_block_diffusion.py"] + sys.argv[1:]),
+                   "init": args.init, "steps": args.steps, "lr": args.lr, "minutes": round((time.time() - began) / 60, 1),
+                   "held_out_loss_at_start": round(start_loss, 3), "held_out_loss": round(held_loss, 3)})
+    card = {"batch": BATCH, "length": LENGTH, "block_size": cfg.block_size, "mask_id": cfg.mask_id,
+            "held_out_loss": round(held_loss, 3), "parameters": sum(p.numel() for p in model.parameters()),
+            "stages": stages}
     (OUT / "block_diffusion_card.json").write_text(json.dumps(card, indent=1))
     print(json.dumps(card, indent=1))
 

@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..refiner import XPressRefiner
+from .block_diffusion import BlockDiffusionConfig, BlockDiffusionLM
 from .drafter import BlockDrafter, DrafterConfig
 from .target import TargetConfig, TargetLM
 
@@ -45,6 +46,12 @@ def load_drafter(folder: Path = WEIGHTS) -> BlockDrafter:
 
 def load_refiner(folder: Path = WEIGHTS) -> XPressRefiner:
     return _load(XPressRefiner(**load_config("refiner", folder)), "refiner", folder)
+
+
+def load_block_diffusion(folder: Path = WEIGHTS) -> BlockDiffusionLM:
+    """The block diffusion LM of xkernels.decoding.dllm_generate (mask token: its cfg.mask_id)."""
+    return _load(BlockDiffusionLM(BlockDiffusionConfig(**load_config("block_diffusion", folder))), "block_diffusion",
+                 folder)
 
 
 def load_tokenizer(folder: Path = WEIGHTS):

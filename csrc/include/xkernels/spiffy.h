@@ -170,11 +170,20 @@ XK_HD int64_t spiffy_match(const int64_t* block, const int64_t* drafts, const in
 }
 
 // spiffy_attention_mask's rule over queries [real block, draft 0, ...] (each l rows) and keys
-// [prefix (max_prefix), real block, draft 0, ...]: a query sees the prefix keys below prefix_len
-// and the keys of its own copy of the block.
-XK_HD bool spiffy_mask_at(int64_t q, int64_t key, int64_t l, int64_t max_prefix, int64_t prefix_len) {
-  if (key < max_prefix) return key < prefix_len;
-  return (key - max_prefix) / l == q / l;
+// [prefix (max_prefix), real block, draft 0, ...]: query q sees the prefix keys below prefix_len
+// (clamped to [0, max_prefix]) and the keys of its own copy of the block. Two key ranges per row.
+struct SpiffyMaskRow {
+  int64_t prefix_end, own_begin, own_end;
+};
+
+XK_HD SpiffyMaskRow spiffy_mask_row(int64_t q, int64_t l, int64_t max_prefix, int64_t prefix_len) {
+  const int64_t end = prefix_len < 0 ? 0 : prefix_len > max_prefix ? max_prefix : prefix_len;
+  const int64_t own = max_prefix + q / l * l;
+  return SpiffyMaskRow{end, own, own + l};
+}
+
+XK_HD bool spiffy_mask_at(const SpiffyMaskRow& row, int64_t key) {
+  return key < row.prefix_end || (key >= row.own_begin && key < row.own_end);
 }
 
 }  // namespace xkernels
