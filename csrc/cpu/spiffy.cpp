@@ -4,8 +4,6 @@
 // reached, for as long as that state is a kept draft. spiffy_attention_mask: the rule per row.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
@@ -59,9 +57,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> spiffy_materialize_cpu(
   const auto ranks = graph_ranks.contiguous(), ptr = graph_child_ptr.contiguous(), children = graph_children.contiguous();
   const GraphView gr{ranks.const_data_ptr<int32_t>(), ptr.const_data_ptr<int32_t>(),
                      children.const_data_ptr<int32_t>(), s.g, s.k, s.e};
-  auto drafts = at::empty({s.n, keep, s.l}, block.options());
-  auto node_ids = at::full({s.n, keep}, -1, block.options());
-  auto scores = at::zeros({s.n, keep}, logits.options().dtype(at::kFloat));
+  auto [drafts, node_ids, scores] = spiffy_materialize_outputs(logits, block, keep);
   const int64_t* b = block.const_data_ptr<int64_t>();
   std::vector<PositionTop> pos(static_cast<size_t>(s.n * s.l));
   cpu::dispatch_logits(l.scalar_type(), [&](auto tag) {
@@ -115,11 +111,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> spiffy_ac
   const float thr = static_cast<float>(threshold.value_or(0.0));
   const auto root = root_logits.contiguous(), drafts = draft_logits.contiguous();
   const auto blocks = draft_blocks.contiguous(), ids = node_ids.contiguous();
-  auto new_block = block_tokens.contiguous().clone();
-  auto num_steps = at::zeros({s.n}, new_block.options());
-  auto positions = at::full({s.n, s.l}, -1, new_block.options());
-  auto tokens = at::full({s.n, s.l}, -1, new_block.options());
-  auto continue_from = at::full({s.n}, -1, new_block.options());
+  auto [num_steps, positions, tokens, new_block, continue_from] = spiffy_accept_outputs(block_tokens);
   cpu::dispatch_logits(root.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     at::parallel_for(0, s.n, 1, [&](int64_t begin, int64_t end) {

@@ -6,19 +6,11 @@
 #include <torch/library.h>
 
 #include "../ops/checks.h"
+#include "binding.h"
 #include "chain_verify_launch.h"
 
 namespace xkernels {
 namespace {
-
-cuda::LogitsType logits_type(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return cuda::LogitsType::kFloat32;
-    case at::kBFloat16: return cuda::LogitsType::kBFloat16;
-    case at::kHalf: return cuda::LogitsType::kFloat16;
-    default: TORCH_CHECK(false, "unsupported logits dtype ", t);
-  }
-}
 
 std::tuple<at::Tensor, at::Tensor> chain_verify_cuda(const at::Tensor& draft_tokens, const at::Tensor& target_logits,
                                                      const std::optional<at::Tensor>& draft_probs, double temperature,
@@ -39,7 +31,7 @@ std::tuple<at::Tensor, at::Tensor> chain_verify_cuda(const at::Tensor& draft_tok
 
   cuda::ChainVerifyParams p{};
   p.logits = logits.const_data_ptr();
-  p.dtype = logits_type(logits.scalar_type());
+  p.dtype = cuda::logits_type(logits);
   p.draft = draft.const_data_ptr<int64_t>();
   p.q = q.defined() ? q.const_data_ptr<float>() : nullptr;
   p.n = shape.n, p.k = shape.k, p.v = shape.v;
@@ -50,11 +42,8 @@ std::tuple<at::Tensor, at::Tensor> chain_verify_cuda(const at::Tensor& draft_tok
   p.out_tokens = out.mutable_data_ptr<int64_t>();
   p.num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
 
-  auto workspace = at::empty({static_cast<int64_t>(cuda::chain_verify_workspace_bytes(p))},
-                             target_logits.options().dtype(at::kByte));
-  const cudaError_t err = cuda::launch_chain_verify(p, workspace.mutable_data_ptr(),
-                                                    at::cuda::getCurrentCUDAStream().stream());
-  TORCH_CHECK(err == cudaSuccess, "chain_verify: CUDA launch failed: ", cudaGetErrorString(err));
+  auto workspace = cuda::workspace(cuda::chain_verify_workspace_bytes(p), target_logits);
+  cuda::check_launch(cuda::launch_chain_verify(p, workspace.mutable_data_ptr(), cuda::stream()), "chain_verify");
   return {accept_len, out};
 }
 

@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include "../ops/checks.h"
+#include "binding.h"
 #include "dllm_launch.h"
 
 namespace xkernels {
@@ -22,9 +23,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step_cuda(
   auto [block, new_block, positions, tokens, confidence] = dllm_outputs(logits, block_tokens, s);
   cuda::DllmParams p{};
   p.logits = l.const_data_ptr();
-  p.dtype = l.scalar_type() == at::kFloat      ? cuda::LogitsType::kFloat32
-            : l.scalar_type() == at::kBFloat16 ? cuda::LogitsType::kBFloat16
-                                               : cuda::LogitsType::kFloat16;
+  p.dtype = cuda::logits_type(l);
   p.block = block.const_data_ptr<int64_t>();
   p.n = s.n, p.l = s.l, p.v = s.v, p.mask_id = mask_id, p.num_unmask = num_unmask;
   p.use_threshold = threshold.has_value();
@@ -35,9 +34,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step_cuda(
   p.positions = positions.mutable_data_ptr<int64_t>();
   p.tokens = tokens.mutable_data_ptr<int64_t>();
   p.confidence = confidence.mutable_data_ptr<float>();
-  auto workspace = at::empty({static_cast<int64_t>(cuda::dllm_workspace_bytes(p))}, l.options().dtype(at::kByte));
-  const cudaError_t err = cuda::launch_dllm_step(p, workspace.mutable_data_ptr(), at::cuda::getCurrentCUDAStream().stream());
-  TORCH_CHECK(err == cudaSuccess, "dllm_step: CUDA launch failed: ", cudaGetErrorString(err));
+  auto workspace = cuda::workspace(cuda::dllm_workspace_bytes(p), l);
+  cuda::check_launch(cuda::launch_dllm_step(p, workspace.mutable_data_ptr(), cuda::stream()), "dllm_step");
   return {new_block, positions, tokens, confidence};
 }
 

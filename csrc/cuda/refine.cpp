@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include "../ops/checks.h"
+#include "binding.h"
 #include "refine_launch.h"
 
 namespace xkernels {
@@ -43,9 +44,7 @@ Prepared prepare(const at::Tensor& ctx, const at::Tensor& tokens, const char* to
   p.prefix = static_cast<const int64_t*>(keep(tokens));
   p.prefix_len = tokens.size(1);
   p.base = keep(base_logits);
-  p.base_type = base_logits.scalar_type() == at::kFloat      ? cuda::LogitsType::kFloat32
-                : base_logits.scalar_type() == at::kBFloat16 ? cuda::LogitsType::kBFloat16
-                                                             : cuda::LogitsType::kFloat16;
+  p.base_type = cuda::logits_type(base_logits);
   p.emb = keep(emb), p.mix = keep(mix), p.w_gate = keep(w_gate), p.w_up = keep(w_up);
   p.w_down = keep(w_down), p.w_read = keep(w_read);
   p.weight_type = w_read.scalar_type() == at::kFloat ? cuda::WeightType::kFloat32 : cuda::WeightType::kBFloat16;
@@ -54,13 +53,10 @@ Prepared prepare(const at::Tensor& ctx, const at::Tensor& tokens, const char* to
   p.seed = rng.seed, p.offset = rng.offset, p.seed_ptr = rng.seed_ptr, p.offset_ptr = rng.offset_ptr;
   p.num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   p.cc_major = at::cuda::getCurrentDeviceProperties()->major;
-  out.workspace = at::empty({static_cast<int64_t>(cuda::refine_workspace_bytes(p))}, ctx.options().dtype(at::kByte));
+  out.workspace = cuda::workspace(cuda::refine_workspace_bytes(p), ctx);
   return out;
 }
 
-void check_launch(cudaError_t err, const char* op) {
-  TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
-}
 
 std::tuple<at::Tensor, at::Tensor> refine_step_cuda(const at::Tensor& ctx, const at::Tensor& prev_tokens,
                                                     const at::Tensor& base_logits, XK_REFINE_WEIGHT_ARGS,
@@ -71,8 +67,8 @@ std::tuple<at::Tensor, at::Tensor> refine_step_cuda(const at::Tensor& ctx, const
   const auto& p = prep.params;
   auto tokens = at::empty({p.n, p.d}, prev_tokens.options());
   auto logprobs = at::empty({p.n, p.d}, ctx.options());
-  check_launch(cuda::launch_refine_step(p, prep.workspace.mutable_data_ptr(), tokens.mutable_data_ptr<int64_t>(),
-                                        logprobs.mutable_data_ptr<float>(), at::cuda::getCurrentCUDAStream().stream()),
+  cuda::check_launch(cuda::launch_refine_step(p, prep.workspace.mutable_data_ptr(), tokens.mutable_data_ptr<int64_t>(),
+                                        logprobs.mutable_data_ptr<float>(), cuda::stream()),
                "refine_step");
   return {tokens, logprobs};
 }
@@ -90,9 +86,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> jacobi_refine_cuda(const at::Tens
   auto tokens = at::empty({p.n, p.d}, prefix_tokens.options());
   auto logprobs = at::empty({p.n, p.d}, ctx.options());
   auto iters = at::zeros({p.n}, prefix_tokens.options().dtype(at::kInt));
-  check_launch(cuda::launch_jacobi_refine(p, max_iters, prep.workspace.mutable_data_ptr(),
+  cuda::check_launch(cuda::launch_jacobi_refine(p, max_iters, prep.workspace.mutable_data_ptr(),
                                           tokens.mutable_data_ptr<int64_t>(), logprobs.mutable_data_ptr<float>(),
-                                          iters.mutable_data_ptr<int32_t>(), at::cuda::getCurrentCUDAStream().stream()),
+                                          iters.mutable_data_ptr<int32_t>(), cuda::stream()),
                "jacobi_refine");
   return {tokens, logprobs, iters};
 }
@@ -106,9 +102,9 @@ std::tuple<at::Tensor, at::Tensor> sequential_refine_cuda(const at::Tensor& ctx,
   const auto& p = prep.params;
   auto tokens = at::zeros({p.n, p.d}, prefix_tokens.options());
   auto logprobs = at::empty({p.n, p.d}, ctx.options());
-  check_launch(cuda::launch_sequential_refine(p, prep.workspace.mutable_data_ptr(), tokens.mutable_data_ptr<int64_t>(),
+  cuda::check_launch(cuda::launch_sequential_refine(p, prep.workspace.mutable_data_ptr(), tokens.mutable_data_ptr<int64_t>(),
                                               logprobs.mutable_data_ptr<float>(),
-                                              at::cuda::getCurrentCUDAStream().stream()),
+                                              cuda::stream()),
                "sequential_refine");
   return {tokens, logprobs};
 }

@@ -3,26 +3,15 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/full.h>
-#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
 #include "../ops/checks.h"
+#include "binding.h"
 #include "spiffy_launch.h"
 
 namespace xkernels {
 namespace {
-
-cuda::LogitsType logits_type(const at::Tensor& t) {
-  return t.scalar_type() == at::kFloat      ? cuda::LogitsType::kFloat32
-         : t.scalar_type() == at::kBFloat16 ? cuda::LogitsType::kBFloat16
-                                            : cuda::LogitsType::kFloat16;
-}
-
-at::Tensor workspace(size_t bytes, const at::Tensor& like) {
-  return at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
-}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> spiffy_materialize_cuda(
     const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id, const at::Tensor& graph_ranks,
@@ -33,12 +22,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> spiffy_materialize_cuda(
   const float inv_t = inverse_temperature(temperature);
   const auto l = logits.contiguous(), block = block_tokens.contiguous();
   const auto ranks = graph_ranks.contiguous(), ptr = graph_child_ptr.contiguous(), children = graph_children.contiguous();
-  auto drafts = at::empty({s.n, keep, s.l}, block.options());
-  auto node_ids = at::full({s.n, keep}, -1, block.options());
-  auto scores = at::zeros({s.n, keep}, l.options().dtype(at::kFloat));
+  auto [drafts, node_ids, scores] = spiffy_materialize_outputs(l, block, keep);
   cuda::SpiffyMaterializeParams p{};
   p.logits = l.const_data_ptr();
-  p.dtype = logits_type(l);
+  p.dtype = cuda::logits_type(l);
   p.block = block.const_data_ptr<int64_t>();
   p.graph = GraphView{ranks.const_data_ptr<int32_t>(), ptr.const_data_ptr<int32_t>(),
                       children.const_data_ptr<int32_t>(), s.g, s.k, s.e};
@@ -47,10 +34,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> spiffy_materialize_cuda(
   p.drafts = drafts.mutable_data_ptr<int64_t>();
   p.node_ids = node_ids.mutable_data_ptr<int64_t>();
   p.scores = scores.mutable_data_ptr<float>();
-  auto ws = workspace(cuda::spiffy_materialize_workspace_bytes(p), l);
-  const cudaError_t err =
-      cuda::launch_spiffy_materialize(p, ws.mutable_data_ptr(), at::cuda::getCurrentCUDAStream().stream());
-  TORCH_CHECK(err == cudaSuccess, "spiffy_materialize: CUDA launch failed: ", cudaGetErrorString(err));
+  auto ws = cuda::workspace(cuda::spiffy_materialize_workspace_bytes(p), l);
+  cuda::check_launch(cuda::launch_spiffy_materialize(p, ws.mutable_data_ptr(), cuda::stream()), "spiffy_materialize");
   return {drafts, node_ids, scores};
 }
 
@@ -65,15 +50,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> spiffy_ac
   const c10::cuda::CUDAGuard guard(root_logits.device());
   const auto root = root_logits.contiguous(), drafts = draft_logits.contiguous();
   const auto blocks = draft_blocks.contiguous(), ids = node_ids.contiguous();
-  auto new_block = block_tokens.contiguous().clone();
-  auto num_steps = at::zeros({s.n}, new_block.options());
-  auto positions = at::full({s.n, s.l}, -1, new_block.options());
-  auto tokens = at::full({s.n, s.l}, -1, new_block.options());
-  auto continue_from = at::full({s.n}, -1, new_block.options());
+  auto [num_steps, positions, tokens, new_block, continue_from] = spiffy_accept_outputs(block_tokens);
   cuda::SpiffyAcceptParams p{};
   p.root_logits = root.const_data_ptr();
   p.draft_logits = drafts.const_data_ptr();
-  p.dtype = logits_type(root);
+  p.dtype = cuda::logits_type(root);
   p.drafts = blocks.const_data_ptr<int64_t>();
   p.node_ids = ids.const_data_ptr<int64_t>();
   p.n = s.n, p.l = s.l, p.v = s.v, p.k = s.k, p.mask_id = mask_id, p.num_unmask = num_unmask;
@@ -86,9 +67,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> spiffy_ac
   p.tokens = tokens.mutable_data_ptr<int64_t>();
   p.num_steps = num_steps.mutable_data_ptr<int64_t>();
   p.continue_from = continue_from.mutable_data_ptr<int64_t>();
-  auto ws = workspace(cuda::spiffy_accept_workspace_bytes(p), root);
-  const cudaError_t err = cuda::launch_spiffy_accept(p, ws.mutable_data_ptr(), at::cuda::getCurrentCUDAStream().stream());
-  TORCH_CHECK(err == cudaSuccess, "spiffy_accept: CUDA launch failed: ", cudaGetErrorString(err));
+  auto ws = cuda::workspace(cuda::spiffy_accept_workspace_bytes(p), root);
+  cuda::check_launch(cuda::launch_spiffy_accept(p, ws.mutable_data_ptr(), cuda::stream()), "spiffy_accept");
   return {num_steps, positions, tokens, new_block, continue_from};
 }
 
@@ -101,8 +81,7 @@ at::Tensor spiffy_attention_mask_cuda(const at::Tensor& prefix_lens, int64_t num
   auto mask = at::empty({n, q, packed ? (k + 7) / 8 : k}, lens.options().dtype(packed ? at::kByte : at::kBool));
   const cuda::SpiffyMaskParams p{lens.const_data_ptr<int64_t>(), n, num_drafts, block_size, max_prefix_len, packed,
                                  static_cast<uint8_t*>(mask.mutable_data_ptr())};
-  const cudaError_t err = cuda::launch_spiffy_attention_mask(p, at::cuda::getCurrentCUDAStream().stream());
-  TORCH_CHECK(err == cudaSuccess, "spiffy_attention_mask: CUDA launch failed: ", cudaGetErrorString(err));
+  cuda::check_launch(cuda::launch_spiffy_attention_mask(p, cuda::stream()), "spiffy_attention_mask");
   return mask;
 }
 

@@ -6,20 +6,11 @@
 #include <torch/library.h>
 
 #include "../ops/checks.h"
+#include "binding.h"
 #include "tree_launch.h"
 
 namespace xkernels {
 namespace {
-
-void check_launch(cudaError_t err, const char* op) {
-  TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
-}
-
-cudaStream_t stream() { return at::cuda::getCurrentCUDAStream().stream(); }
-
-at::Tensor workspace(size_t bytes, const at::Tensor& like) {
-  return at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
-}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_draft_tree_cuda(const at::Tensor& topk_logprobs,
                                                                                  const at::Tensor& topk_tokens,
@@ -33,8 +24,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_draft_tree_cuda
   cuda::TreeBuildParams p{lp.const_data_ptr<float>(), tok.const_data_ptr<int64_t>(), s.n, s.d, s.k, budget,
                           tokens.mutable_data_ptr<int64_t>(), parents.mutable_data_ptr<int64_t>(),
                           depth.mutable_data_ptr<int64_t>(), num_nodes.mutable_data_ptr<int64_t>()};
-  auto scratch = workspace(cuda::tree_build_workspace_bytes(p), lp);
-  check_launch(cuda::launch_build_draft_tree(p, scratch.mutable_data_ptr(), stream()), "build_draft_tree");
+  auto scratch = cuda::workspace(cuda::tree_build_workspace_bytes(p), lp);
+  cuda::check_launch(cuda::launch_build_draft_tree(p, scratch.mutable_data_ptr(), cuda::stream()), "build_draft_tree");
   return {tokens, parents, num_nodes, depth};
 }
 
@@ -56,7 +47,7 @@ at::Tensor tree_walk_cuda(const at::Tensor& parents, const std::optional<at::Ten
     out = at::empty({s.n, s.m, packed ? (s.m + 7) / 8 : s.m}, par.options().dtype(packed ? at::kByte : at::kBool));
     p.mask = static_cast<uint8_t*>(out.mutable_data_ptr());
   }
-  check_launch(cuda::launch_tree_mask(p, stream()), want_depth ? "tree_positions" : "tree_attention_mask");
+  cuda::check_launch(cuda::launch_tree_mask(p, cuda::stream()), want_depth ? "tree_positions" : "tree_attention_mask");
   return out;
 }
 
@@ -91,9 +82,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_cuda(
   p.tokens = tok.const_data_ptr<int64_t>(), p.parents = par.const_data_ptr<int64_t>();
   p.num_nodes = nn.defined() ? nn.const_data_ptr<int64_t>() : nullptr;
   p.logits = logits.const_data_ptr();
-  p.dtype = logits.scalar_type() == at::kFloat      ? cuda::LogitsType::kFloat32
-            : logits.scalar_type() == at::kBFloat16 ? cuda::LogitsType::kBFloat16
-                                                    : cuda::LogitsType::kFloat16;
+  p.dtype = cuda::logits_type(logits);
   p.q = q.defined() ? q.const_data_ptr<float>() : nullptr;
   p.without_replacement = without_replacement;
   p.n = n, p.m = m, p.v = v;
@@ -101,8 +90,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_cuda(
   p.seed = rng.seed, p.offset = rng.offset, p.seed_ptr = rng.seed_ptr, p.offset_ptr = rng.offset_ptr;
   p.accept_len = accept_len.mutable_data_ptr<int64_t>(), p.path = path.mutable_data_ptr<int64_t>();
   p.out_tokens = out.mutable_data_ptr<int64_t>();
-  auto scratch = workspace(cuda::tree_verify_workspace_bytes(p), logits);
-  check_launch(cuda::launch_tree_verify(p, scratch.mutable_data_ptr(), stream()), "tree_verify");
+  auto scratch = cuda::workspace(cuda::tree_verify_workspace_bytes(p), logits);
+  cuda::check_launch(cuda::launch_tree_verify(p, scratch.mutable_data_ptr(), cuda::stream()), "tree_verify");
   return {accept_len, path, out};
 }
 
@@ -115,7 +104,7 @@ void compact_kv_cuda(const at::Tensor& cache, const at::Tensor& path, const at::
                           cache.stride(2), cache.size(0), cache.size(1), cache.size(2), cache.size(3),
                           static_cast<int64_t>(cache.element_size()), p_path.const_data_ptr<int64_t>(),
                           p_acc.const_data_ptr<int64_t>(), path.size(1), prefix_len};
-  check_launch(cuda::launch_compact_kv(p, stream()), "compact_kv_");
+  cuda::check_launch(cuda::launch_compact_kv(p, cuda::stream()), "compact_kv_");
 }
 
 }  // namespace

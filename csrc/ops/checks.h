@@ -112,6 +112,17 @@ SpiffyAcceptShape check_spiffy_accept(const at::Tensor& root_logits, const at::T
                                       const at::Tensor& draft_blocks, const at::Tensor& node_ids,
                                       const at::Tensor& block_tokens, int64_t num_unmask,
                                       std::optional<double> threshold, double temperature);
+// The outputs both kernels fill, as spiffy_materialize leaves unused slots (node -1, score 0; the
+// drafts are written in full) and as spiffy_accept starts (the block, 0 steps, -1 elsewhere).
+struct SpiffyMaterializeOutputs {
+  at::Tensor drafts, node_ids, scores;
+};
+SpiffyMaterializeOutputs spiffy_materialize_outputs(const at::Tensor& logits, const at::Tensor& block_tokens,
+                                                    int64_t keep);
+struct SpiffyAcceptOutputs {
+  at::Tensor num_steps, positions, tokens, new_block, continue_from;
+};
+SpiffyAcceptOutputs spiffy_accept_outputs(const at::Tensor& block_tokens);
 void check_spiffy_attention_mask(const at::Tensor& prefix_lens, int64_t num_drafts, int64_t block_size,
                                  int64_t max_prefix_len);
 

@@ -1,5 +1,8 @@
 // The Spiffy ops: the C++ API (through the dispatcher) and the argument checks both kernels run.
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
 #include <limits>
@@ -141,6 +144,21 @@ SpiffyAcceptShape check_spiffy_accept(const at::Tensor& root_logits, const at::T
     TORCH_CHECK(t->device() == root_logits.device(), "draft_logits, draft_blocks and node_ids must be on ",
                 root_logits.device(), " like root_logits, got ", t->device());
   return SpiffyAcceptShape{d.n, d.l, d.v, k};
+}
+
+SpiffyMaterializeOutputs spiffy_materialize_outputs(const at::Tensor& logits, const at::Tensor& block_tokens,
+                                                    int64_t keep) {
+  const int64_t n = block_tokens.size(0), l = block_tokens.size(1);
+  const auto opts = block_tokens.options();
+  return {at::empty({n, keep, l}, opts), at::full({n, keep}, -1, opts),
+          at::zeros({n, keep}, logits.options().dtype(at::kFloat))};
+}
+
+SpiffyAcceptOutputs spiffy_accept_outputs(const at::Tensor& block_tokens) {
+  const int64_t n = block_tokens.size(0), l = block_tokens.size(1);
+  const auto opts = block_tokens.options();
+  return {at::zeros({n}, opts), at::full({n, l}, -1, opts), at::full({n, l}, -1, opts),
+          block_tokens.contiguous().clone(), at::full({n}, -1, opts)};
 }
 
 void check_spiffy_attention_mask(const at::Tensor& prefix_lens, int64_t num_drafts, int64_t block_size,

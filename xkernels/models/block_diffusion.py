@@ -12,9 +12,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-from torch import nn
-
-from .target import Block, KVCache, RMSNorm, TargetConfig
+from .target import KVCache, TargetConfig, Transformer
 
 
 @dataclass
@@ -30,15 +28,8 @@ def block_causal_mask(length: int, block_size: int, device=None) -> torch.Tensor
     return block[None, :] <= block[:, None]
 
 
-class BlockDiffusionLM(nn.Module):
-    def __init__(self, cfg: BlockDiffusionConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        nn.init.normal_(self.embed.weight, std=0.02)
+class BlockDiffusionLM(Transformer):
+    cfg: BlockDiffusionConfig
 
     def hidden(self, tokens: torch.Tensor, positions: torch.Tensor, mask: Optional[torch.Tensor],
                cache: Optional[KVCache] = None, commit: bool = False) -> torch.Tensor:
@@ -81,6 +72,3 @@ class BlockDiffusionLM(nn.Module):
         c, length = blocks.shape
         positions = torch.arange(cache.length, cache.length + length, device=blocks.device).repeat(c)
         return self.hidden(blocks.reshape(1, -1), positions, mask, cache).view(c, length, -1)
-
-    def new_cache(self) -> KVCache:
-        return KVCache(self.cfg.n_layers)

@@ -171,7 +171,10 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-class TargetLM(nn.Module):
+class Transformer(nn.Module):
+    """Embedding, blocks, final norm and LM head: the parameters the target and the block
+    diffusion LM share (the latter starts from the former's weights)."""
+
     def __init__(self, cfg: TargetConfig):
         super().__init__()
         self.cfg = cfg
@@ -180,6 +183,12 @@ class TargetLM(nn.Module):
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         nn.init.normal_(self.embed.weight, std=0.02)
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.cfg.n_layers)
+
+
+class TargetLM(Transformer):
 
     def forward(self, tokens: torch.Tensor, cache: Optional[KVCache] = None, hidden_layers: Sequence[int] = (),
                 tree_mask: Optional[torch.Tensor] = None,
@@ -205,6 +214,3 @@ class TargetLM(nn.Module):
             if i in hidden_layers:
                 hidden.append(x)
         return self.lm_head(self.norm(x)), hidden
-
-    def new_cache(self) -> KVCache:
-        return KVCache(self.cfg.n_layers)
