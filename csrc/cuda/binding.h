@@ -9,7 +9,10 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <optional>
 
+#include "../ops/checks.h"
+#include "dllm_launch.h"
 #include "launch_types.h"
 
 namespace xkernels::cuda {
@@ -26,6 +29,12 @@ inline LogitsType logits_type(const at::Tensor& t) {
 // `bytes` of scratch on like's device.
 inline at::Tensor workspace(size_t bytes, const at::Tensor& like) {
   return at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
+}
+
+inline DllmRule dllm_rule(int64_t mask_id, int64_t num_unmask, std::optional<double> threshold, double temperature,
+                          const RngArgs& rng) {
+  return DllmRule{mask_id,  num_unmask,         threshold.has_value(), static_cast<float>(threshold.value_or(0.0)),
+                  inverse_temperature(temperature), rng.seed, rng.offset, rng.seed_ptr, rng.offset_ptr};
 }
 
 inline cudaStream_t stream() { return at::cuda::getCurrentCUDAStream().stream(); }

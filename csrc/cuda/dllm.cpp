@@ -25,11 +25,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step_cuda(
   p.logits = l.const_data_ptr();
   p.dtype = cuda::logits_type(l);
   p.block = block.const_data_ptr<int64_t>();
-  p.n = s.n, p.l = s.l, p.v = s.v, p.mask_id = mask_id, p.num_unmask = num_unmask;
-  p.use_threshold = threshold.has_value();
-  p.threshold = static_cast<float>(threshold.value_or(0.0));
-  p.inv_t = inverse_temperature(temperature);
-  p.seed = rng.seed, p.offset = rng.offset, p.seed_ptr = rng.seed_ptr, p.offset_ptr = rng.offset_ptr;
+  p.n = s.n, p.l = s.l, p.v = s.v;
+  p.rule = cuda::dllm_rule(mask_id, num_unmask, threshold, temperature, rng);
   p.new_block = new_block.mutable_data_ptr<int64_t>();
   p.positions = positions.mutable_data_ptr<int64_t>();
   p.tokens = tokens.mutable_data_ptr<int64_t>();

@@ -14,20 +14,21 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads) dllm_rows_kernel(DllmParams p, int64_t* x0) {
   __shared__ RowStats shared_stats;
   const int64_t row = blockIdx.x;
-  if (p.block[row] != p.mask_id) {  // the same for the whole block
+  if (p.block[row] != p.rule.mask_id) {  // the same for the whole block
     if (threadIdx.x == 0) p.confidence[row] = kNegInf, x0[row] = -1;
     return;
   }
   const T* src = static_cast<const T*>(p.logits) + row * p.v;
+  const auto logit = [&](int64_t x) { return dllm_logit(to_float(src[x]), x, p.rule.mask_id); };
   RowStats raw = stats_empty();
-  for (int64_t x = threadIdx.x; x < p.v; x += kThreads) stats_observe(raw, dllm_logit(to_float(src[x]), x, p.mask_id), static_cast<int32_t>(x));
+  for (int64_t x = threadIdx.x; x < p.v; x += kThreads) stats_observe(raw, logit(x), static_cast<int32_t>(x));
   raw = block_merge(raw, stats_empty());
   int32_t pick = raw.top.idx;
-  if (p.inv_t != 0.0f) {
+  if (p.rule.inv_t != 0.0f) {
     __syncthreads();  // block_merge's buffer is reused
     RowStats st = stats_empty();
     for (int64_t x = threadIdx.x; x < p.v; x += kThreads)
-      stats_observe(st, dllm_logit(to_float(src[x]), x, p.mask_id) * p.inv_t, static_cast<int32_t>(x));
+      stats_observe(st, logit(x) * p.rule.inv_t, static_cast<int32_t>(x));
     st = block_merge(st, stats_empty());
     if (threadIdx.x == 0) shared_stats = st;
     __syncthreads();
@@ -35,14 +36,14 @@ __global__ void __launch_bounds__(kThreads) dllm_rows_kernel(DllmParams p, int64
     if (stats_degenerate(st)) {
       pick = st.top.idx;
     } else {
-      const uint64_t seed = read_or(p.seed_ptr, p.seed), offset = read_or(p.offset_ptr, p.offset);
+      const uint64_t seed = read_or(p.rule.seed_ptr, p.rule.seed), offset = read_or(p.rule.offset_ptr, p.rule.offset);
       const SampleJob job{kSamplePlain, static_cast<int32_t>(row % p.l), -1, st.top.idx, st};
       ArgMax best = argmax_empty();
       for (int64_t g = threadIdx.x; 4 * g < p.v; g += kThreads) {
         float a[4];
         const int count = p.v - 4 * g < 4 ? static_cast<int>(p.v - 4 * g) : 4;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) a[j] = j < count ? dllm_logit(to_float(src[4 * g + j]), 4 * g + j, p.mask_id) * p.inv_t : kNegInf;
+        for (int j = 0; j < 4; ++j) a[j] = j < count ? logit(4 * g + j) * p.rule.inv_t : kNegInf;
         sample_group(best, job, seed, offset, static_cast<uint32_t>(row / p.l), static_cast<uint32_t>(g), a, nullptr,
                      count);
       }
@@ -52,7 +53,7 @@ __global__ void __launch_bounds__(kThreads) dllm_rows_kernel(DllmParams p, int64
   }
   if (threadIdx.x == 0) {
     x0[row] = pick;
-    p.confidence[row] = dllm_confidence(raw, dllm_logit(to_float(src[pick]), pick, p.mask_id));
+    p.confidence[row] = dllm_confidence(raw, logit(pick));
   }
 }
 
@@ -60,8 +61,8 @@ __global__ void dllm_select_kernel(DllmParams p, const int64_t* x0, uint8_t* cho
   const int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (n >= p.n) return;
   const int64_t o = n * p.l;
-  dllm_select(p.confidence + o, p.block + o, x0 + o, p.l, p.mask_id, p.num_unmask, p.use_threshold, p.threshold,
-              chosen + o, p.new_block + o, p.positions + o, p.tokens + o);
+  dllm_select(p.confidence + o, p.block + o, x0 + o, p.l, p.rule.mask_id, p.rule.num_unmask, p.rule.use_threshold,
+              p.rule.threshold, chosen + o, p.new_block + o, p.positions + o, p.tokens + o);
 }
 
 size_t align_up(size_t x) { return (x + 255) / 256 * 256; }

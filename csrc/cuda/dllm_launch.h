@@ -10,15 +10,21 @@
 
 namespace xkernels::cuda {
 
+// dllm_step's rule and its randomness (spiffy_accept takes the same).
+struct DllmRule {
+  int64_t mask_id, num_unmask;
+  bool use_threshold;
+  float threshold, inv_t;  // inv_t 0: greedy
+  uint64_t seed, offset;
+  const int64_t *seed_ptr, *offset_ptr;  // null: use seed, offset
+};
+
 struct DllmParams {
   const void* logits;  // [n, l, v]
   LogitsType dtype;
   const int64_t* block;  // [n, l]
-  int64_t n, l, v, mask_id, num_unmask;
-  bool use_threshold;
-  float threshold, inv_t;  // inv_t 0: greedy
-  uint64_t seed, offset;
-  const int64_t *seed_ptr, *offset_ptr;
+  int64_t n, l, v;
+  DllmRule rule;
   // new_block: a copy of block; positions and tokens: filled with -1 (by the caller)
   int64_t *new_block, *positions, *tokens;
   float* confidence;  // [n, l]

@@ -96,16 +96,17 @@ __global__ void __launch_bounds__(kThreads) spiffy_materialize_kernel(SpiffyMate
 
 // dllm_step's rule on one row, by a warp; lane 0 returns the pick and its confidence.
 template <typename T>
-__device__ void dllm_row_warp(const T* src, int64_t v, int64_t mask_id, float inv_t, uint64_t seed, uint64_t offset, uint32_t sequence,
-                              uint32_t position, int64_t* x0, float* conf) {
+__device__ void dllm_row_warp(const T* src, int64_t v, int64_t mask_id, float inv_t, uint64_t seed, uint64_t offset,
+                              uint32_t sequence, uint32_t position, int64_t* x0, float* conf) {
   const int lane = threadIdx.x % 32;
+  const auto logit = [&](int64_t x) { return dllm_logit(to_float(src[x]), x, mask_id); };
   RowStats raw = stats_empty();
-  for (int64_t x = lane; x < v; x += 32) stats_observe(raw, dllm_logit(to_float(src[x]), x, mask_id), static_cast<int32_t>(x));
+  for (int64_t x = lane; x < v; x += 32) stats_observe(raw, logit(x), static_cast<int32_t>(x));
   raw = warp_merge(raw);
   int32_t pick = raw.top.idx;
   if (inv_t != 0.0f) {
     RowStats st = stats_empty();
-    for (int64_t x = lane; x < v; x += 32) stats_observe(st, dllm_logit(to_float(src[x]), x, mask_id) * inv_t, static_cast<int32_t>(x));
+    for (int64_t x = lane; x < v; x += 32) stats_observe(st, logit(x) * inv_t, static_cast<int32_t>(x));
     st = warp_merge(st);
     pick = st.top.idx;
     if (!stats_degenerate(st)) {
@@ -115,13 +116,13 @@ __device__ void dllm_row_warp(const T* src, int64_t v, int64_t mask_id, float in
         float a[4];
         const int count = v - 4 * g < 4 ? static_cast<int>(v - 4 * g) : 4;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) a[j] = j < count ? dllm_logit(to_float(src[4 * g + j]), 4 * g + j, mask_id) * inv_t : kNegInf;
+        for (int j = 0; j < 4; ++j) a[j] = j < count ? logit(4 * g + j) * inv_t : kNegInf;
         sample_group(best, job, seed, offset, sequence, static_cast<uint32_t>(g), a, nullptr, count);
       }
       pick = sample_result(job, warp_merge(best));
     }
   }
-  if (lane == 0) *x0 = pick, *conf = dllm_confidence(raw, dllm_logit(to_float(src[pick]), pick, mask_id));
+  if (lane == 0) *x0 = pick, *conf = dllm_confidence(raw, logit(pick));
 }
 
 template <typename T>
@@ -133,13 +134,13 @@ __global__ void __launch_bounds__(kThreads) spiffy_accept_kernel(SpiffyAcceptPar
   const int warp = threadIdx.x / 32;
   int64_t* state = p.new_block + n * p.l;
   conf += n * p.l, x0 += n * p.l, chosen += n * p.l;
-  const uint64_t seed = read_or(p.seed_ptr, p.seed), offset = read_or(p.offset_ptr, p.offset);
+  const uint64_t seed = read_or(p.rule.seed_ptr, p.rule.seed), offset = read_or(p.rule.offset_ptr, p.rule.offset);
   if (threadIdx.x == 0) cur = -1, steps = 0, committed = 0;
   for (;;) {
     __syncthreads();
     if (threadIdx.x == 0) {
       int64_t masked = 0;
-      for (int64_t q = 0; q < p.l; ++q) masked += state[q] == p.mask_id;
+      for (int64_t q = 0; q < p.l; ++q) masked += state[q] == p.rule.mask_id;
       // The second stop guards the outputs: only a row without a softmax can pick the mask token.
       done = masked == 0 || committed + masked > p.l;
     }
@@ -148,17 +149,17 @@ __global__ void __launch_bounds__(kThreads) spiffy_accept_kernel(SpiffyAcceptPar
     const T* logits = cur < 0 ? static_cast<const T*>(p.root_logits) + n * p.l * p.v
                               : static_cast<const T*>(p.draft_logits) + (n * p.k + cur) * p.l * p.v;
     for (int64_t q = warp; q < p.l; q += kWarps) {
-      if (state[q] != p.mask_id) {
+      if (state[q] != p.rule.mask_id) {
         if (threadIdx.x % 32 == 0) conf[q] = kNegInf;
         continue;
       }
-      dllm_row_warp(logits + q * p.v, p.v, p.mask_id, p.inv_t, seed, offset + static_cast<uint64_t>(steps),
+      dllm_row_warp(logits + q * p.v, p.v, p.rule.mask_id, p.rule.inv_t, seed, offset + static_cast<uint64_t>(steps),
                     static_cast<uint32_t>(n), static_cast<uint32_t>(q), x0 + q, conf + q);
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-      dllm_select(conf, state, x0, p.l, p.mask_id, p.num_unmask, p.use_threshold, p.threshold, chosen, state,
-                  p.positions + n * p.l + committed, p.tokens + n * p.l + committed);
+      dllm_select(conf, state, x0, p.l, p.rule.mask_id, p.rule.num_unmask, p.rule.use_threshold, p.rule.threshold,
+                  chosen, state, p.positions + n * p.l + committed, p.tokens + n * p.l + committed);
       for (int64_t q = 0; q < p.l; ++q) committed += chosen[q];
       ++steps;
       const int64_t m = spiffy_match(state, p.drafts + n * p.k * p.l, p.node_ids + n * p.k, p.k, p.l);

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "dllm_launch.h"
 #include "launch_types.h"
 #include "xkernels/spiffy.h"
 
@@ -31,11 +32,8 @@ struct SpiffyAcceptParams {
   const void* draft_logits;  // [n, k, l, v]
   LogitsType dtype;
   const int64_t *drafts, *node_ids;  // [n, k, l], [n, k]
-  int64_t n, l, v, k, mask_id, num_unmask;
-  bool use_threshold;
-  float threshold, inv_t;  // inv_t 0: greedy
-  uint64_t seed, offset;
-  const int64_t *seed_ptr, *offset_ptr;
+  int64_t n, l, v, k;
+  DllmRule rule;
   // new_block: a copy of the block; positions, tokens: -1; num_steps: 0; continue_from: -1 (the caller)
   int64_t *new_block, *positions, *tokens, *num_steps, *continue_from;
 };

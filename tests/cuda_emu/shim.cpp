@@ -210,8 +210,8 @@ int xk_emu_dllm_step(const void* logits, int logits_type, const int64_t* block, 
   p.logits = dev.copy(static_cast<const char*>(logits), n * l * v * logits_bytes(logits_type));
   p.dtype = static_cast<LogitsType>(logits_type);
   p.block = dev.copy(block, sizeof(int64_t) * n * l);
-  p.n = n, p.l = l, p.v = v, p.mask_id = mask_id, p.num_unmask = num_unmask;
-  p.use_threshold = use_threshold != 0, p.threshold = threshold, p.inv_t = inv_t, p.seed = seed, p.offset = offset;
+  p.n = n, p.l = l, p.v = v;
+  p.rule = DllmRule{mask_id, num_unmask, use_threshold != 0, threshold, inv_t, seed, offset, nullptr, nullptr};
   p.new_block = const_cast<int64_t*>(dev.copy(block, sizeof(int64_t) * n * l));  // the caller's copy of block
   p.positions = dev.alloc<int64_t>(sizeof(int64_t) * n * l, 0xFF);  // -1, as the caller fills them
   p.tokens = dev.alloc<int64_t>(sizeof(int64_t) * n * l, 0xFF);
@@ -260,8 +260,8 @@ int xk_emu_spiffy_accept(const void* root, const void* draft_logits, int logits_
   p.dtype = static_cast<LogitsType>(logits_type);
   p.drafts = dev.copy(drafts, sizeof(int64_t) * n * k * l);
   p.node_ids = dev.copy(node_ids, sizeof(int64_t) * n * k);
-  p.n = n, p.l = l, p.v = v, p.k = k, p.mask_id = mask_id, p.num_unmask = num_unmask;
-  p.use_threshold = use_threshold != 0, p.threshold = threshold, p.inv_t = inv_t, p.seed = seed, p.offset = offset;
+  p.n = n, p.l = l, p.v = v, p.k = k;
+  p.rule = DllmRule{mask_id, num_unmask, use_threshold != 0, threshold, inv_t, seed, offset, nullptr, nullptr};
   p.new_block = const_cast<int64_t*>(dev.copy(block, sizeof(int64_t) * n * l));
   p.positions = dev.alloc<int64_t>(sizeof(int64_t) * n * l, 0xFF);
   p.tokens = dev.alloc<int64_t>(sizeof(int64_t) * n * l, 0xFF);
