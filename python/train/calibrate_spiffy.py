@@ -3,7 +3,7 @@ xkernels/models/weights/spiffy_graph.json (one token per step) and spiffy_graph_
 (threshold unmasking). Vanilla decoding of training prompts (never the held-out ones the demo
 evaluates), greedy, 64 new tokens in blocks of 32.
 
-    python python/train/calibrate_spiffy.py [--prompts 24] [--budget 32] [--depth 8]
+    python python/train/calibrate_spiffy.py [--prompts 24] [--budget 64] [--depth 8] [--objective v3]
 """
 
 import argparse
@@ -22,7 +22,7 @@ THRESHOLD = 0.9  # Fast-dLLM's default, also the demo's
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--prompts", type=int, default=24, help="per domain")
-    parser.add_argument("--budget", type=int, default=32)
+    parser.add_argument("--budget", type=int, default=64)
     parser.add_argument("--depth", type=int, default=8)
     parser.add_argument("--objective", choices=OBJECTIVES, default="v3")
     args = parser.parse_args()
