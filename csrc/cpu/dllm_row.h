@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "row_reduce.h"
@@ -17,18 +18,37 @@ struct DllmRow {
   float confidence;
 };
 
+// The statistics of a row with the mask token's logit taken as -inf (dllm_logit). For float32
+// rows whose best token is not the mask token the row is read in place and the mask token's term
+// leaves the sum; otherwise a copy (raw, v floats) is fixed up. Returns the row the statistics are
+// of, for reading the pick's logit.
+template <typename T>
+const float* masked_row_stats(const T* row, int64_t v, int64_t mask_id, float* raw, RowStats& stats) {
+  const bool mask_in_row = mask_id >= 0 && mask_id < v;
+  if constexpr (std::is_same_v<T, float>) {
+    stats = row_stats(row, v);
+    if (!mask_in_row) return row;
+    if (stats.top.idx != mask_id) {
+      if (!stats_degenerate(stats)) stats.sum -= exp_f32(row[mask_id] - stats.top.val);
+      return row;
+    }
+  }
+  scale_row(row, v, 1.0f, raw);
+  if (mask_in_row) raw[mask_id] = kNegInf;
+  stats = row_stats(raw, v);
+  return raw;
+}
+
 // raw, scaled: scratch of v floats each.
 template <typename T>
-DllmRow dllm_row(const T* row, int64_t v, int64_t mask_id, float inv_t, uint64_t seed, uint64_t offset, uint32_t sequence,
-                 uint32_t position, float* raw, float* scaled) {
-  const bool mask_in_row = mask_id >= 0 && mask_id < v;
-  scale_row(row, v, 1.0f, raw);
-  if (mask_in_row) raw[mask_id] = kNegInf;  // dllm_logit: never a candidate
-  const RowStats raw_stats = row_stats(raw, v);
+DllmRow dllm_row(const T* row, int64_t v, int64_t mask_id, float inv_t, uint64_t seed, uint64_t offset,
+                 uint32_t sequence, uint32_t position, float* raw, float* scaled) {
+  RowStats raw_stats;
+  const float* stats_of = masked_row_stats(row, v, mask_id, raw, raw_stats);
   int32_t pick = raw_stats.top.idx;
   if (inv_t != 0.0f) {
     scale_row(row, v, inv_t, scaled);
-    if (mask_in_row) scaled[mask_id] = kNegInf;
+    if (mask_id >= 0 && mask_id < v) scaled[mask_id] = kNegInf;
     const RowStats st = row_stats(scaled, v);
     pick = st.top.idx;
     if (!stats_degenerate(st)) {
@@ -40,7 +60,7 @@ DllmRow dllm_row(const T* row, int64_t v, int64_t mask_id, float inv_t, uint64_t
       pick = sample_result(job, best);
     }
   }
-  return DllmRow{pick, dllm_confidence(raw_stats, raw[pick])};
+  return DllmRow{pick, dllm_confidence(raw_stats, stats_of[pick])};
 }
 
 }  // namespace xkernels::cpu

@@ -4,7 +4,7 @@
 // reached, for as long as that state is a kept draft. spiffy_attention_mask: the rule per row.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/zeros.h>
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -170,18 +170,21 @@ at::Tensor spiffy_attention_mask_cpu(const at::Tensor& prefix_lens, int64_t num_
     TORCH_CHECK(len[i] >= 0 && len[i] <= max_prefix_len, "prefix_lens[", i, "] = ", len[i], " must be in [0, ",
                 max_prefix_len, "] (max_prefix_len)");
   const int64_t row_bytes = packed ? (k + 7) / 8 : k;
-  auto mask = at::zeros({n, q, row_bytes}, lens.options().dtype(packed ? at::kByte : at::kBool));
+  auto mask = at::empty({n, q, row_bytes}, lens.options().dtype(packed ? at::kByte : at::kBool));
   uint8_t* m = static_cast<uint8_t*>(mask.mutable_data_ptr());
   at::parallel_for(0, n * q, std::max<int64_t>(1, 65536 / std::max<int64_t>(row_bytes, 1)), [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const SpiffyMaskRow r = spiffy_mask_row(row % q, block_size, max_prefix_len, len[row / q]);
       uint8_t* out = m + row * row_bytes;
       if (packed) {
+        std::memset(out, 0, static_cast<size_t>(row_bytes));
         set_bits(out, 0, r.prefix_end);
         set_bits(out, r.own_begin, r.own_end);
-      } else {
+      } else {  // one pass: [prefix | padding | other copies | own copy | other copies]
         std::memset(out, 1, static_cast<size_t>(r.prefix_end));
+        std::memset(out + r.prefix_end, 0, static_cast<size_t>(r.own_begin - r.prefix_end));
         std::memset(out + r.own_begin, 1, static_cast<size_t>(r.own_end - r.own_begin));
+        std::memset(out + r.own_end, 0, static_cast<size_t>(k - r.own_end));
       }
     }
   });
