@@ -19,10 +19,10 @@ from .models.shipped import load_block_diffusion, load_tokenizer
 from .spiffy import SpiffyConfig, shipped_graph
 
 THRESHOLD = 0.9  # Fast-dLLM's default
-KEEPS = (1, 2, 4, 8, 16)
+KEEPS = (1, 2, 4, 8, 16, 32)
 
 
-def run_diffusion_demo(prompts: int = 4, tokens: int = 64, temperature: float = 0.0, keep: int = 8,
+def run_diffusion_demo(prompts: int = 4, tokens: int = 64, temperature: float = 0.0, keep: int = 16,
                        block_size: int = 32, seed: int = 0, out: Path = Path("demo_out")) -> dict:
     model, tok = load_block_diffusion(), load_tokenizer()
     graphs = {None: shipped_graph(), THRESHOLD: shipped_graph(threshold=True)}

@@ -309,8 +309,8 @@ def spiffy_materialize(
     Node ranks (i, j) become positions and tokens: position rank i orders the masked positions
     by the untempered top-1 probability (higher first, ties to the lower position), vocabulary
     rank j orders a position's tokens by logit (ties to the lower id). A node's score is the
-    geometric mean of its tokens' probabilities combined by geometric mean with its children's
-    scores; nodes are kept best first from a frontier that starts at the root's children, so every
+    geometric mean of its tokens' probabilities combined by geometric mean with its best child's
+    score; nodes are kept best first from a frontier that starts at the root's children, so every
     kept node is a child of the root or of a kept node.
 
     Returns ``(draft_blocks [N, keep, L], node_ids [N, keep], scores [N, keep] float32)``, in the

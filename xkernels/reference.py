@@ -482,8 +482,8 @@ def spiffy_materialize(logits, block_tokens, mask_id, graph_ranks, graph_child_p
     of its operations (i, j) applied. Its local score is the mean log probability of those tokens
     under softmax(logits / T) (softmax(logits) at T = 0); a node is unusable when a rank falls
     outside the masked positions or the row has no softmax or a token has probability 0. Children
-    first, a usable node's score is the mean of its local score and its usable children's scores
-    (geometric means of probabilities). Then, starting from the root's usable children, the best
+    first, a usable node's score is the mean of its local score and its best usable child's score
+    (the geometric mean of the two probabilities). Then, starting from the root's usable children, the best
     node of the frontier (ties to the lower id) is kept and its usable children join the frontier,
     `keep` times. Returns draft_blocks [N, keep, L], node_ids [N, keep] (in the order kept, -1
     when the frontier ran out; such a slot holds the block itself and score 0) and scores
@@ -516,9 +516,9 @@ def spiffy_materialize(logits, block_tokens, mask_id, graph_ranks, graph_child_p
                 lp = [float(logp[s, order[i], top[s, order[i], j]]) for i, j in ops[g]]
                 score[g] = sum(lp) / len(lp) if all(x > -math.inf for x in lp) else -math.inf
         for g in range(len(ranks) - 1, 0, -1):
-            if score[g] > -math.inf:
-                parts = [score[g]] + [score[c] for c in children[g] if score[c] > -math.inf]
-                score[g] = sum(parts) / len(parts)
+            kids = [score[c] for c in children[g] if score[c] > -math.inf]
+            if score[g] > -math.inf and kids:
+                score[g] = 0.5 * (score[g] + max(kids))
         frontier = {c for c in children[0] if score[c] > -math.inf}
         kept = set()
         for r in range(keep):

@@ -169,12 +169,14 @@ def trace_lookahead(trace: Sequence[Tuple[torch.Tensor, torch.Tensor, torch.Tens
 OBJECTIVES = ("frequency", "v3")
 
 
-def select_graph(walks: Iterable[List[Node]], budget: int, objective: str = "v3") -> DraftGraph:
+def select_graph(walks: Iterable[List[Node]], budget: int, objective: str = "frequency") -> DraftGraph:
     """The graph of at most `budget` nodes (the root included) chosen greedily from observed walks.
-    A node's value is its count (objective "frequency": the expected number of accepted steps a
-    kept node adds, the paper's v4 objective) or its count plus its parents' counts ("v3"; the
-    root, in every walk, is left out of the parents so that it does not flatten the choice among
-    its children). The node of highest value among the children of the chosen nodes joins next
+    A node's value is its count (objective "frequency", the default: the expected number of
+    accepted steps a kept node adds, the paper's v4 objective) or its count plus its parents'
+    counts ("v3"; the root, in every walk, is left out of the parents so that it does not flatten
+    the choice among its children). On the shipped model "frequency" needs fewer model calls at
+    every keep (v3 favours the many rare children of a frequent node and stays shallow;
+    bench/results/2026-11-30-spiffy-cpu.md). The node of highest value among the children of the chosen nodes joins next
     (ties to the first seen), so the chosen set stays connected. Edges: every observed
     parent-child pair of chosen nodes."""
     if objective not in OBJECTIVES:
@@ -210,7 +212,7 @@ def select_graph(walks: Iterable[List[Node]], budget: int, objective: str = "v3"
 
 def calibrate(model, prompts: Sequence[torch.Tensor], *, budget: int, depth: int, block_size: int = 32,
               max_new_tokens: int = 64, threshold: Optional[float] = None, temperature: float = 0.0,
-              seed: int = 0, objective: str = "v3") -> DraftGraph:
+              seed: int = 0, objective: str = "frequency") -> DraftGraph:
     """Runs vanilla decoding (xkernels.decoding.dllm_generate) on the prompts (token id tensors),
     expresses each step's next `depth` unmaskings in the rank coordinates the loop will have there
     (trace_lookahead), and keeps the best connected `budget` nodes (select_graph)."""

@@ -3,7 +3,7 @@ xkernels/models/weights/spiffy_graph.json (one token per step) and spiffy_graph_
 (threshold unmasking). Vanilla decoding of training prompts (never the held-out ones the demo
 evaluates), greedy, 64 new tokens in blocks of 32.
 
-    python python/train/calibrate_spiffy.py [--prompts 24] [--budget 64] [--depth 8] [--objective v3]
+    python python/train/calibrate_spiffy.py [--prompts 24] [--budget 33] [--depth 8] [--objective frequency]
 """
 
 import argparse
@@ -22,9 +22,9 @@ THRESHOLD = 0.9  # Fast-dLLM's default, also the demo's
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--prompts", type=int, default=24, help="per domain")
-    parser.add_argument("--budget", type=int, default=64)
+    parser.add_argument("--budget", type=int, default=33)
     parser.add_argument("--depth", type=int, default=8)
-    parser.add_argument("--objective", choices=OBJECTIVES, default="v3")
+    parser.add_argument("--objective", choices=OBJECTIVES, default="frequency")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model, tok = load_block_diffusion(), load_tokenizer()

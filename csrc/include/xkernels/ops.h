@@ -120,8 +120,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step(
 // Spiffy (xkernels/spiffy.h has the graph format). Fills the draft graph (graph_ranks int32
 // [G, K, 2], graph_child_ptr int32 [G + 1], graph_children int32 [E]) from the step distribution
 // logits [N, L, V] of block_tokens [N, L], scores every node (the geometric mean of its tokens'
-// probabilities under softmax(logits / T), softmax(logits) at T = 0, combined with its children's
-// scores by geometric mean) and keeps the best `keep` nodes such that every kept node is a child of
+// probabilities under softmax(logits / T), softmax(logits) at T = 0, combined with its best
+// child's score by geometric mean) and keeps the best `keep` nodes such that every kept node is a child of
 // the root or of a kept node. Returns (draft_blocks int64 [N, keep, L], node_ids int64 [N, keep] in
 // the order kept, scores float32 [N, keep]); unused slots: the block itself, node -1, score 0.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> spiffy_materialize(

@@ -122,17 +122,18 @@ XK_HD float spiffy_local_log(const int32_t* ranks, int64_t k, const PositionTop*
 XK_HD bool spiffy_usable(float score) { return score > kNegInf; }  // false for -inf and NaN
 
 // Turns local log scores into the pruning scores, children first: a node's score is the mean of
-// its local score and its usable children's scores (a geometric mean of probabilities).
+// its local score and its best usable child's score (the geometric mean of the two
+// probabilities: a node is worth its most promising continuation; averaging over every child
+// instead penalised nodes with many rare children, bench/results/2026-11-30-spiffy-cpu.md).
 XK_HD void spiffy_combine_scores(const GraphView& gr, float* score) {
   for (int64_t g = gr.g - 1; g >= 1; --g) {
     if (!spiffy_usable(score[g])) continue;
-    float sum = score[g];
-    int count = 1;
+    float best = kNegInf;
     for (int64_t e = edge_begin(gr, g); e < edge_end(gr, g); ++e) {
       const int32_t c = gr.children[e];
-      if (child_ok(gr, g, c) && spiffy_usable(score[c])) sum += score[c], ++count;
+      if (child_ok(gr, g, c) && spiffy_usable(score[c]) && score[c] > best) best = score[c];
     }
-    score[g] = sum / static_cast<float>(count);
+    if (best > kNegInf) score[g] = 0.5f * (score[g] + best);
   }
 }
 
