@@ -73,7 +73,7 @@ def main(argv=None):
                    help="verify only the first drafts of each block (default: all 15)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--no-sweep", action="store_true", help="skip the chain-vs-tree sweep of verified tokens")
-    d.add_argument("--keep", type=int, default=16, help="Spiffy drafts kept per model call (default 16)
+    d.add_argument("--keep", type=int, default=16, help="Spiffy drafts kept per model call (default 16)")
     d.add_argument("--no-diffusion", action="store_true", help="skip the block diffusion (Spiffy) section")
     d.add_argument("--out", default="demo_out", help="folder for demo.png and demo.json (default demo_out)")
     d.set_defaults(run=demo)
