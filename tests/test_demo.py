@@ -41,3 +41,11 @@ def test_diffusion_demo_writes_tables_plot_and_json(tmp_path):
         assert rows["vanilla"]["nfe_reduction"] == 1.0
     table = format_diffusion_tables(report)
     assert "spiffy-2+threshold" in table and "NFE" in table
+
+
+def test_the_command_line_parses_the_demo_options(capsys):
+    from xkernels.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    assert "--keep" in capsys.readouterr().out
