@@ -307,3 +307,26 @@ def test_the_shipped_model_and_graphs_decode_held_out_prompts_like_vanilla(tempe
             assert torch.equal(got, want)
             saved += vanilla.model_calls - stats.model_calls
     assert saved > 0
+
+
+def test_the_flat_layout_under_the_spiffy_mask_matches_the_batched_copies():
+    """A forward over [real block, copies] laid out in one sequence, under spiffy_attention_mask
+    and spiffy_positions, gives each copy the logits of the batched forward (up to rounding)."""
+    from xkernels.spiffy import spiffy_positions
+
+    model = tiny_model()
+    cache = model.new_cache()
+    model.commit(torch.randint(2, 64, (1, 11), generator=torch.Generator().manual_seed(1)), cache)
+    copies = torch.randint(1, 64, (3, 8), generator=torch.Generator().manual_seed(2))
+    mask = xkernels.spiffy_attention_mask(2, 8, cache.length)
+    assert torch.equal(spiffy_positions(2, 8, cache.length), torch.arange(11, 19).repeat(3))
+    with torch.no_grad():
+        flat = model.forward_flat(copies, cache, mask[:, cache.length:])
+        batched = model(copies, cache)
+    torch.testing.assert_close(flat, batched, atol=1e-4, rtol=1e-4)
+    assert cache.length == 11  # neither call writes the cache
+    shuffled = mask.clone()
+    shuffled[:8, 11 + 8 : 11 + 16] = True  # the real block sees a draft: its logits change
+    with torch.no_grad():
+        leaked = model.forward_flat(copies, cache, shuffled[:, cache.length:])
+    assert not torch.allclose(leaked[0], batched[0], atol=1e-4)
