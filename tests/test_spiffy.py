@@ -330,3 +330,44 @@ def test_the_flat_layout_under_the_spiffy_mask_matches_the_batched_copies():
     with torch.no_grad():
         leaked = model.forward_flat(copies, cache, shuffled[:, cache.length:])
     assert not torch.allclose(leaked[0], batched[0], atol=1e-4)
+
+
+@pytest.mark.needs_cuda
+def test_spiffy_ops_are_cuda_graph_capturable():
+    """materialize, the forward's stand-in and accept captured once, replayed with new offsets."""
+    logits, block = step_case(3, 12, 53, seed=6)
+    logits, block = logits.cuda(), block.cuda()
+    graph = hand_graph("cuda")
+    offset = torch.zeros(1, dtype=torch.int64, device="cuda")
+    lens = torch.tensor([4, 9, 0], device="cuda")
+
+    def step():
+        drafts, node_ids, _ = xkernels.spiffy_materialize(logits, block, MASK, graph, keep=4, temperature=1.0)
+        draft_logits = logits[:, None].expand(3, 4, 12, 53).contiguous()
+        mask = xkernels.spiffy_attention_mask(4, 12, lens, max_prefix_len=9, packed=True)
+        return mask, xkernels.spiffy_accept(logits, draft_logits, drafts, node_ids, block, MASK, temperature=1.0,
+                                            seed=3, offset=offset)
+
+    step()
+    cuda_graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(cuda_graph):
+        captured = step()
+    for value in range(3):
+        offset.fill_(value)
+        cuda_graph.replay()
+        eager = step()
+        assert torch.equal(captured[0], eager[0])
+        assert all(torch.equal(a, b) for a, b in zip(captured[1], eager[1]))
+
+
+@pytest.mark.needs_cuda
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_cpu_and_cuda_agree(temperature):
+    args = accept_case(8, 6, 32, 4099, torch.bfloat16, seed=3)
+    cpu = xkernels.spiffy_materialize(args[0], args[-1], MASK, hand_graph(), keep=6, temperature=temperature)
+    gpu = xkernels.spiffy_materialize(args[0].cuda(), args[-1].cuda(), MASK, hand_graph("cuda"), keep=6,
+                                      temperature=temperature)
+    assert (cpu[1] == gpu[1].cpu()).all(-1).float().mean() > 0.9  # the rest only where scores near-tie
+    got = xkernels.spiffy_accept(*[a.cuda() for a in args], MASK, temperature=temperature, seed=4)
+    want = xkernels.spiffy_accept(*args, MASK, temperature=temperature, seed=4)
+    assert (got[3].cpu() == want[3]).all(-1).float().mean() > 0.9  # the rest only where decisions near-tie
