@@ -58,6 +58,7 @@ def bench_spiffy_attention_mask(benchmark, impl, packed):
     benchmark.group = f"spiffy_attention_mask N={n} D={drafts} L={L} prefix={prefix} {'packed' if packed else 'bool'}"
     benchmark.extra_info["impl"] = impl
     if impl == "xkernels":
-        benchmark(lambda: xkernels.spiffy_attention_mask(drafts, L, lens, max_prefix_len=prefix, packed=packed))
+        benchmark(lambda: xkernels.spiffy_attention_mask(drafts, L, lens, max_prefix_len=prefix,
+                                                         layout="packed" if packed else "bool"))
     else:
         benchmark(lambda: reference.spiffy_attention_mask(lens, drafts, L, prefix, packed))

@@ -234,7 +234,7 @@ def bench_spiffy(results, peak):
                                                                   temperature=1.0, seed=1), accept_bytes))
     lens = torch.full((n,), 1024, device="cuda")
     cases.append(("spiffy_attention_mask", lambda: xkernels.spiffy_attention_mask(keep, length, lens,
-                                                                                   max_prefix_len=1024, packed=True),
+                                                                                   max_prefix_len=1024, layout="packed"),
                   n * (1 + keep) * length * (1024 + (1 + keep) * length) // 8))
     for name, fn, moved in cases:
         us = time_events(fn, iters=100)
@@ -310,7 +310,8 @@ def sanitize_cases():
                     xkernels.spiffy_accept(logits, draft_logits, drafts, node_ids, block, 1, threshold=threshold,
                                            temperature=temperature, seed=2)
             lens = torch.tensor([3, 0, 9, 5][: max(n, 1)], device="cuda")
-            xkernels.spiffy_attention_mask(keep, length, lens, max_prefix_len=9, packed=dtype == torch.bfloat16)
+            xkernels.spiffy_attention_mask(keep, length, lens, max_prefix_len=9,
+                                           layout="packed" if dtype == torch.bfloat16 else "bool")
     torch.cuda.synchronize()
     print("sanitize cases ran")
 

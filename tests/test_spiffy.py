@@ -115,7 +115,7 @@ def test_accept_takes_the_vanilla_steps_and_accepts_planted_drafts():
 @pytest.mark.parametrize("packed", [False, True])
 def test_attention_mask_matches_reference_and_its_rule(device, packed):
     lens = torch.tensor([5, 0, 3], device=device)
-    got = xkernels.spiffy_attention_mask(2, 4, lens, max_prefix_len=5, packed=packed)
+    got = xkernels.spiffy_attention_mask(2, 4, lens, max_prefix_len=5, layout="packed" if packed else "bool")
     assert torch.equal(got.cpu(), reference.spiffy_attention_mask(lens.cpu(), 2, 4, 5, packed))
     mask = xkernels.spiffy_attention_mask(2, 4, 5).cpu()
     assert mask.shape == (12, 17)
@@ -185,6 +185,8 @@ def test_bad_inputs_name_the_argument():
          "prefix_lens\\[0\\] = 6 must be in"),
         (lambda: xkernels.spiffy_attention_mask(-1, 4, 3), "num_drafts must be >= 0"),
     ]
+    with pytest.raises(ValueError, match="layout must be"):
+        xkernels.spiffy_attention_mask(2, 4, 3, layout="dense")
     for call, message in cases:
         with pytest.raises(RuntimeError, match=message):
             call()
@@ -344,7 +346,7 @@ def test_spiffy_ops_are_cuda_graph_capturable():
     def step():
         drafts, node_ids, _ = xkernels.spiffy_materialize(logits, block, MASK, graph, keep=4, temperature=1.0)
         draft_logits = logits[:, None].expand(3, 4, 12, 53).contiguous()
-        mask = xkernels.spiffy_attention_mask(4, 12, lens, max_prefix_len=9, packed=True)
+        mask = xkernels.spiffy_attention_mask(4, 12, lens, max_prefix_len=9, layout="packed")
         return mask, xkernels.spiffy_accept(logits, draft_logits, drafts, node_ids, block, MASK, temperature=1.0,
                                             seed=3, offset=offset)
 

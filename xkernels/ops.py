@@ -361,7 +361,7 @@ def spiffy_attention_mask(
     prefix_len,
     *,
     max_prefix_len: Optional[int] = None,
-    packed: bool = False,
+    layout: str = "bool",
     device=None,
 ) -> torch.Tensor:
     """The attention mask of one forward over ``[prefix, real block, num_drafts draft copies]``
@@ -372,7 +372,10 @@ def spiffy_attention_mask(
     ``prefix_len`` is an int (one sequence) or int64 ``[N]`` per sequence (keys past a sequence's
     prefix, up to ``max_prefix_len``, are padding). Returns bool ``[Q, K]`` for an int (``[N, Q,
     K]`` for a tensor), ``Q = (1 + num_drafts) * block_size``, ``K = max_prefix_len + Q``; with
-    ``packed`` uint8 rows of ``ceil(K / 8)`` bytes, bit ``k % 8`` of byte ``k / 8``."""
+    ``layout="packed"`` uint8 rows of ``ceil(K / 8)`` bytes, bit ``k % 8`` of byte ``k / 8`` (as
+    tree_attention_mask)."""
+    if layout not in ("bool", "packed"):
+        raise ValueError(f"layout must be 'bool' or 'packed', got {layout!r}")
     single = not isinstance(prefix_len, torch.Tensor)
     lens = torch.tensor([int(prefix_len)], device=device) if single else _tensor(prefix_len, "prefix_len")
     if max_prefix_len is None:
@@ -380,5 +383,5 @@ def spiffy_attention_mask(
             raise ValueError("spiffy_attention_mask: give max_prefix_len with a prefix_len tensor")
         max_prefix_len = int(prefix_len)
     mask = torch.ops.xkernels.spiffy_attention_mask.default(lens, int(num_drafts), int(block_size),
-                                                            int(max_prefix_len), bool(packed))
+                                                            int(max_prefix_len), layout == "packed")
     return mask[0] if single else mask
