@@ -18,24 +18,29 @@ struct DllmRow {
   float confidence;
 };
 
+// out = row * scale with the mask token's logit at -inf (dllm_logit); returns out's statistics.
+template <typename T>
+RowStats masked_scaled_row(const T* row, int64_t v, int64_t mask_id, float scale, float* out) {
+  scale_row(row, v, scale, out);
+  if (mask_id >= 0 && mask_id < v) out[mask_id] = kNegInf;
+  return row_stats(out, v);
+}
+
 // The statistics of a row with the mask token's logit taken as -inf (dllm_logit). For float32
 // rows whose best token is not the mask token the row is read in place and the mask token's term
 // leaves the sum; otherwise a copy (raw, v floats) is fixed up. Returns the row the statistics are
 // of, for reading the pick's logit.
 template <typename T>
 const float* masked_row_stats(const T* row, int64_t v, int64_t mask_id, float* raw, RowStats& stats) {
-  const bool mask_in_row = mask_id >= 0 && mask_id < v;
   if constexpr (std::is_same_v<T, float>) {
     stats = row_stats(row, v);
-    if (!mask_in_row) return row;
+    if (mask_id < 0 || mask_id >= v) return row;
     if (stats.top.idx != mask_id) {
       if (!stats_degenerate(stats)) stats.sum -= exp_f32(row[mask_id] - stats.top.val);
       return row;
     }
   }
-  scale_row(row, v, 1.0f, raw);
-  if (mask_in_row) raw[mask_id] = kNegInf;
-  stats = row_stats(raw, v);
+  stats = masked_scaled_row(row, v, mask_id, 1.0f, raw);
   return raw;
 }
 
@@ -47,9 +52,7 @@ DllmRow dllm_row(const T* row, int64_t v, int64_t mask_id, float inv_t, uint64_t
   const float* stats_of = masked_row_stats(row, v, mask_id, raw, raw_stats);
   int32_t pick = raw_stats.top.idx;
   if (inv_t != 0.0f) {
-    scale_row(row, v, inv_t, scaled);
-    if (mask_id >= 0 && mask_id < v) scaled[mask_id] = kNegInf;
-    const RowStats st = row_stats(scaled, v);
+    const RowStats st = masked_scaled_row(row, v, mask_id, inv_t, scaled);
     pick = st.top.idx;
     if (!stats_degenerate(st)) {
       const SampleJob job{kSamplePlain, static_cast<int32_t>(position), -1, st.top.idx, st};

@@ -28,18 +28,14 @@ void position_tops(const T* logits, const int64_t* block, int64_t rows, int64_t 
     std::vector<float> raw(static_cast<size_t>(v)), scaled(static_cast<size_t>(v));
     for (int64_t row = begin; row < end; ++row) {
       if (block[row] != mask_id) continue;
-      cpu::scale_row(logits + row * v, v, 1.0f, raw.data());
-      if (mask_id >= 0 && mask_id < v) raw[mask_id] = kNegInf;  // dllm_logit: never a candidate
-      const RowStats raw_stats = cpu::row_stats(raw.data(), v);
+      RowStats raw_stats;
+      const float* a = cpu::masked_row_stats(logits + row * v, v, mask_id, raw.data(), raw_stats);
       TopTokens top;
       top_clear(top);
-      for (int64_t x = 0; x < v; ++x) top_observe(top, raw[x], static_cast<int32_t>(x));
-      float scaled_sum = raw_stats.sum;
-      if (scale != 1.0f) {
-        cpu::scale_row(logits + row * v, v, scale, scaled.data());
-        if (mask_id >= 0 && mask_id < v) scaled[mask_id] = kNegInf;
-        scaled_sum = cpu::row_stats(scaled.data(), v).sum;
-      }
+      for (int64_t x = 0; x < v; ++x) top_observe(top, dllm_logit(a[x], x, mask_id), static_cast<int32_t>(x));
+      const float scaled_sum = scale == 1.0f ? raw_stats.sum
+                                             : cpu::masked_scaled_row(logits + row * v, v, mask_id, scale,
+                                                                      scaled.data()).sum;
       position_top(top, raw_stats, scaled_sum, scale, out[row]);
     }
   });

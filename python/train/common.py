@@ -3,9 +3,10 @@
 import math
 import random
 from pathlib import Path
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 import torch
+from tqdm import tqdm
 
 from xkernels import data
 from xkernels.models.shipped import load_tokenizer
@@ -41,6 +42,24 @@ def cosine_lr(step: int, total: int, peak: float, warmup: int = 50) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup
     return peak * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
+
+
+def fit(model: torch.nn.Module, steps: int, lr: float, batch_loss: Callable[[], torch.Tensor], desc: str) -> List[float]:
+    """AdamW (weight decay 0.05, betas 0.9/0.95) with the cosine schedule and grad clip 1.0 over
+    `steps` batches of batch_loss(); returns the training losses."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.05, betas=(0.9, 0.95))
+    losses: List[float] = []
+    for step in (bar := tqdm(range(steps), desc=desc)):
+        for group in opt.param_groups:
+            group["lr"] = cosine_lr(step, steps, lr)
+        loss = batch_loss()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
+    return losses
 
 
 def plot_losses(curves: Dict[str, List[float]], path: Path, title: str) -> None:

@@ -24,9 +24,8 @@ import time
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
-from common import OUT, cosine_lr, plot_losses, token_streams, windows
+from common import OUT, fit, plot_losses, token_streams, windows
 from xkernels.models.block_diffusion import BlockDiffusionConfig, BlockDiffusionLM
 from xkernels.models.shipped import load_block_diffusion, load_config, load_target, save
 
@@ -89,19 +88,10 @@ def main():
         stages = json.loads((OUT / "block_diffusion_card.json").read_text())["stages"]
     start_loss = held_out_loss(model.eval(), held)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.05, betas=(0.9, 0.95))
     rng, gen = random.Random(len(stages)), torch.Generator().manual_seed(len(stages))  # new batches per stage
-    losses = []
-    for step in (bar := tqdm(range(args.steps), desc="block diffusion")):
-        for group in opt.param_groups:
-            group["lr"] = cosine_lr(step, args.steps, args.lr)
-        loss = loss_of(model, windows(train, BATCH, LENGTH, rng), rng.randrange(cfg.block_size), gen)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
-        bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
+    losses = fit(model, args.steps, args.lr,
+                 lambda: loss_of(model, windows(train, BATCH, LENGTH, rng), rng.randrange(cfg.block_size), gen),
+                 "block diffusion")
     model.eval()
     held_loss = held_out_loss(model, held)
     save(model, cfg.to_dict(), "block_diffusion")

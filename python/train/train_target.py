@@ -11,9 +11,8 @@ import time
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
-from common import OUT, cosine_lr, plot_losses, token_streams, windows
+from common import OUT, fit, plot_losses, token_streams, windows
 from xkernels.models import TargetConfig, TargetLM
 from xkernels.models.shipped import save
 
@@ -56,21 +55,14 @@ def main():
     began = time.time()
     train, held = token_streams("train"), token_streams("held_out")
     model = TargetLM(CONFIG)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.05, betas=(0.9, 0.95))
     rng = random.Random(0)
-    losses = []
-    for step in (bar := tqdm(range(args.steps), desc="target")):
-        for group in opt.param_groups:
-            group["lr"] = cosine_lr(step, args.steps, args.lr)
+
+    def batch_loss():
         x = windows(train, BATCH, LENGTH + 1, rng)
         logits, _ = model(x[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, CONFIG.vocab_size), x[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
-        bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
+        return F.cross_entropy(logits.reshape(-1, CONFIG.vocab_size), x[:, 1:].reshape(-1))
+
+    losses = fit(model, args.steps, args.lr, batch_loss, "target")
     model.eval()
     held_loss, bigram = held_out_loss(model, held), bigram_held_out_loss(train, held)
     minutes = (time.time() - began) / 60

@@ -62,15 +62,16 @@ def dllm_generate(model: BlockDiffusionLM, prompt_ids, max_new_tokens: int, *, b
         block = torch.full((1, block_size), mask_id, dtype=torch.int64, device=prompt.device)
         steps: list = []
         stale = None  # the logits of the last step taken: they fill the next call's drafts
-        t = 0
-        while bool((block == mask_id).any()):
+        t, masked = 0, block_size
+        while masked:
             offset = b * block_size + t
             drafts, node_ids = None, None
             if spiffy is not None and stale is not None:
                 drafts, node_ids, _ = spiffy_materialize(stale, block, mask_id, spiffy.graph, keep=spiffy.keep,
                                                          temperature=temperature)
-                used = int((node_ids[0] >= 0).sum())  # unused slots are at the end
-                drafts, node_ids = drafts[:, :used], node_ids[:, :used]
+                if node_ids.device.type == "cpu":  # drop unused slots (at the end): free to read here,
+                    used = int((node_ids[0] >= 0).sum())  # and on a CPU each copy costs a forward
+                    drafts, node_ids = drafts[:, :used], node_ids[:, :used]
             copies = block if drafts is None else torch.cat([block, drafts[0]])
             logits = model(copies, cache)
             stats.model_calls += 1
@@ -78,6 +79,7 @@ def dllm_generate(model: BlockDiffusionLM, prompt_ids, max_new_tokens: int, *, b
                 new_block, _, _, _ = dllm_step(logits[:1], block, mask_id, threshold=threshold,
                                                temperature=temperature, seed=seed, offset=offset)
                 taken, last = 1, -1
+                masked = int((new_block == mask_id).sum())  # the step's one host read
                 if trace is not None:
                     steps.append((logits[0], block[0], new_block[0]))
             else:
@@ -85,7 +87,8 @@ def dllm_generate(model: BlockDiffusionLM, prompt_ids, max_new_tokens: int, *, b
                 taken, _, _, new_block, last = spiffy_accept(
                     logits[:1], logits[1:][None], drafts, node_ids, block, mask_id, threshold=threshold,
                     temperature=temperature, seed=seed, offset=offset)
-                taken, last = int(taken[0]), int(last[0])
+                # the call's one host read: steps taken, the draft they ended on, positions left
+                taken, last, masked = torch.stack([taken[0], last[0], (new_block == mask_id).sum()]).tolist()
             stale = logits[last + 1 : last + 2]
             block = new_block
             t += taken

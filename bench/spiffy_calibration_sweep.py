@@ -2,7 +2,7 @@
 LM: NFE and tokens per second on held-out prompts for each number of drafts kept per call (the
 table in bench/results/2026-11-30-spiffy-cpu.md).
 
-    python python/spiffy_calibration_sweep.py
+    python bench/spiffy_calibration_sweep.py
 """
 
 import torch
