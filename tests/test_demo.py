@@ -19,12 +19,14 @@ def test_demo_writes_tables_plot_and_json(tmp_path):
     assert (tmp_path / "demo.png").stat().st_size > 0
     assert set(saved["domains"]) == {"code", "math"}
     for rows in saved["domains"].values():
-        assert set(rows) == {"ar", "drafter", "sequential", "jacobi", "tree", "tree-jacobi", "jacobi-1"}
+        modes = {"drafter", "sequential", "jacobi", "tree", "tree-jacobi"}
+        assert set(rows) == {"ar", "jacobi-1 (all)"} | modes | {f"{m} (all)" for m in modes}
+        assert all(rows[f"{m} (all)"]["drafted"] == 1.0 for m in modes)
         assert all(r["same_tokens_as_ar"] for r in rows.values())
         assert rows["ar"]["tau"] == 1.0 and rows["ar"]["speedup"] == 1.0
         assert all(r["tau"] >= 1.0 for r in rows.values())
     table = format_tables(report)
-    assert "code" in table and "math" in table and "jacobi-1" in table
+    assert "code" in table and "math" in table and "jacobi-1 (all)" in table
 
 
 @pytest.mark.skipif(not (WEIGHTS / "block_diffusion.safetensors").exists(), reason="the model is not trained yet")

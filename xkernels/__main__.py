@@ -53,6 +53,10 @@ def export_hf(args):
     print(f"wrote {out}: AutoModelForCausalLM.from_pretrained({str(out)!r}) and AutoTokenizer.from_pretrained(...)")
 
 
+def _draft_len(text: str):
+    return text if text == "auto" else int(text)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m xkernels", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -69,8 +73,9 @@ def main(argv=None):
     d.add_argument("--temperature", type=float, default=0.0, help="0 for greedy (default), e.g. 1 to sample")
     d.add_argument("--iters", type=int, default=4, help="Jacobi passes of the 'jacobi' row (default 4)")
     d.add_argument("--max-passes", type=int, default=6, help="plot Jacobi with 1..this many passes (default 6)")
-    d.add_argument("--draft-len", type=int, default=None,
-                   help="verify only the first drafts of each block (default: all 15)")
+    d.add_argument("--draft-len", type=_draft_len, default="auto",
+                   help="drafts each block verifies: 'auto' (default: the draft length rule, which also "
+                        "skips the drafter where drafting does not pay) or a number")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--no-sweep", action="store_true", help="skip the chain-vs-tree sweep of verified tokens")
     d.add_argument("--keep", type=int, default=16, help="Spiffy drafts kept per model call (default 16)")

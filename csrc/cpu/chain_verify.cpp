@@ -5,8 +5,8 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <memory>
 #include <type_traits>
-#include <vector>
 
 #include "../ops/checks.h"
 #include "dispatch.h"
@@ -22,21 +22,25 @@ struct ChainArgs {
   uint64_t seed, offset;
 };
 
-// Verifies sequence n: writes its accept length and K+1 output tokens. buffer and residual hold V
-// floats each.
+// float32 rows are read in place when greedy or at T = 1; others are converted and scaled once.
+template <typename T>
+bool reads_in_place(const ChainArgs& c) {
+  return std::is_same_v<T, float> && (c.inv_t == 0.0f || c.inv_t == 1.0f);
+}
+
+// Verifies sequence n: writes its accept length and K+1 output tokens. buffer (unless rows are
+// read in place) and residual (with q) hold V floats each.
 template <typename T>
 void verify_sequence(const ChainArgs& c, int64_t n, const T* logits, const int64_t* draft, const float* q,
                      int64_t* accept_len, int64_t* out, float* buffer, float* residual) {
   const bool greedy = c.inv_t == 0.0f;
   SampleJob job{kSampleDone, 0, -1, 0, stats_empty()};
+  const float* a = nullptr;  // the scaled logits of row i
   int64_t i = 0;
   for (;; ++i) {
-    // Greedy float32 rows are read in place; others are converted and scaled once.
-    const float* a = nullptr;
-    if constexpr (std::is_same_v<T, float>) {
-      if (greedy) a = logits + i * c.v;
-    }
-    if (a == nullptr) {
+    if (reads_in_place<T>(c)) {
+      a = reinterpret_cast<const float*>(logits) + i * c.v;
+    } else {
       cpu::scale_row(logits + i * c.v, c.v, greedy ? 1.0f : c.inv_t, buffer);
       a = buffer;
     }
@@ -62,17 +66,13 @@ void verify_sequence(const ChainArgs& c, int64_t n, const T* logits, const int64
   }
   int32_t token = job.fallback;
   if (job.mode != kSampleDone) {
-    const float* a = buffer;  // sampling happens only at T > 0, so the row is in the buffer
-    const float* q_row = job.mode == kSampleResidual ? q + i * c.v : nullptr;
-    ArgMax best = argmax_empty();
-    if (q_row) {  // the residual row at once (vectorised), then only the groups that can win
-      cpu::residual_row(a, q_row, c.v, job.stats.top.val, job.stats.sum, residual);
-      best = cpu::sample_positive(c.seed, c.offset, static_cast<uint32_t>(n), static_cast<uint32_t>(job.row), residual, c.v);
-    }
-    for (int64_t g = 0; !q_row && 4 * g < c.v; ++g) {
-      const int count = static_cast<int>(c.v - 4 * g < 4 ? c.v - 4 * g : 4);
-      sample_group(best, job, c.seed, c.offset, static_cast<uint32_t>(n), static_cast<uint32_t>(g), a + 4 * g,
-                   q_row ? q_row + 4 * g : nullptr, count);
+    const auto sequence = static_cast<uint32_t>(n), row = static_cast<uint32_t>(job.row);
+    ArgMax best;
+    if (job.mode == kSampleResidual) {
+      cpu::residual_row(a, q + i * c.v, c.v, job.stats.top.val, job.stats.sum, residual);
+      best = cpu::sample_positive(c.seed, c.offset, sequence, row, residual, c.v);
+    } else {
+      best = cpu::sample_logits(c.seed, c.offset, sequence, row, a, c.v, job.mode == kSampleExclude ? job.exclude : -1);
     }
     token = sample_result(job, best);
   }
@@ -107,11 +107,14 @@ std::tuple<at::Tensor, at::Tensor> chain_verify_cpu(const at::Tensor& draft_toke
     auto* acc = accept_len.mutable_data_ptr<int64_t>();
     auto* o = out.mutable_data_ptr<int64_t>();
     at::parallel_for(0, shape.n, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> row(static_cast<size_t>(shape.v)), residual(qp ? static_cast<size_t>(shape.v) : 0);
+      using T = decltype(tag);
+      // Left uninitialised: a zeroed V-float row would cost a pass (and page faults) per call.
+      std::unique_ptr<float[]> row(reads_in_place<T>(c) ? nullptr : new float[shape.v]);
+      std::unique_ptr<float[]> residual(qp ? new float[shape.v] : nullptr);
       for (int64_t n = begin; n < end; ++n)
         verify_sequence(c, n, l + n * (shape.k + 1) * shape.v, d + n * shape.k,
-                        qp ? qp + n * shape.k * shape.v : nullptr, acc + n, o + n * (shape.k + 1), row.data(),
-                        residual.data());
+                        qp ? qp + n * shape.k * shape.v : nullptr, acc + n, o + n * (shape.k + 1), row.get(),
+                        residual.get());
     });
   });
   return {accept_len, out};

@@ -2,6 +2,7 @@
 
 #include "xkernels/tree.h"
 
+#include <cmath>
 #include <cstring>
 
 // Each hot loop is compiled for AVX-512, AVX2 and the baseline, picked at load time.
@@ -158,23 +159,131 @@ XK_CLONES float residual_update(float* r, const float* q, int64_t n, float r_sum
   return total;
 }
 
-ArgMax sample_positive(uint64_t seed, uint64_t offset, uint32_t sequence, uint32_t position, const float* r,
-                       int64_t n) {
+namespace {
+
+typedef uint32_t u32x8 __attribute__((vector_size(32)));
+typedef uint64_t u64x8 __attribute__((vector_size(64)));
+
+struct MulHiLo32x8 {
+  void operator()(u32x8 a, uint32_t b, u32x8& hi, u32x8& lo) const {
+    const u64x8 p = __builtin_convertvector(a, u64x8) * b;
+    hi = __builtin_convertvector(p >> 32, u32x8);
+    lo = __builtin_convertvector(p, u32x8);
+  }
+};
+
+// philox_draw (xkernels/philox.h) of draws first .. first+7 of one (sequence, position) stream at
+// once: words[j][lane] is word j of draw first + lane.
+__attribute__((always_inline)) inline void philox_draws8(uint64_t seed, uint64_t offset, uint32_t sequence,
+                                                         uint32_t position, uint32_t first, u32x8 words[4]) {
+  words[0] = u32x8{0, 1, 2, 3, 4, 5, 6, 7} + first;
+  words[1] = u32x8{} + position, words[2] = u32x8{} + sequence, words[3] = u32x8{} + static_cast<uint32_t>(offset);
+  philox_rounds(words, static_cast<uint32_t>(seed),
+                static_cast<uint32_t>(seed >> 32) ^ static_cast<uint32_t>(offset >> 32), MulHiLo32x8{});
+}
+
+// The noise of a Philox word is gumbel_from_word(w), increasing in w. Words with the same top
+// kBinBits bits have noise at most gumbel_bound(bin): an id whose log weight plus that bound is
+// below the best score so far cannot win, and is skipped without its logs.
+constexpr int kBinBits = 8, kBins = 1 << kBinBits;
+
+// The bound of each bin, rounded up a little, plus a margin covering the rounding of the scores'
+// logs; and exp(-that), for weights given linearly.
+struct GumbelBounds {
+  float log_margin[kBins], scale[kBins];
+  GumbelBounds() {
+    for (int b = 0; b < kBins; ++b) {
+      const double bound = (b + 1 < kBins ? -std::log(-std::log((b + 1.0) / kBins)) + 1e-3 : kGumbelBound) + 1e-2;
+      log_margin[b] = static_cast<float>(bound);
+      scale[b] = static_cast<float>(std::exp(-bound));
+    }
+  }
+};
+
+const GumbelBounds kBounds;
+
+// Weights r > 0 given linearly (zeros cannot be drawn): score log r + noise; r can win only if
+// r >= exp(best) * scale[bin].
+struct LinearWeights {
+  static constexpr float kNone = 0.0f;  // the thresholds before anything is drawn
+  static i32x8 drawable(f32x8 x) { return x > splat(0.0f); }
+  static float score(float x, uint32_t word) { return log_f32(x) + gumbel_from_word(word); }
+  static float threshold(float best, int bin) { return exp_f32(best) * kBounds.scale[bin]; }
+};
+
+// Log weights a (-inf cannot be drawn): score a + noise; a can win only if a >= best - bound.
+struct LogWeights {
+  static constexpr float kNone = kNegInf;
+  static i32x8 drawable(f32x8 x) { return x != splat(kNegInf); }
+  static float score(float x, uint32_t word) { return x + gumbel_from_word(word); }
+  static float threshold(float best, int bin) { return best - kBounds.log_margin[bin]; }
+};
+
+// Bit i set where drawable(x[i]) and x[i] >= at[i], for 32 ids.
+template <typename W>
+__attribute__((always_inline)) inline uint32_t candidates32(const float* x, const float* at) {
+  uint32_t mask = 0;
+  for (int k = 0; k < 4; ++k) {
+    const f32x8 v = load8(x + kLanes * k);
+    const i32x8 m = W::drawable(v) & (v >= load8(at + kLanes * k));
+    for (int j = 0; j < kLanes; ++j) mask |= static_cast<uint32_t>(m[j] & 1) << (kLanes * k + j);
+  }
+  return mask;
+}
+
+// Gumbel-max over ids 0 .. n-1 but `exclude` with the noise of (sequence, position): what
+// sample_group of xkernels/sampling.h draws, 8 draws (32 ids) at a time. A block is skipped
+// without Philox when none of its ids could win with the largest noise; an id's score (its logs)
+// is computed only if its noise's bin lets it reach the best so far. The thresholds follow a best
+// that may lag the current one (lower thresholds skip less, never wrongly).
+template <typename W>
+__attribute__((always_inline)) inline ArgMax gumbel_argmax(uint64_t seed, uint64_t offset, uint32_t sequence, uint32_t position, const float* w,
+                            int64_t n, int64_t exclude) {
   ArgMax best = argmax_empty();
-  float threshold = 0.0f;
-  for (int64_t g = 0; 4 * g < n; ++g) {
-    const int count = n - 4 * g < 4 ? static_cast<int>(n - 4 * g) : 4;
-    const float* rg = r + 4 * g;
-    bool live = false;
-    for (int j = 0; j < count; ++j) live |= rg[j] > 0.0f && rg[j] >= threshold;
-    if (!live) continue;
+  float at[kBins], built_for = kNegInf;
+  for (float& t : at) t = W::kNone;
+  constexpr int kIds = 4 * kLanes;
+  float loosest[kIds], per_id[kIds];
+  int64_t g = 0;
+  for (; 4 * g + kIds <= n; g += kLanes) {
+    const float* wb = w + 4 * g;
+    for (float& t : loosest) t = at[kBins - 1];
+    if (candidates32<W>(wb, loosest) == 0) continue;
+    u32x8 words[4];
+    philox_draws8(seed, offset, sequence, position, static_cast<uint32_t>(g), words);
+    for (int lane = 0; lane < kLanes; ++lane)
+      for (int j = 0; j < 4; ++j) per_id[4 * lane + j] = at[words[j][lane] >> (32 - kBinBits)];
+    for (uint32_t mask = candidates32<W>(wb, per_id); mask; mask &= mask - 1) {
+      const int i = __builtin_ctz(mask);
+      if (4 * g + i != exclude)
+        argmax_observe(best, W::score(wb[i], words[i % 4][i / 4]), static_cast<int32_t>(4 * g + i));
+    }
+    if (best.val > built_for + 0.01f) {
+      for (int b = 0; b < kBins; ++b) at[b] = W::threshold(best.val, b);
+      built_for = best.val;
+    }
+  }
+  for (; 4 * g < n; ++g) {  // the last groups one draw at a time, every drawable id scored
     const Philox4 noise = philox_draw(seed, offset, sequence, position, static_cast<uint32_t>(g));
-    for (int j = 0; j < count; ++j)
-      if (rg[j] > 0.0f)
-        argmax_observe(best, log_f32(rg[j]) + gumbel_from_word(noise.w[j]), static_cast<int32_t>(4 * g + j));
-    threshold = best.val == kNegInf ? 0.0f : exp_f32(best.val - kGumbelBound);
+    for (int j = 0; j < 4 && 4 * g + j < n; ++j) {
+      const float x = w[4 * g + j];
+      if (W::drawable(splat(x))[0] && 4 * g + j != exclude)
+        argmax_observe(best, W::score(x, noise.w[j]), static_cast<int32_t>(4 * g + j));
+    }
   }
   return best;
+}
+
+}  // namespace
+
+XK_CLONES ArgMax sample_positive(uint64_t seed, uint64_t offset, uint32_t sequence, uint32_t position, const float* r,
+                                 int64_t n) {
+  return gumbel_argmax<LinearWeights>(seed, offset, sequence, position, r, n, -1);
+}
+
+XK_CLONES ArgMax sample_logits(uint64_t seed, uint64_t offset, uint32_t sequence, uint32_t position, const float* a,
+                               int64_t n, int64_t exclude) {
+  return gumbel_argmax<LogWeights>(seed, offset, sequence, position, a, n, exclude);
 }
 
 RowStats row_stats(const float* a, int64_t n) {

@@ -32,11 +32,16 @@ float row_sum(const float* a, int64_t n);
 // the new sum of r.
 float residual_update(float* r, const float* q, int64_t n, float r_sum, float q_sum);
 
-// Gumbel-max over log r (zeros cannot be drawn) with the noise of (sequence, position): what
-// sample_group of xkernels/sampling.h draws, but a group is skipped, without its logs or its Philox
-// draw, when no r in it reaches exp(best - kGumbelBound) (it cannot win whatever its noise).
+// Gumbel-max over log r (zeros cannot be drawn) with the noise of (sequence, position): the draw
+// sample_group of xkernels/sampling.h makes, with most noise and logs skipped: 32 ids at a time
+// without Philox when none could win with the largest noise, and an id's logs only if the top
+// bits of its Philox word let it reach the best score so far.
 ArgMax sample_positive(uint64_t seed, uint64_t offset, uint32_t sequence, uint32_t position, const float* r,
                        int64_t n);
+
+// The same over log weights a (-inf cannot be drawn) but the id `exclude` (-1: none).
+ArgMax sample_logits(uint64_t seed, uint64_t offset, uint32_t sequence, uint32_t position, const float* a, int64_t n,
+                     int64_t exclude);
 
 // Softmax statistics of a; sum is 0 when the row is degenerate.
 RowStats row_stats(const float* a, int64_t n);

@@ -3,6 +3,7 @@ writes xkernels/models/weights/{drafter,refiner}.* with a model card and loss cu
 
     python python/train/train_drafter.py --objective legacy --steps 3500     # stage 1, ~12 min on 2 cores
     python python/train/train_drafter.py --objective xpress --init shipped --steps 2000   # stage 2
+    python python/train/train_drafter.py --objective xpress --init shipped --freeze-drafter  # refiner only
 
 Per block (anchor at position a, gold tokens x[a+1 .. a+D], D = B - 1), with per-slot weights
 w_k = exp(-k / 8), the loss is, for --objective legacy,
@@ -15,6 +16,9 @@ and for --objective xpress (the xPress authors' recipe, trained for few Jacobi p
   + 0.3 * mean_j DSpark(l_j)       consistency over 3 Jacobi passes: pass j reads the detached argmax
                                    of pass j-1, pass 1 the drafter's own argmax (the Jacobi seed)
   + 0.5 * CE(drafter, gold)        anchor
+--freeze-drafter trains the refiner alone (the anchor term is then reported, not trained), so the
+drafter, and every mode that reads only its marginals (drafter, tree), stay as they were; only the
+refiner is written, with refiner_card.json and refiner_loss.png.
 """
 
 import argparse
@@ -118,6 +122,7 @@ def main():
     parser.add_argument("--objective", choices=sorted(OBJECTIVES), default="xpress")
     parser.add_argument("--init", choices=["scratch", "shipped"], default="scratch",
                         help="start from the shipped drafter and refiner (stage 2) or from scratch")
+    parser.add_argument("--freeze-drafter", action="store_true", help="train the refiner only")
     parser.add_argument("--out", type=Path, default=OUT, help="weights folder (default: the package's)")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -134,7 +139,10 @@ def main():
     else:
         drafter = BlockDrafter(dcfg)
         refiner = XPressRefiner(target.cfg.vocab_size, target.cfg.dim, BLOCK, rank=RANK, mlp_ratio=2)
-    params = list(drafter.parameters()) + list(refiner.parameters())
+    if args.freeze_drafter:
+        for p in drafter.parameters():
+            p.requires_grad_(False)
+    params = [p for p in list(drafter.parameters()) + list(refiner.parameters()) if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01, betas=(0.9, 0.95))
     train, held = token_streams("train"), token_streams("held_out")
     rng = random.Random(0)
@@ -154,18 +162,23 @@ def main():
     drafter.eval(), refiner.eval()
     scores = evaluate(target, drafter, refiner, held, dcfg.target_layers, mask_id, args.objective)
     minutes = (time.time() - began) / 60
-    save(drafter, dcfg.to_dict(), "drafter", args.out)
+    if not args.freeze_drafter:
+        save(drafter, dcfg.to_dict(), "drafter", args.out)
     save(refiner, dict(vocab_size=target.cfg.vocab_size, hidden_size=target.cfg.dim, block_size=BLOCK, rank=RANK,
                        mlp_ratio=2), "refiner", args.out)
-    plot_losses(curves, args.out / "drafter_loss.png", f"drafter + refiner ({args.objective})")
+    trained = "refiner" if args.freeze_drafter else "drafter"  # the card and curves are named after it
+    plot_losses(curves, args.out / f"{trained}_loss.png",
+                f"refiner ({args.objective}, drafter frozen)" if args.freeze_drafter else
+                f"drafter + refiner ({args.objective})")
     card = {"command": f"python python/train/train_drafter.py --objective {args.objective} --init {args.init} "
-                       f"--steps {args.steps} --lr {args.lr}", "objective": args.objective, "init": args.init,
+                       f"--steps {args.steps} --lr {args.lr}" + (" --freeze-drafter" if args.freeze_drafter else ""),
+            "objective": args.objective, "init": args.init, "freeze_drafter": args.freeze_drafter,
             "steps": args.steps, "blocks_per_step": BATCH * ANCHORS, "block_size": BLOCK, "rank": RANK,
             "loss_weights": OBJECTIVES[args.objective], "jacobi_passes": JACOBI_PASSES if args.objective == "xpress" else 1,
             "minutes": round(minutes, 1), "held_out": scores,
             "drafter_parameters": sum(p.numel() for p in drafter.parameters()),
             "refiner_parameters": sum(p.numel() for p in refiner.parameters())}
-    (args.out / "drafter_card.json").write_text(json.dumps(card, indent=1))
+    (args.out / f"{trained}_card.json").write_text(json.dumps(card, indent=1))
     print(json.dumps(card, indent=1))
 
 

@@ -19,12 +19,13 @@ import contextlib
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Union
 
 import torch
 
 from ..models.hf import as_target
-from ..models.target import KVCache, TargetLM
+from .draft_length import CostModel, DraftLengthRule, measured_cost_model
+from ..models.target import KVCache, Linear, TargetLM
 from ..ops import (build_draft_tree, chain_verify, jacobi_refine, refine_step, sequential_refine,
                    tree_attention_mask, tree_verify)
 
@@ -37,6 +38,7 @@ class Stats:
     mode: str
     new_tokens: int = 0
     target_calls: int = 0  # forwards after the prefill
+    draft_calls: int = 0  # blocks that ran the drafter (the others were plain ar steps: draft_len="auto")
     refine_passes: int = 0
     accept_lens: List[int] = field(default_factory=list)
     seconds: float = 0.0
@@ -85,28 +87,32 @@ def _decode_ar(target, prompt, max_new_tokens, temperature, seed, stats):
 
 
 def _propose(mode, base_logits, h, tokens, refiner, weights, iters, temperature, seed, step, stats):
-    """Draft tokens [1, D'] and, at T > 0, the distributions [1, D', V] they were drawn from."""
+    """Draft tokens [1, D'], at T > 0 the distributions [1, D', V] they were drawn from (else None),
+    and each slot's confidence [1, D'] for the draft length rule: the largest probability of its
+    draft distribution. At T > 0 that is a function of the distribution, never of the token drawn
+    from it (a choice that read the drawn token would bias which drafts get verified)."""
     if mode == "drafter":
         if temperature == 0:
-            return base_logits.argmax(-1), None
+            confidence, drafts = torch.softmax(base_logits, -1).max(-1)
+            return drafts, None, confidence
         q = torch.softmax(base_logits.float() / temperature, -1)
         g = torch.Generator(device=q.device).manual_seed(seed * 1_000_003 + step)
-        return torch.multinomial(q[0], 1, generator=g).view(1, -1), q
+        return torch.multinomial(q[0], 1, generator=g).view(1, -1), q, q.amax(-1)
 
-    ctx = refiner.prepare(h).float()
+    ctx = refiner.prepare(h.to(refiner.w2.weight.dtype)).float()
     before = tokens[-2] if len(tokens) > 1 else tokens[-1]  # slot 0 (the anchor) reads the token before it
     prefix = torch.tensor([[before, tokens[-1]]], device=base_logits.device)
     rng = dict(temperature=temperature, seed=seed, offset=_draft_offset(step))
     converged = True
     if mode == "sequential":
-        drafts, _ = sequential_refine(ctx, prefix, base_logits, weights, **rng)
+        drafts, logprobs = sequential_refine(ctx, prefix, base_logits, weights, **rng)
         stats.refine_passes += drafts.shape[1]
     else:
-        drafts, _, passes = jacobi_refine(ctx, prefix, base_logits, weights, max_iters=iters, **rng)
+        drafts, logprobs, passes = jacobi_refine(ctx, prefix, base_logits, weights, max_iters=iters, **rng)
         stats.refine_passes += int(passes[0])
         converged = int(passes[0]) < iters  # it stopped on a pass that changed nothing
     if temperature == 0:
-        return drafts, None
+        return drafts, None, logprobs.exp()  # the argmax's probability
     prev = torch.cat([prefix, drafts[:, :-1]], dim=1)
     if not converged:
         # A slot's draft follows q(. | the drafts before it) only where Jacobi has settled: a check pass
@@ -119,7 +125,8 @@ def _propose(mode, base_logits, h, tokens, refiner, weights, iters, temperature,
         drafts = check[:, :keep]  # prev is right for these slots: it differs from check only later
     d = drafts.shape[1]
     refined = base_logits[:, :d].float() + refiner.delta(ctx, prev)[:, 1 : d + 1].float()
-    return drafts, torch.softmax(refined / temperature, -1)
+    q = torch.softmax(refined / temperature, -1)
+    return drafts, q, q.amax(-1)
 
 
 def _tree_marginals(mode, base_logits, h, tokens, refiner, weights, iters, temperature, seed, step, stats):
@@ -127,7 +134,7 @@ def _tree_marginals(mode, base_logits, h, tokens, refiner, weights, iters, tempe
     Jacobi iterate (each slot conditioned on the iterate's tokens before it)."""
     if mode == "tree":
         return base_logits
-    ctx = refiner.prepare(h).float()
+    ctx = refiner.prepare(h.to(refiner.w2.weight.dtype)).float()
     before = tokens[-2] if len(tokens) > 1 else tokens[-1]
     prefix = torch.tensor([[before, tokens[-1]]], device=base_logits.device)
     drafts, _, passes = jacobi_refine(ctx, prefix, base_logits, weights, max_iters=iters, temperature=temperature,
@@ -137,12 +144,20 @@ def _tree_marginals(mode, base_logits, h, tokens, refiner, weights, iters, tempe
     return base_logits.float() + refiner.delta(ctx, prev)[:, 1:].float()
 
 
-def _tree_block(target, anchor, marginals, cache, layers, tree_budget, tree_topk, temperature, seed, step):
-    """One tree step: build, one target call, verify, keep the accepted path in the cache.
+def _tree_block(target, anchor, marginals, cache, layers, tree_budget, tree_topk, temperature, seed, step,
+                rule=None, spent=0.0):
+    """One tree step: build, one target call, verify, keep the accepted path in the cache. With a
+    DraftLengthRule the tree is cut to its best first nodes (a prefix of a best-first tree is a
+    tree), each node counting its path's probability under the marginals as expected tokens.
     Returns (emitted tokens, accepted count, hidden states [1, accepted+1, ...] of the kept nodes)."""
-    lp, tok = torch.log_softmax(marginals.float(), -1).topk(min(tree_topk, marginals.shape[-1]), -1)
+    logprobs = torch.log_softmax(marginals.float(), -1)
+    lp, tok = logprobs.topk(min(tree_topk, marginals.shape[-1]), -1)
     tokens, parents, num_nodes, depth = build_draft_tree(lp, tok, tree_budget)
     m = int(num_nodes[0])  # the one host sync of the build: how many nodes the forward takes
+    if rule is not None:  # the tree is a function of the marginals, so its nodes' probabilities may be read
+        node_p = logprobs[0, (depth[0, 1:m] - 1).clamp(min=0), tokens[0, 1:m]].exp().tolist()
+        node_parents = parents[0, 1:m].tolist()
+        m = rule.choose_nodes(node_p, node_parents, spent) + 1
     tokens, parents, depth = tokens[:, :m].clone(), parents[:, :m], depth[0, :m]
     tokens[0, 0] = anchor
     prefix_len = cache.length
@@ -150,69 +165,98 @@ def _tree_block(target, anchor, marginals, cache, layers, tree_budget, tree_topk
                             tree_depth=depth)
     accept_len, path, out = tree_verify(tokens, parents, logits.float(), temperature=temperature, seed=seed,
                                         offset=_verify_offset(step))
-    # The block's second host read: the accepted length and the emitted tokens together.
-    row = torch.cat([accept_len, out[0]]).tolist()
-    accepted, emitted = row[0], row[1 : row[0] + 2]
+    # The block's second host read: the accepted length, the emitted tokens and the path together.
+    row = torch.cat([accept_len, out[0], path[0]]).tolist()
+    accepted, emitted, kept = row[0], row[1 : row[0] + 2], set(row[out.shape[1] + 1 :][: row[0] + 1])
+    if rule is not None:  # a node was tried if its parent was accepted
+        for node in range(1, m):
+            if node_parents[node - 1] in kept:
+                rule.observe(node_p[node - 1], node in kept)
     cache.keep_path(prefix_len, path, accept_len, kept=accepted + 1)
     return emitted, accepted, torch.cat(hidden, dim=-1)[:, path[0, : accepted + 1]]
 
 
 def _decode_speculative(mode, target, drafter, refiner, prompt, max_new_tokens, iters, temperature, seed,
-                        draft_len, stats, tree_budget=15, tree_topk=8):
+                        draft_len, stats, tree_budget=15, tree_topk=8, cost=None, draft_dtype=torch.float32):
     layers = drafter.cfg.target_layers
     block = drafter.cfg.block_size
     weights = refiner.fold().to(torch.float32) if refiner is not None else None
     cache = target.new_cache()
     context = KVCache(len(drafter.layers))  # the drafter's injected keys and values, grown in place
     device = prompt.device
+    rule = DraftLengthRule(cost) if cost is not None else None
+    pending = []  # target features of committed tokens not yet in the drafter's context
 
-    def commit_context(features, first):
-        for i, (k, v) in enumerate(drafter.context(features, torch.arange(first, first + features.shape[1],
-                                                                          device=device))):
+    def commit_context():
+        features = torch.cat(pending, dim=1)
+        first = context.length
+        positions = torch.arange(first, first + features.shape[1], device=device)
+        for i, (k, v) in enumerate(drafter.context(features.to(draft_dtype), positions)):
             context.append(i, k, v)
+        pending.clear()
 
     # The target sees every committed token but the newest (the anchor), whose features are unknown.
     tokens = prompt[0].tolist()
     start = len(tokens)
     if start > 1:
         _, hidden = target(prompt[:, :-1], cache, hidden_layers=layers)
-        commit_context(torch.cat(hidden, dim=-1), 0)
+        pending.append(torch.cat(hidden, dim=-1))
     else:
-        commit_context(torch.zeros(1, 0, len(layers) * target.cfg.dim, device=device,
-                                   dtype=target.lm_head.weight.dtype), 0)
+        pending.append(torch.zeros(1, 0, len(layers) * target.cfg.dim, device=device,
+                                   dtype=target.lm_head.weight.dtype))
     masks = torch.full((1, block - 1), drafter.cfg.mask_token_id, device=device)
     step = 0
     clock = _PartClock(stats)
     while len(tokens) - start < max_new_tokens:
         anchor = tokens[-1]
         anchor_ids = torch.tensor([[anchor]], device=device)
-        h = drafter(target.embed(torch.cat([anchor_ids, masks], 1)), list(zip(context.k, context.v)),
-                    start=len(tokens) - 1)
-        base_logits = target.lm_head(h[:, 1:]).float()
-        clock.lap("drafter")
-        if mode in TREE_MODES:
-            marginals = _tree_marginals(mode, base_logits, h, tokens, refiner, weights, iters, temperature, seed, step,
-                                        stats)
-            clock.lap("refinement")
-            emitted, accepted, kept_hidden = _tree_block(target, anchor, marginals, cache, layers, tree_budget,
-                                                         tree_topk, temperature, seed, step)
+        if rule is not None and not rule.draft_now():
+            # A plain ar step (the rule found drafting not worth its cost here): no drafter call.
+            logits, hidden = target(anchor_ids, cache, hidden_layers=layers)
+            emitted, accepted = [_next_token(logits[0, -1], temperature, seed, _verify_offset(step))], 0
+            pending.append(torch.cat(hidden, dim=-1))
             clock.lap("verification")
         else:
-            drafts, q = _propose(mode, base_logits, h, tokens, refiner, weights, iters, temperature, seed, step, stats)
-            drafts, q = drafts[:, :draft_len], None if q is None else q[:, :draft_len]
-            clock.lap("refinement")
-            logits, hidden = target(torch.cat([anchor_ids, drafts], 1), cache, hidden_layers=layers)
-            accept_len, out = chain_verify(drafts, logits.float(), draft_probs=q, temperature=temperature, seed=seed,
-                                           offset=_verify_offset(step))
-            # The one host read of the block: the accepted length and the emitted tokens together.
-            row = torch.cat([accept_len, out[0]]).tolist()
-            accepted, emitted = row[0], row[1 : row[0] + 2]
-            # The anchor and the accepted drafts are committed: the target keeps their cache entries
-            # and the drafter their injected keys and values.
-            cache.crop(cache.length - drafts.shape[1] + accepted)
-            kept_hidden = torch.cat(hidden, dim=-1)[:, : accepted + 1]
-            clock.lap("verification")
-        commit_context(kept_hidden, len(tokens) - 1)
+            if pending:
+                commit_context()
+                clock.lap("bookkeeping")
+            stats.draft_calls += 1
+            h = drafter(target.embed(torch.cat([anchor_ids, masks], 1)).to(draft_dtype),
+                        list(zip(context.k, context.v)), start=len(tokens) - 1)
+            head = target.lm_head
+            base_logits = head(h[:, 1:] if isinstance(head, Linear) else h[:, 1:].to(head.weight.dtype)).float()
+            spent = clock.lap("drafter")
+            if mode in TREE_MODES:
+                marginals = _tree_marginals(mode, base_logits, h, tokens, refiner, weights, iters, temperature, seed,
+                                            step, stats)
+                spent += clock.lap("refinement")
+                emitted, accepted, kept_hidden = _tree_block(target, anchor, marginals, cache, layers, tree_budget,
+                                                             tree_topk, temperature, seed, step, rule, spent)
+                clock.lap("verification")
+            else:
+                drafts, q, confidence = _propose(mode, base_logits, h, tokens, refiner, weights, iters, temperature,
+                                                 seed, step, stats)
+                k = min(draft_len, drafts.shape[1])
+                if rule is not None:
+                    confidence = confidence[0, :k].tolist()
+                    k = rule.choose(confidence, spent + clock.lap("refinement"))
+                drafts, q = drafts[:, :k], None if q is None else q[:, :k]
+                clock.lap("refinement")
+                logits, hidden = target(torch.cat([anchor_ids, drafts], 1), cache, hidden_layers=layers)
+                accept_len, out = chain_verify(drafts, logits.float(), draft_probs=q, temperature=temperature,
+                                               seed=seed, offset=_verify_offset(step))
+                # The one host read of the block: the accepted length and the emitted tokens together.
+                row = torch.cat([accept_len, out[0]]).tolist()
+                accepted, emitted = row[0], row[1 : row[0] + 2]
+                if rule is not None:
+                    for i in range(min(accepted + 1, k)):
+                        rule.observe(confidence[i], i < accepted)
+                # The anchor and the accepted drafts are committed: the target keeps their cache entries
+                # and the drafter their injected keys and values.
+                cache.crop(cache.length - drafts.shape[1] + accepted)
+                kept_hidden = torch.cat(hidden, dim=-1)[:, : accepted + 1]
+                clock.lap("verification")
+            pending.append(kept_hidden)
         tokens += emitted
         stats.target_calls += 1
         stats.accept_lens.append(accepted)
@@ -228,10 +272,20 @@ class _PartClock:
     def __init__(self, stats):
         self.stats, self.last = stats, time.perf_counter()
 
-    def lap(self, name: str) -> None:
+    def lap(self, name: str) -> float:
+        """Seconds since the last lap, also added to the part `name`."""
         now = time.perf_counter()
-        self.stats.parts[name] = self.stats.parts.get(name, 0.0) + now - self.last
-        self.last = now
+        seconds, self.last = now - self.last, now
+        self.stats.parts[name] = self.stats.parts.get(name, 0.0) + seconds
+        return seconds
+
+
+def default_draft_dtype(target) -> torch.dtype:
+    """bfloat16 for a float32 target on a CPU with native bfloat16 products, else the target's dtype."""
+    weight = target.lm_head.weight
+    if weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return torch.bfloat16
+    return weight.dtype
 
 
 # Below this many target parameters one decoding step is a few milliseconds of small operations:
@@ -269,16 +323,25 @@ def _intra_op_threads(n: int):
 @torch.inference_mode()
 def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: str = "ar", drafter=None,
              refiner=None, iters: int = 4, temperature: float = 0.0, seed: int = 0,
-             draft_len: Optional[int] = None, tree_budget: int = 15, tree_topk: int = 8,
-             num_threads: Optional[int] = None):
+             draft_len: Union[int, str, None] = "auto", tree_budget: int = 15, tree_topk: int = 8,
+             num_threads: Optional[int] = None, cost_model: Optional[CostModel] = None,
+             draft_dtype: Optional[torch.dtype] = None):
     """Continue prompt_ids by max_new_tokens tokens. Returns (tokens, Stats).
 
     target is a TargetLM or a transformers causal LM (adapted by xkernels.models.hf.HFTarget,
     which checks before decoding that it has what the loop needs).
 
-    draft_len verifies only the first drafts of each block (all B-1 by default): the target's
-    verification costs grow with the tokens it checks, so on a CPU fewer can pay off. The tree modes
-    verify tree_budget draft nodes (plus the anchor) built from each slot's tree_topk candidates.
+    draft_len: "auto" (the default) chooses per block how many drafts to verify, and whether to draft
+    at all, from the drafts' own probabilities and a cost model of the target on this machine
+    (xkernels.decoding.draft_length; cost_model pins one, else it is measured once per target and
+    thread count, before the clock of the first call starts); an int verifies the first draft_len
+    drafts of every block (None: all B-1). The tree modes build trees of tree_budget draft nodes
+    (plus the anchor) from each slot's tree_topk candidates; "auto" verifies the tree's best nodes
+    only, an int all of them.
+    draft_dtype: the dtype the drafter computes in (its weights are converted once and kept);
+    default bfloat16 on a CPU with native bfloat16 products (twice the float32 rate at a block's
+    16 rows here), else the target's. The drafter only proposes, so its precision never changes
+    the output, only how often drafts are accepted.
     num_threads: torch's intra-op threads during the call (see decode_threads: 1 for small models
     unless set here or by XKERNELS_NUM_THREADS); the previous setting is restored after."""
     if mode not in MODES:
@@ -289,6 +352,8 @@ def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: st
         raise ValueError(f"mode {mode!r} needs a refiner")
     if mode in TREE_MODES and tree_budget < 1:
         raise ValueError(f"tree_budget must be >= 1, got {tree_budget}")
+    if not (draft_len is None or draft_len == "auto" or (isinstance(draft_len, int) and draft_len >= 0)):
+        raise ValueError(f"draft_len must be 'auto', None or an int >= 0, got {draft_len!r}")
     target = as_target(target, drafter if mode != "ar" else None)
     if mode in TREE_MODES and not isinstance(target, TargetLM):
         raise ValueError(f"mode {mode!r} needs a target that takes a tree attention mask (xkernels' TargetLM); "
@@ -299,13 +364,18 @@ def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: st
         raise ValueError("the prompt and max_new_tokens must be non-empty")
     stats = Stats(mode)
     with _intra_op_threads(decode_threads(target, num_threads)):
+        if mode != "ar" and draft_len == "auto" and cost_model is None:
+            cost_model = measured_cost_model(target, max(drafter.cfg.block_size, tree_budget + 1))
         began = time.perf_counter()
         if mode == "ar":
             out = _decode_ar(target, prompt, max_new_tokens, temperature, seed, stats)
             stats.target_calls += 1  # the prefill's logits give the first token; count it like a step
         else:
+            fixed = drafter.cfg.block_size - 1 if draft_len in (None, "auto") else draft_len
             out = _decode_speculative(mode, target, drafter, refiner, prompt, max_new_tokens, iters, temperature,
-                                      seed, draft_len or drafter.cfg.block_size - 1, stats, tree_budget, tree_topk)
+                                      seed, fixed, stats, tree_budget, tree_topk,
+                                      cost_model if draft_len == "auto" else None,
+                                      draft_dtype or default_draft_dtype(target))
         stats.seconds = time.perf_counter() - began
     stats.new_tokens = len(out)
     return out, stats

@@ -12,7 +12,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import nn
 
-from .target import Attention, RMSNorm, SwiGLU, TargetConfig
+from .target import Attention, Linear, RMSNorm, SwiGLU, TargetConfig
 
 
 @dataclass
@@ -53,7 +53,7 @@ class BlockDrafter(nn.Module):
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
         self.cfg = cfg
-        self.fc = nn.Linear(len(cfg.target_layers) * cfg.dim, cfg.dim, bias=False)
+        self.fc = Linear(len(cfg.target_layers) * cfg.dim, cfg.dim, bias=False)
         self.ctx_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.layers = nn.ModuleList(DrafterLayer(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)

@@ -24,26 +24,42 @@ struct Philox4 {
 // The draw index of the acceptance coin; vocabulary draws stay below 2^29.
 constexpr uint32_t kCoinDraw = 0xFFFFFFFFu;
 
-XK_HD Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
-                            uint32_t k0, uint32_t k1) {
+// A 32 x 32 -> 64-bit product in halves, for one lane; the CPU kernels pass their own for vectors.
+struct MulHiLo32 {
+  XK_HD void operator()(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) const {
+    const uint64_t p = static_cast<uint64_t>(a) * b;
+    hi = static_cast<uint32_t>(p >> 32);
+    lo = static_cast<uint32_t>(p);
+  }
+};
+
+// The ten rounds on counters c[4] of any lane type U (uint32_t, or a CPU vector of them, which
+// computes several counters at once) given its mulhilo.
+template <typename U, typename MulHiLo>
+XK_HD void philox_rounds(U c[4], uint32_t k0, uint32_t k1, MulHiLo mulhilo) {
   constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
   constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
   for (int round = 0; round < 10; ++round) {
-    const uint64_t p0 = static_cast<uint64_t>(kMul0) * c0;
-    const uint64_t p1 = static_cast<uint64_t>(kMul1) * c2;
-    const uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
-    const uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
-    c0 = hi1 ^ c1 ^ k0;
-    c1 = lo1;
-    c2 = hi0 ^ c3 ^ k1;
-    c3 = lo0;
+    U hi0, lo0, hi1, lo1;
+    mulhilo(c[0], kMul0, hi0, lo0);
+    mulhilo(c[2], kMul1, hi1, lo1);
+    c[0] = hi1 ^ c[1] ^ k0;
+    c[1] = lo1;
+    c[2] = hi0 ^ c[3] ^ k1;
+    c[3] = lo0;
     k0 += kWeyl0;
     k1 += kWeyl1;
   }
-  return Philox4{{c0, c1, c2, c3}};
+}
+
+XK_HD Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
+                            uint32_t k0, uint32_t k1) {
+  uint32_t c[4] = {c0, c1, c2, c3};
+  philox_rounds(c, k0, k1, MulHiLo32{});
+  return Philox4{{c[0], c[1], c[2], c[3]}};
 }
 
 XK_HD Philox4 philox_draw(uint64_t seed, uint64_t offset, uint32_t sequence,

@@ -1,0 +1,96 @@
+"""The draft length rule: its cost model and choices, and that any choice it makes keeps every mode
+lossless (ar's tokens at T = 0, the target's distribution at T > 0)."""
+
+import pytest
+
+from xkernels.decoding import generate
+from xkernels.decoding.draft_length import MAX_SKIP, CostModel, DraftLengthRule
+from tests.test_generate import assert_two_tokens_follow_the_target, tiny_models
+
+FREE = CostModel({1: 1.0, 64: 1.0})  # verifying costs nothing more than an ar step: verify everything
+STEEP = CostModel({1: 1.0, 2: 50.0})  # a draft costs fifty ar steps: never verify one
+MIXED = CostModel({1: 1.0, 4: 1.6, 16: 3.0})
+
+
+def test_cost_model_interpolates_between_measured_lengths():
+    cost = CostModel({1: 2.0, 3: 4.0, 7: 6.0})
+    assert [cost(n) for n in (1, 2, 3, 5, 7, 20)] == [2.0, 3.0, 4.0, 5.0, 6.0, 6.0]
+
+
+def test_cost_model_measures_every_length_up_to_the_block():
+    target, _, _ = tiny_models(16)
+    cost = CostModel.measure(target.float(), max_tokens=10, context=8, repeats=1)
+    assert sorted(cost.seconds) == [1, 2, 3, 4, 6, 8, 10]
+    assert all(s > 0 for s in cost.seconds.values())
+
+
+def test_free_verification_verifies_every_draft():
+    rule = DraftLengthRule(FREE)
+    assert rule.choose([0.1] * 15, spent=0.0) == 15
+    assert rule.draft_now()
+
+
+def test_a_block_that_does_not_pay_backs_off_and_a_paying_one_resumes():
+    rule = DraftLengthRule(STEEP)
+    skips = []
+    for _ in range(9):
+        assert rule.draft_now()
+        assert rule.choose([0.9] * 15, spent=2.0) == 0  # drafting at all cost 2 ar steps
+        skipped = 0
+        while not rule.draft_now():
+            skipped += 1
+        skips.append(skipped)
+        rule.skip = 0
+    assert skips == [1, 2, 4, 8, 16, 32, 64, 64, 64] and MAX_SKIP == 64
+    rule.cost = FREE
+    assert rule.choose([0.9] * 15, spent=0.0) == 15 and rule.backoff == 0 and rule.draft_now()
+
+
+def test_the_choice_trades_expected_tokens_against_cost():
+    """Confident drafts up to slot 3 and hopeless ones after: the rule verifies exactly 3."""
+    rule = DraftLengthRule(CostModel({1: 1.0, 16: 2.5}))
+    assert rule.choose([1.0, 1.0, 1.0] + [0.0] * 12, spent=0.2) == 3
+
+
+def test_a_tree_is_cut_to_its_paying_nodes():
+    """Best-first nodes: 1 under the root, 2 under 1 (both confident), then 3 under the root and 4
+    under 2 (hopeless); at 0.3 ar steps per extra node only the first two pay."""
+    rule = DraftLengthRule(CostModel({1: 1.0, 16: 5.5}))
+    assert rule.choose_nodes([1.0, 1.0, 0.0, 0.0], [0, 1, 0, 2], spent=0.2) == 2
+    assert rule.choose_nodes([1.0, 1.0, 1.0, 1.0], [0, 1, 0, 2], spent=0.2) == 4
+
+
+def test_calibration_follows_the_outcomes():
+    rule = DraftLengthRule(FREE)
+    assert rule.calibrated(0.95) == pytest.approx(0.95)
+    for _ in range(200):
+        rule.observe(0.95, False)
+        rule.observe(0.05, True)
+    assert rule.calibrated(0.95) < 0.02 and rule.calibrated(0.05) > 0.98
+    assert rule.calibrated(1.0) == rule.calibrated(0.95)  # the top bucket is closed
+
+
+@pytest.mark.parametrize("cost", [FREE, STEEP, MIXED], ids=["free", "steep", "mixed"])
+@pytest.mark.parametrize("mode", ["drafter", "sequential", "jacobi", "tree", "tree-jacobi"])
+def test_any_draft_length_emits_the_ar_tokens(mode, cost):
+    target, drafter, refiner = tiny_models(64)
+    for prompt in ([1, 2, 3, 4, 5], [9]):
+        want, _ = generate(target, prompt, 30, mode="ar")
+        got, stats = generate(target, prompt, 30, mode=mode, drafter=drafter, refiner=refiner, iters=2,
+                              draft_len="auto", cost_model=cost)
+        assert got == want
+        if cost is STEEP:  # nothing verified: every call commits one token
+            assert stats.target_calls == 30 and set(stats.accept_lens) == {0}
+
+
+@pytest.mark.parametrize("mode", ["drafter", "jacobi", "tree"])
+def test_sampling_with_a_chosen_draft_length_follows_the_target(mode):
+    assert_two_tokens_follow_the_target(mode, draft_len="auto", cost_model=CostModel({1: 1.0, 2: 1.05, 4: 1.3}))
+
+
+def test_draft_len_is_checked():
+    target, drafter, _ = tiny_models(16)
+    with pytest.raises(ValueError, match="draft_len"):
+        generate(target, [1, 2], 3, mode="drafter", drafter=drafter, draft_len="longest")
+    with pytest.raises(ValueError, match="draft_len"):
+        generate(target, [1, 2], 3, mode="drafter", drafter=drafter, draft_len=-1)
