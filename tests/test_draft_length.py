@@ -88,6 +88,19 @@ def test_sampling_with_a_chosen_draft_length_follows_the_target(mode):
     assert_two_tokens_follow_the_target(mode, draft_len="auto", cost_model=CostModel({1: 1.0, 2: 1.05, 4: 1.3}))
 
 
+@pytest.mark.parametrize("mode", ["drafter", "jacobi", "tree-jacobi"])
+def test_a_bfloat16_drafter_emits_the_ar_tokens(mode):
+    """The drafter's precision changes what it proposes, never what the loop emits."""
+    import torch
+
+    target, drafter, refiner = tiny_models(64)
+    for prompt in ([1, 2, 3, 4, 5], [9]):
+        want, _ = generate(target, prompt, 30, mode="ar")
+        got, stats = generate(target, prompt, 30, mode=mode, drafter=drafter, refiner=refiner, iters=2,
+                              draft_len=None, draft_dtype=torch.bfloat16)
+        assert got == want and stats.draft_calls == stats.target_calls
+
+
 def test_draft_len_is_checked():
     target, drafter, _ = tiny_models(16)
     with pytest.raises(ValueError, match="draft_len"):

@@ -281,10 +281,15 @@ class _PartClock:
 
 
 def default_draft_dtype(target) -> torch.dtype:
-    """bfloat16 for a float32 target on a CPU with native bfloat16 products, else the target's dtype."""
+    """bfloat16 for a float32 xkernels TargetLM on a CPU with native bfloat16 products (its head reads
+    the drafter's states in their dtype), else the target's dtype."""
     weight = target.lm_head.weight
-    if weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        return torch.bfloat16
+    if weight.device.type == "cpu" and weight.dtype == torch.float32 and isinstance(target, TargetLM):
+        try:
+            if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+                return torch.bfloat16
+        except (AttributeError, RuntimeError):  # a torch build without oneDNN's query
+            pass
     return weight.dtype
 
 
