@@ -40,6 +40,7 @@ class Stats:
     target_calls: int = 0  # forwards after the prefill
     draft_calls: int = 0  # blocks that ran the drafter (the others were plain ar steps: draft_len="auto")
     refine_passes: int = 0
+    _device_passes: List[torch.Tensor] = field(default_factory=list, repr=False)  # read once, at the end
     accept_lens: List[int] = field(default_factory=list)
     seconds: float = 0.0
     parts: Dict[str, float] = field(default_factory=dict)  # seconds per part of a block (speculative modes)
@@ -103,16 +104,16 @@ def _propose(mode, base_logits, h, tokens, refiner, weights, iters, temperature,
     before = tokens[-2] if len(tokens) > 1 else tokens[-1]  # slot 0 (the anchor) reads the token before it
     prefix = torch.tensor([[before, tokens[-1]]], device=base_logits.device)
     rng = dict(temperature=temperature, seed=seed, offset=_draft_offset(step))
-    converged = True
     if mode == "sequential":
         drafts, logprobs = sequential_refine(ctx, prefix, base_logits, weights, **rng)
         stats.refine_passes += drafts.shape[1]
     else:
         drafts, logprobs, passes = jacobi_refine(ctx, prefix, base_logits, weights, max_iters=iters, **rng)
-        stats.refine_passes += int(passes[0])
-        converged = int(passes[0]) < iters  # it stopped on a pass that changed nothing
+        stats._device_passes.append(passes)
     if temperature == 0:
         return drafts, None, logprobs.exp()  # the argmax's probability
+    # Whether Jacobi stopped on a pass that changed nothing: a host read that only sampling needs.
+    converged = mode == "sequential" or int(passes[0]) < iters
     prev = torch.cat([prefix, drafts[:, :-1]], dim=1)
     if not converged:
         # A slot's draft follows q(. | the drafts before it) only where Jacobi has settled: a check pass
@@ -139,7 +140,7 @@ def _tree_marginals(mode, base_logits, h, tokens, refiner, weights, iters, tempe
     prefix = torch.tensor([[before, tokens[-1]]], device=base_logits.device)
     drafts, _, passes = jacobi_refine(ctx, prefix, base_logits, weights, max_iters=iters, temperature=temperature,
                                       seed=seed, offset=_draft_offset(step))
-    stats.refine_passes += int(passes[0])
+    stats._device_passes.append(passes)
     prev = torch.cat([prefix, drafts[:, :-1]], dim=1)
     return base_logits.float() + refiner.delta(ctx, prev)[:, 1:].float()
 
@@ -381,6 +382,9 @@ def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: st
                                       seed, fixed, stats, tree_budget, tree_topk,
                                       cost_model if draft_len == "auto" else None,
                                       draft_dtype or default_draft_dtype(target))
+        if stats._device_passes:
+            stats.refine_passes += int(torch.cat(stats._device_passes).sum())
+            stats._device_passes.clear()
         stats.seconds = time.perf_counter() - began
     stats.new_tokens = len(out)
     return out, stats
