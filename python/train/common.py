@@ -69,8 +69,15 @@ def plot_losses(curves: Dict[str, List[float]], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
+    window = 50  # per-step losses are noisy: each curve is drawn faintly, its moving mean solid
     for name, values in curves.items():
-        ax.plot(range(1, len(values) + 1), values, label=name)
+        steps = range(1, len(values) + 1)
+        line, = ax.plot(steps, values, alpha=0.25, linewidth=0.6)
+        if len(values) >= window:
+            mean = [sum(values[i - window:i]) / window for i in range(window, len(values) + 1)]
+            ax.plot(range(window, len(values) + 1), mean, color=line.get_color(), label=f"{name} ({window}-step mean)")
+        else:
+            line.set_label(name)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_title(title)

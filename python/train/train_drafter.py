@@ -1,9 +1,10 @@
 """Co-trains the dFlash-style drafter and the xPress refiner against the frozen shipped target and
 writes xkernels/models/weights/{drafter,refiner}.* with a model card and loss curves.
 
-    python python/train/train_drafter.py --objective legacy --steps 3500     # stage 1, ~12 min on 2 cores
-    python python/train/train_drafter.py --objective xpress --init shipped --steps 2000   # stage 2
-    python python/train/train_drafter.py --objective xpress --init shipped --freeze-drafter  # refiner only
+    python python/train/train_drafter.py --objective legacy --steps 3500 --out STAGE1   # ~12 min on 2 cores
+    python python/train/train_drafter.py --objective xpress --init STAGE1 --steps 3000 --lr 0.001 \
+        --freeze-drafter                                    # the shipped refiner's second stage, ~19 min
+--init takes "scratch", "shipped" (the package's weights) or a folder holding drafter.* and refiner.*.
 
 Per block (anchor at position a, gold tokens x[a+1 .. a+D], D = B - 1), with per-slot weights
 w_k = exp(-k / 8), the loss is, for --objective legacy,
@@ -120,8 +121,8 @@ def main():
     parser.add_argument("--steps", type=int, default=3500)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--objective", choices=sorted(OBJECTIVES), default="xpress")
-    parser.add_argument("--init", choices=["scratch", "shipped"], default="scratch",
-                        help="start from the shipped drafter and refiner (stage 2) or from scratch")
+    parser.add_argument("--init", default="scratch",
+                        help="scratch (default), shipped (the package's drafter and refiner) or a folder of them")
     parser.add_argument("--freeze-drafter", action="store_true", help="train the refiner only")
     parser.add_argument("--out", type=Path, default=OUT, help="weights folder (default: the package's)")
     args = parser.parse_args()
@@ -133,8 +134,9 @@ def main():
     mask_id = load_tokenizer().token_to_id(data.MASK)
     dcfg = DrafterConfig(dim=target.cfg.dim, mask_token_id=mask_id, n_layers=2, ffn_hidden=704, block_size=BLOCK,
                          target_layers=(1, 3))
-    if args.init == "shipped":
-        drafter, refiner = load_drafter().train(), load_refiner().train()
+    if args.init != "scratch":
+        folder = OUT if args.init == "shipped" else Path(args.init)
+        drafter, refiner = load_drafter(folder).train(), load_refiner(folder).train()
         dcfg = drafter.cfg
     else:
         drafter = BlockDrafter(dcfg)
@@ -167,7 +169,8 @@ def main():
     save(refiner, dict(vocab_size=target.cfg.vocab_size, hidden_size=target.cfg.dim, block_size=BLOCK, rank=RANK,
                        mlp_ratio=2), "refiner", args.out)
     trained = "refiner" if args.freeze_drafter else "drafter"  # the card and curves are named after it
-    plot_losses(curves, args.out / f"{trained}_loss.png",
+    plotted = {k: v for k, v in curves.items() if not (args.freeze_drafter and k == "anchor")}  # untrained
+    plot_losses(plotted, args.out / f"{trained}_loss.png",
                 f"refiner ({args.objective}, drafter frozen)" if args.freeze_drafter else
                 f"drafter + refiner ({args.objective})")
     card = {"command": f"python python/train/train_drafter.py --objective {args.objective} --init {args.init} "
