@@ -57,8 +57,9 @@ def _rope_cos_sin(positions: torch.Tensor, half: int, theta: float, dtype: torch
     table = _ROPE_TABLES.get(key)
     need = int(positions.max()) + 1 if positions.numel() else 0
     if table is None or table[0].shape[0] < need:
-        angles = _rope_angles(torch.arange(max(2 * need, 4096)), half, theta)
-        table = _ROPE_TABLES[key] = (angles.cos().to(dtype), angles.sin().to(dtype))
+        with torch.inference_mode(False):  # a table made in inference mode could not enter autograd later
+            angles = _rope_angles(torch.arange(max(2 * need, 4096)), half, theta)
+            table = _ROPE_TABLES[key] = (angles.cos().to(dtype), angles.sin().to(dtype))
     return table[0][positions], table[1][positions]
 
 
@@ -80,11 +81,13 @@ def stacked_weight_t(owner: nn.Module, name: str, dtype: torch.dtype, *linears: 
     rebuilt every call."""
     weights = [lin.weight for lin in linears]
     if torch.is_grad_enabled() and any(w.requires_grad for w in weights):
-        return torch.cat(weights).t().to(dtype)
-    key = tuple((w.data_ptr(), w._version, w.dtype) for w in weights)
+        return (weights[0] if len(weights) == 1 else torch.cat(weights)).t().to(dtype)
+    # Weights made under inference_mode keep no version counter (and cannot be trained).
+    key = tuple((w.data_ptr(), -1 if w.is_inference() else w._version, w.dtype) for w in weights)
     cache = owner.__dict__.setdefault(name, {})
     if cache.get(dtype, (None,))[0] != key:
-        cache[dtype] = (key, torch.cat([w.detach() for w in weights]).t().to(dtype).contiguous())
+        with torch.inference_mode(False):  # usable by autograd later (a frozen layer in training)
+            cache[dtype] = (key, torch.cat([w.detach() for w in weights]).t().to(dtype).contiguous())
     return cache[dtype][1]
 
 
