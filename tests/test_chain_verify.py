@@ -3,7 +3,7 @@ import torch
 
 import xkernels
 from xkernels import reference
-from tests.utils import DEVICES, LOGIT_DTYPES, assert_chains_agree, chi_squared_pvalue
+from tests.utils import DEVICES, LOGIT_DTYPES, assert_chains_agree, assert_replays_like_eager, chi_squared_pvalue
 
 SHAPES = [(5, 16, 1000), (4, 3, 33), (3, 1, 7), (6, 4, 151), (2, 0, 9), (0, 4, 11)]
 
@@ -197,15 +197,8 @@ def test_cpu_and_cuda_agree(dtype, temperature, with_q):
 def test_cuda_graph_capture_advances_offset():
     drafts, logits, q = to("cuda", *make_case(8, 4, 100, torch.float32, True))
     offset = torch.zeros(1, dtype=torch.int64, device="cuda")
-    xkernels.chain_verify(drafts, logits, draft_probs=q, temperature=1.0, seed=3, offset=offset)  # warm-up
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = xkernels.chain_verify(drafts, logits, draft_probs=q, temperature=1.0, seed=3, offset=offset)
-    for step in range(3):
-        offset.fill_(step)
-        graph.replay()
-        eager = xkernels.chain_verify(drafts, logits, draft_probs=q, temperature=1.0, seed=3, offset=step)
-        assert torch.equal(captured[0], eager[0]) and torch.equal(captured[1], eager[1])
+    assert_replays_like_eager(
+        lambda: xkernels.chain_verify(drafts, logits, draft_probs=q, temperature=1.0, seed=3, offset=offset), offset)
 
 
 # ---- losslessness: the emitted tokens follow the target, token by token ----

@@ -4,7 +4,7 @@ import torch
 import xkernels
 from xkernels import reference
 from xkernels.refiner import RefinerWeights, XPressRefiner
-from tests.utils import DEVICES, LOGIT_DTYPES, chi_squared_pvalue
+from tests.utils import DEVICES, LOGIT_DTYPES, assert_replays_like_eager, chi_squared_pvalue
 
 # (N, B, D, V, r, H): F = B - D fixed slots
 SHAPES = [(3, 6, 5, 300, 16, 32), (2, 4, 4, 257, 32, 64), (1, 16, 15, 1000, 64, 128), (4, 3, 1, 50, 8, 16),
@@ -227,17 +227,8 @@ def test_jacobi_is_cuda_graph_capturable():
     ctx, prev, base, weights = to("cuda", *make_case(4, 8, 7, 500, 32, 64)[:3]) + [make_case(4, 8, 7, 500, 32, 64)[3].cuda()]
     prefix = prev[:, :2].contiguous()
     offset = torch.zeros(1, dtype=torch.int64, device="cuda")
-    run = lambda: xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=4, temperature=1.0, seed=2,  # noqa
-                                         offset=offset)
-    run()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = run()
-    for step in range(3):
-        offset.fill_(step)
-        graph.replay()
-        eager = xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=4, temperature=1.0, seed=2, offset=step)
-        assert all(torch.equal(a, b) for a, b in zip(captured, eager))
+    assert_replays_like_eager(lambda: xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=4, temperature=1.0,
+                                                             seed=2, offset=offset), offset)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -12,7 +12,7 @@ from xkernels.decoding import dllm_generate
 from xkernels.models.block_diffusion import BlockDiffusionConfig, BlockDiffusionLM
 from xkernels.spiffy import DraftGraph, SpiffyConfig, select_graph, trace_lookahead
 from tests.test_dllm import MASK, step_case
-from tests.utils import DEVICES, LOGIT_DTYPES
+from tests.utils import DEVICES, LOGIT_DTYPES, assert_replays_like_eager
 from xkernels.models.shipped import WEIGHTS
 
 # Nodes are listed out of order on purpose: DraftGraph sorts them topologically.
@@ -350,16 +350,7 @@ def test_spiffy_ops_are_cuda_graph_capturable():
         return mask, xkernels.spiffy_accept(logits, draft_logits, drafts, node_ids, block, MASK, temperature=1.0,
                                             seed=3, offset=offset)
 
-    step()
-    cuda_graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(cuda_graph):
-        captured = step()
-    for value in range(3):
-        offset.fill_(value)
-        cuda_graph.replay()
-        eager = step()
-        assert torch.equal(captured[0], eager[0])
-        assert all(torch.equal(a, b) for a, b in zip(captured[1], eager[1]))
+    assert_replays_like_eager(step, offset)
 
 
 @pytest.mark.needs_cuda

@@ -7,7 +7,7 @@ import torch
 
 import xkernels
 from xkernels import reference
-from tests.utils import DEVICES, LOGIT_DTYPES, chi_squared_pvalue
+from tests.utils import DEVICES, LOGIT_DTYPES, assert_replays_like_eager, chi_squared_pvalue
 
 
 def random_tree(n, m, kind, seed=0):
@@ -356,13 +356,4 @@ def test_tree_ops_are_cuda_graph_capturable():
         return mask, xkernels.tree_verify(tokens, parents, logits, temperature=1.0, seed=2, offset=offset,
                                           num_nodes=num_nodes)
 
-    step()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
-    for value in range(3):
-        offset.fill_(value)
-        graph.replay()
-        eager = step()
-        assert torch.equal(captured[0], eager[0])
-        assert all(torch.equal(a, b) for a, b in zip(captured[1], eager[1]))
+    assert_replays_like_eager(step, offset)

@@ -40,3 +40,20 @@ def assert_chains_agree(got, want, drafts, logits, q, temperature, seed, offset,
             top2 = score.topk(2).values
             near = float(top2[0] - top2[1]) <= tol * max(1.0, float(top2[0].abs()))
         assert near, f"sequence {s} differs at row {i} where the decision is not within rounding"
+
+
+def assert_replays_like_eager(step, offset, values=range(3)):
+    """step() (ops that read the one-element offset tensor) captured once in a CUDA graph, then
+    replayed with offset set to each value, returns what step() returns run eagerly (every tensor
+    of its nested outputs equal)."""
+    from torch.utils._pytree import tree_leaves
+
+    step()  # warm-up: lazy initialisation must not be captured
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    for value in values:
+        offset.fill_(value)
+        graph.replay()
+        eager = step()
+        assert all(torch.equal(a, b) for a, b in zip(tree_leaves(captured), tree_leaves(eager), strict=True))

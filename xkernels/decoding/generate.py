@@ -87,18 +87,21 @@ def _decode_ar(target, prompt, max_new_tokens, temperature, seed, stats):
         stats.target_calls += 1
 
 
-def _propose(mode, base_logits, h, tokens, refiner, weights, iters, temperature, seed, step, stats):
+def _propose(mode, base_logits, h, tokens, refiner, weights, iters, temperature, seed, step, stats,
+             with_confidence=False):
     """Draft tokens [1, D'], at T > 0 the distributions [1, D', V] they were drawn from (else None),
-    and each slot's confidence [1, D'] for the draft length rule: the largest probability of its
-    draft distribution. At T > 0 that is a function of the distribution, never of the token drawn
+    and, with_confidence, each slot's confidence [1, D'] for the draft length rule (else None): the
+    largest probability of its draft distribution. At T > 0 that is a function of the distribution, never of the token drawn
     from it (a choice that read the drawn token would bias which drafts get verified)."""
     if mode == "drafter":
         if temperature == 0:
+            if not with_confidence:
+                return base_logits.argmax(-1), None, None
             confidence, drafts = torch.softmax(base_logits, -1).max(-1)
             return drafts, None, confidence
         q = torch.softmax(base_logits.float() / temperature, -1)
         g = torch.Generator(device=q.device).manual_seed(seed * 1_000_003 + step)
-        return torch.multinomial(q[0], 1, generator=g).view(1, -1), q, q.amax(-1)
+        return torch.multinomial(q[0], 1, generator=g).view(1, -1), q, q.amax(-1) if with_confidence else None
 
     ctx = refiner.prepare(h.to(refiner.w2.weight.dtype)).float()
     before = tokens[-2] if len(tokens) > 1 else tokens[-1]  # slot 0 (the anchor) reads the token before it
@@ -111,7 +114,7 @@ def _propose(mode, base_logits, h, tokens, refiner, weights, iters, temperature,
         drafts, logprobs, passes = jacobi_refine(ctx, prefix, base_logits, weights, max_iters=iters, **rng)
         stats._device_passes.append(passes)
     if temperature == 0:
-        return drafts, None, logprobs.exp()  # the argmax's probability
+        return drafts, None, logprobs.exp() if with_confidence else None  # the argmax's probability
     # Whether Jacobi stopped on a pass that changed nothing: a host read that only sampling needs.
     converged = mode == "sequential" or int(passes[0]) < iters
     prev = torch.cat([prefix, drafts[:, :-1]], dim=1)
@@ -127,7 +130,7 @@ def _propose(mode, base_logits, h, tokens, refiner, weights, iters, temperature,
     d = drafts.shape[1]
     refined = base_logits[:, :d].float() + refiner.delta(ctx, prev)[:, 1 : d + 1].float()
     q = torch.softmax(refined / temperature, -1)
-    return drafts, q, q.amax(-1)
+    return drafts, q, q.amax(-1) if with_confidence else None
 
 
 def _tree_marginals(mode, base_logits, h, tokens, refiner, weights, iters, temperature, seed, step, stats):
@@ -236,7 +239,7 @@ def _decode_speculative(mode, target, drafter, refiner, prompt, max_new_tokens, 
                 clock.lap("verification")
             else:
                 drafts, q, confidence = _propose(mode, base_logits, h, tokens, refiner, weights, iters, temperature,
-                                                 seed, step, stats)
+                                                 seed, step, stats, with_confidence=rule is not None)
                 k = min(draft_len, drafts.shape[1])
                 if rule is not None:
                     confidence = confidence[0, :k].tolist()
@@ -345,8 +348,8 @@ def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: st
     (plus the anchor) from each slot's tree_topk candidates; "auto" verifies the tree's best nodes
     only, an int all of them.
     draft_dtype: the dtype the drafter computes in (its weights are converted once and kept);
-    default bfloat16 on a CPU with native bfloat16 products (twice the float32 rate at a block's
-    16 rows here), else the target's. The drafter only proposes, so its precision never changes
+    default bfloat16 on a CPU with native bfloat16 products (the head over the block's slots runs
+    in half the float32 time here), else the target's. The drafter only proposes, so its precision never changes
     the output, only how often drafts are accepted.
     num_threads: torch's intra-op threads during the call (see decode_threads: 1 for small models
     unless set here or by XKERNELS_NUM_THREADS); the previous setting is restored after."""
