@@ -421,6 +421,8 @@ int clamp_tiles(int64_t want, int64_t most) {
 }
 
 ReadPlan read_plan(const RefineParams& p, int64_t rows, bool read) {
+  // An empty launch still gets a valid plan: every division below is by a count derived from rows.
+  rows = rows < 1 ? 1 : rows;
   ReadPlan plan;
   plan.mma = read && p.weight_type == WeightType::kBFloat16 && p.r % 16 == 0 && p.cc_major >= 8 &&
              reinterpret_cast<uintptr_t>(p.w_read) % 32 == 0;
