@@ -12,6 +12,8 @@ Environment:
     MAX_JOBS               parallel compile jobs.
     XKERNELS_BUILD_DIR     CMake's build folder (default build/cmake); one per configuration.
     XKERNELS_PTXAS_VERBOSE=1  print each kernel's registers and spills.
+    XKERNELS_LIBSTDCXX     auto (default: link the compiler's shared libstdc++ where it has one) or
+                           private (keep a static copy hidden); cmake/SharedLibstdcxx.cmake says why.
 """
 
 import os
@@ -93,6 +95,7 @@ def build_with_cmake(library_path):
         f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
         "-DCMAKE_BUILD_TYPE=Release",
         f"-DXKERNELS_PTXAS_VERBOSE={'ON' if os.environ.get('XKERNELS_PTXAS_VERBOSE') == '1' else 'OFF'}",
+        f"-DXKERNELS_LIBSTDCXX={os.environ.get('XKERNELS_LIBSTDCXX', 'auto')}",
     ]
     if shutil.which("ninja"):
         args.append("-GNinja")

@@ -4,12 +4,18 @@ Importing the package loads libxkernels (which registers the ops under torch.ops
 and the fake kernels that let torch.compile and FakeTensor trace them.
 """
 
+import os
 from pathlib import Path
 
 import torch
 
 
 def _load_library():
+    # XKERNELS_LIBRARY loads another build of libxkernels (CI checks toolchain variants this way).
+    override = os.environ.get("XKERNELS_LIBRARY")
+    if override:
+        torch.ops.load_library(override)
+        return Path(override)
     here = Path(__file__).parent
     found = sorted(here.glob("libxkernels*.so"))
     if not found:
