@@ -1,10 +1,16 @@
-"""GPU timings of the xkernels ops against eager PyTorch, with the bytes each must read.
+"""GPU timings of the xkernels ops beside the peers a user would pick instead, with the bytes each must read.
 
-    python bench/gpu_bench.py [--json out.json]   timings (CUDA events, median after warm-up)
-    python bench/gpu_bench.py --sanitize          small edge cases, for compute-sanitizer
+    python bench/gpu_bench.py [--only SECTION ...] [--json out.jsonl] [--profile]
+    python bench/gpu_bench.py --sanitize SECTION  the small edge cases of one section, for compute-sanitizer
 
-Where CuPy is installed, each op is timed again with cupyx.profiler.benchmark on CuPy arrays
-(passed through DLPack) as a cross-check of the event timings.
+Sections: chain, refine, tree, spiffy. Each row reports CUDA-event medians, the op's floor (bytes over
+the datasheet bandwidth) and its fraction of the read bandwidth this GPU achieves, measured in the
+same run (a bfloat16 sum over 4 GiB). Peers: eager PyTorch, torch.compile of the eager code, and for
+the refine read the bare cuBLAS GEMM of the same shapes. --profile adds each case's CUDA kernels
+(torch.profiler). --json appends one JSON line per row, so sections run as separate processes
+(bench/gpu_check.sh) add to one file and a crash in one leaves the others' rows.
+Where CuPy is installed, chain_verify is timed again with cupyx.profiler.benchmark (DLPack) as a
+cross-check of the event timings.
 """
 
 import argparse
@@ -24,14 +30,6 @@ ESTIMATE_US = {("chain_verify", 0.0, False): 80, ("chain_verify", 1.0, False): 8
                ("tree_verify", 1.0, False): 60, ("tree_verify", 1.0, True): 150,
                ("dllm_step",): 60, ("spiffy_materialize",): 250, ("spiffy_accept",): 120,
                ("spiffy_attention_mask",): 6}
-
-
-def peak_bandwidth():
-    name = torch.cuda.get_device_name()
-    for key, value in PEAK_BYTES_PER_S.items():
-        if key in name:
-            return name, value
-    return name, None
 
 
 def time_events(fn, warmup=25, iters=200):
@@ -56,6 +54,69 @@ def time_cupy(fn, args):
     cupy_args = [None if a is None else cupy.from_dlpack(a) for a in args]
     result = cupyx.profiler.benchmark(lambda: fn(*cupy_args), n_repeat=200, n_warmup=25)
     return float(cupy.asnumpy(cupy.median(cupy.asarray(result.gpu_times[0])))) * 1e6
+
+
+def peak_bandwidth():
+    name = torch.cuda.get_device_name()
+    for key, value in PEAK_BYTES_PER_S.items():
+        if key in name:
+            return name, value
+    return name, None
+
+
+def achievable_bandwidth(gigabytes=4):
+    """Bytes per second of a bfloat16 sum over `gigabytes` GiB: the read bandwidth a kernel can reach."""
+    x = torch.ones(gigabytes * (1 << 29), dtype=torch.bfloat16, device="cuda")
+    us = time_events(lambda: x.sum(), warmup=3, iters=20)
+    return gigabytes * (1 << 30) / (us * 1e-6)
+
+
+class Bench:
+    """Timing context of one run: the bandwidths rows are compared with, and the profile option."""
+
+    def __init__(self, profile=False):
+        self.name, self.peak = peak_bandwidth()
+        self.achievable = achievable_bandwidth()
+        self.profile = profile
+        print(f"device: {self.name}; datasheet {self.peak / 1e12 if self.peak else '?'} TB/s; "
+              f"achievable read {self.achievable / 1e12:.2f} TB/s (bf16 sum over 4 GiB)", flush=True)
+
+    def bandwidth(self, row, bytes_moved, us, prefix=""):
+        """Adds the floor (datasheet) and the fraction of the achievable bandwidth reached."""
+        row[prefix + "bytes"] = bytes_moved
+        row[prefix + "floor_us"] = None if self.peak is None else round(bytes_moved / self.peak * 1e6, 1)
+        row[prefix + "achievable_us"] = round(bytes_moved / self.achievable * 1e6, 1)
+        row[prefix + "fraction_of_achievable"] = round(bytes_moved / (us * 1e-6) / self.achievable, 3)
+
+    def kernels(self, fn, calls=5):
+        """The CUDA kernels one call of fn launches, with their time per call (torch.profiler)."""
+        from torch.profiler import ProfilerActivity, profile
+
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+        rows = sorted(((e.device_time_total / calls, e.count // calls, e.key) for e in prof.key_averages()
+                       if e.device_time_total > 0), reverse=True)
+        return [f"{t:.1f} us x{c} {k[:90]}" for t, c, k in rows[:6]]
+
+    def emit(self, results, row, fn=None):
+        if self.profile and fn is not None:
+            row["kernels"] = self.kernels(fn)
+        results.append(row)
+        print(json.dumps(row), flush=True)
+
+
+def time_peer(fn, **kw):
+    """time_events of a peer, or None (printed) where it fails, as torch.compile may: never fatal."""
+    try:
+        return round(time_events(fn, **kw), 1)
+    except Exception as e:  # noqa: BLE001
+        print(f"peer failed: {e!r}"[:400], flush=True)
+        return None
 
 
 def chain_verify_inputs(n, k, v, dtype, temperature, with_q, seed=0):
@@ -90,26 +151,28 @@ def eager_chain_verify(drafts, logits, q, temperature):
     return accept_len, torch.multinomial(row, 1)
 
 
-def bench_chain_verify(results, peak):
+def bench_chain_verify(results, bench):
     n, k, v = 64, 16, 151936
     for temperature, with_q in [(0.0, False), (1.0, False), (1.0, True)]:
         drafts, logits, q = chain_verify_inputs(n, k, v, torch.bfloat16, temperature, with_q)
         op = lambda d, l, qq: xkernels.chain_verify(d, l, draft_probs=qq, temperature=temperature, seed=1)  # noqa: E731
         ours = time_events(lambda: op(drafts, logits, q))
         eager = time_events(lambda: eager_chain_verify(drafts, logits, q, temperature))
+        eager_compiled = torch.compile(eager_chain_verify)
+        compiled_us = time_peer(lambda: eager_compiled(drafts, logits, q, temperature), warmup=3, iters=100)
         cupy_us = time_cupy(op, [drafts, logits, q])
         accept_len, _ = op(drafts, logits, q)
         # The design reads every target row once, then (T > 0) one row per sequence again (and its q row).
         read = n * (k + 1) * v * 2 + (n * v * (2 + (4 if with_q else 0)) if temperature > 0 else 0)
         row = dict(op="chain_verify", shape=f"N={n} K={k} V={v} bf16", temperature=temperature,
                    draft_probs=with_q, mean_accept_len=round(accept_len.float().mean().item(), 2),
-                   us=round(ours, 1), eager_us=round(eager, 1), speedup_vs_eager=round(eager / ours, 2),
-                   cupy_us=None if cupy_us is None else round(cupy_us, 1), bytes_read=read,
-                   floor_us=None if peak is None else round(read / peak * 1e6, 1),
-                   h200_estimate_us=ESTIMATE_US[("chain_verify", temperature, with_q)],
-                   bandwidth_fraction=None if peak is None else round(read / (ours * 1e-6) / peak, 3))
-        results.append(row)
-        print(json.dumps(row), flush=True)
+                   us=round(ours, 1), eager_us=round(eager, 1), compiled_eager_us=compiled_us,
+                   speedup_vs_eager=round(eager / ours, 2),
+                   speedup_vs_compiled=None if compiled_us is None else round(compiled_us / ours, 2),
+                   cupy_us=None if cupy_us is None else round(cupy_us, 1),
+                   h200_estimate_us=ESTIMATE_US[("chain_verify", temperature, with_q)])
+        bench.bandwidth(row, read, ours)
+        bench.emit(results, row, lambda: op(drafts, logits, q))
 
 
 def refine_inputs(n, b, v, r, h, dtype=torch.bfloat16, seed=0):
@@ -126,35 +189,34 @@ def refine_inputs(n, b, v, r, h, dtype=torch.bfloat16, seed=0):
     return ctx, prev, base, weights
 
 
-def bench_refine(results, peak):
+def bench_refine(results, bench):
     from xkernels import reference
 
     b, v, r, h = 16, 151936, 256, 512
     for n in (1, 8, 32):
         ctx, prev, base, weights = refine_inputs(n, b, v, r, h)
         prefix = prev[:, :2].contiguous()
-        step = time_events(lambda: xkernels.refine_step(ctx, prev, base, weights))
+        step_fn = lambda: xkernels.refine_step(ctx, prev, base, weights)  # noqa: E731
+        step = time_events(step_fn)
         jacobi = time_events(lambda: xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=4), iters=50)
         sequential = time_events(lambda: xkernels.sequential_refine(ctx, prefix, base, weights), iters=50)
         eager = time_events(lambda: reference.refine_step(ctx, prev, base, weights), iters=50)
-        try:
-            compiled_fn = torch.compile(reference.refine_step)
-            compiled = time_events(lambda: compiled_fn(ctx, prev, base, weights), warmup=3, iters=50)
-        except Exception as e:  # report, do not fail the timing run
-            print(f"torch.compile reference failed: {e!r}")
-            compiled = None
+        ref_compiled = torch.compile(reference.refine_step)
+        compiled_us = time_peer(lambda: ref_compiled(ctx, prev, base, weights), warmup=3, iters=50)
+        # The bare read: cuBLAS's product of the drafted rows' z with w_read, no epilogue.
+        z = torch.randn(n * (b - 1), r, device="cuda", dtype=weights.w_read.dtype)
+        gemm = time_events(lambda: z @ weights.w_read.T)
         iters = xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=4)[2]
         floor_bytes = v * r * 2 + n * (b - 1) * v * 2  # w_read once, the base logits once
         row = dict(op="refine_step / jacobi_refine", shape=f"N={n} B={b} V={v} r={r} bf16", pass_us=round(step, 1),
-                   pass_floor_us=None if peak is None else round(floor_bytes / peak * 1e6, 1),
-                   pass_h200_estimate_us=ESTIMATE_US[("refine_step", n)],
-                   pass_bandwidth_fraction=None if peak is None else round(floor_bytes / (step * 1e-6) / peak, 3),
+                   pass_h200_estimate_us=ESTIMATE_US[("refine_step", n)], cublas_read_gemm_us=round(gemm, 1),
+                   pass_vs_gemm=round(step / gemm, 2),
                    jacobi4_us=round(jacobi, 1), jacobi4_mean_passes=round(iters.float().mean().item(), 2),
                    sequential15_us=round(sequential, 1), eager_reference_pass_us=round(eager, 1),
-                   compiled_reference_pass_us=None if compiled is None else round(compiled, 1),
-                   speedup_pass_vs_eager=round(eager / step, 2))
-        results.append(row)
-        print(json.dumps(row), flush=True)
+                   compiled_reference_pass_us=compiled_us, speedup_pass_vs_eager=round(eager / step, 2),
+                   speedup_pass_vs_compiled=None if compiled_us is None else round(compiled_us / step, 2))
+        bench.bandwidth(row, floor_bytes, step, prefix="pass_")
+        bench.emit(results, row, step_fn)
 
 
 def tree_inputs(n, budget, v, dtype, seed=0):
@@ -175,17 +237,17 @@ def tree_inputs(n, budget, v, dtype, seed=0):
     return lp.contiguous(), tok.contiguous(), tokens, parents, logits.to(dtype), q
 
 
-def bench_tree(results, peak):
+def bench_tree(results, bench):
     n, budget, v = 64, 63, 151936
     m = budget + 1
     lp, tok, tokens, parents, logits, q = tree_inputs(n, budget, v, torch.bfloat16)
-    build = time_events(lambda: xkernels.build_draft_tree(lp, tok, budget))
-    mask = time_events(lambda: xkernels.tree_attention_mask(parents, layout="packed"))
-    for name, us, est in [("build_draft_tree", build, ("build_draft_tree",)),
-                          ("tree_attention_mask packed", mask, ("tree_attention_mask",))]:
-        row = dict(op=name, shape=f"N={n} budget={budget}", us=round(us, 1), h200_estimate_us=ESTIMATE_US[est])
-        results.append(row)
-        print(json.dumps(row), flush=True)
+    cases = [("build_draft_tree", lambda: xkernels.build_draft_tree(lp, tok, budget), ("build_draft_tree",)),
+             ("tree_attention_mask packed", lambda: xkernels.tree_attention_mask(parents, layout="packed"),
+              ("tree_attention_mask",))]
+    for name, fn, est in cases:
+        row = dict(op=name, shape=f"N={n} budget={budget}", us=round(time_events(fn), 1),
+                   h200_estimate_us=ESTIMATE_US[est])
+        bench.emit(results, row, fn)
     for temperature, with_q in [(0.0, False), (1.0, False), (1.0, True)]:
         qq = q if with_q else None
         op = lambda: xkernels.tree_verify(tokens, parents, logits, draft_probs=qq, temperature=temperature, seed=1)  # noqa: E731
@@ -195,12 +257,10 @@ def bench_tree(results, peak):
         # Every visited row once, plus (draft_probs) its q row and residual passes (at least one).
         read = visited * v * (2 + (4 * 3 if with_q else 0))
         row = dict(op="tree_verify", shape=f"N={n} M={m} V={v} bf16", temperature=temperature, draft_probs=with_q,
-                   mean_accept_len=round(accept_len.float().mean().item(), 2), us=round(us, 1), bytes_read=read,
-                   floor_us=None if peak is None else round(read / peak * 1e6, 1),
-                   h200_estimate_us=ESTIMATE_US[("tree_verify", temperature, with_q)],
-                   bandwidth_fraction=None if peak is None else round(read / (us * 1e-6) / peak, 3))
-        results.append(row)
-        print(json.dumps(row), flush=True)
+                   mean_accept_len=round(accept_len.float().mean().item(), 2), us=round(us, 1),
+                   h200_estimate_us=ESTIMATE_US[("tree_verify", temperature, with_q)])
+        bench.bandwidth(row, read, us)
+        bench.emit(results, row, op)
 
 
 def spiffy_inputs(n, length, v, dtype, masked=24, seed=0):
@@ -211,7 +271,7 @@ def spiffy_inputs(n, length, v, dtype, masked=24, seed=0):
     return logits, block
 
 
-def bench_spiffy(results, peak):
+def bench_spiffy(results, bench):
     """The diffusion ops at LLaDA's vocabulary (126464) and block (32), bfloat16 logits, the shipped
     graph. accept: keep=16 drafts whose logits equal the root's (deep walks), at V=32768."""
     from xkernels.spiffy import shipped_graph
@@ -239,18 +299,18 @@ def bench_spiffy(results, peak):
     for name, fn, moved in cases:
         us = time_events(fn, iters=100)
         row = dict(op=name, shape=f"N={n} L={length} V={small_v if name == 'spiffy_accept' else v} bf16 keep={keep}",
-                   us=round(us, 1), bytes_moved=moved, floor_us=None if peak is None else round(moved / peak * 1e6, 1),
-                   h200_estimate_us=ESTIMATE_US[(name,)],
-                   bandwidth_fraction=None if peak is None else round(moved / (us * 1e-6) / peak, 3))
+                   us=round(us, 1), h200_estimate_us=ESTIMATE_US[(name,)])
         if name == "spiffy_accept":
             row["mean_steps"] = round(steps.float().mean().item(), 2)
-        results.append(row)
-        print(json.dumps(row), flush=True)
+        bench.bandwidth(row, moved, us)
+        bench.emit(results, row, fn)
 
 
-def sanitize_cases():
-    """Edge cases that must stay memory-safe: odd and tiny V, K=0, N=0, bad ids, degenerate rows."""
-    for n, k, v in [(3, 4, 7), (2, 0, 5), (0, 3, 9), (5, 16, 4099), (2, 2, 1)]:
+# Edge cases that must stay memory-safe, per section: odd and tiny V, K=0, N=0, bad ids, degenerate rows.
+# Each section runs in its own process under compute-sanitizer, so one that dies leaves the others.
+
+def sanitize_chain():
+    for n, k, v in [(3, 4, 7), (2, 0, 5), (0, 3, 9), (0, 0, 9), (5, 16, 4099), (2, 2, 1)]:
         for dtype in (torch.float32, torch.bfloat16, torch.float16):
             for temperature, with_q in [(0.0, False), (1.0, False), (0.7, True)]:
                 drafts, logits, q = chain_verify_inputs(n, k, v, dtype, temperature, True)
@@ -260,7 +320,11 @@ def sanitize_cases():
                     logits[0, 0] = float("nan")
                     logits[-1, 0] = float("-inf")
                 xkernels.chain_verify(drafts, logits, draft_probs=q if with_q else None, temperature=temperature)
-    for n, b, v, r, h in [(3, 5, 97, 16, 32), (2, 16, 1000, 256, 512), (0, 4, 10, 8, 16), (1, 4, 300, 16, 12400)]:
+
+
+def sanitize_refine():
+    for n, b, v, r, h in [(3, 5, 97, 16, 32), (2, 16, 1000, 256, 512), (0, 4, 10, 8, 16), (1, 4, 300, 16, 12400),
+                          (2, 2, 1, 16, 16), (1, 1, 7, 16, 16)]:
         for dtype in (torch.float32, torch.bfloat16):
             ctx, prev, base, weights = refine_inputs(n, b, v, r, h, dtype)
             if n:
@@ -270,7 +334,10 @@ def sanitize_cases():
                 xkernels.refine_step(ctx, prev, base, weights, temperature=temperature)
                 xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=3, temperature=temperature)
                 xkernels.sequential_refine(ctx, prefix, base, weights, temperature=temperature)
-    for n, budget, v in [(3, 12, 97), (2, 63, 1000), (0, 4, 10)]:
+
+
+def sanitize_tree():
+    for n, budget, v in [(3, 12, 97), (2, 63, 1000), (0, 4, 10), (2, 0, 10)]:
         for dtype in (torch.float32, torch.bfloat16):
             lp, tok, tokens, parents, logits, q = tree_inputs(n, budget, v, dtype)
             xkernels.build_draft_tree(lp, tok, budget)
@@ -284,6 +351,9 @@ def sanitize_cases():
                                                            without_replacement=wr, temperature=temperature)
             cache = torch.randn(n, 2, budget + 8, 16, device="cuda", dtype=dtype)
             xkernels.compact_kv_(cache, path, accept_len, 3)
+
+
+def sanitize_spiffy():
     for n, length, v in [(2, 32, 1000), (1, 7, 33), (0, 4, 10)]:
         for dtype in (torch.float32, torch.bfloat16):
             logits = torch.randn(n, length, v, device="cuda").to(dtype)
@@ -312,28 +382,34 @@ def sanitize_cases():
             lens = torch.tensor([3, 0, 9, 5][: max(n, 1)], device="cuda")
             xkernels.spiffy_attention_mask(keep, length, lens, max_prefix_len=9,
                                            layout="packed" if dtype == torch.bfloat16 else "bool")
-    torch.cuda.synchronize()
-    print("sanitize cases ran")
+
+
+SECTIONS = {"chain": (bench_chain_verify, sanitize_chain), "refine": (bench_refine, sanitize_refine),
+            "tree": (bench_tree, sanitize_tree), "spiffy": (bench_spiffy, sanitize_spiffy)}
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sanitize", action="store_true", help="run the small edge cases only")
-    parser.add_argument("--json", help="write the timings here")
+    parser.add_argument("--sanitize", choices=sorted(SECTIONS), help="run one section's small edge cases only")
+    parser.add_argument("--only", nargs="+", choices=sorted(SECTIONS), default=list(SECTIONS),
+                        help="the sections to time (default: all)")
+    parser.add_argument("--json", help="append the rows here, one JSON object a line")
+    parser.add_argument("--profile", action="store_true", help="add each case's CUDA kernels and their times")
     args = parser.parse_args()
     if args.sanitize:
-        sanitize_cases()
+        SECTIONS[args.sanitize][1]()
+        torch.cuda.synchronize()
+        print(f"sanitize cases of {args.sanitize} ran", flush=True)
         return
-    name, peak = peak_bandwidth()
-    print(f"device: {name}, peak HBM bandwidth {peak / 1e12 if peak else '?'} TB/s", flush=True)
-    results = []
-    bench_chain_verify(results, peak)
-    bench_refine(results, peak)
-    bench_tree(results, peak)
-    bench_spiffy(results, peak)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(device=name, torch=torch.__version__, results=results), f, indent=1)
+    bench = Bench(profile=args.profile)
+    for section in args.only:
+        results = []
+        SECTIONS[section][0](results, bench)
+        if args.json:
+            with open(args.json, "a") as f:
+                for row in results:
+                    f.write(json.dumps(dict(row, device=bench.name, torch=torch.__version__,
+                                            achievable_tb_s=round(bench.achievable / 1e12, 2))) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,17 +1,28 @@
 #!/usr/bin/env bash
-# The GPU check, for a machine with a GPU and no network (the device tool's H200):
-# builds with CMake, runs the whole test suite (CUDA tests included), runs the ops under
-# compute-sanitizer, and times them. Writes everything under $OUT (or build/gpu_check).
-# Budget: about 5 minutes on an H200.
+# The GPU check, for a machine with a GPU and no network (the device tool's H200): builds with CMake,
+# runs the CUDA tests (pytest-xdist where installed, so a test that kills its process is named and the
+# run goes on), each section's edge cases under compute-sanitizer memcheck and racecheck in separate
+# processes, the timings against the peers with a per-kernel table, and end-to-end decoding on the GPU.
+# Every step has a deadline and the summary is always printed. About 4 minutes after the build on an
+# H200. Writes at most 8 files under $OUT (default build/gpu_check):
+#   gpu_check.log build.log ptxas.txt tests.log sanitize.log timings.jsonl decode.log
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-$PWD/build/gpu_check}"
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu_check.log") 2>&1
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export XKERNELS_CUDA=1 XKERNELS_PTXAS_VERBOSE=1 TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0a}"
 export MAX_JOBS="${MAX_JOBS:-16}"
-status=0
+SECTIONS="chain refine tree spiffy"
+declare -a SUMMARY=()
+record() { SUMMARY+=("$(printf '%-34s %s' "$1" "$2")"); }
+verdict() { case $1 in 0) echo ok;; 124|137) echo "TIMED OUT";; *) echo "FAILED (exit $1)";; esac; }
+summary() {
+  echo; echo "== summary ($(date +%T))"
+  printf '%s\n' "${SUMMARY[@]}"
+}
+trap summary EXIT
 step() { echo; echo "== $1 ($(date +%T))"; }
 
 step "machine"
@@ -19,20 +30,49 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=c
 python -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 
 step "build"
-python -c 'import setup, sysconfig; setup.build_with_cmake("xkernels/libxkernels" + sysconfig.get_config_var("EXT_SUFFIX"))' \
-  > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; echo "BUILD FAILED"; exit 1; }
+timeout 600 python -c 'import setup, sysconfig; setup.build_with_cmake("xkernels/libxkernels" + sysconfig.get_config_var("EXT_SUFFIX"))' \
+  > "$OUT/build.log" 2>&1
+rc=$?; record build "$(verdict $rc)"
+if [ $rc -ne 0 ]; then tail -40 "$OUT/build.log"; exit 1; fi
 grep -E "ptxas info +: (Used|Compiling entry)|spill" "$OUT/build.log" | (c++filt 2>/dev/null || cat) > "$OUT/ptxas.txt"
+grep -E "libstdc\+\+" "$OUT/build.log" | sed 's/^ *-- //'
 python -m xkernels info
 
-step "tests"
-timeout 300 python -m pytest tests -q -x -p no:cacheprovider || status=1
+step "tests (CUDA ones and the argument errors) beside the sanitizers"
+XDIST=""
+python -c 'import xdist' 2>/dev/null && XDIST="-n 8"
+timeout 150 python -m pytest tests -q -rf -p no:cacheprovider $XDIST -m needs_cuda > "$OUT/tests.log" 2>&1 &
+tests_pid=$!
+: > "$OUT/sanitize.log"
+declare -A SAN_PIDS=()
+for tool in memcheck racecheck; do
+  for section in $SECTIONS; do
+    ( out=$(timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 python bench/gpu_bench.py --sanitize $section 2>&1)
+      rc=$?; { echo "-- $tool $section: exit $rc"; echo "$out" | tail -25; } >> "$OUT/sanitize.log"; exit $rc ) &
+    SAN_PIDS["$tool $section"]=$!
+  done
+done
+wait $tests_pid; rc=$?
+tail -25 "$OUT/tests.log"
+record "pytest -m needs_cuda" "$(verdict $rc): $(grep -E '(passed|failed|error)' "$OUT/tests.log" | tail -1)"
+timeout 60 python -m pytest tests/test_error_messages.py -q -p no:cacheprovider >> "$OUT/tests.log" 2>&1
+record "argument errors (CPU + CUDA)" "$(verdict $?)"
+for key in "${!SAN_PIDS[@]}"; do
+  wait "${SAN_PIDS[$key]}"; record "sanitizer $key" "$(verdict $?)"
+done
+grep -E "^-- |ERROR SUMMARY|Invalid|Race" "$OUT/sanitize.log" | head -60
 
-step "compute-sanitizer (memcheck, racecheck)"
-timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 python bench/gpu_bench.py --sanitize || status=1
-timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 python bench/gpu_bench.py --sanitize || status=1
+step "timings against the peers, with the kernels of each case"
+for section in $SECTIONS; do
+  timeout 120 python bench/gpu_bench.py --only $section --profile --json "$OUT/timings.jsonl"
+  record "timings $section" "$(verdict $?)"
+done
 
-step "timings"
-timeout 180 python bench/gpu_bench.py --json "$OUT/timings.json" || status=1
+step "end to end on the GPU (shipped models, held-out prompts, T=0)"
+timeout 120 python -m xkernels demo --device cuda --prompts 2 --tokens 64 --no-sweep --out /tmp/xk_demo \
+  > "$OUT/decode.log" 2>&1
+record "demo --device cuda" "$(verdict $?)"
+tail -60 "$OUT/decode.log"
 
-step "done: status $status"
-exit $status
+failed=$(printf '%s\n' "${SUMMARY[@]}" | grep -cv ' ok')
+exit $(( failed > 0 ))
