@@ -1,8 +1,8 @@
 // refine_step, jacobi_refine and sequential_refine on the CPU. The small front of a
 // pass (gather, mix, SwiGLU over B slots in rank space) uses ATen; the read is
-// fused: vocabulary chunks that stay in cache run in parallel, each one BLAS call
-// for all rows then one epilogue (bias add, scale, Gumbel-max, softmax statistics),
-// so the [rows, V] logits are never materialised.
+// fused: vocabulary chunks that stay in cache run in parallel, each one vendor GEMM
+// (at::mm: MKL/oneDNN) for all rows then one epilogue (bias add, scale, Gumbel-max,
+// softmax statistics), so the [rows, V] logits are never materialised.
 #include <ATen/Parallel.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
@@ -62,13 +62,16 @@ void read_and_sample(const std::vector<ReadRow<T>>& rows, const at::Tensor& z, c
   if (m_rows == 0) return;
   const int64_t chunks = (v + kChunk - 1) / kChunk;
   const bool greedy = rng.inv_t == 0.0f;
+  // bfloat16 weights: a bfloat16 GEMM (AMX through oneDNN where the CPU has it), as eager PyTorch
+  // runs it; z and each product are rounded to bfloat16.
+  const at::Tensor zr = z.defined() ? z.to(w_read.scalar_type()) : z;
   std::vector<SampledRow> partial(static_cast<size_t>(m_rows * chunks));
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> a(kChunk);
     for (int64_t c = begin; c < end; ++c) {
       const int64_t v0 = c * kChunk, len = std::min(kChunk, v - v0);
       at::Tensor dots;
-      if (z.defined()) dots = at::mm(z, w_read.narrow(0, v0, len).to(at::kFloat).t()).contiguous();
+      if (z.defined()) dots = at::mm(zr, w_read.narrow(0, v0, len).t()).to(at::kFloat).contiguous();
       const float* dot = dots.defined() ? dots.const_data_ptr<float>() : nullptr;
       for (int64_t m = 0; m < m_rows; ++m) {
         const T* s = rows[m].s + v0;
