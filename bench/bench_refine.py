@@ -1,5 +1,7 @@
 """xPress refinement on the CPU (V=32768, r=256, B=16, D=15): the fused ops against the eager
-reference, Jacobi against the sequential decode, and the largest single allocation of each."""
+reference, refine_step against the bare read GEMM of its dtype, Jacobi against the sequential
+decode, and the largest single allocation of each. The read against both peers in one run:
+`python -m pytest bench_refine.py -k "refine_step and not jacobi"`."""
 
 import pytest
 import torch
@@ -44,8 +46,9 @@ def calls(op, impl, ctx, prev, base, weights, temperature):
     if op == "refine_step vs bare z @ w_read.T":  # the GEMM the fused read cannot avoid, as the baseline
         if impl == "xkernels":
             return lambda: xkernels.refine_step(ctx, prev, base, weights, temperature=temperature, seed=1)
-        z = torch.randn(ctx.shape[0] * D, R, generator=torch.Generator().manual_seed(3))
-        w_read = weights.w_read.float()
+        # In the weights' dtype: with bfloat16 the vendor's bf16 GEMM (oneDNN, AMX where the CPU has it).
+        z = torch.randn(ctx.shape[0] * D, R, generator=torch.Generator().manual_seed(3)).to(weights.w_read.dtype)
+        w_read = weights.w_read
         return lambda: z @ w_read.T
     # sequential (15 serial steps, the baseline) against Jacobi with 4 passes, both xkernels
     if impl == "xkernels":
@@ -55,7 +58,7 @@ def calls(op, impl, ctx, prev, base, weights, temperature):
 
 CASES = [(op, n, dtype, 0.0) for op in ["refine_step", "jacobi_refine x4", "sequential vs jacobi x4"]
          for n in (1, 4) for dtype in (torch.float32, torch.bfloat16)] + [("refine_step", 1, torch.float32, 1.0)] + [
-    ("refine_step vs bare z @ w_read.T", n, torch.float32, 0.0) for n in (1, 4)]
+    ("refine_step vs bare z @ w_read.T", n, dtype, 0.0) for n in (1, 4) for dtype in (torch.float32, torch.bfloat16)]
 
 
 @pytest.mark.parametrize("impl", ["xkernels", "reference"])

@@ -89,6 +89,19 @@ def test_refine_step_matches_reference(device, shape, logits_dtype, weight_dtype
     assert_logprobs_close(logprobs, want_logprobs, same, weight_dtype, bound)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_vocabulary_of_several_gemm_slices(device, temperature):
+    """V above the CPU's 8192-id GEMM slice (and not a multiple of its 1024-id chunks): the slices'
+    partial results merge to the reference's sample."""
+    ctx, prev, base, weights = make_case(2, 3, 2, 20003, 8, 16, seed=12)
+    tokens, logprobs = xkernels.refine_step(*to(device, ctx, prev, base), weights.to(device),
+                                            temperature=temperature, seed=7)
+    want_tokens, want_logprobs = reference.refine_step(ctx, prev, base, weights, temperature, 7)
+    assert torch.equal(tokens.cpu(), want_tokens)
+    torch.testing.assert_close(logprobs.cpu(), want_logprobs, atol=1e-4, rtol=1e-4)
+
+
 def test_module_forward_matches_folded_weights():
     torch.manual_seed(0)
     n, b, d, v, hidden = 3, 8, 7, 120, 24
