@@ -76,17 +76,25 @@ void read_and_sample(const std::vector<ReadRow<T>>& rows, const at::Tensor& z, c
   std::vector<SampledRow> partial(static_cast<size_t>(m_rows * chunks));
   for (int64_t v0 = 0; v0 < v; v0 += slice) {
     const int64_t len = std::min(slice, v - v0), slice_chunks = (len + kChunk - 1) / kChunk;
-    at::Tensor dots;  // [rows, len]
-    if (z.defined()) dots = at::mm(zr, w_read.narrow(0, v0, len).t()).to(at::kFloat).contiguous();
-    const float* dot = dots.defined() ? dots.const_data_ptr<float>() : nullptr;
+    at::Tensor dots;  // [rows, len] in the weights' dtype, read as is (no conversion pass)
+    if (z.defined()) dots = at::mm(zr, w_read.narrow(0, v0, len).t()).contiguous();
     at::parallel_for(0, m_rows * slice_chunks, 1, [&](int64_t begin, int64_t end) {
       std::vector<float> a(kChunk);
       for (int64_t job_index = begin; job_index < end; ++job_index) {
         const int64_t m = job_index / slice_chunks, c = job_index % slice_chunks;
         const int64_t u0 = v0 + c * kChunk, n_ids = std::min(kChunk, v0 + len - u0);
         const T* s = rows[m].s + u0;
-        const float* d = dot ? dot + m * len + (u0 - v0) : nullptr;
-        for (int64_t i = 0; i < n_ids; ++i) a[i] = (static_cast<float>(s[i]) + (d ? d[i] : 0.0f)) * scale;
+        auto refine = [&](const auto* d) {
+          for (int64_t i = 0; i < n_ids; ++i) a[i] = (static_cast<float>(s[i]) + static_cast<float>(d[i])) * scale;
+        };
+        const int64_t at_dot = m * len + (u0 - v0);
+        if (!dots.defined()) {
+          for (int64_t i = 0; i < n_ids; ++i) a[i] = static_cast<float>(s[i]) * scale;
+        } else if (dots.scalar_type() == at::kFloat) {
+          refine(dots.const_data_ptr<float>() + at_dot);
+        } else {
+          refine(dots.const_data_ptr<at::BFloat16>() + at_dot);
+        }
         RowStats st = cpu::row_stats(a.data(), n_ids);
         st.top.idx += static_cast<int32_t>(u0);
         SampledRow out{st.top, st.top.val, st};
