@@ -116,6 +116,19 @@ __device__ __forceinline__ FrontRows front_rows(const RefineParams& p, const Row
   return f;
 }
 
+// A front block: kFrontRows rows and kWarps of the `outputs` (units or channels), one a warp;
+// `out` is this warp's.
+struct FrontWarp {
+  int64_t out;
+  FrontRows rows;
+};
+
+__device__ __forceinline__ FrontWarp front_warp(const RefineParams& p, const RowSet& rs, int64_t outputs) {
+  const int64_t output_blocks = (outputs + kWarps - 1) / kWarps;
+  return FrontWarp{blockIdx.x % output_blocks * kWarps + threadIdx.x / 32,
+                   front_rows(p, rs, blockIdx.x / output_blocks * kFrontRows)};
+}
+
 // u of the row at hid/z index `at` (sequence n).
 __device__ __forceinline__ const float* u_row(const RefineParams& p, const RefineWorkspace& w, int64_t n, int64_t at) {
   return w.u + (n * p.b + p.f + at % p.d) * p.r;
@@ -124,12 +137,9 @@ __device__ __forceinline__ const float* u_row(const RefineParams& p, const Refin
 // hid[j] = silu(w_gate[j] . u) * (w_up[j] . u): a warp per unit j (8 a block) for 8 rows.
 template <typename TW>
 __global__ void __launch_bounds__(kThreads) front_hidden_kernel(RefineParams p, RowSet rs, RefineWorkspace w) {
-  const int64_t unit_blocks = (p.h + kWarps - 1) / kWarps;
-  const int64_t m0 = blockIdx.x / unit_blocks * kFrontRows;
-  const int lane = threadIdx.x % 32;
-  const int64_t j = blockIdx.x % unit_blocks * kWarps + threadIdx.x / 32;
+  const auto [j, rows] = front_warp(p, rs, p.h);
   if (j >= p.h) return;
-  const FrontRows rows = front_rows(p, rs, m0);
+  const int lane = threadIdx.x % 32;
   const TW* w_gate = static_cast<const TW*>(p.w_gate) + j * p.r;
   const TW* w_up = static_cast<const TW*>(p.w_up) + j * p.r;
   float g[kFrontRows], up[kFrontRows];
@@ -155,12 +165,9 @@ __global__ void __launch_bounds__(kThreads) front_hidden_kernel(RefineParams p, 
 // z[c] = u[c] + w_down[c] . hid: a warp per channel c (8 a block) for 8 rows.
 template <typename TW>
 __global__ void __launch_bounds__(kThreads) front_down_kernel(RefineParams p, RowSet rs, RefineWorkspace w) {
-  const int64_t channel_blocks = (p.r + kWarps - 1) / kWarps;
-  const int64_t m0 = blockIdx.x / channel_blocks * kFrontRows;
-  const int lane = threadIdx.x % 32;
-  const int64_t c = blockIdx.x % channel_blocks * kWarps + threadIdx.x / 32;
+  const auto [c, rows] = front_warp(p, rs, p.r);
   if (c >= p.r) return;
-  const FrontRows rows = front_rows(p, rs, m0);
+  const int lane = threadIdx.x % 32;
   const TW* w_down = static_cast<const TW*>(p.w_down) + c * p.h;
   float acc[kFrontRows];
 #pragma unroll

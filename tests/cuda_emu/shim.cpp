@@ -140,9 +140,9 @@ int xk_emu_refine(int op, const float* ctx, const int64_t* tokens, int64_t token
   if (op == 0) err = launch_refine_step(p, gemm, workspace, tok, lp, nullptr);
   if (op == 1) err = launch_jacobi_refine(p, gemm, max_iters, workspace, tok, lp, it, nullptr);
   if (op == 2) err = launch_sequential_refine(p, gemm, workspace, tok, lp, nullptr);
-  std::memcpy(out_tokens, tok, sizeof(int64_t) * n * d);
-  std::memcpy(out_logprobs, lp, sizeof(float) * n * d);
-  if (out_iters) std::memcpy(out_iters, it, sizeof(int32_t) * n);
+  copy_out(out_tokens, tok, sizeof(int64_t) * n * d);
+  copy_out(out_logprobs, lp, sizeof(float) * n * d);
+  if (out_iters) copy_out(out_iters, it, sizeof(int32_t) * n);
   return finish(err, message, message_len);
 }
 
