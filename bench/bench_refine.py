@@ -1,5 +1,8 @@
 """xPress refinement on the CPU (V=32768, r=256, B=16, D=15): the fused ops against the eager
-reference, Jacobi against the sequential decode, and the largest single allocation of each."""
+reference, refine_step against the bare read GEMM of its dtype, Jacobi against the sequential
+decode, and the largest single allocation of each. The read against both peers in one run:
+`python -m pytest bench_refine.py -k "refine_step and not jacobi"`, or in interleaved rounds (robust to a
+busy machine): `python bench/bench_refine.py [--threads 1]`."""
 
 import pytest
 import torch
@@ -44,8 +47,9 @@ def calls(op, impl, ctx, prev, base, weights, temperature):
     if op == "refine_step vs bare z @ w_read.T":  # the GEMM the fused read cannot avoid, as the baseline
         if impl == "xkernels":
             return lambda: xkernels.refine_step(ctx, prev, base, weights, temperature=temperature, seed=1)
-        z = torch.randn(ctx.shape[0] * D, R, generator=torch.Generator().manual_seed(3))
-        w_read = weights.w_read.float()
+        # In the weights' dtype: with bfloat16 the vendor's bf16 GEMM (oneDNN, AMX where the CPU has it).
+        z = torch.randn(ctx.shape[0] * D, R, generator=torch.Generator().manual_seed(3)).to(weights.w_read.dtype)
+        w_read = weights.w_read
         return lambda: z @ w_read.T
     # sequential (15 serial steps, the baseline) against Jacobi with 4 passes, both xkernels
     if impl == "xkernels":
@@ -55,7 +59,7 @@ def calls(op, impl, ctx, prev, base, weights, temperature):
 
 CASES = [(op, n, dtype, 0.0) for op in ["refine_step", "jacobi_refine x4", "sequential vs jacobi x4"]
          for n in (1, 4) for dtype in (torch.float32, torch.bfloat16)] + [("refine_step", 1, torch.float32, 1.0)] + [
-    ("refine_step vs bare z @ w_read.T", n, torch.float32, 0.0) for n in (1, 4)]
+    ("refine_step vs bare z @ w_read.T", n, dtype, 0.0) for n in (1, 4) for dtype in (torch.float32, torch.bfloat16)]
 
 
 @pytest.mark.parametrize("impl", ["xkernels", "reference"])
@@ -67,3 +71,46 @@ def bench_refine(benchmark, impl, op, n, dtype, temperature):
     benchmark.extra_info["impl"] = impl
     benchmark.extra_info["largest_alloc_MB"] = round(largest_allocation(fn) / 2**20, 2)
     benchmark.pedantic(fn, rounds=3 if impl == "reference" and temperature else 8, warmup_rounds=1)
+
+
+def interleaved(ns=(1, 4), rounds=15):
+    """refine_step, the bare read GEMM of its dtype and the eager reference, timed in interleaved
+    rounds (each round runs all three in turn, so a busy machine slows them alike); medians in ms."""
+    import time
+
+    rows = []
+    for n in ns:
+        for dtype in (torch.float32, torch.bfloat16):
+            ctx, prev, base, weights = make_inputs(n, dtype)
+            fns = {name: calls(op, impl, ctx, prev, base, weights, 0.0)
+                   for name, op, impl in [("refine_step", "refine_step", "xkernels"),
+                                          ("bare GEMM", "refine_step vs bare z @ w_read.T", "reference"),
+                                          ("eager reference", "refine_step", "reference")]}
+            times = {name: [] for name in fns}
+            for fn in fns.values():
+                fn()  # warm-up
+            for _ in range(rounds):
+                for name, fn in fns.items():
+                    start = time.perf_counter()
+                    fn()
+                    times[name].append(time.perf_counter() - start)
+            med = {name: sorted(t)[len(t) // 2] * 1e3 for name, t in times.items()}
+            rows.append((n, str(dtype).replace("torch.", ""), med))
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {rounds} interleaved rounds, medians (ms)")
+    print(f"{'case':<22} {'refine_step':>12} {'bare GEMM':>10} {'eager':>9} {'vs GEMM':>8} {'vs eager':>9}")
+    for n, dtype, med in rows:
+        ours, gemm, eager = med["refine_step"], med["bare GEMM"], med["eager reference"]
+        print(f"{f'N={n} {dtype} T=0':<22} {ours:>12.2f} {gemm:>10.2f} {eager:>9.2f} {ours / gemm:>7.2f}x "
+              f"{eager / ours:>8.2f}x")
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description=interleaved.__doc__)
+    parser.add_argument("--threads", type=int, help="torch's intra-op threads (default: torch's choice)")
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    interleaved(rounds=args.rounds)

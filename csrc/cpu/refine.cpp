@@ -1,8 +1,8 @@
 // refine_step, jacobi_refine and sequential_refine on the CPU. The small front of a
 // pass (gather, mix, SwiGLU over B slots in rank space) uses ATen; the read is
-// fused: vocabulary chunks that stay in cache run in parallel, each one BLAS call
-// for all rows then one epilogue (bias add, scale, Gumbel-max, softmax statistics),
-// so the [rows, V] logits are never materialised.
+// fused: vocabulary chunks that stay in cache run in parallel, each one vendor GEMM
+// (at::mm: MKL/oneDNN) for all rows then one epilogue (bias add, scale, Gumbel-max,
+// softmax statistics), so the [rows, V] logits are never materialised.
 #include <ATen/Parallel.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
@@ -26,7 +26,13 @@
 namespace xkernels {
 namespace {
 
-constexpr int64_t kChunk = 2048;  // vocabulary ids per chunk: 2 MB of float32 w_read at r = 256
+// The read in vocabulary slices: one vendor GEMM a slice (at::mm, threaded by MKL/oneDNN and,
+// with bfloat16 weights, on AMX where the CPU has it), whose products (at most kSliceBytes, or
+// kMinSlice ids: each GEMM call has a fixed cost) the epilogue then reads from cache, its rows
+// and chunks of kChunk ids in parallel.
+constexpr int64_t kSliceBytes = 2 << 20;
+constexpr int64_t kMinSlice = 8192;
+constexpr int64_t kChunk = 1024;  // a multiple of 4: a Philox draw covers 4 ids
 
 struct Weights {
   at::Tensor emb, mix, w_gate, w_up, w_down, w_read;
@@ -61,36 +67,50 @@ void read_and_sample(const std::vector<ReadRow<T>>& rows, const at::Tensor& z, c
   const int64_t m_rows = static_cast<int64_t>(rows.size());
   if (m_rows == 0) return;
   const int64_t chunks = (v + kChunk - 1) / kChunk;
+  const int64_t slice = std::max(kMinSlice, kSliceBytes / static_cast<int64_t>(sizeof(float)) / m_rows) / kChunk * kChunk;
   const bool greedy = rng.inv_t == 0.0f;
+  const float scale = greedy ? 1.0f : rng.inv_t;
+  // bfloat16 weights: a bfloat16 GEMM, as eager PyTorch runs it: z and each product are rounded
+  // to bfloat16.
+  const at::Tensor zr = z.defined() ? z.to(w_read.scalar_type()) : z;
   std::vector<SampledRow> partial(static_cast<size_t>(m_rows * chunks));
-  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> a(kChunk);
-    for (int64_t c = begin; c < end; ++c) {
-      const int64_t v0 = c * kChunk, len = std::min(kChunk, v - v0);
-      at::Tensor dots;
-      if (z.defined()) dots = at::mm(z, w_read.narrow(0, v0, len).to(at::kFloat).t()).contiguous();
-      const float* dot = dots.defined() ? dots.const_data_ptr<float>() : nullptr;
-      for (int64_t m = 0; m < m_rows; ++m) {
-        const T* s = rows[m].s + v0;
-        const float scale = greedy ? 1.0f : rng.inv_t;
-        for (int64_t i = 0; i < len; ++i)
-          a[i] = (static_cast<float>(s[i]) + (dot ? dot[m * len + i] : 0.0f)) * scale;
-        RowStats st = cpu::row_stats(a.data(), len);
-        st.top.idx += static_cast<int32_t>(v0);
+  for (int64_t v0 = 0; v0 < v; v0 += slice) {
+    const int64_t len = std::min(slice, v - v0), slice_chunks = (len + kChunk - 1) / kChunk;
+    at::Tensor dots;  // [rows, len] in the weights' dtype, read as is (no conversion pass)
+    if (z.defined()) dots = at::mm(zr, w_read.narrow(0, v0, len).t()).contiguous();
+    at::parallel_for(0, m_rows * slice_chunks, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> a(kChunk);
+      for (int64_t job_index = begin; job_index < end; ++job_index) {
+        const int64_t m = job_index / slice_chunks, c = job_index % slice_chunks;
+        const int64_t u0 = v0 + c * kChunk, n_ids = std::min(kChunk, v0 + len - u0);
+        const T* s = rows[m].s + u0;
+        auto refine = [&](const auto* d) {
+          for (int64_t i = 0; i < n_ids; ++i) a[i] = (static_cast<float>(s[i]) + static_cast<float>(d[i])) * scale;
+        };
+        const int64_t at_dot = m * len + (u0 - v0);
+        if (!dots.defined()) {
+          for (int64_t i = 0; i < n_ids; ++i) a[i] = static_cast<float>(s[i]) * scale;
+        } else if (dots.scalar_type() == at::kFloat) {
+          refine(dots.const_data_ptr<float>() + at_dot);
+        } else {
+          refine(dots.const_data_ptr<at::BFloat16>() + at_dot);
+        }
+        RowStats st = cpu::row_stats(a.data(), n_ids);
+        st.top.idx += static_cast<int32_t>(u0);
         SampledRow out{st.top, st.top.val, st};
         if (!greedy) {
           const SampleJob job{kSamplePlain, static_cast<int32_t>(rows[m].slot), -1, 0, st};
           ArgMax best = argmax_empty();
-          for (int64_t i = 0; i < len; i += 4)
-            sample_group(best, job, rng.seed, rng.offset, rows[m].sequence, static_cast<uint32_t>((v0 + i) / 4),
-                         a.data() + i, nullptr, static_cast<int>(std::min<int64_t>(4, len - i)));
+          for (int64_t i = 0; i < n_ids; i += 4)
+            sample_group(best, job, rng.seed, rng.offset, rows[m].sequence, static_cast<uint32_t>((u0 + i) / 4),
+                         a.data() + i, nullptr, static_cast<int>(std::min<int64_t>(4, n_ids - i)));
           out.pick = best;
-          out.pick_a = best.idx == kNoIndex ? kNegInf : a[best.idx - v0];
+          out.pick_a = best.idx == kNoIndex ? kNegInf : a[best.idx - u0];
         }
-        partial[m * chunks + c] = out;
+        partial[m * chunks + v0 / kChunk + c] = out;
       }
-    }
-  });
+    });
+  }
   for (int64_t m = 0; m < m_rows; ++m) {
     SampledRow r = sampled_empty();
     for (int64_t c = 0; c < chunks; ++c) r = sampled_merge(r, partial[m * chunks + c]);

@@ -1,8 +1,10 @@
-// refine_step, jacobi_refine and sequential_refine on CUDA: checks, allocation and the
-// launches on the current stream.
+// refine_step, jacobi_refine and sequential_refine on CUDA: checks, allocation, the read's GEMM
+// (cuBLAS through ATen) and the launches on the current stream.
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/mm.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -14,8 +16,27 @@
 namespace xkernels {
 namespace {
 
+// One slice of the read's product on the current stream: float32 weights take cuBLAS's SGEMM
+// (TF32 only if torch.backends.cuda.matmul.allow_tf32 is set), bfloat16 weights the bf16 GEMM
+// with float32 output (mm's out_dtype), so the products are not rounded to bfloat16.
+cudaError_t read_gemm(void* context, const cuda::ReadGemm& g, cudaStream_t) {
+  const at::TensorOptions& device = *static_cast<const at::TensorOptions*>(context);
+  const auto in = device.dtype(g.type == cuda::WeightType::kFloat32 ? at::kFloat : at::kBFloat16);
+  const auto a = at::from_blob(const_cast<void*>(g.a), {g.rows, g.r}, {g.lda, 1}, in);
+  const auto b = at::from_blob(const_cast<void*>(g.b), {g.len, g.r}, in);
+  auto out = at::from_blob(g.out, {g.rows, g.len}, device.dtype(at::kFloat));
+  if (g.type == cuda::WeightType::kFloat32) {
+    at::mm_out(out, a, b.t());
+  } else {
+    at::mm_out(out, a, b.t(), at::kFloat);
+  }
+  return cudaGetLastError();
+}
+
 struct Prepared {
   cuda::RefineParams params;
+  at::TensorOptions device;  // of ctx: the read's GEMM context
+  cuda::ReadGemmRunner gemm() { return {read_gemm, &device}; }
   at::Tensor workspace;
   std::vector<at::Tensor> keep_alive;  // contiguous copies the params point into
 };
@@ -51,12 +72,13 @@ Prepared prepare(const at::Tensor& ctx, const at::Tensor& tokens, const char* to
   p.n = s.n, p.b = s.b, p.d = s.d, p.f = s.f, p.r = s.r, p.h = s.h, p.v = s.v;
   p.inv_t = inverse_temperature(temperature);
   p.seed = rng.seed, p.offset = rng.offset, p.seed_ptr = rng.seed_ptr, p.offset_ptr = rng.offset_ptr;
-  p.num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  p.cc_major = at::cuda::getCurrentDeviceProperties()->major;
+  const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
+  p.num_sms = props->multiProcessorCount;
+  p.slice_bytes = props->l2CacheSize / 3;  // the rest of L2 serves w_read's slice and the base logits
+  out.device = ctx.options();
   out.workspace = cuda::workspace(cuda::refine_workspace_bytes(p), ctx);
   return out;
 }
-
 
 std::tuple<at::Tensor, at::Tensor> refine_step_cuda(const at::Tensor& ctx, const at::Tensor& prev_tokens,
                                                     const at::Tensor& base_logits, XK_REFINE_WEIGHT_ARGS,
@@ -67,7 +89,7 @@ std::tuple<at::Tensor, at::Tensor> refine_step_cuda(const at::Tensor& ctx, const
   const auto& p = prep.params;
   auto tokens = at::empty({p.n, p.d}, prev_tokens.options());
   auto logprobs = at::empty({p.n, p.d}, ctx.options());
-  cuda::check_launch(cuda::launch_refine_step(p, prep.workspace.mutable_data_ptr(), tokens.mutable_data_ptr<int64_t>(),
+  cuda::check_launch(cuda::launch_refine_step(p, prep.gemm(), prep.workspace.mutable_data_ptr(), tokens.mutable_data_ptr<int64_t>(),
                                         logprobs.mutable_data_ptr<float>(), cuda::stream()),
                "refine_step");
   return {tokens, logprobs};
@@ -86,7 +108,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> jacobi_refine_cuda(const at::Tens
   auto tokens = at::empty({p.n, p.d}, prefix_tokens.options());
   auto logprobs = at::empty({p.n, p.d}, ctx.options());
   auto iters = at::zeros({p.n}, prefix_tokens.options().dtype(at::kInt));
-  cuda::check_launch(cuda::launch_jacobi_refine(p, max_iters, prep.workspace.mutable_data_ptr(),
+  cuda::check_launch(cuda::launch_jacobi_refine(p, prep.gemm(), max_iters, prep.workspace.mutable_data_ptr(),
                                           tokens.mutable_data_ptr<int64_t>(), logprobs.mutable_data_ptr<float>(),
                                           iters.mutable_data_ptr<int32_t>(), cuda::stream()),
                "jacobi_refine");
@@ -102,7 +124,7 @@ std::tuple<at::Tensor, at::Tensor> sequential_refine_cuda(const at::Tensor& ctx,
   const auto& p = prep.params;
   auto tokens = at::zeros({p.n, p.d}, prefix_tokens.options());
   auto logprobs = at::empty({p.n, p.d}, ctx.options());
-  cuda::check_launch(cuda::launch_sequential_refine(p, prep.workspace.mutable_data_ptr(), tokens.mutable_data_ptr<int64_t>(),
+  cuda::check_launch(cuda::launch_sequential_refine(p, prep.gemm(), prep.workspace.mutable_data_ptr(), tokens.mutable_data_ptr<int64_t>(),
                                               logprobs.mutable_data_ptr<float>(),
                                               cuda::stream()),
                "sequential_refine");

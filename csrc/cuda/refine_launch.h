@@ -31,22 +31,55 @@ struct RefineParams {
   const int64_t* seed_ptr;
   const int64_t* offset_ptr;
   int num_sms;
-  int cc_major;  // the device's compute capability: tensor-core reads need 8 or more
+  // Bytes of float32 products one GEMM slice of the read may write: the slice is read back by
+  // the epilogue while it is still in L2 (the binding passes a third of the device's L2).
+  int64_t slice_bytes;
 };
+
+// One vocabulary slice of the read's product, run by the caller (cuBLAS through ATen in
+// refine.cpp; plain loops in the CPU emulation) on the launch stream, without a host sync:
+//   out[i * len + j] = sum_c a[i * lda + c] * b[j * r + c]   (i < rows, j < len)
+// a (the rows' z) and b (w_read from the slice's first id) hold elements of `type`; the sum is
+// accumulated and stored in float32. With bfloat16 weights z was rounded to bfloat16.
+struct ReadGemm {
+  const void* a;
+  int64_t lda, rows;
+  const void* b;
+  int64_t len, r;
+  WeightType type;
+  float* out;
+};
+using ReadGemmFn = cudaError_t (*)(void* context, const ReadGemm& gemm, cudaStream_t stream);
+struct ReadGemmRunner {
+  ReadGemmFn fn;
+  void* context;
+};
+
+// How one launch sequence over `rows` rows splits the vocabulary. Host planning shared by the
+// binding and the emulation; valid for any sizes (rows = 0, v = 1, slice_bytes = 0 included).
+struct RefineReadPlan {
+  int64_t chunk;             // ids an epilogue block reads: a multiple of 4 (a Philox draw covers 4 ids)
+  int64_t chunks;            // partial results per row: ceil(v / chunk)
+  int64_t chunks_per_slice;  // chunks a GEMM slice covers
+  int64_t slice;             // ids a GEMM slice covers: chunks_per_slice * chunk
+  int64_t slices;            // GEMM + epilogue launches of a pass: ceil(chunks / chunks_per_slice)
+};
+RefineReadPlan refine_read_plan(const RefineParams& p, int64_t rows, bool read);
 
 size_t refine_workspace_bytes(const RefineParams& p);
 
 // tokens/logprobs [n, d]. Returns the launch error, if any.
-cudaError_t launch_refine_step(const RefineParams& p, void* workspace, int64_t* tokens, float* logprobs,
-                               cudaStream_t stream);
+cudaError_t launch_refine_step(const RefineParams& p, const ReadGemmRunner& gemm, void* workspace, int64_t* tokens,
+                               float* logprobs, cudaStream_t stream);
 
-// tokens/logprobs [n, d], iters [n] (int32). A fixed number of launches for
-// max_iters passes; converged sequences' blocks exit at once.
-cudaError_t launch_jacobi_refine(const RefineParams& p, int64_t max_iters, void* workspace, int64_t* tokens,
-                                 float* logprobs, int32_t* iters, cudaStream_t stream);
+// tokens/logprobs [n, d], iters [n] (int32). A fixed launch sequence for max_iters passes (the
+// GEMMs included); converged sequences' blocks exit at once.
+cudaError_t launch_jacobi_refine(const RefineParams& p, const ReadGemmRunner& gemm, int64_t max_iters,
+                                 void* workspace, int64_t* tokens, float* logprobs, int32_t* iters,
+                                 cudaStream_t stream);
 
 // tokens (zero-filled by the caller) and logprobs [n, d].
-cudaError_t launch_sequential_refine(const RefineParams& p, void* workspace, int64_t* tokens, float* logprobs,
-                                     cudaStream_t stream);
+cudaError_t launch_sequential_refine(const RefineParams& p, const ReadGemmRunner& gemm, void* workspace,
+                                     int64_t* tokens, float* logprobs, cudaStream_t stream);
 
 }  // namespace xkernels::cuda

@@ -59,7 +59,9 @@ class CudaEmu:
         self._check(rc, msg)
         return accept_len, out
 
-    def refine(self, op, ctx, tokens, base, weights, temperature=0.0, seed=0, offset=0, max_iters=0, num_sms=4):
+    def refine(self, op, ctx, tokens, base, weights, temperature=0.0, seed=0, offset=0, max_iters=0, num_sms=4,
+               slice_bytes=1 << 20):
+        """slice_bytes: the L2 budget of one GEMM slice of the read (small values: many slices)."""
         n, b, r = ctx.shape
         d, v = base.shape[1], base.shape[2]
         h = weights.w_gate.shape[0]
@@ -74,10 +76,22 @@ class CudaEmu:
             ctypes.c_int(REFINE_OPS[op]), _ptr(ctx), _ptr(tokens), i64(tokens.shape[1]), _ptr(base),
             LOGITS_TYPES[base.dtype], *[_ptr(x) for x in w], WEIGHT_TYPES[w[0].dtype], i64(n), i64(b), i64(d), i64(r),
             i64(h), i64(v), ctypes.c_float(_inv_t(temperature)), ctypes.c_uint64(seed), ctypes.c_uint64(offset),
-            i64(max_iters), ctypes.c_int(num_sms), _ptr(out_tokens), _ptr(out_logprobs), _ptr(iters), msg,
+            i64(max_iters), ctypes.c_int(num_sms), i64(slice_bytes), _ptr(out_tokens), _ptr(out_logprobs), _ptr(iters), msg,
             ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
         return out_tokens, out_logprobs, iters
+
+    def refine_plan(self, n, b, d, r, h, v, rows, read=True, weight_dtype=torch.float32, num_sms=132,
+                    slice_bytes=20 << 20):
+        """The CUDA binding's planning of the refine read: (chunk, chunks, chunks_per_slice, slice,
+        slices) for `rows` rows, and the op's workspace bytes."""
+        plan = (ctypes.c_int64 * 5)()
+        workspace = ctypes.c_uint64()
+        i64 = ctypes.c_int64
+        self.lib.xk_emu_refine_plan(i64(n), i64(b), i64(d), i64(r), i64(h), i64(v), ctypes.c_int(WEIGHT_TYPES[weight_dtype]),
+                                    ctypes.c_int(num_sms), i64(slice_bytes), i64(rows), ctypes.c_int(read), plan,
+                                    ctypes.byref(workspace))
+        return tuple(plan), workspace.value
 
     def build_draft_tree(self, lp, tok, budget):
         n, d, k = lp.shape

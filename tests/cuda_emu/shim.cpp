@@ -59,6 +59,23 @@ void copy_out(void* dst, const void* src, size_t bytes) {
 
 size_t logits_bytes(int type) { return type == 0 ? 4 : 2; }
 
+float weight_at(const void* x, xkernels::cuda::WeightType type, int64_t i) {
+  return type == xkernels::cuda::WeightType::kFloat32 ? static_cast<const float*>(x)[i]
+                                                      : __bfloat162float(static_cast<const __nv_bfloat16*>(x)[i]);
+}
+
+// The read's GEMM, which the binding runs with cuBLAS, computed here on the CPU to its contract
+// (refine_launch.h): float32 sums of the given elements.
+cudaError_t emu_read_gemm(void*, const xkernels::cuda::ReadGemm& g, cudaStream_t) {
+  for (int64_t i = 0; i < g.rows; ++i)
+    for (int64_t j = 0; j < g.len; ++j) {
+      float acc = 0.0f;
+      for (int64_t c = 0; c < g.r; ++c) acc += weight_at(g.a, g.type, i * g.lda + c) * weight_at(g.b, g.type, j * g.r + c);
+      g.out[i * g.len + j] = acc;
+    }
+  return cudaSuccess;
+}
+
 }  // namespace
 
 extern "C" {
@@ -93,7 +110,7 @@ int xk_emu_refine(int op, const float* ctx, const int64_t* tokens, int64_t token
                   int base_type, const void* emb, const void* mix, const void* w_gate, const void* w_up,
                   const void* w_down, const void* w_read, int weight_type, int64_t n, int64_t b, int64_t d, int64_t r,
                   int64_t h, int64_t v, float inv_t, uint64_t seed, uint64_t offset, int64_t max_iters, int num_sms,
-                  int64_t* out_tokens, float* out_logprobs, int32_t* out_iters, char* message, size_t message_len) {
+                  int64_t slice_bytes, int64_t* out_tokens, float* out_logprobs, int32_t* out_iters, char* message, size_t message_len) {
   using namespace xkernels::cuda;
   Device dev;
   const size_t wb = weight_type == 0 ? 4 : 2;
@@ -112,20 +129,36 @@ int xk_emu_refine(int op, const float* ctx, const int64_t* tokens, int64_t token
   p.w_read = dev.copy(static_cast<const char*>(w_read), v * r * wb);
   p.weight_type = static_cast<WeightType>(weight_type);
   p.n = n, p.b = b, p.d = d, p.f = f, p.r = r, p.h = h, p.v = v;
-  p.inv_t = inv_t, p.seed = seed, p.offset = offset, p.num_sms = num_sms, p.cc_major = 9;
+  p.inv_t = inv_t, p.seed = seed, p.offset = offset, p.num_sms = num_sms, p.slice_bytes = slice_bytes;
+  const ReadGemmRunner gemm{emu_read_gemm, nullptr};
   void* workspace = dev.alloc(refine_workspace_bytes(p), 0xA5);
   // The callers zero-fill what the launchers' contracts say (csrc/cuda/refine.cpp).
   int64_t* tok = dev.alloc<int64_t>(sizeof(int64_t) * n * d, op == 2 ? 0 : 0xA5);
   float* lp = dev.alloc<float>(sizeof(float) * n * d, 0xA5);
   int32_t* it = dev.alloc<int32_t>(sizeof(int32_t) * n, 0);
   cudaError_t err = cudaErrorInvalidValue;
-  if (op == 0) err = launch_refine_step(p, workspace, tok, lp, nullptr);
-  if (op == 1) err = launch_jacobi_refine(p, max_iters, workspace, tok, lp, it, nullptr);
-  if (op == 2) err = launch_sequential_refine(p, workspace, tok, lp, nullptr);
-  std::memcpy(out_tokens, tok, sizeof(int64_t) * n * d);
-  std::memcpy(out_logprobs, lp, sizeof(float) * n * d);
-  if (out_iters) std::memcpy(out_iters, it, sizeof(int32_t) * n);
+  if (op == 0) err = launch_refine_step(p, gemm, workspace, tok, lp, nullptr);
+  if (op == 1) err = launch_jacobi_refine(p, gemm, max_iters, workspace, tok, lp, it, nullptr);
+  if (op == 2) err = launch_sequential_refine(p, gemm, workspace, tok, lp, nullptr);
+  copy_out(out_tokens, tok, sizeof(int64_t) * n * d);
+  copy_out(out_logprobs, lp, sizeof(float) * n * d);
+  if (out_iters) copy_out(out_iters, it, sizeof(int32_t) * n);
   return finish(err, message, message_len);
+}
+
+// The binding's host planning of the refine read for `rows` rows: plan = {chunk, chunks,
+// chunks_per_slice, slice, slices}, and the workspace bytes of the op's shapes.
+void xk_emu_refine_plan(int64_t n, int64_t b, int64_t d, int64_t r, int64_t h, int64_t v, int weight_type,
+                        int num_sms, int64_t slice_bytes, int64_t rows, int read, int64_t* plan,
+                        uint64_t* workspace_bytes) {
+  using namespace xkernels::cuda;
+  RefineParams p{};
+  p.n = n, p.b = b, p.d = d, p.f = b - d, p.r = r, p.h = h, p.v = v;
+  p.weight_type = static_cast<WeightType>(weight_type);
+  p.num_sms = num_sms, p.slice_bytes = slice_bytes;
+  const RefineReadPlan x = refine_read_plan(p, rows, read != 0);
+  plan[0] = x.chunk, plan[1] = x.chunks, plan[2] = x.chunks_per_slice, plan[3] = x.slice, plan[4] = x.slices;
+  *workspace_bytes = refine_workspace_bytes(p);
 }
 
 int xk_emu_build_draft_tree(const float* lp, const int64_t* tok, int64_t n, int64_t d, int64_t k, int64_t budget,

@@ -9,8 +9,8 @@ from pathlib import Path
 KERNELS = {
     "chain_verify_kernel.cu": {"row_stats_kernel", "chain_walk_kernel", "sample_slices_kernel",
                                "sample_finish_kernel"},
-    "refine_kernel.cu": {"front_mix_kernel", "front_hidden_kernel", "front_down_kernel", "read_simt_kernel",
-                         "read_mma_kernel", "finish_kernel", "jacobi_init_kernel", "jacobi_update_kernel"},
+    "refine_kernel.cu": {"front_mix_kernel", "front_hidden_kernel", "front_down_kernel", "read_epilogue_kernel",
+                         "merge_kernel", "jacobi_init_kernel", "jacobi_update_kernel"},
     "tree_kernel.cu": {"build_tree_kernel", "tree_mask_kernel", "tree_verify_kernel", "compact_kv_kernel"},
     "dllm_kernel.cu": {"dllm_rows_kernel", "dllm_select_kernel"},
     "spiffy_kernel.cu": {"spiffy_materialize_kernel", "spiffy_accept_kernel", "spiffy_mask_kernel"},
