@@ -1,60 +1,30 @@
 // dllm_step on CUDA, two launches that never wait on the host:
-//  1. rows:   a block per masked position reduces the raw row's softmax statistics and picks
-//             x0 (the argmax at T = 0, else Gumbel-max over the tempered row with the noise of
-//             (sequence, position)); writes x0 and the confidence softmax(raw)[x0].
+//  1. rows:   a block per masked position picks x0 by dllm_row.cuh (the argmax at T = 0, else
+//             Gumbel-max over the tempered row with the noise of (sequence, position)); writes
+//             x0 and the confidence softmax(raw)[x0].
 //  2. select: a thread per sequence applies the unmasking rule of xkernels/dllm.h.
 #include "device_utils.cuh"
 #include "dllm_launch.h"
+#include "dllm_row.cuh"
 #include "xkernels/dllm.h"
 
 namespace xkernels::cuda {
 namespace {
 
+// vector_ok: every row starts 16-byte aligned (row_reduce.cuh's vector loads).
 template <typename T>
-__global__ void __launch_bounds__(kThreads) dllm_rows_kernel(DllmParams p, int64_t* x0) {
-  __shared__ RowStats shared_stats;
+__global__ void __launch_bounds__(kThreads) dllm_rows_kernel(DllmParams p, int64_t* x0, bool vector_ok) {
   const int64_t row = blockIdx.x;
   if (p.block[row] != p.rule.mask_id) {  // the same for the whole block
     if (threadIdx.x == 0) p.confidence[row] = kNegInf, x0[row] = -1;
     return;
   }
-  const T* src = static_cast<const T*>(p.logits) + row * p.v;
-  const auto logit = [&](int64_t x) { return dllm_logit(to_float(src[x]), x, p.rule.mask_id); };
-  RowStats raw = stats_empty();
-  for (int64_t x = threadIdx.x; x < p.v; x += kThreads) stats_observe(raw, logit(x), static_cast<int32_t>(x));
-  raw = block_merge(raw, stats_empty());
-  int32_t pick = raw.top.idx;
-  if (p.rule.inv_t != 0.0f) {
-    __syncthreads();  // block_merge's buffer is reused
-    RowStats st = stats_empty();
-    for (int64_t x = threadIdx.x; x < p.v; x += kThreads)
-      stats_observe(st, logit(x) * p.rule.inv_t, static_cast<int32_t>(x));
-    st = block_merge(st, stats_empty());
-    if (threadIdx.x == 0) shared_stats = st;
-    __syncthreads();
-    st = shared_stats;
-    if (stats_degenerate(st)) {
-      pick = st.top.idx;
-    } else {
-      const uint64_t seed = read_or(p.rule.seed_ptr, p.rule.seed), offset = read_or(p.rule.offset_ptr, p.rule.offset);
-      const SampleJob job{kSamplePlain, static_cast<int32_t>(row % p.l), -1, st.top.idx, st};
-      ArgMax best = argmax_empty();
-      for (int64_t g = threadIdx.x; 4 * g < p.v; g += kThreads) {
-        float a[4];
-        const int count = p.v - 4 * g < 4 ? static_cast<int>(p.v - 4 * g) : 4;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) a[j] = j < count ? logit(4 * g + j) * p.rule.inv_t : kNegInf;
-        sample_group(best, job, seed, offset, static_cast<uint32_t>(row / p.l), static_cast<uint32_t>(g), a, nullptr,
-                     count);
-      }
-      best = block_merge(best, argmax_empty());
-      pick = sample_result(job, best);
-    }
-  }
-  if (threadIdx.x == 0) {
-    x0[row] = pick;
-    p.confidence[row] = dllm_confidence(raw, logit(pick));
-  }
+  const uint64_t seed = read_or(p.rule.seed_ptr, p.rule.seed), offset = read_or(p.rule.offset_ptr, p.rule.offset);
+  const DllmPick pick = dllm_row_pick(
+      static_cast<const T*>(p.logits) + row * p.v, p.v, p.rule.mask_id, p.rule.inv_t, seed, offset,
+      static_cast<uint32_t>(row / p.l), static_cast<uint32_t>(row % p.l), vector_ok, threadIdx.x, kThreads,
+      [](auto s, auto empty) { return block_merge_all(s, empty); });
+  if (threadIdx.x == 0) x0[row] = pick.token, p.confidence[row] = pick.confidence;
 }
 
 __global__ void dllm_select_kernel(DllmParams p, const int64_t* x0, uint8_t* chosen) {
@@ -71,7 +41,8 @@ template <typename T>
 cudaError_t launch_typed(const DllmParams& p, void* workspace, cudaStream_t stream) {
   int64_t* x0 = static_cast<int64_t*>(workspace);
   uint8_t* chosen = static_cast<uint8_t*>(workspace) + align_up(sizeof(int64_t) * p.n * p.l);
-  dllm_rows_kernel<T><<<p.n * p.l, kThreads, 0, stream>>>(p, x0);
+  const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && reinterpret_cast<uintptr_t>(p.logits) % 16 == 0;
+  dllm_rows_kernel<T><<<p.n * p.l, kThreads, 0, stream>>>(p, x0, vector_ok);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   dllm_select_kernel<<<(p.n + 63) / 64, 64, 0, stream>>>(p, x0, chosen);

@@ -149,7 +149,7 @@ class CudaEmu:
         self._check(rc, msg)
         return tuple(outs)
 
-    def spiffy_materialize(self, logits, block, mask_id, graph, keep, temperature=0.0):
+    def spiffy_materialize(self, logits, block, mask_id, graph, keep, temperature=0.0, num_sms=4):
         n, length, v = logits.shape
         logits, block = _c(logits), _c(block)
         ranks, ptr, children = _c(graph.ranks), _c(graph.child_ptr), _c(graph.children)
@@ -161,7 +161,7 @@ class CudaEmu:
         rc = self.lib.xk_emu_spiffy_materialize(
             _ptr(logits), LOGITS_TYPES[logits.dtype], _ptr(block), i64(n), i64(length), i64(v), i64(mask_id),
             _ptr(ranks), _ptr(ptr), _ptr(children), i64(ranks.shape[0]), i64(ranks.shape[1]), i64(children.numel()),
-            i64(keep), ctypes.c_float(_inv_t(temperature) or 1.0), _ptr(drafts), _ptr(node_ids), _ptr(scores), msg,
+            i64(keep), ctypes.c_float(_inv_t(temperature) or 1.0), ctypes.c_int(num_sms), _ptr(drafts), _ptr(node_ids), _ptr(scores), msg,
             ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
         return drafts, node_ids, scores

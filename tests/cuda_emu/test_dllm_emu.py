@@ -9,12 +9,24 @@ from tests.test_dllm import MASK, step_case
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("num_unmask,threshold", [(1, None), (3, None), (40, None), (1, 0.2)])
-def test_matches_reference(emu, dtype, temperature, num_unmask, threshold):
-    logits, block = step_case(4, 9, 301, dtype, seed=num_unmask)
+@pytest.mark.parametrize("v", [301, 1032])  # 1032: rows that take the vector loads
+def test_matches_reference(emu, dtype, temperature, num_unmask, threshold, v):
+    logits, block = step_case(4, 9, v, dtype, seed=num_unmask)
     block[1] = 2  # nothing masked
     logits[3, 2] = float("nan")
     got = emu.dllm_step(logits, block, MASK, num_unmask, threshold, temperature, 9, 4)
     want = reference.dllm_step(logits, block, MASK, num_unmask, threshold, temperature, 9, 4)
+    for a, b in zip(got[:3], want[:3]):
+        assert torch.equal(a, b)
+    torch.testing.assert_close(got[3], want[3], atol=1e-5, rtol=1e-4, equal_nan=True)
+
+
+@pytest.mark.parametrize("n,length,v", [(0, 4, 16), (2, 0, 16), (3, 4, 1), (2, 3, 8)])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_edge_shapes(emu, n, length, v, temperature):
+    logits, block = step_case(n, length, v, torch.bfloat16, seed=2, masked_share=1.0)
+    got = emu.dllm_step(logits, block, MASK, 2, None, temperature, 1, 0)
+    want = reference.dllm_step(logits, block, MASK, 2, None, temperature, 1, 0)
     for a, b in zip(got[:3], want[:3]):
         assert torch.equal(a, b)
     torch.testing.assert_close(got[3], want[3], atol=1e-5, rtol=1e-4, equal_nan=True)

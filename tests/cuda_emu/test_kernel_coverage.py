@@ -13,7 +13,8 @@ KERNELS = {
                          "read_mma_kernel", "finish_kernel", "jacobi_init_kernel", "jacobi_update_kernel"},
     "tree_kernel.cu": {"build_tree_kernel", "tree_mask_kernel", "tree_verify_kernel", "compact_kv_kernel"},
     "dllm_kernel.cu": {"dllm_rows_kernel", "dllm_select_kernel"},
-    "spiffy_kernel.cu": {"spiffy_materialize_kernel", "spiffy_accept_kernel", "spiffy_mask_kernel"},
+    "spiffy_kernel.cu": {"spiffy_rows_kernel", "spiffy_materialize_kernel", "spiffy_accept_kernel",
+                         "spiffy_mask_kernel"},
 }
 CUDA = Path(__file__).resolve().parents[2] / "csrc" / "cuda"
 
