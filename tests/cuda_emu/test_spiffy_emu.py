@@ -103,4 +103,7 @@ def test_attention_mask_matches_reference(emu, packed, n, num_drafts, block_size
     """Rows longer than a warp, a grid that strides (32,800 rows over 4096 blocks of 8), empty cases."""
     lens = torch.arange(n) % (max_prefix + 1)
     got = emu.spiffy_attention_mask(lens, num_drafts, block_size, max_prefix, packed)
+    if n == 0:  # the reference's packed view cannot infer a size of an empty batch
+        assert got.numel() == 0
+        return
     assert torch.equal(got, reference.spiffy_attention_mask(lens, num_drafts, block_size, max_prefix, packed))
