@@ -7,8 +7,9 @@
 //                       (no two threads write one row).
 //  tree_verify:         a block per sequence walks the tree; at each visited node the block
 //                       reduces that one row's softmax statistics, thread 0 tests the children in
-//                       order, and the block samples (Gumbel-max) or updates the residual when a
-//                       rule needs the whole row. Only visited rows are read.
+//                       order, and the block updates the residual when a rule needs the whole row.
+//                       Only visited rows are read. At T > 0 two more launches draw the token at
+//                       the stop node (Gumbel-max, each row split over many blocks) and merge.
 //  compact_kv_:         a block per (sequence, head) moves the accepted entries in path order.
 // Values the host cannot check without a sync (parents, num_nodes, token ids, path) are handled
 // memory-safely: an invalid parent ends a walk, a child whose token lies outside [0, V) is never
@@ -102,11 +103,24 @@ __global__ void __launch_bounds__(kThreads) tree_mask_kernel(TreeMaskParams p, b
   }
 }
 
+// The draw a sequence still needs where its walk stopped, left by tree_verify_kernel for the split
+// sampling pass.
+struct StopJob {
+  int32_t node;  // the stop node, or -1: nothing to draw (the token is written)
+  int32_t acc;   // accepted tokens: the draw goes to out_tokens[acc]
+  int32_t nrej;  // tokens rejected at the node (w.rejected), or
+  bool residual;  // draw from r instead
+  int32_t top;   // the stop row's argmax: the token if nothing can be drawn
+};
+
 struct VerifyWorkspace {
   int32_t* kids;      // [n, m] the children of the node being tested
   int32_t* rejected;  // [n, m] tokens rejected at it (deterministic children)
   float* r;           // [n, v] the residual (draft_probs), or null
   float* qw;          // [n, v] q with removed tokens (without replacement), or null
+  StopJob* jobs;      // [n]
+  ArgMax* slices;     // [n, sample_slices]: each slice's Gumbel-max
+  int sample_slices;
 };
 
 // What thread 0 decides and the block shares at one node.
@@ -291,43 +305,12 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_kernel(TreeVerifyPara
     __syncthreads();
     const int64_t chosen = sh.chosen;
     if (chosen < 0) {
-      int32_t emit = s.top.idx;
-      if (!point_mass && !sh.empty) {
-        ArgMax best = argmax_empty();
-        const bool residual = sh.residual;
-        const int32_t nrej = sh.rejected;
-        const auto observe = [&](int64_t g, const Four& a, int cnt) {
-          float wt[4];
-          stop_weights(a.x, g, cnt, residual, rejected, nrej, best.val, wt);
-          tree_sample_group(best, seed, offset, static_cast<uint32_t>(n), static_cast<uint32_t>(node),
-                            static_cast<uint32_t>(g), wt, cnt);
-        };
-        const int64_t groups = (v + 3) / 4, vector_end = vector_ok ? v / 4 : 0;
-        for_each_batched<4>(
-            threadIdx.x, vector_end, kThreads,
-            [&](int64_t g) {
-              Four a;
-              if (residual)
-                unpack<float>(reinterpret_cast<const float4*>(r)[g], 1.0f, a.x);
-              else
-                unpack<T>(reinterpret_cast<const typename Quad<T>::type*>(row)[g], scale, a.x);
-              return a;
-            },
-            [&](int64_t g, const Four& a) { observe(g, a, 4); });
-        for (int64_t g = vector_end + threadIdx.x; g < groups; g += kThreads) {
-          const int cnt = v - 4 * g < 4 ? static_cast<int>(v - 4 * g) : 4;
-          Four a;
-#pragma unroll
-          for (int j = 0; j < 4; ++j)
-            a.x[j] = j >= cnt ? 0.0f : residual ? r[4 * g + j] : scaled(row, 4 * g + j, scale);
-          observe(g, a, cnt);
-        }
-        best = block_merge(best, argmax_empty());
-        if (best.idx != kNoIndex) emit = best.idx;
-      }
-      if (threadIdx.x == 0) {
-        p.out_tokens[n * m + acc] = emit;
+      if (threadIdx.x == 0) {  // the row's argmax, unless the sampling pass draws
+        const bool draw = !point_mass && !sh.empty;
+        p.out_tokens[n * m + acc] = s.top.idx;
         p.accept_len[n] = acc;
+        w.jobs[n] = StopJob{draw ? static_cast<int32_t>(node) : -1, static_cast<int32_t>(acc), sh.rejected,
+                            sh.residual, s.top.idx};
       }
       break;
     }
@@ -344,6 +327,76 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_kernel(TreeVerifyPara
     if (j > acc) p.path[n * m + j] = -1;
     if (j > acc) p.out_tokens[n * m + j] = -1;
   }
+}
+
+// The stop rows' Gumbel-max, each row split in w.sample_slices slices over the grid (one block a
+// sequence had left the draw, Philox-bound, on a single SM). Weights: the scaled logits without the
+// rejected tokens, or log r. Every block starts from the exact score of the row's argmax.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) tree_sample_kernel(TreeVerifyParams p, VerifyWorkspace w, bool vector_ok) {
+  __shared__ ArgMax start;
+  const int64_t n = blockIdx.x / w.sample_slices, m = p.m, v = p.v;
+  const int slice = static_cast<int>(blockIdx.x % w.sample_slices);
+  const StopJob job = w.jobs[n];
+  if (job.node < 0) return;  // the same for the whole block
+  const uint64_t seed = read_or(p.seed_ptr, p.seed), offset = read_or(p.offset_ptr, p.offset);
+  const uint32_t sequence = static_cast<uint32_t>(n), node = static_cast<uint32_t>(job.node);
+  const T* row = static_cast<const T*>(p.logits) + (n * m + job.node) * v;
+  const float* r = job.residual ? w.r + n * v : nullptr;
+  const int32_t* rejected = w.rejected + n * m;
+  if (threadIdx.x == 0) {
+    const int32_t x = job.top;
+    float wt = kNegInf;
+    if (job.residual) {
+      wt = r[x] > 0.0f ? log_f32(r[x]) : kNegInf;
+    } else {
+      bool seen = false;
+      for (int32_t k = 0; k < job.nrej; ++k) seen |= rejected[k] == x;
+      if (!seen) wt = scaled(row, x, p.inv_t);
+    }
+    start = gumbel_score(wt, x, seed, offset, sequence, node);
+  }
+  __syncthreads();
+  ArgMax best = start;
+  const auto observe = [&](int64_t g, const Four& a, int cnt) {
+    float wt[4];
+    stop_weights(a.x, g, cnt, job.residual, rejected, job.nrej, best.val, wt);
+    tree_sample_group(best, seed, offset, sequence, node, static_cast<uint32_t>(g), wt, cnt);
+  };
+  const SliceRange range = slice_range(v, 4, w.sample_slices, slice);
+  const int64_t vector_end = vector_ok ? vector_span_end(range.begin, range.end, v / 4) : range.begin;
+  for_each_batched<4>(
+      range.begin + threadIdx.x, vector_end, kThreads,
+      [&](int64_t g) {
+        Four a;
+        if (r)
+          unpack<float>(reinterpret_cast<const float4*>(r)[g], 1.0f, a.x);
+        else
+          unpack<T>(reinterpret_cast<const typename Quad<T>::type*>(row)[g], p.inv_t, a.x);
+        return a;
+      },
+      [&](int64_t g, const Four& a) { observe(g, a, 4); });
+  for (int64_t g = vector_end + threadIdx.x; g < range.end; g += kThreads) {
+    const int cnt = v - 4 * g < 4 ? static_cast<int>(v - 4 * g) : 4;
+    Four a;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) a.x[j] = j >= cnt ? 0.0f : r ? r[4 * g + j] : scaled(row, 4 * g + j, p.inv_t);
+    observe(g, a, cnt);
+  }
+  best = block_merge(best, argmax_empty());
+  if (threadIdx.x == 0) w.slices[blockIdx.x] = best;
+}
+
+// A warp a sequence merges the slices of its draw (at most kMaxRowSlices) and writes the token.
+__global__ void __launch_bounds__(kThreads) tree_sample_finish_kernel(TreeVerifyParams p, VerifyWorkspace w) {
+  const int lane = threadIdx.x % 32;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (n >= p.n) return;
+  const StopJob job = w.jobs[n];
+  if (job.node < 0) return;
+  ArgMax best = lane < w.sample_slices ? w.slices[n * w.sample_slices + lane] : argmax_empty();
+  best = warp_merge(best);
+  if (lane == 0 && best.idx != kNoIndex) p.out_tokens[n * p.m + job.acc] = best.idx;
 }
 
 template <typename E>
@@ -375,6 +428,10 @@ cudaError_t launch_verify_typed(const TreeVerifyParams& p, const VerifyWorkspace
   const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && p.v % 4 == 0 && reinterpret_cast<uintptr_t>(p.logits) % 16 == 0 &&
                          (p.q == nullptr || reinterpret_cast<uintptr_t>(p.q) % 16 == 0);
   tree_verify_kernel<T><<<p.n, kThreads, 0, stream>>>(p, w, vector_ok);
+  if (p.inv_t != 0.0f) {  // greedy walks write every token themselves
+    tree_sample_kernel<T><<<p.n * w.sample_slices, kThreads, 0, stream>>>(p, w, vector_ok);
+    tree_sample_finish_kernel<<<(p.n + kWarps - 1) / kWarps, kThreads, 0, stream>>>(p, w);
+  }
   return cudaGetLastError();
 }
 
@@ -401,7 +458,9 @@ cudaError_t launch_tree_mask(const TreeMaskParams& p, cudaStream_t stream) {
 size_t tree_verify_workspace_bytes(const TreeVerifyParams& p) {
   const size_t lists = 2 * align_up(sizeof(int32_t) * p.n * p.m);
   const size_t rows = p.q ? align_up(sizeof(float) * p.n * p.v) * (p.without_replacement ? 2 : 1) : 0;
-  return lists + rows;
+  const size_t draws = align_up(sizeof(StopJob) * p.n) +
+                       align_up(sizeof(ArgMax) * p.n * row_slice_count(p.n, p.v, p.num_sms));
+  return lists + rows + draws;
 }
 
 cudaError_t launch_tree_verify(const TreeVerifyParams& p, void* workspace, cudaStream_t stream) {
@@ -415,8 +474,15 @@ cudaError_t launch_tree_verify(const TreeVerifyParams& p, void* workspace, cudaS
   if (p.q) {
     w.r = reinterpret_cast<float*>(at);
     at += align_up(sizeof(float) * p.n * p.v);
-    if (p.without_replacement) w.qw = reinterpret_cast<float*>(at);
+    if (p.without_replacement) {
+      w.qw = reinterpret_cast<float*>(at);
+      at += align_up(sizeof(float) * p.n * p.v);
+    }
   }
+  w.jobs = reinterpret_cast<StopJob*>(at);
+  at += align_up(sizeof(StopJob) * p.n);
+  w.slices = reinterpret_cast<ArgMax*>(at);
+  w.sample_slices = row_slice_count(p.n, p.v, p.num_sms);
   switch (p.dtype) {
     case LogitsType::kFloat32: return launch_verify_typed<float>(p, w, stream);
     case LogitsType::kBFloat16: return launch_verify_typed<__nv_bfloat16>(p, w, stream);

@@ -162,7 +162,7 @@ int xk_emu_tree_mask(const int64_t* parents, const int64_t* num_nodes, int64_t n
 
 int xk_emu_tree_verify(const int64_t* tokens, const int64_t* parents, const int64_t* num_nodes, const void* logits,
                        int logits_type, const float* q, int without_replacement, int64_t n, int64_t m, int64_t v,
-                       float inv_t, uint64_t seed, uint64_t offset, int64_t* accept_len, int64_t* path,
+                       float inv_t, uint64_t seed, uint64_t offset, int num_sms, int64_t* accept_len, int64_t* path,
                        int64_t* out_tokens, char* message, size_t message_len) {
   using namespace xkernels::cuda;
   Device dev;
@@ -174,7 +174,7 @@ int xk_emu_tree_verify(const int64_t* tokens, const int64_t* parents, const int6
   p.dtype = static_cast<LogitsType>(logits_type);
   p.q = dev.copy(q, sizeof(float) * n * m * v);
   p.without_replacement = without_replacement != 0;
-  p.n = n, p.m = m, p.v = v, p.inv_t = inv_t, p.seed = seed, p.offset = offset;
+  p.n = n, p.m = m, p.v = v, p.inv_t = inv_t, p.seed = seed, p.offset = offset, p.num_sms = num_sms;
   p.accept_len = dev.alloc<int64_t>(sizeof(int64_t) * n, 0xA5);
   p.path = dev.alloc<int64_t>(sizeof(int64_t) * n * m, 0xA5);
   p.out_tokens = dev.alloc<int64_t>(sizeof(int64_t) * n * m, 0xA5);

@@ -93,6 +93,19 @@ def test_compact_kv(emu, dtype):
     emu.compact_kv(cache, bad, accept_len, 5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_q,without_replacement", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("num_sms", [0, 132])
+def test_tree_verify_draws_over_several_slices(emu, dtype, with_q, without_replacement, num_sms):
+    """Stop rows long enough for several sampling slices (row_slice_count: up to V / 1024)."""
+    tokens, parents, logits, q = verify_case(3, 7, 4104, "bushy", dtype, seed=6)
+    got = emu.tree_verify(tokens, parents, logits, q if with_q else None, without_replacement, 1.0, 2, 9,
+                          num_sms=num_sms)
+    want = reference.tree_verify(tokens, parents, logits, q if with_q else None, without_replacement, 1.0, 2, 9)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("n,m,v", [(0, 4, 16), (2, 1, 16), (3, 4, 1), (2, 5, 8)])
 @pytest.mark.parametrize("temperature,with_q", [(0.0, False), (1.0, False), (1.0, True)])
 def test_tree_verify_edge_shapes(emu, n, m, v, temperature, with_q):
