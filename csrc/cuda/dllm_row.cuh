@@ -1,5 +1,6 @@
-// dllm_step's rule on one masked row (xkernels/dllm.h), read by a group of threads: a block in
-// dllm_step, a warp in spiffy_accept. Shared so the two ops pick the same tokens.
+// dllm_step's rule on one masked row (xkernels/dllm.h), read whole by a group of threads (a warp in
+// spiffy_accept). dllm_step splits the same rule over slices of the row (dllm_kernel.cu): same
+// statistics, same Gumbel noise, same ties, so both ops pick the same tokens.
 #pragma once
 
 #include <cstdint>

@@ -136,7 +136,8 @@ class CudaEmu:
         self._check(rc, msg)
         return cache
 
-    def dllm_step(self, logits, block, mask_id, num_unmask=1, threshold=None, temperature=0.0, seed=0, offset=0):
+    def dllm_step(self, logits, block, mask_id, num_unmask=1, threshold=None, temperature=0.0, seed=0, offset=0,
+                  num_sms=4):
         n, length, v = logits.shape
         logits, block = _c(logits), _c(block)
         outs = [torch.empty(n, length, dtype=torch.int64) for _ in range(3)] + [torch.empty(n, length)]
@@ -145,7 +146,7 @@ class CudaEmu:
         rc = self.lib.xk_emu_dllm_step(
             _ptr(logits), LOGITS_TYPES[logits.dtype], _ptr(block), i64(n), i64(length), i64(v), i64(mask_id),
             i64(num_unmask), ctypes.c_int(threshold is not None), ctypes.c_float(threshold or 0.0),
-            ctypes.c_float(_inv_t(temperature)), ctypes.c_uint64(seed), ctypes.c_uint64(offset),
+            ctypes.c_float(_inv_t(temperature)), ctypes.c_uint64(seed), ctypes.c_uint64(offset), ctypes.c_int(num_sms),
             *[_ptr(t) for t in outs], msg, ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
         return tuple(outs)

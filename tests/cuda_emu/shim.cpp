@@ -202,15 +202,15 @@ int xk_emu_compact_kv(void* cache, int64_t n, int64_t heads, int64_t len, int64_
 
 int xk_emu_dllm_step(const void* logits, int logits_type, const int64_t* block, int64_t n, int64_t l, int64_t v,
                      int64_t mask_id, int64_t num_unmask, int use_threshold, float threshold, float inv_t,
-                     uint64_t seed, uint64_t offset, int64_t* new_block, int64_t* positions, int64_t* tokens,
-                     float* confidence, char* message, size_t message_len) {
+                     uint64_t seed, uint64_t offset, int num_sms, int64_t* new_block, int64_t* positions,
+                     int64_t* tokens, float* confidence, char* message, size_t message_len) {
   using namespace xkernels::cuda;
   Device dev;
   DllmParams p{};
   p.logits = dev.copy(static_cast<const char*>(logits), n * l * v * logits_bytes(logits_type));
   p.dtype = static_cast<LogitsType>(logits_type);
   p.block = dev.copy(block, sizeof(int64_t) * n * l);
-  p.n = n, p.l = l, p.v = v;
+  p.n = n, p.l = l, p.v = v, p.num_sms = num_sms;
   p.rule = DllmRule{mask_id, num_unmask, use_threshold != 0, threshold, inv_t, seed, offset, nullptr, nullptr};
   p.new_block = const_cast<int64_t*>(dev.copy(block, sizeof(int64_t) * n * l));  // the caller's copy of block
   p.positions = dev.alloc<int64_t>(sizeof(int64_t) * n * l, 0xFF);  // -1, as the caller fills them

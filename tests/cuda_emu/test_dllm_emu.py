@@ -30,3 +30,19 @@ def test_edge_shapes(emu, n, length, v, temperature):
     for a, b in zip(got[:3], want[:3]):
         assert torch.equal(a, b)
     torch.testing.assert_close(got[3], want[3], atol=1e-5, rtol=1e-4, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("num_sms", [0, 1, 132])
+def test_rows_split_over_slices(emu, dtype, temperature, num_sms):
+    """Rows long enough for several slices each (row_slice_count), the mask id inside one of them."""
+    logits, block = step_case(2, 5, 4104, dtype, seed=3)
+    logits[0, :, 3000] = 50.0  # the mask token's logit never counts
+    logits[1, 2, [10, 2500]] = 40.0  # a tie across slices
+    block[block == MASK] = 3000
+    got = emu.dllm_step(logits, block, 3000, 2, None, temperature, 7, 1, num_sms=num_sms)
+    want = reference.dllm_step(logits, block, 3000, 2, None, temperature, 7, 1)
+    for a, b in zip(got[:3], want[:3]):
+        assert torch.equal(a, b)
+    torch.testing.assert_close(got[3], want[3], atol=1e-5, rtol=1e-4, equal_nan=True)

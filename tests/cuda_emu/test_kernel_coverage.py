@@ -13,7 +13,7 @@ KERNELS = {
                          "read_mma_kernel", "finish_kernel", "jacobi_init_kernel", "jacobi_update_kernel"},
     "tree_kernel.cu": {"build_tree_kernel", "tree_mask_kernel", "tree_verify_kernel", "tree_sample_kernel",
                        "tree_sample_finish_kernel", "compact_kv_kernel"},
-    "dllm_kernel.cu": {"dllm_rows_kernel", "dllm_select_kernel"},
+    "dllm_kernel.cu": {"dllm_slices_kernel", "dllm_merge_kernel", "dllm_select_kernel"},
     "spiffy_kernel.cu": {"spiffy_rows_kernel", "spiffy_materialize_kernel", "spiffy_accept_kernel",
                          "spiffy_mask_kernel"},
 }
