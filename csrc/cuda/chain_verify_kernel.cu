@@ -14,46 +14,17 @@
 
 #include "chain_verify_launch.h"
 #include "device_utils.cuh"
+#include "row_reduce.cuh"
 #include "xkernels/sampling.h"
 
 namespace xkernels::cuda {
 namespace {
 
-constexpr int kMaxSlices = 32;  // a warp merges the slices of a row
-constexpr int64_t kMinSliceGroups = 256;  // 1024 vocabulary ids per slice at least
-
-// Loads ids 4g .. 4g+3 of a row, scaled; ids past the end read as -inf.
+// Ids 4g .. 4g+3 of a row one by one, scaled; ids past the end read as -inf.
 template <typename T>
-__device__ __forceinline__ void load_group(const T* row, int64_t g, int64_t v, bool vector_ok, float scale,
-                                           float out[4]) {
-  const int64_t base = 4 * g;
-  if (vector_ok && base + 4 <= v) {
-    if constexpr (sizeof(T) == 4) {
-      const float4 x = *reinterpret_cast<const float4*>(row + base);
-      out[0] = x.x, out[1] = x.y, out[2] = x.z, out[3] = x.w;
-    } else {
-      const uint2 x = *reinterpret_cast<const uint2*>(row + base);
-      const T* h = reinterpret_cast<const T*>(&x);
+__device__ __forceinline__ void load_group(const T* row, int64_t g, int64_t v, float scale, float out[4]) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) out[j] = to_float(h[j]);
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) out[j] = base + j < v ? to_float(row[base + j]) : kNegInf;
-  }
-#pragma unroll
-  for (int j = 0; j < 4; ++j) out[j] *= scale;
-}
-
-struct SliceRange {
-  int64_t begin, end;  // in chunks of `width` ids
-};
-
-__device__ __forceinline__ SliceRange slice_range(int64_t v, int width, int slices, int slice) {
-  const int64_t groups = (v + width - 1) / width;
-  const int64_t per = (groups + slices - 1) / slices;
-  const int64_t begin = per * slice;
-  return SliceRange{begin, begin + per < groups ? begin + per : groups};
+  for (int j = 0; j < 4; ++j) out[j] = 4 * g + j < v ? to_float(row[4 * g + j]) * scale : kNegInf;
 }
 
 struct Workspace {
@@ -64,25 +35,7 @@ struct Workspace {
   int row_slice_count, sample_slice_count;
 };
 
-// Loads ids kIds*c .. kIds*c + kIds-1 of a row (16 bytes), scaled; ids past the end read as -inf.
-template <typename T, int kIds>
-__device__ __forceinline__ void load_chunk(const T* row, int64_t c, int64_t v, bool vector_ok, float scale,
-                                           float out[kIds]) {
-  const int64_t base = kIds * c;
-  if (vector_ok && base + kIds <= v) {
-    const uint4 x = *reinterpret_cast<const uint4*>(row + base);
-    const T* e = reinterpret_cast<const T*>(&x);
-#pragma unroll
-    for (int j = 0; j < kIds; ++j) out[j] = to_float(e[j]);
-  } else {
-#pragma unroll
-    for (int j = 0; j < kIds; ++j) out[j] = base + j < v ? to_float(row[base + j]) : kNegInf;
-  }
-#pragma unroll
-  for (int j = 0; j < kIds; ++j) out[j] *= scale;
-}
-
-// Every verification row, split in row_slice_count slices; 16-byte loads, four in flight a thread.
+// Every verification row, split in row_slice_count slices (row_reduce.cuh reads them).
 template <typename T, bool kGreedy>
 __global__ void __launch_bounds__(kThreads) row_stats_kernel(ChainVerifyParams p, Workspace w, bool vector_ok) {
   constexpr int kIds = 16 / sizeof(T);
@@ -91,25 +44,13 @@ __global__ void __launch_bounds__(kThreads) row_stats_kernel(ChainVerifyParams p
   const int slice = static_cast<int>(blockIdx.x % w.row_slice_count);
   const int64_t n = row / rows_per_seq, i = row % rows_per_seq;
   const T* logits = static_cast<const T*>(p.logits) + row * p.v;
-  const int64_t x = i < p.k ? p.draft[n * p.k + i] : -1;
   const float scale = kGreedy ? 1.0f : p.inv_t;
-
-  RowStats s = stats_empty();
   const SliceRange range = slice_range(p.v, kIds, w.row_slice_count, slice);
-#pragma unroll 4
-  for (int64_t c = range.begin + threadIdx.x; c < range.end; c += kThreads) {
-    float a[kIds];
-    load_chunk<T, kIds>(logits, c, p.v, vector_ok, scale, a);
-#pragma unroll
-    for (int j = 0; j < kIds; ++j) {
-      const int32_t id = static_cast<int32_t>(kIds * c + j);
-      if constexpr (kGreedy) {
-        argmax_observe(s.top, a[j], id);
-      } else {
-        stats_observe(s, a[j], id);
-      }
-      if (id == x) w.draft_logit[n * p.k + i] = a[j];
-    }
+  RowStats s = thread_row_stats<T, kGreedy, 4>(logits, p.v, range.begin, range.end, vector_ok, scale, -1,
+                                               threadIdx.x, kThreads);
+  if (threadIdx.x == 0 && i < p.k) {  // the draft's scaled logit, by the slice that holds it
+    const int64_t x = p.draft[n * p.k + i];
+    if (x >= kIds * range.begin && x < kIds * range.end && x < p.v) w.draft_logit[n * p.k + i] = to_float(logits[x]) * scale;
   }
   s = block_merge(s, stats_empty());
   if (threadIdx.x == 0) w.row_slices[blockIdx.x] = s;
@@ -167,23 +108,47 @@ __global__ void __launch_bounds__(kThreads) chain_walk_kernel(ChainVerifyParams 
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) sample_slices_kernel(ChainVerifyParams p, Workspace w, bool vector_ok) {
+  __shared__ ArgMax start;
   const int64_t n = blockIdx.x / w.sample_slice_count;
   const int slice = static_cast<int>(blockIdx.x % w.sample_slice_count);
   const SampleJob job = w.jobs[n];
-  if (job.mode == kSampleDone) return;
+  if (job.mode == kSampleDone) return;  // the same for the whole block
   const uint64_t seed = read_or(p.seed_ptr, p.seed), offset = read_or(p.offset_ptr, p.offset);
+  const uint32_t sequence = static_cast<uint32_t>(n);
   const T* logits = static_cast<const T*>(p.logits) + (n * (p.k + 1) + job.row) * p.v;
   const float* q = job.mode == kSampleResidual ? p.q + (n * p.k + job.row) * p.v : nullptr;
+  if (threadIdx.x == 0) {  // every thread starts from the score of the row's argmax (row_reduce.cuh)
+    const int32_t x = job.fallback;
+    start = gumbel_score(sample_log_weight(job, to_float(logits[x]) * p.inv_t, x, q ? q[x] : 0.0f), x, seed, offset,
+                         sequence, static_cast<uint32_t>(job.row));
+  }
+  __syncthreads();
 
-  ArgMax best = argmax_empty();
+  ArgMax best = start;
   const SliceRange range = slice_range(p.v, 4, w.sample_slice_count, slice);
-  for (int64_t g = range.begin + threadIdx.x; g < range.end; g += kThreads) {
-    float a[4], qg[4];
-    load_group(logits, g, p.v, vector_ok, p.inv_t, a);
-    if (q) load_group(q, g, p.v, vector_ok, 1.0f, qg);
+  // Whole groups by vector loads, several in flight; the row's last partial group id by id.
+  const int64_t vector_end = vector_ok ? vector_span_end(range.begin, range.end, p.v / 4) : range.begin;
+  using V = typename Quad<T>::type;
+  struct Group {
+    float a[4], q[4];
+  };
+  for_each_batched<4>(
+      range.begin + threadIdx.x, vector_end, kThreads,
+      [&](int64_t g) {
+        Group x{};
+        unpack<T>(reinterpret_cast<const V*>(logits)[g], p.inv_t, x.a);
+        if (q) unpack<float>(reinterpret_cast<const float4*>(q)[g], 1.0f, x.q);
+        return x;
+      },
+      [&](int64_t g, const Group& x) {
+        sample_group(best, job, seed, offset, sequence, static_cast<uint32_t>(g), x.a, x.q, 4);
+      });
+  for (int64_t g = vector_end + threadIdx.x; g < range.end; g += kThreads) {
+    float a[4], qg[4] = {};  // q is read only in the residual mode
+    load_group(logits, g, p.v, p.inv_t, a);
+    if (q) load_group(q, g, p.v, 1.0f, qg);
     const int count = p.v - 4 * g < 4 ? static_cast<int>(p.v - 4 * g) : 4;
-    sample_group(best, job, seed, offset, static_cast<uint32_t>(n), static_cast<uint32_t>(g), a, q ? qg : nullptr,
-                 count);
+    sample_group(best, job, seed, offset, sequence, static_cast<uint32_t>(g), a, qg, count);
   }
   best = block_merge(best, argmax_empty());
   if (threadIdx.x == 0) w.sample_slices[blockIdx.x] = best;
@@ -200,16 +165,6 @@ __global__ void __launch_bounds__(kThreads) sample_finish_kernel(ChainVerifyPara
   if (lane == 0) p.out_tokens[n * (p.k + 1) + job.row] = sample_result(job, best);
 }
 
-// Slices per row so that the grid is about 8 waves of 8 resident blocks an SM: the last, partial
-// wave then costs at most an eighth (one wave of whole rows left a tail as long as the rest).
-int slice_count(int64_t rows, int64_t v, int num_sms) {
-  const int64_t want = (64 * static_cast<int64_t>(num_sms) + rows - 1) / rows;
-  const int64_t most = ((v + 3) / 4 + kMinSliceGroups - 1) / kMinSliceGroups;
-  int64_t s = want < most ? want : most;
-  s = s < kMaxSlices ? s : kMaxSlices;
-  return static_cast<int>(s < 1 ? 1 : s);
-}
-
 size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
 
 struct Layout {
@@ -219,8 +174,8 @@ struct Layout {
 
 Layout layout(const ChainVerifyParams& p) {
   Layout l;
-  l.row_slices = slice_count(p.n * (p.k + 1), p.v, p.num_sms);
-  l.sample_slices = slice_count(p.n, p.v, p.num_sms);
+  l.row_slices = row_slice_count(p.n * (p.k + 1), p.v, p.num_sms);
+  l.sample_slices = row_slice_count(p.n, p.v, p.num_sms);
   l.row_bytes = align_up(sizeof(RowStats) * p.n * (p.k + 1) * l.row_slices);
   l.logit_bytes = align_up(sizeof(float) * p.n * p.k);
   l.job_bytes = align_up(sizeof(SampleJob) * p.n);

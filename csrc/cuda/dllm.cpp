@@ -31,6 +31,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step_cuda(
   p.positions = positions.mutable_data_ptr<int64_t>();
   p.tokens = tokens.mutable_data_ptr<int64_t>();
   p.confidence = confidence.mutable_data_ptr<float>();
+  p.num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   auto workspace = cuda::workspace(cuda::dllm_workspace_bytes(p), l);
   cuda::check_launch(cuda::launch_dllm_step(p, workspace.mutable_data_ptr(), cuda::stream()), "dllm_step");
   return {new_block, positions, tokens, confidence};

@@ -1,59 +1,126 @@
-// dllm_step on CUDA, two launches that never wait on the host:
-//  1. rows:   a block per masked position reduces the raw row's softmax statistics and picks
-//             x0 (the argmax at T = 0, else Gumbel-max over the tempered row with the noise of
-//             (sequence, position)); writes x0 and the confidence softmax(raw)[x0].
-//  2. select: a thread per sequence applies the unmasking rule of xkernels/dllm.h.
+// dllm_step on CUDA, three launches that never wait on the host:
+//  1. slices: every masked row split in slices over the grid; a block reduces its slice to the raw
+//             row's softmax statistics and, at T > 0, the tempered row's argmax and the Gumbel-max
+//             with the noise of (sequence, position), reading the slice from HBM once.
+//  2. merge:  a warp per position merges its row's slices into x0 (the raw argmax at T = 0; the
+//             draw, or the tempered argmax when that row has no softmax) and the confidence
+//             softmax(raw)[x0]. The rule is dllm_row.cuh's (spiffy_accept's warps run it whole).
+//  3. select: a thread per sequence applies the unmasking rule of xkernels/dllm.h.
 #include "device_utils.cuh"
 #include "dllm_launch.h"
+#include "row_reduce.cuh"
 #include "xkernels/dllm.h"
 
 namespace xkernels::cuda {
 namespace {
 
+// One slice of a masked row.
+struct DllmSlice {
+  RowStats raw;     // the raw logits (the mask token at -inf)
+  ArgMax tempered;  // argmax of logits / T
+  ArgMax drawn;     // Gumbel-max of logits / T
+};
+
+size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
+
+// Slices per row (row_reduce.cuh's plan), and the workspace: x0, chosen, the slices.
+struct DllmLayout {
+  int slices;
+  size_t x0_bytes, chosen_bytes, slice_bytes;
+};
+
+DllmLayout dllm_layout(const DllmParams& p) {
+  DllmLayout d;
+  d.slices = row_slice_count(p.n * p.l, p.v, p.num_sms);
+  d.x0_bytes = align_up(sizeof(int64_t) * p.n * p.l);
+  d.chosen_bytes = align_up(static_cast<size_t>(p.n * p.l));
+  d.slice_bytes = align_up(sizeof(DllmSlice) * p.n * p.l * d.slices);
+  return d;
+}
+
+// vector_ok: every row starts 16-byte aligned (row_reduce.cuh's vector loads). The second and third
+// reads of the slice (a few KB a block) come from L2.
 template <typename T>
-__global__ void __launch_bounds__(kThreads) dllm_rows_kernel(DllmParams p, int64_t* x0) {
-  __shared__ RowStats shared_stats;
-  const int64_t row = blockIdx.x;
-  if (p.block[row] != p.rule.mask_id) {  // the same for the whole block
-    if (threadIdx.x == 0) p.confidence[row] = kNegInf, x0[row] = -1;
+__global__ void __launch_bounds__(kThreads) dllm_slices_kernel(DllmParams p, DllmSlice* out, int slices,
+                                                               bool vector_ok) {
+  constexpr int kIds = 16 / sizeof(T);
+  const int64_t row = blockIdx.x / slices;
+  const int slice = static_cast<int>(blockIdx.x % slices);
+  if (p.block[row] != p.rule.mask_id) return;  // the same for the whole block
+  const T* src = static_cast<const T*>(p.logits) + row * p.v;
+  const int64_t mask = p.rule.mask_id;
+  const float inv_t = p.rule.inv_t;
+  const SliceRange range = slice_range(p.v, kIds, slices, slice);
+  DllmSlice d{block_merge(thread_row_stats<T, false, 4>(src, p.v, range.begin, range.end, vector_ok, 1.0f, mask,
+                                                        threadIdx.x, kThreads),
+                          stats_empty()),
+              argmax_empty(), argmax_empty()};
+  if (inv_t != 0.0f) {
+    __syncthreads();  // block_merge's buffer is reused
+    d.tempered = block_merge(thread_row_stats<T, true, 4>(src, p.v, range.begin, range.end, vector_ok, inv_t, mask,
+                                                          threadIdx.x, kThreads),
+                             stats_empty())
+                     .top;
+    const uint64_t seed = read_or(p.rule.seed_ptr, p.rule.seed), offset = read_or(p.rule.offset_ptr, p.rule.offset);
+    const uint32_t sequence = static_cast<uint32_t>(row / p.l), position = static_cast<uint32_t>(row % p.l);
+    const SampleJob job{kSamplePlain, static_cast<int32_t>(position), -1, 0, stats_empty()};
+    ArgMax best = argmax_empty();
+    const auto observe = [&](int64_t g, float (&a)[4], int count) {
+      if (static_cast<uint64_t>(mask - 4 * g) < 4) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          if (4 * g + j == mask) a[j] = kNegInf;
+      }
+      sample_group(best, job, seed, offset, sequence, static_cast<uint32_t>(g), a, nullptr, count);
+    };
+    // The slice's chunks of kIds ids as groups of 4 (kIds is a multiple of 4).
+    const int64_t groups = (p.v + 3) / 4, g_begin = range.begin * (kIds / 4);
+    const int64_t g_end = range.end * (kIds / 4) < groups ? range.end * (kIds / 4) : groups;
+    const int64_t vector_end = vector_ok ? vector_span_end(g_begin, g_end, p.v / 4) : g_begin;
+    using Q = typename Quad<T>::type;
+    for_each_batched<4>(
+        g_begin + threadIdx.x, vector_end, kThreads, [&](int64_t g) { return reinterpret_cast<const Q*>(src)[g]; },
+        [&](int64_t g, const Q& x) {
+          float a[4];
+          unpack<T>(x, inv_t, a);
+          observe(g, a, 4);
+        });
+    for (int64_t g = vector_end + threadIdx.x; g < g_end; g += kThreads) {
+      float a[4];
+      const int count = p.v - 4 * g < 4 ? static_cast<int>(p.v - 4 * g) : 4;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) a[j] = j < count ? to_float(src[4 * g + j]) * inv_t : kNegInf;
+      observe(g, a, count);
+    }
+    __syncthreads();  // block_merge's buffer is reused
+    d.drawn = block_merge(best, argmax_empty());
+  }
+  if (threadIdx.x == 0) out[blockIdx.x] = d;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) dllm_merge_kernel(DllmParams p, const DllmSlice* slices_of, int slices,
+                                                              int64_t* x0) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (row >= p.n * p.l) return;
+  if (p.block[row] != p.rule.mask_id) {
+    if (lane == 0) p.confidence[row] = kNegInf, x0[row] = -1;
     return;
   }
-  const T* src = static_cast<const T*>(p.logits) + row * p.v;
-  const auto logit = [&](int64_t x) { return dllm_logit(to_float(src[x]), x, p.rule.mask_id); };
-  RowStats raw = stats_empty();
-  for (int64_t x = threadIdx.x; x < p.v; x += kThreads) stats_observe(raw, logit(x), static_cast<int32_t>(x));
-  raw = block_merge(raw, stats_empty());
+  DllmSlice d{stats_empty(), argmax_empty(), argmax_empty()};
+  if (lane < slices) d = slices_of[row * slices + lane];
+  const RowStats raw = warp_merge(d.raw);
+  const ArgMax tempered = warp_merge(d.tempered), drawn = warp_merge(d.drawn);
   int32_t pick = raw.top.idx;
   if (p.rule.inv_t != 0.0f) {
-    __syncthreads();  // block_merge's buffer is reused
-    RowStats st = stats_empty();
-    for (int64_t x = threadIdx.x; x < p.v; x += kThreads)
-      stats_observe(st, logit(x) * p.rule.inv_t, static_cast<int32_t>(x));
-    st = block_merge(st, stats_empty());
-    if (threadIdx.x == 0) shared_stats = st;
-    __syncthreads();
-    st = shared_stats;
-    if (stats_degenerate(st)) {
-      pick = st.top.idx;
-    } else {
-      const uint64_t seed = read_or(p.rule.seed_ptr, p.rule.seed), offset = read_or(p.rule.offset_ptr, p.rule.offset);
-      const SampleJob job{kSamplePlain, static_cast<int32_t>(row % p.l), -1, st.top.idx, st};
-      ArgMax best = argmax_empty();
-      for (int64_t g = threadIdx.x; 4 * g < p.v; g += kThreads) {
-        float a[4];
-        const int count = p.v - 4 * g < 4 ? static_cast<int>(p.v - 4 * g) : 4;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) a[j] = j < count ? logit(4 * g + j) * p.rule.inv_t : kNegInf;
-        sample_group(best, job, seed, offset, static_cast<uint32_t>(row / p.l), static_cast<uint32_t>(g), a, nullptr,
-                     count);
-      }
-      best = block_merge(best, argmax_empty());
-      pick = sample_result(job, best);
-    }
+    // A tempered row without a softmax is a point mass at its argmax; else the draw (dllm_row.cuh).
+    pick = !is_finite_f32(tempered.val) || drawn.val == kNegInf ? tempered.idx : drawn.idx;
   }
-  if (threadIdx.x == 0) {
+  if (lane == 0) {
+    const T* src = static_cast<const T*>(p.logits) + row * p.v;
     x0[row] = pick;
-    p.confidence[row] = dllm_confidence(raw, logit(pick));
+    p.confidence[row] = dllm_confidence(raw, dllm_logit(to_float(src[pick]), pick, p.rule.mask_id));
   }
 }
 
@@ -65,15 +132,17 @@ __global__ void dllm_select_kernel(DllmParams p, const int64_t* x0, uint8_t* cho
               p.rule.threshold, chosen + o, p.new_block + o, p.positions + o, p.tokens + o);
 }
 
-size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
-
 template <typename T>
 cudaError_t launch_typed(const DllmParams& p, void* workspace, cudaStream_t stream) {
-  int64_t* x0 = static_cast<int64_t*>(workspace);
-  uint8_t* chosen = static_cast<uint8_t*>(workspace) + align_up(sizeof(int64_t) * p.n * p.l);
-  dllm_rows_kernel<T><<<p.n * p.l, kThreads, 0, stream>>>(p, x0);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
+  const DllmLayout d = dllm_layout(p);
+  char* at = static_cast<char*>(workspace);
+  int64_t* x0 = reinterpret_cast<int64_t*>(at);
+  uint8_t* chosen = reinterpret_cast<uint8_t*>(at + d.x0_bytes);
+  DllmSlice* slices = reinterpret_cast<DllmSlice*>(at + d.x0_bytes + d.chosen_bytes);
+  const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && reinterpret_cast<uintptr_t>(p.logits) % 16 == 0;
+  const int64_t rows = p.n * p.l;
+  dllm_slices_kernel<T><<<rows * d.slices, kThreads, 0, stream>>>(p, slices, d.slices, vector_ok);
+  dllm_merge_kernel<T><<<(rows + kWarps - 1) / kWarps, kThreads, 0, stream>>>(p, slices, d.slices, x0);
   dllm_select_kernel<<<(p.n + 63) / 64, 64, 0, stream>>>(p, x0, chosen);
   return cudaGetLastError();
 }
@@ -81,7 +150,8 @@ cudaError_t launch_typed(const DllmParams& p, void* workspace, cudaStream_t stre
 }  // namespace
 
 size_t dllm_workspace_bytes(const DllmParams& p) {
-  return align_up(sizeof(int64_t) * p.n * p.l) + align_up(static_cast<size_t>(p.n * p.l));
+  const DllmLayout d = dllm_layout(p);
+  return d.x0_bytes + d.chosen_bytes + d.slice_bytes;
 }
 
 cudaError_t launch_dllm_step(const DllmParams& p, void* workspace, cudaStream_t stream) {

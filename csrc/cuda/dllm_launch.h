@@ -28,6 +28,7 @@ struct DllmParams {
   // new_block: a copy of block; positions and tokens: filled with -1 (by the caller)
   int64_t *new_block, *positions, *tokens;
   float* confidence;  // [n, l]
+  int num_sms;        // sizes the split of the rows over the grid
 };
 
 size_t dllm_workspace_bytes(const DllmParams& p);

@@ -34,6 +34,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> spiffy_materialize_cuda(
   p.drafts = drafts.mutable_data_ptr<int64_t>();
   p.node_ids = node_ids.mutable_data_ptr<int64_t>();
   p.scores = scores.mutable_data_ptr<float>();
+  p.num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   auto ws = cuda::workspace(cuda::spiffy_materialize_workspace_bytes(p), l);
   cuda::check_launch(cuda::launch_spiffy_materialize(p, ws.mutable_data_ptr(), cuda::stream()), "spiffy_materialize");
   return {drafts, node_ids, scores};

@@ -1,12 +1,14 @@
 // The Spiffy ops on CUDA, one launch each, never waiting on the host.
-//  materialize: a block per sequence. Its warps reduce the masked positions' rows (softmax
-//               statistics and top tokens); then the ranking, the node scores and the kept set
+//  materialize: two launches. Every masked row split over the grid (softmax statistics and top
+//               tokens of each slice), then a block per sequence: its warps merge each row's
+//               slices; then the ranking, the node scores and the kept set
 //               (one block-wide argmax per kept node) follow xkernels/spiffy.h.
-//  accept:      a block per sequence walks the steps: its warps compute dllm_step's row rule on
-//               the logits of the block reached, thread 0 applies the selection and looks for a
+//  accept:      a block per sequence walks the steps: its warps compute dllm_step's row rule
+//               (dllm_row.cuh) on the logits of the block reached, thread 0 applies the selection and looks for a
 //               kept draft equal to the new block.
-//  mask:        a thread per output byte.
+//  mask:        a warp per mask row, a lane per output byte.
 #include "device_utils.cuh"
+#include "dllm_row.cuh"
 #include "spiffy_launch.h"
 
 namespace xkernels::cuda {
@@ -34,9 +36,87 @@ __device__ TopTokens warp_merge_top(const TopTokens& mine) {
   return out;
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads) spiffy_materialize_kernel(SpiffyMaterializeParams p, PositionTop* pos,
-                                                                      int32_t* order, float* score, uint8_t* state) {
+// One slice of a masked row, as spiffy_rows_kernel leaves it for the materialize kernel.
+struct RowSlice {
+  RowStats raw;      // of the raw logits (the mask token at -inf)
+  float scaled_sum;  // sum of exp((a - raw.top.val) * scale) over the slice
+  TopTokens top;
+};
+
+// scaled_sum taken from max `from` to max `to` (to >= from); a slice of -inf adds nothing.
+__device__ __forceinline__ float scaled_sum_to(float sum, float from, float to, float scale) {
+  return from == kNegInf ? 0.0f : sum * exp_f32((from - to) * scale);
+}
+
+// Pass 1 of materialize: every row split in `slices` slices over the grid (row_reduce.cuh reads
+// them; at kScaled the tempered sum comes in the same pass). Rows that are not masked are skipped.
+template <typename T, bool kScaled>
+__global__ void __launch_bounds__(kThreads) spiffy_rows_kernel(SpiffyMaterializeParams p, RowSlice* out, int slices,
+                                                               bool vector_ok) {
+  __shared__ TopTokens warp_tops[kWarps];
+  constexpr int kIds = 16 / sizeof(T);
+  const int64_t row = blockIdx.x / slices;  // n * l + position
+  const int slice = static_cast<int>(blockIdx.x % slices);
+  if (p.block[row] != p.mask_id) return;  // the same for the whole block
+  const T* src = static_cast<const T*>(p.logits) + row * p.v;
+  const SliceRange range = slice_range(p.v, kIds, slices, slice);
+  const float scale_log2e = p.scale * kLog2e;
+  RowStats raw = stats_empty();
+  float scaled = 0.0f;
+  TopTokens top;
+  top_clear(top);
+  for_each_row_value<T, 4>(
+      src, p.v, range.begin, range.end, vector_ok, 1.0f, p.mask_id, threadIdx.x, kThreads,
+      [&](const float (&a)[kIds], int32_t id) {
+        const float before = raw.top.val;
+        observe_chunk_in_order<false>(raw, a, id);
+        float m = a[0];
+#pragma unroll
+        for (int j = 1; j < kIds; ++j) m = max_nan(m, a[j]);
+        // Ids rise, so a chunk whose best loses to the eighth kept token has nothing to insert.
+        const int last = kSpiffyMaxRank - 1;
+        if (top.idx[last] == kNoIndex || (!(m <= top.val[last]) && !is_nan_f32(top.val[last]))) {
+#pragma unroll
+          for (int j = 0; j < kIds; ++j) top_observe(top, a[j], id + j);
+        }
+        if constexpr (kScaled) {
+          if (raw.top.val != before) scaled = scaled_sum_to(scaled, before, raw.top.val, p.scale);
+          const float off = raw.top.val == kNegInf ? 0.0f : raw.top.val * scale_log2e;
+          float add = 0.0f;
+#pragma unroll
+          for (int j = 0; j < kIds; ++j) add += exp2f(fmaf(a[j], scale_log2e, -off));
+          scaled += add;
+        }
+      },
+      [&](float a, int32_t id) {
+        const float before = raw.top.val;
+        stats_observe(raw, a, id);
+        top_observe(top, a, id);
+        if constexpr (kScaled) {
+          if (raw.top.val != before) scaled = scaled_sum_to(scaled, before, raw.top.val, p.scale);
+          if (a != kNegInf) scaled += exp_f32((a - raw.top.val) * p.scale);
+        }
+      });
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const RowStats merged = block_merge_all(raw, stats_empty());
+  if constexpr (kScaled) scaled = block_sum(scaled_sum_to(scaled, raw.top.val, merged.top.val, p.scale));
+  top = warp_merge_top(top);
+  if (lane == 0) warp_tops[warp] = top;
+  __syncthreads();
+  if (warp == 0) {
+    if (lane < kWarps)
+      top = warp_tops[lane];
+    else
+      top_clear(top);
+    top = warp_merge_top(top);
+    if (lane == 0) out[blockIdx.x] = RowSlice{merged, kScaled ? scaled : merged.sum, top};
+  }
+}
+
+// Pass 2: a block per sequence. Its warps merge the slices of each masked row (a lane a slice).
+__global__ void __launch_bounds__(kThreads) spiffy_materialize_kernel(SpiffyMaterializeParams p, const RowSlice* rows,
+                                                                      int slices, PositionTop* pos, int32_t* order,
+                                                                      float* score, uint8_t* state) {
   __shared__ int64_t masked_shared;
   const int64_t n = blockIdx.x;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -44,19 +124,12 @@ __global__ void __launch_bounds__(kThreads) spiffy_materialize_kernel(SpiffyMate
   pos += n * p.l, order += n * p.l, score += n * p.graph.g, state += n * p.graph.g;
   for (int64_t q = warp; q < p.l; q += kWarps) {
     if (block[q] != p.mask_id) continue;  // the same for the whole warp
-    const T* src = static_cast<const T*>(p.logits) + (n * p.l + q) * p.v;
-    RowStats raw = stats_empty(), scaled = stats_empty();
-    TopTokens top;
-    top_clear(top);
-    for (int64_t x = lane; x < p.v; x += 32) {
-      const float a = dllm_logit(to_float(src[x]), x, p.mask_id);
-      stats_observe(raw, a, static_cast<int32_t>(x));
-      if (p.scale != 1.0f) stats_observe(scaled, a * p.scale, static_cast<int32_t>(x));
-      top_observe(top, a, static_cast<int32_t>(x));
-    }
-    raw = warp_merge(raw);
-    const float scaled_sum = p.scale != 1.0f ? warp_merge(scaled).sum : raw.sum;
-    top = warp_merge_top(top);
+    RowSlice mine{stats_empty(), 0.0f, {}};
+    top_clear(mine.top);
+    if (lane < slices) mine = rows[(n * p.l + q) * slices + lane];
+    const RowStats raw = warp_merge(mine.raw);
+    const float scaled_sum = warp_sum(scaled_sum_to(mine.scaled_sum, mine.raw.top.val, raw.top.val, p.scale));
+    const TopTokens top = warp_merge_top(mine.top);
     if (lane == 0) position_top(top, raw, scaled_sum, p.scale, pos[q]);
   }
   __syncthreads();
@@ -94,40 +167,9 @@ __global__ void __launch_bounds__(kThreads) spiffy_materialize_kernel(SpiffyMate
   }
 }
 
-// dllm_step's rule on one row, by a warp; lane 0 returns the pick and its confidence.
-template <typename T>
-__device__ void dllm_row_warp(const T* src, int64_t v, int64_t mask_id, float inv_t, uint64_t seed, uint64_t offset,
-                              uint32_t sequence, uint32_t position, int64_t* x0, float* conf) {
-  const int lane = threadIdx.x % 32;
-  const auto logit = [&](int64_t x) { return dllm_logit(to_float(src[x]), x, mask_id); };
-  RowStats raw = stats_empty();
-  for (int64_t x = lane; x < v; x += 32) stats_observe(raw, logit(x), static_cast<int32_t>(x));
-  raw = warp_merge(raw);
-  int32_t pick = raw.top.idx;
-  if (inv_t != 0.0f) {
-    RowStats st = stats_empty();
-    for (int64_t x = lane; x < v; x += 32) stats_observe(st, logit(x) * inv_t, static_cast<int32_t>(x));
-    st = warp_merge(st);
-    pick = st.top.idx;
-    if (!stats_degenerate(st)) {
-      const SampleJob job{kSamplePlain, static_cast<int32_t>(position), -1, st.top.idx, st};
-      ArgMax best = argmax_empty();
-      for (int64_t g = lane; 4 * g < v; g += 32) {
-        float a[4];
-        const int count = v - 4 * g < 4 ? static_cast<int>(v - 4 * g) : 4;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) a[j] = j < count ? logit(4 * g + j) * inv_t : kNegInf;
-        sample_group(best, job, seed, offset, sequence, static_cast<uint32_t>(g), a, nullptr, count);
-      }
-      pick = sample_result(job, warp_merge(best));
-    }
-  }
-  if (lane == 0) *x0 = pick, *conf = dllm_confidence(raw, logit(pick));
-}
-
 template <typename T>
 __global__ void __launch_bounds__(kThreads) spiffy_accept_kernel(SpiffyAcceptParams p, float* conf, int64_t* x0,
-                                                                 uint8_t* chosen) {
+                                                                 uint8_t* chosen, bool vector_ok) {
   __shared__ int64_t cur, steps, committed;
   __shared__ bool done;
   const int64_t n = blockIdx.x;
@@ -153,8 +195,11 @@ __global__ void __launch_bounds__(kThreads) spiffy_accept_kernel(SpiffyAcceptPar
         if (threadIdx.x % 32 == 0) conf[q] = kNegInf;
         continue;
       }
-      dllm_row_warp(logits + q * p.v, p.v, p.rule.mask_id, p.rule.inv_t, seed, offset + static_cast<uint64_t>(steps),
-                    static_cast<uint32_t>(n), static_cast<uint32_t>(q), x0 + q, conf + q);
+      const DllmPick pick = dllm_row_pick(logits + q * p.v, p.v, p.rule.mask_id, p.rule.inv_t, seed,
+                                          offset + static_cast<uint64_t>(steps), static_cast<uint32_t>(n),
+                                          static_cast<uint32_t>(q), vector_ok, threadIdx.x % 32, 32,
+                                          [](auto s, auto) { return warp_merge(s); });
+      if (threadIdx.x % 32 == 0) x0[q] = pick.token, conf[q] = pick.confidence;
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -175,20 +220,28 @@ __global__ void __launch_bounds__(kThreads) spiffy_accept_kernel(SpiffyAcceptPar
   if (threadIdx.x == 0) p.num_steps[n] = steps, p.continue_from[n] = cur;
 }
 
-__global__ void spiffy_mask_kernel(SpiffyMaskParams p, int64_t q_len, int64_t row_bytes, int64_t total) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t byte = i % row_bytes, row = i / row_bytes;
+constexpr int kMaskRowsPerBlock = kWarps;  // a warp a mask row
+
+// A warp per mask row (grid-stride), its lanes over the row's bytes: the row's intervals are
+// computed once a row, not once a byte (64-bit divisions cost tens of instructions each).
+__global__ void __launch_bounds__(kThreads) spiffy_mask_kernel(SpiffyMaskParams p, int64_t q_len, int64_t row_bytes,
+                                                               int64_t rows) {
+  const int lane = threadIdx.x % 32;
+  const int64_t keys = p.max_prefix + q_len;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kMaskRowsPerBlock + threadIdx.x / 32; row < rows;
+       row += static_cast<int64_t>(gridDim.x) * kMaskRowsPerBlock) {
     const SpiffyMaskRow r = spiffy_mask_row(row % q_len, p.block_size, p.max_prefix, p.prefix_lens[row / q_len]);
-    if (!p.packed) {
-      p.mask[i] = spiffy_mask_at(r, byte);
-      continue;
+    uint8_t* out = p.mask + row * row_bytes;
+    for (int64_t byte = lane; byte < row_bytes; byte += 32) {
+      if (!p.packed) {
+        out[byte] = spiffy_mask_at(r, byte);
+        continue;
+      }
+      uint8_t bits = 0;
+      for (int b = 0; b < 8 && 8 * byte + b < keys; ++b)
+        bits |= static_cast<uint8_t>(spiffy_mask_at(r, 8 * byte + b)) << b;
+      out[byte] = bits;
     }
-    const int64_t keys = p.max_prefix + q_len;
-    uint8_t bits = 0;
-    for (int b = 0; b < 8 && 8 * byte + b < keys; ++b)
-      bits |= static_cast<uint8_t>(spiffy_mask_at(r, 8 * byte + b)) << b;
-    p.mask[i] = bits;
   }
 }
 
@@ -202,7 +255,19 @@ cudaError_t materialize_typed(const SpiffyMaterializeParams& p, void* workspace,
   auto* score = reinterpret_cast<float*>(at);
   at += align_up(sizeof(float) * p.n * p.graph.g);
   auto* state = reinterpret_cast<uint8_t*>(at);
-  spiffy_materialize_kernel<T><<<p.n, kThreads, 0, stream>>>(p, pos, order, score, state);
+  at += align_up(static_cast<size_t>(p.n * p.graph.g));
+  auto* rows = reinterpret_cast<RowSlice*>(at);
+  const int slices = row_slice_count(p.n * p.l, p.v, p.num_sms);
+  const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && reinterpret_cast<uintptr_t>(p.logits) % 16 == 0;
+  if (p.l > 0) {  // an empty grid is a launch error
+    if (p.scale != 1.0f)
+      spiffy_rows_kernel<T, true><<<p.n * p.l * slices, kThreads, 0, stream>>>(p, rows, slices, vector_ok);
+    else
+      spiffy_rows_kernel<T, false><<<p.n * p.l * slices, kThreads, 0, stream>>>(p, rows, slices, vector_ok);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  spiffy_materialize_kernel<<<p.n, kThreads, 0, stream>>>(p, rows, slices, pos, order, score, state);
   return cudaGetLastError();
 }
 
@@ -213,7 +278,10 @@ cudaError_t accept_typed(const SpiffyAcceptParams& p, void* workspace, cudaStrea
   at += align_up(sizeof(float) * p.n * p.l);
   auto* x0 = reinterpret_cast<int64_t*>(at);
   at += align_up(sizeof(int64_t) * p.n * p.l);
-  spiffy_accept_kernel<T><<<p.n, kThreads, 0, stream>>>(p, conf, x0, reinterpret_cast<uint8_t*>(at));
+  // Every row of both logits tensors starts 16-byte aligned (the vector loads of dllm_row.cuh).
+  const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && reinterpret_cast<uintptr_t>(p.root_logits) % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(p.draft_logits) % 16 == 0;
+  spiffy_accept_kernel<T><<<p.n, kThreads, 0, stream>>>(p, conf, x0, reinterpret_cast<uint8_t*>(at), vector_ok);
   return cudaGetLastError();
 }
 
@@ -231,7 +299,8 @@ cudaError_t by_dtype(LogitsType dtype, Launch&& launch) {
 
 size_t spiffy_materialize_workspace_bytes(const SpiffyMaterializeParams& p) {
   return align_up(sizeof(PositionTop) * p.n * p.l) + align_up(sizeof(int32_t) * p.n * p.l) +
-         align_up(sizeof(float) * p.n * p.graph.g) + align_up(static_cast<size_t>(p.n * p.graph.g));
+         align_up(sizeof(float) * p.n * p.graph.g) + align_up(static_cast<size_t>(p.n * p.graph.g)) +
+         align_up(sizeof(RowSlice) * p.n * p.l * row_slice_count(p.n * p.l, p.v, p.num_sms));
 }
 
 cudaError_t launch_spiffy_materialize(const SpiffyMaterializeParams& p, void* workspace, cudaStream_t stream) {
@@ -251,11 +320,11 @@ cudaError_t launch_spiffy_accept(const SpiffyAcceptParams& p, void* workspace, c
 
 cudaError_t launch_spiffy_attention_mask(const SpiffyMaskParams& p, cudaStream_t stream) {
   const int64_t q_len = (1 + p.num_drafts) * p.block_size, keys = p.max_prefix + q_len;
-  const int64_t row_bytes = p.packed ? (keys + 7) / 8 : keys, total = p.n * q_len * row_bytes;
-  if (total == 0) return cudaSuccess;
-  const int64_t blocks = (total + kThreads - 1) / kThreads;
+  const int64_t row_bytes = p.packed ? (keys + 7) / 8 : keys, rows = p.n * q_len;
+  if (rows * row_bytes == 0) return cudaSuccess;
+  const int64_t blocks = (rows + kMaskRowsPerBlock - 1) / kMaskRowsPerBlock;
   spiffy_mask_kernel<<<static_cast<unsigned>(blocks < 4096 ? blocks : 4096), kThreads, 0, stream>>>(p, q_len, row_bytes,
-                                                                                                     total);
+                                                                                                     rows);
   return cudaGetLastError();
 }
 

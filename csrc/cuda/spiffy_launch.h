@@ -22,6 +22,7 @@ struct SpiffyMaterializeParams {
   int64_t* drafts;            // [n, keep, l]
   int64_t* node_ids;          // [n, keep], filled with -1 by the caller
   float* scores;              // [n, keep], filled with 0 by the caller
+  int num_sms;                // sizes the split of the rows over the grid
 };
 
 size_t spiffy_materialize_workspace_bytes(const SpiffyMaterializeParams& p);

@@ -44,6 +44,7 @@ struct TreeVerifyParams {
   uint64_t seed, offset;
   const int64_t *seed_ptr, *offset_ptr;
   int64_t *accept_len, *path, *out_tokens;  // [n], [n, m], [n, m]
+  int num_sms;                              // sizes the split of the sampling pass
 };
 size_t tree_verify_workspace_bytes(const TreeVerifyParams& p);
 cudaError_t launch_tree_verify(const TreeVerifyParams& p, void* workspace, cudaStream_t stream);

@@ -121,7 +121,7 @@ class CudaEmu:
         return out
 
     def tree_verify(self, tokens, parents, logits, q=None, without_replacement=False, temperature=0.0, seed=0,
-                    offset=0, num_nodes=None):
+                    offset=0, num_nodes=None, num_sms=4):
         n, m, v = logits.shape
         tokens, parents, logits, q, num_nodes = _c(tokens), _c(parents), _c(logits), _c(q), _c(num_nodes)
         accept_len = torch.empty(n, dtype=torch.int64)
@@ -132,7 +132,8 @@ class CudaEmu:
         rc = self.lib.xk_emu_tree_verify(
             _ptr(tokens), _ptr(parents), _ptr(num_nodes), _ptr(logits), LOGITS_TYPES[logits.dtype], _ptr(q),
             ctypes.c_int(without_replacement), i64(n), i64(m), i64(v), ctypes.c_float(_inv_t(temperature)),
-            ctypes.c_uint64(seed), ctypes.c_uint64(offset), _ptr(accept_len), _ptr(path), _ptr(out), msg,
+            ctypes.c_uint64(seed), ctypes.c_uint64(offset), ctypes.c_int(num_sms), _ptr(accept_len), _ptr(path),
+            _ptr(out), msg,
             ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
         return accept_len, path, out
@@ -149,7 +150,8 @@ class CudaEmu:
         self._check(rc, msg)
         return cache
 
-    def dllm_step(self, logits, block, mask_id, num_unmask=1, threshold=None, temperature=0.0, seed=0, offset=0):
+    def dllm_step(self, logits, block, mask_id, num_unmask=1, threshold=None, temperature=0.0, seed=0, offset=0,
+                  num_sms=4):
         n, length, v = logits.shape
         logits, block = _c(logits), _c(block)
         outs = [torch.empty(n, length, dtype=torch.int64) for _ in range(3)] + [torch.empty(n, length)]
@@ -158,12 +160,12 @@ class CudaEmu:
         rc = self.lib.xk_emu_dllm_step(
             _ptr(logits), LOGITS_TYPES[logits.dtype], _ptr(block), i64(n), i64(length), i64(v), i64(mask_id),
             i64(num_unmask), ctypes.c_int(threshold is not None), ctypes.c_float(threshold or 0.0),
-            ctypes.c_float(_inv_t(temperature)), ctypes.c_uint64(seed), ctypes.c_uint64(offset),
+            ctypes.c_float(_inv_t(temperature)), ctypes.c_uint64(seed), ctypes.c_uint64(offset), ctypes.c_int(num_sms),
             *[_ptr(t) for t in outs], msg, ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
         return tuple(outs)
 
-    def spiffy_materialize(self, logits, block, mask_id, graph, keep, temperature=0.0):
+    def spiffy_materialize(self, logits, block, mask_id, graph, keep, temperature=0.0, num_sms=4):
         n, length, v = logits.shape
         logits, block = _c(logits), _c(block)
         ranks, ptr, children = _c(graph.ranks), _c(graph.child_ptr), _c(graph.children)
@@ -175,7 +177,7 @@ class CudaEmu:
         rc = self.lib.xk_emu_spiffy_materialize(
             _ptr(logits), LOGITS_TYPES[logits.dtype], _ptr(block), i64(n), i64(length), i64(v), i64(mask_id),
             _ptr(ranks), _ptr(ptr), _ptr(children), i64(ranks.shape[0]), i64(ranks.shape[1]), i64(children.numel()),
-            i64(keep), ctypes.c_float(_inv_t(temperature) or 1.0), _ptr(drafts), _ptr(node_ids), _ptr(scores), msg,
+            i64(keep), ctypes.c_float(_inv_t(temperature) or 1.0), ctypes.c_int(num_sms), _ptr(drafts), _ptr(node_ids), _ptr(scores), msg,
             ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
         return drafts, node_ids, scores

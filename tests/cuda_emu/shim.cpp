@@ -99,8 +99,8 @@ int xk_emu_chain_verify(const void* logits, int logits_type, const int64_t* draf
   p.num_sms = num_sms;
   void* workspace = dev.alloc(chain_verify_workspace_bytes(p), 0xA5);
   const cudaError_t err = launch_chain_verify(p, workspace, nullptr);
-  std::memcpy(accept_len, p.accept_len, sizeof(int64_t) * n);
-  std::memcpy(out_tokens, p.out_tokens, sizeof(int64_t) * n * (k + 1));
+  copy_out(accept_len, p.accept_len, sizeof(int64_t) * n);
+  copy_out(out_tokens, p.out_tokens, sizeof(int64_t) * n * (k + 1));
   return finish(err, message, message_len);
 }
 
@@ -171,10 +171,10 @@ int xk_emu_build_draft_tree(const float* lp, const int64_t* tok, int64_t n, int6
                     budget, dev.alloc<int64_t>(sizeof(int64_t) * n * m, 0xA5), dev.alloc<int64_t>(sizeof(int64_t) * n * m, 0xA5),
                     dev.alloc<int64_t>(sizeof(int64_t) * n * m, 0xA5), dev.alloc<int64_t>(sizeof(int64_t) * n, 0xA5)};
   const cudaError_t err = launch_build_draft_tree(p, dev.alloc(tree_build_workspace_bytes(p), 0xA5), nullptr);
-  std::memcpy(tokens, p.out_tokens, sizeof(int64_t) * n * m);
-  std::memcpy(parents, p.parents, sizeof(int64_t) * n * m);
-  std::memcpy(depth, p.depth, sizeof(int64_t) * n * m);
-  std::memcpy(num_nodes, p.num_nodes, sizeof(int64_t) * n);
+  copy_out(tokens, p.out_tokens, sizeof(int64_t) * n * m);
+  copy_out(parents, p.parents, sizeof(int64_t) * n * m);
+  copy_out(depth, p.depth, sizeof(int64_t) * n * m);
+  copy_out(num_nodes, p.num_nodes, sizeof(int64_t) * n);
   return finish(err, message, message_len);
 }
 
@@ -189,13 +189,13 @@ int xk_emu_tree_mask(const int64_t* parents, const int64_t* num_nodes, int64_t n
                    packed != 0, want_depth ? nullptr : static_cast<uint8_t*>(result),
                    want_depth ? static_cast<int64_t*>(result) : nullptr};
   const cudaError_t err = launch_tree_mask(p, nullptr);
-  std::memcpy(out, result, bytes);
+  copy_out(out, result, bytes);
   return finish(err, message, message_len);
 }
 
 int xk_emu_tree_verify(const int64_t* tokens, const int64_t* parents, const int64_t* num_nodes, const void* logits,
                        int logits_type, const float* q, int without_replacement, int64_t n, int64_t m, int64_t v,
-                       float inv_t, uint64_t seed, uint64_t offset, int64_t* accept_len, int64_t* path,
+                       float inv_t, uint64_t seed, uint64_t offset, int num_sms, int64_t* accept_len, int64_t* path,
                        int64_t* out_tokens, char* message, size_t message_len) {
   using namespace xkernels::cuda;
   Device dev;
@@ -207,14 +207,14 @@ int xk_emu_tree_verify(const int64_t* tokens, const int64_t* parents, const int6
   p.dtype = static_cast<LogitsType>(logits_type);
   p.q = dev.copy(q, sizeof(float) * n * m * v);
   p.without_replacement = without_replacement != 0;
-  p.n = n, p.m = m, p.v = v, p.inv_t = inv_t, p.seed = seed, p.offset = offset;
+  p.n = n, p.m = m, p.v = v, p.inv_t = inv_t, p.seed = seed, p.offset = offset, p.num_sms = num_sms;
   p.accept_len = dev.alloc<int64_t>(sizeof(int64_t) * n, 0xA5);
   p.path = dev.alloc<int64_t>(sizeof(int64_t) * n * m, 0xA5);
   p.out_tokens = dev.alloc<int64_t>(sizeof(int64_t) * n * m, 0xA5);
   const cudaError_t err = launch_tree_verify(p, dev.alloc(tree_verify_workspace_bytes(p), 0xA5), nullptr);
-  std::memcpy(accept_len, p.accept_len, sizeof(int64_t) * n);
-  std::memcpy(path, p.path, sizeof(int64_t) * n * m);
-  std::memcpy(out_tokens, p.out_tokens, sizeof(int64_t) * n * m);
+  copy_out(accept_len, p.accept_len, sizeof(int64_t) * n);
+  copy_out(path, p.path, sizeof(int64_t) * n * m);
+  copy_out(out_tokens, p.out_tokens, sizeof(int64_t) * n * m);
   return finish(err, message, message_len);
 }
 
@@ -229,38 +229,38 @@ int xk_emu_compact_kv(void* cache, int64_t n, int64_t heads, int64_t len, int64_
   CompactKvParams p{c, heads * len * d, len * d, d, n, heads, len, d, elem, dev.copy(path, sizeof(int64_t) * n * m),
                     dev.copy(accept_len, sizeof(int64_t) * n), m, prefix_len};
   const cudaError_t err = launch_compact_kv(p, nullptr);
-  std::memcpy(cache, c, bytes);
+  copy_out(cache, c, bytes);
   return finish(err, message, message_len);
 }
 
 int xk_emu_dllm_step(const void* logits, int logits_type, const int64_t* block, int64_t n, int64_t l, int64_t v,
                      int64_t mask_id, int64_t num_unmask, int use_threshold, float threshold, float inv_t,
-                     uint64_t seed, uint64_t offset, int64_t* new_block, int64_t* positions, int64_t* tokens,
-                     float* confidence, char* message, size_t message_len) {
+                     uint64_t seed, uint64_t offset, int num_sms, int64_t* new_block, int64_t* positions,
+                     int64_t* tokens, float* confidence, char* message, size_t message_len) {
   using namespace xkernels::cuda;
   Device dev;
   DllmParams p{};
   p.logits = dev.copy(static_cast<const char*>(logits), n * l * v * logits_bytes(logits_type));
   p.dtype = static_cast<LogitsType>(logits_type);
   p.block = dev.copy(block, sizeof(int64_t) * n * l);
-  p.n = n, p.l = l, p.v = v;
+  p.n = n, p.l = l, p.v = v, p.num_sms = num_sms;
   p.rule = DllmRule{mask_id, num_unmask, use_threshold != 0, threshold, inv_t, seed, offset, nullptr, nullptr};
   p.new_block = const_cast<int64_t*>(dev.copy(block, sizeof(int64_t) * n * l));  // the caller's copy of block
   p.positions = dev.alloc<int64_t>(sizeof(int64_t) * n * l, 0xFF);  // -1, as the caller fills them
   p.tokens = dev.alloc<int64_t>(sizeof(int64_t) * n * l, 0xFF);
   p.confidence = dev.alloc<float>(sizeof(float) * n * l, 0xA5);
   const cudaError_t err = launch_dllm_step(p, dev.alloc(dllm_workspace_bytes(p), 0xA5), nullptr);
-  std::memcpy(new_block, p.new_block, sizeof(int64_t) * n * l);
-  std::memcpy(positions, p.positions, sizeof(int64_t) * n * l);
-  std::memcpy(tokens, p.tokens, sizeof(int64_t) * n * l);
-  std::memcpy(confidence, p.confidence, sizeof(float) * n * l);
+  copy_out(new_block, p.new_block, sizeof(int64_t) * n * l);
+  copy_out(positions, p.positions, sizeof(int64_t) * n * l);
+  copy_out(tokens, p.tokens, sizeof(int64_t) * n * l);
+  copy_out(confidence, p.confidence, sizeof(float) * n * l);
   return finish(err, message, message_len);
 }
 
 int xk_emu_spiffy_materialize(const void* logits, int logits_type, const int64_t* block, int64_t n, int64_t l,
                               int64_t v, int64_t mask_id, const int32_t* ranks, const int32_t* child_ptr,
                               const int32_t* children, int64_t g, int64_t k, int64_t e, int64_t keep, float scale,
-                              int64_t* drafts, int64_t* node_ids, float* scores, char* message, size_t message_len) {
+                              int num_sms, int64_t* drafts, int64_t* node_ids, float* scores, char* message, size_t message_len) {
   using namespace xkernels::cuda;
   Device dev;
   SpiffyMaterializeParams p{};
@@ -269,7 +269,7 @@ int xk_emu_spiffy_materialize(const void* logits, int logits_type, const int64_t
   p.block = dev.copy(block, sizeof(int64_t) * n * l);
   p.graph = xkernels::GraphView{dev.copy(ranks, sizeof(int32_t) * g * k * 2), dev.copy(child_ptr, sizeof(int32_t) * (g + 1)),
                                 dev.copy(children, sizeof(int32_t) * e), g, k, e};
-  p.n = n, p.l = l, p.v = v, p.mask_id = mask_id, p.keep = keep, p.scale = scale;
+  p.n = n, p.l = l, p.v = v, p.mask_id = mask_id, p.keep = keep, p.scale = scale, p.num_sms = num_sms;
   p.drafts = dev.alloc<int64_t>(sizeof(int64_t) * n * keep * l, 0xA5);
   p.node_ids = dev.alloc<int64_t>(sizeof(int64_t) * n * keep, 0xFF);  // -1 and 0, as the caller fills them
   p.scores = dev.alloc<float>(sizeof(float) * n * keep, 0);

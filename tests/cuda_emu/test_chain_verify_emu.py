@@ -8,7 +8,8 @@ from tests.test_chain_verify import make_case
 # (N, K, V): tails of the 16-byte chunks, one id, rows longer than 32 (two warp rounds of the walk),
 # many slices per row (num_sms), a batch over several warps of chain_walk, and vocabularies whose
 # rows take the 16-byte vector loads (V a multiple of 8).
-SHAPES = [(3, 5, 37), (2, 1, 1), (1, 40, 19), (9, 4, 1030), (33, 2, 65), (3, 2, 1024), (2, 3, 72)]
+# The last one takes several vector-loaded slices a row (row_slice_count: V / 1024 of them at most).
+SHAPES = [(3, 5, 37), (2, 1, 1), (1, 40, 19), (9, 4, 1030), (33, 2, 65), (3, 2, 1024), (2, 3, 72), (2, 2, 4104)]
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -51,3 +52,31 @@ def test_degenerate_rows(emu, temperature):
     got = emu.chain_verify(drafts, logits, None, temperature, 5, 1)
     want = reference.chain_verify(drafts, logits, None, temperature, 5, 1)
     assert torch.equal(got[1], want[1])
+
+
+# Empty batches, no drafts, one-id vocabularies, and SM counts from none to absurd: the launcher's
+# planning (row_slice_count, the workspace layout) is the one the CUDA binding runs.
+@pytest.mark.parametrize("shape", [(0, 3, 50), (2, 0, 50), (0, 0, 1), (3, 2, 1), (1, 1, 8)])
+@pytest.mark.parametrize("num_sms", [0, 1, 132, 1 << 20])
+@pytest.mark.parametrize("temperature,with_q", [(0.0, False), (1.0, True)])
+def test_edge_shapes(emu, shape, num_sms, temperature, with_q):
+    drafts, logits, q = make_case(*shape, torch.bfloat16, with_q, seed=1)
+    got = emu.chain_verify(drafts, logits, q, temperature, 3, 1, num_sms=num_sms)
+    want = reference.chain_verify(drafts, logits, q, temperature, 3, 1)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_ties_and_nan_inside_vector_chunks(emu):
+    """The chunked argmax (a chunk's max first, its index only when it wins) keeps torch.argmax's
+    rules: the lowest index among equal maxima, across chunks and slices, and the first NaN."""
+    logits = torch.zeros(3, 2, 2048)
+    logits[0, 0, [5, 13, 1500]] = 2.0  # a tie inside one chunk, another chunk, another slice
+    logits[1, 0, [9, 700]] = float("nan")
+    logits[1, 0, 3] = 5.0
+    logits[2, 0] = float("-inf")
+    logits[2, 1, 1024:] = float("-inf")
+    drafts = torch.tensor([[5], [9], [0]])
+    for temperature in (0.0, 1.0):
+        got = emu.chain_verify(drafts, logits.bfloat16(), None, temperature, 4, 2, num_sms=64)
+        want = reference.chain_verify(drafts, logits.bfloat16(), None, temperature, 4, 2)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -9,12 +9,40 @@ from tests.test_dllm import MASK, step_case
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("num_unmask,threshold", [(1, None), (3, None), (40, None), (1, 0.2)])
-def test_matches_reference(emu, dtype, temperature, num_unmask, threshold):
-    logits, block = step_case(4, 9, 301, dtype, seed=num_unmask)
+@pytest.mark.parametrize("v", [301, 1032])  # 1032: rows that take the vector loads
+def test_matches_reference(emu, dtype, temperature, num_unmask, threshold, v):
+    logits, block = step_case(4, 9, v, dtype, seed=num_unmask)
     block[1] = 2  # nothing masked
     logits[3, 2] = float("nan")
     got = emu.dllm_step(logits, block, MASK, num_unmask, threshold, temperature, 9, 4)
     want = reference.dllm_step(logits, block, MASK, num_unmask, threshold, temperature, 9, 4)
+    for a, b in zip(got[:3], want[:3]):
+        assert torch.equal(a, b)
+    torch.testing.assert_close(got[3], want[3], atol=1e-5, rtol=1e-4, equal_nan=True)
+
+
+@pytest.mark.parametrize("n,length,v", [(0, 4, 16), (2, 0, 16), (3, 4, 1), (2, 3, 8)])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_edge_shapes(emu, n, length, v, temperature):
+    logits, block = step_case(n, length, v, torch.bfloat16, seed=2, masked_share=1.0)
+    got = emu.dllm_step(logits, block, MASK, 2, None, temperature, 1, 0)
+    want = reference.dllm_step(logits, block, MASK, 2, None, temperature, 1, 0)
+    for a, b in zip(got[:3], want[:3]):
+        assert torch.equal(a, b)
+    torch.testing.assert_close(got[3], want[3], atol=1e-5, rtol=1e-4, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("num_sms", [0, 1, 132])
+def test_rows_split_over_slices(emu, dtype, temperature, num_sms):
+    """Rows long enough for several slices each (row_slice_count), the mask id inside one of them."""
+    logits, block = step_case(2, 5, 4104, dtype, seed=3)
+    logits[0, :, 3000] = 50.0  # the mask token's logit never counts
+    logits[1, 2, [10, 2500]] = 40.0  # a tie across slices
+    block[block == MASK] = 3000
+    got = emu.dllm_step(logits, block, 3000, 2, None, temperature, 7, 1, num_sms=num_sms)
+    want = reference.dllm_step(logits, block, 3000, 2, None, temperature, 7, 1)
     for a, b in zip(got[:3], want[:3]):
         assert torch.equal(a, b)
     torch.testing.assert_close(got[3], want[3], atol=1e-5, rtol=1e-4, equal_nan=True)

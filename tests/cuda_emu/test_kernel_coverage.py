@@ -11,9 +11,11 @@ KERNELS = {
                                "sample_finish_kernel"},
     "refine_kernel.cu": {"front_mix_kernel", "front_hidden_kernel", "front_down_kernel", "read_epilogue_kernel",
                          "merge_kernel", "jacobi_init_kernel", "jacobi_update_kernel"},
-    "tree_kernel.cu": {"build_tree_kernel", "tree_mask_kernel", "tree_verify_kernel", "compact_kv_kernel"},
-    "dllm_kernel.cu": {"dllm_rows_kernel", "dllm_select_kernel"},
-    "spiffy_kernel.cu": {"spiffy_materialize_kernel", "spiffy_accept_kernel", "spiffy_mask_kernel"},
+    "tree_kernel.cu": {"build_tree_kernel", "tree_mask_kernel", "tree_verify_kernel", "tree_sample_kernel",
+                       "tree_sample_finish_kernel", "compact_kv_kernel"},
+    "dllm_kernel.cu": {"dllm_slices_kernel", "dllm_merge_kernel", "dllm_select_kernel"},
+    "spiffy_kernel.cu": {"spiffy_rows_kernel", "spiffy_materialize_kernel", "spiffy_accept_kernel",
+                         "spiffy_mask_kernel"},
 }
 CUDA = Path(__file__).resolve().parents[2] / "csrc" / "cuda"
 

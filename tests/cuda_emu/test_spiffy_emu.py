@@ -24,6 +24,30 @@ def test_materialize_matches_reference(emu, dtype, temperature, keep):
     torch.testing.assert_close(got[2], want[2], atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+@pytest.mark.parametrize("num_sms", [0, 1, 132])
+def test_materialize_splits_rows_over_slices(emu, dtype, temperature, num_sms):
+    """Rows long enough for several vector-loaded slices each (row_slice_count), merged by pass 2."""
+    logits, block = step_case(2, 6, 3080, dtype, seed=5)
+    logits[0, 1, [100, 2900]] = 9.0  # a tie across slices
+    graph = hand_graph()
+    got = emu.spiffy_materialize(logits, block, MASK, graph, 4, temperature, num_sms=num_sms)
+    want = reference.spiffy_materialize(logits, block, MASK, graph.ranks, graph.child_ptr, graph.children, 4,
+                                        temperature)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    torch.testing.assert_close(got[2], want[2], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("n,length,v", [(0, 4, 16), (2, 0, 16), (2, 4, 1)])
+def test_materialize_edge_shapes(emu, n, length, v):
+    logits, block = step_case(n, length, v, seed=1, masked_share=1.0)
+    graph = hand_graph()
+    got = emu.spiffy_materialize(logits, block, MASK, graph, 2)
+    want = reference.spiffy_materialize(logits, block, MASK, graph.ranks, graph.child_ptr, graph.children, 2)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 def test_materialize_with_many_warps_of_rows_and_a_small_vocabulary(emu):
     """More masked rows than warps, V below kSpiffyMaxRank (ranks past V cannot be filled)."""
     logits, block = step_case(2, 40, 5, seed=1)
@@ -49,8 +73,9 @@ def test_materialize_stays_in_bounds_on_a_bad_graph(emu):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("threshold", [None, 0.2])
-def test_accept_matches_reference(emu, dtype, temperature, threshold):
-    args = accept_case(4, 6, 10, 301, dtype, seed=2)
+@pytest.mark.parametrize("v", [301, 304])  # 304: rows that take the vector loads
+def test_accept_matches_reference(emu, dtype, temperature, threshold, v):
+    args = accept_case(4, 6, 10, v, dtype, seed=2)
     args[-1][3] = 3  # nothing masked
     got = emu.spiffy_accept(*args, MASK, 1, threshold, temperature, 5, 11)
     want = reference.spiffy_accept(*args, MASK, threshold=threshold, temperature=temperature, seed=5, offset=11)
@@ -72,7 +97,13 @@ def test_accept_follows_a_chain_of_drafts(emu):
 
 
 @pytest.mark.parametrize("packed", [False, True])
-def test_attention_mask_matches_reference(emu, packed):
-    lens = torch.tensor([5, 0, 3, 13])
-    got = emu.spiffy_attention_mask(lens, 3, 4, 13, packed)
-    assert torch.equal(got, reference.spiffy_attention_mask(lens, 3, 4, 13, packed))
+@pytest.mark.parametrize("n,num_drafts,block_size,max_prefix", [(4, 3, 4, 13), (0, 3, 4, 13), (3, 0, 1, 0),
+                                                                  (2, 2, 5, 70), (4100, 1, 4, 3)])
+def test_attention_mask_matches_reference(emu, packed, n, num_drafts, block_size, max_prefix):
+    """Rows longer than a warp, a grid that strides (32,800 rows over 4096 blocks of 8), empty cases."""
+    lens = torch.arange(n) % (max_prefix + 1)
+    got = emu.spiffy_attention_mask(lens, num_drafts, block_size, max_prefix, packed)
+    if n == 0:  # the reference's packed view cannot infer a size of an empty batch
+        assert got.numel() == 0
+        return
+    assert torch.equal(got, reference.spiffy_attention_mask(lens, num_drafts, block_size, max_prefix, packed))

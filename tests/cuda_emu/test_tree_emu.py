@@ -27,11 +27,21 @@ def test_masks_and_positions(emu, kind, m):
         assert torch.equal(emu.tree_mask(parents, nn, positions=True), reference.tree_positions(parents, nn))
 
 
+def test_positions_of_a_tree_too_big_to_stage(emu):
+    """12,300 parents do not fit in 48 KB of shared memory as int32: the walks read them from global."""
+    parents = random_tree(2, 12300, "star")
+    num_nodes = torch.tensor([12300, 50])
+    assert torch.equal(emu.tree_mask(parents, num_nodes, positions=True), reference.tree_positions(parents, num_nodes))
+
+
 def test_invalid_parents_stay_memory_safe(emu):
     parents = random_tree(2, 9, "bushy")
     parents[0, 4] = 7  # a parent after its child
     parents[1, 3] = -9
     parents[1, 5] = 2**40
+    parents[1, 6] = 2**32 + 2  # narrowed to int32 unchecked, the staged parent would be node 2
+    assert emu.tree_mask(parents, positions=True)[1, 6] == 0  # the walk ends at once
+    assert emu.tree_mask(parents)[1, 6].nonzero().flatten().tolist() == [6]
     emu.tree_mask(parents, torch.tensor([9, 20]))  # num_nodes past M is clamped
     emu.tree_mask(parents, packed=True, positions=True)
     tokens, _, logits, q = verify_case(2, 9, 20, "bushy")
@@ -46,8 +56,9 @@ def test_invalid_parents_stay_memory_safe(emu):
 @pytest.mark.parametrize("kind", ["chain", "star", "bushy"])
 @pytest.mark.parametrize("temperature,with_q,without_replacement",
                          [(0.0, False, False), (1.0, False, False), (1.0, True, False), (0.7, True, True)])
-def test_tree_verify(emu, dtype, kind, temperature, with_q, without_replacement):
-    tokens, parents, logits, q = verify_case(5, 13, 300, kind, dtype, seed=len(kind))
+@pytest.mark.parametrize("v", [300, 304])  # 304: every dtype's rows take the vector loads
+def test_tree_verify(emu, dtype, kind, temperature, with_q, without_replacement, v):
+    tokens, parents, logits, q = verify_case(5, 13, v, kind, dtype, seed=len(kind))
     num_nodes = torch.tensor([13, 5, 1, 9, 13])
     for nn in (None, num_nodes):
         got = emu.tree_verify(tokens, parents, logits, q if with_q else None, without_replacement, temperature, 11,
@@ -80,3 +91,26 @@ def test_compact_kv(emu, dtype):
     bad = path.clone()
     bad[:, 1] = 40  # past the cache: the moves stop
     emu.compact_kv(cache, bad, accept_len, 5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_q,without_replacement", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("num_sms", [0, 132])
+def test_tree_verify_draws_over_several_slices(emu, dtype, with_q, without_replacement, num_sms):
+    """Stop rows long enough for several sampling slices (row_slice_count: up to V / 1024)."""
+    tokens, parents, logits, q = verify_case(3, 7, 4104, "bushy", dtype, seed=6)
+    got = emu.tree_verify(tokens, parents, logits, q if with_q else None, without_replacement, 1.0, 2, 9,
+                          num_sms=num_sms)
+    want = reference.tree_verify(tokens, parents, logits, q if with_q else None, without_replacement, 1.0, 2, 9)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("n,m,v", [(0, 4, 16), (2, 1, 16), (3, 4, 1), (2, 5, 8)])
+@pytest.mark.parametrize("temperature,with_q", [(0.0, False), (1.0, False), (1.0, True)])
+def test_tree_verify_edge_shapes(emu, n, m, v, temperature, with_q):
+    tokens, parents, logits, q = verify_case(n, m, v, "bushy", torch.bfloat16, seed=3)
+    got = emu.tree_verify(tokens, parents, logits, q if with_q else None, False, temperature, 5, 1)
+    want = reference.tree_verify(tokens, parents, logits, q if with_q else None, False, temperature, 5, 1)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)

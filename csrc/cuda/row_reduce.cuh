@@ -1,0 +1,198 @@
+// Reading logit rows near the memory floor, shared by the row-reading kernels (chain_verify,
+// tree_verify, dllm_step, spiffy): 16-byte loads with several in flight a thread (a thread that
+// waits on one load at a time leaves an SM far below its share of HBM bandwidth), and a reduction
+// of few instructions an element: a chunk's max first, the index only when it wins, and at T > 0
+// one exp2 an element against the running max.
+#pragma once
+
+#include <cstdint>
+
+#include "device_utils.cuh"
+#include "xkernels/sampling.h"
+
+namespace xkernels::cuda {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Four ids of T in one load (the Gumbel-max groups of the Philox stream are four ids).
+template <typename T>
+struct Quad {
+  using type = uint2;
+};
+template <>
+struct Quad<float> {
+  using type = float4;
+};
+
+// max that returns NaN if either input is NaN (torch.argmax ranks NaN first).
+__device__ __forceinline__ float max_nan(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return is_nan_f32(a) ? a : is_nan_f32(b) ? b : a > b ? a : b;
+#endif
+}
+
+// Merges one state per thread of the block and hands the result to every thread.
+template <typename S>
+__device__ __forceinline__ S block_merge_all(S s, S empty) {
+  __shared__ S result;
+  s = block_merge(s, empty);
+  if (threadIdx.x == 0) result = s;
+  __syncthreads();
+  s = result;
+  __syncthreads();  // result and block_merge's buffer are reused by the next call
+  return s;
+}
+
+// Where the vector loads of chunks [begin, end) of a row stop: at its last whole chunk (`whole`
+// of them), never before begin (an empty slice, begin > end, must read nothing).
+__host__ __device__ __forceinline__ int64_t vector_span_end(int64_t begin, int64_t end, int64_t whole) {
+  const int64_t e = whole < end ? whole : end;
+  return e > begin ? e : begin;
+}
+
+// For the items c = first, first + stride, ... below end: x = load(c), then f(c, x), issuing
+// kDepth loads before the first f of each round so that they are in flight together.
+template <int kDepth, typename Load, typename F>
+__device__ __forceinline__ void for_each_batched(int64_t first, int64_t end, int64_t stride, Load&& load, F&& f) {
+  for (int64_t c0 = first; c0 < end; c0 += kDepth * stride) {
+    decltype(load(c0)) x[kDepth];
+#pragma unroll
+    for (int u = 0; u < kDepth; ++u)
+      if (c0 + u * stride < end) x[u] = load(c0 + u * stride);
+#pragma unroll
+    for (int u = 0; u < kDepth; ++u)
+      if (c0 + u * stride < end) f(c0 + u * stride, x[u]);
+  }
+}
+
+// The elements of a loaded vector of T as floats, times scale.
+template <typename T, typename V, int kIds = sizeof(V) / sizeof(T)>
+__device__ __forceinline__ void unpack(const V& x, float scale, float (&out)[kIds]) {
+  const T* e = reinterpret_cast<const T*>(&x);
+#pragma unroll
+  for (int j = 0; j < kIds; ++j) out[j] = to_float(e[j]) * scale;
+}
+
+// Adds ids first_id .. first_id + kIds - 1 (values a) to s, where every id s has seen is lower:
+// then the chunk's max replaces s.top only if it is strictly better (or NaN over a number), as
+// torch.argmax's lowest-index rule wants, and the chunk's own index is searched only then.
+template <bool kGreedy, int kIds>
+__device__ __forceinline__ void observe_chunk_in_order(RowStats& s, const float (&a)[kIds], int32_t first_id) {
+  float m = a[0];
+#pragma unroll
+  for (int j = 1; j < kIds; ++j) m = max_nan(m, a[j]);
+  if (s.top.idx == kNoIndex || (!(m <= s.top.val) && !is_nan_f32(s.top.val))) {
+    int32_t at = kIds - 1;
+#pragma unroll
+    for (int j = kIds - 1; j >= 0; --j)
+      if (a[j] == m || (is_nan_f32(m) && is_nan_f32(a[j]))) at = j;
+    if constexpr (!kGreedy) s.sum = rescaled_sum(s.sum, s.top.val, m);
+    s.top = ArgMax{m, first_id + at};
+  }
+  if constexpr (!kGreedy) {
+    // sum_j exp(a_j - top) as exp2(a_j log2(e) - top log2(e)): one FMA and one MUFU an element.
+    const float off = s.top.val == kNegInf ? 0.0f : s.top.val * kLog2e;
+    float add = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kIds; ++j) add += exp2f(fmaf(a[j], kLog2e, -off));
+    s.sum += add;
+  }
+}
+
+// One thread's share of ids [kIds * begin, min(kIds * end, v)) of a row (kIds = 16 / sizeof(T)
+// ids a chunk), values logit * scale, id `excluded` (if in the row) as -inf: chunks begin + first,
+// + stride, ... by 16-byte loads, kDepth in flight, when vector_ok (the row starts 16-byte aligned),
+// each to on_chunk(a[kIds], first id) in increasing id order; the rest (a row's last partial
+// chunk, or every id of an unaligned row) to on_id(a, id).
+template <typename T, int kDepth, typename OnChunk, typename OnId>
+__device__ __forceinline__ void for_each_row_value(const T* row, int64_t v, int64_t begin, int64_t end, bool vector_ok,
+                                                   float scale, int64_t excluded, int64_t first, int64_t stride,
+                                                   OnChunk&& on_chunk, OnId&& on_id) {
+  constexpr int kIds = 16 / sizeof(T);
+  const int64_t vector_end = vector_ok ? vector_span_end(begin, end, v / kIds) : begin;
+  const uint4* chunks = reinterpret_cast<const uint4*>(row);
+  for_each_batched<kDepth>(
+      begin + first, vector_end, stride, [&](int64_t c) { return chunks[c]; },
+      [&](int64_t c, const uint4& x) {
+        float a[kIds];
+        unpack<T>(x, scale, a);
+        const int64_t base = kIds * c;
+        if (static_cast<uint64_t>(excluded - base) < static_cast<uint64_t>(kIds)) {
+#pragma unroll
+          for (int j = 0; j < kIds; ++j)
+            if (base + j == excluded) a[j] = kNegInf;
+        }
+        on_chunk(a, static_cast<int32_t>(base));
+      });
+  const int64_t id_end = kIds * end < v ? kIds * end : v;
+  for (int64_t x = kIds * vector_end + first; x < id_end; x += stride)
+    on_id(x == excluded ? kNegInf : to_float(row[x]) * scale, static_cast<int32_t>(x));
+}
+
+// The softmax statistics (kGreedy: only s.top) of one thread's share of a row, as read by
+// for_each_row_value.
+template <typename T, bool kGreedy, int kDepth>
+__device__ __forceinline__ RowStats thread_row_stats(const T* row, int64_t v, int64_t begin, int64_t end,
+                                                     bool vector_ok, float scale, int64_t excluded, int64_t first,
+                                                     int64_t stride) {
+  constexpr int kIds = 16 / sizeof(T);
+  RowStats s = stats_empty();
+  for_each_row_value<T, kDepth>(
+      row, v, begin, end, vector_ok, scale, excluded, first, stride,
+      [&](const float (&a)[kIds], int32_t id) { observe_chunk_in_order<kGreedy>(s, a, id); },
+      [&](float a, int32_t id) {
+        if constexpr (kGreedy)
+          argmax_observe(s.top, a, id);
+        else
+          stats_observe(s, a, id);
+      });
+  return s;
+}
+
+// A row split in `slices` slices of whole chunks of `width` ids: slice `slice` holds chunks
+// [begin, end) (empty, begin >= end, when the row has fewer chunks than slices need).
+struct SliceRange {
+  int64_t begin, end;
+};
+
+__host__ __device__ __forceinline__ SliceRange slice_range(int64_t v, int width, int slices, int slice) {
+  const int64_t groups = (v + width - 1) / width;
+  const int64_t per = (groups + slices - 1) / slices;
+  const int64_t begin = per * slice;
+  return SliceRange{begin, begin + per < groups ? begin + per : groups};
+}
+
+constexpr int kMaxRowSlices = 32;       // a warp merges the slices of a row
+constexpr int64_t kMinSliceIds = 1024;  // a shorter slice costs more to merge than to read
+
+// Slices per row for `rows` rows of v ids on num_sms SMs: enough blocks for about 8 waves of
+// 8 resident blocks an SM (the last, partial wave then costs at most an eighth; one wave of whole
+// rows left a tail as long as the rest), at most kMaxRowSlices, at least one, none shorter than
+// kMinSliceIds ids. Any sizes (rows = 0, v = 1, num_sms = 0) give a valid count.
+inline int row_slice_count(int64_t rows, int64_t v, int num_sms) {
+  const int64_t sms = num_sms > 0 ? num_sms : 1;
+  const int64_t want = rows > 0 ? (64 * sms + rows - 1) / rows : 1;
+  const int64_t most = (v + kMinSliceIds - 1) / kMinSliceIds;
+  int64_t s = want < most ? want : most;
+  s = s < kMaxRowSlices ? s : kMaxRowSlices;
+  return static_cast<int>(s < 1 ? 1 : s);
+}
+
+// The Gumbel-max score of id x with log-weight w in the stream of (sequence, position), exactly
+// as sample_group scores it, or the empty state if x cannot be drawn. A sampling pass that starts
+// every thread from the score of a likely winner (the row's argmax) skips the Philox draws of every
+// group whose weights are all more than kGumbelBound below it; with the logits of a trained model
+// that is most of the row, and the result is the same.
+__device__ __forceinline__ ArgMax gumbel_score(float w, int32_t x, uint64_t seed, uint64_t offset, uint32_t sequence,
+                                               uint32_t position) {
+  if (w == kNegInf) return argmax_empty();
+  const Philox4 r = philox_draw(seed, offset, sequence, position, static_cast<uint32_t>(x / 4));
+  const int j = x % 4;  // a select, not an indexed (local-memory) read
+  return ArgMax{w + gumbel_from_word(j == 0 ? r.w[0] : j == 1 ? r.w[1] : j == 2 ? r.w[2] : r.w[3]), x};
+}
+
+}  // namespace xkernels::cuda
