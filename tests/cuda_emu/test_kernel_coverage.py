@@ -14,6 +14,7 @@ KERNELS = {
     "tree_kernel.cu": {"build_tree_kernel", "tree_mask_kernel", "tree_verify_kernel", "compact_kv_kernel"},
     "dllm_kernel.cu": {"dllm_rows_kernel", "dllm_select_kernel"},
     "spiffy_kernel.cu": {"spiffy_materialize_kernel", "spiffy_accept_kernel", "spiffy_mask_kernel"},
+    "shard_row_stats_kernel.cu": {"shard_row_stats_kernel"},
 }
 CUDA = Path(__file__).resolve().parents[2] / "csrc" / "cuda"
 
