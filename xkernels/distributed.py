@@ -231,7 +231,7 @@ def refine_step(ctx, prev_tokens, local_base_logits, local_weights: RefinerWeigh
     return _sample_sharded(logits, vocab_start, group, temperature, reference._as_int(seed), reference._as_int(offset))
 
 
-def jacobi_refine(ctx, prefix_tokens, local_base_logits, local_weights: RefinerWeights, max_iters: int, *,
+def jacobi_refine(ctx, prefix_tokens, local_base_logits, local_weights: RefinerWeights, *, max_iters: int,
                   vocab_start: int, group=None, temperature: float = 0.0, seed=0, offset=0):
     """xkernels.jacobi_refine over vocabulary shards (the iteration of reference.jacobi_refine,
     each pass a sharded refine_step). Returns (tokens, logprobs, iters int32)."""

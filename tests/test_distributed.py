@@ -1,0 +1,137 @@
+"""xkernels.distributed on gloo: world sizes 2 and 3 with uneven shards (not multiples of 4),
+spawned from pytest; every rank's outputs against the unsharded op on the whole tensors. One
+spawn per world size runs every case (a process group costs seconds to start on 2 cores)."""
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import xkernels
+from xkernels import distributed
+from xkernels.refiner import RefinerWeights
+
+V = 37
+BOUNDS = {2: [(0, 14), (14, V)], 3: [(0, 9), (9, 22), (22, V)]}
+ENVELOPE = 1e-5  # log-probabilities
+
+
+def _case_logits(n, rows, seed, bounds):
+    """Random logits [n, rows, V] with planted edge cases: a NaN row, an all -inf row, and rows
+    whose maximum ties across every shard boundary (the lower id must win)."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n, rows, V, generator=g) * 2
+    logits[0, 1, 20] = float("nan")
+    logits[1, 0] = float("-inf")
+    for i, (_, end) in enumerate(bounds[:-1]):
+        logits[2, i % rows, end - 1] = logits[2, i % rows, end] = 9.0
+    return logits
+
+
+def _shard(x, bounds, rank):
+    a, b = bounds[rank]
+    return x[..., a:b].contiguous(), a
+
+
+def _same(name, got, want, logprob_index=None):
+    for i, (g, w) in enumerate(zip(got, want)):
+        if i == logprob_index:
+            torch.testing.assert_close(g, w, atol=ENVELOPE, rtol=ENVELOPE, equal_nan=True, msg=f"{name}: output {i}")
+        else:
+            assert torch.equal(g, w), f"{name}: output {i}\n{g}\n{w}"
+
+
+def _check_chain(rank, bounds):
+    n, k = 5, 4
+    logits = _case_logits(n, k + 1, 1, bounds)
+    g = torch.Generator().manual_seed(2)
+    drafts = torch.randint(0, V, (n, k), generator=g)
+    drafts[3] = logits[3, :k].argmax(-1)  # accepted at T = 0, likely at T > 0
+    drafts[4, 0], drafts[4, 1] = bounds[1][0] - 1, bounds[1][0]  # the last id of shard 0, the first of shard 1
+    drafts[4, 2:] = logits[4, 2:k].argmax(-1)
+    drafts[2, 0] = bounds[0][1] - 1  # the tie's winner
+    q = torch.softmax(torch.randn(n, k, V, generator=g), -1)
+    local, start = _shard(logits, bounds, rank)
+    for temperature in (0.0, 1.0, 0.6):
+        for probs in (None, q):
+            for seed in range(3):
+                want = xkernels.chain_verify(drafts, logits, draft_probs=probs, temperature=temperature, seed=seed,
+                                             offset=5)
+                got = distributed.chain_verify(drafts, local, vocab_start=start,
+                                               draft_probs=None if probs is None else _shard(probs, bounds, rank)[0],
+                                               temperature=temperature, seed=seed, offset=5)
+                _same(f"chain_verify T={temperature} q={probs is not None} seed={seed}", got, want)
+
+
+def _refiner_case(bounds, n=3, b=6, d=4, r=8, h=16):
+    g = torch.Generator().manual_seed(3)
+    weights = RefinerWeights(emb=torch.randn(V, r, generator=g), mix=torch.randn(r, b, b, generator=g) * 0.3,
+                             w_gate=torch.randn(h, r, generator=g) * 0.3, w_up=torch.randn(h, r, generator=g) * 0.3,
+                             w_down=torch.randn(r, h, generator=g) * 0.3, w_read=torch.randn(V, r, generator=g))
+    ctx = torch.randn(n, b, r, generator=g)
+    base = _case_logits(n, d, 4, bounds)
+    base[0, 1, 20] = 0.0  # keep the NaN out: it would make every pass degenerate at that slot
+    prev = torch.randint(0, V, (n, b), generator=g)
+    prev[0, :2] = torch.tensor([bounds[1][0] - 1, bounds[1][0]])
+    prefix = prev[:, : b - d + 1].contiguous()
+    return ctx, prev, prefix, base, weights
+
+
+def _check_refine(rank, bounds):
+    ctx, prev, prefix, base, weights = _refiner_case(bounds)
+    local_base, start = _shard(base, bounds, rank)
+    a, b = bounds[rank]
+    local_w = weights._replace(emb=weights.emb[a:b].contiguous(), w_read=weights.w_read[a:b].contiguous())
+    for temperature in (0.0, 0.8):
+        kw = dict(temperature=temperature, seed=7, offset=1)
+        _same(f"refine_step T={temperature}",
+              distributed.refine_step(ctx, prev, local_base, local_w, vocab_start=start, **kw),
+              xkernels.refine_step(ctx, prev, base, weights, **kw), 1)
+        _same(f"jacobi_refine T={temperature}",
+              distributed.jacobi_refine(ctx, prefix, local_base, local_w, max_iters=3, vocab_start=start, **kw),
+              xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=3, **kw), 1)
+        _same(f"sequential_refine T={temperature}",
+              distributed.sequential_refine(ctx, prefix, local_base, local_w, vocab_start=start, **kw),
+              xkernels.sequential_refine(ctx, prefix, base, weights, **kw), 1)
+
+
+def _check_dllm(rank, bounds):
+    n, length, mask = 4, 9, bounds[1][0]  # the mask token is the first id of shard 1
+    logits = _case_logits(n, length, 6, bounds)
+    g = torch.Generator().manual_seed(8)
+    block = torch.randint(0, V, (n, length), generator=g)
+    block[torch.rand(n, length, generator=g) < 0.6] = mask
+    block[:, 0] = mask  # the planted rows are masked
+    block[3] = 1  # a sequence with nothing masked
+    local, start = _shard(logits, bounds, rank)
+    for temperature in (0.0, 1.0):
+        for num_unmask, threshold in ((1, None), (3, None), (40, None), (1, 0.2)):
+            kw = dict(num_unmask=num_unmask, threshold=threshold, temperature=temperature, seed=3, offset=2)
+            _same(f"dllm_step T={temperature} {num_unmask} {threshold}",
+                  distributed.dllm_step(local, block, mask, vocab_start=start, **kw),
+                  xkernels.dllm_step(logits, block, mask, **kw), 3)
+
+
+def _worker(rank, world, port):
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        for check in (_check_chain, _check_refine, _check_dllm):
+            check(rank, BOUNDS[world])
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_sharded_ops_match_the_unsharded_ops(world):
+    mp.spawn(_worker, args=(world, _free_port()), nprocs=world, join=True)
