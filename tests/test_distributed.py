@@ -115,12 +115,42 @@ def _check_dllm(rank, bounds):
                   xkernels.dllm_step(logits, block, mask, **kw), 3)
 
 
+def _check_tree(rank, bounds):
+    n, m = 5, 8
+    logits = _case_logits(n, m, 9, bounds)
+    g = torch.Generator().manual_seed(10)
+    parents = torch.stack([torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, m)])
+                           for _ in range(n)])
+    parents[3] = torch.tensor([-1, 0, 0, 0, 1, 1, 4, 4])
+    tokens = torch.randint(0, V, (n, m), generator=g)
+    for s in range(n):  # most children are their parent's argmax or a near one: deep accepted paths
+        for i in range(1, m):
+            if torch.rand(1, generator=g) < 0.6:
+                tokens[s, i] = logits[s, parents[s, i]].nan_to_num(-1e9).topk(2).indices[i % 2]
+    tokens[:, 0] = -1
+    tokens[3, 2] = tokens[3, 1]  # duplicate siblings
+    tokens[4, 1:3] = torch.tensor([bounds[1][0] - 1, bounds[1][0]])  # the edges of shard 1
+    num_nodes = torch.tensor([m, 5, m, m, 3])
+    q = torch.softmax(torch.randn(n, m, V, generator=g), -1)
+    local, start = _shard(logits, bounds, rank)
+    for temperature in (0.0, 1.0, 0.5):
+        for probs, without in ((None, False), (q, False), (q, True)):
+            for seed in range(3):
+                kw = dict(without_replacement=without, temperature=temperature, seed=seed, offset=2,
+                          num_nodes=num_nodes)
+                want = xkernels.tree_verify(tokens, parents, logits, draft_probs=probs, **kw)
+                got = distributed.tree_verify(tokens, parents, local, vocab_start=start,
+                                              draft_probs=None if probs is None else _shard(probs, bounds, rank)[0],
+                                              **kw)
+                _same(f"tree_verify T={temperature} q={probs is not None} {without} seed={seed}", got, want)
+
+
 def _worker(rank, world, port):
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        for check in (_check_chain, _check_refine, _check_dllm):
+        for check in (_check_chain, _check_tree, _check_refine, _check_dllm):
             check(rank, BOUNDS[world])
     finally:
         dist.destroy_process_group()

@@ -310,3 +310,113 @@ def dllm_step(local_logits: torch.Tensor, block_tokens: torch.Tensor, mask_id: i
     positions = torch.where(pos < length, pos, -1)
     tokens = torch.where(pos < length, x0.gather(1, pos.clamp(max=max(length - 1, 0))), -1)
     return new_block, positions, tokens, conf
+
+
+def _gather_vocab(local: torch.Tensor, vocab_start: int, group) -> torch.Tensor:
+    """The whole [..., V] from every rank's shard [..., V_local] (uneven shards travel padded)."""
+    bounds = _all_gather([torch.tensor([vocab_start, local.shape[-1]], device=local.device)], group)
+    bounds = _ids(bounds[:, 0]).tolist()
+    width = max(v for _, v in bounds)
+    padded = torch.nn.functional.pad(local.float(), (0, width - local.shape[-1]))
+    world = dist.get_world_size(group)
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded.contiguous(), group=group)
+    traffic.bytes += padded.numel() * padded.element_size()
+    traffic.collectives += 1
+    order = sorted(range(world), key=lambda r: bounds[r][0])
+    return torch.cat([parts[r][..., : bounds[r][1]] for r in order], -1)
+
+
+def tree_verify(tokens: torch.Tensor, parents: torch.Tensor, local_logits: torch.Tensor, *, vocab_start: int,
+                group=None, draft_probs: Optional[torch.Tensor] = None, without_replacement: bool = False,
+                temperature: float = 0.0, seed=0, offset=0, num_nodes: Optional[torch.Tensor] = None):
+    """xkernels.tree_verify over a vocabulary shard [N, M, V_local]. Returns (accept_len, path,
+    out_tokens), the same on every rank.
+
+    Without draft_probs the walk needs only each node's global statistics and its children's
+    probabilities (1 all-gather), then the sample where it stops (a second, at T > 0); the walk
+    itself runs as M - 1 vectorized steps on every rank. With draft_probs the residual after each
+    rejected sibling is a full-vocabulary sum of the previous residual, one reduction per
+    rejection: that case gathers the logits and q (O(rows * V) traffic) and runs the unsharded
+    kernel on every rank."""
+    if draft_probs is not None:
+        full = _gather_vocab(local_logits, vocab_start, group)
+        q = _gather_vocab(draft_probs, vocab_start, group)
+        return ops.tree_verify(tokens, parents, full, draft_probs=q, without_replacement=without_replacement,
+                               temperature=temperature, seed=seed, offset=offset, num_nodes=num_nodes)
+    n, m = parents.shape
+    v_local = local_logits.shape[-1]
+    dev = local_logits.device
+    inv_t = reference.inverse_temperature(temperature)
+    greedy = inv_t == 0
+    seed, offset = reference._as_int(seed), reference._as_int(offset)
+    node_ids = torch.arange(m, device=dev)
+    count = torch.full((n,), m, device=dev) if num_nodes is None else num_nodes.to(dev)
+    child = (node_ids >= 1) & (node_ids < count[:, None])  # the real nodes but the root
+    par = torch.where(child, parents, 0)
+    tok = torch.where(child, tokens, -1)
+
+    # Each child's logit under its parent's row, from the shard that holds its token.
+    local = tok - vocab_start
+    own = child & (local >= 0) & (local < v_local)
+    a_c = torch.zeros(n, m, device=dev)
+    if v_local:
+        seq = torch.arange(n, device=dev)[:, None]
+        a_c = torch.where(own, local_logits[seq, par, local.clamp(0, v_local - 1)].float(), 0.0)
+    a_c = a_c if greedy else a_c * inv_t
+    row_max, row_sum, top, _, _, _ = ops.shard_row_stats(local_logits, vocab_start, temperature=temperature)
+    g = _all_gather([row_max, row_sum, top, a_c, own], group)
+    big_m, big_s, top = merge_stats(g[:, 0], g[:, 1], _ids(g[:, 2]))
+    held = g[:, 4] > 0
+    a_c = torch.where(held, g[:, 3], 0.0).sum(0)
+    valid = held.any(0)
+    point_mass = torch.full_like(big_m, greedy, dtype=torch.bool) | ~torch.isfinite(big_m)
+
+    # Acceptance of every child as if its earlier siblings were rejected (the walk only reads the
+    # first accepted child of a node). Point mass: the token is the argmax. Otherwise u * remaining
+    # < p(x), remaining = 1 - the mass of the distinct tokens rejected before, in sibling order.
+    accept = valid & (tok == top.gather(1, par))
+    if not greedy:
+        p_c = torch.exp(a_c - big_m.gather(1, par)) / big_s.gather(1, par)
+        coins = _sharded_coins(seed, offset, n, node_ids[None, :], dev)
+        earlier = node_ids[None, :, None] > node_ids[None, None, :]  # [1, c, j]: j before c
+        dup = ((par[:, :, None] == par[:, None, :]) & (tok[:, :, None] == tok[:, None, :]) & earlier
+               & child[:, None, :]).any(-1)
+        remaining = torch.ones(n, m, device=dev)
+        sampled = torch.zeros(n, m, dtype=torch.bool, device=dev)
+        for c in range(1, m):  # sibling order is node order: the float32 subtractions in the kernel's order
+            p, rem = par[:, c : c + 1], remaining.gather(1, par[:, c : c + 1])
+            fresh = child[:, c : c + 1] & ~dup[:, c : c + 1] & valid[:, c : c + 1]
+            sampled[:, c : c + 1] = fresh & (coins[:, c : c + 1] * rem < p_c[:, c : c + 1])
+            remaining.scatter_(1, p, torch.where(child[:, c : c + 1] & ~dup[:, c : c + 1], rem - p_c[:, c : c + 1],
+                                                 rem))
+        accept = torch.where(point_mass.gather(1, par), accept, sampled)
+    accept &= child
+    first = torch.full((n, m), m, device=dev).scatter_reduce(1, par, torch.where(accept, node_ids, m), "amin")
+
+    # The walk: M - 1 steps, every sequence at once.
+    node = torch.zeros(n, 1, dtype=torch.int64, device=dev)
+    acc = torch.zeros(n, 1, dtype=torch.int64, device=dev)
+    done = torch.zeros(n, 1, dtype=torch.bool, device=dev)
+    path = torch.full((n, m), -1, dtype=torch.int64, device=dev)
+    path[:, 0] = 0
+    out = torch.full((n, m), -1, dtype=torch.int64, device=dev)
+    for _ in range(m - 1):
+        nxt = first.gather(1, node)
+        go = ~done & (nxt < m)
+        nxt = nxt.clamp(max=m - 1)
+        out.scatter_(1, acc, torch.where(go, tok.gather(1, nxt), out.gather(1, acc)))
+        acc += go.long()
+        path.scatter_(1, acc, torch.where(go, nxt, path.gather(1, acc)))
+        node = torch.where(go, nxt, node)
+        done |= ~go
+    emit = top.gather(1, node)
+    if not greedy:  # sample at the last node from p without its (rejected) children's tokens
+        exclude = torch.where(child & (par == node), tok, -1)[:, None, :]
+        _, _, _, score, pid, _ = ops.shard_row_stats(local_logits, vocab_start, rows=node, exclude=exclude,
+                                                     sample=True, temperature=temperature, seed=seed, offset=offset)
+        g = _all_gather([score, pid], group)
+        pick, _ = merge_picks(g[:, 0], _ids(g[:, 1]), g[:, 0])
+        emit = torch.where(point_mass.gather(1, node) | (pick < 0), emit, pick)
+    out.scatter_(1, acc, emit)
+    return acc[:, 0], path, out
