@@ -48,13 +48,17 @@ _NONE = torch.iinfo(torch.int64).max  # no id: loses every minimum
 
 
 class Traffic:
-    """Bytes this rank contributed to collectives (the local tensors' sizes), and their count."""
+    """Bytes this rank contributed to collectives (the local tensors' sizes) and their count; and
+    logits_bytes, the local logits the calls read (what gathering them instead would send)."""
 
     def __init__(self):
-        self.bytes, self.collectives = 0, 0
+        self.reset()
 
     def reset(self):
-        self.bytes, self.collectives = 0, 0
+        self.bytes, self.collectives, self.logits_bytes = 0, 0, 0
+
+    def read(self, logits: torch.Tensor):
+        self.logits_bytes += logits.numel() * logits.element_size()
 
 
 traffic = Traffic()
@@ -135,6 +139,7 @@ def chain_verify(draft_tokens: torch.Tensor, local_logits: torch.Tensor, *, voca
     inv_t = reference.inverse_temperature(temperature)
     greedy = inv_t == 0
     seed, offset = reference._as_int(seed), reference._as_int(offset)
+    traffic.read(local_logits)
     row_max, row_sum, top, _, _, _ = ops.shard_row_stats(local_logits, vocab_start, temperature=temperature)
     a_x, own = _local_values(local_logits[:, :k], draft_tokens, vocab_start)
     a_x = a_x if greedy else a_x * inv_t
@@ -181,6 +186,7 @@ def _sample_sharded(logits: torch.Tensor, vocab_start: int, group, temperature: 
     """reference.sample_rows over a shard [N, D, V_local]: tokens = argmax(a + G) (the noise of
     (sequence, slot, id)), logprobs = log_softmax(a)[tokens]; one all-gather."""
     greedy = reference.inverse_temperature(temperature) == 0
+    traffic.read(logits)
     row_max, row_sum, top, score, pid, plogit = ops.shard_row_stats(
         logits, vocab_start, sample=not greedy, temperature=temperature, seed=seed, offset=offset)
     g = _all_gather([row_max, row_sum, top, score, pid, plogit], group)
@@ -282,6 +288,7 @@ def dllm_step(local_logits: torch.Tensor, block_tokens: torch.Tensor, mask_id: i
     inv_t = reference.inverse_temperature(temperature)
     n, length = block_tokens.shape
     dev = local_logits.device
+    traffic.read(local_logits)
     row_max, row_sum, top, score, pid, plogit = ops.shard_row_stats(
         local_logits, vocab_start, ignore_id=mask_id, sample=inv_t != 0, raw_stats=True, temperature=temperature,
         seed=reference._as_int(seed), offset=reference._as_int(offset))
@@ -364,6 +371,7 @@ def tree_verify(tokens: torch.Tensor, parents: torch.Tensor, local_logits: torch
         seq = torch.arange(n, device=dev)[:, None]
         a_c = torch.where(own, local_logits[seq, par, local.clamp(0, v_local - 1)].float(), 0.0)
     a_c = a_c if greedy else a_c * inv_t
+    traffic.read(local_logits)
     row_max, row_sum, top, _, _, _ = ops.shard_row_stats(local_logits, vocab_start, temperature=temperature)
     g = _all_gather([row_max, row_sum, top, a_c, own], group)
     big_m, big_s, top = merge_stats(g[:, 0], g[:, 1], _ids(g[:, 2]))
