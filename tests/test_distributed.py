@@ -1,6 +1,7 @@
 """xkernels.distributed on gloo: world sizes 2 and 3 with uneven shards (not multiples of 4),
-spawned from pytest; every rank's outputs against the unsharded op on the whole tensors. One
-spawn per world size runs every case (a process group costs seconds to start on 2 cores)."""
+spawned from pytest; every rank's outputs against the unsharded op on the whole tensors, and (world
+2) the decoding loop with tp_group against one process. One spawn per world size runs every case
+(a process group costs seconds to start on 2 cores)."""
 
 import os
 import socket
@@ -145,12 +146,29 @@ def _check_tree(rank, bounds):
                 _same(f"tree_verify T={temperature} q={probs is not None} {without} seed={seed}", got, want)
 
 
+def _check_generate(rank, bounds):
+    """End to end: the shipped models decoded with a vocabulary-parallel target (the loop shards
+    the LM head evenly itself) give one process's tokens."""
+    from xkernels import data
+    from xkernels.decoding import generate
+    from xkernels.models.shipped import load_all
+
+    models = load_all()
+    ids = models.tokenizer.encode(data.held_out_prompts("code", 1)[0]).ids
+    for mode, temperature in (("ar", 1.0), ("drafter", 0.0), ("jacobi", 0.0), ("jacobi", 1.0), ("sequential", 1.0)):
+        kw = dict(mode=mode, drafter=models.drafter, refiner=models.refiner, temperature=temperature, seed=3,
+                  draft_len=None)
+        alone, _ = generate(models.target, ids, 10, **kw)
+        sharded, _ = generate(models.target, ids, 10, tp_group=dist.group.WORLD, **kw)
+        assert sharded == alone, f"generate {mode} T={temperature}: {sharded} != {alone}"
+
+
 def _worker(rank, world, port):
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        for check in (_check_chain, _check_tree, _check_refine, _check_dllm):
+        for check in (_check_chain, _check_tree, _check_refine, _check_dllm) + ((_check_generate,) if world == 2 else ()):
             check(rank, BOUNDS[world])
     finally:
         dist.destroy_process_group()
