@@ -245,20 +245,11 @@ def jacobi_refine(ctx, prefix_tokens, local_base_logits, local_weights: RefinerW
         raise ValueError("max_iters must be >= 0")
     seed, offset = reference._as_int(seed), reference._as_int(offset)
     tokens, logprobs = _sample_sharded(local_base_logits, vocab_start, group, temperature, seed, offset)
-    iters = torch.zeros(tokens.shape[0], dtype=torch.int32, device=tokens.device)
-    active = torch.ones(tokens.shape[0], dtype=torch.bool, device=tokens.device)
-    for _ in range(max_iters):
-        if not active.any():  # the same on every rank: every rank runs the same collectives
-            break
-        new_tokens, new_logprobs = refine_step(ctx, reference._prev_tokens(prefix_tokens, tokens), local_base_logits,
-                                               local_weights, vocab_start=vocab_start, group=group,
-                                               temperature=temperature, seed=seed, offset=offset)
-        changed = (new_tokens != tokens).any(-1)
-        tokens = torch.where(active[:, None], new_tokens, tokens)
-        logprobs = torch.where(active[:, None], new_logprobs, logprobs)
-        iters += active.int()
-        active &= changed
-    return tokens, logprobs, iters
+    # Its stopping test reads tokens every rank holds alike: every rank runs the same collectives.
+    return reference.jacobi_iterate(
+        tokens, logprobs, prefix_tokens, max_iters,
+        lambda prev: refine_step(ctx, prev, local_base_logits, local_weights, vocab_start=vocab_start, group=group,
+                                 temperature=temperature, seed=seed, offset=offset))
 
 
 def sequential_refine(ctx, prefix_tokens, local_base_logits, local_weights: RefinerWeights, *, vocab_start: int,

@@ -408,7 +408,9 @@ def shard_row_stats(
     """The per-shard pass of vocabulary-parallel verification and sampling.
 
     ``logits [N, R, V_local]`` hold the global ids ``[vocab_start, vocab_start + V_local)`` of
-    one vocabulary shard. For each selected row (``rows [N, S]``, default every row) with
+    one vocabulary shard. For each selected row (``rows [N, S]``, default every row; an index
+    outside ``[0, R)`` raises on the CPU, and on CUDA, unless ``XKERNELS_CHECK=1``, gets the empty
+    results ``-inf, 0, -1`` without a host read) with
     ``a = logits / T`` (the logits at ``T = 0``) and ``ignore_id``'s logit counted as -inf:
 
     - ``row_max``, ``row_sum = sum exp(s - row_max)`` (0 when ``row_max`` is not finite) and

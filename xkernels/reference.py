@@ -207,13 +207,20 @@ def jacobi_refine(ctx, prefix_tokens, base_logits, weights, max_iters, temperatu
         raise ValueError("max_iters must be >= 0")
     seed, offset = _as_int(seed), _as_int(offset)
     tokens, logprobs = sample_rows(base_logits, temperature, seed, offset)
+    return jacobi_iterate(tokens, logprobs, prefix_tokens, max_iters,
+                          lambda prev: refine_step(ctx, prev, base_logits, weights, temperature, seed, offset))
+
+
+def jacobi_iterate(tokens, logprobs, prefix_tokens, max_iters, step):
+    """The Jacobi loop from the iterate (tokens, logprobs): step(prev_tokens) -> (tokens, logprobs) is
+    one refinement pass; a sequence stops after a pass that changes none of its tokens. Returns
+    tokens, logprobs and iters (int32)."""
     iters = torch.zeros(tokens.shape[0], dtype=torch.int32, device=tokens.device)
     active = torch.ones(tokens.shape[0], dtype=torch.bool, device=tokens.device)
     for _ in range(max_iters):
         if not active.any():
             break
-        new_tokens, new_logprobs = refine_step(ctx, _prev_tokens(prefix_tokens, tokens), base_logits, weights,
-                                               temperature, seed, offset)
+        new_tokens, new_logprobs = step(_prev_tokens(prefix_tokens, tokens))
         changed = (new_tokens != tokens).any(-1)
         tokens = torch.where(active[:, None], new_tokens, tokens)
         logprobs = torch.where(active[:, None], new_logprobs, logprobs)

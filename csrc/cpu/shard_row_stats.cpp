@@ -91,10 +91,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
                     rng.offset_ptr ? static_cast<uint64_t>(*rng.offset_ptr) : rng.offset};
   const auto l = logits.contiguous();
   const auto r = rows.has_value() ? rows->contiguous() : at::Tensor();
-  if (r.defined() && r.numel()) {
-    const int64_t lo = r.min().item<int64_t>(), hi = r.max().item<int64_t>();
-    TORCH_CHECK(lo >= 0 && hi < s.r, "rows holds row indices outside [0, ", s.r, ")");
-  }
+  if (r.defined()) check_shard_rows(r, s.r);
   const auto ex = exclude.has_value() ? exclude->contiguous() : at::Tensor();
   const auto q = draft_probs.has_value() ? draft_probs->contiguous() : at::Tensor();
   const auto rs = residual_stats.has_value() ? residual_stats->contiguous() : at::Tensor();

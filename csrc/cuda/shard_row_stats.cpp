@@ -23,10 +23,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const c10::cuda::CUDAGuard guard(logits.device());
   const auto l = logits.contiguous();
   const auto r = rows.has_value() ? rows->contiguous() : at::Tensor();
-  if (r.defined() && r.numel() && value_checks_enabled()) {
-    const int64_t lo = r.min().item<int64_t>(), hi = r.max().item<int64_t>();
-    TORCH_CHECK(lo >= 0 && hi < s.r, "rows holds row indices outside [0, ", s.r, ")");
-  }
+  if (r.defined() && value_checks_enabled()) check_shard_rows(r, s.r);  // else bad rows get empty results
   const auto ex = exclude.has_value() ? exclude->contiguous() : at::Tensor();
   const auto q = draft_probs.has_value() ? draft_probs->contiguous() : at::Tensor();
   const auto rs = residual_stats.has_value() ? residual_stats->contiguous() : at::Tensor();

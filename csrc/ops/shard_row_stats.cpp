@@ -77,6 +77,12 @@ ShardRowShape check_shard_row_stats(const at::Tensor& logits, int64_t vocab_star
   return s;
 }
 
+void check_shard_rows(const at::Tensor& rows, int64_t r) {
+  if (rows.numel() == 0) return;
+  const int64_t lo = rows.min().item<int64_t>(), hi = rows.max().item<int64_t>();
+  TORCH_CHECK(lo >= 0 && hi < r, "rows holds row indices outside [0, ", r, ")");
+}
+
 ShardRowOutputs shard_row_outputs(const at::Tensor& logits, const ShardRowShape& s) {
   const auto f = logits.options().dtype(at::kFloat), i = logits.options().dtype(at::kLong);
   return ShardRowOutputs{at::empty({s.n, s.s}, f), at::empty({s.n, s.s}, f), at::empty({s.n, s.s}, i),

@@ -20,6 +20,9 @@ ShardRowShape check_shard_row_stats(const at::Tensor& logits, int64_t vocab_star
                                     const std::optional<at::Tensor>& draft_probs,
                                     const std::optional<at::Tensor>& residual_stats, bool sample, double temperature);
 
+// Raises if rows holds an index outside [0, r) (reads the values: a host sync on CUDA).
+void check_shard_rows(const at::Tensor& rows, int64_t r);
+
 // The six outputs [N, S]: row_max, row_sum (float32), top_id (int64), pick_score (float32),
 // pick_id (int64), pick_logit (float32).
 struct ShardRowOutputs {
