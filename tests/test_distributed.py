@@ -155,7 +155,8 @@ def _check_generate(rank, bounds):
 
     models = load_all()
     ids = models.tokenizer.encode(data.held_out_prompts("code", 1)[0]).ids
-    for mode, temperature in (("ar", 1.0), ("drafter", 0.0), ("jacobi", 0.0), ("jacobi", 1.0), ("sequential", 1.0)):
+    for mode, temperature in (("ar", 1.0), ("drafter", 0.0), ("jacobi", 0.0), ("jacobi", 1.0), ("sequential", 1.0),
+                              ("tree", 0.0), ("tree-jacobi", 1.0)):
         kw = dict(mode=mode, drafter=models.drafter, refiner=models.refiner, temperature=temperature, seed=3,
                   draft_len=None)
         alone, _ = generate(models.target, ids, 10, **kw)
@@ -168,7 +169,8 @@ def _worker(rank, world, port):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        for check in (_check_chain, _check_tree, _check_refine, _check_dllm) + ((_check_generate,) if world == 2 else ()):
+        checks = (_check_chain, _check_tree, _check_refine, _check_dllm)
+        for check in checks + ((_check_generate,) if world == 2 else ()):
             check(rank, BOUNDS[world])
     finally:
         dist.destroy_process_group()

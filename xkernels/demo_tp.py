@@ -14,7 +14,7 @@ import socket
 import torch
 import torch.distributed as dist
 
-MODES = ("ar", "drafter", "sequential", "jacobi")
+MODES = ("ar", "drafter", "sequential", "jacobi", "tree", "tree-jacobi")
 
 
 def _rank_main(prompts: int, tokens: int, temperature: float, draft_len, seed: int):

@@ -29,8 +29,8 @@ static void check_same_device(const at::Tensor& t, const at::Tensor& logits, con
   TORCH_CHECK(t.device() == logits.device(), name, " must be on ", logits.device(), " like logits, got ", t.device());
 }
 
-ShardRowShape check_shard_row_stats(const at::Tensor& logits, int64_t vocab_start, const std::optional<at::Tensor>& rows,
-                                    const std::optional<at::Tensor>& exclude,
+ShardRowShape check_shard_row_stats(const at::Tensor& logits, int64_t vocab_start,
+                                    const std::optional<at::Tensor>& rows, const std::optional<at::Tensor>& exclude,
                                     const std::optional<at::Tensor>& draft_probs,
                                     const std::optional<at::Tensor>& residual_stats, bool sample, double temperature) {
   TORCH_CHECK(logits.dim() == 3, "logits must have shape [N, R, V_local], got ", logits.sizes());

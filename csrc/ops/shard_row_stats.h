@@ -15,8 +15,8 @@ struct ShardRowShape {
 };
 
 // Metadata only (no values read, no host sync).
-ShardRowShape check_shard_row_stats(const at::Tensor& logits, int64_t vocab_start, const std::optional<at::Tensor>& rows,
-                                    const std::optional<at::Tensor>& exclude,
+ShardRowShape check_shard_row_stats(const at::Tensor& logits, int64_t vocab_start,
+                                    const std::optional<at::Tensor>& rows, const std::optional<at::Tensor>& exclude,
                                     const std::optional<at::Tensor>& draft_probs,
                                     const std::optional<at::Tensor>& residual_stats, bool sample, double temperature);
 

@@ -147,7 +147,7 @@ def _propose(mode, base_logits, h, tokens, refiner, weights, iters, temperature,
     return drafts, q, q.amax(-1) if with_confidence else None
 
 
-def _tree_marginals(mode, base_logits, h, tokens, refiner, weights, iters, temperature, seed, step, stats):
+def _tree_marginals(mode, base_logits, h, tokens, refiner, weights, iters, temperature, seed, step, stats, tp=None):
     """Per-slot logits [1, D, V] the tree is built over: the drafter's, or the refiner's at the final
     Jacobi iterate (each slot conditioned on the iterate's tokens before it)."""
     if mode == "tree":
@@ -155,21 +155,26 @@ def _tree_marginals(mode, base_logits, h, tokens, refiner, weights, iters, tempe
     ctx = refiner.prepare(h.to(refiner.w2.weight.dtype)).float()
     before = tokens[-2] if len(tokens) > 1 else tokens[-1]
     prefix = torch.tensor([[before, tokens[-1]]], device=base_logits.device)
-    drafts, _, passes = jacobi_refine(ctx, prefix, base_logits, weights, max_iters=iters, temperature=temperature,
-                                      seed=seed, offset=_draft_offset(step))
+    run_jacobi = jacobi_refine if tp is None else tp.refine("jacobi_refine")
+    drafts, _, passes = run_jacobi(ctx, prefix, base_logits, weights, max_iters=iters, temperature=temperature,
+                                   seed=seed, offset=_draft_offset(step))
     stats._device_passes.append(passes)
     prev = torch.cat([prefix, drafts[:, :-1]], dim=1)
-    return base_logits.float() + refiner.delta(ctx, prev)[:, 1:].float()
+    delta = refiner.delta(ctx, prev) if tp is None else tp.delta(refiner, ctx, prev)
+    return base_logits.float() + delta[:, 1:].float()
 
 
 def _tree_block(target, anchor, marginals, cache, layers, tree_budget, tree_topk, temperature, seed, step,
-                rule=None, spent=0.0):
+                rule=None, spent=0.0, tp=None):
     """One tree step: build, one target call, verify, keep the accepted path in the cache. With a
     DraftLengthRule the tree is cut to its best first nodes (a prefix of a best-first tree is a
     tree), each node counting its path's probability under the marginals as expected tokens.
     Returns (emitted tokens, accepted count, hidden states [1, accepted+1, ...] of the kept nodes)."""
-    logprobs = torch.log_softmax(marginals.float(), -1)
-    lp, tok = logprobs.topk(min(tree_topk, marginals.shape[-1]), -1)
+    if tp is None:
+        logprobs = torch.log_softmax(marginals.float(), -1)
+        lp, tok = logprobs.topk(min(tree_topk, marginals.shape[-1]), -1)
+    else:  # the marginals are this rank's shard (and rule is None: tp needs a fixed draft_len)
+        lp, tok = tp.topk_logprobs(marginals, min(tree_topk, tp.vocab))
     tokens, parents, num_nodes, depth = build_draft_tree(lp, tok, tree_budget)
     m = int(num_nodes[0])  # the one host sync of the build: how many nodes the forward takes
     if rule is not None:  # the tree is a function of the marginals, so its nodes' probabilities may be read
@@ -181,8 +186,9 @@ def _tree_block(target, anchor, marginals, cache, layers, tree_budget, tree_topk
     prefix_len = cache.length
     logits, hidden = target(tokens, cache, hidden_layers=layers, tree_mask=tree_attention_mask(parents)[0],
                             tree_depth=depth)
-    accept_len, path, out = tree_verify(tokens, parents, logits.float(), temperature=temperature, seed=seed,
-                                        offset=_verify_offset(step))
+    verify = tree_verify if tp is None else tp.tree_verify
+    accept_len, path, out = verify(tokens, parents, logits.float(), temperature=temperature, seed=seed,
+                                   offset=_verify_offset(step))
     # The block's second host read: the accepted length, the emitted tokens and the path together.
     row = torch.cat([accept_len, out[0], path[0]]).tolist()
     accepted, emitted, kept = row[0], row[1 : row[0] + 2], set(row[out.shape[1] + 1 :][: row[0] + 1])
@@ -249,10 +255,10 @@ def _decode_speculative(mode, target, drafter, refiner, prompt, max_new_tokens, 
             spent = clock.lap("drafter")
             if mode in TREE_MODES:
                 marginals = _tree_marginals(mode, base_logits, h, tokens, refiner, weights, iters, temperature, seed,
-                                            step, stats)
+                                            step, stats, tp)
                 spent += clock.lap("refinement")
                 emitted, accepted, kept_hidden = _tree_block(target, anchor, marginals, cache, layers, tree_budget,
-                                                             tree_topk, temperature, seed, step, rule, spent)
+                                                             tree_topk, temperature, seed, step, rule, spent, tp)
                 clock.lap("verification")
             else:
                 drafts, q, confidence = _propose(mode, base_logits, h, tokens, refiner, weights, iters, temperature,
@@ -373,8 +379,8 @@ def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: st
     unless set here or by XKERNELS_NUM_THREADS); the previous setting is restored after.
     tp_group: a torch.distributed group over which the target's LM head (and the refiner's readout)
     is sharded by vocabulary rows (xkernels.decoding.tensor_parallel; every rank of the group calls
-    generate with the same arguments and gets the same tokens as one process; modes
-    tensor_parallel.TP_MODES, "drafter" at T = 0 only)."""
+    generate with the same arguments and gets the same tokens as one process; every mode but
+    "drafter" at T > 0; draft_len must be fixed)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if mode != "ar" and drafter is None:

@@ -8,9 +8,9 @@ model (embedding, blocks, drafter) is replicated: this is the vocabulary-paralle
 parallelism, the part whose communication is the logits. Every rank emits the same tokens as one
 process.
 
-Supported: modes "ar", "drafter" (T = 0: its drafts are the sharded argmax; at T > 0 the drafter's
-torch.multinomial draw over q needs the whole distribution), "sequential" and "jacobi". Tree modes
-need a sharded top-k for the tree's candidates and are not wired yet.
+Supported: every mode but "drafter" at T > 0 (its torch.multinomial draw over q needs the whole
+distribution); "drafter" at T = 0 drafts the sharded argmax, and the tree modes build their trees
+from a sharded top-k (each rank's k best, merged).
 """
 
 import copy
@@ -23,7 +23,7 @@ from .. import distributed
 from ..ops import shard_row_stats
 from ..models.target import Linear
 
-TP_MODES = ("ar", "drafter", "sequential", "jacobi")
+TP_MODES = ("ar", "drafter", "sequential", "jacobi", "tree", "tree-jacobi")
 
 
 def shard_bounds(vocab_size: int, world: int, rank: int):
@@ -37,6 +37,7 @@ class VocabShard:
     group: object
     start: int
     end: int
+    vocab: int  # the whole vocabulary
 
     def stats(self, local: torch.Tensor, temperature: float = 0.0):
         """Global (max, sum, top id) of the rows of local [N, R, V_local] (logits / T)."""
@@ -54,6 +55,26 @@ class VocabShard:
         big_m, big_s, _ = self.stats(local, temperature)
         inv_t = 1.0 / temperature if temperature else 1.0
         return torch.exp(local.float() * inv_t - big_m[..., None]) / big_s[..., None], 1 / big_s
+
+    def topk_logprobs(self, local: torch.Tensor, k: int):
+        """(log_softmax(logits) of the k best ids, the ids) [N, R, k] of whole rows from their shards
+        [N, R, V_local]: each rank's k best, merged by value (ties to the lower id)."""
+        big_m, big_s, _ = self.stats(local)
+        kk = min(k, local.shape[-1])
+        values, ids = local.float().topk(kk, -1)
+        pad = (0, k - kk)
+        values = torch.nn.functional.pad(values, pad, value=float("-inf"))
+        ids = torch.nn.functional.pad(ids + self.start, pad, value=-1)
+        g = distributed._all_gather([values, ids], self.group)  # [W, 2, N, R, k]
+        values = torch.cat(list(g[:, 0]), -1)
+        ids = torch.cat(list(distributed._ids(g[:, 1])), -1)
+        by_id = torch.sort(ids.where(ids >= 0, torch.iinfo(torch.int64).max), dim=-1, stable=True).indices
+        values, ids = values.gather(-1, by_id), ids.gather(-1, by_id)
+        by_value = torch.sort(values, dim=-1, descending=True, stable=True).indices[..., :k]
+        return values.gather(-1, by_value) - big_m[..., None] - torch.log(big_s)[..., None], ids.gather(-1, by_value)
+
+    def tree_verify(self, tokens, parents, local_logits, **kw):
+        return distributed.tree_verify(tokens, parents, local_logits, vocab_start=self.start, group=self.group, **kw)
 
     def next_token(self, logits_row: torch.Tensor, temperature: float, seed: int, offset: int) -> int:
         no_drafts = torch.empty(1, 0, dtype=torch.int64, device=logits_row.device)
@@ -92,4 +113,4 @@ def shard_target(target, group):
     view = copy.copy(target)
     view._modules = dict(target._modules)  # the view's own module table: the original keeps its head
     view.lm_head = head
-    return view, VocabShard(group, start, end)
+    return view, VocabShard(group, start, end, target.lm_head.weight.shape[0])
