@@ -146,6 +146,26 @@ def _check_tree(rank, bounds):
                 _same(f"tree_verify T={temperature} q={probs is not None} {without} seed={seed}", got, want)
 
 
+def _check_empty(rank, bounds):
+    """N = 0, K = 0 and a root-only tree run the same collectives on every rank and return the
+    unsharded ops' empty results."""
+    local = lambda *shape: _shard(torch.randn(*shape, V), bounds, rank)  # noqa: E731
+    for drafts, (logits, start) in ((torch.zeros(0, 3, dtype=torch.int64), local(0, 4)),
+                                    (torch.zeros(2, 0, dtype=torch.int64), local(2, 1))):
+        whole = torch.randn(*logits.shape[:2], V) if logits.numel() else torch.zeros(*logits.shape[:2], V)
+        got = distributed.chain_verify(drafts, logits, vocab_start=start, temperature=1.0)
+        assert [t.shape for t in got] == [t.shape for t in xkernels.chain_verify(drafts, whole, temperature=1.0)]
+    logits, start = local(0, 4)
+    out = distributed.dllm_step(logits, torch.zeros(0, 4, dtype=torch.int64), 3, vocab_start=start)
+    assert all(t.shape == (0, 4) for t in out)
+    g = torch.Generator().manual_seed(0)
+    whole = torch.randn(2, 1, V, generator=g)
+    got = distributed.tree_verify(torch.full((2, 1), -1), torch.full((2, 1), -1), _shard(whole, bounds, rank)[0],
+                                  vocab_start=bounds[rank][0], temperature=1.0)
+    _same("tree_verify root only", got, xkernels.tree_verify(torch.full((2, 1), -1), torch.full((2, 1), -1), whole,
+                                                             temperature=1.0))
+
+
 def _check_generate(rank, bounds):
     """End to end: the shipped models decoded with a vocabulary-parallel target (the loop shards
     the LM head evenly itself) give one process's tokens."""
@@ -169,7 +189,7 @@ def _worker(rank, world, port):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        checks = (_check_chain, _check_tree, _check_refine, _check_dllm)
+        checks = (_check_chain, _check_tree, _check_refine, _check_dllm, _check_empty)
         for check in checks + ((_check_generate,) if world == 2 else ()):
             check(rank, BOUNDS[world])
     finally:

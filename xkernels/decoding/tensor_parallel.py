@@ -103,7 +103,9 @@ class VocabShard:
 
 
 def shard_target(target, group):
-    """(A view of target whose LM head holds this rank's rows, the VocabShard)."""
+    """(A view of target whose LM head holds this rank's rows, the VocabShard). The rows are cut
+    from the whole head here (the shipped models are small); a deployment would load only its
+    rows."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     start, end = shard_bounds(target.lm_head.weight.shape[0], world, rank)
     head = Linear(target.lm_head.weight.shape[1], end - start, bias=False, device=target.lm_head.weight.device,
