@@ -2,6 +2,7 @@
 
     python -m xkernels demo   speculative decoding on the shipped models, then Spiffy on the block
                               diffusion LM (tables, plots, JSON)
+    python -m xkernels demo --tp 2   the same target vocabulary-parallel over 2 gloo processes
     python -m xkernels info   how the package was built and the ops it has
     python -m xkernels export-hf OUT   the shipped target and tokenizer as a transformers folder
 """
@@ -28,6 +29,12 @@ def info(_args):
 def demo(args):
     from pathlib import Path
 
+    if args.tp:
+        from .demo_tp import run_tp_demo
+
+        draft_len = None if args.draft_len == "auto" else args.draft_len  # the rule reads per-rank timings
+        return run_tp_demo(args.tp, prompts=args.prompts, tokens=args.tokens, temperature=args.temperature,
+                           draft_len=draft_len, seed=args.seed)
     from .demo import format_tables, run_demo
 
     passes = tuple(range(1, args.max_passes + 1))
@@ -81,6 +88,9 @@ def main(argv=None):
     d.add_argument("--keep", type=int, default=16, help="Spiffy drafts kept per model call (default 16)")
     d.add_argument("--no-diffusion", action="store_true", help="skip the block diffusion (Spiffy) section")
     d.add_argument("--out", default="demo_out", help="folder for demo.png and demo.json (default demo_out)")
+    d.add_argument("--tp", type=int, default=0,
+                   help="instead: decode with the target's LM head sharded over this many gloo processes "
+                        "(torchrun conventions) and compare with one process (--prompts 1 is plenty)")
     d.set_defaults(run=demo)
     e = commands.add_parser("export-hf", help="the shipped target (Qwen3) and tokenizer as a transformers folder")
     e.add_argument("out", help="the folder to write (config.json, model.safetensors, tokenizer files)")

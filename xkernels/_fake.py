@@ -113,3 +113,14 @@ def _spiffy_attention_mask_fake(prefix_lens, num_drafts, block_size, max_prefix_
     k = max_prefix_len + q
     return prefix_lens.new_empty((prefix_lens.shape[0], q, (k + 7) // 8 if packed else k),
                                  dtype=torch.uint8 if packed else torch.bool)
+
+
+@torch.library.register_fake("xkernels::shard_row_stats")
+def _shard_row_stats_fake(logits, vocab_start, rows=None, exclude=None, draft_probs=None, residual_stats=None,
+                          ignore_id=-1, sample=False, raw_stats=False, temperature=0.0, seed=0, offset=0,
+                          seed_tensor=None, offset_tensor=None):
+    torch._check(logits.dim() == 3, lambda: "logits must have shape [N, R, V_local]")
+    shape = (logits.shape[0], logits.shape[1] if rows is None else rows.shape[1])
+    f = lambda: logits.new_empty(shape, dtype=torch.float32)  # noqa: E731
+    i = lambda: logits.new_empty(shape, dtype=torch.int64)  # noqa: E731
+    return f(), f(), i(), f(), i(), f()

@@ -385,3 +385,49 @@ def spiffy_attention_mask(
     mask = torch.ops.xkernels.spiffy_attention_mask.default(lens, int(num_drafts), int(block_size),
                                                             int(max_prefix_len), layout == "packed")
     return mask[0] if single else mask
+
+
+# ---- vocabulary-parallel sampling (xkernels/distributed.py) ----
+
+
+def shard_row_stats(
+    logits: torch.Tensor,
+    vocab_start: int,
+    *,
+    rows: Optional[torch.Tensor] = None,
+    exclude: Optional[torch.Tensor] = None,
+    draft_probs: Optional[torch.Tensor] = None,
+    residual_stats: Optional[torch.Tensor] = None,
+    ignore_id: int = -1,
+    sample: bool = False,
+    raw_stats: bool = False,
+    temperature: float = 0.0,
+    seed: Seed = 0,
+    offset: Seed = 0,
+):
+    """The per-shard pass of vocabulary-parallel verification and sampling.
+
+    ``logits [N, R, V_local]`` hold the global ids ``[vocab_start, vocab_start + V_local)`` of
+    one vocabulary shard. For each selected row (``rows [N, S]``, default every row; an index
+    outside ``[0, R)`` raises on the CPU, and on CUDA, unless ``XKERNELS_CHECK=1``, gets the empty
+    results ``-inf, 0, -1`` without a host read) with
+    ``a = logits / T`` (the logits at ``T = 0``) and ``ignore_id``'s logit counted as -inf:
+
+    - ``row_max``, ``row_sum = sum exp(s - row_max)`` (0 when ``row_max`` is not finite) and
+      ``top_id`` (torch.argmax's global id: NaN first, ties to the lowest id; -1 for an empty
+      shard) of ``s = a``, or of the raw logits with ``raw_stats``;
+    - with ``sample`` (needs ``T > 0``): the Gumbel-max ``(pick_score, pick_id)`` over the shard
+      of ``log w + G``, ``G`` the package's noise of (sequence ``n``, position = the row, global
+      id), ``w = exp(a)`` but the ids of ``exclude [N, S, E]`` (-1 padded); with ``draft_probs
+      [N, Q, V_local]`` and ``residual_stats [N, S, 2]`` (the global max and sum of ``a``), rows
+      below ``Q`` draw from the residual ``w = max(softmax(a) - q, 0)``. ``pick_logit`` is ``s`` at
+      the pick. No pick: ``-inf, -1, -inf``. On a row without a softmax the pick is meaningless
+      (the ops use the argmax there).
+
+    The maximum over shards of ``(pick_score, -pick_id)`` is the unsharded ops' token, and the
+    shards' ``(row_max, row_sum)`` combine by log-sum-exp. Returns ``(row_max, row_sum, top_id,
+    pick_score, pick_id, pick_logit)``, each ``[N, S]``."""
+    return torch.ops.xkernels.shard_row_stats.default(
+        _tensor(logits, "logits"), int(vocab_start), _tensor(rows, "rows"), _tensor(exclude, "exclude"),
+        _tensor(draft_probs, "draft_probs"), _tensor(residual_stats, "residual_stats"), int(ignore_id), bool(sample),
+        bool(raw_stats), float(temperature), *_rng_args(seed, offset))

@@ -207,13 +207,20 @@ def jacobi_refine(ctx, prefix_tokens, base_logits, weights, max_iters, temperatu
         raise ValueError("max_iters must be >= 0")
     seed, offset = _as_int(seed), _as_int(offset)
     tokens, logprobs = sample_rows(base_logits, temperature, seed, offset)
+    return jacobi_iterate(tokens, logprobs, prefix_tokens, max_iters,
+                          lambda prev: refine_step(ctx, prev, base_logits, weights, temperature, seed, offset))
+
+
+def jacobi_iterate(tokens, logprobs, prefix_tokens, max_iters, step):
+    """The Jacobi loop from the iterate (tokens, logprobs): step(prev_tokens) -> (tokens, logprobs) is
+    one refinement pass; a sequence stops after a pass that changes none of its tokens. Returns
+    tokens, logprobs and iters (int32)."""
     iters = torch.zeros(tokens.shape[0], dtype=torch.int32, device=tokens.device)
     active = torch.ones(tokens.shape[0], dtype=torch.bool, device=tokens.device)
     for _ in range(max_iters):
         if not active.any():
             break
-        new_tokens, new_logprobs = refine_step(ctx, _prev_tokens(prefix_tokens, tokens), base_logits, weights,
-                                               temperature, seed, offset)
+        new_tokens, new_logprobs = step(_prev_tokens(prefix_tokens, tokens))
         changed = (new_tokens != tokens).any(-1)
         tokens = torch.where(active[:, None], new_tokens, tokens)
         logprobs = torch.where(active[:, None], new_logprobs, logprobs)
@@ -587,3 +594,60 @@ def spiffy_attention_mask(prefix_lens, num_drafts, block_size, max_prefix_len, p
         padded = torch.nn.functional.pad(mask, (0, (-mask.shape[-1]) % 8)).view(*mask.shape[:2], -1, 8)
         mask = (padded.to(torch.uint8) << torch.arange(8, dtype=torch.uint8)).sum(-1, dtype=torch.uint8)
     return mask.to(prefix_lens.device)
+
+
+# ---- vocabulary-parallel sampling (xkernels/distributed.py) ----
+
+
+def gumbel_noise_of_ids(seed: int, offset: int, sequence: int, position: int, ids: torch.Tensor) -> torch.Tensor:
+    """The Gumbel noise of the global vocabulary ids `ids` at (sequence, position): word id % 4 of
+    draw id // 4, as gumbel_noise gives it for the whole vocabulary."""
+    words = philox_draw(seed, offset, sequence, position, ids // 4).gather(-1, (ids % 4)[..., None])[..., 0]
+    return -torch.log(-torch.log(uniform_open(words)))
+
+
+def shard_row_stats(logits, vocab_start, rows=None, exclude=None, draft_probs=None, residual_stats=None, ignore_id=-1,
+                    sample=False, raw_stats=False, temperature=0.0, seed=0, offset=0):
+    """The per-shard pass of vocabulary-parallel sampling; see xkernels.ops.shard_row_stats."""
+    n, r, v = logits.shape
+    inv_t = inverse_temperature(temperature)
+    if sample and inv_t == 0:
+        raise ValueError("sample=True needs temperature > 0")
+    seed, offset = _as_int(seed), _as_int(offset)
+    l = logits.detach().cpu().float()
+    rows = torch.arange(r).expand(n, r) if rows is None else rows.cpu()
+    ids = torch.arange(vocab_start, vocab_start + v)
+    shape = rows.shape
+    row_max, row_sum = torch.full(shape, -math.inf), torch.zeros(shape)
+    top_id, pick_id = torch.full(shape, -1, dtype=torch.int64), torch.full(shape, -1, dtype=torch.int64)
+    pick_score, pick_logit = torch.full(shape, -math.inf), torch.full(shape, -math.inf)
+    for s in range(n):
+        for j in range(shape[1]):
+            row = int(rows[s, j])
+            raw = torch.where(ids == ignore_id, -math.inf, l[s, row])
+            a = raw * inv_t if inv_t else raw
+            stat = raw if raw_stats else a
+            if v == 0:
+                continue
+            top = int(stat.argmax())  # NaN first, ties to the lowest id
+            row_max[s, j], top_id[s, j] = stat[top], vocab_start + top
+            if math.isfinite(float(stat[top])):
+                row_sum[s, j] = torch.exp(stat - stat[top]).sum()
+            if not sample:
+                continue
+            if draft_probs is not None and row < draft_probs.shape[1]:
+                big_m, big_s = (float(x) for x in residual_stats[s, j])
+                w = torch.exp(a - big_m) / big_s - draft_probs[s, row].cpu().float()
+                log_w = torch.where(w > 0, torch.log(w.clamp_min(1e-45)), -math.inf)
+            else:
+                log_w = a.clone()
+            if exclude is not None:
+                log_w[torch.isin(ids, exclude[s, j].cpu())] = -math.inf
+            drawable = ~torch.isneginf(log_w)
+            if not drawable.any():
+                continue
+            score = torch.where(drawable, log_w + gumbel_noise_of_ids(seed, offset, s, row, ids), -math.inf)
+            best = int(score.argmax())
+            pick_score[s, j], pick_id[s, j], pick_logit[s, j] = score[best], vocab_start + best, stat[best]
+    dev = logits.device
+    return tuple(t.to(dev) for t in (row_max, row_sum, top_id, pick_score, pick_id, pick_logit))

@@ -238,7 +238,7 @@ __attribute__((always_inline)) inline uint32_t candidates32(const float* x, cons
 // that may lag the current one (lower thresholds skip less, never wrongly).
 template <typename W>
 __attribute__((always_inline)) inline ArgMax gumbel_argmax(uint64_t seed, uint64_t offset, uint32_t sequence, uint32_t position, const float* w,
-                            int64_t n, int64_t exclude) {
+                            int64_t n, int64_t exclude, uint32_t first_draw) {
   ArgMax best = argmax_empty();
   float at[kBins], built_for = kNegInf;
   for (float& t : at) t = W::kNone;
@@ -250,7 +250,7 @@ __attribute__((always_inline)) inline ArgMax gumbel_argmax(uint64_t seed, uint64
     for (float& t : loosest) t = at[kBins - 1];
     if (candidates32<W>(wb, loosest) == 0) continue;
     u32x8 words[4];
-    philox_draws8(seed, offset, sequence, position, static_cast<uint32_t>(g), words);
+    philox_draws8(seed, offset, sequence, position, first_draw + static_cast<uint32_t>(g), words);
     for (int lane = 0; lane < kLanes; ++lane)
       for (int j = 0; j < 4; ++j) per_id[4 * lane + j] = at[words[j][lane] >> (32 - kBinBits)];
     for (uint32_t mask = candidates32<W>(wb, per_id); mask; mask &= mask - 1) {
@@ -264,7 +264,7 @@ __attribute__((always_inline)) inline ArgMax gumbel_argmax(uint64_t seed, uint64
     }
   }
   for (; 4 * g < n; ++g) {  // the last groups one draw at a time, every drawable id scored
-    const Philox4 noise = philox_draw(seed, offset, sequence, position, static_cast<uint32_t>(g));
+    const Philox4 noise = philox_draw(seed, offset, sequence, position, first_draw + static_cast<uint32_t>(g));
     for (int j = 0; j < 4 && 4 * g + j < n; ++j) {
       const float x = w[4 * g + j];
       if (W::drawable(splat(x))[0] && 4 * g + j != exclude)
@@ -277,13 +277,13 @@ __attribute__((always_inline)) inline ArgMax gumbel_argmax(uint64_t seed, uint64
 }  // namespace
 
 XK_CLONES ArgMax sample_positive(uint64_t seed, uint64_t offset, uint32_t sequence, uint32_t position, const float* r,
-                                 int64_t n) {
-  return gumbel_argmax<LinearWeights>(seed, offset, sequence, position, r, n, -1);
+                                 int64_t n, uint32_t first_draw) {
+  return gumbel_argmax<LinearWeights>(seed, offset, sequence, position, r, n, -1, first_draw);
 }
 
 XK_CLONES ArgMax sample_logits(uint64_t seed, uint64_t offset, uint32_t sequence, uint32_t position, const float* a,
-                               int64_t n, int64_t exclude) {
-  return gumbel_argmax<LogWeights>(seed, offset, sequence, position, a, n, exclude);
+                               int64_t n, int64_t exclude, uint32_t first_draw) {
+  return gumbel_argmax<LogWeights>(seed, offset, sequence, position, a, n, exclude, first_draw);
 }
 
 RowStats row_stats(const float* a, int64_t n) {

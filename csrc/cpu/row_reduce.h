@@ -35,13 +35,15 @@ float residual_update(float* r, const float* q, int64_t n, float r_sum, float q_
 // Gumbel-max over log r (zeros cannot be drawn) with the noise of (sequence, position): the draw
 // sample_group of xkernels/sampling.h makes, with most noise and logs skipped: 32 ids at a time
 // without Philox when none could win with the largest noise, and an id's logs only if the top
-// bits of its Philox word let it reach the best score so far.
+// bits of its Philox word let it reach the best score so far. Element i of r is the id
+// 4 * first_draw + i (its noise: word i % 4 of draw first_draw + i / 4), so a vocabulary shard
+// that starts at a multiple of 4 draws the noise of its global ids; the returned idx is i.
 ArgMax sample_positive(uint64_t seed, uint64_t offset, uint32_t sequence, uint32_t position, const float* r,
-                       int64_t n);
+                       int64_t n, uint32_t first_draw = 0);
 
-// The same over log weights a (-inf cannot be drawn) but the id `exclude` (-1: none).
+// The same over log weights a (-inf cannot be drawn) but the element `exclude` (-1: none).
 ArgMax sample_logits(uint64_t seed, uint64_t offset, uint32_t sequence, uint32_t position, const float* a, int64_t n,
-                     int64_t exclude);
+                     int64_t exclude, uint32_t first_draw = 0);
 
 // Softmax statistics of a; sum is 0 when the row is degenerate.
 RowStats row_stats(const float* a, int64_t n);

@@ -70,6 +70,12 @@ TORCH_LIBRARY(xkernels, m) {
   m.def(
       "spiffy_attention_mask(Tensor prefix_lens, int num_drafts, int block_size, int max_prefix_len, "
       "bool packed=False) -> Tensor");
+  m.def(
+      "shard_row_stats(Tensor logits, int vocab_start, Tensor? rows=None, Tensor? exclude=None, "
+      "Tensor? draft_probs=None, Tensor? residual_stats=None, int ignore_id=-1, bool sample=False, "
+      "bool raw_stats=False, float temperature=0.0, int seed=0, int offset=0, Tensor? seed_tensor=None, "
+      "Tensor? offset_tensor=None) -> (Tensor row_max, Tensor row_sum, Tensor top_id, Tensor pick_score, "
+      "Tensor pick_id, Tensor pick_logit)");
 }
 
 }  // namespace xkernels

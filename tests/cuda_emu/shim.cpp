@@ -12,6 +12,7 @@
 #include "dllm_launch.h"
 #include "cuda_emu.h"
 #include "refine_launch.h"
+#include "shard_row_stats_launch.h"
 #include "spiffy_launch.h"
 #include "tree_launch.h"
 
@@ -319,6 +320,35 @@ int xk_emu_spiffy_attention_mask(const int64_t* prefix_lens, int64_t n, int64_t 
                      dev.alloc<uint8_t>(bytes, 0xA5)};
   const cudaError_t err = launch_spiffy_attention_mask(p, nullptr);
   copy_out(mask, p.mask, bytes);
+  return finish(err, message, message_len);
+}
+
+int xk_emu_shard_row_stats(const void* logits, int logits_type, const int64_t* rows, const int64_t* exclude,
+                           const float* draft_probs, const float* residual_stats, int64_t n, int64_t r, int64_t v,
+                           int64_t s, int64_t e, int64_t q, int64_t vocab_start, int64_t ignore_id, int sample,
+                           int raw_stats, float inv_t, uint64_t seed, uint64_t offset, float* row_max,
+                           float* row_sum, int64_t* top_id, float* pick_score, int64_t* pick_id, float* pick_logit,
+                           char* message, size_t message_len) {
+  using namespace xkernels::cuda;
+  Device dev;
+  ShardRowStatsParams p{};
+  p.logits = dev.copy(static_cast<const char*>(logits), n * r * v * logits_bytes(logits_type));
+  p.dtype = static_cast<LogitsType>(logits_type);
+  p.n = n, p.r = r, p.v = v, p.s = s, p.e = e, p.q = q;
+  p.vocab_start = vocab_start, p.ignore_id = ignore_id;
+  p.rows = dev.copy(rows, sizeof(int64_t) * n * s);
+  p.exclude = dev.copy(exclude, sizeof(int64_t) * n * s * e);
+  p.draft_probs = dev.copy(draft_probs, sizeof(float) * n * q * v);
+  p.residual_stats = dev.copy(residual_stats, sizeof(float) * n * s * 2);
+  p.sample = sample != 0, p.raw_stats = raw_stats != 0;
+  p.inv_t = inv_t, p.seed = seed, p.offset = offset;
+  const size_t f = sizeof(float) * n * s, i = sizeof(int64_t) * n * s;
+  p.row_max = dev.alloc<float>(f, 0xA5), p.row_sum = dev.alloc<float>(f, 0xA5);
+  p.pick_score = dev.alloc<float>(f, 0xA5), p.pick_logit = dev.alloc<float>(f, 0xA5);
+  p.top_id = dev.alloc<int64_t>(i, 0xA5), p.pick_id = dev.alloc<int64_t>(i, 0xA5);
+  const cudaError_t err = launch_shard_row_stats(p, nullptr);
+  copy_out(row_max, p.row_max, f), copy_out(row_sum, p.row_sum, f), copy_out(pick_score, p.pick_score, f);
+  copy_out(pick_logit, p.pick_logit, f), copy_out(top_id, p.top_id, i), copy_out(pick_id, p.pick_id, i);
   return finish(err, message, message_len);
 }
 

@@ -16,6 +16,7 @@ KERNELS = {
     "dllm_kernel.cu": {"dllm_slices_kernel", "dllm_merge_kernel", "dllm_select_kernel"},
     "spiffy_kernel.cu": {"spiffy_rows_kernel", "spiffy_materialize_kernel", "spiffy_accept_kernel",
                          "spiffy_mask_kernel"},
+    "shard_row_stats_kernel.cu": {"shard_row_stats_kernel"},
 }
 CUDA = Path(__file__).resolve().parents[2] / "csrc" / "cuda"
 

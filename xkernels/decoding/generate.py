@@ -28,6 +28,7 @@ from .draft_length import CostModel, DraftLengthRule, measured_cost_model
 from ..models.target import KVCache, Linear, TargetLM
 from ..ops import (build_draft_tree, chain_verify, jacobi_refine, refine_step, sequential_refine,
                    tree_attention_mask, tree_verify)
+from . import tensor_parallel
 
 MODES = ("ar", "drafter", "sequential", "jacobi", "tree", "tree-jacobi")
 TREE_MODES = ("tree", "tree-jacobi")
@@ -67,20 +68,23 @@ def _verify_offset(step: int) -> int:
     return 2 * step
 
 
-def _next_token(logits_row: torch.Tensor, temperature: float, seed: int, offset: int) -> int:
-    """The argmax, or a sample of softmax(l / T): chain_verify with no drafts emits just the bonus."""
+def _next_token(logits_row: torch.Tensor, temperature: float, seed: int, offset: int, tp=None) -> int:
+    """The argmax, or a sample of softmax(l / T): chain_verify with no drafts emits just the bonus.
+    tp: the VocabShard of a vocabulary-parallel target (logits_row is its shard)."""
+    if tp is not None:
+        return tp.next_token(logits_row, temperature, seed, offset)
     no_drafts = torch.empty(1, 0, dtype=torch.int64, device=logits_row.device)
     _, out = chain_verify(no_drafts, logits_row.float().view(1, 1, -1), temperature=temperature, seed=seed,
                           offset=offset)
     return int(out[0, 0])
 
 
-def _decode_ar(target, prompt, max_new_tokens, temperature, seed, stats):
+def _decode_ar(target, prompt, max_new_tokens, temperature, seed, stats, tp=None):
     cache = target.new_cache()
     logits, _ = target(prompt, cache)
     out = []
     while True:
-        out.append(_next_token(logits[0, -1], temperature, seed, len(out)))
+        out.append(_next_token(logits[0, -1], temperature, seed, len(out), tp))
         if len(out) == max_new_tokens:
             return out
         logits, _ = target(torch.tensor([[out[-1]]], device=prompt.device), cache)
@@ -88,12 +92,15 @@ def _decode_ar(target, prompt, max_new_tokens, temperature, seed, stats):
 
 
 def _propose(mode, base_logits, h, tokens, refiner, weights, iters, temperature, seed, step, stats,
-             with_confidence=False):
+             with_confidence=False, tp=None):
     """Draft tokens [1, D'], at T > 0 the distributions [1, D', V] they were drawn from (else None),
     and, with_confidence, each slot's confidence [1, D'] for the draft length rule (else None): the
     largest probability of its draft distribution. At T > 0 that is a function of the distribution, never of the token drawn
     from it (a choice that read the drawn token would bias which drafts get verified)."""
     if mode == "drafter":
+        if tp is not None:  # T = 0 (generate checks): the sharded argmax and its probability 1 / sum
+            _, total, top = tp.stats(base_logits)
+            return top, None, 1 / total if with_confidence else None
         if temperature == 0:
             if not with_confidence:
                 return base_logits.argmax(-1), None, None
@@ -107,11 +114,14 @@ def _propose(mode, base_logits, h, tokens, refiner, weights, iters, temperature,
     before = tokens[-2] if len(tokens) > 1 else tokens[-1]  # slot 0 (the anchor) reads the token before it
     prefix = torch.tensor([[before, tokens[-1]]], device=base_logits.device)
     rng = dict(temperature=temperature, seed=seed, offset=_draft_offset(step))
+    names = ("sequential_refine", "jacobi_refine", "refine_step")
+    run_sequential, run_jacobi, run_step = ((sequential_refine, jacobi_refine, refine_step) if tp is None
+                                            else (tp.refine(name) for name in names))
     if mode == "sequential":
-        drafts, logprobs = sequential_refine(ctx, prefix, base_logits, weights, **rng)
+        drafts, logprobs = run_sequential(ctx, prefix, base_logits, weights, **rng)
         stats.refine_passes += drafts.shape[1]
     else:
-        drafts, logprobs, passes = jacobi_refine(ctx, prefix, base_logits, weights, max_iters=iters, **rng)
+        drafts, logprobs, passes = run_jacobi(ctx, prefix, base_logits, weights, max_iters=iters, **rng)
         stats._device_passes.append(passes)
     if temperature == 0:
         return drafts, None, logprobs.exp() if with_confidence else None  # the argmax's probability
@@ -122,18 +132,22 @@ def _propose(mode, base_logits, h, tokens, refiner, weights, iters, temperature,
         # A slot's draft follows q(. | the drafts before it) only where Jacobi has settled: a check pass
         # from the final drafts (same noise) agrees up to the first unsettled slot, whose check sample
         # is itself a proper draft; verify up to there.
-        check, _ = refine_step(ctx, prev, base_logits, weights, **rng)
+        check, _ = run_step(ctx, prev, base_logits, weights, **rng)
         stats.refine_passes += 1
         differ = (check != drafts)[0].nonzero()
         keep = int(differ[0]) + 1 if len(differ) else drafts.shape[1]
         drafts = check[:, :keep]  # prev is right for these slots: it differs from check only later
     d = drafts.shape[1]
-    refined = base_logits[:, :d].float() + refiner.delta(ctx, prev)[:, 1 : d + 1].float()
+    delta = refiner.delta(ctx, prev) if tp is None else tp.delta(refiner, ctx, prev)
+    refined = base_logits[:, :d].float() + delta[:, 1 : d + 1].float()
+    if tp is not None:
+        q, top_p = tp.softmax(refined, temperature)
+        return drafts, q, top_p if with_confidence else None
     q = torch.softmax(refined / temperature, -1)
     return drafts, q, q.amax(-1) if with_confidence else None
 
 
-def _tree_marginals(mode, base_logits, h, tokens, refiner, weights, iters, temperature, seed, step, stats):
+def _tree_marginals(mode, base_logits, h, tokens, refiner, weights, iters, temperature, seed, step, stats, tp=None):
     """Per-slot logits [1, D, V] the tree is built over: the drafter's, or the refiner's at the final
     Jacobi iterate (each slot conditioned on the iterate's tokens before it)."""
     if mode == "tree":
@@ -141,21 +155,26 @@ def _tree_marginals(mode, base_logits, h, tokens, refiner, weights, iters, tempe
     ctx = refiner.prepare(h.to(refiner.w2.weight.dtype)).float()
     before = tokens[-2] if len(tokens) > 1 else tokens[-1]
     prefix = torch.tensor([[before, tokens[-1]]], device=base_logits.device)
-    drafts, _, passes = jacobi_refine(ctx, prefix, base_logits, weights, max_iters=iters, temperature=temperature,
-                                      seed=seed, offset=_draft_offset(step))
+    run_jacobi = jacobi_refine if tp is None else tp.refine("jacobi_refine")
+    drafts, _, passes = run_jacobi(ctx, prefix, base_logits, weights, max_iters=iters, temperature=temperature,
+                                   seed=seed, offset=_draft_offset(step))
     stats._device_passes.append(passes)
     prev = torch.cat([prefix, drafts[:, :-1]], dim=1)
-    return base_logits.float() + refiner.delta(ctx, prev)[:, 1:].float()
+    delta = refiner.delta(ctx, prev) if tp is None else tp.delta(refiner, ctx, prev)
+    return base_logits.float() + delta[:, 1:].float()
 
 
 def _tree_block(target, anchor, marginals, cache, layers, tree_budget, tree_topk, temperature, seed, step,
-                rule=None, spent=0.0):
+                rule=None, spent=0.0, tp=None):
     """One tree step: build, one target call, verify, keep the accepted path in the cache. With a
     DraftLengthRule the tree is cut to its best first nodes (a prefix of a best-first tree is a
     tree), each node counting its path's probability under the marginals as expected tokens.
     Returns (emitted tokens, accepted count, hidden states [1, accepted+1, ...] of the kept nodes)."""
-    logprobs = torch.log_softmax(marginals.float(), -1)
-    lp, tok = logprobs.topk(min(tree_topk, marginals.shape[-1]), -1)
+    if tp is None:
+        logprobs = torch.log_softmax(marginals.float(), -1)
+        lp, tok = logprobs.topk(min(tree_topk, marginals.shape[-1]), -1)
+    else:  # the marginals are this rank's shard (and rule is None: tp needs a fixed draft_len)
+        lp, tok = tp.topk_logprobs(marginals, min(tree_topk, tp.vocab))
     tokens, parents, num_nodes, depth = build_draft_tree(lp, tok, tree_budget)
     m = int(num_nodes[0])  # the one host sync of the build: how many nodes the forward takes
     if rule is not None:  # the tree is a function of the marginals, so its nodes' probabilities may be read
@@ -167,8 +186,9 @@ def _tree_block(target, anchor, marginals, cache, layers, tree_budget, tree_topk
     prefix_len = cache.length
     logits, hidden = target(tokens, cache, hidden_layers=layers, tree_mask=tree_attention_mask(parents)[0],
                             tree_depth=depth)
-    accept_len, path, out = tree_verify(tokens, parents, logits.float(), temperature=temperature, seed=seed,
-                                        offset=_verify_offset(step))
+    verify = tree_verify if tp is None else tp.tree_verify
+    accept_len, path, out = verify(tokens, parents, logits.float(), temperature=temperature, seed=seed,
+                                   offset=_verify_offset(step))
     # The block's second host read: the accepted length, the emitted tokens and the path together.
     row = torch.cat([accept_len, out[0], path[0]]).tolist()
     accepted, emitted, kept = row[0], row[1 : row[0] + 2], set(row[out.shape[1] + 1 :][: row[0] + 1])
@@ -181,10 +201,13 @@ def _tree_block(target, anchor, marginals, cache, layers, tree_budget, tree_topk
 
 
 def _decode_speculative(mode, target, drafter, refiner, prompt, max_new_tokens, iters, temperature, seed,
-                        draft_len, stats, tree_budget=15, tree_topk=8, cost=None, draft_dtype=torch.float32):
+                        draft_len, stats, tree_budget=15, tree_topk=8, cost=None, draft_dtype=torch.float32,
+                        tp=None):
     layers = drafter.cfg.target_layers
     block = drafter.cfg.block_size
     weights = refiner.fold().to(torch.float32) if refiner is not None else None
+    if tp is not None and weights is not None:
+        weights = tp.weights(weights)
     cache = target.new_cache()
     context = KVCache(len(drafter.layers))  # the drafter's injected keys and values, grown in place
     device = prompt.device
@@ -217,7 +240,7 @@ def _decode_speculative(mode, target, drafter, refiner, prompt, max_new_tokens, 
         if rule is not None and not rule.draft_now():
             # A plain ar step (the rule found drafting not worth its cost here): no drafter call.
             logits, hidden = target(anchor_ids, cache, hidden_layers=layers)
-            emitted, accepted = [_next_token(logits[0, -1], temperature, seed, _verify_offset(step))], 0
+            emitted, accepted = [_next_token(logits[0, -1], temperature, seed, _verify_offset(step), tp)], 0
             pending.append(torch.cat(hidden, dim=-1))
             clock.lap("verification")
         else:
@@ -232,14 +255,14 @@ def _decode_speculative(mode, target, drafter, refiner, prompt, max_new_tokens, 
             spent = clock.lap("drafter")
             if mode in TREE_MODES:
                 marginals = _tree_marginals(mode, base_logits, h, tokens, refiner, weights, iters, temperature, seed,
-                                            step, stats)
+                                            step, stats, tp)
                 spent += clock.lap("refinement")
                 emitted, accepted, kept_hidden = _tree_block(target, anchor, marginals, cache, layers, tree_budget,
-                                                             tree_topk, temperature, seed, step, rule, spent)
+                                                             tree_topk, temperature, seed, step, rule, spent, tp)
                 clock.lap("verification")
             else:
                 drafts, q, confidence = _propose(mode, base_logits, h, tokens, refiner, weights, iters, temperature,
-                                                 seed, step, stats, with_confidence=rule is not None)
+                                                 seed, step, stats, with_confidence=rule is not None, tp=tp)
                 k = min(draft_len, drafts.shape[1])
                 if rule is not None:
                     confidence = confidence[0, :k].tolist()
@@ -247,8 +270,9 @@ def _decode_speculative(mode, target, drafter, refiner, prompt, max_new_tokens, 
                 drafts, q = drafts[:, :k], None if q is None else q[:, :k]
                 clock.lap("refinement")
                 logits, hidden = target(torch.cat([anchor_ids, drafts], 1), cache, hidden_layers=layers)
-                accept_len, out = chain_verify(drafts, logits.float(), draft_probs=q, temperature=temperature,
-                                               seed=seed, offset=_verify_offset(step))
+                verify = chain_verify if tp is None else tp.chain_verify
+                accept_len, out = verify(drafts, logits.float(), draft_probs=q, temperature=temperature,
+                                         seed=seed, offset=_verify_offset(step))
                 # The one host read of the block: the accepted length and the emitted tokens together.
                 row = torch.cat([accept_len, out[0]]).tolist()
                 accepted, emitted = row[0], row[1 : row[0] + 2]
@@ -334,7 +358,7 @@ def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: st
              refiner=None, iters: int = 4, temperature: float = 0.0, seed: int = 0,
              draft_len: Union[int, str, None] = "auto", tree_budget: int = 15, tree_topk: int = 8,
              num_threads: Optional[int] = None, cost_model: Optional[CostModel] = None,
-             draft_dtype: Optional[torch.dtype] = None):
+             draft_dtype: Optional[torch.dtype] = None, tp_group=None):
     """Continue prompt_ids by max_new_tokens tokens. Returns (tokens, Stats).
 
     target is a TargetLM or a transformers causal LM (adapted by xkernels.models.hf.HFTarget,
@@ -352,7 +376,11 @@ def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: st
     in half the float32 time here), else the target's. The drafter only proposes, so its precision never changes
     the output, only how often drafts are accepted.
     num_threads: torch's intra-op threads during the call (see decode_threads: 1 for small models
-    unless set here or by XKERNELS_NUM_THREADS); the previous setting is restored after."""
+    unless set here or by XKERNELS_NUM_THREADS); the previous setting is restored after.
+    tp_group: a torch.distributed group over which the target's LM head (and the refiner's readout)
+    is sharded by vocabulary rows (xkernels.decoding.tensor_parallel; every rank of the group calls
+    generate with the same arguments and gets the same tokens as one process; every mode but
+    "drafter" at T > 0; draft_len must be fixed)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if mode != "ar" and drafter is None:
@@ -364,6 +392,14 @@ def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: st
     if not (draft_len is None or draft_len == "auto" or (isinstance(draft_len, int) and draft_len >= 0)):
         raise ValueError(f"draft_len must be 'auto', None or an int >= 0, got {draft_len!r}")
     target = as_target(target, drafter if mode != "ar" else None)
+    tp = None
+    if tp_group is not None:
+        if mode not in tensor_parallel.TP_MODES or (mode == "drafter" and temperature != 0):
+            raise ValueError(f"tp_group supports modes {tensor_parallel.TP_MODES} ('drafter' at T = 0), got {mode!r}"
+                             f" at T = {temperature}")
+        if mode != "ar" and draft_len == "auto":  # its rule reads timings: ranks would verify different drafts
+            raise ValueError("tp_group needs a fixed draft_len (an int or None), not 'auto'")
+        target, tp = tensor_parallel.shard_target(target, tp_group)
     if mode in TREE_MODES and not isinstance(target, TargetLM):
         raise ValueError(f"mode {mode!r} needs a target that takes a tree attention mask (xkernels' TargetLM); "
                          f"{type(target).__name__} does not")
@@ -377,14 +413,14 @@ def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: st
             cost_model = measured_cost_model(target, max(drafter.cfg.block_size, tree_budget + 1))
         began = time.perf_counter()
         if mode == "ar":
-            out = _decode_ar(target, prompt, max_new_tokens, temperature, seed, stats)
+            out = _decode_ar(target, prompt, max_new_tokens, temperature, seed, stats, tp)
             stats.target_calls += 1  # the prefill's logits give the first token; count it like a step
         else:
             fixed = drafter.cfg.block_size - 1 if draft_len in (None, "auto") else draft_len
             out = _decode_speculative(mode, target, drafter, refiner, prompt, max_new_tokens, iters, temperature,
                                       seed, fixed, stats, tree_budget, tree_topk,
                                       cost_model if draft_len == "auto" else None,
-                                      draft_dtype or default_draft_dtype(target))
+                                      draft_dtype or default_draft_dtype(target), tp)
         if stats._device_passes:
             stats.refine_passes += int(torch.cat(stats._device_passes).sum())
             stats._device_passes.clear()

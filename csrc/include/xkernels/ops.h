@@ -148,6 +148,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> spiffy_ac
 at::Tensor spiffy_attention_mask(const at::Tensor& prefix_lens, int64_t num_drafts, int64_t block_size,
                                  int64_t max_prefix_len, bool packed = false);
 
+// The per-shard pass of vocabulary-parallel sampling (xkernels/distributed.py). logits [N, R, V]
+// hold the global ids [vocab_start, vocab_start + V) of a vocabulary shard; rows [N, S] selects
+// rows (default: all, S = R). For each selected row, with a = logits / T (logits at T = 0) and
+// the id ignore_id counted as -inf: row_max, row_sum = sum exp(s - row_max) (0 when row_max is not
+// finite) and top_id (torch.argmax's global id, -1 for an empty shard) of s = a, or of the raw
+// logits with raw_stats. With sample (T > 0): the Gumbel-max over the shard of log w + G, G the
+// package's noise of (sequence n, position row, global id), w = exp(a) but the ids of exclude
+// [N, S, E] (-1 padded); with draft_probs [N, Q, V] and residual_stats [N, S, 2] (the global max
+// and sum of a), rows below Q draw from w = max(softmax(a) - q, 0) instead. Returns (row_max,
+// row_sum, top_id, pick_score, pick_id, pick_logit: s at the pick), all [N, S]; no pick: -inf, -1,
+// -inf. Merged over shards (max score, ties to the lowest id) these give the unsharded ops' tokens.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> shard_row_stats(
+    const at::Tensor& logits, int64_t vocab_start, const std::optional<at::Tensor>& rows = std::nullopt,
+    const std::optional<at::Tensor>& exclude = std::nullopt, const std::optional<at::Tensor>& draft_probs = std::nullopt,
+    const std::optional<at::Tensor>& residual_stats = std::nullopt, int64_t ignore_id = -1, bool sample = false,
+    bool raw_stats = false, double temperature = 0.0, int64_t seed = 0, int64_t offset = 0,
+    const std::optional<at::Tensor>& seed_tensor = std::nullopt,
+    const std::optional<at::Tensor>& offset_tensor = std::nullopt);
+
 // How the library was built: version, whether CUDA kernels are compiled and
 // for which architectures.
 std::string build_info();

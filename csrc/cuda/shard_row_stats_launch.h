@@ -1,0 +1,32 @@
+// The host interface of the shard_row_stats CUDA kernel: plain pointers, no torch headers.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "launch_types.h"
+
+namespace xkernels::cuda {
+
+struct ShardRowStatsParams {
+  const void* logits;  // [n, r, v], global ids vocab_start .. vocab_start + v - 1
+  LogitsType dtype;
+  int64_t n, r, v, s, e, q;  // s selected rows per sequence, e excluded ids per row, q rows of draft_probs
+  int64_t vocab_start, ignore_id;
+  const int64_t* rows;            // [n, s] or null: row j of each sequence (s = r)
+  const int64_t* exclude;         // [n, s, e] or null
+  const float* draft_probs;       // [n, q, v] or null
+  const float* residual_stats;    // [n, s, 2] (with draft_probs)
+  bool sample, raw_stats;
+  float inv_t;  // 0: greedy
+  uint64_t seed, offset;
+  const int64_t *seed_ptr, *offset_ptr;  // null: use seed, offset
+  // outputs [n, s]
+  float *row_max, *row_sum, *pick_score, *pick_logit;
+  int64_t *top_id, *pick_id;
+};
+
+cudaError_t launch_shard_row_stats(const ShardRowStatsParams& p, cudaStream_t stream);
+
+}  // namespace xkernels::cuda

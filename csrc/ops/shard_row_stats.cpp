@@ -1,0 +1,92 @@
+// shard_row_stats: the C++ API (through the dispatcher) and the argument checks both kernels run.
+#include "shard_row_stats.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+
+#include <limits>
+
+#include "checks.h"
+#include "xkernels/ops.h"
+
+namespace xkernels {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> shard_row_stats(
+    const at::Tensor& logits, int64_t vocab_start, const std::optional<at::Tensor>& rows,
+    const std::optional<at::Tensor>& exclude, const std::optional<at::Tensor>& draft_probs,
+    const std::optional<at::Tensor>& residual_stats, int64_t ignore_id, bool sample, bool raw_stats,
+    double temperature, int64_t seed, int64_t offset, const std::optional<at::Tensor>& seed_tensor,
+    const std::optional<at::Tensor>& offset_tensor) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("xkernels::shard_row_stats", "")
+                       .typed<decltype(shard_row_stats)>();
+  return op.call(logits, vocab_start, rows, exclude, draft_probs, residual_stats, ignore_id, sample, raw_stats,
+                 temperature, seed, offset, seed_tensor, offset_tensor);
+}
+
+static void check_same_device(const at::Tensor& t, const at::Tensor& logits, const char* name) {
+  TORCH_CHECK(t.device() == logits.device(), name, " must be on ", logits.device(), " like logits, got ", t.device());
+}
+
+ShardRowShape check_shard_row_stats(const at::Tensor& logits, int64_t vocab_start,
+                                    const std::optional<at::Tensor>& rows, const std::optional<at::Tensor>& exclude,
+                                    const std::optional<at::Tensor>& draft_probs,
+                                    const std::optional<at::Tensor>& residual_stats, bool sample, double temperature) {
+  TORCH_CHECK(logits.dim() == 3, "logits must have shape [N, R, V_local], got ", logits.sizes());
+  const auto dt = logits.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf,
+              "logits must be float32, bfloat16 or float16, got ", dt);
+  ShardRowShape s{logits.size(0), logits.size(1), logits.size(2), logits.size(1), 0, 0};
+  TORCH_CHECK(vocab_start >= 0, "vocab_start must be >= 0, got ", vocab_start);
+  TORCH_CHECK(vocab_start + s.v < std::numeric_limits<int32_t>::max(), "vocab_start + V_local = ", vocab_start + s.v,
+              " is too large (the global vocabulary must stay below 2^31)");
+  const float inv_t = inverse_temperature(temperature);  // checks the range
+  TORCH_CHECK(!sample || inv_t != 0.0f, "sample=True needs temperature > 0 (greedy rows need no sampling)");
+  if (rows.has_value()) {
+    TORCH_CHECK(rows->scalar_type() == at::kLong, "rows must be int64, got ", rows->scalar_type());
+    TORCH_CHECK(rows->dim() == 2 && rows->size(0) == s.n, "rows must have shape [N, S] with N = ", s.n, ", got ",
+                rows->sizes());
+    check_same_device(*rows, logits, "rows");
+    s.s = rows->size(1);
+  }
+  if (exclude.has_value()) {
+    TORCH_CHECK(exclude->scalar_type() == at::kLong, "exclude must be int64, got ", exclude->scalar_type());
+    TORCH_CHECK(exclude->dim() == 3 && exclude->size(0) == s.n && exclude->size(1) == s.s,
+                "exclude must have shape [N, S, E] = [", s.n, ", ", s.s, ", E], got ", exclude->sizes());
+    check_same_device(*exclude, logits, "exclude");
+    s.e = exclude->size(2);
+  }
+  TORCH_CHECK(draft_probs.has_value() == residual_stats.has_value(),
+              "draft_probs and residual_stats go together (the residual max(p - q, 0) needs p's global statistics)");
+  if (draft_probs.has_value()) {
+    TORCH_CHECK(sample, "draft_probs is only read when sampling (sample=True)");
+    const auto& q = *draft_probs;
+    TORCH_CHECK(q.scalar_type() == at::kFloat, "draft_probs must be float32, got ", q.scalar_type());
+    TORCH_CHECK(q.dim() == 3 && q.size(0) == s.n && q.size(1) <= s.r && q.size(2) == s.v,
+                "draft_probs must have shape [N, Q, V_local] with Q <= R: [", s.n, ", <=", s.r, ", ", s.v, "], got ",
+                q.sizes());
+    check_same_device(q, logits, "draft_probs");
+    s.q = q.size(1);
+    const auto& st = *residual_stats;
+    TORCH_CHECK(st.scalar_type() == at::kFloat, "residual_stats must be float32, got ", st.scalar_type());
+    TORCH_CHECK(st.dim() == 3 && st.size(0) == s.n && st.size(1) == s.s && st.size(2) == 2,
+                "residual_stats must have shape [N, S, 2] = [", s.n, ", ", s.s, ", 2], got ", st.sizes());
+    check_same_device(st, logits, "residual_stats");
+  }
+  return s;
+}
+
+void check_shard_rows(const at::Tensor& rows, int64_t r) {
+  if (rows.numel() == 0) return;
+  const int64_t lo = rows.min().item<int64_t>(), hi = rows.max().item<int64_t>();
+  TORCH_CHECK(lo >= 0 && hi < r, "rows holds row indices outside [0, ", r, ")");
+}
+
+ShardRowOutputs shard_row_outputs(const at::Tensor& logits, const ShardRowShape& s) {
+  const auto f = logits.options().dtype(at::kFloat), i = logits.options().dtype(at::kLong);
+  return ShardRowOutputs{at::empty({s.n, s.s}, f), at::empty({s.n, s.s}, f), at::empty({s.n, s.s}, i),
+                         at::empty({s.n, s.s}, f), at::empty({s.n, s.s}, i), at::empty({s.n, s.s}, f)};
+}
+
+}  // namespace xkernels

@@ -1,0 +1,207 @@
+"""xkernels.distributed on gloo: world sizes 2 and 3 with uneven shards (not multiples of 4),
+spawned from pytest; every rank's outputs against the unsharded op on the whole tensors, and (world
+2) the decoding loop with tp_group against one process. One spawn per world size runs every case
+(a process group costs seconds to start on 2 cores)."""
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import xkernels
+from xkernels import distributed
+from xkernels.refiner import RefinerWeights
+
+V = 37
+BOUNDS = {2: [(0, 14), (14, V)], 3: [(0, 9), (9, 22), (22, V)]}
+ENVELOPE = 1e-5  # log-probabilities
+
+
+def _case_logits(n, rows, seed, bounds):
+    """Random logits [n, rows, V] with planted edge cases: a NaN row, an all -inf row, and rows
+    whose maximum ties across every shard boundary (the lower id must win)."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n, rows, V, generator=g) * 2
+    logits[0, 1, 20] = float("nan")
+    logits[1, 0] = float("-inf")
+    for i, (_, end) in enumerate(bounds[:-1]):
+        logits[2, i % rows, end - 1] = logits[2, i % rows, end] = 9.0
+    return logits
+
+
+def _shard(x, bounds, rank):
+    a, b = bounds[rank]
+    return x[..., a:b].contiguous(), a
+
+
+def _same(name, got, want, logprob_index=None):
+    for i, (g, w) in enumerate(zip(got, want)):
+        if i == logprob_index:
+            torch.testing.assert_close(g, w, atol=ENVELOPE, rtol=ENVELOPE, equal_nan=True, msg=f"{name}: output {i}")
+        else:
+            assert torch.equal(g, w), f"{name}: output {i}\n{g}\n{w}"
+
+
+def _check_chain(rank, bounds):
+    n, k = 5, 4
+    logits = _case_logits(n, k + 1, 1, bounds)
+    g = torch.Generator().manual_seed(2)
+    drafts = torch.randint(0, V, (n, k), generator=g)
+    drafts[3] = logits[3, :k].argmax(-1)  # accepted at T = 0, likely at T > 0
+    drafts[4, 0], drafts[4, 1] = bounds[1][0] - 1, bounds[1][0]  # the last id of shard 0, the first of shard 1
+    drafts[4, 2:] = logits[4, 2:k].argmax(-1)
+    drafts[2, 0] = bounds[0][1] - 1  # the tie's winner
+    q = torch.softmax(torch.randn(n, k, V, generator=g), -1)
+    local, start = _shard(logits, bounds, rank)
+    for temperature in (0.0, 1.0, 0.6):
+        for probs in (None, q):
+            for seed in range(3):
+                want = xkernels.chain_verify(drafts, logits, draft_probs=probs, temperature=temperature, seed=seed,
+                                             offset=5)
+                got = distributed.chain_verify(drafts, local, vocab_start=start,
+                                               draft_probs=None if probs is None else _shard(probs, bounds, rank)[0],
+                                               temperature=temperature, seed=seed, offset=5)
+                _same(f"chain_verify T={temperature} q={probs is not None} seed={seed}", got, want)
+
+
+def _refiner_case(bounds, n=3, b=6, d=4, r=8, h=16):
+    g = torch.Generator().manual_seed(3)
+    weights = RefinerWeights(emb=torch.randn(V, r, generator=g), mix=torch.randn(r, b, b, generator=g) * 0.3,
+                             w_gate=torch.randn(h, r, generator=g) * 0.3, w_up=torch.randn(h, r, generator=g) * 0.3,
+                             w_down=torch.randn(r, h, generator=g) * 0.3, w_read=torch.randn(V, r, generator=g))
+    ctx = torch.randn(n, b, r, generator=g)
+    base = _case_logits(n, d, 4, bounds)
+    base[0, 1, 20] = 0.0  # keep the NaN out: it would make every pass degenerate at that slot
+    prev = torch.randint(0, V, (n, b), generator=g)
+    prev[0, :2] = torch.tensor([bounds[1][0] - 1, bounds[1][0]])
+    prefix = prev[:, : b - d + 1].contiguous()
+    return ctx, prev, prefix, base, weights
+
+
+def _check_refine(rank, bounds):
+    ctx, prev, prefix, base, weights = _refiner_case(bounds)
+    local_base, start = _shard(base, bounds, rank)
+    a, b = bounds[rank]
+    local_w = weights._replace(emb=weights.emb[a:b].contiguous(), w_read=weights.w_read[a:b].contiguous())
+    for temperature in (0.0, 0.8):
+        kw = dict(temperature=temperature, seed=7, offset=1)
+        _same(f"refine_step T={temperature}",
+              distributed.refine_step(ctx, prev, local_base, local_w, vocab_start=start, **kw),
+              xkernels.refine_step(ctx, prev, base, weights, **kw), 1)
+        _same(f"jacobi_refine T={temperature}",
+              distributed.jacobi_refine(ctx, prefix, local_base, local_w, max_iters=3, vocab_start=start, **kw),
+              xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=3, **kw), 1)
+        _same(f"sequential_refine T={temperature}",
+              distributed.sequential_refine(ctx, prefix, local_base, local_w, vocab_start=start, **kw),
+              xkernels.sequential_refine(ctx, prefix, base, weights, **kw), 1)
+
+
+def _check_dllm(rank, bounds):
+    n, length, mask = 4, 9, bounds[1][0]  # the mask token is the first id of shard 1
+    logits = _case_logits(n, length, 6, bounds)
+    g = torch.Generator().manual_seed(8)
+    block = torch.randint(0, V, (n, length), generator=g)
+    block[torch.rand(n, length, generator=g) < 0.6] = mask
+    block[:, 0] = mask  # the planted rows are masked
+    block[3] = 1  # a sequence with nothing masked
+    local, start = _shard(logits, bounds, rank)
+    for temperature in (0.0, 1.0):
+        for num_unmask, threshold in ((1, None), (3, None), (40, None), (1, 0.2)):
+            kw = dict(num_unmask=num_unmask, threshold=threshold, temperature=temperature, seed=3, offset=2)
+            _same(f"dllm_step T={temperature} {num_unmask} {threshold}",
+                  distributed.dllm_step(local, block, mask, vocab_start=start, **kw),
+                  xkernels.dllm_step(logits, block, mask, **kw), 3)
+
+
+def _check_tree(rank, bounds):
+    n, m = 5, 8
+    logits = _case_logits(n, m, 9, bounds)
+    g = torch.Generator().manual_seed(10)
+    parents = torch.stack([torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, m)])
+                           for _ in range(n)])
+    parents[3] = torch.tensor([-1, 0, 0, 0, 1, 1, 4, 4])
+    tokens = torch.randint(0, V, (n, m), generator=g)
+    for s in range(n):  # most children are their parent's argmax or a near one: deep accepted paths
+        for i in range(1, m):
+            if torch.rand(1, generator=g) < 0.6:
+                tokens[s, i] = logits[s, parents[s, i]].nan_to_num(-1e9).topk(2).indices[i % 2]
+    tokens[:, 0] = -1
+    tokens[3, 2] = tokens[3, 1]  # duplicate siblings
+    tokens[4, 1:3] = torch.tensor([bounds[1][0] - 1, bounds[1][0]])  # the edges of shard 1
+    num_nodes = torch.tensor([m, 5, m, m, 3])
+    q = torch.softmax(torch.randn(n, m, V, generator=g), -1)
+    local, start = _shard(logits, bounds, rank)
+    for temperature in (0.0, 1.0, 0.5):
+        for probs, without in ((None, False), (q, False), (q, True)):
+            for seed in range(3):
+                kw = dict(without_replacement=without, temperature=temperature, seed=seed, offset=2,
+                          num_nodes=num_nodes)
+                want = xkernels.tree_verify(tokens, parents, logits, draft_probs=probs, **kw)
+                got = distributed.tree_verify(tokens, parents, local, vocab_start=start,
+                                              draft_probs=None if probs is None else _shard(probs, bounds, rank)[0],
+                                              **kw)
+                _same(f"tree_verify T={temperature} q={probs is not None} {without} seed={seed}", got, want)
+
+
+def _check_empty(rank, bounds):
+    """N = 0, K = 0 and a root-only tree run the same collectives on every rank and return the
+    unsharded ops' empty results."""
+    local = lambda *shape: _shard(torch.randn(*shape, V), bounds, rank)  # noqa: E731
+    for drafts, (logits, start) in ((torch.zeros(0, 3, dtype=torch.int64), local(0, 4)),
+                                    (torch.zeros(2, 0, dtype=torch.int64), local(2, 1))):
+        whole = torch.randn(*logits.shape[:2], V) if logits.numel() else torch.zeros(*logits.shape[:2], V)
+        got = distributed.chain_verify(drafts, logits, vocab_start=start, temperature=1.0)
+        assert [t.shape for t in got] == [t.shape for t in xkernels.chain_verify(drafts, whole, temperature=1.0)]
+    logits, start = local(0, 4)
+    out = distributed.dllm_step(logits, torch.zeros(0, 4, dtype=torch.int64), 3, vocab_start=start)
+    assert all(t.shape == (0, 4) for t in out)
+    g = torch.Generator().manual_seed(0)
+    whole = torch.randn(2, 1, V, generator=g)
+    got = distributed.tree_verify(torch.full((2, 1), -1), torch.full((2, 1), -1), _shard(whole, bounds, rank)[0],
+                                  vocab_start=bounds[rank][0], temperature=1.0)
+    _same("tree_verify root only", got, xkernels.tree_verify(torch.full((2, 1), -1), torch.full((2, 1), -1), whole,
+                                                             temperature=1.0))
+
+
+def _check_generate(rank, bounds):
+    """End to end: the shipped models decoded with a vocabulary-parallel target (the loop shards
+    the LM head evenly itself) give one process's tokens."""
+    from xkernels import data
+    from xkernels.decoding import generate
+    from xkernels.models.shipped import load_all
+
+    models = load_all()
+    ids = models.tokenizer.encode(data.held_out_prompts("code", 1)[0]).ids
+    for mode, temperature in (("ar", 1.0), ("drafter", 0.0), ("jacobi", 0.0), ("jacobi", 1.0), ("sequential", 1.0),
+                              ("tree", 0.0), ("tree-jacobi", 1.0)):
+        kw = dict(mode=mode, drafter=models.drafter, refiner=models.refiner, temperature=temperature, seed=3,
+                  draft_len=None)
+        alone, _ = generate(models.target, ids, 10, **kw)
+        sharded, _ = generate(models.target, ids, 10, tp_group=dist.group.WORLD, **kw)
+        assert sharded == alone, f"generate {mode} T={temperature}: {sharded} != {alone}"
+
+
+def _worker(rank, world, port):
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        checks = (_check_chain, _check_tree, _check_refine, _check_dllm, _check_empty)
+        for check in checks + ((_check_generate,) if world == 2 else ()):
+            check(rank, BOUNDS[world])
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_sharded_ops_match_the_unsharded_ops(world):
+    mp.spawn(_worker, args=(world, _free_port()), nprocs=world, join=True)

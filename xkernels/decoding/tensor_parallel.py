@@ -1,0 +1,118 @@
+"""The decoding loop with a vocabulary-parallel target (generate(..., tp_group=group)).
+
+Each rank of the group holds the rows [start, end) of the target's LM head (and of the refiner's
+folded readout w_read and token table emb), so the target's forward returns that rank's shard of
+the logits; verification, refinement and the loop's own argmax / softmax run sharded through
+xkernels.distributed, exchanging O(rows) numbers per step instead of the logits. The rest of the
+model (embedding, blocks, drafter) is replicated: this is the vocabulary-parallel part of tensor
+parallelism, the part whose communication is the logits. Every rank emits the same tokens as one
+process.
+
+Supported: every mode but "drafter" at T > 0 (its torch.multinomial draw over q needs the whole
+distribution); "drafter" at T = 0 drafts the sharded argmax, and the tree modes build their trees
+from a sharded top-k (each rank's k best, merged).
+"""
+
+import copy
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .. import distributed
+from ..ops import shard_row_stats
+from ..models.target import Linear
+
+TP_MODES = ("ar", "drafter", "sequential", "jacobi", "tree", "tree-jacobi")
+
+
+def shard_bounds(vocab_size: int, world: int, rank: int):
+    """[start, end) of rank's shard: equal shards, the last one takes the remainder."""
+    size = vocab_size // world
+    return rank * size, vocab_size if rank == world - 1 else (rank + 1) * size
+
+
+@dataclass
+class VocabShard:
+    group: object
+    start: int
+    end: int
+    vocab: int  # the whole vocabulary
+
+    def stats(self, local: torch.Tensor, temperature: float = 0.0):
+        """Global (max, sum, top id) of the rows of local [N, R, V_local] (logits / T)."""
+        distributed.traffic.read(local)
+        row_max, row_sum, top, _, _, _ = shard_row_stats(local, self.start, temperature=temperature)
+        g = distributed._all_gather([row_max, row_sum, top], self.group)
+        return distributed.merge_stats(g[:, 0], g[:, 1], distributed._ids(g[:, 2]))
+
+    def argmax(self, local: torch.Tensor) -> torch.Tensor:
+        return self.stats(local)[2]
+
+    def softmax(self, local: torch.Tensor, temperature: float = 1.0):
+        """This shard of softmax(logits / T) [N, R, V_local] (float32), and the distribution's
+        largest probability [N, R] (1 / sum)."""
+        big_m, big_s, _ = self.stats(local, temperature)
+        inv_t = 1.0 / temperature if temperature else 1.0
+        return torch.exp(local.float() * inv_t - big_m[..., None]) / big_s[..., None], 1 / big_s
+
+    def topk_logprobs(self, local: torch.Tensor, k: int):
+        """(log_softmax(logits) of the k best ids, the ids) [N, R, k] of whole rows from their shards
+        [N, R, V_local]: each rank's k best, merged by value (ties to the lower id)."""
+        big_m, big_s, _ = self.stats(local)
+        kk = min(k, local.shape[-1])
+        values, ids = local.float().topk(kk, -1)
+        pad = (0, k - kk)
+        values = torch.nn.functional.pad(values, pad, value=float("-inf"))
+        ids = torch.nn.functional.pad(ids + self.start, pad, value=-1)
+        g = distributed._all_gather([values, ids], self.group)  # [W, 2, N, R, k]
+        values = torch.cat(list(g[:, 0]), -1)
+        ids = torch.cat(list(distributed._ids(g[:, 1])), -1)
+        by_id = torch.sort(ids.where(ids >= 0, torch.iinfo(torch.int64).max), dim=-1, stable=True).indices
+        values, ids = values.gather(-1, by_id), ids.gather(-1, by_id)
+        by_value = torch.sort(values, dim=-1, descending=True, stable=True).indices[..., :k]
+        return values.gather(-1, by_value) - big_m[..., None] - torch.log(big_s)[..., None], ids.gather(-1, by_value)
+
+    def tree_verify(self, tokens, parents, local_logits, **kw):
+        return distributed.tree_verify(tokens, parents, local_logits, vocab_start=self.start, group=self.group, **kw)
+
+    def next_token(self, logits_row: torch.Tensor, temperature: float, seed: int, offset: int) -> int:
+        no_drafts = torch.empty(1, 0, dtype=torch.int64, device=logits_row.device)
+        _, out = distributed.chain_verify(no_drafts, logits_row.float().view(1, 1, -1), vocab_start=self.start,
+                                          group=self.group, temperature=temperature, seed=seed, offset=offset)
+        return int(out[0, 0])
+
+    def chain_verify(self, drafts, local_logits, *, draft_probs=None, temperature=0.0, seed=0, offset=0):
+        return distributed.chain_verify(drafts, local_logits, vocab_start=self.start, group=self.group,
+                                        draft_probs=draft_probs, temperature=temperature, seed=seed, offset=offset)
+
+    def refine(self, name: str):
+        """distributed.refine_step / jacobi_refine / sequential_refine bound to this shard."""
+        fn = getattr(distributed, name)
+        return lambda *args, **kw: fn(*args, vocab_start=self.start, group=self.group, **kw)
+
+    def weights(self, weights):
+        """The shard's rows of the refiner's folded emb and w_read."""
+        return weights._replace(emb=weights.emb[self.start:self.end], w_read=weights.w_read[self.start:self.end])
+
+    def delta(self, refiner, ctx, prev):
+        """The refiner's logit bias at this shard's ids. The loop's q at T > 0 reads the unfolded
+        refiner (replicated), so this computes its whole readout and keeps the shard: exactly the
+        one-process values, at the cost of the full [N, B, V] readout on every rank."""
+        return refiner.delta(ctx, prev)[..., self.start:self.end]
+
+
+def shard_target(target, group):
+    """(A view of target whose LM head holds this rank's rows, the VocabShard). The rows are cut
+    from the whole head here (the shipped models are small); a deployment would load only its
+    rows."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    start, end = shard_bounds(target.lm_head.weight.shape[0], world, rank)
+    head = Linear(target.lm_head.weight.shape[1], end - start, bias=False, device=target.lm_head.weight.device,
+                  dtype=target.lm_head.weight.dtype)
+    with torch.no_grad():
+        head.weight.copy_(target.lm_head.weight[start:end])
+    view = copy.copy(target)
+    view._modules = dict(target._modules)  # the view's own module table: the original keeps its head
+    view.lm_head = head
+    return view, VocabShard(group, start, end, target.lm_head.weight.shape[0])

@@ -1,0 +1,421 @@
+"""Vocabulary-parallel (tensor-parallel) verification, refinement and diffusion steps over
+torch.distributed.
+
+Each rank of `group` holds one shard of the vocabulary, the global ids
+``[vocab_start, vocab_start + V_local)`` (shards may be uneven, even empty), and calls the same
+function with its shard of the logits. The package keys its sampling noise by the global id
+(Philox words of (sequence, position, id)), so a Gumbel-max over each shard followed by a
+maximum over the shards (ties to the lowest id) is exactly the unsharded op's draw, and softmax
+statistics combine by log-sum-exp. Each call therefore runs one per-shard pass of the
+``shard_row_stats`` op and exchanges only O(rows) numbers per collective (row maxima and sums,
+argmaxes, the drafts' logits, the best (score, id) pairs), never logits, in a fixed number of
+collectives:
+
+- ``chain_verify``: 1 all-gather at T = 0, 2 at T > 0.
+- ``refine_step``: an all-reduce of the embedded rows [N, B, r] (a vocabulary-parallel embedding
+  lookup) and 1 all-gather; ``jacobi_refine`` / ``sequential_refine`` run passes of it (plus one
+  all-gather for the drafter's own sample), as many as the unsharded op runs.
+- ``dllm_step``: 1 all-gather.
+- ``tree_verify`` without draft probabilities: 2 all-gathers (1 at T = 0). With draft
+  probabilities the recursive residual after each rejected sibling needs the global sum of the
+  previous residual, a full-vocabulary reduction per rejection: no fixed number of O(rows)
+  collectives computes it. That case all-gathers the logits and draft probabilities of the tree's
+  rows and runs the unsharded kernel on every rank (exact, but O(rows * V) traffic).
+
+Every rank returns the same tensors, equal to the unsharded op on the gathered logits: the same
+tokens at T = 0 and at T > 0 (same seed and offset) and log-probabilities within 1e-5. The global
+softmax sum is a sum of the shards' sums, not the unsharded kernel's one pass, so it differs in
+the last bits; a draft whose acceptance coin lands within that rounding of p(x) could be decided
+differently (about 1e-7 per decision). Draft ids that lie in no shard are rejected (the unsharded
+CPU op raises on them).
+
+The refinement functions compute each rank's shard of the refined logits ``s + w_read z`` with
+torch (they materialize the local shard's logits, [N, D, V_local] float32), unlike the
+unsharded kernels, which never write them. The code uses only tensor ops and collectives, so it
+runs on any backend: gloo on CPUs (tested), NCCL on GPUs (not testable here: two ranks cannot
+share one GPU). ``seed`` and ``offset`` are ints (a tensor is read on the host).
+"""
+
+from typing import Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from . import ops, reference
+from .refiner import RefinerWeights, refiner_hidden
+
+_NONE = torch.iinfo(torch.int64).max  # no id: loses every minimum
+
+
+class Traffic:
+    """Bytes this rank contributed to collectives (the local tensors' sizes) and their count; and
+    logits_bytes, the local logits the calls read (what gathering them instead would send)."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.bytes, self.collectives, self.logits_bytes = 0, 0, 0
+
+    def read(self, logits: torch.Tensor):
+        self.logits_bytes += logits.numel() * logits.element_size()
+
+
+traffic = Traffic()
+
+
+def _all_gather(fields, group) -> torch.Tensor:
+    """All-gathers float32 / int64 tensors of one shape as one float32 buffer (int64 ids travel
+    as their int32 bits). Returns [W, F, *shape] float32."""
+    packed = torch.stack([f.to(torch.int32).view(torch.float32) if not f.is_floating_point() else f.float()
+                          for f in fields])
+    world = dist.get_world_size(group)
+    out = [torch.empty_like(packed) for _ in range(world)]
+    dist.all_gather(out, packed, group=group)
+    traffic.bytes += packed.numel() * packed.element_size()
+    traffic.collectives += 1
+    return torch.stack(out)
+
+
+def _ids(gathered: torch.Tensor) -> torch.Tensor:
+    return gathered.contiguous().view(torch.int32).long()
+
+
+def merge_stats(row_max: torch.Tensor, row_sum: torch.Tensor, top_id: torch.Tensor):
+    """The global (max, sum, top id) of rows from the shards' shard_row_stats [W, ...]: the max
+    is NaN if any shard's is (then top is the lowest NaN id), else the largest, its lowest id;
+    the sum rescales each shard's by exp(max_shard - max) (0 when max is not finite)."""
+    nan = row_max.isnan()
+    any_nan = nan.any(0)
+    clean = row_max.masked_fill(nan, float("-inf"))
+    big_m = clean.amax(0)
+    candidate = torch.where(any_nan, nan, clean == big_m) & (top_id >= 0)
+    top = torch.where(candidate, top_id, _NONE).amin(0)
+    top = torch.where(top == _NONE, 0, top)  # every shard empty
+    finite = torch.isfinite(big_m) & ~any_nan
+    shift = torch.where(finite, big_m, 0.0)
+    terms = torch.where(clean == float("-inf"), 0.0, row_sum * torch.exp(clean - shift))
+    total = torch.where(finite, terms.sum(0), 0.0)
+    return torch.where(any_nan, float("nan"), big_m), total, top
+
+
+def merge_picks(pick_score: torch.Tensor, pick_id: torch.Tensor, pick_logit: torch.Tensor):
+    """The global Gumbel-max from the shards' picks [W, ...]: the largest score, ties to the
+    lowest id. Returns (id, -1 when no shard drew; the owner's pick_logit)."""
+    score = pick_score.nan_to_num(nan=float("-inf"), posinf=float("inf"))
+    best = score.amax(0)
+    candidate = (score == best) & (pick_id >= 0) & (best > float("-inf"))
+    idx = torch.where(candidate, pick_id, _NONE).amin(0)
+    owner = (candidate & (pick_id == idx)).float().argmax(0, keepdim=True)
+    return torch.where(idx == _NONE, -1, idx), pick_logit.gather(0, owner)[0]
+
+
+def _local_values(x: torch.Tensor, ids: torch.Tensor, vocab_start: int):
+    """x[..., id - vocab_start] for the ids of ids [...] that this shard holds (0 elsewhere), and
+    whether it holds them. x: [..., V_local] with the leading dimensions of ids."""
+    v_local = x.shape[-1]
+    local = ids - vocab_start
+    own = (local >= 0) & (local < v_local)
+    if v_local == 0:
+        return torch.zeros(ids.shape, device=x.device), own
+    got = x.gather(-1, local.clamp(0, v_local - 1)[..., None])[..., 0].float()
+    return torch.where(own, got, 0.0), own
+
+
+def _sharded_coins(seed: int, offset: int, n: int, rows, device) -> torch.Tensor:
+    """The acceptance uniforms of (sequence s, position rows[s, j]) on device."""
+    seq = torch.arange(n, device=device)[:, None]
+    return reference.uniform_open(reference.philox_draw(seed, offset, seq, rows, reference.COIN_DRAW)[..., 0])
+
+
+def chain_verify(draft_tokens: torch.Tensor, local_logits: torch.Tensor, *, vocab_start: int, group=None,
+                 draft_probs: Optional[torch.Tensor] = None, temperature: float = 0.0, seed=0,
+                 offset=0) -> Tuple[torch.Tensor, torch.Tensor]:
+    """xkernels.chain_verify over a vocabulary shard: draft_tokens [N, K] global ids,
+    local_logits [N, K+1, V_local], draft_probs the local shard [N, K, V_local] of q. Returns
+    (accept_len [N], out_tokens [N, K+1]), the same on every rank."""
+    n, k = draft_tokens.shape
+    dev = local_logits.device
+    inv_t = reference.inverse_temperature(temperature)
+    greedy = inv_t == 0
+    seed, offset = reference._as_int(seed), reference._as_int(offset)
+    traffic.read(local_logits)
+    row_max, row_sum, top, _, _, _ = ops.shard_row_stats(local_logits, vocab_start, temperature=temperature)
+    a_x, own = _local_values(local_logits[:, :k], draft_tokens, vocab_start)
+    a_x = a_x if greedy else a_x * inv_t
+    q_x = _local_values(draft_probs, draft_tokens, vocab_start)[0] if draft_probs is not None else torch.zeros_like(a_x)
+    pad = lambda t: torch.cat([t.float(), torch.zeros(n, 1, device=dev)], 1)  # noqa: E731  [N, K] -> [N, K+1]
+    g = _all_gather([row_max, row_sum, top, pad(a_x), pad(q_x), pad(own)], group)
+    big_m, big_s, top = merge_stats(g[:, 0], g[:, 1], _ids(g[:, 2]))
+    held = g[:, 5] > 0
+    a_x = torch.where(held, g[:, 3], 0.0).sum(0)[:, :k]  # the owner's value (one shard holds each id)
+    q_x = torch.where(held, g[:, 4], 0.0).sum(0)[:, :k]
+    valid = held.any(0)[:, :k]
+
+    point_mass = torch.full_like(big_m, greedy, dtype=torch.bool) | ~torch.isfinite(big_m)
+    accepted = valid & (draft_tokens == top[:, :k])
+    if not greedy:
+        p_x = torch.exp(a_x - big_m[:, :k]) / big_s[:, :k]
+        coins = _sharded_coins(seed, offset, n, torch.arange(k, device=dev)[None, :], dev)
+        sampled = coins * q_x < p_x if draft_probs is not None else coins < p_x
+        accepted = torch.where(point_mass[:, :k], accepted, valid & sampled)
+    accept_len = accepted.long().cumprod(-1).sum(-1)
+    out = torch.where(torch.arange(k, device=dev) < accept_len[:, None], draft_tokens, -1)
+    out = torch.cat([out, torch.full((n, 1), -1, dtype=torch.int64, device=dev)], 1)
+    row = accept_len[:, None]
+    token = top.gather(1, row)
+    if not greedy:  # Gumbel-max at the stopping row: the correction (or the bonus at row K)
+        stop_draft = torch.cat([draft_tokens, torch.full((n, 1), -1, dtype=torch.int64, device=dev)], 1).gather(1, row)
+        stop_valid = torch.cat([valid, torch.zeros(n, 1, dtype=torch.bool, device=dev)], 1).gather(1, row)
+        residual = None
+        exclude = torch.where(stop_valid, stop_draft, -1)[..., None]
+        if draft_probs is not None:
+            residual = torch.stack([big_m.gather(1, row), big_s.gather(1, row)], -1)
+            exclude = None
+        _, _, _, score, pid, plogit = ops.shard_row_stats(
+            local_logits, vocab_start, rows=row, exclude=exclude, draft_probs=draft_probs, residual_stats=residual,
+            sample=True, temperature=temperature, seed=seed, offset=offset)
+        g = _all_gather([score, pid], group)
+        pick, _ = merge_picks(g[:, 0], _ids(g[:, 1]), g[:, 0])
+        token = torch.where(point_mass.gather(1, row) | (pick < 0), token, pick)
+    out.scatter_(1, row, token)
+    return accept_len, out
+
+
+def _sample_sharded(logits: torch.Tensor, vocab_start: int, group, temperature: float, seed: int, offset: int):
+    """reference.sample_rows over a shard [N, D, V_local]: tokens = argmax(a + G) (the noise of
+    (sequence, slot, id)), logprobs = log_softmax(a)[tokens]; one all-gather."""
+    greedy = reference.inverse_temperature(temperature) == 0
+    traffic.read(logits)
+    row_max, row_sum, top, score, pid, plogit = ops.shard_row_stats(
+        logits, vocab_start, sample=not greedy, temperature=temperature, seed=seed, offset=offset)
+    g = _all_gather([row_max, row_sum, top, score, pid, plogit], group)
+    big_m, big_s, top = merge_stats(g[:, 0], g[:, 1], _ids(g[:, 2]))
+    degenerate = ~torch.isfinite(big_m)
+    if greedy:
+        tokens, pick_a = top, big_m
+    else:
+        pick, pick_a = merge_picks(g[:, 3], _ids(g[:, 4]), g[:, 5])
+        tokens = torch.where(degenerate | (pick < 0), top, pick)
+    logprobs = torch.where(degenerate, float("nan"), pick_a - big_m - torch.log(big_s))
+    return tokens, logprobs
+
+
+def _embed(tokens: torch.Tensor, local_emb: torch.Tensor, vocab_start: int, group) -> torch.Tensor:
+    """emb[tokens] [N, B, r] float32 from a vocabulary-parallel table: the owner's row, summed
+    over ranks (exact: the others add zeros)."""
+    v_local = local_emb.shape[0]
+    local = tokens - vocab_start
+    own = (local >= 0) & (local < v_local)
+    rows = torch.zeros(*tokens.shape, local_emb.shape[1], device=local_emb.device)
+    if v_local:
+        rows = torch.where(own[..., None], local_emb.float()[local.clamp(0, v_local - 1)], rows)
+    dist.all_reduce(rows, group=group)
+    traffic.bytes += rows.numel() * rows.element_size()
+    traffic.collectives += 1
+    return rows
+
+
+def local_refined_logits(ctx, prev_tokens, local_base_logits, local_weights: RefinerWeights, *, vocab_start: int,
+                         group=None) -> torch.Tensor:
+    """This rank's shard [N, D, V_local] (float32) of the refined logits s + w_read z (one
+    all-reduce: the embedding rows of prev_tokens)."""
+    n, b, r = ctx.shape
+    d = reference._drafted_slots(ctx, local_base_logits)
+    rows = _embed(prev_tokens, local_weights.emb, vocab_start, group).reshape(n * b, r)
+    index = torch.arange(n * b, device=ctx.device).view(n, b)
+    z = refiner_hidden(local_weights._replace(emb=rows), ctx, index)[:, b - d:]
+    return local_base_logits.float() + z @ local_weights.w_read.float().T
+
+
+def refine_step(ctx, prev_tokens, local_base_logits, local_weights: RefinerWeights, *, vocab_start: int, group=None,
+                temperature: float = 0.0, seed=0, offset=0):
+    """xkernels.refine_step with the base logits' and the refiner's emb / w_read rows sharded by
+    vocabulary. Materializes the local shard of the refined logits. Returns (tokens, logprobs)."""
+    logits = local_refined_logits(ctx, prev_tokens, local_base_logits, local_weights, vocab_start=vocab_start,
+                                  group=group)
+    return _sample_sharded(logits, vocab_start, group, temperature, reference._as_int(seed), reference._as_int(offset))
+
+
+def jacobi_refine(ctx, prefix_tokens, local_base_logits, local_weights: RefinerWeights, *, max_iters: int,
+                  vocab_start: int, group=None, temperature: float = 0.0, seed=0, offset=0):
+    """xkernels.jacobi_refine over vocabulary shards (the iteration of reference.jacobi_refine,
+    each pass a sharded refine_step). Returns (tokens, logprobs, iters int32)."""
+    if max_iters < 0:
+        raise ValueError("max_iters must be >= 0")
+    seed, offset = reference._as_int(seed), reference._as_int(offset)
+    tokens, logprobs = _sample_sharded(local_base_logits, vocab_start, group, temperature, seed, offset)
+    # Its stopping test reads tokens every rank holds alike: every rank runs the same collectives.
+    return reference.jacobi_iterate(
+        tokens, logprobs, prefix_tokens, max_iters,
+        lambda prev: refine_step(ctx, prev, local_base_logits, local_weights, vocab_start=vocab_start, group=group,
+                                 temperature=temperature, seed=seed, offset=offset))
+
+
+def sequential_refine(ctx, prefix_tokens, local_base_logits, local_weights: RefinerWeights, *, vocab_start: int,
+                      group=None, temperature: float = 0.0, seed=0, offset=0):
+    """xkernels.sequential_refine over vocabulary shards: D sharded passes, slot d decided by
+    pass d. Returns (tokens, logprobs)."""
+    n, d = local_base_logits.shape[:2]
+    dev = local_base_logits.device
+    tokens = torch.zeros(n, d, dtype=torch.int64, device=dev)
+    logprobs = torch.zeros(n, d, dtype=torch.float32, device=dev)
+    for slot in range(d):
+        step_tokens, step_logprobs = refine_step(ctx, reference._prev_tokens(prefix_tokens, tokens), local_base_logits,
+                                                 local_weights, vocab_start=vocab_start, group=group,
+                                                 temperature=temperature, seed=seed, offset=offset)
+        tokens[:, slot] = step_tokens[:, slot]
+        logprobs[:, slot] = step_logprobs[:, slot]
+    return tokens, logprobs
+
+
+def dllm_step(local_logits: torch.Tensor, block_tokens: torch.Tensor, mask_id: int, *, vocab_start: int, group=None,
+              num_unmask: int = 1, threshold: Optional[float] = None, temperature: float = 0.0, seed=0, offset=0):
+    """xkernels.dllm_step over a vocabulary shard [N, L, V_local] (one all-gather): x0 by the
+    merged Gumbel-max, its confidence from the merged untempered statistics, then the unmasking
+    rule, computed alike on every rank. Returns (new_block, positions, tokens, confidence)."""
+    if num_unmask < 1:
+        raise ValueError("num_unmask must be >= 1")
+    inv_t = reference.inverse_temperature(temperature)
+    n, length = block_tokens.shape
+    dev = local_logits.device
+    traffic.read(local_logits)
+    row_max, row_sum, top, score, pid, plogit = ops.shard_row_stats(
+        local_logits, vocab_start, ignore_id=mask_id, sample=inv_t != 0, raw_stats=True, temperature=temperature,
+        seed=reference._as_int(seed), offset=reference._as_int(offset))
+    g = _all_gather([row_max, row_sum, top, score, pid, plogit], group)
+    big_m, big_s, top = merge_stats(g[:, 0], g[:, 1], _ids(g[:, 2]))
+    x0, raw_pick = top, big_m
+    if inv_t != 0:
+        pick, pick_logit = merge_picks(g[:, 3], _ids(g[:, 4]), g[:, 5])
+        # The tempered row has no softmax when the raw one has none or its max overflows at 1 / T.
+        use_pick = torch.isfinite(big_m * inv_t) & (pick >= 0)
+        x0, raw_pick = torch.where(use_pick, pick, top), torch.where(use_pick, pick_logit, big_m)
+    masked = block_tokens == mask_id
+    conf = torch.where(torch.isfinite(big_m), torch.exp(raw_pick - big_m) / big_s, float("nan"))
+    conf = torch.where(masked, conf, float("-inf"))
+    # Rank: higher confidence first, NaN after every number, unmasked last; ties to the lower
+    # position (a stable sort).
+    key = torch.where(masked, torch.where(conf.isnan(), -1.0, conf), -2.0)
+    order = torch.sort(key, dim=-1, descending=True, stable=True).indices
+    rank = torch.empty_like(order).scatter_(1, order, torch.arange(length, device=dev).expand(n, length))
+    if threshold is None:
+        chosen = masked & (rank < num_unmask)
+    else:
+        chosen = masked & ((conf > threshold) | (rank == 0))
+    new_block = torch.where(chosen, x0, block_tokens)
+    pos = torch.sort(torch.where(chosen, torch.arange(length, device=dev), length), dim=-1).values
+    positions = torch.where(pos < length, pos, -1)
+    tokens = torch.where(pos < length, x0.gather(1, pos.clamp(max=max(length - 1, 0))), -1)
+    return new_block, positions, tokens, conf
+
+
+def _gather_vocab(local: torch.Tensor, vocab_start: int, group) -> torch.Tensor:
+    """The whole [..., V] from every rank's shard [..., V_local] (uneven shards travel padded)."""
+    bounds = _all_gather([torch.tensor([vocab_start, local.shape[-1]], device=local.device)], group)
+    bounds = _ids(bounds[:, 0]).tolist()
+    width = max(v for _, v in bounds)
+    padded = torch.nn.functional.pad(local.float(), (0, width - local.shape[-1]))
+    world = dist.get_world_size(group)
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded.contiguous(), group=group)
+    traffic.bytes += padded.numel() * padded.element_size()
+    traffic.collectives += 1
+    order = sorted(range(world), key=lambda r: bounds[r][0])
+    return torch.cat([parts[r][..., : bounds[r][1]] for r in order], -1)
+
+
+def tree_verify(tokens: torch.Tensor, parents: torch.Tensor, local_logits: torch.Tensor, *, vocab_start: int,
+                group=None, draft_probs: Optional[torch.Tensor] = None, without_replacement: bool = False,
+                temperature: float = 0.0, seed=0, offset=0, num_nodes: Optional[torch.Tensor] = None):
+    """xkernels.tree_verify over a vocabulary shard [N, M, V_local]. Returns (accept_len, path,
+    out_tokens), the same on every rank.
+
+    Without draft_probs the walk needs only each node's global statistics and its children's
+    probabilities (1 all-gather), then the sample where it stops (a second, at T > 0); the walk
+    itself runs as M - 1 vectorized steps on every rank. With draft_probs the residual after each
+    rejected sibling is a full-vocabulary sum of the previous residual, one reduction per
+    rejection: that case gathers the logits and q (O(rows * V) traffic) and runs the unsharded
+    kernel on every rank."""
+    if draft_probs is not None:
+        full = _gather_vocab(local_logits, vocab_start, group)
+        q = _gather_vocab(draft_probs, vocab_start, group)
+        return ops.tree_verify(tokens, parents, full, draft_probs=q, without_replacement=without_replacement,
+                               temperature=temperature, seed=seed, offset=offset, num_nodes=num_nodes)
+    n, m = parents.shape
+    v_local = local_logits.shape[-1]
+    dev = local_logits.device
+    inv_t = reference.inverse_temperature(temperature)
+    greedy = inv_t == 0
+    seed, offset = reference._as_int(seed), reference._as_int(offset)
+    node_ids = torch.arange(m, device=dev)
+    count = torch.full((n,), m, device=dev) if num_nodes is None else num_nodes.to(dev)
+    child = (node_ids >= 1) & (node_ids < count[:, None])  # the real nodes but the root
+    par = torch.where(child, parents, 0)
+    tok = torch.where(child, tokens, -1)
+
+    # Each child's logit under its parent's row, from the shard that holds its token.
+    local = tok - vocab_start
+    own = child & (local >= 0) & (local < v_local)
+    a_c = torch.zeros(n, m, device=dev)
+    if v_local:
+        seq = torch.arange(n, device=dev)[:, None]
+        a_c = torch.where(own, local_logits[seq, par, local.clamp(0, v_local - 1)].float(), 0.0)
+    a_c = a_c if greedy else a_c * inv_t
+    traffic.read(local_logits)
+    row_max, row_sum, top, _, _, _ = ops.shard_row_stats(local_logits, vocab_start, temperature=temperature)
+    g = _all_gather([row_max, row_sum, top, a_c, own], group)
+    big_m, big_s, top = merge_stats(g[:, 0], g[:, 1], _ids(g[:, 2]))
+    held = g[:, 4] > 0
+    a_c = torch.where(held, g[:, 3], 0.0).sum(0)
+    valid = held.any(0)
+    point_mass = torch.full_like(big_m, greedy, dtype=torch.bool) | ~torch.isfinite(big_m)
+
+    # Acceptance of every child as if its earlier siblings were rejected (the walk only reads the
+    # first accepted child of a node). Point mass: the token is the argmax. Otherwise u * remaining
+    # < p(x), remaining = 1 - the mass of the distinct tokens rejected before, in sibling order.
+    accept = valid & (tok == top.gather(1, par))
+    if not greedy:
+        p_c = torch.exp(a_c - big_m.gather(1, par)) / big_s.gather(1, par)
+        coins = _sharded_coins(seed, offset, n, node_ids[None, :], dev)
+        earlier = node_ids[None, :, None] > node_ids[None, None, :]  # [1, c, j]: j before c
+        dup = ((par[:, :, None] == par[:, None, :]) & (tok[:, :, None] == tok[:, None, :]) & earlier
+               & child[:, None, :]).any(-1)
+        remaining = torch.ones(n, m, device=dev)
+        sampled = torch.zeros(n, m, dtype=torch.bool, device=dev)
+        for c in range(1, m):  # sibling order is node order: the float32 subtractions in the kernel's order
+            p, rem = par[:, c : c + 1], remaining.gather(1, par[:, c : c + 1])
+            fresh = child[:, c : c + 1] & ~dup[:, c : c + 1] & valid[:, c : c + 1]
+            sampled[:, c : c + 1] = fresh & (coins[:, c : c + 1] * rem < p_c[:, c : c + 1])
+            remaining.scatter_(1, p, torch.where(child[:, c : c + 1] & ~dup[:, c : c + 1], rem - p_c[:, c : c + 1],
+                                                 rem))
+        accept = torch.where(point_mass.gather(1, par), accept, sampled)
+    accept &= child
+    first = torch.full((n, m), m, device=dev).scatter_reduce(1, par, torch.where(accept, node_ids, m), "amin")
+
+    # The walk: M - 1 steps, every sequence at once.
+    node = torch.zeros(n, 1, dtype=torch.int64, device=dev)
+    acc = torch.zeros(n, 1, dtype=torch.int64, device=dev)
+    done = torch.zeros(n, 1, dtype=torch.bool, device=dev)
+    path = torch.full((n, m), -1, dtype=torch.int64, device=dev)
+    path[:, 0] = 0
+    out = torch.full((n, m), -1, dtype=torch.int64, device=dev)
+    for _ in range(m - 1):
+        nxt = first.gather(1, node)
+        go = ~done & (nxt < m)
+        nxt = nxt.clamp(max=m - 1)
+        out.scatter_(1, acc, torch.where(go, tok.gather(1, nxt), out.gather(1, acc)))
+        acc += go.long()
+        path.scatter_(1, acc, torch.where(go, nxt, path.gather(1, acc)))
+        node = torch.where(go, nxt, node)
+        done |= ~go
+    emit = top.gather(1, node)
+    if not greedy:  # sample at the last node from p without its (rejected) children's tokens
+        exclude = torch.where(child & (par == node), tok, -1)[:, None, :]
+        _, _, _, score, pid, _ = ops.shard_row_stats(local_logits, vocab_start, rows=node, exclude=exclude,
+                                                     sample=True, temperature=temperature, seed=seed, offset=offset)
+        g = _all_gather([score, pid], group)
+        pick, _ = merge_picks(g[:, 0], _ids(g[:, 1]), g[:, 0])
+        emit = torch.where(point_mass.gather(1, node) | (pick < 0), emit, pick)
+    out.scatter_(1, acc, emit)
+    return acc[:, 0], path, out
