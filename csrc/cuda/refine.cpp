@@ -50,8 +50,6 @@ Prepared prepare(const at::Tensor& ctx, const at::Tensor& tokens, const char* to
                               w_down, w_read, temperature);
   TORCH_CHECK(s.b <= cuda::kRefineMaxSlots, "ctx: the CUDA kernels take blocks of at most ",
               cuda::kRefineMaxSlots, " slots, got B=", s.b);
-  TORCH_CHECK(s.r <= cuda::kRefineMaxRank, "ctx: the CUDA kernels take a rank of at most ", cuda::kRefineMaxRank,
-              ", got r=", s.r);
   if (value_checks_enabled()) check_token_ids(tokens, s.v, tokens_name);
   const RngArgs rng = rng_args(seed, offset, seed_tensor, offset_tensor, ctx.device());
 

@@ -10,9 +10,8 @@
 
 namespace xkernels::cuda {
 
-// Limits of the CUDA kernels (checked by the bindings).
+// Limit of the CUDA kernels (checked by the binding): front_mix stages a block's slots in shared memory.
 constexpr int64_t kRefineMaxSlots = 64;
-constexpr int64_t kRefineMaxRank = 1024;
 
 struct RefineParams {
   const float* ctx;  // [n, b, r]
