@@ -50,7 +50,8 @@ __global__ void __launch_bounds__(kThreads) row_stats_kernel(ChainVerifyParams p
                                                threadIdx.x, kThreads);
   if (threadIdx.x == 0 && i < p.k) {  // the draft's scaled logit, by the slice that holds it
     const int64_t x = p.draft[n * p.k + i];
-    if (x >= kIds * range.begin && x < kIds * range.end && x < p.v) w.draft_logit[n * p.k + i] = to_float(logits[x]) * scale;
+    if (x >= kIds * range.begin && x < kIds * range.end && x < p.v)
+      w.draft_logit[n * p.k + i] = to_float(logits[x]) * scale;
   }
   s = block_merge(s, stats_empty());
   if (threadIdx.x == 0) w.row_slices[blockIdx.x] = s;

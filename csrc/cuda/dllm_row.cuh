@@ -26,15 +26,18 @@ __device__ __forceinline__ DllmPick dllm_row_pick(const T* src, int64_t v, int64
                                                   uint64_t offset, uint32_t sequence, uint32_t position,
                                                   bool vector_ok, int64_t first, int64_t stride, Merge merge) {
   constexpr int kIds = 16 / sizeof(T);
+  // 16 loads of 16 bytes in flight a lane: a block of 8 such warps keeps 64 KB in flight, what one
+  // SM needs for a useful share of HBM bandwidth when only a block a sequence runs.
+  constexpr int kDepth = 16;
   const int64_t chunks = (v + kIds - 1) / kIds;
   const auto logit = [&](int64_t x) { return dllm_logit(to_float(src[x]), x, mask); };
-  const RowStats raw = merge(thread_row_stats<T, false, 8>(src, v, 0, chunks, vector_ok, 1.0f, mask, first, stride),
-                             stats_empty());
+  const RowStats raw =
+      merge(thread_row_stats<T, false, kDepth>(src, v, 0, chunks, vector_ok, 1.0f, mask, first, stride), stats_empty());
   int32_t pick = raw.top.idx;
   if (inv_t != 0.0f) {
     // The tempered row's argmax: its point mass when degenerate; plain sampling needs no sum.
-    const RowStats st = merge(thread_row_stats<T, true, 8>(src, v, 0, chunks, vector_ok, inv_t, mask, first, stride),
-                              stats_empty());
+    const RowStats st = merge(
+        thread_row_stats<T, true, kDepth>(src, v, 0, chunks, vector_ok, inv_t, mask, first, stride), stats_empty());
     pick = st.top.idx;
     if (!stats_degenerate(st)) {
       const SampleJob job{kSamplePlain, static_cast<int32_t>(position), -1, st.top.idx, st};

@@ -425,7 +425,8 @@ size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
 template <typename T>
 cudaError_t launch_verify_typed(const TreeVerifyParams& p, const VerifyWorkspace& w, cudaStream_t stream) {
   // Rows of logits, q and r start 16-byte aligned (r's rows are v floats from a 256-byte aligned base).
-  const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && p.v % 4 == 0 && reinterpret_cast<uintptr_t>(p.logits) % 16 == 0 &&
+  const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && p.v % 4 == 0 &&
+                         reinterpret_cast<uintptr_t>(p.logits) % 16 == 0 &&
                          (p.q == nullptr || reinterpret_cast<uintptr_t>(p.q) % 16 == 0);
   tree_verify_kernel<T><<<p.n, kThreads, 0, stream>>>(p, w, vector_ok);
   if (p.inv_t != 0.0f) {  // greedy walks write every token themselves
