@@ -161,8 +161,8 @@ __global__ void __launch_bounds__(kThreads) sample_finish_kernel(ChainVerifyPara
   if (n >= p.n) return;
   const SampleJob job = w.jobs[n];
   if (job.mode == kSampleDone) return;
-  ArgMax best = lane < w.sample_slice_count ? w.sample_slices[n * w.sample_slice_count + lane] : argmax_empty();
-  best = warp_merge(best);
+  const ArgMax best = warp_merge_slices(w.sample_slices + n * w.sample_slice_count, w.sample_slice_count,
+                                        argmax_empty());
   if (lane == 0) p.out_tokens[n * (p.k + 1) + job.row] = sample_result(job, best);
 }
 

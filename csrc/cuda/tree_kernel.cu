@@ -394,8 +394,7 @@ __global__ void __launch_bounds__(kThreads) tree_sample_finish_kernel(TreeVerify
   if (n >= p.n) return;
   const StopJob job = w.jobs[n];
   if (job.node < 0) return;
-  ArgMax best = lane < w.sample_slices ? w.slices[n * w.sample_slices + lane] : argmax_empty();
-  best = warp_merge(best);
+  const ArgMax best = warp_merge_slices(w.slices + n * w.sample_slices, w.sample_slices, argmax_empty());
   if (lane == 0 && best.idx != kNoIndex) p.out_tokens[n * p.m + job.acc] = best.idx;
 }
 
