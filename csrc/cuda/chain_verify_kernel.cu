@@ -50,7 +50,8 @@ __global__ void __launch_bounds__(kThreads) row_stats_kernel(ChainVerifyParams p
                                                threadIdx.x, kThreads);
   if (threadIdx.x == 0 && i < p.k) {  // the draft's scaled logit, by the slice that holds it
     const int64_t x = p.draft[n * p.k + i];
-    if (x >= kIds * range.begin && x < kIds * range.end && x < p.v) w.draft_logit[n * p.k + i] = to_float(logits[x]) * scale;
+    if (x >= kIds * range.begin && x < kIds * range.end && x < p.v)
+      w.draft_logit[n * p.k + i] = to_float(logits[x]) * scale;
   }
   s = block_merge(s, stats_empty());
   if (threadIdx.x == 0) w.row_slices[blockIdx.x] = s;
@@ -160,8 +161,8 @@ __global__ void __launch_bounds__(kThreads) sample_finish_kernel(ChainVerifyPara
   if (n >= p.n) return;
   const SampleJob job = w.jobs[n];
   if (job.mode == kSampleDone) return;
-  ArgMax best = lane < w.sample_slice_count ? w.sample_slices[n * w.sample_slice_count + lane] : argmax_empty();
-  best = warp_merge(best);
+  const ArgMax best = warp_merge_slices(w.sample_slices + n * w.sample_slice_count, w.sample_slice_count,
+                                        argmax_empty());
   if (lane == 0) p.out_tokens[n * (p.k + 1) + job.row] = sample_result(job, best);
 }
 

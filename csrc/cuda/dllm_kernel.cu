@@ -8,7 +8,7 @@
 //  3. select: a thread per sequence applies the unmasking rule of xkernels/dllm.h.
 #include "device_utils.cuh"
 #include "dllm_launch.h"
-#include "row_reduce.cuh"
+#include "dllm_row.cuh"
 #include "xkernels/dllm.h"
 
 namespace xkernels::cuda {
@@ -63,35 +63,12 @@ __global__ void __launch_bounds__(kThreads) dllm_slices_kernel(DllmParams p, Dll
                      .top;
     const uint64_t seed = read_or(p.rule.seed_ptr, p.rule.seed), offset = read_or(p.rule.offset_ptr, p.rule.offset);
     const uint32_t sequence = static_cast<uint32_t>(row / p.l), position = static_cast<uint32_t>(row % p.l);
-    const SampleJob job{kSamplePlain, static_cast<int32_t>(position), -1, 0, stats_empty()};
-    ArgMax best = argmax_empty();
-    const auto observe = [&](int64_t g, float (&a)[4], int count) {
-      if (static_cast<uint64_t>(mask - 4 * g) < 4) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          if (4 * g + j == mask) a[j] = kNegInf;
-      }
-      sample_group(best, job, seed, offset, sequence, static_cast<uint32_t>(g), a, nullptr, count);
-    };
     // The slice's chunks of kIds ids as groups of 4 (kIds is a multiple of 4).
     const int64_t groups = (p.v + 3) / 4, g_begin = range.begin * (kIds / 4);
     const int64_t g_end = range.end * (kIds / 4) < groups ? range.end * (kIds / 4) : groups;
-    const int64_t vector_end = vector_ok ? vector_span_end(g_begin, g_end, p.v / 4) : g_begin;
-    using Q = typename Quad<T>::type;
-    for_each_batched<4>(
-        g_begin + threadIdx.x, vector_end, kThreads, [&](int64_t g) { return reinterpret_cast<const Q*>(src)[g]; },
-        [&](int64_t g, const Q& x) {
-          float a[4];
-          unpack<T>(x, inv_t, a);
-          observe(g, a, 4);
-        });
-    for (int64_t g = vector_end + threadIdx.x; g < g_end; g += kThreads) {
-      float a[4];
-      const int count = p.v - 4 * g < 4 ? static_cast<int>(p.v - 4 * g) : 4;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) a[j] = j < count ? to_float(src[4 * g + j]) * inv_t : kNegInf;
-      observe(g, a, count);
-    }
+    ArgMax best = argmax_empty();
+    dllm_draw(src, p.v, mask, inv_t, seed, offset, sequence, position, vector_ok, g_begin, g_end, threadIdx.x,
+              kThreads, best);
     __syncthreads();  // block_merge's buffer is reused
     d.drawn = block_merge(best, argmax_empty());
   }

@@ -11,6 +11,41 @@
 
 namespace xkernels::cuda {
 
+// Gumbel-max of the tempered row (plain sampling, the mask token never drawn) over groups
+// [g_begin, g_end) of 4 ids, groups g_begin + first, + stride, ... by this thread (vector loads of
+// 4 ids, 4 in flight, when vector_ok), into best.
+template <typename T>
+__device__ __forceinline__ void dllm_draw(const T* src, int64_t v, int64_t mask, float inv_t, uint64_t seed,
+                                          uint64_t offset, uint32_t sequence, uint32_t position, bool vector_ok,
+                                          int64_t g_begin, int64_t g_end, int64_t first, int64_t stride,
+                                          ArgMax& best) {
+  const SampleJob job{kSamplePlain, static_cast<int32_t>(position), -1, 0, stats_empty()};  // no stats read
+  const auto observe = [&](int64_t g, float (&a)[4], int count) {
+    if (static_cast<uint64_t>(mask - 4 * g) < 4) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (4 * g + j == mask) a[j] = kNegInf;
+    }
+    sample_group(best, job, seed, offset, sequence, static_cast<uint32_t>(g), a, nullptr, count);
+  };
+  const int64_t vector_end = vector_ok ? vector_span_end(g_begin, g_end, v / 4) : g_begin;
+  using Q = typename Quad<T>::type;
+  for_each_batched<4>(
+      g_begin + first, vector_end, stride, [&](int64_t g) { return reinterpret_cast<const Q*>(src)[g]; },
+      [&](int64_t g, const Q& x) {
+        float a[4];
+        unpack<T>(x, inv_t, a);
+        observe(g, a, 4);
+      });
+  for (int64_t g = vector_end + first; g < g_end; g += stride) {
+    float a[4];
+    const int count = v - 4 * g < 4 ? static_cast<int>(v - 4 * g) : 4;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) a[j] = j < count ? to_float(src[4 * g + j]) * inv_t : kNegInf;
+    observe(g, a, count);
+  }
+}
+
 struct DllmPick {
   int32_t token;
   float confidence;
@@ -26,45 +61,25 @@ __device__ __forceinline__ DllmPick dllm_row_pick(const T* src, int64_t v, int64
                                                   uint64_t offset, uint32_t sequence, uint32_t position,
                                                   bool vector_ok, int64_t first, int64_t stride, Merge merge) {
   constexpr int kIds = 16 / sizeof(T);
+  // 16 loads of 16 bytes in flight a lane: a block of 8 such warps keeps 64 KB in flight, what one
+  // SM needs for a useful share of HBM bandwidth when only a block a sequence runs.
+  constexpr int kDepth = 16;
   const int64_t chunks = (v + kIds - 1) / kIds;
   const auto logit = [&](int64_t x) { return dllm_logit(to_float(src[x]), x, mask); };
-  const RowStats raw = merge(thread_row_stats<T, false, 8>(src, v, 0, chunks, vector_ok, 1.0f, mask, first, stride),
-                             stats_empty());
+  const RowStats raw =
+      merge(thread_row_stats<T, false, kDepth>(src, v, 0, chunks, vector_ok, 1.0f, mask, first, stride), stats_empty());
   int32_t pick = raw.top.idx;
   if (inv_t != 0.0f) {
     // The tempered row's argmax: its point mass when degenerate; plain sampling needs no sum.
-    const RowStats st = merge(thread_row_stats<T, true, 8>(src, v, 0, chunks, vector_ok, inv_t, mask, first, stride),
-                              stats_empty());
+    const RowStats st = merge(
+        thread_row_stats<T, true, kDepth>(src, v, 0, chunks, vector_ok, inv_t, mask, first, stride), stats_empty());
     pick = st.top.idx;
     if (!stats_degenerate(st)) {
-      const SampleJob job{kSamplePlain, static_cast<int32_t>(position), -1, st.top.idx, st};
       // Each thread starts from the score of the tempered argmax (one Philox draw; see gumbel_score).
       ArgMax best = gumbel_score(logit(pick) * inv_t, pick, seed, offset, sequence, position);
-      const auto observe = [&](int64_t g, float (&a)[4], int count) {
-        if (static_cast<uint64_t>(mask - 4 * g) < 4) {
-#pragma unroll
-          for (int j = 0; j < 4; ++j)
-            if (4 * g + j == mask) a[j] = kNegInf;
-        }
-        sample_group(best, job, seed, offset, sequence, static_cast<uint32_t>(g), a, nullptr, count);
-      };
-      const int64_t groups = (v + 3) / 4, vector_end = vector_ok ? v / 4 : 0;
-      using Q = typename Quad<T>::type;
-      for_each_batched<4>(
-          first, vector_end, stride, [&](int64_t g) { return reinterpret_cast<const Q*>(src)[g]; },
-          [&](int64_t g, const Q& x) {
-            float a[4];
-            unpack<T>(x, inv_t, a);
-            observe(g, a, 4);
-          });
-      for (int64_t g = vector_end + first; g < groups; g += stride) {
-        float a[4];
-        const int count = v - 4 * g < 4 ? static_cast<int>(v - 4 * g) : 4;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) a[j] = j < count ? to_float(src[4 * g + j]) * inv_t : kNegInf;
-        observe(g, a, count);
-      }
-      pick = sample_result(job, merge(best, argmax_empty()));
+      dllm_draw(src, v, mask, inv_t, seed, offset, sequence, position, vector_ok, 0, (v + 3) / 4, first, stride, best);
+      best = merge(best, argmax_empty());
+      pick = best.val == kNegInf ? st.top.idx : best.idx;  // nothing drawable: the argmax
     }
   }
   return DllmPick{pick, dllm_confidence(raw, logit(pick))};

@@ -182,6 +182,13 @@ inline int row_slice_count(int64_t rows, int64_t v, int num_sms) {
   return static_cast<int>(s < 1 ? 1 : s);
 }
 
+// A row's `count` (<= kMaxRowSlices) slice results merged by one warp; every lane gets the merge.
+template <typename S>
+__device__ __forceinline__ S warp_merge_slices(const S* slices, int count, S empty) {
+  const int lane = threadIdx.x % 32;
+  return warp_merge(lane < count ? slices[lane] : empty);
+}
+
 // The Gumbel-max score of id x with log-weight w in the stream of (sequence, position), exactly
 // as sample_group scores it, or the empty state if x cannot be drawn. A sampling pass that starts
 // every thread from the score of a likely winner (the row's argmax) skips the Philox draws of every

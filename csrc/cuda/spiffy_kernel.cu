@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(kThreads) spiffy_materialize_kernel(SpiffyMate
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) spiffy_accept_kernel(SpiffyAcceptParams p, float* conf, int64_t* x0,
+__global__ void __launch_bounds__(kThreads, 1) spiffy_accept_kernel(SpiffyAcceptParams p, float* conf, int64_t* x0,
                                                                  uint8_t* chosen, bool vector_ok) {
   __shared__ int64_t cur, steps, committed;
   __shared__ bool done;

@@ -394,8 +394,7 @@ __global__ void __launch_bounds__(kThreads) tree_sample_finish_kernel(TreeVerify
   if (n >= p.n) return;
   const StopJob job = w.jobs[n];
   if (job.node < 0) return;
-  ArgMax best = lane < w.sample_slices ? w.slices[n * w.sample_slices + lane] : argmax_empty();
-  best = warp_merge(best);
+  const ArgMax best = warp_merge_slices(w.slices + n * w.sample_slices, w.sample_slices, argmax_empty());
   if (lane == 0 && best.idx != kNoIndex) p.out_tokens[n * p.m + job.acc] = best.idx;
 }
 
@@ -425,7 +424,8 @@ size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
 template <typename T>
 cudaError_t launch_verify_typed(const TreeVerifyParams& p, const VerifyWorkspace& w, cudaStream_t stream) {
   // Rows of logits, q and r start 16-byte aligned (r's rows are v floats from a 256-byte aligned base).
-  const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && p.v % 4 == 0 && reinterpret_cast<uintptr_t>(p.logits) % 16 == 0 &&
+  const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && p.v % 4 == 0 &&
+                         reinterpret_cast<uintptr_t>(p.logits) % 16 == 0 &&
                          (p.q == nullptr || reinterpret_cast<uintptr_t>(p.q) % 16 == 0);
   tree_verify_kernel<T><<<p.n, kThreads, 0, stream>>>(p, w, vector_ok);
   if (p.inv_t != 0.0f) {  // greedy walks write every token themselves
