@@ -23,8 +23,12 @@ import torch
 from ..models.static_cache import StaticKVCache
 from ..models.target import TargetLM
 from ..ops import chain_verify
+from .draft_length import CostModel, DraftLengthRule, measured_cost_model
 from .generate import MODES, _intra_op_threads, decode_threads, default_draft_dtype
 from .modes import Proposal, Streams, draft_block, make_mode
+
+
+CHAIN_MODES = ("drafter", "sequential", "jacobi")
 
 
 @dataclass
@@ -111,35 +115,79 @@ class BatchDecoder:
         for i, (k, v) in enumerate(self.drafter.context(features.to(self.draft_dtype), positions)):
             self.context.append(i, k, v)
 
+    def _ar(self, rng: Streams):
+        """Every sequence's next token from its anchor alone (in a speculative decode the anchor's
+        features also join the drafter's context)."""
+        logits, hidden = self.target(self.anchor[:, None], self.cache, hidden_layers=self.layers)
+        no_drafts = torch.empty(self.anchor.shape[0], 0, dtype=torch.int64, device=logits.device)
+        accept_len, out = chain_verify(no_drafts, logits.float(), temperature=self.temperature, seed=self.seed,
+                                       offset=rng.verify)
+        self.cache.commit(accept_len, 1)
+        if self.spec is not None:
+            self._extend_context(torch.cat(hidden, dim=-1))
+            self.context.commit(accept_len, 1)
+        return accept_len, out
+
+    def _draft(self, rng: Streams, with_confidence: bool = False):
+        """The drafter's pass and the mode's proposal: a Proposal, or a DraftTree."""
+        spec = self.spec
+        base_logits, h = draft_block(self.drafter, self.target, self.anchor, self.context.keys_values(),
+                                     self.draft_dtype, ctx_len=self.context.lengths)
+        prefix = torch.stack([self.before, self.anchor], 1)
+        if spec.proposer.tree:
+            return spec.verifier.build(spec.proposer.marginals(base_logits, h, prefix, rng))
+        return spec.proposer.propose(base_logits, h, prefix, rng, with_confidence)
+
+    def _verify(self, drafted, rng: Streams, k: Optional[int] = None, limit: Optional[torch.Tensor] = None):
+        """One target call over every sequence's first k drafts (default: the step's width) or its
+        tree; sequence n keeps at most limit[n] drafts. The drafter's context gets every written
+        position's keys and values; commit makes the accepted ones visible."""
+        spec = self.spec
+        if spec.proposer.tree:
+            accept_len, out, features, _ = spec.verifier.verify(self.target, self.anchor, drafted, self.cache,
+                                                                self.layers, rng)
+        else:
+            k = self.width - 1 if k is None else k
+            if drafted.limit is not None:
+                limit = drafted.limit if limit is None else torch.minimum(limit, drafted.limit)
+            chosen = Proposal(drafted.drafts[:, :k], None if drafted.q is None else drafted.q[:, :k], None, limit)
+            accept_len, out, features = spec.verifier.verify(self.target, self.anchor, chosen, self.cache,
+                                                             self.layers, rng)
+        self._extend_context(features)
+        self.context.commit(accept_len, features.shape[1])
+        return accept_len, out
+
+    def _streams(self) -> Streams:
+        return Streams(self.temperature, self.seed, self.step_index)
+
     def step(self):
         """One block for every sequence, in fixed shapes: (accept_len [N], out_tokens [N, width])."""
-        rng = Streams(self.temperature, self.seed, self.step_index)
-        if self.spec is None:
-            logits, _ = self.target(self.anchor[:, None], self.cache)
-            no_drafts = torch.empty(self.anchor.shape[0], 0, dtype=torch.int64, device=logits.device)
-            accept_len, out = chain_verify(no_drafts, logits.float(), temperature=self.temperature, seed=self.seed,
-                                           offset=rng.verify)
-            self.cache.commit(accept_len, 1)
-        else:
-            spec = self.spec
-            base_logits, h = draft_block(self.drafter, self.target, self.anchor, self.context.keys_values(),
-                                         self.draft_dtype, ctx_len=self.context.lengths)
-            prefix = torch.stack([self.before, self.anchor], 1)
-            if spec.proposer.tree:
-                tree = spec.verifier.build(spec.proposer.marginals(base_logits, h, prefix, rng))
-                accept_len, out, features, _ = spec.verifier.verify(self.target, self.anchor, tree, self.cache,
-                                                                    self.layers, rng)
-            else:
-                p = spec.proposer.propose(base_logits, h, prefix, rng)
-                k = self.width - 1
-                chosen = Proposal(p.drafts[:, :k], None if p.q is None else p.q[:, :k], None, p.limit)
-                accept_len, out, features = spec.verifier.verify(self.target, self.anchor, chosen, self.cache,
-                                                                 self.layers, rng)
-            # Every written position's context; commit makes the accepted ones visible.
-            self._extend_context(features)
-            self.context.commit(accept_len, features.shape[1])
+        rng = self._streams()
+        accept_len, out = self._ar(rng) if self.spec is None else self._verify(self._draft(rng), rng)
         self._advance(accept_len, out)
         return accept_len, out
+
+    def ruled_step(self, rule, active: List[bool]):
+        """A chain block whose verified width the draft length rule chooses for the batch (a host
+        read of the confidences; shapes vary: the eager CPU path), or an ar step while the rule
+        finds drafting not worth its cost. Returns (accept_len, out_tokens, each sequence's
+        confidences of the verified drafts, or None for an ar step)."""
+        rng = self._streams()
+        if not rule.draft_now():
+            accept_len, out = self._ar(rng)
+            confidences = None
+        else:
+            began = time.perf_counter()
+            drafted = self._draft(rng, with_confidence=True)
+            confidences = drafted.confidence[:, : self.width - 1].tolist()
+            if drafted.limit is not None:  # unsettled Jacobi slots at T > 0 are never verified
+                confidences = [c[:n] for c, n in zip(confidences, drafted.limit.tolist())]
+            confidences = [c if a else [] for c, a in zip(confidences, active)]
+            k = rule.choose_batch(confidences, time.perf_counter() - began)
+            confidences = [c[:k] for c in confidences]
+            accept_len, out = self._verify(drafted, rng, k=k)
+        self._advance(accept_len, out)
+        return accept_len, out, confidences
 
     def _advance(self, accept_len: torch.Tensor, out: torch.Tensor) -> None:
         """Each active sequence's new anchor (its last emitted token) and the token before it."""
@@ -198,14 +246,17 @@ def generate_batch(target, prompts: Sequence[Sequence[int]], max_new_tokens: Uni
                    mode: str = "ar", drafter=None, refiner=None, iters: int = 4, temperature: float = 0.0,
                    seed: int = 0, draft_len: Union[int, str, None] = "auto", tree_budget: int = 15,
                    tree_topk: int = 8, num_threads: Optional[int] = None, draft_dtype: Optional[torch.dtype] = None,
-                   cuda_graph: Optional[bool] = None):
+                   cost_model: Optional[CostModel] = None, cuda_graph: Optional[bool] = None):
     """Continue every prompt (token lists of any lengths) by its max_new_tokens (an int, or one per
     prompt). Returns (a list of token lists, BatchStats).
 
     Modes and their arguments as in generate. draft_len: an int verifies the first draft_len drafts
-    of every block; "auto" and None verify all B-1 (one fixed shape for every block: the draft
-    length rule's per-block choice is generate's). cuda_graph: capture the step as a CUDA graph
-    (default: on a CUDA target)."""
+    of every block, None all B-1, in one fixed shape. "auto" (the default): in the chain modes
+    without a CUDA graph, the draft length rule (xkernels.decoding.draft_length, with cost_model or
+    one measured for this batch size) chooses per block how many drafts every sequence verifies,
+    for the batch's throughput, and runs ar steps while drafting does not pay; with a graph and in
+    the tree modes, all B-1 drafts or the whole tree (one shape, captured once).
+    cuda_graph: capture the step as a CUDA graph (default: on a CUDA target)."""
     prompts = [[int(t) for t in p] for p in prompts]
     max_new = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
     _check(target, prompts, max_new, mode, drafter, refiner, draft_len, tree_budget)
@@ -214,6 +265,10 @@ def generate_batch(target, prompts: Sequence[Sequence[int]], max_new_tokens: Uni
     stats = BatchStats(mode, accept_lens=[[] for _ in prompts])
     outs: List[List[int]] = [[] for _ in prompts]
     with _intra_op_threads(decode_threads(target, num_threads)):
+        rule = None
+        if draft_len == "auto" and mode in CHAIN_MODES and not graphed:  # measured before the clock starts
+            rule = DraftLengthRule(cost_model or measured_cost_model(target, drafter.cfg.block_size,
+                                                                     batch=len(prompts)))
         began = time.perf_counter()
         decoder = BatchDecoder(target, prompts, max(max_new), mode, drafter, refiner, iters, temperature, seed,
                                None if draft_len == "auto" else draft_len, tree_budget, tree_topk, draft_dtype)
@@ -228,7 +283,10 @@ def generate_batch(target, prompts: Sequence[Sequence[int]], max_new_tokens: Uni
             if not graphed:  # the eager step reads only the keys in use
                 for cache in decoder.caches():
                     cache.window = min(cache.capacity, max(lengths) + decoder.width)
-            accept_len, out = step()
+            if rule is None:
+                (accept_len, out), verified = step(), None
+            else:
+                accept_len, out, verified = decoder.ruled_step(rule, active)
             rows = torch.cat([accept_len[:, None], out], 1).tolist()  # the step's one host read
             stats.target_calls += 1
             finished = False
@@ -239,6 +297,9 @@ def generate_batch(target, prompts: Sequence[Sequence[int]], max_new_tokens: Uni
                     stats.accept_lens[i].append(row[0])
                     active[i] = len(outs[i]) < max_new[i]
                     finished |= not active[i]
+                    if verified is not None:
+                        for j, c in enumerate(verified[i][: row[0] + 1]):
+                            rule.observe(c, j < row[0])
             if finished:
                 decoder.cache.active.copy_(torch.tensor(active, dtype=torch.int64))
         if decoder.spec is not None:

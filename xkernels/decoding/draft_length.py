@@ -46,16 +46,16 @@ class CostModel:
 
     @staticmethod
     @torch.inference_mode()
-    def measure(target, max_tokens: int = 16, context: int = 96, repeats: int = 5) -> "CostModel":
-        """Times the target's forward of n tokens after a context of `context` tokens, best of
-        `repeats`, for n up to max_tokens (about 50 forwards: 0.2 s for the shipped models on a CPU),
-        made non-decreasing in n."""
+    def measure(target, max_tokens: int = 16, context: int = 96, repeats: int = 5, batch: int = 1) -> "CostModel":
+        """Times the target's forward of n tokens (for each of `batch` sequences) after a context of
+        `context` tokens, best of `repeats`, for n up to max_tokens (about 50 forwards: 0.2 s for the
+        shipped models on a CPU at batch 1), made non-decreasing in n."""
         device = target.lm_head.weight.device
         cache = target.new_cache()
-        target(torch.zeros(1, context, dtype=torch.int64, device=device), cache)
+        target(torch.zeros(batch, context, dtype=torch.int64, device=device), cache)
         seconds = {}
         for n in [m for m in _MEASURED_LENGTHS if m < max_tokens] + [max_tokens]:
-            tokens = torch.zeros(1, n, dtype=torch.int64, device=device)
+            tokens = torch.zeros(batch, n, dtype=torch.int64, device=device)
             best = float("inf")
             for _ in range(repeats + 1):  # the first call warms up
                 began = time.perf_counter()
@@ -67,12 +67,12 @@ class CostModel:
         return CostModel(seconds)
 
 
-def measured_cost_model(target, max_tokens: int) -> CostModel:
-    """CostModel.measure, once per target and intra-op thread count (kept on the target)."""
-    key = (max_tokens, torch.get_num_threads(), str(target.lm_head.weight.device))
+def measured_cost_model(target, max_tokens: int, batch: int = 1) -> CostModel:
+    """CostModel.measure, once per target, batch size and intra-op thread count (kept on the target)."""
+    key = (max_tokens, batch, torch.get_num_threads(), str(target.lm_head.weight.device))
     models = target.__dict__.setdefault("_xkernels_cost_models", {})
     if key not in models:
-        models[key] = CostModel.measure(target, max_tokens)
+        models[key] = CostModel.measure(target, max_tokens, batch=batch)
     return models[key]
 
 
@@ -125,15 +125,27 @@ class DraftLengthRule:
     def choose(self, confidence: Sequence[float], spent: float) -> int:
         """How many drafts of a chain to verify, given each slot's confidence and the seconds already
         spent on this block; also decides whether the next blocks draft at all."""
-        k, expected, reach = 0, 1.0, 1.0
+        return self.choose_batch([confidence], spent)
+
+    def choose_batch(self, confidences: Sequence[Sequence[float]], spent: float) -> int:
+        """The same for a batch verified in one call of every sequence's first k drafts (the cost
+        model's forward is the batch's): the k that maximizes the tokens all sequences expect per
+        second, against ar's len(confidences) tokens per c(1). A sequence with fewer confidences
+        than k (finished, or an unsettled draft) expects nothing from the slots it lacks."""
+        reach = [1.0] * len(confidences)
+        k, expected = 0, float(len(confidences))
         rate = expected / (spent + self.cost(1))
-        for c in confidence:
-            reach *= self.calibrated(c)
-            longer = (expected + reach) / (spent + self.cost(k + 2))
+        for j in range(max(map(len, confidences), default=0)):
+            gain = 0.0
+            for n, c in enumerate(confidences):
+                if j < len(c):
+                    reach[n] *= self.calibrated(c[j])
+                    gain += reach[n]
+            longer = (expected + gain) / (spent + self.cost(j + 2))
             if not longer > rate:
                 break
-            k, expected, rate = k + 1, expected + reach, longer
-        self._paid(rate)
+            k, expected, rate = j + 1, expected + gain, longer
+        self._paid(rate / max(len(confidences), 1))
         return k
 
     def choose_nodes(self, node_probs: Sequence[float], node_parents: Sequence[int], spent: float) -> int:
