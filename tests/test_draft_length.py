@@ -52,6 +52,15 @@ def test_the_choice_trades_expected_tokens_against_cost():
     assert rule.choose([1.0, 1.0, 1.0] + [0.0] * 12, spent=0.2) == 3
 
 
+def test_a_batch_verifies_the_width_its_sequences_pay_for_together():
+    """One sequence confident for 3 slots, one for none: each extra slot costs 0.1 ar steps, so the
+    batch verifies 3 (the first sequence's expected tokens pay for both); with only the hopeless
+    sequence, none."""
+    rule = DraftLengthRule(CostModel({1: 1.0, 16: 2.5}))
+    assert rule.choose_batch([[1.0, 1.0, 1.0] + [0.0] * 12, [0.0] * 15], spent=0.2) == 3
+    assert rule.choose_batch([[0.0] * 15, []], spent=0.2) == 0
+
+
 def test_a_tree_is_cut_to_its_paying_nodes():
     """Best-first nodes: 1 under the root, 2 under 1 (both confident), then 3 under the root and 4
     under 2 (hopeless); at 0.3 ar steps per extra node only the first two pay."""

@@ -38,6 +38,23 @@ def test_greedy_batch_emits_each_prompts_ar_tokens(mode, iters, budget, draft_le
         assert len(set(steps)) > 1
 
 
+@pytest.mark.parametrize("mode", ["drafter", "jacobi"])
+@pytest.mark.parametrize("cost", ["FREE", "MIXED", "STEEP"])
+def test_any_batch_draft_length_emits_each_prompts_ar_tokens(mode, cost):
+    """The batch's draft length rule under cost models that verify everything, some drafts, or
+    nothing (ar steps): every sequence still emits its ar tokens."""
+    import tests.test_draft_length as costs
+
+    target, drafter, refiner = tiny_models(64)
+    got, stats = generate_batch(target, PROMPTS, MAX_NEW, mode=mode, drafter=drafter, refiner=refiner,
+                                cost_model=getattr(costs, cost))
+    assert got == [generate(target, p, n)[0] for p, n in zip(PROMPTS, MAX_NEW)]
+    if cost == "STEEP":  # probes only, backing off 1, 2, 4, ... ar steps
+        assert stats.draft_calls <= 5 < stats.target_calls
+    if cost == "FREE":
+        assert stats.draft_calls > 5
+
+
 def test_one_prompt_and_an_int_max_new_tokens():
     target, drafter, refiner = tiny_models(64)
     got, stats = generate_batch(target, [[3, 1, 4]], 5, mode="jacobi", drafter=drafter, refiner=refiner)
@@ -48,10 +65,14 @@ ROWS = 24  # rows with the counted prompt
 BATCH_PROMPTS = [[1, 2, 3]] * ROWS + [[4], [5, 6, 7, 1, 2]]  # ragged rows beside the counted ones
 
 
-@pytest.mark.parametrize("mode", ["ar", "drafter", "sequential", "jacobi", "tree", "tree-jacobi"])
-def test_sampled_batch_follows_the_target(mode):
+@pytest.mark.parametrize("mode,cost", [("ar", None), ("drafter", None), ("sequential", None), ("jacobi", None),
+                                       ("jacobi", "MIXED"), ("tree", None), ("tree-jacobi", None)])
+def test_sampled_batch_follows_the_target(mode, cost):
     """Chi-squared of the first two tokens (T = 1) of the ROWS rows with prompt [1, 2, 3], over seeds,
-    against the target's own joint distribution: every row is a sample (its noise is its own)."""
+    against the target's own joint distribution: every row is a sample (its noise is its own).
+    Without a cost model the drafts of a block are all verified; MIXED lets the rule choose."""
+    import tests.test_draft_length as costs
+
     target, drafter, refiner = tiny_models(VOCAB, block=4, seed=1)
     prompt = BATCH_PROMPTS[0]
     with torch.no_grad():
@@ -61,7 +82,8 @@ def test_sampled_batch_follows_the_target(mode):
     counts = torch.zeros(VOCAB * VOCAB)
     for seed in range(SAMPLES // ROWS + 1):
         outs, _ = generate_batch(target, BATCH_PROMPTS, [2] * ROWS + [3, 1], mode=mode, drafter=drafter,
-                                 refiner=refiner, iters=1, temperature=1.0, seed=seed)
+                                 refiner=refiner, iters=1, temperature=1.0, seed=seed,
+                                 draft_len="auto" if cost else None, cost_model=cost and getattr(costs, cost))
         for out in outs[:ROWS]:
             counts[out[0] * VOCAB + out[1]] += 1
     assert chi_squared_pvalue(counts, p1[:, None] * p2) > 1e-3

@@ -35,6 +35,7 @@ CHAIN_MODES = ("drafter", "sequential", "jacobi")
 class BatchStats:
     mode: str
     target_calls: int = 0  # batched forwards after the prefill: one per step, every sequence in it
+    draft_calls: int = 0  # steps that ran the drafter (the others were ar steps: draft_len="auto")
     new_tokens: int = 0  # over all sequences
     seconds: float = 0.0
     accept_lens: List[List[int]] = field(default_factory=list)  # per sequence, per step it was active in
@@ -285,8 +286,10 @@ def generate_batch(target, prompts: Sequence[Sequence[int]], max_new_tokens: Uni
                     cache.window = min(cache.capacity, max(lengths) + decoder.width)
             if rule is None:
                 (accept_len, out), verified = step(), None
+                stats.draft_calls += decoder.spec is not None
             else:
                 accept_len, out, verified = decoder.ruled_step(rule, active)
+                stats.draft_calls += verified is not None
             rows = torch.cat([accept_len[:, None], out], 1).tolist()  # the step's one host read
             stats.target_calls += 1
             finished = False
