@@ -23,7 +23,7 @@ import torch
 from ..models.static_cache import StaticKVCache
 from ..models.target import TargetLM
 from ..ops import chain_verify
-from .draft_length import CostModel, DraftLengthRule, measured_cost_model
+from .draft_length import CostModel, DraftLengthRule, MeasuredChoice, measured_cost_model
 from .generate import MODES, _intra_op_threads, decode_threads, default_draft_dtype
 from .modes import Proposal, Streams, draft_block, make_mode
 
@@ -161,10 +161,11 @@ class BatchDecoder:
     def _streams(self) -> Streams:
         return Streams(self.temperature, self.seed, self.step_index)
 
-    def step(self):
-        """One block for every sequence, in fixed shapes: (accept_len [N], out_tokens [N, width])."""
+    def step(self, draft: bool = True):
+        """One block for every sequence, in fixed shapes: (accept_len [N], out_tokens [N, width]);
+        draft=False (or mode "ar"): an ar step, out_tokens [N, 1]."""
         rng = self._streams()
-        accept_len, out = self._ar(rng) if self.spec is None else self._verify(self._draft(rng), rng)
+        accept_len, out = self._verify(self._draft(rng), rng) if draft and self.spec else self._ar(rng)
         self._advance(accept_len, out)
         return accept_len, out
 
@@ -256,7 +257,8 @@ def generate_batch(target, prompts: Sequence[Sequence[int]], max_new_tokens: Uni
     without a CUDA graph, the draft length rule (xkernels.decoding.draft_length, with cost_model or
     one measured for this batch size) chooses per block how many drafts every sequence verifies,
     for the batch's throughput, and runs ar steps while drafting does not pay; with a graph and in
-    the tree modes, all B-1 drafts or the whole tree (one shape, captured once).
+    the tree modes, each step is a block of all B-1 drafts (or the whole tree) or an ar step, the
+    one with more tokens per second as measured on the steps themselves (MeasuredChoice).
     cuda_graph: capture the step as a CUDA graph (default: on a CUDA target)."""
     prompts = [[int(t) for t in p] for p in prompts]
     max_new = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
@@ -266,31 +268,37 @@ def generate_batch(target, prompts: Sequence[Sequence[int]], max_new_tokens: Uni
     stats = BatchStats(mode, accept_lens=[[] for _ in prompts])
     outs: List[List[int]] = [[] for _ in prompts]
     with _intra_op_threads(decode_threads(target, num_threads)):
-        rule = None
+        rule = choice = None
         if draft_len == "auto" and mode in CHAIN_MODES and not graphed:  # measured before the clock starts
             rule = DraftLengthRule(cost_model or measured_cost_model(target, drafter.cfg.block_size,
                                                                      batch=len(prompts)))
+        elif draft_len == "auto" and mode != "ar":
+            choice = MeasuredChoice()
         began = time.perf_counter()
         decoder = BatchDecoder(target, prompts, max(max_new), mode, drafter, refiner, iters, temperature, seed,
                                None if draft_len == "auto" else draft_len, tree_budget, tree_topk, draft_dtype)
-        step = decoder.step
+        steps = {kind: (lambda kind=kind: decoder.step(kind)) for kind in (True, False)}
         if graphed:
             proposer = decoder.spec.proposer if decoder.spec is not None else None
-            step = CapturedStep(step, lambda: [] if proposer is None or proposer._generator is None
-                                else [proposer._generator])
+            generators = lambda: [g for g in [getattr(proposer, "_generator", None)] if g is not None]  # noqa: E731
+            steps = {kind: CapturedStep(step, generators) for kind, step in steps.items()}
         lengths = [len(p) - 1 for p in prompts]  # each cache's entries, as the host knows them
         active = [True] * len(prompts)
         while any(active):
             if not graphed:  # the eager step reads only the keys in use
                 for cache in decoder.caches():
                     cache.window = min(cache.capacity, max(lengths) + decoder.width)
+            drafting, step_began = decoder.spec is not None and (choice is None or choice.draft_now()), time.perf_counter()
             if rule is None:
-                (accept_len, out), verified = step(), None
-                stats.draft_calls += decoder.spec is not None
+                (accept_len, out), verified = steps[drafting](), None
             else:
                 accept_len, out, verified = decoder.ruled_step(rule, active)
-                stats.draft_calls += verified is not None
+                drafting = verified is not None
+            stats.draft_calls += drafting
             rows = torch.cat([accept_len[:, None], out], 1).tolist()  # the step's one host read
+            if choice is not None:
+                choice.observe(drafting, sum(r[0] + 1 for r, a in zip(rows, active) if a),
+                               time.perf_counter() - step_began)
             stats.target_calls += 1
             finished = False
             for i, row in enumerate(rows):

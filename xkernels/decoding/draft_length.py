@@ -161,3 +161,40 @@ class DraftLengthRule:
         k = max(range(len(rates)), key=rates.__getitem__)
         self._paid(rates[k])
         return k
+
+
+class MeasuredChoice:
+    """For a loop of two fixed-shape steps, a speculative block and an ar step (a captured CUDA graph
+    each, or trees on the CPU), where the per-block rule above would need a host read between
+    drafting and verifying: run the one with more tokens per second, as measured on the steps
+    themselves (on the device and in the mode they run, the host read that ends each included).
+    The other is retried after 1, 2, 4, ... MAX_SKIP steps, as its rate changes with the text.
+    Each kind's first `warmup` steps (eager, then the capture) are not measured."""
+
+    def __init__(self, warmup: int = 2):
+        self.rate = {True: None, False: None}  # tokens per second of drafting / ar steps
+        self.seen = {True: 0, False: 0}
+        self.warmup, self.wait, self.backoff = warmup, 0, 0
+
+    def draft_now(self) -> bool:
+        for kind in (True, False):
+            if self.rate[kind] is None:
+                return kind
+        best = self.rate[True] >= self.rate[False]
+        if self.wait:
+            self.wait -= 1
+            return best
+        self.backoff = min(max(1, 2 * self.backoff), MAX_SKIP)
+        self.wait = self.backoff
+        return not best  # a probe of the slower step
+
+    def observe(self, drafted: bool, tokens: int, seconds: float) -> None:
+        """A step of that kind committed `tokens` (over the batch) in `seconds`."""
+        self.seen[drafted] += 1
+        if self.seen[drafted] <= self.warmup:
+            return
+        before = None if None in self.rate.values() else self.rate[True] >= self.rate[False]
+        rate, old = tokens / max(seconds, 1e-9), self.rate[drafted]
+        self.rate[drafted] = rate if old is None else 0.5 * (old + rate)
+        if before is not None and before != (self.rate[True] >= self.rate[False]):
+            self.backoff = self.wait = 0  # the better step changed: probe afresh
