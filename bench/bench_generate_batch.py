@@ -1,7 +1,8 @@
 """generate_batch of held-out prompts against decoding them one at a time with generate, the
 shipped models at T = 0 on this machine: tokens/s of each and their ratio per mode, and whether
-every sequence's tokens are the same both ways. Best of --rounds rounds (the loop's default
-threads; generate's draft length rule measures its cost model before the first clock starts).
+every sequence's tokens are the same both ways. Best of --rounds rounds, the two ways taking
+turns within a round (a busy machine's load then weighs on both alike); the loop's default
+threads; both draft length rules measure their cost models before the first clock starts.
 
     python bench/bench_generate_batch.py [--prompts 8] [--tokens 64] [--modes ar jacobi] [--rounds 3]
 """
@@ -16,14 +17,17 @@ from xkernels.decoding import generate, generate_batch
 from xkernels.models.shipped import load_all
 
 
-def best_seconds(fn, rounds):
-    fn()  # warm-up: lazy tables and the cost model
-    times = []
+def best_seconds(fns, rounds):
+    """Best wall time of each of fns over rounds (each round runs them in turn), and their results."""
+    for fn in fns:
+        fn()  # warm-up: lazy tables and the cost models
+    best, results = [float("inf")] * len(fns), [None] * len(fns)
     for _ in range(rounds):
-        began = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - began)
-    return min(times), result
+        for i, fn in enumerate(fns):
+            began = time.perf_counter()
+            results[i] = fn()
+            best[i] = min(best[i], time.perf_counter() - began)
+    return best, results
 
 
 def main():
@@ -43,10 +47,9 @@ def main():
           f"{args.tokens} new tokens each, T = 0, torch {torch.__version__}, {torch.get_num_threads()} threads available")
     print(f"{'mode':<12} {'one at a time tok/s':>20} {'batched tok/s':>14} {'ratio':>6}  same tokens")
     for mode in args.modes:
-        one_s, singles = best_seconds(lambda: [generate(models.target, p, args.tokens, mode=mode, **kw)[0]
-                                               for p in prompts], args.rounds)
-        batch_s, (batched, _) = best_seconds(lambda: generate_batch(models.target, prompts, args.tokens, mode=mode,
-                                                                    **kw), args.rounds)
+        (one_s, batch_s), (singles, (batched, _)) = best_seconds(
+            [lambda: [generate(models.target, p, args.tokens, mode=mode, **kw)[0] for p in prompts],
+             lambda: generate_batch(models.target, prompts, args.tokens, mode=mode, **kw)], args.rounds)
         total = len(prompts) * args.tokens
         print(f"{mode:<12} {total / one_s:>20.1f} {total / batch_s:>14.1f} {one_s / batch_s:>5.2f}x  "
               f"{batched == singles}")

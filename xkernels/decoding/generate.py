@@ -1,4 +1,5 @@
-"""Decoding loops composed from the xkernels ops, one sequence at a time.
+"""The decoding loop of one sequence, composed from the xkernels ops (generate_batch, in batch.py,
+decodes many with static caches and fixed-shape steps; both run the modes of modes.py).
 
 Modes:
     "ar"          plain autoregressive decoding with the KV cache (the baseline)
