@@ -4,7 +4,7 @@ every sequence's tokens are the same both ways. Best of --rounds rounds, the two
 turns within a round (a busy machine's load then weighs on both alike); the loop's default
 threads; both draft length rules measure their cost models before the first clock starts.
 
-    python bench/bench_generate_batch.py [--prompts 8] [--tokens 64] [--modes ar jacobi] [--rounds 3]
+    python bench/bench_generate_batch.py [--prompts 8] [--tokens 64] [--modes ar jacobi] [--rounds 3] [--device cpu]
 """
 
 import argparse
@@ -37,14 +37,16 @@ def main():
     parser.add_argument("--modes", nargs="+", default=["ar", "jacobi"])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--draft-len", default="auto", help="'auto' or an int, for both loops")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda (generate_batch then replays CUDA graphs)")
     args = parser.parse_args()
     draft_len = args.draft_len if args.draft_len == "auto" else int(args.draft_len)
-    models = load_all()
+    models = load_all().to(args.device)
     texts = data.held_out_prompts("code", args.prompts // 2) + data.held_out_prompts("math", args.prompts - args.prompts // 2)
     prompts = [models.tokenizer.encode(t).ids for t in texts]
     kw = dict(drafter=models.drafter, refiner=models.refiner, draft_len=draft_len)
     print(f"{len(prompts)} held-out prompts ({min(map(len, prompts))}-{max(map(len, prompts))} tokens), "
-          f"{args.tokens} new tokens each, T = 0, torch {torch.__version__}, {torch.get_num_threads()} threads available")
+          f"{args.tokens} new tokens each, T = 0, {args.device}, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads available")
     print(f"{'mode':<12} {'one at a time tok/s':>20} {'batched tok/s':>14} {'ratio':>6}  same tokens")
     for mode in args.modes:
         (one_s, batch_s), (singles, (batched, _)) = best_seconds(

@@ -2,7 +2,7 @@
 # The GPU check, for a machine with a GPU and no network (the device tool's H200):
 # builds with CMake, runs the whole test suite (CUDA tests included), runs the ops under
 # compute-sanitizer, and times them. Writes everything under $OUT (or build/gpu_check).
-# Budget: about 5 minutes on an H200.
+# Budget: about 5 minutes on an H200, and up to 7 more for the end-to-end demo and batch bench.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-$PWD/build/gpu_check}"
@@ -33,6 +33,11 @@ timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 python bench/g
 
 step "timings"
 timeout 180 python bench/gpu_bench.py --json "$OUT/timings.json" || status=1
+
+step "end to end: the demo on the GPU with the generate_batch sweep (issue 17's targets)"
+timeout 300 python -m xkernels demo --device cuda --prompts 2 --tokens 64 --no-sweep --no-diffusion --max-passes 1 \
+  --batch-sizes 1,4,16,64 --out "$OUT/demo" || status=1
+timeout 120 python bench/bench_generate_batch.py --device cuda --rounds 2 --modes ar jacobi tree || status=1
 
 step "done: status $status"
 exit $status
