@@ -83,7 +83,7 @@ class BatchDecoder:
             self.context = StaticKVCache.for_model(drafter.cfg.attention_config(), n, capacity, self.draft_dtype,
                                                    device, n_layers=len(drafter.layers))
             self.context.active = self.cache.active  # one flag per sequence for both caches
-        self._prefill(prompts, int(lengths.max()))
+        self._prefill(prompts)
         self.cache.lengths.copy_(lengths)
         if self.spec is not None:
             self.context.lengths.copy_(lengths)
@@ -94,21 +94,20 @@ class BatchDecoder:
     def caches(self) -> List[StaticKVCache]:
         return [self.cache] if self.spec is None else [self.cache, self.context]
 
-    def _prefill(self, prompts, longest: int) -> None:
-        """Every prompt but its last token, right-padded into one forward (causal: a padded
-        position is never visible to a real one, and later steps overwrite it)."""
-        if longest == 0:
-            return
-        ids = torch.zeros(len(prompts), longest, dtype=torch.int64)
+    def _prefill(self, prompts) -> None:
+        """Every prompt but its last token, each in a forward of its own (no padding: as long as
+        generate's prefill), copied into its rows of the static caches."""
+        device = self.cache.lengths.device
         for i, p in enumerate(prompts):
-            ids[i, : len(p) - 1] = torch.tensor(p[:-1])
-        for cache in self.caches():
-            cache.window = longest
-        _, hidden = self.target(ids.to(self.cache.lengths.device), self.cache, hidden_layers=self.layers)
-        if self.spec is not None:
-            self._extend_context(torch.cat(hidden, dim=-1))
-        for cache in self.caches():
-            cache.window = cache.capacity
+            if len(p) < 2:
+                continue
+            alone = self.target.new_cache()
+            _, hidden = self.target(torch.tensor([p[:-1]], device=device), alone, hidden_layers=self.layers)
+            self.cache.load(i, alone.k, alone.v)
+            if self.spec is not None:
+                features = torch.cat(hidden, dim=-1).to(self.draft_dtype)
+                context = self.drafter.context(features, torch.arange(len(p) - 1, device=device))
+                self.context.load(i, [k for k, _ in context], [v for _, v in context])
 
     def _extend_context(self, features: torch.Tensor) -> None:
         """The drafter's injected keys and values of features [N, T, F], written after each context."""

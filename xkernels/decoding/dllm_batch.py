@@ -37,8 +37,7 @@ class DllmBatchDecoder:
         for i, prompt in enumerate(prompts):  # each prompt's own block-causal layout (its blocks end where it does)
             alone = model.new_cache()
             model.commit(prompt.view(1, -1).to(device), alone)
-            for static, k in zip(self.cache.k + self.cache.v, alone.k + alone.v):
-                static[i, :, : k.shape[2]] = k[0]
+            self.cache.load(i, alone.k, alone.v)
         self.cache.lengths.copy_(torch.tensor(lengths))
         self.block = torch.full((len(prompts), block_size), self.mask_id, dtype=torch.int64, device=device)
         self.step_index = torch.zeros(1, dtype=torch.int64, device=device)

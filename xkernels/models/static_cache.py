@@ -66,6 +66,12 @@ class StaticKVCache:
         self.v[layer][self._rows, :, slots] = v.transpose(1, 2).to(self.v[layer].dtype)
         return self.k[layer][:, :, : self.window], self.v[layer][:, :, : self.window]
 
+    def load(self, row: int, k: List[torch.Tensor], v: List[torch.Tensor]) -> None:
+        """Copies one sequence's entries (per layer [1, kv_heads, T, hd], e.g. a KVCache's k and v)
+        into row `row` from position 0 (a prefill run on its own, without padding)."""
+        for buf, src in zip(self.k + self.v, k + v):
+            buf[row, :, : src.shape[2]] = src[0]
+
     def keys_values(self) -> List[Tuple[torch.Tensor, torch.Tensor]]:
         return [(k[:, :, : self.window], v[:, :, : self.window]) for k, v in zip(self.k, self.v)]
 
