@@ -61,6 +61,19 @@ def test_a_batch_verifies_the_width_its_sequences_pay_for_together():
     assert rule.choose_batch([[0.0] * 15, []], spent=0.2) == 0
 
 
+def test_weighed_probes_skip_as_many_ar_steps_as_the_block_cost():
+    """A hopeless block that cost 4 ar steps (3 drafting, 1 verifying): the next 4, then 8, ... blocks
+    are ar steps with weigh_probes, 1, then 2, ... without."""
+    for weigh, want in ((True, [4, 8, 16]), (False, [1, 2, 4])):
+        rule = DraftLengthRule(CostModel({1: 1.0, 16: 1.0}), weigh_probes=weigh)
+        skips = []
+        for _ in range(3):
+            assert rule.choose_batch([[0.0] * 15, [0.0] * 15], spent=3.0) == 0
+            skips.append(rule.skip)
+            rule.skip = 0
+        assert skips == want
+
+
 def test_measured_choice_runs_the_faster_step_and_probes_the_other():
     """Blocks commit 10 tokens/s and ar steps 20 (after 2 unmeasured steps of each): ar runs, and
     blocks are retried after 1, 2, 4, ... ar steps; once blocks measure faster, they run."""

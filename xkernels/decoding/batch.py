@@ -270,7 +270,7 @@ def generate_batch(target, prompts: Sequence[Sequence[int]], max_new_tokens: Uni
         rule = choice = None
         if draft_len == "auto" and mode in CHAIN_MODES and not graphed:  # measured before the clock starts
             rule = DraftLengthRule(cost_model or measured_cost_model(target, drafter.cfg.block_size,
-                                                                     batch=len(prompts)))
+                                                                     batch=len(prompts)), weigh_probes=True)
         elif draft_len == "auto" and mode != "ar":
             choice = MeasuredChoice()
         began = time.perf_counter()

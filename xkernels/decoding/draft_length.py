@@ -87,8 +87,11 @@ class DraftLengthRule:
 
     BUCKETS = 10
 
-    def __init__(self, cost: CostModel):
-        self.cost = cost
+    def __init__(self, cost: CostModel, weigh_probes: bool = False):
+        """weigh_probes: a block that did not pay is followed by backoff times its own cost in ar
+        steps of ar steps, so that probing takes a bounded share of the time however many ar steps
+        a block costs (a batch on a CPU: 3 to 8)."""
+        self.cost, self.weigh_probes = cost, weigh_probes
         self.skip, self.backoff = 0, 0
         centers = [(b + 0.5) / self.BUCKETS for b in range(self.BUCKETS)]
         self.tried = [2.0] * self.BUCKETS
@@ -114,11 +117,13 @@ class DraftLengthRule:
             return False
         return True
 
-    def _paid(self, rate: float) -> None:
+    def _paid(self, rate: float, block_seconds: float = 0.0) -> None:
         """Backs off (the next blocks skip the drafter) when a block's rate is below ar's."""
         if rate * self.cost(1) < 1.0:
             self.backoff = min(max(1, 2 * self.backoff), MAX_SKIP)
             self.skip = self.backoff
+            if self.weigh_probes:
+                self.skip *= max(1, round(block_seconds / self.cost(1)))
         else:
             self.backoff = 0
 
@@ -145,7 +150,7 @@ class DraftLengthRule:
             if not longer > rate:
                 break
             k, expected, rate = j + 1, expected + gain, longer
-        self._paid(rate / max(len(confidences), 1))
+        self._paid(rate / max(len(confidences), 1), spent + self.cost(k + 1))
         return k
 
     def choose_nodes(self, node_probs: Sequence[float], node_parents: Sequence[int], spent: float) -> int:
