@@ -65,7 +65,7 @@ def test_weighed_probes_skip_as_many_ar_steps_as_the_block_cost():
     """A hopeless block that cost 4 ar steps (3 drafting, 1 verifying): the next 4, then 8, ... blocks
     are ar steps with weigh_probes, 1, then 2, ... without."""
     for weigh, want in ((True, [4, 8, 16]), (False, [1, 2, 4])):
-        rule = DraftLengthRule(CostModel({1: 1.0, 16: 1.0}), weigh_probes=weigh)
+        rule = DraftLengthRule(CostModel({1: 1.0, 16: 16.0}), weigh_probes=weigh)
         skips = []
         for _ in range(3):
             assert rule.choose_batch([[0.0] * 15, [0.0] * 15], spent=3.0) == 0
