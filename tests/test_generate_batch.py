@@ -163,6 +163,8 @@ def test_bad_arguments():
         generate_batch(target, [[1], [2]], [3])
     with pytest.raises(ValueError, match="TargetLM"):
         generate_batch(object(), [[1]], 3)
+    with pytest.raises(ValueError, match="cuda_graph"):
+        generate_batch(target, [[1]], 3, cuda_graph=True)
 
 
 @pytest.mark.needs_cuda

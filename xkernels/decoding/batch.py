@@ -264,6 +264,8 @@ def generate_batch(target, prompts: Sequence[Sequence[int]], max_new_tokens: Uni
     _check(target, prompts, max_new, mode, drafter, refiner, draft_len, tree_budget)
     device = target.lm_head.weight.device
     graphed = device.type == "cuda" if cuda_graph is None else cuda_graph
+    if graphed and device.type != "cuda":
+        raise ValueError(f"cuda_graph=True needs a target on a CUDA device, not {device.type}")
     stats = BatchStats(mode, accept_lens=[[] for _ in prompts])
     outs: List[List[int]] = [[] for _ in prompts]
     with _intra_op_threads(decode_threads(target, num_threads)):
