@@ -68,9 +68,9 @@ for section in $SECTIONS; do
   record "timings $section" "$(verdict $?)"
 done
 
-step "end to end on the GPU (shipped models, held-out prompts, T=0)"
-timeout 120 python -m xkernels demo --device cuda --prompts 2 --tokens 64 --no-sweep --out /tmp/xk_demo \
-  > "$OUT/decode.log" 2>&1
+step "end to end on the GPU: every mode against ar, and the generate_batch sweep (held-out prompts, T=0)"
+timeout 150 python -m xkernels demo --device cuda --prompts 2 --tokens 64 --no-sweep --no-diffusion --max-passes 1 \
+  --batch-sizes 1,4,16,64 --out /tmp/xk_demo > "$OUT/decode.log" 2>&1
 record "demo --device cuda" "$(verdict $?)"
 tail -60 "$OUT/decode.log"
 

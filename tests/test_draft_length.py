@@ -52,6 +52,53 @@ def test_the_choice_trades_expected_tokens_against_cost():
     assert rule.choose([1.0, 1.0, 1.0] + [0.0] * 12, spent=0.2) == 3
 
 
+def test_a_batch_verifies_the_width_its_sequences_pay_for_together():
+    """One sequence confident for 3 slots, one for none: each extra slot costs 0.1 ar steps, so the
+    batch verifies 3 (the first sequence's expected tokens pay for both); with only the hopeless
+    sequence, none."""
+    rule = DraftLengthRule(CostModel({1: 1.0, 16: 2.5}))
+    assert rule.choose_batch([[1.0, 1.0, 1.0] + [0.0] * 12, [0.0] * 15], spent=0.2) == 3
+    assert rule.choose_batch([[0.0] * 15, []], spent=0.2) == 0
+
+
+def test_weighed_probes_skip_as_many_ar_steps_as_the_block_cost():
+    """A hopeless block that cost 4 ar steps (3 drafting, 1 verifying): the next 4, then 8, ... blocks
+    are ar steps with weigh_probes, 1, then 2, ... without."""
+    for weigh, want in ((True, [4, 8, 16]), (False, [1, 2, 4])):
+        rule = DraftLengthRule(CostModel({1: 1.0, 16: 16.0}), weigh_probes=weigh)
+        skips = []
+        for _ in range(3):
+            assert rule.choose_batch([[0.0] * 15, [0.0] * 15], spent=3.0) == 0
+            skips.append(rule.skip)
+            rule.skip = 0
+        assert skips == want
+
+
+def test_measured_choice_runs_the_faster_step_and_probes_the_other():
+    """Blocks commit 10 tokens/s and ar steps 20 (after 2 unmeasured steps of each): ar runs, and
+    blocks are retried after 1, 2, 4, ... ar steps; once blocks measure faster, they run."""
+    from xkernels.decoding.draft_length import MeasuredChoice
+
+    choice = MeasuredChoice(warmup=2)
+    kinds = []
+    for _ in range(40):
+        kind = choice.draft_now()
+        kinds.append(kind)
+        choice.observe(kind, 10 if kind else 20, 1.0)
+    assert kinds[:6] == [True] * 3 + [False] * 3
+    probes = [i for i, k in enumerate(kinds[6:]) if k]
+    assert [b - a - 1 for a, b in zip(probes, probes[1:])] == [1, 2, 4, 8, 16][: len(probes) - 1]
+    kind = False
+    while not kind:  # blocks became fast: the next probe reveals it and flips the choice
+        kind = choice.draft_now()
+        choice.observe(kind, 100 if kind else 20, 1.0)
+    later = []
+    for _ in range(20):
+        later.append(choice.draft_now())
+        choice.observe(later[-1], 100 if later[-1] else 20, 1.0)
+    assert sum(later) >= 15
+
+
 def test_a_tree_is_cut_to_its_paying_nodes():
     """Best-first nodes: 1 under the root, 2 under 1 (both confident), then 3 under the root and 4
     under 2 (hopeless); at 0.3 ar steps per extra node only the first two pay."""

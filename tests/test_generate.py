@@ -153,9 +153,8 @@ def test_refined_proposals_follow_the_distributions_they_report(mode):
     """At T>0 a refined draft must be a sample of the q the loop hands to chain_verify: here
     x1 | x0 against q1(. | x0) recomputed from the refiner (chi-squared), with a refiner whose
     bias depends strongly on the previous token, and Jacobi stopped after one pass (unsettled)."""
-    import sys
+    from xkernels.decoding.modes import PROPOSERS, Streams
 
-    loop = sys.modules["xkernels.decoding.generate"]
     vocab, block, samples = 6, 4, 3000
     _, _, refiner = tiny_models(vocab, block=block, seed=2)
     with torch.no_grad():
@@ -165,16 +164,17 @@ def test_refined_proposals_follow_the_distributions_they_report(mode):
     h = torch.randn(1, block, 32, generator=g, dtype=torch.float64)
     base = torch.randn(1, block - 1, vocab, generator=g) * 2
     tokens = [4, 1]  # the token before the anchor, the anchor
-    weights = refiner.fold().to(torch.float32)
+    proposer = PROPOSERS[mode](refiner, iters=1)
     ctx = refiner.prepare(h)
     q1 = torch.stack([(base[0, 1] + refiner.delta(ctx, torch.tensor([[4, 1, x, 0]]))[0, 2].float()).softmax(-1)
                       for x in range(vocab)]).detach()
     counts = torch.zeros(vocab, vocab)
     for seed in range(samples):
-        stats = loop.Stats(mode)
         with torch.inference_mode():
-            drafts, q, _ = loop._propose(mode, base, h, tokens, refiner, weights, 1, 1.0, seed, 0, stats)
-        x0, x1 = int(drafts[0, 0]), int(drafts[0, 1])
+            p = proposer.propose(base, h, torch.tensor([tokens]), Streams(1.0, seed, 0))
+        if p.limit is not None and int(p.limit[0]) < 2:
+            continue  # x1 is not verified: the loop never hands it to chain_verify
+        x0, x1 = int(p.drafts[0, 0]), int(p.drafts[0, 1])
         counts[x0, x1] += 1
-        torch.testing.assert_close(q[0, 1], q1[x0], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(p.q[0, 1], q1[x0], atol=1e-5, rtol=1e-4)
     assert chi_squared_pvalue(counts, counts.sum(1, keepdim=True) * q1) > 1e-3

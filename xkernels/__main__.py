@@ -14,6 +14,8 @@ import torch
 
 import xkernels
 
+from .demo_batch import SIZES
+
 
 def info(_args):
     build = xkernels.build_info()
@@ -37,18 +39,29 @@ def demo(args):
                            draft_len=draft_len, seed=args.seed)
     from .demo import format_tables, run_demo
 
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no GPU is visible to torch")
     passes = tuple(range(1, args.max_passes + 1))
     report = run_demo(prompts=args.prompts, tokens=args.tokens, temperature=args.temperature, passes=passes,
                       iters=args.iters, out=Path(args.out), seed=args.seed, draft_len=args.draft_len,
-                      sweep=not args.no_sweep)
+                      sweep=not args.no_sweep, device=args.device)
     print(format_tables(report))
     print(f"\nwrote {args.out}/demo.png and {args.out}/demo.json")
+    sizes = args.batch_sizes if args.batch_sizes is not None else (
+        SIZES if args.device.startswith("cuda") else ())
+    if sizes:
+        from .demo_batch import format_batch_sweep, run_batch_sweep
+        from .models.shipped import load_all
+
+        models = load_all().to(args.device)
+        print(format_batch_sweep(run_batch_sweep(models, sizes, args.tokens, args.iters, args.temperature, args.seed),
+                                 args.temperature))
     if args.no_diffusion:
         return
     from .demo_diffusion import format_diffusion_tables, run_diffusion_demo
 
     report = run_diffusion_demo(prompts=args.prompts, tokens=args.tokens, temperature=args.temperature,
-                                keep=args.keep, seed=args.seed, out=Path(args.out))
+                                keep=args.keep, seed=args.seed, out=Path(args.out), device=args.device)
     print(format_diffusion_tables(report))
     print(f"\nwrote {args.out}/demo_diffusion.png and {args.out}/demo_diffusion.json")
 
@@ -62,6 +75,10 @@ def export_hf(args):
 
 def _draft_len(text: str):
     return text if text == "auto" else int(text)
+
+
+def _sizes(text: str):
+    return tuple(int(n) for n in text.split(",") if n)
 
 
 def main(argv=None):
@@ -91,6 +108,10 @@ def main(argv=None):
     d.add_argument("--tp", type=int, default=0,
                    help="instead: decode with the target's LM head sharded over this many gloo processes "
                         "(torchrun conventions) and compare with one process (--prompts 1 is plenty)")
+    d.add_argument("--device", default="cpu", help="cpu (default) or cuda: where the models run")
+    d.add_argument("--batch-sizes", type=_sizes, default=None,
+                   help="batch sizes of the generate_batch sweep, e.g. 1,4,16,64 (default: those on cuda, none on "
+                        "cpu; an empty string skips it)")
     d.set_defaults(run=demo)
     e = commands.add_parser("export-hf", help="the shipped target (Qwen3) and tokenizer as a transformers folder")
     e.add_argument("out", help="the folder to write (config.json, model.safetensors, tokenizer files)")

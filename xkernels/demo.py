@@ -25,13 +25,13 @@ TREE_BUDGETS = (4, 8, 16, 32)  # draft nodes a tree verifies per block
 
 def run_demo(prompts: int = 4, tokens: int = 64, temperature: float = 0.0, passes=(1, 2, 3, 4, 5, 6),
              iters: int = 4, out: Path = Path("demo_out"), seed: int = 0, draft_len="auto",
-             sweep: bool = True) -> dict:
+             sweep: bool = True, device: str = "cpu") -> dict:
     """Each speculative mode twice: with draft_len (the rule of xkernels.decoding.draft_length by
     default) and verifying every draft ("<mode> (all)"); the Jacobi pass sweep verifies every draft
     too, so its tau measures the refinement alone. tau is tokens over target calls summed over the
     prompts (a mean of per-prompt ratios would let one repetitive prompt dominate)."""
     torch.manual_seed(seed)
-    models = load_all()
+    models = load_all().to(device)
     verified = models.drafter.cfg.block_size - 1  # the trees verify as many drafts as the chains
     speculative = [("drafter", None), ("sequential", None), ("jacobi", iters), ("tree", None), ("tree-jacobi", iters)]
     runs = [("ar", "ar", None, None)] + [(mode, mode, p, draft_len) for mode, p in speculative] + [
@@ -83,7 +83,7 @@ def run_demo(prompts: int = 4, tokens: int = 64, temperature: float = 0.0, passe
                     bar.update()
                 sweeps[domain]["chain" if mode == "drafter" else "tree"][size] = toks / calls
     report = dict(prompts=prompts, tokens=tokens, temperature=temperature, jacobi_iters=iters,
-                  draft_len=draft_len, domains=results, tau_by_verified_tokens=sweeps)
+                  draft_len=draft_len, device=str(device), domains=results, tau_by_verified_tokens=sweeps)
     out.mkdir(parents=True, exist_ok=True)
     (out / "demo.json").write_text(json.dumps(report, indent=1))
     _plot(results, sweeps, passes, iters, out / "demo.png", temperature)

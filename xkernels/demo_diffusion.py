@@ -23,9 +23,9 @@ KEEPS = (1, 2, 4, 8, 16, 32)
 
 
 def run_diffusion_demo(prompts: int = 4, tokens: int = 64, temperature: float = 0.0, keep: int = 16,
-                       block_size: int = 32, seed: int = 0, out: Path = Path("demo_out")) -> dict:
-    model, tok = load_block_diffusion(), load_tokenizer()
-    graphs = {None: shipped_graph(), THRESHOLD: shipped_graph(threshold=True)}
+                       block_size: int = 32, seed: int = 0, out: Path = Path("demo_out"), device: str = "cpu") -> dict:
+    model, tok = load_block_diffusion().to(device), load_tokenizer()
+    graphs = {None: shipped_graph(device=device), THRESHOLD: shipped_graph(threshold=True, device=device)}
     runs = [("vanilla", None, None), ("threshold", THRESHOLD, None), (f"spiffy-{keep}", None, keep),
             (f"spiffy-{keep}+threshold", THRESHOLD, keep)]
     runs += [(f"spiffy-{k}", None, k) for k in KEEPS if k != keep]
@@ -33,7 +33,8 @@ def run_diffusion_demo(prompts: int = 4, tokens: int = 64, temperature: float = 
     results = {}
     with tqdm(total=len(data.DOMAINS) * prompts * len(runs), desc="diffusion demo") as bar:
         for domain in data.DOMAINS:
-            texts = [torch.tensor(tok.encode(t).ids) for t in data.held_out_prompts(domain, prompts, rng_seed=seed)]
+            texts = [torch.tensor(tok.encode(t).ids, device=device)
+                     for t in data.held_out_prompts(domain, prompts, rng_seed=seed)]
             dllm_generate(model, texts[0], 8, block_size=block_size)  # warm-up
             rows, vanilla = {}, {}
             for name, threshold, k in runs:

@@ -1,4 +1,5 @@
-"""Decoding loops composed from the xkernels ops, one sequence at a time.
+"""The decoding loop of one sequence, composed from the xkernels ops (generate_batch, in batch.py,
+decodes many with static caches and fixed-shape steps; both run the modes of modes.py).
 
 Modes:
     "ar"          plain autoregressive decoding with the KV cache (the baseline)
@@ -25,10 +26,9 @@ import torch
 
 from ..models.hf import as_target
 from .draft_length import CostModel, DraftLengthRule, measured_cost_model
-from ..models.target import KVCache, Linear, TargetLM
-from ..ops import (build_draft_tree, chain_verify, jacobi_refine, refine_step, sequential_refine,
-                   tree_attention_mask, tree_verify)
-from . import tensor_parallel
+from ..models.target import KVCache, TargetLM
+from ..ops import chain_verify
+from .modes import Mode, Proposal, Streams, draft_block, make_mode
 
 MODES = ("ar", "drafter", "sequential", "jacobi", "tree", "tree-jacobi")
 TREE_MODES = ("tree", "tree-jacobi")
@@ -41,7 +41,6 @@ class Stats:
     target_calls: int = 0  # forwards after the prefill
     draft_calls: int = 0  # blocks that ran the drafter (the others were plain ar steps: draft_len="auto")
     refine_passes: int = 0
-    _device_passes: List[torch.Tensor] = field(default_factory=list, repr=False)  # read once, at the end
     accept_lens: List[int] = field(default_factory=list)
     seconds: float = 0.0
     parts: Dict[str, float] = field(default_factory=dict)  # seconds per part of a block (speculative modes)
@@ -56,162 +55,77 @@ class Stats:
         return self.new_tokens / max(self.seconds, 1e-9)
 
 
-# The drafts of block `step` and its verification draw from separate Philox streams: both key
-# their noise by (sequence, slot or row, vocabulary id), so one offset would make the residual
-# sample at row d reuse the noise that chose draft d, and the sample would no longer follow the
-# residual given the rejection.
-def _draft_offset(step: int) -> int:
-    return 2 * step + 1
-
-
-def _verify_offset(step: int) -> int:
-    return 2 * step
-
-
-def _next_token(logits_row: torch.Tensor, temperature: float, seed: int, offset: int, tp=None) -> int:
-    """The argmax, or a sample of softmax(l / T): chain_verify with no drafts emits just the bonus.
-    tp: the VocabShard of a vocabulary-parallel target (logits_row is its shard)."""
-    if tp is not None:
-        return tp.next_token(logits_row, temperature, seed, offset)
+def _next_token(logits_row: torch.Tensor, temperature: float, seed: int, offset) -> int:
+    """The argmax, or a sample of softmax(l / T): chain_verify with no drafts emits just the bonus."""
     no_drafts = torch.empty(1, 0, dtype=torch.int64, device=logits_row.device)
     _, out = chain_verify(no_drafts, logits_row.float().view(1, 1, -1), temperature=temperature, seed=seed,
                           offset=offset)
     return int(out[0, 0])
 
 
-def _decode_ar(target, prompt, max_new_tokens, temperature, seed, stats, tp=None):
+def _decode_ar(target, prompt, max_new_tokens, temperature, seed, stats):
     cache = target.new_cache()
     logits, _ = target(prompt, cache)
     out = []
     while True:
-        out.append(_next_token(logits[0, -1], temperature, seed, len(out), tp))
+        out.append(_next_token(logits[0, -1], temperature, seed, len(out)))
         if len(out) == max_new_tokens:
             return out
         logits, _ = target(torch.tensor([[out[-1]]], device=prompt.device), cache)
         stats.target_calls += 1
 
 
-def _propose(mode, base_logits, h, tokens, refiner, weights, iters, temperature, seed, step, stats,
-             with_confidence=False, tp=None):
-    """Draft tokens [1, D'], at T > 0 the distributions [1, D', V] they were drawn from (else None),
-    and, with_confidence, each slot's confidence [1, D'] for the draft length rule (else None): the
-    largest probability of its draft distribution. At T > 0 that is a function of the distribution, never of the token drawn
-    from it (a choice that read the drawn token would bias which drafts get verified)."""
-    if mode == "drafter":
-        if tp is not None:  # T = 0 (generate checks): the sharded argmax and its probability 1 / sum
-            _, total, top = tp.stats(base_logits)
-            return top, None, 1 / total if with_confidence else None
-        if temperature == 0:
-            if not with_confidence:
-                return base_logits.argmax(-1), None, None
-            confidence, drafts = torch.softmax(base_logits, -1).max(-1)
-            return drafts, None, confidence
-        q = torch.softmax(base_logits.float() / temperature, -1)
-        g = torch.Generator(device=q.device).manual_seed(seed * 1_000_003 + step)
-        return torch.multinomial(q[0], 1, generator=g).view(1, -1), q, q.amax(-1) if with_confidence else None
-
-    ctx = refiner.prepare(h.to(refiner.w2.weight.dtype)).float()
-    before = tokens[-2] if len(tokens) > 1 else tokens[-1]  # slot 0 (the anchor) reads the token before it
-    prefix = torch.tensor([[before, tokens[-1]]], device=base_logits.device)
-    rng = dict(temperature=temperature, seed=seed, offset=_draft_offset(step))
-    names = ("sequential_refine", "jacobi_refine", "refine_step")
-    run_sequential, run_jacobi, run_step = ((sequential_refine, jacobi_refine, refine_step) if tp is None
-                                            else (tp.refine(name) for name in names))
-    if mode == "sequential":
-        drafts, logprobs = run_sequential(ctx, prefix, base_logits, weights, **rng)
-        stats.refine_passes += drafts.shape[1]
-    else:
-        drafts, logprobs, passes = run_jacobi(ctx, prefix, base_logits, weights, max_iters=iters, **rng)
-        stats._device_passes.append(passes)
-    if temperature == 0:
-        return drafts, None, logprobs.exp() if with_confidence else None  # the argmax's probability
-    # Whether Jacobi stopped on a pass that changed nothing: a host read that only sampling needs.
-    converged = mode == "sequential" or int(passes[0]) < iters
-    prev = torch.cat([prefix, drafts[:, :-1]], dim=1)
-    if not converged:
-        # A slot's draft follows q(. | the drafts before it) only where Jacobi has settled: a check pass
-        # from the final drafts (same noise) agrees up to the first unsettled slot, whose check sample
-        # is itself a proper draft; verify up to there.
-        check, _ = run_step(ctx, prev, base_logits, weights, **rng)
-        stats.refine_passes += 1
-        differ = (check != drafts)[0].nonzero()
-        keep = int(differ[0]) + 1 if len(differ) else drafts.shape[1]
-        drafts = check[:, :keep]  # prev is right for these slots: it differs from check only later
-    d = drafts.shape[1]
-    delta = refiner.delta(ctx, prev) if tp is None else tp.delta(refiner, ctx, prev)
-    refined = base_logits[:, :d].float() + delta[:, 1 : d + 1].float()
-    if tp is not None:
-        q, top_p = tp.softmax(refined, temperature)
-        return drafts, q, top_p if with_confidence else None
-    q = torch.softmax(refined / temperature, -1)
-    return drafts, q, q.amax(-1) if with_confidence else None
+def _chain_block(mode, target, anchor, base_logits, h, prefix, cache, layers, rng, rule, spent, clock):
+    """Propose, choose how many drafts to verify (the rule, or mode.draft_len), verify. Returns
+    (emitted tokens, accepted count, the target's features of the committed positions)."""
+    p = mode.proposer.propose(base_logits, h, prefix, rng, with_confidence=rule is not None)
+    k = min(mode.draft_len, p.drafts.shape[1])
+    if p.limit is not None:  # unsettled Jacobi slots at T > 0: verify only the proper drafts
+        k = min(k, int(p.limit[0]))
+    if rule is not None:
+        confidence = p.confidence[0, :k].tolist()
+        k = rule.choose(confidence, spent + clock.lap("refinement"))
+    clock.lap("refinement")
+    chosen = Proposal(p.drafts[:, :k], None if p.q is None else p.q[:, :k], None)
+    accept_len, out, hidden = mode.verifier.verify(target, anchor, chosen, cache, layers, rng)
+    # The one host read of the block: the accepted length and the emitted tokens together.
+    row = torch.cat([accept_len, out[0]]).tolist()
+    accepted = row[0]
+    if rule is not None:
+        for i in range(min(accepted + 1, k)):
+            rule.observe(confidence[i], i < accepted)
+    return row[1 : accepted + 2], accepted, hidden[:, : accepted + 1]
 
 
-def _tree_marginals(mode, base_logits, h, tokens, refiner, weights, iters, temperature, seed, step, stats, tp=None):
-    """Per-slot logits [1, D, V] the tree is built over: the drafter's, or the refiner's at the final
-    Jacobi iterate (each slot conditioned on the iterate's tokens before it)."""
-    if mode == "tree":
-        return base_logits
-    ctx = refiner.prepare(h.to(refiner.w2.weight.dtype)).float()
-    before = tokens[-2] if len(tokens) > 1 else tokens[-1]
-    prefix = torch.tensor([[before, tokens[-1]]], device=base_logits.device)
-    run_jacobi = jacobi_refine if tp is None else tp.refine("jacobi_refine")
-    drafts, _, passes = run_jacobi(ctx, prefix, base_logits, weights, max_iters=iters, temperature=temperature,
-                                   seed=seed, offset=_draft_offset(step))
-    stats._device_passes.append(passes)
-    prev = torch.cat([prefix, drafts[:, :-1]], dim=1)
-    delta = refiner.delta(ctx, prev) if tp is None else tp.delta(refiner, ctx, prev)
-    return base_logits.float() + delta[:, 1:].float()
-
-
-def _tree_block(target, anchor, marginals, cache, layers, tree_budget, tree_topk, temperature, seed, step,
-                rule=None, spent=0.0, tp=None):
-    """One tree step: build, one target call, verify, keep the accepted path in the cache. With a
-    DraftLengthRule the tree is cut to its best first nodes (a prefix of a best-first tree is a
-    tree), each node counting its path's probability under the marginals as expected tokens.
-    Returns (emitted tokens, accepted count, hidden states [1, accepted+1, ...] of the kept nodes)."""
-    if tp is None:
-        logprobs = torch.log_softmax(marginals.float(), -1)
-        lp, tok = logprobs.topk(min(tree_topk, marginals.shape[-1]), -1)
-    else:  # the marginals are this rank's shard (and rule is None: tp needs a fixed draft_len)
-        lp, tok = tp.topk_logprobs(marginals, min(tree_topk, tp.vocab))
-    tokens, parents, num_nodes, depth = build_draft_tree(lp, tok, tree_budget)
-    m = int(num_nodes[0])  # the one host sync of the build: how many nodes the forward takes
+def _tree_block(mode, target, anchor, base_logits, h, prefix, cache, layers, rng, rule, spent, clock):
+    """Build the tree, cut it with the rule (each node counting its path's probability under the
+    marginals as expected tokens), verify. Returns what _chain_block does."""
+    marginals = mode.proposer.marginals(base_logits, h, prefix, rng)
+    spent += clock.lap("refinement")
+    tree = mode.verifier.build(marginals)
+    m = int(tree.num_nodes[0])  # the one host sync of the build: how many nodes the forward takes
     if rule is not None:  # the tree is a function of the marginals, so its nodes' probabilities may be read
-        node_p = logprobs[0, (depth[0, 1:m] - 1).clamp(min=0), tokens[0, 1:m]].exp().tolist()
-        node_parents = parents[0, 1:m].tolist()
+        node_p = tree.logprobs[0, (tree.depth[0, 1:m] - 1).clamp(min=0), tree.tokens[0, 1:m]].exp().tolist()
+        node_parents = tree.parents[0, 1:m].tolist()
         m = rule.choose_nodes(node_p, node_parents, spent) + 1
-    tokens, parents, depth = tokens[:, :m].clone(), parents[:, :m], depth[0, :m]
-    tokens[0, 0] = anchor
-    prefix_len = cache.length
-    logits, hidden = target(tokens, cache, hidden_layers=layers, tree_mask=tree_attention_mask(parents)[0],
-                            tree_depth=depth)
-    verify = tree_verify if tp is None else tp.tree_verify
-    accept_len, path, out = verify(tokens, parents, logits.float(), temperature=temperature, seed=seed,
-                                   offset=_verify_offset(step))
+    accept_len, out, hidden, path = mode.verifier.verify(target, anchor, tree.prefix(m), cache, layers, rng)
     # The block's second host read: the accepted length, the emitted tokens and the path together.
     row = torch.cat([accept_len, out[0], path[0]]).tolist()
-    accepted, emitted, kept = row[0], row[1 : row[0] + 2], set(row[out.shape[1] + 1 :][: row[0] + 1])
+    accepted = row[0]
     if rule is not None:  # a node was tried if its parent was accepted
+        kept = set(row[m + 1 :][: accepted + 1])
         for node in range(1, m):
             if node_parents[node - 1] in kept:
                 rule.observe(node_p[node - 1], node in kept)
-    cache.keep_path(prefix_len, path, accept_len, kept=accepted + 1)
-    return emitted, accepted, torch.cat(hidden, dim=-1)[:, path[0, : accepted + 1]]
+    return row[1 : accepted + 2], accepted, hidden[:, : accepted + 1]
 
 
-def _decode_speculative(mode, target, drafter, refiner, prompt, max_new_tokens, iters, temperature, seed,
-                        draft_len, stats, tree_budget=15, tree_topk=8, cost=None, draft_dtype=torch.float32,
-                        tp=None):
+def _decode_speculative(mode: Mode, target, drafter, prompt, max_new_tokens, temperature, seed, stats, rule=None,
+                        draft_dtype=torch.float32):
     layers = drafter.cfg.target_layers
-    block = drafter.cfg.block_size
-    weights = refiner.fold().to(torch.float32) if refiner is not None else None
-    if tp is not None and weights is not None:
-        weights = tp.weights(weights)
     cache = target.new_cache()
     context = KVCache(len(drafter.layers))  # the drafter's injected keys and values, grown in place
     device = prompt.device
-    rule = DraftLengthRule(cost) if cost is not None else None
     pending = []  # target features of committed tokens not yet in the drafter's context
 
     def commit_context():
@@ -231,16 +145,16 @@ def _decode_speculative(mode, target, drafter, refiner, prompt, max_new_tokens, 
     else:
         pending.append(torch.zeros(1, 0, len(layers) * target.cfg.dim, device=device,
                                    dtype=target.lm_head.weight.dtype))
-    masks = torch.full((1, block - 1), drafter.cfg.mask_token_id, device=device)
     step = 0
     clock = _PartClock(stats)
+    block = _tree_block if mode.proposer.tree else _chain_block
     while len(tokens) - start < max_new_tokens:
-        anchor = tokens[-1]
-        anchor_ids = torch.tensor([[anchor]], device=device)
+        anchor = torch.tensor([tokens[-1]], device=device)
+        rng = Streams(temperature, seed, step)
         if rule is not None and not rule.draft_now():
             # A plain ar step (the rule found drafting not worth its cost here): no drafter call.
-            logits, hidden = target(anchor_ids, cache, hidden_layers=layers)
-            emitted, accepted = [_next_token(logits[0, -1], temperature, seed, _verify_offset(step), tp)], 0
+            logits, hidden = target(anchor[:, None], cache, hidden_layers=layers)
+            emitted, accepted = [_next_token(logits[0, -1], temperature, seed, rng.verify)], 0
             pending.append(torch.cat(hidden, dim=-1))
             clock.lap("verification")
         else:
@@ -248,42 +162,13 @@ def _decode_speculative(mode, target, drafter, refiner, prompt, max_new_tokens, 
                 commit_context()
                 clock.lap("bookkeeping")
             stats.draft_calls += 1
-            h = drafter(target.embed(torch.cat([anchor_ids, masks], 1)).to(draft_dtype),
-                        list(zip(context.k, context.v)), start=len(tokens) - 1)
-            head = target.lm_head
-            base_logits = head(h[:, 1:] if isinstance(head, Linear) else h[:, 1:].to(head.weight.dtype)).float()
+            base_logits, h = draft_block(drafter, target, anchor, list(zip(context.k, context.v)), draft_dtype,
+                                         start=len(tokens) - 1)
             spent = clock.lap("drafter")
-            if mode in TREE_MODES:
-                marginals = _tree_marginals(mode, base_logits, h, tokens, refiner, weights, iters, temperature, seed,
-                                            step, stats, tp)
-                spent += clock.lap("refinement")
-                emitted, accepted, kept_hidden = _tree_block(target, anchor, marginals, cache, layers, tree_budget,
-                                                             tree_topk, temperature, seed, step, rule, spent, tp)
-                clock.lap("verification")
-            else:
-                drafts, q, confidence = _propose(mode, base_logits, h, tokens, refiner, weights, iters, temperature,
-                                                 seed, step, stats, with_confidence=rule is not None, tp=tp)
-                k = min(draft_len, drafts.shape[1])
-                if rule is not None:
-                    confidence = confidence[0, :k].tolist()
-                    k = rule.choose(confidence, spent + clock.lap("refinement"))
-                drafts, q = drafts[:, :k], None if q is None else q[:, :k]
-                clock.lap("refinement")
-                logits, hidden = target(torch.cat([anchor_ids, drafts], 1), cache, hidden_layers=layers)
-                verify = chain_verify if tp is None else tp.chain_verify
-                accept_len, out = verify(drafts, logits.float(), draft_probs=q, temperature=temperature,
-                                         seed=seed, offset=_verify_offset(step))
-                # The one host read of the block: the accepted length and the emitted tokens together.
-                row = torch.cat([accept_len, out[0]]).tolist()
-                accepted, emitted = row[0], row[1 : row[0] + 2]
-                if rule is not None:
-                    for i in range(min(accepted + 1, k)):
-                        rule.observe(confidence[i], i < accepted)
-                # The anchor and the accepted drafts are committed: the target keeps their cache entries
-                # and the drafter their injected keys and values.
-                cache.crop(cache.length - drafts.shape[1] + accepted)
-                kept_hidden = torch.cat(hidden, dim=-1)[:, : accepted + 1]
-                clock.lap("verification")
+            prefix = torch.tensor([tokens[-2:] if len(tokens) > 1 else tokens[-1:] * 2], device=device)
+            emitted, accepted, kept_hidden = block(mode, target, anchor, base_logits, h, prefix, cache, layers, rng,
+                                                   rule, spent, clock)
+            clock.lap("verification")
             pending.append(kept_hidden)
         tokens += emitted
         stats.target_calls += 1
@@ -358,7 +243,7 @@ def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: st
              refiner=None, iters: int = 4, temperature: float = 0.0, seed: int = 0,
              draft_len: Union[int, str, None] = "auto", tree_budget: int = 15, tree_topk: int = 8,
              num_threads: Optional[int] = None, cost_model: Optional[CostModel] = None,
-             draft_dtype: Optional[torch.dtype] = None, tp_group=None):
+             draft_dtype: Optional[torch.dtype] = None):
     """Continue prompt_ids by max_new_tokens tokens. Returns (tokens, Stats).
 
     target is a TargetLM or a transformers causal LM (adapted by xkernels.models.hf.HFTarget,
@@ -376,11 +261,7 @@ def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: st
     in half the float32 time here), else the target's. The drafter only proposes, so its precision never changes
     the output, only how often drafts are accepted.
     num_threads: torch's intra-op threads during the call (see decode_threads: 1 for small models
-    unless set here or by XKERNELS_NUM_THREADS); the previous setting is restored after.
-    tp_group: a torch.distributed group over which the target's LM head (and the refiner's readout)
-    is sharded by vocabulary rows (xkernels.decoding.tensor_parallel; every rank of the group calls
-    generate with the same arguments and gets the same tokens as one process; every mode but
-    "drafter" at T > 0; draft_len must be fixed)."""
+    unless set here or by XKERNELS_NUM_THREADS); the previous setting is restored after."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if mode != "ar" and drafter is None:
@@ -392,14 +273,6 @@ def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: st
     if not (draft_len is None or draft_len == "auto" or (isinstance(draft_len, int) and draft_len >= 0)):
         raise ValueError(f"draft_len must be 'auto', None or an int >= 0, got {draft_len!r}")
     target = as_target(target, drafter if mode != "ar" else None)
-    tp = None
-    if tp_group is not None:
-        if mode not in tensor_parallel.TP_MODES or (mode == "drafter" and temperature != 0):
-            raise ValueError(f"tp_group supports modes {tensor_parallel.TP_MODES} ('drafter' at T = 0), got {mode!r}"
-                             f" at T = {temperature}")
-        if mode != "ar" and draft_len == "auto":  # its rule reads timings: ranks would verify different drafts
-            raise ValueError("tp_group needs a fixed draft_len (an int or None), not 'auto'")
-        target, tp = tensor_parallel.shard_target(target, tp_group)
     if mode in TREE_MODES and not isinstance(target, TargetLM):
         raise ValueError(f"mode {mode!r} needs a target that takes a tree attention mask (xkernels' TargetLM); "
                          f"{type(target).__name__} does not")
@@ -413,17 +286,15 @@ def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: st
             cost_model = measured_cost_model(target, max(drafter.cfg.block_size, tree_budget + 1))
         began = time.perf_counter()
         if mode == "ar":
-            out = _decode_ar(target, prompt, max_new_tokens, temperature, seed, stats, tp)
+            out = _decode_ar(target, prompt, max_new_tokens, temperature, seed, stats)
             stats.target_calls += 1  # the prefill's logits give the first token; count it like a step
         else:
             fixed = drafter.cfg.block_size - 1 if draft_len in (None, "auto") else draft_len
-            out = _decode_speculative(mode, target, drafter, refiner, prompt, max_new_tokens, iters, temperature,
-                                      seed, fixed, stats, tree_budget, tree_topk,
-                                      cost_model if draft_len == "auto" else None,
-                                      draft_dtype or default_draft_dtype(target), tp)
-        if stats._device_passes:
-            stats.refine_passes += int(torch.cat(stats._device_passes).sum())
-            stats._device_passes.clear()
+            spec = make_mode(mode, refiner, iters, fixed, tree_budget, tree_topk)
+            rule = DraftLengthRule(cost_model) if draft_len == "auto" else None
+            out = _decode_speculative(spec, target, drafter, prompt, max_new_tokens, temperature, seed, stats, rule,
+                                      draft_dtype or default_draft_dtype(target))
+            stats.refine_passes = spec.proposer.refine_passes()
         stats.seconds = time.perf_counter() - began
     stats.new_tokens = len(out)
     return out, stats

@@ -108,6 +108,10 @@ class _Cache:
         if drop > 0:
             self.hf.crop(-drop)  # a negative count removes that many: the same in transformers 4 and 5
 
+    def commit(self, accept_len: torch.Tensor, written: int) -> None:
+        """After a chain's forward of `written` tokens: keep the anchor and the accepted drafts."""
+        self.crop(self.length - written + int(accept_len.max()) + 1)
+
 
 class HFTarget:
     """A transformers causal LM as a target of xkernels.decoding.generate."""

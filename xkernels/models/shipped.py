@@ -67,6 +67,13 @@ class ShippedModels:
     drafter: Optional[BlockDrafter]
     refiner: Optional[XPressRefiner]
 
+    def to(self, device) -> "ShippedModels":
+        """The models moved to device (in place, as nn.Module.to), the tokenizer as it is."""
+        for model in (self.target, self.drafter, self.refiner):
+            if model is not None:
+                model.to(device)
+        return self
+
 
 def load_all(folder: Path = WEIGHTS) -> ShippedModels:
     return ShippedModels(load_tokenizer(folder), load_target(folder), load_drafter(folder), load_refiner(folder))

@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .static_cache import StaticKVCache
+
 
 @dataclass
 class TargetConfig:
@@ -157,6 +159,16 @@ class KVCache:
                 compact_kv_(t, path, accept_len, prefix_len)
         self.crop(prefix_len + (int(accept_len.max()) + 1 if kept is None else kept))
 
+    def commit(self, accept_len: torch.Tensor, written: int, path: Optional[torch.Tensor] = None) -> None:
+        """After a forward that appended `written` entries: keep the first accept_len + 1 (one
+        sequence: a host read), or with a tree's path the root and accepted nodes (keep_path).
+        StaticKVCache.commit is the same for N sequences on the device."""
+        kept = int(accept_len.max()) + 1
+        if path is None:
+            self.crop(self.length - written + kept)
+        else:
+            self.keep_path(self.length - written, path, accept_len, kept)
+
 
 class Attention(nn.Module):
     def __init__(self, cfg: TargetConfig):
@@ -250,17 +262,26 @@ class TargetLM(Transformer):
         """Logits [B, T, V] of tokens [B, T] that follow the cache's positions, and the outputs of
         the blocks listed in hidden_layers (each [B, T, dim]).
 
-        With tree_mask [T, T] (xkernels.tree_attention_mask) and tree_depth [T] the tokens are a
-        draft tree: each attends to the cache and to its ancestors, at position start + depth."""
-        start = 0 if cache is None else cache.length
+        With tree_mask [T, T] or [B, T, T] (xkernels.tree_attention_mask) and tree_depth [T] or
+        [B, T] the tokens are a draft tree: each attends to the cache and to its ancestors, at
+        position start + depth. A StaticKVCache gives each sequence its own start (its length)."""
         t = tokens.shape[1]
+        if isinstance(cache, StaticKVCache):
+            positions, mask = cache.layout(t, tree_mask, tree_depth)
+            return self._run(tokens, positions, mask, cache, hidden_layers)
+        start = 0 if cache is None else cache.length
         if tree_mask is None:
             positions = torch.arange(start, start + t, device=tokens.device)
             # Query i (at position start + i) sees keys 0 .. start + i; one query sees them all.
             mask = None if t == 1 else torch.ones(t, start + t, dtype=torch.bool, device=tokens.device).tril(start)
         else:
             positions = start + tree_depth
-            mask = torch.cat([torch.ones(t, start, dtype=torch.bool, device=tokens.device), tree_mask], dim=1)
+            prefix = torch.ones(*tree_mask.shape[:-1], start, dtype=torch.bool, device=tokens.device)
+            mask = torch.cat([prefix, tree_mask], dim=-1)
+            mask = mask[:, None] if mask.dim() == 3 else mask
+        return self._run(tokens, positions, mask, cache, hidden_layers)
+
+    def _run(self, tokens, positions, mask, cache, hidden_layers):
         x = self.embed(tokens)
         hidden = []
         for i, block in enumerate(self.blocks):

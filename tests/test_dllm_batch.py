@@ -1,0 +1,46 @@
+"""Batched block diffusion decoding: at T = 0 every sequence's tokens are dllm_generate's (ragged
+prompts, a threshold that completes blocks at different steps, different max_new_tokens); at T > 0
+each sequence's first token follows the model's distribution."""
+
+import pytest
+import torch
+
+from xkernels.decoding import dllm_generate, dllm_generate_batch
+from tests.test_spiffy import tiny_model
+from tests.utils import chi_squared_pvalue
+
+
+@pytest.mark.parametrize("threshold", [None, 0.3])
+def test_greedy_batch_decodes_what_each_prompt_decodes_alone(threshold):
+    model = tiny_model()
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(2, 64, (n,), generator=g) for n in (5, 1, 13, 8)]
+    max_new = [20, 9, 16, 3]
+    got, stats = dllm_generate_batch(model, prompts, max_new, block_size=8, threshold=threshold)
+    for prompt, n, tokens in zip(prompts, max_new, got):
+        want, _ = dllm_generate(model, prompt, n, block_size=8, threshold=threshold)
+        assert torch.equal(tokens, want)
+    assert stats.new_tokens == sum(max_new)
+    if threshold is None:  # one position per step
+        assert stats.steps == sum(-(-n // 8) * 8 for n in max_new)
+
+
+def test_sampled_first_token_follows_the_model():
+    """The first token of a block of one position (T = 1), 48 rows of one prompt per call: its
+    distribution is the model's softmax at that position."""
+    model = tiny_model(seed=3)
+    prompt = torch.tensor([5, 9, 11])
+    with torch.no_grad():
+        cache = model.new_cache()
+        model.commit(prompt.view(1, -1), cache)
+        block = torch.full((1, 1), model.cfg.mask_id)
+        logits = model(block, cache)[0, 0].float()
+        logits[model.cfg.mask_id] = float("-inf")
+        p = torch.softmax(logits, -1)
+    counts = torch.zeros(64)
+    for seed in range(40):
+        out, _ = dllm_generate_batch(model, [prompt] * 48 + [torch.tensor([3])], 1, block_size=1, temperature=1.0,
+                                     seed=seed)
+        for tokens in out[:48]:
+            counts[int(tokens[0])] += 1
+    assert chi_squared_pvalue(counts, p) > 1e-3

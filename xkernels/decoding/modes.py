@@ -1,0 +1,274 @@
+"""A speculative decoding mode is a proposer (where a block's drafts come from) and a verifier (how
+one target call checks them and what the caches keep). Both work on N sequences at once and read
+nothing on the host, so the one-sequence loop (generate) and the batched one (generate_batch, whose
+blocks a CUDA graph can capture) run the same code.
+
+Proposers: "drafter" (the drafter's own drafts), "sequential" and "jacobi" (xPress refinement),
+"tree" and "tree-jacobi" (the per-slot marginals a draft tree is built over). Verifiers: a chain
+(chain_verify) or a tree (build_draft_tree, a tree-masked forward, tree_verify).
+"""
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import torch
+
+from ..models.target import Linear
+from ..ops import (build_draft_tree, chain_verify, jacobi_refine, refine_step, sequential_refine,
+                   tree_attention_mask, tree_verify)
+
+Step = Union[int, torch.Tensor]
+
+
+@dataclass
+class Streams:
+    """The Philox streams of block `step` (an int, or a one-element int64 tensor a CUDA graph
+    advances in place). The drafts, the verification and a truncated chain's bonus token draw from
+    separate offsets: all key their noise by (sequence, slot or row, vocabulary id), so a shared
+    offset would make the residual sample at row d reuse the noise that chose draft d."""
+
+    temperature: float
+    seed: int
+    step: Step
+
+    @property
+    def verify(self) -> Step:
+        return 3 * self.step
+
+    @property
+    def draft(self) -> Step:
+        return 3 * self.step + 1
+
+    @property
+    def bonus(self) -> Step:
+        return 3 * self.step + 2
+
+
+@dataclass
+class Proposal:
+    drafts: torch.Tensor  # int64 [N, D]
+    q: Optional[torch.Tensor]  # float32 [N, D, V], the distributions the drafts were drawn from (T > 0)
+    confidence: Optional[torch.Tensor]  # [N, D], each slot's largest draft probability (the draft length rule)
+    limit: Optional[torch.Tensor] = None  # int64 [N]: only the first limit[n] drafts are proper samples of q
+
+
+def draft_block(drafter, target, anchor: torch.Tensor, ctx_kv, dtype: torch.dtype, start: int = 0,
+                ctx_len: Optional[torch.Tensor] = None):
+    """The drafter's pass over [anchor, MASK ...] for anchors [N]: (base logits float32 [N, B-1, V]
+    from the target's head, the drafter's states [N, B, dim])."""
+    masks = torch.full((anchor.shape[0], drafter.cfg.block_size - 1), drafter.cfg.mask_token_id,
+                       device=anchor.device)
+    h = drafter(target.embed(torch.cat([anchor[:, None], masks], 1)).to(dtype), ctx_kv, start=start,
+                ctx_len=ctx_len)
+    head = target.lm_head
+    return head(h[:, 1:] if isinstance(head, Linear) else h[:, 1:].to(head.weight.dtype)).float(), h
+
+
+class Proposer:
+    """Drafts of a block from base_logits [N, D, V] and the drafter's states h [N, D+1, dim], after
+    prefix [N, 2] (the token before the anchor, the anchor). At T > 0 a draft's confidence is a
+    function of its distribution, never of the token drawn from it (a choice that read the drawn
+    token would bias which drafts get verified)."""
+
+    tree = False
+
+    def __init__(self, refiner=None, iters: int = 4):
+        self.refiner, self.iters = refiner, iters
+        self.weights = refiner.fold().to(torch.float32) if refiner is not None else None
+        self._passes: Optional[torch.Tensor] = None  # refinement passes, on the device (a graph replay adds too)
+        self._generator = None
+
+    def _count(self, passes, device) -> None:
+        if self._passes is None:
+            self._passes = torch.zeros((), dtype=torch.int64, device=device)
+        self._passes += passes
+
+    def refine_passes(self) -> int:
+        """The refinement passes run so far (one host read)."""
+        return 0 if self._passes is None else int(self._passes)
+
+    def _ctx(self, h: torch.Tensor) -> torch.Tensor:
+        return self.refiner.prepare(h.to(self.refiner.w2.weight.dtype)).float()
+
+    def generator(self, device, seed: int) -> torch.Generator:
+        """The stream of the drafter's own samples, seeded once per decode."""
+        if self._generator is None:
+            self._generator = torch.Generator(device=device).manual_seed(seed)
+        return self._generator
+
+
+class DrafterProposer(Proposer):
+    def propose(self, base_logits, h, prefix, rng: Streams, with_confidence=False) -> Proposal:
+        if rng.temperature == 0:
+            if not with_confidence:
+                return Proposal(base_logits.argmax(-1), None, None)
+            confidence, drafts = torch.softmax(base_logits, -1).max(-1)
+            return Proposal(drafts, None, confidence)
+        q = torch.softmax(base_logits / rng.temperature, -1)
+        # argmax q / E with E ~ Exp(1) i.i.d. is a sample of q (the exponential race), in fixed shapes.
+        race = torch.empty_like(q).exponential_(generator=self.generator(q.device, rng.seed))
+        return Proposal((q / race).argmax(-1), q, q.amax(-1) if with_confidence else None)
+
+
+class RefinedProposer(Proposer):
+    """xPress: the drafter's logits plus the refiner's correction given the drafts before each slot."""
+
+    settles = True  # the refinement ends on drafts that are samples of the q it reports
+
+    def _refine(self, ctx, prefix, base_logits, rng):
+        raise NotImplementedError
+
+    def propose(self, base_logits, h, prefix, rng: Streams, with_confidence=False) -> Proposal:
+        ctx = self._ctx(h)
+        drafts, logprobs = self._refine(ctx, prefix, base_logits, rng)
+        if rng.temperature == 0:
+            return Proposal(drafts, None, logprobs.exp() if with_confidence else None)  # the argmax's probability
+        prev = torch.cat([prefix, drafts[:, :-1]], dim=1)
+        limit = None
+        if not self.settles:
+            # A slot's draft follows q(. | the drafts before it) only where Jacobi has settled: a check
+            # pass from the final drafts (same noise) agrees up to the first unsettled slot, whose
+            # check sample is itself a proper draft; verify up to there. prev is right for those
+            # slots: it differs from the check only later.
+            check, _ = refine_step(ctx, prev, base_logits, self.weights, temperature=rng.temperature, seed=rng.seed,
+                                   offset=rng.draft)
+            self._count(drafts.shape[0], drafts.device)
+            differ = check != drafts
+            limit = torch.where(differ.any(1), differ.int().argmax(1) + 1, drafts.shape[1])
+            drafts = check
+        refined = base_logits.float() + self.refiner.delta(ctx, prev)[:, 1:].float()
+        q = torch.softmax(refined / rng.temperature, -1)
+        return Proposal(drafts, q, q.amax(-1) if with_confidence else None, limit)
+
+
+class SequentialProposer(RefinedProposer):
+    def _refine(self, ctx, prefix, base_logits, rng):
+        drafts, logprobs = sequential_refine(ctx, prefix, base_logits, self.weights, temperature=rng.temperature,
+                                             seed=rng.seed, offset=rng.draft)
+        self._count(drafts.numel(), drafts.device)
+        return drafts, logprobs
+
+
+class JacobiProposer(RefinedProposer):
+    settles = False  # it may stop after `iters` passes on an iterate that would still change
+
+    def _refine(self, ctx, prefix, base_logits, rng):
+        drafts, logprobs, passes = jacobi_refine(ctx, prefix, base_logits, self.weights, max_iters=self.iters,
+                                                 temperature=rng.temperature, seed=rng.seed, offset=rng.draft)
+        self._count(passes.sum(), passes.device)
+        return drafts, logprobs
+
+
+class TreeProposer(Proposer):
+    """The per-slot logits [N, D, V] a draft tree is built over: the drafter's own."""
+
+    tree = True
+
+    def marginals(self, base_logits, h, prefix, rng: Streams) -> torch.Tensor:
+        return base_logits
+
+
+class TreeJacobiProposer(JacobiProposer):
+    """The refiner's logits at the final Jacobi iterate (each slot conditioned on the iterate's
+    tokens before it)."""
+
+    tree = True
+
+    def marginals(self, base_logits, h, prefix, rng: Streams) -> torch.Tensor:
+        ctx = self._ctx(h)
+        drafts, _ = self._refine(ctx, prefix, base_logits, rng)
+        prev = torch.cat([prefix, drafts[:, :-1]], dim=1)
+        return base_logits.float() + self.refiner.delta(ctx, prev)[:, 1:].float()
+
+
+def truncate_chain(accept_len, out, logits, limit, rng: Streams):
+    """Sequence n's chain as if only its first limit[n] drafts had been verified: where the walk got
+    that far, the token at row limit[n] is a fresh sample of the target's row (its own noise: the
+    choice of limit reads only the drafts, so the row is still the target's distribution there)."""
+    n, k1, v = logits.shape
+    limit = limit.clamp(max=k1 - 1)
+    row = logits.gather(1, limit[:, None, None].expand(n, 1, v))
+    _, bonus = chain_verify(torch.empty(n, 0, dtype=torch.int64, device=logits.device), row,
+                            temperature=rng.temperature, seed=rng.seed, offset=rng.bonus)
+    cols = torch.arange(k1, device=logits.device)[None]
+    reached = (accept_len >= limit)[:, None] & (cols == limit[:, None])
+    accept_len = torch.minimum(accept_len, limit)
+    out = torch.where(reached, bonus, out)
+    return accept_len, torch.where(cols > accept_len[:, None], -1, out)
+
+
+class ChainVerifier:
+    def verify(self, target, anchor, proposal: Proposal, cache, layers, rng: Streams):
+        """One target call over [anchor, drafts] (anchor [N]), chain_verify, and the cache keeps the
+        anchor and the accepted drafts. Returns (accept_len [N], out_tokens [N, K+1], the target's
+        features [N, K+1, F] of the forward's tokens, valid through accept_len)."""
+        drafts = proposal.drafts
+        tokens = torch.cat([anchor[:, None], drafts], 1)
+        logits, hidden = target(tokens, cache, hidden_layers=layers)
+        logits = logits.float()
+        accept_len, out = chain_verify(drafts, logits, draft_probs=proposal.q, temperature=rng.temperature,
+                                       seed=rng.seed, offset=rng.verify)
+        if proposal.limit is not None:
+            accept_len, out = truncate_chain(accept_len, out, logits, proposal.limit, rng)
+        cache.commit(accept_len, tokens.shape[1])
+        return accept_len, out, torch.cat(hidden, dim=-1)
+
+
+@dataclass
+class DraftTree:
+    tokens: torch.Tensor  # int64 [N, M], the root -1
+    parents: torch.Tensor  # int64 [N, M]
+    num_nodes: torch.Tensor  # int64 [N]
+    depth: torch.Tensor  # int64 [N, M]
+    logprobs: torch.Tensor  # [N, D, V], the marginals' log-softmax (a node's probability, for the rule)
+
+    def prefix(self, m: int) -> "DraftTree":
+        """The first m nodes (a prefix of a best-first tree is a tree)."""
+        return DraftTree(self.tokens[:, :m], self.parents[:, :m], self.num_nodes.clamp(max=m), self.depth[:, :m],
+                         self.logprobs)
+
+
+class TreeVerifier:
+    def __init__(self, budget: int, topk: int):
+        self.budget, self.topk = budget, topk
+
+    def build(self, marginals: torch.Tensor) -> DraftTree:
+        """DDTree's best-first tree of `budget` draft nodes over each slot's `topk` candidates."""
+        logprobs = torch.log_softmax(marginals.float(), -1)
+        lp, tok = logprobs.topk(min(self.topk, marginals.shape[-1]), -1)
+        return DraftTree(*build_draft_tree(lp, tok, self.budget), logprobs)
+
+    def verify(self, target, anchor, tree: DraftTree, cache, layers, rng: Streams):
+        """One target call over the tree under its attention mask (padding nodes see themselves
+        only), tree_verify, and the cache keeps the root and the accepted path. Returns (accept_len
+        [N], out_tokens [N, M], the target's features [N, M, F] of the kept nodes first, path [N, M])."""
+        m = tree.tokens.shape[1]
+        root = torch.arange(m, device=anchor.device)[None] == 0
+        tokens = torch.where(root, anchor[:, None], tree.tokens.clamp(min=0))
+        mask = tree_attention_mask(tree.parents, num_nodes=tree.num_nodes)
+        logits, hidden = target(tokens, cache, hidden_layers=layers, tree_mask=mask, tree_depth=tree.depth)
+        accept_len, path, out = tree_verify(tokens, tree.parents, logits.float(), temperature=rng.temperature,
+                                            seed=rng.seed, offset=rng.verify, num_nodes=tree.num_nodes)
+        cache.commit(accept_len, m, path)
+        rows = torch.arange(tokens.shape[0], device=tokens.device)[:, None]
+        return accept_len, out, torch.cat(hidden, dim=-1)[rows, path.clamp(min=0)], path
+
+
+PROPOSERS = {"drafter": DrafterProposer, "sequential": SequentialProposer, "jacobi": JacobiProposer,
+             "tree": TreeProposer, "tree-jacobi": TreeJacobiProposer}
+
+
+@dataclass
+class Mode:
+    """A speculative mode: its proposer, its verifier, and the drafts a chain verifies per block."""
+
+    name: str
+    proposer: Proposer
+    verifier: Union[ChainVerifier, TreeVerifier]
+    draft_len: int
+
+
+def make_mode(name: str, refiner, iters: int, draft_len: int, tree_budget: int, tree_topk: int) -> Mode:
+    proposer = PROPOSERS[name](refiner, iters)
+    verifier = TreeVerifier(tree_budget, tree_topk) if proposer.tree else ChainVerifier()
+    return Mode(name, proposer, verifier, draft_len)
