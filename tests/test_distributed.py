@@ -168,9 +168,9 @@ def _check_empty(rank, bounds):
 
 def _check_generate(rank, bounds):
     """End to end: the shipped models decoded with a vocabulary-parallel target (the loop shards
-    the LM head evenly itself) give one process's tokens."""
+    the LM head evenly itself) give one process's tokens, one sequence and a ragged batch."""
     from xkernels import data
-    from xkernels.decoding import generate
+    from xkernels.decoding import generate, generate_batch
     from xkernels.models.shipped import load_all
 
     models = load_all()
@@ -182,6 +182,13 @@ def _check_generate(rank, bounds):
         alone, _ = generate(models.target, ids, 10, **kw)
         sharded, _ = generate(models.target, ids, 10, tp_group=dist.group.WORLD, **kw)
         assert sharded == alone, f"generate {mode} T={temperature}: {sharded} != {alone}"
+    prompts = [ids, ids[: len(ids) // 2]]  # ragged
+    for mode, temperature in (("ar", 1.0), ("jacobi", 0.0), ("tree", 1.0)):
+        kw = dict(mode=mode, drafter=models.drafter, refiner=models.refiner, temperature=temperature, seed=3,
+                  draft_len=None)
+        alone, _ = generate_batch(models.target, prompts, [8, 5], **kw)
+        sharded, _ = generate_batch(models.target, prompts, [8, 5], tp_group=dist.group.WORLD, **kw)
+        assert sharded == alone, f"generate_batch {mode} T={temperature}: {sharded} != {alone}"
 
 
 def _worker(rank, world, port):

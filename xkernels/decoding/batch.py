@@ -22,10 +22,10 @@ import torch
 
 from ..models.static_cache import StaticKVCache
 from ..models.target import TargetLM
-from ..ops import chain_verify
+from . import tensor_parallel
 from .draft_length import CostModel, DraftLengthRule, MeasuredChoice, measured_cost_model
 from .generate import MODES, _intra_op_threads, decode_threads, default_draft_dtype
-from .modes import Proposal, Streams, draft_block, make_mode
+from .modes import Proposal, Streams, WholeVocab, draft_block, make_mode
 
 
 CHAIN_MODES = ("drafter", "sequential", "jacobi")
@@ -62,12 +62,13 @@ class BatchDecoder:
     def __init__(self, target: TargetLM, prompts: List[List[int]], max_new_tokens: int, mode: str, drafter=None,
                  refiner=None, iters: int = 4, temperature: float = 0.0, seed: int = 0,
                  draft_len: Optional[int] = None, tree_budget: int = 15, tree_topk: int = 8,
-                 draft_dtype: Optional[torch.dtype] = None):
+                 draft_dtype: Optional[torch.dtype] = None, vocab=WholeVocab):
         device = target.lm_head.weight.device
         n = len(prompts)
-        self.target, self.drafter, self.temperature, self.seed = target, drafter, temperature, seed
+        self.target, self.drafter, self.temperature, self.seed, self.vocab = target, drafter, temperature, seed, vocab
         self.spec = None if mode == "ar" else make_mode(mode, refiner, iters, drafter.cfg.block_size - 1
-                                                          if draft_len is None else draft_len, tree_budget, tree_topk)
+                                                          if draft_len is None else draft_len, tree_budget, tree_topk,
+                                                          vocab)
         if self.spec is None:
             self.width = 1
         elif self.spec.proposer.tree:
@@ -120,8 +121,8 @@ class BatchDecoder:
         features also join the drafter's context)."""
         logits, hidden = self.target(self.anchor[:, None], self.cache, hidden_layers=self.layers)
         no_drafts = torch.empty(self.anchor.shape[0], 0, dtype=torch.int64, device=logits.device)
-        accept_len, out = chain_verify(no_drafts, logits.float(), temperature=self.temperature, seed=self.seed,
-                                       offset=rng.verify)
+        accept_len, out = self.vocab.chain_verify(no_drafts, logits.float(), temperature=self.temperature,
+                                                  seed=self.seed, offset=rng.verify)
         self.cache.commit(accept_len, 1)
         if self.spec is not None:
             self._extend_context(torch.cat(hidden, dim=-1))
@@ -247,7 +248,7 @@ def generate_batch(target, prompts: Sequence[Sequence[int]], max_new_tokens: Uni
                    mode: str = "ar", drafter=None, refiner=None, iters: int = 4, temperature: float = 0.0,
                    seed: int = 0, draft_len: Union[int, str, None] = "auto", tree_budget: int = 15,
                    tree_topk: int = 8, num_threads: Optional[int] = None, draft_dtype: Optional[torch.dtype] = None,
-                   cost_model: Optional[CostModel] = None, cuda_graph: Optional[bool] = None):
+                   cost_model: Optional[CostModel] = None, cuda_graph: Optional[bool] = None, tp_group=None):
     """Continue every prompt (token lists of any lengths) by its max_new_tokens (an int, or one per
     prompt). Returns (a list of token lists, BatchStats).
 
@@ -258,10 +259,15 @@ def generate_batch(target, prompts: Sequence[Sequence[int]], max_new_tokens: Uni
     for the batch's throughput, and runs ar steps while drafting does not pay; with a graph and in
     the tree modes, each step is a block of all B-1 drafts (or the whole tree) or an ar step, the
     one with more tokens per second as measured on the steps themselves (MeasuredChoice).
-    cuda_graph: capture the step as a CUDA graph (default: on a CUDA target)."""
+    cuda_graph: capture the step as a CUDA graph (default: on a CUDA target).
+    tp_group: a vocabulary-parallel target, as in generate (every rank calls with the same arguments)."""
     prompts = [[int(t) for t in p] for p in prompts]
     max_new = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
     _check(target, prompts, max_new, mode, drafter, refiner, draft_len, tree_budget)
+    vocab = WholeVocab
+    if tp_group is not None:
+        tensor_parallel.check_supported(mode, temperature, draft_len)
+        target, vocab = tensor_parallel.shard_target(target, tp_group)
     device = target.lm_head.weight.device
     graphed = device.type == "cuda" if cuda_graph is None else cuda_graph
     if graphed and device.type != "cuda":
@@ -277,7 +283,7 @@ def generate_batch(target, prompts: Sequence[Sequence[int]], max_new_tokens: Uni
             choice = MeasuredChoice()
         began = time.perf_counter()
         decoder = BatchDecoder(target, prompts, max(max_new), mode, drafter, refiner, iters, temperature, seed,
-                               None if draft_len == "auto" else draft_len, tree_budget, tree_topk, draft_dtype)
+                               None if draft_len == "auto" else draft_len, tree_budget, tree_topk, draft_dtype, vocab)
         steps = {kind: (lambda kind=kind: decoder.step(kind)) for kind in (True, False)}
         if graphed:
             proposer = decoder.spec.proposer if decoder.spec is not None else None

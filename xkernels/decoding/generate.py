@@ -27,8 +27,8 @@ import torch
 from ..models.hf import as_target
 from .draft_length import CostModel, DraftLengthRule, measured_cost_model
 from ..models.target import KVCache, TargetLM
-from ..ops import chain_verify
-from .modes import Mode, Proposal, Streams, draft_block, make_mode
+from . import tensor_parallel
+from .modes import Mode, Proposal, Streams, WholeVocab, draft_block, make_mode
 
 MODES = ("ar", "drafter", "sequential", "jacobi", "tree", "tree-jacobi")
 TREE_MODES = ("tree", "tree-jacobi")
@@ -55,20 +55,20 @@ class Stats:
         return self.new_tokens / max(self.seconds, 1e-9)
 
 
-def _next_token(logits_row: torch.Tensor, temperature: float, seed: int, offset) -> int:
+def _next_token(logits_row: torch.Tensor, temperature: float, seed: int, offset, vocab=WholeVocab) -> int:
     """The argmax, or a sample of softmax(l / T): chain_verify with no drafts emits just the bonus."""
     no_drafts = torch.empty(1, 0, dtype=torch.int64, device=logits_row.device)
-    _, out = chain_verify(no_drafts, logits_row.float().view(1, 1, -1), temperature=temperature, seed=seed,
-                          offset=offset)
+    _, out = vocab.chain_verify(no_drafts, logits_row.float().view(1, 1, -1), temperature=temperature, seed=seed,
+                                offset=offset)
     return int(out[0, 0])
 
 
-def _decode_ar(target, prompt, max_new_tokens, temperature, seed, stats):
+def _decode_ar(target, prompt, max_new_tokens, temperature, seed, stats, vocab=WholeVocab):
     cache = target.new_cache()
     logits, _ = target(prompt, cache)
     out = []
     while True:
-        out.append(_next_token(logits[0, -1], temperature, seed, len(out)))
+        out.append(_next_token(logits[0, -1], temperature, seed, len(out), vocab))
         if len(out) == max_new_tokens:
             return out
         logits, _ = target(torch.tensor([[out[-1]]], device=prompt.device), cache)
@@ -105,7 +105,7 @@ def _tree_block(mode, target, anchor, base_logits, h, prefix, cache, layers, rng
     tree = mode.verifier.build(marginals)
     m = int(tree.num_nodes[0])  # the one host sync of the build: how many nodes the forward takes
     if rule is not None:  # the tree is a function of the marginals, so its nodes' probabilities may be read
-        node_p = tree.logprobs[0, (tree.depth[0, 1:m] - 1).clamp(min=0), tree.tokens[0, 1:m]].exp().tolist()
+        node_p = tree.node_probs(0, m).tolist()
         node_parents = tree.parents[0, 1:m].tolist()
         m = rule.choose_nodes(node_p, node_parents, spent) + 1
     accept_len, out, hidden, path = mode.verifier.verify(target, anchor, tree.prefix(m), cache, layers, rng)
@@ -154,7 +154,7 @@ def _decode_speculative(mode: Mode, target, drafter, prompt, max_new_tokens, tem
         if rule is not None and not rule.draft_now():
             # A plain ar step (the rule found drafting not worth its cost here): no drafter call.
             logits, hidden = target(anchor[:, None], cache, hidden_layers=layers)
-            emitted, accepted = [_next_token(logits[0, -1], temperature, seed, rng.verify)], 0
+            emitted, accepted = [_next_token(logits[0, -1], temperature, seed, rng.verify, mode.verifier.vocab)], 0
             pending.append(torch.cat(hidden, dim=-1))
             clock.lap("verification")
         else:
@@ -243,7 +243,7 @@ def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: st
              refiner=None, iters: int = 4, temperature: float = 0.0, seed: int = 0,
              draft_len: Union[int, str, None] = "auto", tree_budget: int = 15, tree_topk: int = 8,
              num_threads: Optional[int] = None, cost_model: Optional[CostModel] = None,
-             draft_dtype: Optional[torch.dtype] = None):
+             draft_dtype: Optional[torch.dtype] = None, tp_group=None):
     """Continue prompt_ids by max_new_tokens tokens. Returns (tokens, Stats).
 
     target is a TargetLM or a transformers causal LM (adapted by xkernels.models.hf.HFTarget,
@@ -261,7 +261,11 @@ def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: st
     in half the float32 time here), else the target's. The drafter only proposes, so its precision never changes
     the output, only how often drafts are accepted.
     num_threads: torch's intra-op threads during the call (see decode_threads: 1 for small models
-    unless set here or by XKERNELS_NUM_THREADS); the previous setting is restored after."""
+    unless set here or by XKERNELS_NUM_THREADS); the previous setting is restored after.
+    tp_group: a torch.distributed group over which the target's LM head (and the refiner's readout)
+    is sharded by vocabulary rows (xkernels.decoding.tensor_parallel): every rank of the group calls
+    generate with the same arguments and gets the same tokens as one process. Every mode, "drafter"
+    at T = 0 only; draft_len must be fixed."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if mode != "ar" and drafter is None:
@@ -273,6 +277,10 @@ def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: st
     if not (draft_len is None or draft_len == "auto" or (isinstance(draft_len, int) and draft_len >= 0)):
         raise ValueError(f"draft_len must be 'auto', None or an int >= 0, got {draft_len!r}")
     target = as_target(target, drafter if mode != "ar" else None)
+    vocab = WholeVocab
+    if tp_group is not None:
+        tensor_parallel.check_supported(mode, temperature, draft_len)
+        target, vocab = tensor_parallel.shard_target(target, tp_group)
     if mode in TREE_MODES and not isinstance(target, TargetLM):
         raise ValueError(f"mode {mode!r} needs a target that takes a tree attention mask (xkernels' TargetLM); "
                          f"{type(target).__name__} does not")
@@ -286,11 +294,11 @@ def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: st
             cost_model = measured_cost_model(target, max(drafter.cfg.block_size, tree_budget + 1))
         began = time.perf_counter()
         if mode == "ar":
-            out = _decode_ar(target, prompt, max_new_tokens, temperature, seed, stats)
+            out = _decode_ar(target, prompt, max_new_tokens, temperature, seed, stats, vocab)
             stats.target_calls += 1  # the prefill's logits give the first token; count it like a step
         else:
             fixed = drafter.cfg.block_size - 1 if draft_len in (None, "auto") else draft_len
-            spec = make_mode(mode, refiner, iters, fixed, tree_budget, tree_topk)
+            spec = make_mode(mode, refiner, iters, fixed, tree_budget, tree_topk, vocab)
             rule = DraftLengthRule(cost_model) if draft_len == "auto" else None
             out = _decode_speculative(spec, target, drafter, prompt, max_new_tokens, temperature, seed, stats, rule,
                                       draft_dtype or default_draft_dtype(target))

@@ -6,6 +6,10 @@ blocks a CUDA graph can capture) run the same code.
 Proposers: "drafter" (the drafter's own drafts), "sequential" and "jacobi" (xPress refinement),
 "tree" and "tree-jacobi" (the per-slot marginals a draft tree is built over). Verifiers: a chain
 (chain_verify) or a tree (build_draft_tree, a tree-masked forward, tree_verify).
+
+Both sample through a vocabulary: WholeVocab (the ops on whole logits rows, one process) or
+tensor_parallel.VocabShard (the same calls on this rank's shard of every row, exchanging a few
+numbers per row with the other ranks), so the modes are written once for both.
 """
 
 from dataclasses import dataclass
@@ -13,11 +17,51 @@ from typing import Optional, Union
 
 import torch
 
+from .. import ops
 from ..models.target import Linear
-from ..ops import (build_draft_tree, chain_verify, jacobi_refine, refine_step, sequential_refine,
-                   tree_attention_mask, tree_verify)
+from ..ops import build_draft_tree, tree_attention_mask
 
 Step = Union[int, torch.Tensor]
+
+
+class WholeVocab:
+    """The loop's sampling calls on whole logits rows [..., V]: the xkernels ops as they are."""
+
+    chain_verify = staticmethod(ops.chain_verify)
+    tree_verify = staticmethod(ops.tree_verify)
+
+    @staticmethod
+    def refine(name: str):
+        """The refinement op `name` (refine_step, jacobi_refine or sequential_refine)."""
+        return getattr(ops, name)
+
+    @staticmethod
+    def weights(weights):
+        return weights
+
+    @staticmethod
+    def delta(refiner, ctx, prev):
+        return refiner.delta(ctx, prev)
+
+    @staticmethod
+    def argmax(logits):
+        return logits.argmax(-1)
+
+    @staticmethod
+    def top(logits):
+        """(the largest probability of softmax(logits), its id), per row."""
+        return torch.softmax(logits, -1).max(-1)
+
+    @staticmethod
+    def softmax(logits, temperature: float):
+        """(softmax(logits / T) float32, its largest probability per row)."""
+        q = torch.softmax(logits / temperature, -1)
+        return q, q.amax(-1)
+
+    @staticmethod
+    def topk_logprobs(logits, k: int):
+        """(log_softmax(logits) of each row's k best ids, the ids)."""
+        return torch.log_softmax(logits.float(), -1).topk(min(k, logits.shape[-1]), -1)
 
 
 @dataclass
@@ -72,9 +116,9 @@ class Proposer:
 
     tree = False
 
-    def __init__(self, refiner=None, iters: int = 4):
-        self.refiner, self.iters = refiner, iters
-        self.weights = refiner.fold().to(torch.float32) if refiner is not None else None
+    def __init__(self, refiner=None, iters: int = 4, vocab=WholeVocab):
+        self.refiner, self.iters, self.vocab = refiner, iters, vocab
+        self.weights = vocab.weights(refiner.fold().to(torch.float32)) if refiner is not None else None
         self._passes: Optional[torch.Tensor] = None  # refinement passes, on the device (a graph replay adds too)
         self._generator = None
 
@@ -101,9 +145,10 @@ class DrafterProposer(Proposer):
     def propose(self, base_logits, h, prefix, rng: Streams, with_confidence=False) -> Proposal:
         if rng.temperature == 0:
             if not with_confidence:
-                return Proposal(base_logits.argmax(-1), None, None)
-            confidence, drafts = torch.softmax(base_logits, -1).max(-1)
+                return Proposal(self.vocab.argmax(base_logits), None, None)
+            confidence, drafts = self.vocab.top(base_logits)
             return Proposal(drafts, None, confidence)
+        # The race reads whole rows: one process only (tensor_parallel refuses this mode at T > 0).
         q = torch.softmax(base_logits / rng.temperature, -1)
         # argmax q / E with E ~ Exp(1) i.i.d. is a sample of q (the exponential race), in fixed shapes.
         race = torch.empty_like(q).exponential_(generator=self.generator(q.device, rng.seed))
@@ -130,21 +175,22 @@ class RefinedProposer(Proposer):
             # pass from the final drafts (same noise) agrees up to the first unsettled slot, whose
             # check sample is itself a proper draft; verify up to there. prev is right for those
             # slots: it differs from the check only later.
-            check, _ = refine_step(ctx, prev, base_logits, self.weights, temperature=rng.temperature, seed=rng.seed,
-                                   offset=rng.draft)
+            check, _ = self.vocab.refine("refine_step")(ctx, prev, base_logits, self.weights,
+                                                        temperature=rng.temperature, seed=rng.seed, offset=rng.draft)
             self._count(drafts.shape[0], drafts.device)
             differ = check != drafts
             limit = torch.where(differ.any(1), differ.int().argmax(1) + 1, drafts.shape[1])
             drafts = check
-        refined = base_logits.float() + self.refiner.delta(ctx, prev)[:, 1:].float()
-        q = torch.softmax(refined / rng.temperature, -1)
-        return Proposal(drafts, q, q.amax(-1) if with_confidence else None, limit)
+        refined = base_logits.float() + self.vocab.delta(self.refiner, ctx, prev)[:, 1:].float()
+        q, top = self.vocab.softmax(refined, rng.temperature)
+        return Proposal(drafts, q, top if with_confidence else None, limit)
 
 
 class SequentialProposer(RefinedProposer):
     def _refine(self, ctx, prefix, base_logits, rng):
-        drafts, logprobs = sequential_refine(ctx, prefix, base_logits, self.weights, temperature=rng.temperature,
-                                             seed=rng.seed, offset=rng.draft)
+        drafts, logprobs = self.vocab.refine("sequential_refine")(ctx, prefix, base_logits, self.weights,
+                                                                  temperature=rng.temperature, seed=rng.seed,
+                                                                  offset=rng.draft)
         self._count(drafts.numel(), drafts.device)
         return drafts, logprobs
 
@@ -153,8 +199,9 @@ class JacobiProposer(RefinedProposer):
     settles = False  # it may stop after `iters` passes on an iterate that would still change
 
     def _refine(self, ctx, prefix, base_logits, rng):
-        drafts, logprobs, passes = jacobi_refine(ctx, prefix, base_logits, self.weights, max_iters=self.iters,
-                                                 temperature=rng.temperature, seed=rng.seed, offset=rng.draft)
+        drafts, logprobs, passes = self.vocab.refine("jacobi_refine")(
+            ctx, prefix, base_logits, self.weights, max_iters=self.iters, temperature=rng.temperature, seed=rng.seed,
+            offset=rng.draft)
         self._count(passes.sum(), passes.device)
         return drafts, logprobs
 
@@ -178,18 +225,18 @@ class TreeJacobiProposer(JacobiProposer):
         ctx = self._ctx(h)
         drafts, _ = self._refine(ctx, prefix, base_logits, rng)
         prev = torch.cat([prefix, drafts[:, :-1]], dim=1)
-        return base_logits.float() + self.refiner.delta(ctx, prev)[:, 1:].float()
+        return base_logits.float() + self.vocab.delta(self.refiner, ctx, prev)[:, 1:].float()
 
 
-def truncate_chain(accept_len, out, logits, limit, rng: Streams):
+def truncate_chain(accept_len, out, logits, limit, rng: Streams, vocab=WholeVocab):
     """Sequence n's chain as if only its first limit[n] drafts had been verified: where the walk got
     that far, the token at row limit[n] is a fresh sample of the target's row (its own noise: the
     choice of limit reads only the drafts, so the row is still the target's distribution there)."""
     n, k1, v = logits.shape
     limit = limit.clamp(max=k1 - 1)
     row = logits.gather(1, limit[:, None, None].expand(n, 1, v))
-    _, bonus = chain_verify(torch.empty(n, 0, dtype=torch.int64, device=logits.device), row,
-                            temperature=rng.temperature, seed=rng.seed, offset=rng.bonus)
+    _, bonus = vocab.chain_verify(torch.empty(n, 0, dtype=torch.int64, device=logits.device), row,
+                                  temperature=rng.temperature, seed=rng.seed, offset=rng.bonus)
     cols = torch.arange(k1, device=logits.device)[None]
     reached = (accept_len >= limit)[:, None] & (cols == limit[:, None])
     accept_len = torch.minimum(accept_len, limit)
@@ -198,6 +245,9 @@ def truncate_chain(accept_len, out, logits, limit, rng: Streams):
 
 
 class ChainVerifier:
+    def __init__(self, vocab=WholeVocab):
+        self.vocab = vocab
+
     def verify(self, target, anchor, proposal: Proposal, cache, layers, rng: Streams):
         """One target call over [anchor, drafts] (anchor [N]), chain_verify, and the cache keeps the
         anchor and the accepted drafts. Returns (accept_len [N], out_tokens [N, K+1], the target's
@@ -206,10 +256,10 @@ class ChainVerifier:
         tokens = torch.cat([anchor[:, None], drafts], 1)
         logits, hidden = target(tokens, cache, hidden_layers=layers)
         logits = logits.float()
-        accept_len, out = chain_verify(drafts, logits, draft_probs=proposal.q, temperature=rng.temperature,
-                                       seed=rng.seed, offset=rng.verify)
+        accept_len, out = self.vocab.chain_verify(drafts, logits, draft_probs=proposal.q, temperature=rng.temperature,
+                                                  seed=rng.seed, offset=rng.verify)
         if proposal.limit is not None:
-            accept_len, out = truncate_chain(accept_len, out, logits, proposal.limit, rng)
+            accept_len, out = truncate_chain(accept_len, out, logits, proposal.limit, rng, self.vocab)
         cache.commit(accept_len, tokens.shape[1])
         return accept_len, out, torch.cat(hidden, dim=-1)
 
@@ -220,23 +270,30 @@ class DraftTree:
     parents: torch.Tensor  # int64 [N, M]
     num_nodes: torch.Tensor  # int64 [N]
     depth: torch.Tensor  # int64 [N, M]
-    logprobs: torch.Tensor  # [N, D, V], the marginals' log-softmax (a node's probability, for the rule)
+    candidates: tuple  # (log-probs, ids) [N, D, k] of each slot's candidates the tree was built from
 
     def prefix(self, m: int) -> "DraftTree":
         """The first m nodes (a prefix of a best-first tree is a tree)."""
         return DraftTree(self.tokens[:, :m], self.parents[:, :m], self.num_nodes.clamp(max=m), self.depth[:, :m],
-                         self.logprobs)
+                         self.candidates)
+
+    def node_probs(self, n: int, m: int) -> torch.Tensor:
+        """The marginal probability of nodes 1..m-1 of sequence n (for the draft length rule)."""
+        lp, ids = self.candidates
+        slot = (self.depth[n, 1:m] - 1).clamp(min=0)
+        mine = ids[n, slot] == self.tokens[n, 1:m, None]
+        return lp[n, slot].masked_fill(~mine, float("-inf")).amax(-1).exp()
 
 
 class TreeVerifier:
-    def __init__(self, budget: int, topk: int):
-        self.budget, self.topk = budget, topk
+    def __init__(self, budget: int, topk: int, vocab=WholeVocab):
+        self.budget, self.topk, self.vocab = budget, topk, vocab
 
     def build(self, marginals: torch.Tensor) -> DraftTree:
         """DDTree's best-first tree of `budget` draft nodes over each slot's `topk` candidates."""
-        logprobs = torch.log_softmax(marginals.float(), -1)
-        lp, tok = logprobs.topk(min(self.topk, marginals.shape[-1]), -1)
-        return DraftTree(*build_draft_tree(lp, tok, self.budget), logprobs)
+        lp, tok = self.vocab.topk_logprobs(marginals, self.topk)
+        lp, tok = lp.contiguous(), tok.contiguous()
+        return DraftTree(*build_draft_tree(lp, tok, self.budget), (lp, tok))
 
     def verify(self, target, anchor, tree: DraftTree, cache, layers, rng: Streams):
         """One target call over the tree under its attention mask (padding nodes see themselves
@@ -247,8 +304,9 @@ class TreeVerifier:
         tokens = torch.where(root, anchor[:, None], tree.tokens.clamp(min=0))
         mask = tree_attention_mask(tree.parents, num_nodes=tree.num_nodes)
         logits, hidden = target(tokens, cache, hidden_layers=layers, tree_mask=mask, tree_depth=tree.depth)
-        accept_len, path, out = tree_verify(tokens, tree.parents, logits.float(), temperature=rng.temperature,
-                                            seed=rng.seed, offset=rng.verify, num_nodes=tree.num_nodes)
+        accept_len, path, out = self.vocab.tree_verify(tokens, tree.parents, logits.float(),
+                                                       temperature=rng.temperature, seed=rng.seed, offset=rng.verify,
+                                                       num_nodes=tree.num_nodes)
         cache.commit(accept_len, m, path)
         rows = torch.arange(tokens.shape[0], device=tokens.device)[:, None]
         return accept_len, out, torch.cat(hidden, dim=-1)[rows, path.clamp(min=0)], path
@@ -268,7 +326,9 @@ class Mode:
     draft_len: int
 
 
-def make_mode(name: str, refiner, iters: int, draft_len: int, tree_budget: int, tree_topk: int) -> Mode:
-    proposer = PROPOSERS[name](refiner, iters)
-    verifier = TreeVerifier(tree_budget, tree_topk) if proposer.tree else ChainVerifier()
+def make_mode(name: str, refiner, iters: int, draft_len: int, tree_budget: int, tree_topk: int,
+              vocab=WholeVocab) -> Mode:
+    """vocab: WholeVocab, or the VocabShard of a vocabulary-parallel target."""
+    proposer = PROPOSERS[name](refiner, iters, vocab)
+    verifier = TreeVerifier(tree_budget, tree_topk, vocab) if proposer.tree else ChainVerifier(vocab)
     return Mode(name, proposer, verifier, draft_len)

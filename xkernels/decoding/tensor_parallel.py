@@ -23,7 +23,14 @@ from .. import distributed
 from ..ops import shard_row_stats
 from ..models.target import Linear
 
-TP_MODES = ("ar", "drafter", "sequential", "jacobi", "tree", "tree-jacobi")
+
+
+def check_supported(mode: str, temperature: float, draft_len) -> None:
+    """What a vocabulary-parallel decode cannot do, as an error naming the argument."""
+    if mode == "drafter" and temperature != 0:
+        raise ValueError("tp_group: mode 'drafter' runs only at temperature 0 (its sample reads whole rows)")
+    if mode != "ar" and draft_len == "auto":  # its rule reads timings: ranks would verify different drafts
+        raise ValueError("tp_group needs a fixed draft_len (an int or None), not 'auto'")
 
 
 def shard_bounds(vocab_size: int, world: int, rank: int):
@@ -34,6 +41,8 @@ def shard_bounds(vocab_size: int, world: int, rank: int):
 
 @dataclass
 class VocabShard:
+    """This rank's shard of the vocabulary: modes.WholeVocab's calls on shards of the rows."""
+
     group: object
     start: int
     end: int
@@ -49,6 +58,11 @@ class VocabShard:
     def argmax(self, local: torch.Tensor) -> torch.Tensor:
         return self.stats(local)[2]
 
+    def top(self, local: torch.Tensor):
+        """(the largest probability of softmax(logits), its global id), per row."""
+        _, total, top = self.stats(local)
+        return 1 / total, top
+
     def softmax(self, local: torch.Tensor, temperature: float = 1.0):
         """This shard of softmax(logits / T) [N, R, V_local] (float32), and the distribution's
         largest probability [N, R] (1 / sum)."""
@@ -59,6 +73,7 @@ class VocabShard:
     def topk_logprobs(self, local: torch.Tensor, k: int):
         """(log_softmax(logits) of the k best ids, the ids) [N, R, k] of whole rows from their shards
         [N, R, V_local]: each rank's k best, merged by value (ties to the lower id)."""
+        k = min(k, self.vocab)
         big_m, big_s, _ = self.stats(local)
         kk = min(k, local.shape[-1])
         values, ids = local.float().topk(kk, -1)
@@ -75,12 +90,6 @@ class VocabShard:
 
     def tree_verify(self, tokens, parents, local_logits, **kw):
         return distributed.tree_verify(tokens, parents, local_logits, vocab_start=self.start, group=self.group, **kw)
-
-    def next_token(self, logits_row: torch.Tensor, temperature: float, seed: int, offset: int) -> int:
-        no_drafts = torch.empty(1, 0, dtype=torch.int64, device=logits_row.device)
-        _, out = distributed.chain_verify(no_drafts, logits_row.float().view(1, 1, -1), vocab_start=self.start,
-                                          group=self.group, temperature=temperature, seed=seed, offset=offset)
-        return int(out[0, 0])
 
     def chain_verify(self, drafts, local_logits, *, draft_probs=None, temperature=0.0, seed=0, offset=0):
         return distributed.chain_verify(drafts, local_logits, vocab_start=self.start, group=self.group,
