@@ -8,11 +8,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/../env.sh"
 cd "$XK_ROOT"
 for mode in auto private; do
   dir="$XK_ROOT/build/static-libstdcxx-$mode"
-  rm -rf "$dir"
+  rm -rf "$dir" "$dir.so"
   echo "-- LDFLAGS=-static-libstdc++, XKERNELS_LIBSTDCXX=$mode"
   env LDFLAGS=-static-libstdc++ XKERNELS_LIBSTDCXX="$mode" XKERNELS_CUDA=0 XKERNELS_BUILD_DIR="$dir" \
-    "$XK_PY" -c "import setup; setup.build_with_cmake('$dir/libxkernels.so')" > "$dir.log" 2>&1 \
+    "$XK_PY" -c "import setup; setup.build_with_cmake('$dir.so')" > "$dir.log" 2>&1 \
     || { tail -40 "$dir.log"; exit 1; }
   grep "xkernels: .*libstdc++" "$dir.log" | sed 's/^ *-- //'
-  XKERNELS_LIBRARY="$dir/libxkernels.so" "$XK_PY" -m pytest -q -p no:cacheprovider tests/test_error_messages.py
+  XKERNELS_LIBRARY="$dir.so" "$XK_PY" -m pytest -q -p no:cacheprovider tests/test_error_messages.py
 done
