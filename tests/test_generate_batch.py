@@ -165,6 +165,8 @@ def test_bad_arguments():
         generate_batch(object(), [[1]], 3)
     with pytest.raises(ValueError, match="cuda_graph"):
         generate_batch(target, [[1]], 3, cuda_graph=True)
+    with pytest.raises(ValueError, match="cuda_graph=True cannot be combined with tp_group"):
+        generate_batch(target, [[1]], 3, cuda_graph=True, tp_group=object())
 
 
 @pytest.mark.needs_cuda
