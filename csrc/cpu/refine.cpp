@@ -28,8 +28,11 @@ namespace {
 
 // The read in vocabulary slices: one vendor GEMM a slice (at::mm, threaded by MKL/oneDNN and,
 // with bfloat16 weights, on AMX where the CPU has it), whose products (at most kSliceBytes, or
-// kMinSlice ids: each GEMM call has a fixed cost) the epilogue then reads from cache, its rows
-// and chunks of kChunk ids in parallel.
+// kMinSlice ids: each GEMM call has a fixed cost) the epilogue then reads from cache, chunks of
+// kChunk ids in parallel. The GEMM computes the products id-major, w_read_slice z^T [ids, rows]:
+// with few rows the vendor then streams w_read as it lies instead of first repacking it for
+// z w_read^T (measured with MKL, one thread, V=32768, r=256: 1.6x faster at 15 rows, 1.05x at
+// 120, never slower; bfloat16 1.5x).
 constexpr int64_t kSliceBytes = 2 << 20;
 constexpr int64_t kMinSlice = 8192;
 constexpr int64_t kChunk = 1024;  // a multiple of 4: a Philox draw covers 4 ids
@@ -59,6 +62,32 @@ struct ReadRow {
   uint32_t sequence, slot;
 };
 
+// Rows of the epilogue's buffer are kRowStride floats apart, not a power of two: kChunk-float rows
+// would all map to the same L1 sets and evict each other while a chunk is transposed.
+constexpr int64_t kRowStride = kChunk + 16;
+
+// out[m * kRowStride + i] = (s_m[u0 + i] + products[i * rows + m]) * scale (no products: s * scale):
+// a chunk's scaled logits as rows, the id-major products transposed on the way, 16 ids (one cache
+// line of each output row) at a time.
+template <typename T, typename P>
+void chunk_logits(const std::vector<ReadRow<T>>& rows, int64_t u0, const P* products, int64_t n_ids, float scale,
+                  float* out) {
+  const int64_t m_rows = static_cast<int64_t>(rows.size());
+  for (int64_t i0 = 0; i0 < n_ids; i0 += 16) {
+    const int64_t i1 = std::min<int64_t>(i0 + 16, n_ids);
+    for (int64_t m = 0; m < m_rows; ++m) {
+      const T* s = rows[m].s + u0;
+      float* o = out + m * kRowStride;
+      if (products) {
+        for (int64_t i = i0; i < i1; ++i)
+          o[i] = (static_cast<float>(s[i]) + static_cast<float>(products[i * m_rows + m])) * scale;
+      } else {
+        for (int64_t i = i0; i < i1; ++i) o[i] = static_cast<float>(s[i]) * scale;
+      }
+    }
+  }
+}
+
 // For each row m: l = s + w_read z_m (z undefined: l = s), then token = argmax(l/T + G)
 // and logprob = log_softmax(l/T)[token].
 template <typename T>
@@ -76,38 +105,32 @@ void read_and_sample(const std::vector<ReadRow<T>>& rows, const at::Tensor& z, c
   std::vector<SampledRow> partial(static_cast<size_t>(m_rows * chunks));
   for (int64_t v0 = 0; v0 < v; v0 += slice) {
     const int64_t len = std::min(slice, v - v0), slice_chunks = (len + kChunk - 1) / kChunk;
-    at::Tensor dots;  // [rows, len] in the weights' dtype, read as is (no conversion pass)
-    if (z.defined()) dots = at::mm(zr, w_read.narrow(0, v0, len).t()).contiguous();
-    at::parallel_for(0, m_rows * slice_chunks, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> a(kChunk);
-      for (int64_t job_index = begin; job_index < end; ++job_index) {
-        const int64_t m = job_index / slice_chunks, c = job_index % slice_chunks;
+    at::Tensor dots;  // [len, rows] in the weights' dtype, read as is (no conversion pass)
+    if (z.defined()) dots = at::mm(w_read.narrow(0, v0, len), zr.t());
+    at::parallel_for(0, slice_chunks, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> buffer(static_cast<size_t>(kRowStride * m_rows));
+      for (int64_t c = begin; c < end; ++c) {
         const int64_t u0 = v0 + c * kChunk, n_ids = std::min(kChunk, v0 + len - u0);
-        const T* s = rows[m].s + u0;
-        auto refine = [&](const auto* d) {
-          for (int64_t i = 0; i < n_ids; ++i) a[i] = (static_cast<float>(s[i]) + static_cast<float>(d[i])) * scale;
-        };
-        const int64_t at_dot = m * len + (u0 - v0);
-        if (!dots.defined()) {
-          for (int64_t i = 0; i < n_ids; ++i) a[i] = static_cast<float>(s[i]) * scale;
-        } else if (dots.scalar_type() == at::kFloat) {
-          refine(dots.const_data_ptr<float>() + at_dot);
-        } else {
-          refine(dots.const_data_ptr<at::BFloat16>() + at_dot);
+        if (!dots.defined())
+          chunk_logits(rows, u0, static_cast<const float*>(nullptr), n_ids, scale, buffer.data());
+        else if (dots.scalar_type() == at::kFloat)
+          chunk_logits(rows, u0, dots.const_data_ptr<float>() + (u0 - v0) * m_rows, n_ids, scale, buffer.data());
+        else
+          chunk_logits(rows, u0, dots.const_data_ptr<at::BFloat16>() + (u0 - v0) * m_rows, n_ids, scale,
+                       buffer.data());
+        for (int64_t m = 0; m < m_rows; ++m) {
+          const float* a = buffer.data() + m * kRowStride;
+          RowStats st = cpu::row_stats(a, n_ids);
+          st.top.idx += static_cast<int32_t>(u0);
+          SampledRow out{st.top, st.top.val, st};
+          if (!greedy) {
+            const ArgMax best = cpu::sample_logits(rng.seed, rng.offset, rows[m].sequence, rows[m].slot, a, n_ids, -1,
+                                                   static_cast<uint32_t>(u0 / 4));
+            out.pick = best.idx == kNoIndex ? best : ArgMax{best.val, best.idx + static_cast<int32_t>(u0)};
+            out.pick_a = best.idx == kNoIndex ? kNegInf : a[best.idx];
+          }
+          partial[m * chunks + v0 / kChunk + c] = out;
         }
-        RowStats st = cpu::row_stats(a.data(), n_ids);
-        st.top.idx += static_cast<int32_t>(u0);
-        SampledRow out{st.top, st.top.val, st};
-        if (!greedy) {
-          const SampleJob job{kSamplePlain, static_cast<int32_t>(rows[m].slot), -1, 0, st};
-          ArgMax best = argmax_empty();
-          for (int64_t i = 0; i < n_ids; i += 4)
-            sample_group(best, job, rng.seed, rng.offset, rows[m].sequence, static_cast<uint32_t>((u0 + i) / 4),
-                         a.data() + i, nullptr, static_cast<int>(std::min<int64_t>(4, n_ids - i)));
-          out.pick = best;
-          out.pick_a = best.idx == kNoIndex ? kNegInf : a[best.idx - u0];
-        }
-        partial[m * chunks + v0 / kChunk + c] = out;
       }
     });
   }
