@@ -75,8 +75,12 @@ def bench_refine(benchmark, impl, op, n, dtype, temperature):
 
 def interleaved(ns=(1, 4), rounds=15):
     """refine_step, the bare read GEMM of its dtype and the eager reference, timed in interleaved
-    rounds (each round runs all three in turn, so a busy machine slows them alike); medians in ms."""
+    rounds (each round runs all three in turn, so a busy machine slows them alike); medians in ms.
+    With one thread the clock is the thread's CPU time, which time spent descheduled on a shared
+    machine does not inflate; with more, wall-clock time."""
     import time
+
+    clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
 
     rows = []
     for n in ns:
@@ -91,12 +95,13 @@ def interleaved(ns=(1, 4), rounds=15):
                 fn()  # warm-up
             for _ in range(rounds):
                 for name, fn in fns.items():
-                    start = time.perf_counter()
+                    start = clock()
                     fn()
-                    times[name].append(time.perf_counter() - start)
+                    times[name].append(clock() - start)
             med = {name: sorted(t)[len(t) // 2] * 1e3 for name, t in times.items()}
             rows.append((n, str(dtype).replace("torch.", ""), med))
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {rounds} interleaved rounds, medians (ms)")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {rounds} interleaved rounds, medians (ms"
+          f" of {'thread CPU time' if clock is time.thread_time else 'wall-clock time'})")
     print(f"{'case':<22} {'refine_step':>12} {'bare GEMM':>10} {'eager':>9} {'vs GEMM':>8} {'vs eager':>9}")
     for n, dtype, med in rows:
         ours, gemm, eager = med["refine_step"], med["bare GEMM"], med["eager reference"]

@@ -15,36 +15,46 @@
 namespace xkernels::cpu {
 namespace {
 
-// GCC/Clang vector extensions: each target clone lowers them to its widest registers.
+// GCC/Clang vector extensions: each target clone lowers them to its widest registers. The
+// reductions over whole rows use 16 lanes (one AVX-512 register; two AVX2 ones), the rest 8.
 typedef float f32x8 __attribute__((vector_size(32)));
 typedef int32_t i32x8 __attribute__((vector_size(32)));
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
 constexpr int kLanes = 8;
 
-inline f32x8 splat(float x) { return f32x8{x, x, x, x, x, x, x, x}; }
+template <typename V = f32x8>
+inline V splat(float x) {
+  return V{} + x;
+}
 
-inline f32x8 load8(const float* p) {
-  f32x8 x;
+template <typename V>
+inline V load(const float* p) {
+  V x;
   std::memcpy(&x, p, sizeof(x));
   return x;
 }
 
+inline f32x8 load8(const float* p) { return load<f32x8>(p); }
+
 // exp(x) for x <= 0 (Cephes' polynomial, about 1 ulp), branch-free on 8 lanes; x below -87
 // gives about 1e-38 instead of a denormal, which no sum of at least 1 can see.
-inline f32x8 exp_nonpositive(f32x8 x) {
-  const f32x8 lowest = splat(-87.0f);
+template <typename V, typename I = decltype(V{} < V{})>
+inline V exp_nonpositive(V x) {
+  const V lowest = splat<V>(-87.0f);
   x = x < lowest ? lowest : x;
-  const f32x8 round = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
-  const f32x8 n = (x * splat(1.44269504088896341f) + round) - round;
-  const f32x8 r = x - n * splat(0.693359375f) - n * splat(-2.12194440e-4f);
-  f32x8 p = splat(1.9875691500e-4f);
-  p = p * r + splat(1.3981999507e-3f);
-  p = p * r + splat(8.3334519073e-3f);
-  p = p * r + splat(4.1665795894e-2f);
-  p = p * r + splat(1.6666665459e-1f);
-  p = p * r + splat(5.0000001201e-1f);
-  p = p * r * r + r + splat(1.0f);
-  const i32x8 bits = (__builtin_convertvector(n, i32x8) + 127) << 23;
-  f32x8 scale;
+  const V round = splat<V>(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  const V n = (x * 1.44269504088896341f + round) - round;
+  const V r = x - n * 0.693359375f - n * -2.12194440e-4f;
+  V p = splat<V>(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const I bits = (__builtin_convertvector(n, I) + 127) << 23;
+  V scale;
   std::memcpy(&scale, &bits, sizeof(scale));
   return p * scale;
 }
@@ -66,19 +76,20 @@ XK_CLONES void scale_row(const c10::Half* row, int64_t n, float scale, float* ou
 
 // One pass: each lane keeps its first maximum (NaNs are skipped and flagged).
 XK_CLONES static ArgMax argmax_ignoring_nan(const float* a, int64_t n, bool* has_nan) {
-  f32x8 best = splat(kNegInf);
-  i32x8 best_idx = {}, idx = {0, 1, 2, 3, 4, 5, 6, 7}, nan = {};
+  constexpr int kWide = 16;
+  f32x16 best = splat<f32x16>(kNegInf);
+  i32x16 best_idx = {}, idx = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, nan = {};
   int64_t v = 0;
-  for (; v + kLanes <= n; v += kLanes, idx += kLanes) {
-    const f32x8 x = load8(a + v);
-    const i32x8 better = x > best;
+  for (; v + kWide <= n; v += kWide, idx += kWide) {
+    const f32x16 x = load<f32x16>(a + v);
+    const i32x16 better = x > best;
     best = better ? x : best;
     best_idx = better ? idx : best_idx;
     nan |= x != x;
   }
   ArgMax out = argmax_empty();
   bool any_nan = false;
-  for (int j = 0; j < kLanes; ++j) {
+  for (int j = 0; j < kWide; ++j) {
     if (best[j] != kNegInf) argmax_observe(out, best[j], best_idx[j]);
     any_nan |= nan[j] != 0;
   }
@@ -92,15 +103,16 @@ XK_CLONES static ArgMax argmax_ignoring_nan(const float* a, int64_t n, bool* has
 }
 
 XK_CLONES static float sum_exp_shifted(const float* a, int64_t n, float shift) {
-  f32x8 acc = splat(0.0f);
-  const f32x8 s = splat(shift);
+  constexpr int kWide = 16;
+  f32x16 acc = splat<f32x16>(0.0f);
+  const f32x16 s = splat<f32x16>(shift);
   int64_t v = 0;
-  for (; v + kLanes <= n; v += kLanes) acc += exp_nonpositive(load8(a + v) - s);
-  f32x8 tail = splat(kNegInf);
+  for (; v + kWide <= n; v += kWide) acc += exp_nonpositive(load<f32x16>(a + v) - s);
+  f32x16 tail = splat<f32x16>(kNegInf);
   for (int j = 0; v + j < n; ++j) tail[j] = a[v + j];
   acc += exp_nonpositive(tail - s);
   float sum = 0.0f;
-  for (int j = 0; j < kLanes; ++j) sum += acc[j];
+  for (int j = 0; j < kWide; ++j) sum += acc[j];
   return sum;
 }
 
