@@ -102,6 +102,24 @@ def test_a_vocabulary_of_several_gemm_slices(device, temperature):
     torch.testing.assert_close(logprobs.cpu(), want_logprobs, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_only_the_lower_triangle_of_mix_is_read(device):
+    """Slot k mixes slots j <= k: whatever lies above mix's diagonal (here NaN) changes nothing."""
+    ctx, prev, base, weights = make_case(3, 6, 5, 300, 16, 32, seed=4)
+    upper = torch.ones(6, 6, dtype=torch.bool).triu(1)
+    poisoned = weights._replace(mix=weights.mix.masked_fill(upper, float("nan")))
+    for temperature in (0.0, 1.0):
+        want = xkernels.refine_step(*to(device, ctx, prev, base), weights.to(device), temperature=temperature, seed=3)
+        got = xkernels.refine_step(*to(device, ctx, prev, base), poisoned.to(device), temperature=temperature, seed=3)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        prefix = prev[:, :2]
+        want = xkernels.jacobi_refine(*to(device, ctx, prefix, base), weights.to(device), temperature=temperature,
+                                     max_iters=5)
+        got = xkernels.jacobi_refine(*to(device, ctx, prefix, base), poisoned.to(device), temperature=temperature,
+                                     max_iters=5)
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
 def test_module_forward_matches_folded_weights():
     torch.manual_seed(0)
     n, b, d, v, hidden = 3, 8, 7, 120, 24
