@@ -75,7 +75,8 @@ def bench_refine(benchmark, impl, op, n, dtype, temperature):
 
 def interleaved(ns=(1, 4), rounds=15):
     """refine_step, the bare read GEMM of its dtype and the eager reference, timed in interleaved
-    rounds (each round runs all three in turn, so a busy machine slows them alike); medians in ms.
+    rounds (each round runs all three in turn, so a busy machine slows them alike, starting with a
+    different one each round); medians in ms.
     With one thread the clock is the thread's CPU time, which time spent descheduled on a shared
     machine does not inflate; with more, wall-clock time."""
     import time
@@ -93,8 +94,11 @@ def interleaved(ns=(1, 4), rounds=15):
             times = {name: [] for name in fns}
             for fn in fns.values():
                 fn()  # warm-up
-            for _ in range(rounds):
-                for name, fn in fns.items():
+            order = list(fns.items())
+            for r in range(rounds):
+                # Each round starts with the next one: whatever runs first finds the caches the eager
+                # reference's large temporaries left, and each runs after each of the others alike.
+                for name, fn in order[r % len(order):] + order[:r % len(order)]:
                     start = clock()
                     fn()
                     times[name].append(clock() - start)
