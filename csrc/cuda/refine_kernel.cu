@@ -382,11 +382,11 @@ __global__ void __launch_bounds__(kThreads, kReadBlocksPerSm) read_fused_kernel(
 #pragma unroll
       for (int i = 0; i < kGroups; ++i) {
         const int g = ej + i * kRowThreads;
-        const float* dot = prod + em * kReadProdLd + 4 * g;
-        float x[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          x[j] = base_s[em * kReadTile + 4 * g + j] + (kSplitK ? dot[j] + dot[16 * kReadProdLd + j] : dot[j]);
+        const float4 dot = *reinterpret_cast<const float4*>(prod + em * kReadProdLd + 4 * g);
+        const float4 dot2 = kSplitK ? *reinterpret_cast<const float4*>(prod + (16 + em) * kReadProdLd + 4 * g) : dot;
+        const float4 b = *reinterpret_cast<const float4*>(base_s + em * kReadTile + 4 * g);
+        float x[4] = {b.x + (kSplitK ? dot.x + dot2.x : dot.x), b.y + (kSplitK ? dot.y + dot2.y : dot.y),
+                      b.z + (kSplitK ? dot.z + dot2.z : dot.z), b.w + (kSplitK ? dot.w + dot2.w : dot.w)};
         observe_group(best, x, tile * kReadTileGroups + g, p.v, scale, greedy, seed, offset, n, d);
       }
     }

@@ -117,12 +117,13 @@ def test_read_plan_covers_the_vocabulary(emu, num_sms, slice_bytes, mode, weight
 def test_fused_read_needs_its_device_and_layout(emu, mode):
     """The fused read takes bfloat16 tensor cores (compute capability 8 or more) and 16-byte loads of
     w_read rows (r a multiple of 8, w_read 16-byte aligned); elsewhere the plan is the GEMM's."""
-    args = (1, 16, 15, 151936, 256, 512, 15, True, torch.bfloat16)
+    args = (1, 16, 15, 256, 512, 151936, 15, True, torch.bfloat16)  # n, b, d, r, h, v, rows, read
     assert emu.refine_plan(*args, mode=mode)[0].fused
     assert not emu.refine_plan(*args, mode=mode, cc_major=7)[0].fused
     assert not emu.refine_plan(*args, mode=mode, w_read_offset=8)[0].fused
     assert emu.refine_plan(*args, mode=mode, w_read_offset=16)[0].fused
-    assert not emu.refine_plan(1, 16, 15, 151936, 260, 512, 15, True, torch.bfloat16, mode=mode)[0].fused
+    for r in (260, 12):
+        assert not emu.refine_plan(1, 16, 15, r, 512, 151936, 15, True, torch.bfloat16, mode=mode)[0].fused
 
 
 @pytest.mark.parametrize("op", ["refine_step", "jacobi_refine", "sequential_refine"])
