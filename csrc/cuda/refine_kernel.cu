@@ -8,8 +8,8 @@
 //     - fused (bfloat16 weights, few rows): read_fused streams w_read once in tiles of 64 ids
 //       (16-byte loads held in registers while the previous tile is multiplied), multiplies
 //       each tile with the rows' z staged in shared memory on tensor cores (wmma, float32
-//       accumulation) and runs the epilogue below on the products; a persistent grid of two
-//       blocks an SM per group of up to 64 rows, one partial result a (row, block)
+//       accumulation) and runs the epilogue below on the products; a persistent grid of about
+//       two blocks an SM, divided among groups of up to 64 rows; one partial result a (row, block)
 //     - GEMM: per vocabulary slice (sized so that its float32 products stay in L2) the GEMM
 //       z w_read^T of the slice, run by the caller (ReadGemmRunner: cuBLAS through ATen), then
 //       read_epilogue: a block per (row, chunk of ids)
@@ -291,8 +291,8 @@ __global__ void __launch_bounds__(kThreads, kReadBlocksPerSm) read_fused_kernel(
   float* base_s = prod + (kRows > 32 ? kRows : 32) * kReadProdLd;   // [kRows][kReadTile]
   const int64_t group = blockIdx.x % plan.groups, part = blockIdx.x / plan.groups, m0 = group * kRows;
 
-  // z of the group's rows (zero for padding and finished rows, whose blocks of the whole group
-  // exit here), and zero depth padding (r to a multiple of 16) in the w_read tile.
+  // z of the group's rows (zero for padding and finished rows; a block whose rows have all
+  // finished exits here), and zero depth padding (r to a multiple of 16) in the w_read tile.
   if (threadIdx.x == 0) any_live = 0;
   __syncthreads();
   const __nv_bfloat16* z = static_cast<const __nv_bfloat16*>(w.z);
