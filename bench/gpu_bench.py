@@ -15,6 +15,7 @@ cross-check of the event timings.
 
 import argparse
 import json
+import os
 import statistics
 
 import torch
@@ -189,6 +190,21 @@ def refine_inputs(n, b, v, r, h, dtype=torch.bfloat16, seed=0):
     return ctx, prev, base, weights
 
 
+def refine_reads(fn, **kw):
+    """{read: (microseconds, result)} of fn with the refine read forced to the cuBLAS GEMM and to the
+    fused kernel (XKERNELS_REFINE_READ, which the ops read at each call)."""
+    saved, out = os.environ.get("XKERNELS_REFINE_READ"), {}
+    try:
+        for read in ("gemm", "fused"):
+            os.environ["XKERNELS_REFINE_READ"] = read
+            out[read] = (round(time_events(fn, **kw), 1), fn())
+    finally:
+        os.environ.pop("XKERNELS_REFINE_READ")
+        if saved is not None:
+            os.environ["XKERNELS_REFINE_READ"] = saved
+    return out
+
+
 def bench_refine(results, bench):
     from xkernels import reference
 
@@ -209,8 +225,16 @@ def bench_refine(results, bench):
         gemm = time_events(lambda: z @ weights.w_read.T)
         gemm_fp32_out = time_peer(lambda: torch.mm(z, weights.w_read.T, out_dtype=torch.float32))
         iters = xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=4)[2]
+        # Both reads side by side (pass_us above: the one the plan picks); at T=0 their tokens
+        # differ only where two logits lie within float32 accumulation-order rounding.
+        step_reads = refine_reads(step_fn)
+        jacobi_reads = refine_reads(lambda: xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=4), iters=50)
         floor_bytes = v * r * 2 + n * (b - 1) * v * 2  # w_read once, the base logits once
         row = dict(op="refine_step / jacobi_refine", shape=f"N={n} B={b} V={v} r={r} bf16", pass_us=round(step, 1),
+                   pass_gemm_read_us=step_reads["gemm"][0], pass_fused_read_us=step_reads["fused"][0],
+                   pass_reads_same_tokens=round((step_reads["gemm"][1][0] == step_reads["fused"][1][0])
+                                                .float().mean().item(), 4),
+                   jacobi4_gemm_read_us=jacobi_reads["gemm"][0], jacobi4_fused_read_us=jacobi_reads["fused"][0],
                    pass_h200_estimate_us=ESTIMATE_US[("refine_step", n)], cublas_read_gemm_us=round(gemm, 1),
                    cublas_read_gemm_fp32_out_us=gemm_fp32_out, pass_vs_gemm=round(step / gemm, 2),
                    jacobi4_us=round(jacobi, 1), jacobi4_h200_estimate_us=ESTIMATE_US.get(("jacobi_refine", n)),
@@ -219,6 +243,7 @@ def bench_refine(results, bench):
                    compiled_reference_pass_us=compiled_us, speedup_pass_vs_eager=round(eager / step, 2),
                    speedup_pass_vs_compiled=None if compiled_us is None else round(compiled_us / step, 2))
         bench.bandwidth(row, floor_bytes, step, prefix="pass_")
+        bench.bandwidth(row, floor_bytes, step_reads["fused"][0], prefix="pass_fused_read_")
         bench.emit(results, row, step_fn)
 
 
@@ -335,9 +360,11 @@ def sanitize_refine():
                 prev[0, 0] = -3  # read as a zero embedding row
             prefix = prev[:, :2].contiguous()
             for temperature in (0.0, 1.0):
-                xkernels.refine_step(ctx, prev, base, weights, temperature=temperature)
-                xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=3, temperature=temperature)
-                xkernels.sequential_refine(ctx, prefix, base, weights, temperature=temperature)
+                refine_reads(lambda: (xkernels.refine_step(ctx, prev, base, weights, temperature=temperature),
+                                      xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=3,
+                                                             temperature=temperature),
+                                      xkernels.sequential_refine(ctx, prefix, base, weights,
+                                                                 temperature=temperature)), warmup=0, iters=1)
 
 
 def sanitize_tree():

@@ -281,6 +281,35 @@ def test_cpu_and_cuda_agree(logits_dtype, weight_dtype, temperature):
 
 
 @pytest.mark.needs_cuda
+@pytest.mark.parametrize("read", ["gemm", "fused"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_both_cuda_reads_match_the_reference(monkeypatch, read, temperature):
+    """XKERNELS_REFINE_READ forces the cuBLAS read or the fused one (bfloat16 weights): 15, 64 and
+    150 rows (three row groups of the fused read), V not a multiple of its 64-id tiles; Jacobi too."""
+    monkeypatch.setenv("XKERNELS_REFINE_READ", read)
+    for n, b, d, v, r, h in [(1, 16, 15, 4099, 256, 512), (4, 17, 16, 1000, 64, 32), (10, 16, 15, 700, 24, 16)]:
+        ctx, prev, base, weights = make_case(n, b, d, v, r, h, torch.bfloat16, torch.bfloat16, seed=v)
+        tokens, logprobs = xkernels.refine_step(*to("cuda", ctx, prev, base), weights.to("cuda"),
+                                                temperature=temperature, seed=5, offset=2)
+        want_tokens, want_logprobs = reference.refine_step(ctx, prev, base, weights, temperature, 5, 2)
+        _, scores = reference.perturbed_scores(reference.refine_logits(ctx, prev, base, weights), temperature, 5, 2)
+        assert_same_tokens(tokens, want_tokens, scores, TOL[torch.bfloat16])
+        bound = bf16_read_bound(ctx, prev, base, weights, temperature, rounds_products=False)
+        assert_logprobs_close(logprobs, want_logprobs, tokens.cpu() == want_tokens, torch.bfloat16, bound)
+        # Jacobi run to the end holds a fixed point of the reference's pass, to rounding.
+        prefix = prev[:, : b - d + 1]
+        jac = xkernels.jacobi_refine(*to("cuda", ctx, prefix, base), weights.to("cuda"), max_iters=d + 1,
+                                     temperature=temperature, seed=5)[0].cpu()
+        prev_final = torch.cat([prefix, jac[:, :-1]], 1)
+        _, scores = reference.perturbed_scores(reference.refine_logits(ctx, prev_final, base, weights), temperature, 5, 0)
+        assert_same_tokens(jac, reference.refine_step(ctx, prev_final, base, weights, temperature, 5)[0], scores,
+                           TOL[torch.bfloat16])
+    monkeypatch.setenv("XKERNELS_REFINE_READ", "fast")
+    with pytest.raises(RuntimeError, match="XKERNELS_REFINE_READ"):
+        xkernels.refine_step(*to("cuda", ctx, prev, base), weights.to("cuda"))
+
+
+@pytest.mark.needs_cuda
 def test_jacobi_is_cuda_graph_capturable():
     ctx, prev, base, weights = to("cuda", *make_case(4, 8, 7, 500, 32, 64)[:3]) + [make_case(4, 8, 7, 500, 32, 64)[3].to("cuda")]
     prefix = prev[:, :2].contiguous()

@@ -44,9 +44,12 @@ __device__ __forceinline__ ArgMax warp_merge(ArgMax a) {
   return a;
 }
 
+// Merges the states of each aligned group of kWidth lanes (every lane of the warp takes part).
+template <int kWidth = 32>
 __device__ __forceinline__ SampledRow warp_merge(SampledRow s) {
+  static_assert(kWidth >= 1 && kWidth <= 32 && (kWidth & (kWidth - 1)) == 0, "a power of two lanes");
 #pragma unroll
-  for (int d = 16; d > 0; d >>= 1) {
+  for (int d = kWidth / 2; d > 0; d >>= 1) {
     SampledRow o;
     o.pick = shfl_argmax(s.pick, d);
     o.pick_a = __shfl_xor_sync(kFullMask, s.pick_a, d);

@@ -1,5 +1,5 @@
 // refine_step, jacobi_refine and sequential_refine on CUDA: checks, allocation, the read's GEMM
-// (cuBLAS through ATen) and the launches on the current stream.
+// (cuBLAS through ATen, where the plan does not fuse the read) and the launches on the current stream.
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
@@ -8,6 +8,9 @@
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
+
+#include <cstdlib>
+#include <cstring>
 
 #include "../ops/checks.h"
 #include "binding.h"
@@ -31,6 +34,17 @@ cudaError_t read_gemm(void* context, const cuda::ReadGemm& g, cudaStream_t) {
     at::mm_out(out, a, b.t(), at::kFloat);
   }
   return cudaGetLastError();
+}
+
+// XKERNELS_REFINE_READ=auto|gemm|fused (unset: auto) picks the read of every pass (RefineReadMode in
+// refine_launch.h). Read at each call, so one process can time both; a captured CUDA graph keeps
+// the read it was captured with.
+cuda::RefineReadMode refine_read_mode() {
+  const char* v = std::getenv("XKERNELS_REFINE_READ");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return cuda::RefineReadMode::kAuto;
+  if (std::strcmp(v, "gemm") == 0) return cuda::RefineReadMode::kGemm;
+  if (std::strcmp(v, "fused") == 0) return cuda::RefineReadMode::kFused;
+  TORCH_CHECK(false, "XKERNELS_REFINE_READ must be auto, gemm or fused, got '", v, "'");
 }
 
 struct Prepared {
@@ -72,6 +86,8 @@ Prepared prepare(const at::Tensor& ctx, const at::Tensor& tokens, const char* to
   p.seed = rng.seed, p.offset = rng.offset, p.seed_ptr = rng.seed_ptr, p.offset_ptr = rng.offset_ptr;
   const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
   p.num_sms = props->multiProcessorCount;
+  p.cc_major = props->major;
+  p.read_mode = refine_read_mode();
   p.slice_bytes = props->l2CacheSize / 3;  // the rest of L2 serves w_read's slice and the base logits
   out.device = ctx.options();
   out.workspace = cuda::workspace(cuda::refine_workspace_bytes(p), ctx);

@@ -4,16 +4,24 @@
 //  2. front_hidden: hid = silu(w_gate u) * (w_up u), a warp per hidden unit for 8 rows
 //  3. front_down:   z = u + w_down hid, a warp per channel for 8 rows; z is stored in the weights'
 //                   type, the input of the read's GEMM
-//  4. per vocabulary slice (sized so that its float32 products stay in L2):
-//     the GEMM z w_read^T of the slice, run by the caller (ReadGemmRunner: cuBLAS through ATen),
-//     then read_epilogue: a block per (row, chunk of ids) adds the base logits, scales by 1/T and
-//     keeps the Gumbel-max pick and the softmax statistics of its chunk (the logits are never
-//     written to HBM)
-//  5. merge:        a warp per row merges its chunks' partial results (a shuffle tree)
+//  4. the read, one of two (refine_read_plan picks; RefineReadMode in refine_launch.h):
+//     - fused (bfloat16 weights, few rows): read_fused streams w_read once in tiles of 64 ids
+//       (16-byte loads held in registers while the previous tile is multiplied), multiplies
+//       each tile with the rows' z staged in shared memory on tensor cores (wmma, float32
+//       accumulation) and runs the epilogue below on the products; a persistent grid of about
+//       two blocks an SM, divided among groups of up to 64 rows; one partial result a (row, block)
+//     - GEMM: per vocabulary slice (sized so that its float32 products stay in L2) the GEMM
+//       z w_read^T of the slice, run by the caller (ReadGemmRunner: cuBLAS through ATen), then
+//       read_epilogue: a block per (row, chunk of ids)
+//     The epilogue adds the base logits, scales by 1/T and keeps the Gumbel-max pick and the
+//     softmax statistics (observe_group; the logits are never written to HBM)
+//  5. merge:        a warp per row merges its partial results (a shuffle tree)
 // Jacobi adds an update launch per pass (convergence flags live on the device), so max_iters
 // passes are a fixed launch sequence a CUDA graph can capture; blocks of converged sequences,
 // and of slots before a sequence's first change (final), exit at once (the GEMMs run over every
 // row). Token ids outside [0, V) read a zero embedding row.
+#include <mma.h>
+
 #include <type_traits>
 
 #include "device_utils.cuh"
@@ -25,13 +33,25 @@ namespace {
 constexpr int kMixChannels = 32;  // channels of a front_mix block
 constexpr int kFrontRows = 8;     // rows of a front_hidden / front_down block (weights read once per 8 rows)
 constexpr int64_t kMaxChunkGroups = 1024;  // an epilogue block reads at most 4096 ids (16 a thread)
+// The fused read: a step reads a tile of 64 ids (4 wmma column tiles, a warp pair each), and a
+// thread issues at most 8 loads of 16 bytes a step (the tile at the largest rank): 32 KB in flight
+// a block, 64 KB an SM at two blocks an SM.
+constexpr int kReadTile = 64;
+constexpr int kReadTileGroups = kReadTile / 4;  // Philox groups of a tile
+constexpr int kReadLoads = kReadTile * static_cast<int>(kRefineFusedMaxRank) * 2 / 16 / kThreads;
+constexpr int kReadBlocksPerSm = 2;
+constexpr int kReadProdLd = kReadTile + 4;  // floats a row of a tile's products in shared memory
+
+// bfloat16 elements a row of z or of a w_read tile takes in shared memory: r rounded up to the
+// wmma depth (16) plus 8, so that consecutive rows start 4 banks apart (conflict-free fragment loads).
+__host__ __device__ __forceinline__ int read_ld(int64_t r) { return static_cast<int>((r + 15) / 16 * 16 + 8); }
 
 struct RefineWorkspace {
   float* u;              // [n, b, r] after the mix
   float* hid;            // [n, d, h]
   void* z;               // [n, d, r] in the weights' type
   float* dots;           // [rows, slice] products of one GEMM slice
-  SampledRow* partial;   // [rows, chunks] of the launch
+  SampledRow* partial;   // [rows, partials] of the launch
   int64_t* new_tokens;   // [n, d]
   float* new_logprobs;   // [n, d]
   int32_t* active;       // [n]
@@ -186,19 +206,18 @@ __global__ void __launch_bounds__(kThreads) front_down_kernel(RefineParams p, Ro
   }
 }
 
-// The epilogue of vocabulary ids 4q + j (j < 4) of one row: a = (s + dot[j]) * scale, then the
-// Gumbel-max pick and softmax statistics. The four ids share one Philox draw, drawn only if one
-// of them can still win.
-template <typename TB>
-__device__ __forceinline__ void observe_ids(SampledRow& best, const TB* s, const float* dot, int64_t q, int64_t v,
-                                            float scale, bool greedy, uint64_t seed, uint64_t offset, uint32_t n,
-                                            uint32_t d) {
+// The epilogue of vocabulary ids 4q + j (j < 4; those below v) of one row, given their logits
+// x[j] = base logit + product: a = x * scale, then the Gumbel-max pick and softmax statistics.
+// The four ids share one Philox draw, drawn only if one of them can still win.
+__device__ __forceinline__ void observe_group(SampledRow& best, const float (&x)[4], int64_t q, int64_t v,
+                                              float scale, bool greedy, uint64_t seed, uint64_t offset, uint32_t n,
+                                              uint32_t d) {
   float a[4];
   bool live = false;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int64_t id = 4 * q + j;
-    a[j] = id < v ? (to_float(s[id]) + dot[j]) * scale : kNegInf;
+    a[j] = id < v ? x[j] * scale : kNegInf;
     live |= id < v && a[j] + kGumbelBound >= best.pick.val;
   }
   Philox4 r{{0, 0, 0, 0}};
@@ -233,24 +252,158 @@ __global__ void __launch_bounds__(kThreads) read_epilogue_kernel(RefineParams p,
   const float scale = greedy ? 1.0f : p.inv_t;
   SampledRow best = sampled_empty();
   for (int64_t q = id0 / 4 + threadIdx.x; 4 * q < id_end; q += kThreads) {
-    float dot[4];
+    float x[4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) dot[j] = dots && 4 * q + j < id_end ? dots[4 * q + j - s.v0] : 0.0f;
-    observe_ids(best, base, dot, q, id_end, scale, greedy, seed, offset, static_cast<uint32_t>(n),
-                static_cast<uint32_t>(d));
+    for (int j = 0; j < 4; ++j) {
+      const int64_t id = 4 * q + j;
+      x[j] = id < id_end ? to_float(base[id]) + (dots ? dots[id - s.v0] : 0.0f) : 0.0f;
+    }
+    observe_group(best, x, q, id_end, scale, greedy, seed, offset, static_cast<uint32_t>(n), static_cast<uint32_t>(d));
   }
   best = block_merge(best, sampled_empty());
-  if (threadIdx.x == 0) w.partial[m * plan.chunks + s.first_chunk + c] = best;
+  if (threadIdx.x == 0) w.partial[m * plan.partials + s.first_chunk + c] = best;
+}
+
+// The fused read of a group of kMTiles * 16 rows (block b: group b % groups, the b / groups-th of
+// the group's blocks, which reads tiles part, part + blocks, ...): see the file's comment.
+// Per step: store the tile loaded into registers (w_read, and the base logits of the thread's ids)
+// to shared memory; issue the next tile's loads; multiply; then run the epilogue on the products
+// while those loads are in flight. Warp (col, half) multiplies column tile col (16 ids) with: at
+// one row tile, half of the depth (the epilogue adds the two halves); else row tiles half, half + 2.
+template <typename TB, int kMTiles>
+__global__ void __launch_bounds__(kThreads, kReadBlocksPerSm) read_fused_kernel(RefineParams p, RowSet rs,
+                                                                                RefineWorkspace w,
+                                                                                RefineReadPlan plan) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800  // bfloat16 wmma (the plan requires cc_major >= 8)
+  namespace wmma = nvcuda::wmma;
+  constexpr int kRows = 16 * kMTiles;
+  constexpr bool kSplitK = kMTiles == 1;
+  constexpr int kAccs = kSplitK ? 1 : kMTiles / 2;
+  constexpr int kRowThreads = kThreads / kRows;  // epilogue threads of a row: consecutive lanes
+  constexpr int kGroups = kReadTileGroups / kRowThreads;  // Philox groups a thread observes a step
+  static_assert(kMTiles == 1 || kMTiles == 2 || kMTiles == 4, "row tiles: 1, 2 or 4");
+  extern __shared__ __align__(128) uint8_t read_smem[];
+  __shared__ int any_live;
+  const int ld = read_ld(p.r), row_chunks = static_cast<int>(p.r / 8);
+  __nv_bfloat16* zs = reinterpret_cast<__nv_bfloat16*>(read_smem);  // [kRows][ld]
+  __nv_bfloat16* ws = zs + kRows * ld;                              // [kReadTile][ld]
+  float* prod = reinterpret_cast<float*>(ws + kReadTile * ld);      // [max(kRows, 32)][kReadProdLd]
+  float* base_s = prod + (kRows > 32 ? kRows : 32) * kReadProdLd;   // [kRows][kReadTile]
+  const int64_t group = blockIdx.x % plan.groups, part = blockIdx.x / plan.groups, m0 = group * kRows;
+
+  // z of the group's rows (zero for padding and finished rows; a block whose rows have all
+  // finished exits here), and zero depth padding (r to a multiple of 16) in the w_read tile.
+  if (threadIdx.x == 0) any_live = 0;
+  __syncthreads();
+  const __nv_bfloat16* z = static_cast<const __nv_bfloat16*>(w.z);
+  for (int i = threadIdx.x; i < kRows * (ld / 8); i += kThreads) {
+    const int row = i / (ld / 8), c = i % (ld / 8);
+    const bool live = row_live(p, rs, m0 + row);
+    if (live && c == 0) atomicOr(&any_live, 1);
+    uint4 v{0u, 0u, 0u, 0u};
+    if (live && c < row_chunks) v = *reinterpret_cast<const uint4*>(z + row_index(p, rs, m0 + row) * p.r + 8 * c);
+    *reinterpret_cast<uint4*>(zs + row * ld + 8 * c) = v;
+  }
+  const int pad_chunks = (ld - 8) / 8 - row_chunks;  // 0 or 1
+  for (int i = threadIdx.x; i < kReadTile * pad_chunks; i += kThreads)
+    *reinterpret_cast<uint4*>(ws + i * ld + 8 * row_chunks) = uint4{0u, 0u, 0u, 0u};
+  __syncthreads();
+  if (!any_live) return;  // the whole block
+
+  // The epilogue's row of this thread and its ids: groups ej, ej + kRowThreads, ... of each tile.
+  const int em = threadIdx.x / kRowThreads, ej = threadIdx.x % kRowThreads;
+  const int64_t m = m0 + em;
+  const bool live = row_live(p, rs, m);
+  const uint32_t n = live ? static_cast<uint32_t>(m / rs.d_count) : 0;
+  const uint32_t d = live ? static_cast<uint32_t>(rs.d_begin + m % rs.d_count) : 0;
+  const TB* base = static_cast<const TB*>(p.base) + (static_cast<int64_t>(n) * p.d + d) * p.v;
+
+  // A tile's rows of w_read are contiguous: its 16-byte chunk c lies 8c elements past the tile's first id.
+  uint4 loaded[kReadLoads];     // chunks threadIdx.x + i * kThreads of the next tile
+  TB loaded_base[4 * kGroups];  // the next tile's base logits of this thread's ids
+  auto fetch = [&](int64_t tile) {
+    const int64_t id0 = tile * kReadTile;
+    const uint4* src = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.w_read) + id0 * p.r);
+    const int64_t ids = p.v - id0 < kReadTile ? p.v - id0 : kReadTile;
+    const int chunks = static_cast<int>(ids) * row_chunks;
+#pragma unroll
+    for (int i = 0; i < kReadLoads; ++i) {
+      const int c = threadIdx.x + i * kThreads;
+      loaded[i] = c < chunks ? src[c] : uint4{0u, 0u, 0u, 0u};
+    }
+#pragma unroll
+    for (int i = 0; i < 4 * kGroups; ++i) {
+      const int id = 4 * (ej + i / 4 * kRowThreads) + i % 4;
+      loaded_base[i] = live && id < ids ? base[id0 + id] : TB{};
+    }
+  };
+
+  const int warp = threadIdx.x / 32, col = warp % 4, half = warp / 4;
+  const int k_steps = (ld - 8) / 16;
+  const int k_begin = kSplitK && half ? k_steps / 2 : 0, k_end = kSplitK && !half ? k_steps / 2 : k_steps;
+  SampledRow best = sampled_empty();
+  fetch(part);  // part < plan.tiles: the plan gives a group at most one block a tile
+  for (int64_t tile = part; tile < plan.tiles; tile += plan.blocks) {
+#pragma unroll
+    for (int i = 0; i < kReadLoads; ++i) {
+      const int c = threadIdx.x + i * kThreads;
+      if (c < kReadTile * row_chunks)
+        *reinterpret_cast<uint4*>(ws + c / row_chunks * ld + 8 * (c % row_chunks)) = loaded[i];
+    }
+#pragma unroll
+    for (int i = 0; i < 4 * kGroups; ++i)
+      base_s[em * kReadTile + 4 * (ej + i / 4 * kRowThreads) + i % 4] = to_float(loaded_base[i]);
+    __syncthreads();  // the tile is in shared memory; the previous step's products are consumed
+    if (tile + plan.blocks < plan.tiles) fetch(tile + plan.blocks);
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kAccs];
+#pragma unroll
+    for (int a = 0; a < kAccs; ++a) wmma::fill_fragment(acc[a], 0.0f);
+    for (int k = k_begin; k < k_end; ++k) {
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b;
+      wmma::load_matrix_sync(b, ws + col * 16 * ld + k * 16, static_cast<unsigned>(ld));
+#pragma unroll
+      for (int a = 0; a < kAccs; ++a) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> za;
+        wmma::load_matrix_sync(za, zs + (kSplitK ? 0 : half + 2 * a) * 16 * ld + k * 16, static_cast<unsigned>(ld));
+        wmma::mma_sync(acc[a], za, b, acc[a]);
+      }
+    }
+#pragma unroll
+    for (int a = 0; a < kAccs; ++a)  // at one row tile, rows 16..31 hold the second half of the depth
+      wmma::store_matrix_sync(prod + (half + 2 * a) * 16 * kReadProdLd + col * 16, acc[a], kReadProdLd,
+                              wmma::mem_row_major);
+    __syncthreads();  // the products are in shared memory; the tile may be overwritten
+
+    if (live) {
+      const uint64_t seed = read_or(p.seed_ptr, p.seed), offset = read_or(p.offset_ptr, p.offset);
+      const bool greedy = p.inv_t == 0.0f;
+      const float scale = greedy ? 1.0f : p.inv_t;
+#pragma unroll
+      for (int i = 0; i < kGroups; ++i) {
+        const int g = ej + i * kRowThreads;
+        const float4 dot = *reinterpret_cast<const float4*>(prod + em * kReadProdLd + 4 * g);
+        const float4 dot2 = kSplitK ? *reinterpret_cast<const float4*>(prod + (16 + em) * kReadProdLd + 4 * g) : dot;
+        const float4 b = *reinterpret_cast<const float4*>(base_s + em * kReadTile + 4 * g);
+        float x[4] = {b.x + (kSplitK ? dot.x + dot2.x : dot.x), b.y + (kSplitK ? dot.y + dot2.y : dot.y),
+                      b.z + (kSplitK ? dot.z + dot2.z : dot.z), b.w + (kSplitK ? dot.w + dot2.w : dot.w)};
+        observe_group(best, x, tile * kReadTileGroups + g, p.v, scale, greedy, seed, offset, n, d);
+      }
+    }
+  }
+  best = warp_merge<kRowThreads>(best);
+  if (ej == 0 && live) w.partial[m * plan.partials + part] = best;
+#endif
 }
 
 // A warp per row: merges the row's partial results, writes its token and log-probability.
-__global__ void __launch_bounds__(kThreads) merge_kernel(RefineParams p, RowSet rs, RefineWorkspace w, int64_t chunks,
+__global__ void __launch_bounds__(kThreads) merge_kernel(RefineParams p, RowSet rs, RefineWorkspace w, int64_t partials,
                                                          int64_t* tokens, float* logprobs) {
   const int64_t m = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (!row_live(p, rs, m)) return;  // the whole warp
   SampledRow r = sampled_empty();
-  for (int64_t c = lane; c < chunks; c += 32) r = sampled_merge(r, w.partial[m * chunks + c]);
+  for (int64_t c = lane; c < partials; c += 32) r = sampled_merge(r, w.partial[m * partials + c]);
   r = warp_merge(r);
   if (lane == 0) {
     const int64_t at = row_index(p, rs, m);
@@ -298,7 +451,7 @@ ReadSizes read_sizes(const RefineParams& p) {
   for (int64_t rows : {p.n * p.d, p.n})
     for (bool read : {true, false}) {
       const RefineReadPlan plan = refine_read_plan(p, rows, read);
-      const int64_t dots = read ? rows * plan.slice : 0, partial = rows * plan.chunks;
+      const int64_t dots = read && !plan.fused ? rows * plan.slice : 0, partial = rows * plan.partials;
       s.dots = dots > s.dots ? dots : s.dots;
       s.partial = partial > s.partial ? partial : s.partial;
     }
@@ -348,6 +501,28 @@ RefineWorkspace carve(const RefineParams& p, void* workspace) {
     if (err_ != cudaSuccess) return err_;         \
   } while (0)
 
+// The fused read of a pass (plan.fused), at the plan's row tiles.
+template <typename TB, int kMTiles>
+cudaError_t launch_read_fused_tiles(const RefineParams& p, const RowSet& rs, const RefineWorkspace& w,
+                                    const RefineReadPlan& plan, cudaStream_t stream) {
+  // Above 48 KB of dynamic shared memory a kernel must opt in (a host call, no stream work).
+  XK_RETURN_IF_FAILED(cudaFuncSetAttribute(read_fused_kernel<TB, kMTiles>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(plan.smem_bytes)));
+  read_fused_kernel<TB, kMTiles><<<plan.groups * plan.blocks, kThreads, plan.smem_bytes, stream>>>(p, rs, w, plan);
+  return cudaGetLastError();
+}
+
+template <typename TB>
+cudaError_t launch_read_fused(const RefineParams& p, const RowSet& rs, const RefineWorkspace& w,
+                              const RefineReadPlan& plan, cudaStream_t stream) {
+  switch (plan.m_tiles) {
+    case 1: return launch_read_fused_tiles<TB, 1>(p, rs, w, plan, stream);
+    case 2: return launch_read_fused_tiles<TB, 2>(p, rs, w, plan, stream);
+    case 4: return launch_read_fused_tiles<TB, 4>(p, rs, w, plan, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
 // One pass over `rs`, writing tokens and logprobs [n, d] at the rows of rs.
 template <typename TB, typename TW>
 cudaError_t pass(const RefineParams& p, const ReadGemmRunner& gemm, const RowSet& rs, const RefineWorkspace& w,
@@ -363,7 +538,14 @@ cudaError_t pass(const RefineParams& p, const ReadGemmRunner& gemm, const RowSet
     XK_RETURN_IF_FAILED(cudaGetLastError());
   }
   const RefineReadPlan plan = refine_read_plan(p, rows, rs.read);
-  for (int64_t s = 0; s < plan.slices; ++s) {
+  if (plan.fused) {
+    if constexpr (std::is_same_v<TW, __nv_bfloat16>) {
+      XK_RETURN_IF_FAILED(launch_read_fused<TB>(p, rs, w, plan, stream));
+    } else {
+      return cudaErrorInvalidValue;  // the plan fuses bfloat16 weights only
+    }
+  }
+  for (int64_t s = 0; !plan.fused && s < plan.slices; ++s) {
     const int64_t v0 = s * plan.slice, len = plan.slice < p.v - v0 ? plan.slice : p.v - v0;
     if (rs.read) {
       // Rows of all slots are z [n * d, r]; the rows of one slot are every d-th row of it.
@@ -376,7 +558,7 @@ cudaError_t pass(const RefineParams& p, const ReadGemmRunner& gemm, const RowSet
     read_epilogue_kernel<TB><<<rows * slice.chunks, kThreads, 0, stream>>>(p, rs, w, plan, slice);
     XK_RETURN_IF_FAILED(cudaGetLastError());
   }
-  merge_kernel<<<ceil_div(rows, kWarps), kThreads, 0, stream>>>(p, rs, w, plan.chunks, tokens, logprobs);
+  merge_kernel<<<ceil_div(rows, kWarps), kThreads, 0, stream>>>(p, rs, w, plan.partials, tokens, logprobs);
   XK_RETURN_IF_FAILED(cudaGetLastError());
   return cudaSuccess;
 }
@@ -438,11 +620,29 @@ RefineReadPlan refine_read_plan(const RefineParams& p, int64_t rows, bool read) 
   // Empty and degenerate sizes still get a valid plan: every divisor below is at least 1.
   rows = rows < 1 ? 1 : rows;
   const int64_t v = p.v < 1 ? 1 : p.v, sms = p.num_sms < 1 ? 1 : p.num_sms;
+  RefineReadPlan plan{};
+  const bool fusable = read && p.weight_type == WeightType::kBFloat16 && p.cc_major >= 8 && p.r >= 8 &&
+                       p.r % 8 == 0 && p.r <= kRefineFusedMaxRank && reinterpret_cast<uintptr_t>(p.w_read) % 16 == 0;
+  plan.fused = fusable && (p.read_mode == RefineReadMode::kFused ||
+                           (p.read_mode == RefineReadMode::kAuto && rows <= kRefineFusedAutoRows));
+  if (plan.fused) {
+    plan.m_tiles = rows > 32 ? 4 : rows > 16 ? 2 : 1;
+    plan.groups = ceil_div(rows, 16 * plan.m_tiles);
+    plan.tiles = ceil_div(v, kReadTile);
+    // About kReadBlocksPerSm blocks an SM over all groups; a group's blocks (its partials a row)
+    // never outnumber its tiles.
+    const int64_t want = ceil_div(kReadBlocksPerSm * sms, plan.groups);
+    plan.blocks = want < plan.tiles ? want : plan.tiles;
+    plan.partials = plan.blocks;
+    // z, the w_read tile, the products (two depth halves at one row tile), the base logits
+    const int64_t rows_tile = 16 * plan.m_tiles, prod_rows = rows_tile > 32 ? rows_tile : 32;
+    plan.smem_bytes = (rows_tile + kReadTile) * read_ld(p.r) * 2 + (prod_rows * kReadProdLd + rows_tile * kReadTile) * 4;
+    return plan;
+  }
   // Chunks enough for about 4 blocks an SM across the rows, each at most kMaxChunkGroups groups of 4 ids.
   const int64_t want = ceil_div(4 * sms, rows);
   int64_t groups = ceil_div(ceil_div(v, 4), want);
   groups = groups < kMaxChunkGroups ? groups : kMaxChunkGroups;
-  RefineReadPlan plan;
   plan.chunk = 4 * groups;
   plan.chunks = ceil_div(v, plan.chunk);
   // A slice's products, rows * slice floats, fit slice_bytes (at least one chunk); without a
@@ -451,6 +651,7 @@ RefineReadPlan refine_read_plan(const RefineParams& p, int64_t rows, bool read) 
   plan.chunks_per_slice = !read ? plan.chunks : fit < 1 ? 1 : fit < plan.chunks ? fit : plan.chunks;
   plan.slice = plan.chunks_per_slice * plan.chunk;
   plan.slices = ceil_div(plan.chunks, plan.chunks_per_slice);
+  plan.partials = plan.chunks;
   return plan;
 }
 

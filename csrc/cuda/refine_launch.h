@@ -13,6 +13,20 @@ namespace xkernels::cuda {
 // Limit of the CUDA kernels (checked by the binding): front_mix stages a block's slots in shared memory.
 constexpr int64_t kRefineMaxSlots = 64;
 
+// How a pass computes the read z w_read^T (the binding takes it from XKERNELS_REFINE_READ):
+//  kGemm:  per vocabulary slice a GEMM of the caller (cuBLAS) into float32 products, then
+//          read_epilogue_kernel over them
+//  kFused: read_fused_kernel streams w_read once and runs the epilogue on its tensor-core
+//          products (bfloat16 weights, r a multiple of 8 up to kRefineFusedMaxRank, w_read
+//          16-byte aligned; elsewhere the pass takes the GEMM)
+//  kAuto:  kFused where it applies and the pass has at most kRefineFusedAutoRows rows, else kGemm
+enum class RefineReadMode { kAuto, kGemm, kFused };
+constexpr int64_t kRefineFusedMaxRank = 256;  // z and a w_read tile of 64 ids stay in shared memory
+// Rows of a pass up to which kAuto picks the fused read: one or two row groups of 64 (refine_step
+// to N=4 and N=8 at D=15, every Jacobi and sequential pass to N=8). A design estimate (bench/floors.md),
+// not measured: the override lets a GPU run compare both paths.
+constexpr int64_t kRefineFusedAutoRows = 128;
+
 struct RefineParams {
   const float* ctx;  // [n, b, r]
   // Slot k reads prefix[k] for k < prefix_len, else drafted[k - prefix_len]:
@@ -30,6 +44,8 @@ struct RefineParams {
   const int64_t* seed_ptr;
   const int64_t* offset_ptr;
   int num_sms;
+  int cc_major;  // compute capability: the fused read's bfloat16 tensor cores need 8 or more
+  RefineReadMode read_mode;
   // Bytes of float32 products one GEMM slice of the read may write: the slice is read back by
   // the epilogue while it is still in L2 (the binding passes a third of the device's L2).
   int64_t slice_bytes;
@@ -54,14 +70,22 @@ struct ReadGemmRunner {
   void* context;
 };
 
-// How one launch sequence over `rows` rows splits the vocabulary. Host planning shared by the
+// How one launch sequence over `rows` rows reads the vocabulary. Host planning shared by the
 // binding and the emulation; valid for any sizes (rows = 0, v = 1, slice_bytes = 0 included).
 struct RefineReadPlan {
+  bool fused;        // read_fused_kernel (below); else the GEMM slices and read_epilogue_kernel
+  int64_t partials;  // partial results per row, which merge_kernel combines
+  // The GEMM path (and a pass without a read, fused = false):
   int64_t chunk;             // ids an epilogue block reads: a multiple of 4 (a Philox draw covers 4 ids)
   int64_t chunks;            // partial results per row: ceil(v / chunk)
   int64_t chunks_per_slice;  // chunks a GEMM slice covers
   int64_t slice;             // ids a GEMM slice covers: chunks_per_slice * chunk
   int64_t slices;            // GEMM + epilogue launches of a pass: ceil(chunks / chunks_per_slice)
+  // The fused path: the rows split into `groups` of 16 * m_tiles; each group's `blocks` blocks
+  // (one partial a row each) stride over the vocabulary's `tiles` tiles of 64 ids.
+  int64_t m_tiles;  // 1, 2 or 4
+  int64_t groups, blocks, tiles;
+  int64_t smem_bytes;  // dynamic shared memory of a block
 };
 RefineReadPlan refine_read_plan(const RefineParams& p, int64_t rows, bool read);
 

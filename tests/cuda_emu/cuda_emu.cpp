@@ -9,6 +9,7 @@
 #include <map>
 #include <set>
 #include <memory>
+#include <new>
 #include <sstream>
 #include <vector>
 
@@ -57,6 +58,17 @@ xk_emu_switch:
 namespace xk_emu {
 namespace {
 
+template <typename T>
+struct Aligned256 {
+  using value_type = T;
+  Aligned256() = default;
+  template <typename U>
+  Aligned256(const Aligned256<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{256})); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{256}); }
+  bool operator==(const Aligned256&) const { return true; }
+};
+
 constexpr size_t kStackBytes = 128 * 1024;
 constexpr size_t kDefaultDynamicSmem = 48 * 1024;
 
@@ -99,7 +111,7 @@ struct Emu {
   Fiber* current = nullptr;
   void (*body)(void*) = nullptr;
   void* body_arg = nullptr;
-  std::vector<char> smem;
+  std::vector<char, Aligned256<char>> smem;  // dynamic shared memory, aligned like a kernel's __align__(128) one
   std::string violation;  // of the running launch
   std::string first_violation;  // since the test last asked
   cudaError_t last_error = cudaSuccess;

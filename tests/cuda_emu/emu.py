@@ -1,6 +1,7 @@
 """ctypes bindings of the CUDA emulation library (build.sh): the real CUDA launchers, run on the
 CPU, called with torch CPU tensors. Each call raises EmuViolation if the kernels broke a CUDA
 rule the emulation checks, and returns what the kernels wrote."""
+import collections
 import ctypes
 import os
 
@@ -9,6 +10,10 @@ import torch
 LOGITS_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 WEIGHT_TYPES = {torch.float32: 0, torch.bfloat16: 1}
 REFINE_OPS = {"refine_step": 0, "jacobi_refine": 1, "sequential_refine": 2}
+READ_MODES = {"auto": 0, "gemm": 1, "fused": 2}  # RefineReadMode
+# refine_read_plan's RefineReadPlan, field by field
+RefinePlan = collections.namedtuple("RefinePlan", "fused partials chunk chunks chunks_per_slice slice slices m_tiles "
+                                                  "groups blocks tiles smem_bytes")
 
 
 class EmuViolation(AssertionError):
@@ -60,8 +65,9 @@ class CudaEmu:
         return accept_len, out
 
     def refine(self, op, ctx, tokens, base, weights, temperature=0.0, seed=0, offset=0, max_iters=0, num_sms=4,
-               slice_bytes=1 << 20):
-        """slice_bytes: the L2 budget of one GEMM slice of the read (small values: many slices)."""
+               slice_bytes=1 << 20, read="auto", seed_tensor=None, offset_tensor=None):
+        """slice_bytes: the L2 budget of one GEMM slice of the read (small values: many slices);
+        read: the read's mode (XKERNELS_REFINE_READ: auto, gemm or fused)."""
         n, b, r = ctx.shape
         d, v = base.shape[1], base.shape[2]
         h = weights.w_gate.shape[0]
@@ -76,22 +82,24 @@ class CudaEmu:
             ctypes.c_int(REFINE_OPS[op]), _ptr(ctx), _ptr(tokens), i64(tokens.shape[1]), _ptr(base),
             LOGITS_TYPES[base.dtype], *[_ptr(x) for x in w], WEIGHT_TYPES[w[0].dtype], i64(n), i64(b), i64(d), i64(r),
             i64(h), i64(v), ctypes.c_float(_inv_t(temperature)), ctypes.c_uint64(seed), ctypes.c_uint64(offset),
-            i64(max_iters), ctypes.c_int(num_sms), i64(slice_bytes), _ptr(out_tokens), _ptr(out_logprobs), _ptr(iters), msg,
+            _ptr(_c(seed_tensor)), _ptr(_c(offset_tensor)), i64(max_iters), ctypes.c_int(num_sms), i64(slice_bytes),
+            ctypes.c_int(READ_MODES[read]), _ptr(out_tokens), _ptr(out_logprobs), _ptr(iters), msg,
             ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
         return out_tokens, out_logprobs, iters
 
     def refine_plan(self, n, b, d, r, h, v, rows, read=True, weight_dtype=torch.float32, num_sms=132,
-                    slice_bytes=20 << 20):
-        """The CUDA binding's planning of the refine read: (chunk, chunks, chunks_per_slice, slice,
-        slices) for `rows` rows, and the op's workspace bytes."""
-        plan = (ctypes.c_int64 * 5)()
+                    slice_bytes=20 << 20, mode="auto", cc_major=9, w_read_offset=0):
+        """The CUDA binding's planning of the refine read for `rows` rows (a RefinePlan) and the
+        op's workspace bytes. w_read_offset: bytes w_read lies past a 256-byte aligned address."""
+        plan = (ctypes.c_int64 * len(RefinePlan._fields))()
         workspace = ctypes.c_uint64()
         i64 = ctypes.c_int64
         self.lib.xk_emu_refine_plan(i64(n), i64(b), i64(d), i64(r), i64(h), i64(v), ctypes.c_int(WEIGHT_TYPES[weight_dtype]),
-                                    ctypes.c_int(num_sms), i64(slice_bytes), i64(rows), ctypes.c_int(read), plan,
+                                    ctypes.c_int(num_sms), i64(slice_bytes), ctypes.c_int(READ_MODES[mode]),
+                                    ctypes.c_int(cc_major), i64(w_read_offset), i64(rows), ctypes.c_int(read), plan,
                                     ctypes.byref(workspace))
-        return tuple(plan), workspace.value
+        return RefinePlan(*plan), workspace.value
 
     def build_draft_tree(self, lp, tok, budget):
         n, d, k = lp.shape

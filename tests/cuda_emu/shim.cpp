@@ -107,11 +107,13 @@ int xk_emu_chain_verify(const void* logits, int logits_type, const int64_t* draf
 
 // op: 0 refine_step (tokens = prev_tokens [n, b]), 1 jacobi_refine, 2 sequential_refine
 // (tokens = prefix_tokens [n, f + 1]). Weights are float32 (weight_type 0) or bfloat16 (1).
+// read_mode: RefineReadMode (0 auto, 1 GEMM, 2 fused), on a device of compute capability 9.
 int xk_emu_refine(int op, const float* ctx, const int64_t* tokens, int64_t tokens_len, const void* base,
                   int base_type, const void* emb, const void* mix, const void* w_gate, const void* w_up,
                   const void* w_down, const void* w_read, int weight_type, int64_t n, int64_t b, int64_t d, int64_t r,
-                  int64_t h, int64_t v, float inv_t, uint64_t seed, uint64_t offset, int64_t max_iters, int num_sms,
-                  int64_t slice_bytes, int64_t* out_tokens, float* out_logprobs, int32_t* out_iters, char* message, size_t message_len) {
+                  int64_t h, int64_t v, float inv_t, uint64_t seed, uint64_t offset, const int64_t* seed_tensor,
+                  const int64_t* offset_tensor, int64_t max_iters, int num_sms, int64_t slice_bytes, int read_mode,
+                  int64_t* out_tokens, float* out_logprobs, int32_t* out_iters, char* message, size_t message_len) {
   using namespace xkernels::cuda;
   Device dev;
   const size_t wb = weight_type == 0 ? 4 : 2;
@@ -131,6 +133,9 @@ int xk_emu_refine(int op, const float* ctx, const int64_t* tokens, int64_t token
   p.weight_type = static_cast<WeightType>(weight_type);
   p.n = n, p.b = b, p.d = d, p.f = f, p.r = r, p.h = h, p.v = v;
   p.inv_t = inv_t, p.seed = seed, p.offset = offset, p.num_sms = num_sms, p.slice_bytes = slice_bytes;
+  p.seed_ptr = dev.copy(seed_tensor, sizeof(int64_t));
+  p.offset_ptr = dev.copy(offset_tensor, sizeof(int64_t));
+  p.cc_major = 9, p.read_mode = static_cast<RefineReadMode>(read_mode);
   const ReadGemmRunner gemm{emu_read_gemm, nullptr};
   void* workspace = dev.alloc(refine_workspace_bytes(p), 0xA5);
   // The callers zero-fill what the launchers' contracts say (csrc/cuda/refine.cpp).
@@ -147,18 +152,23 @@ int xk_emu_refine(int op, const float* ctx, const int64_t* tokens, int64_t token
   return finish(err, message, message_len);
 }
 
-// The binding's host planning of the refine read for `rows` rows: plan = {chunk, chunks,
-// chunks_per_slice, slice, slices}, and the workspace bytes of the op's shapes.
+// The binding's host planning of the refine read for `rows` rows: plan = {fused, partials, chunk,
+// chunks, chunks_per_slice, slice, slices, m_tiles, groups, blocks, tiles, smem_bytes}, and the
+// workspace bytes of the op's shapes. w_read_offset: bytes past a 256-byte aligned address.
 void xk_emu_refine_plan(int64_t n, int64_t b, int64_t d, int64_t r, int64_t h, int64_t v, int weight_type,
-                        int num_sms, int64_t slice_bytes, int64_t rows, int read, int64_t* plan,
-                        uint64_t* workspace_bytes) {
+                        int num_sms, int64_t slice_bytes, int read_mode, int cc_major, int64_t w_read_offset,
+                        int64_t rows, int read, int64_t* plan, uint64_t* workspace_bytes) {
   using namespace xkernels::cuda;
   RefineParams p{};
   p.n = n, p.b = b, p.d = d, p.f = b - d, p.r = r, p.h = h, p.v = v;
   p.weight_type = static_cast<WeightType>(weight_type);
   p.num_sms = num_sms, p.slice_bytes = slice_bytes;
+  p.read_mode = static_cast<RefineReadMode>(read_mode), p.cc_major = cc_major;
+  p.w_read = reinterpret_cast<const void*>(static_cast<uintptr_t>(4096 + w_read_offset));  // only its alignment is read
   const RefineReadPlan x = refine_read_plan(p, rows, read != 0);
-  plan[0] = x.chunk, plan[1] = x.chunks, plan[2] = x.chunks_per_slice, plan[3] = x.slice, plan[4] = x.slices;
+  const int64_t fields[] = {x.fused, x.partials, x.chunk, x.chunks, x.chunks_per_slice, x.slice,
+                            x.slices, x.m_tiles, x.groups, x.blocks, x.tiles, x.smem_bytes};
+  std::memcpy(plan, fields, sizeof(fields));
   *workspace_bytes = refine_workspace_bytes(p);
 }
 

@@ -10,7 +10,7 @@ KERNELS = {
     "chain_verify_kernel.cu": {"row_stats_kernel", "chain_walk_kernel", "sample_slices_kernel",
                                "sample_finish_kernel"},
     "refine_kernel.cu": {"front_mix_kernel", "front_hidden_kernel", "front_down_kernel", "read_epilogue_kernel",
-                         "merge_kernel", "jacobi_init_kernel", "jacobi_update_kernel"},
+                         "read_fused_kernel", "merge_kernel", "jacobi_init_kernel", "jacobi_update_kernel"},
     "tree_kernel.cu": {"build_tree_kernel", "tree_mask_kernel", "tree_verify_kernel", "tree_sample_kernel",
                        "tree_sample_finish_kernel", "compact_kv_kernel"},
     "dllm_kernel.cu": {"dllm_slices_kernel", "dllm_merge_kernel", "dllm_select_kernel"},

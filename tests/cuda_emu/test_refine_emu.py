@@ -13,43 +13,117 @@ SHAPES = [(3, 6, 5, 77, 16, 32), (2, 4, 4, 40, 32, 24), (1, 3, 1, 19, 8, 16), (5
 SLICE_BYTES = {"one slice": 1 << 20, "a slice per chunk": 0}
 
 
-@pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("logits_dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("temperature", [0.0, 0.7])
-@pytest.mark.parametrize("slices", list(SLICE_BYTES))
-def test_refine_step(emu, shape, logits_dtype, weight_dtype, temperature, slices):
+# The reads a pass can take: float32 weights always take the GEMM (a forced fused read falls back
+# to it); bfloat16 weights either.
+READS = [(torch.float32, "auto"), (torch.float32, "fused"), (torch.bfloat16, "gemm"), (torch.bfloat16, "fused")]
+
+
+def check_refine_step(emu, shape, logits_dtype, weight_dtype, temperature, **kw):
     ctx, prev, base, weights = make_case(*shape, logits_dtype, weight_dtype, seed=sum(shape))
-    tokens, logprobs, _ = emu.refine("refine_step", ctx, prev, base, weights, temperature, 5, 2, num_sms=8,
-                                     slice_bytes=SLICE_BYTES[slices])
+    tokens, logprobs, _ = emu.refine("refine_step", ctx, prev, base, weights, temperature, 5, 2, **kw)
     want_tokens, want_logprobs = reference.refine_step(ctx, prev, base, weights, temperature, 5, 2)
     _, scores = reference.perturbed_scores(reference.refine_logits(ctx, prev, base, weights), temperature, 5, 2)
     assert_same_tokens(tokens, want_tokens, scores, max(TOL[logits_dtype], TOL[weight_dtype]))
-    # The emulated GEMM, like cuBLAS's bf16 GEMM with float32 output, rounds only z.
+    # The emulated GEMM, like cuBLAS's bf16 GEMM with float32 output, and the fused read's
+    # tensor cores round only z.
     bound = bf16_read_bound(ctx, prev, base, weights, temperature, rounds_products=False)
     assert_logprobs_close(logprobs, want_logprobs, tokens == want_tokens, weight_dtype, bound)
 
 
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("logits_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("weight_dtype,read", READS)
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+@pytest.mark.parametrize("slices", list(SLICE_BYTES))
+def test_refine_step(emu, shape, logits_dtype, weight_dtype, read, temperature, slices):
+    if read == "fused" and slices != "one slice":
+        pytest.skip("the fused read has no GEMM slices")
+    check_refine_step(emu, shape, logits_dtype, weight_dtype, temperature, num_sms=8,
+                      slice_bytes=SLICE_BYTES[slices], read=read)
+
+
+# The fused read's edge shapes (N, B, D, V, r, H): rows (N * D) 1, 15, 16, 17, 33 (a padded fourth
+# row tile), 64, 130 (three row groups); V below one tile of 64 ids, exactly one, not a multiple;
+# r = 8 and 24 (depth padded to 16), up to the largest rank, 256.
+FUSED_SHAPES = [(1, 3, 1, 19, 8, 16), (1, 16, 15, 150, 32, 16), (2, 9, 8, 64, 16, 16), (1, 18, 17, 130, 24, 16),
+                (3, 12, 11, 70, 16, 16), (4, 17, 16, 100, 64, 16), (10, 14, 13, 90, 16, 16), (1, 2, 1, 40, 256, 8)]
+
+
+@pytest.mark.parametrize("shape", FUSED_SHAPES)
+@pytest.mark.parametrize("logits_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+@pytest.mark.parametrize("num_sms", [1, 132])  # one block a group striding over the tiles, or one a tile
+def test_fused_read_edge_shapes(emu, shape, logits_dtype, temperature, num_sms):
+    check_refine_step(emu, shape, logits_dtype, torch.bfloat16, temperature, num_sms=num_sms, read="fused")
+
+
+@pytest.mark.parametrize("read", ["gemm", "fused"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_seed_and_offset_from_device_memory(emu, read, temperature):
+    ctx, prev, base, weights = make_case(2, 5, 4, 70, 16, 16, weight_dtype=torch.bfloat16, seed=12)
+    prefix = prev[:, :2]
+    for op, tokens in [("refine_step", prev), ("jacobi_refine", prefix), ("sequential_refine", prefix)]:
+        want = emu.refine(op, ctx, tokens, base, weights, temperature, 77, 5, max_iters=3, read=read)
+        got = emu.refine(op, ctx, tokens, base, weights, temperature, 0, 0, max_iters=3, read=read,
+                         seed_tensor=torch.tensor([77]), offset_tensor=torch.tensor([5]))
+        for a, b in zip(got, want):
+            assert torch.equal(a, b), op
+
+
+PLAN_SHAPES = [(0, 4, 3, 50, 8, 16), (1, 1, 1, 1, 1, 1), (1, 16, 15, 151936, 256, 512), (32, 16, 15, 151936, 256, 512),
+               (3, 64, 64, 2**31 - 2, 1024, 1), (10**6, 2, 1, 5, 4, 4), (1, 2, 1, 63, 8, 1), (8, 16, 15, 151936, 256, 512),
+               (1, 65, 64, 65, 24, 4), (5, 17, 16, 200000, 136, 8)]
+
+
 @pytest.mark.parametrize("num_sms", [1, 4, 132])
 @pytest.mark.parametrize("slice_bytes", [0, 1000, 20 << 20])
-def test_read_plan_covers_the_vocabulary(emu, num_sms, slice_bytes):
-    """The binding's planning: chunks of whole Philox groups tile [0, V), slices tile the chunks,
-    for empty, tiny and huge shapes alike (an empty batch once divided by zero on the host)."""
-    shapes = [(0, 4, 3, 50, 8, 16), (1, 1, 1, 1, 1, 1), (1, 16, 15, 151936, 256, 512), (32, 16, 15, 151936, 256, 512),
-              (3, 64, 64, 2**31 - 2, 1024, 1), (10**6, 2, 1, 5, 4, 4)]
-    for n, b, d, v, r, h in shapes:
-        for rows in {0, 1, n, n * d}:
+@pytest.mark.parametrize("mode", ["auto", "gemm", "fused"])
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
+def test_read_plan_covers_the_vocabulary(emu, num_sms, slice_bytes, mode, weight_dtype):
+    """The binding's planning: chunks of whole Philox groups tile [0, V), slices tile the chunks; or
+    the fused read's row groups cover the rows and each group's blocks the tiles of 64 ids; for empty,
+    tiny and huge shapes alike (an empty batch once divided by zero on the host)."""
+    for n, b, d, v, r, h in PLAN_SHAPES:
+        for rows in {0, 1, 15, 16, 17, 64, 65, 128, 129, n, n * d}:
             for read in (True, False):
-                (chunk, chunks, per_slice, slice_, slices), workspace = emu.refine_plan(
-                    n, b, d, r, h, v, rows, read, num_sms=num_sms, slice_bytes=slice_bytes)
-                assert chunk % 4 == 0 and 4 <= chunk <= 4096
+                plan, workspace = emu.refine_plan(n, b, d, r, h, v, rows, read, weight_dtype, num_sms=num_sms,
+                                                  slice_bytes=slice_bytes, mode=mode)
+                fusable = read and weight_dtype == torch.bfloat16 and r % 8 == 0 and r <= 256
+                assert plan.fused == (fusable and (mode == "fused" or (mode == "auto" and rows <= 128)))
+                assert (workspace > 0) == (n > 0)  # an empty batch needs none
+                if plan.fused:
+                    assert plan.m_tiles == (1 if rows <= 16 else 2 if rows <= 32 else 4)
+                    assert plan.groups == -(-max(rows, 1) // (16 * plan.m_tiles))
+                    assert plan.tiles == -(-v // 64) and 1 <= plan.blocks <= plan.tiles
+                    # about two blocks an SM in all; one partial result a (row, block)
+                    assert plan.groups * plan.blocks <= max(2 * num_sms + plan.groups, plan.groups)
+                    assert plan.groups * plan.blocks < 2**31 and plan.partials == plan.blocks
+                    ld = -(-r // 16) * 16 + 8
+                    prod_rows = max(16 * plan.m_tiles, 32)
+                    assert plan.smem_bytes == (16 * plan.m_tiles + 64) * ld * 2 + (prod_rows * 68 + 16 * plan.m_tiles * 64) * 4
+                    assert plan.smem_bytes <= 227 * 1024 // 2  # two blocks an SM
+                    continue
+                chunk, chunks, per_slice, slice_, slices = plan.chunk, plan.chunks, plan.chunks_per_slice, plan.slice, plan.slices
+                assert chunk % 4 == 0 and 4 <= chunk <= 4096 and plan.partials == chunks
                 assert chunks == -(-v // chunk) and 1 <= per_slice <= chunks and slice_ == per_slice * chunk
                 assert slices == -(-chunks // per_slice) and (slices - 1) * slice_ < v <= slices * slice_
                 if not read:
                     assert slices == 1
                 elif per_slice > 1:  # a slice's products fit the budget
                     assert max(rows, 1) * slice_ * 4 <= slice_bytes
-                assert (workspace > 0) == (n > 0)  # an empty batch needs none
+
+
+@pytest.mark.parametrize("mode", ["auto", "fused"])
+def test_fused_read_needs_its_device_and_layout(emu, mode):
+    """The fused read takes bfloat16 tensor cores (compute capability 8 or more) and 16-byte loads of
+    w_read rows (r a multiple of 8, w_read 16-byte aligned); elsewhere the plan is the GEMM's."""
+    args = (1, 16, 15, 256, 512, 151936, 15, True, torch.bfloat16)  # n, b, d, r, h, v, rows, read
+    assert emu.refine_plan(*args, mode=mode)[0].fused
+    assert not emu.refine_plan(*args, mode=mode, cc_major=7)[0].fused
+    assert not emu.refine_plan(*args, mode=mode, w_read_offset=8)[0].fused
+    assert emu.refine_plan(*args, mode=mode, w_read_offset=16)[0].fused
+    for r in (260, 12):
+        assert not emu.refine_plan(1, 16, 15, r, 512, 151936, 15, True, torch.bfloat16, mode=mode)[0].fused
 
 
 @pytest.mark.parametrize("op", ["refine_step", "jacobi_refine", "sequential_refine"])
@@ -81,17 +155,24 @@ def test_jacobi_and_sequential(emu, temperature, num_sms, slice_bytes):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_bf16_jacobi_reaches_sequential(emu, temperature):
-    """The bfloat16 GEMM inside the device-side Jacobi loop: at max_iters >= D it equals the
-    sequential decode of the same kernels."""
+@pytest.mark.parametrize("read", ["gemm", "fused"])
+@pytest.mark.parametrize("num_sms", [1, 16])
+def test_bf16_jacobi_reaches_sequential(emu, temperature, read, num_sms):
+    """The bfloat16 read (GEMM or fused) inside the device-side Jacobi loop, where converged
+    sequences' rows drop out pass by pass: at max_iters >= D it equals the sequential decode of
+    the same kernels, and every number of passes matches the reference's tokens."""
     n, b, d, v, r, h = 5, 7, 6, 90, 32, 32
     ctx, prev, base, weights = make_case(n, b, d, v, r, h, torch.bfloat16, torch.bfloat16, seed=6)
     prefix = prev[:, : b - d + 1]
-    seq = emu.refine("sequential_refine", ctx, prefix, base, weights, temperature, 3)
-    for passes in [d, d + 4]:
-        jac = emu.refine("jacobi_refine", ctx, prefix, base, weights, temperature, 3, max_iters=passes)
-        assert torch.equal(jac[0], seq[0]) and (jac[2] <= d + 1).all()
-        torch.testing.assert_close(jac[1], seq[1])
+    kw = dict(read=read, num_sms=num_sms)
+    seq = emu.refine("sequential_refine", ctx, prefix, base, weights, temperature, 3, **kw)
+    for passes in [0, 1, 2, d, d + 4]:
+        jac = emu.refine("jacobi_refine", ctx, prefix, base, weights, temperature, 3, max_iters=passes, **kw)
+        ref = reference.jacobi_refine(ctx, prefix, base, weights, passes, temperature, 3)
+        assert torch.equal(jac[0], ref[0]) and torch.equal(jac[2], ref[2])
+        if passes >= d:
+            assert torch.equal(jac[0], seq[0]) and (jac[2] <= d + 1).all()
+            torch.testing.assert_close(jac[1], seq[1])
 
 
 def test_hidden_size_beyond_shared_memory(emu):
