@@ -6,7 +6,10 @@ source "$(dirname "${BASH_SOURCE[0]}")/../env.sh"
 cd "$XK_ROOT"
 XK_CUDA_EMU_LIB="$(bash tests/cuda_emu/build.sh)"
 export XK_CUDA_EMU_LIB
+# Test paths given first (tests/test_x.py, a folder, a node id) replace the whole folder.
+XK_TEST_PATHS=(tests/cuda_emu)
+if [ "$#" -gt 0 ] && [[ "$1" != -* ]]; then XK_TEST_PATHS=(); fi
 ASAN_LIB="$("${CXX:-g++}" -print-file-name=libasan.so)"
 # Leak checking would report the Python interpreter's own allocations.
 LD_PRELOAD="$ASAN_LIB" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  "$XK_PY" -m pytest tests/cuda_emu "$@"
+  "$XK_PY" -m pytest "${XK_TEST_PATHS[@]}" "$@"
