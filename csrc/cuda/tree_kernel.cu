@@ -31,9 +31,10 @@ __device__ __forceinline__ int64_t node_count(const int64_t* num_nodes, int64_t 
 constexpr size_t kBuildSmemLimit = 48 * 1024;
 
 // One sequence's search state: every candidate ever pushed, indexed by push order (at most
-// 2 * budget + 1), its key (0 once popped), the entry each node came from, and the log-probs.
+// 2 * budget + 1, from offset 0), its key (0 once popped), the entry each node came from, and the
+// log-probs (staged in shared memory only).
 struct BuildLayout {
-  size_t entries, keys, node_entry, logprobs, total;  // byte offsets; total: the bytes
+  size_t keys, node_entry, logprobs, total;  // byte offsets; total: the bytes
 };
 
 __host__ __device__ inline BuildLayout build_layout(int64_t budget, int64_t slots, bool with_logprobs) {
