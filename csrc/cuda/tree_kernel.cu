@@ -347,8 +347,9 @@ __global__ void __launch_bounds__(kVerifyThreads<kDraft>, 1)
     // One block reads the row, 128 KB in flight (64 KB with draft_probs): 64 blocks then keep 8 MB
     // in flight, more than HBM's bandwidth times its latency.
     const int64_t chunks = (v + kIds - 1) / kIds;
-    RowStats s = greedy ? thread_row_stats<T, true, kDepth>(row, v, 0, chunks, vector_ok, 1.0f, -1, threadIdx.x, kBlock)
-                        : thread_row_stats<T, false, kDepth>(row, v, 0, chunks, vector_ok, scale, -1, threadIdx.x, kBlock);
+    RowStats s =
+        greedy ? thread_row_stats<T, true, kDepth>(row, v, 0, chunks, vector_ok, 1.0f, -1, threadIdx.x, kBlock)
+               : thread_row_stats<T, false, kDepth>(row, v, 0, chunks, vector_ok, scale, -1, threadIdx.x, kBlock);
     s = block_merge<kBlock>(s, stats_empty());
     if (threadIdx.x == 0) sh = NodeState{s, -1, 0, 0, -1, 0.0f, 1.0f, 1.0f, false, false, false};
     __syncthreads();
