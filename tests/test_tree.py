@@ -56,6 +56,23 @@ def test_build_draft_tree_matches_the_heap_reference(device, n, d, k, budget, ti
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_build_draft_tree_infinite_scores(device):
+    """+inf beside -inf log-probs: their sums are NaN, which count as -inf (a NaN score would order
+    neither way, and the pops would depend on the search); -0.0 ties 0.0 (push order decides)."""
+    lp = torch.zeros(3, 4, 5)
+    lp[0, 0, 0], lp[0, 1, 1:], lp[0, 2] = float("inf"), float("-inf"), -0.0
+    lp[1] = torch.tensor([0.0, -0.0, -1.0, -1.0, float("-inf")])
+    lp[2, :, 1:] = float("nan")
+    tok = torch.arange(3 * 4 * 5).view(3, 4, 5)
+    for budget in (1, 7, 30):
+        got = xkernels.build_draft_tree(lp.to(device), tok.to(device), budget)
+        for a, b in zip(got, reference.build_draft_tree(lp, tok, budget)):
+            assert torch.equal(a.cpu(), b)
+    _, parents, _, depth = reference.build_draft_tree(lp[:1], tok[:1], 7)
+    assert parents[0, :3].tolist() == [-1, 0, 1] and depth[0, 2] == 2  # the +inf path first
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["chain", "star", "deep", "bushy"])
 @pytest.mark.parametrize("m", [1, 7, 8, 9, 64])
 def test_masks_and_positions(device, kind, m):

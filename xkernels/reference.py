@@ -248,7 +248,9 @@ def sequential_refine(ctx, prefix_tokens, base_logits, weights, temperature=0.0,
 
 def build_draft_tree(topk_logprobs: torch.Tensor, topk_tokens: torch.Tensor, budget: int):
     """DDTree's best-first tree over per-slot top-k candidates [N, D, k] (log-probs sorted
-    descending): the `budget` best prefixes by summed log-prob, ties to the entry pushed first.
+    descending): the `budget` best prefixes by summed log-prob (float32 sums, a NaN log-prob or
+    sum as -inf), popped best first, ties to the entry pushed first (the next sibling, then the
+    first child of each popped entry).
     Returns tokens, parents, depth [N, budget+1] (root: -1, -1, 0; unused nodes -1, -1, 0) and
     num_nodes [N] (root included)."""
     import heapq
@@ -262,7 +264,11 @@ def build_draft_tree(topk_logprobs: torch.Tensor, topk_tokens: torch.Tensor, bud
     lp_all = topk_logprobs.detach().cpu().float()
     lp_all = torch.where(lp_all.isnan(), torch.tensor(-math.inf), lp_all)
     tok_all = topk_tokens.detach().cpu()
-    f32 = lambda x: float(torch.tensor(x, dtype=torch.float32))  # noqa: E731  (the kernels add in float32)
+
+    def f32(x):  # the kernels add in float32; inf - inf is -inf, not NaN
+        x = float(torch.tensor(x, dtype=torch.float32))
+        return -math.inf if math.isnan(x) else x
+
     for s in range(n):
         lp = lp_all[s].tolist()
         heap, order, nodes = [], 0, 1

@@ -59,31 +59,35 @@ __device__ __forceinline__ SampledRow warp_merge(SampledRow s) {
   return s;
 }
 
-// Reduces one value per thread to thread 0 of the block (of kThreads threads). A __syncthreads
-// must separate two calls (the second would overwrite warp_results while warp 0 reads them).
-template <typename S>
+// Reduces one value per thread to thread 0 of the block (of kBlockThreads threads, at most 1024).
+// A __syncthreads must separate two calls (the second would overwrite warp_results while warp 0
+// reads them).
+template <int kBlockThreads = kThreads, typename S>
 __device__ __forceinline__ S block_merge(S s, S empty) {
-  __shared__ S warp_results[kWarps];
+  constexpr int kBlockWarps = kBlockThreads / 32;
+  __shared__ S warp_results[kBlockWarps];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   s = warp_merge(s);
   if (lane == 0) warp_results[warp] = s;
   __syncthreads();
   if (warp == 0) {
-    s = lane < kWarps ? warp_results[lane] : empty;
+    s = lane < kBlockWarps ? warp_results[lane] : empty;
     s = warp_merge(s);
   }
   return s;
 }
 
-// The block's sum of one float per thread, at thread 0 (of a block of kThreads threads). Like
+// The block's sum of one float per thread, at thread 0 (of a block of kBlockThreads threads). Like
 // block_merge it reuses a shared buffer: a __syncthreads must separate two calls.
+template <int kBlockThreads = kThreads>
 __device__ __forceinline__ float block_sum(float x) {
-  __shared__ float warp_sums[kWarps];
+  constexpr int kBlockWarps = kBlockThreads / 32;
+  __shared__ float warp_sums[kBlockWarps];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   x = warp_sum(x);
   if (lane == 0) warp_sums[warp] = x;
   __syncthreads();
-  if (warp == 0) x = warp_sum(lane < kWarps ? warp_sums[lane] : 0.0f);
+  if (warp == 0) x = warp_sum(lane < kBlockWarps ? warp_sums[lane] : 0.0f);
   return x;
 }
 

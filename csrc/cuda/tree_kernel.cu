@@ -1,7 +1,7 @@
 // The draft-tree ops on CUDA, one launch each, never waiting on the host:
-//  build_draft_tree:    a warp per sequence stages its candidates in shared memory, then one lane
-//                       runs the best-first search of xkernels/tree.h with the heap there too
-//                       (global scratch instead when they do not fit in 48 KB: any budget works).
+//  build_draft_tree:    a warp per sequence runs the best-first search of xkernels/tree.h, each pop
+//                       a warp-wide max over the frontier spread across its lanes, the state in
+//                       shared memory (global scratch when it does not fit in 48 KB: any budget).
 //  tree_attention_mask: a block per sequence stages the parents in shared memory and zeroes the
 //  / tree_positions     mask, then a thread per node walks its ancestors, setting its own row
 //                       (no two threads write one row).
@@ -30,31 +30,114 @@ __device__ __forceinline__ int64_t node_count(const int64_t* num_nodes, int64_t 
 
 constexpr size_t kBuildSmemLimit = 48 * 1024;
 
-// Shared-memory bytes of one sequence's build: heap, log-probs, tokens (0: they do not fit).
+// One sequence's search state: every candidate ever pushed, indexed by push order (at most
+// 2 * budget + 1, from offset 0), its key (0 once popped), the entry each node came from, and the
+// log-probs (staged in shared memory only).
+struct BuildLayout {
+  size_t keys, node_entry, logprobs, total;  // byte offsets; total: the bytes
+};
+
+__host__ __device__ inline BuildLayout build_layout(int64_t budget, int64_t slots, bool with_logprobs) {
+  const size_t pushes = 2 * static_cast<size_t>(budget) + 1;
+  BuildLayout l{};
+  l.keys = sizeof(TreeCandidate) * pushes;
+  l.node_entry = l.keys + sizeof(uint32_t) * pushes;
+  l.logprobs = l.node_entry + sizeof(uint32_t) * (budget + 1);
+  l.total = l.logprobs + (with_logprobs ? sizeof(float) * slots : 0);
+  return l;
+}
+
+// Shared-memory bytes of one sequence's search (0: it does not fit; global scratch instead).
 size_t build_smem_bytes(const TreeBuildParams& p) {
-  const size_t bytes = sizeof(TreeCandidate) * (p.budget + 1) + (sizeof(int64_t) + sizeof(float)) * p.d * p.k;
+  const size_t bytes = build_layout(p.budget, p.d * p.k, true).total;
   return bytes <= kBuildSmemLimit ? bytes : 0;
 }
 
-__global__ void __launch_bounds__(32) build_tree_kernel(TreeBuildParams p, TreeCandidate* scratch, bool staged) {
+// A candidate's rank as one integer: the score's bits made monotone (-0 as +0, so that equal
+// scores give equal keys) above the complement of its push order, so that the larger key is the
+// entry popped first (xkernels/tree.h). 0 is no entry: no score maps there (scores are never NaN).
+__device__ __forceinline__ uint64_t candidate_key(float score, uint32_t order) {
+  const uint32_t u = __float_as_uint(score == 0.0f ? 0.0f : score);
+  const uint32_t monotone = (u & 0x80000000u) ? ~u : u | 0x80000000u;
+  return static_cast<uint64_t>(monotone) << 32 | ~order;
+}
+
+// A warp per sequence runs the best-first search of xkernels/tree.h with the frontier spread over
+// its lanes: lane j holds the candidates of push order j mod 32 and keeps the key of its best live
+// one, so a pop is a warp-wide max of 32 keys (five shuffle rounds) instead of a heap's chain of
+// dependent loads in one lane. Every lane computes the popped entry's successors (broadcast reads);
+// their owners store them, and the popped entry's owner rescans its own candidates.
+__global__ void __launch_bounds__(32) build_tree_kernel(TreeBuildParams p, uint8_t* scratch, bool staged) {
   extern __shared__ __align__(16) uint8_t build_smem[];
+  const int lane = threadIdx.x;
   const int64_t n = blockIdx.x, m = p.budget + 1, slots = p.d * p.k;
+  const BuildLayout layout = build_layout(p.budget, slots, staged);
+  uint8_t* base = staged ? build_smem : scratch + n * layout.total;
+  auto* entries = reinterpret_cast<TreeCandidate*>(base);
+  auto* keys = reinterpret_cast<uint32_t*>(base + layout.keys);  // the high word of candidate_key
+  auto* node_entry = reinterpret_cast<uint32_t*>(base + layout.node_entry);
   const float* lp = p.logprobs + n * slots;
-  const int64_t* tok = p.tokens + n * slots;
-  TreeCandidate* heap = nullptr;
-  if (!staged) {
-    heap = scratch + n * m;
-  } else {  // heap, then tokens, then log-probs (the alignments in that order)
-    heap = reinterpret_cast<TreeCandidate*>(build_smem);
-    int64_t* tok_s = reinterpret_cast<int64_t*>(heap + m);
-    float* lp_s = reinterpret_cast<float*>(tok_s + slots);
-    for (int64_t i = threadIdx.x; i < slots; i += 32) tok_s[i] = tok[i], lp_s[i] = lp[i];
+  if (staged) {
+    float* lp_s = reinterpret_cast<float*>(base + layout.logprobs);
+    for (int64_t i = lane; i < slots; i += 32) lp_s[i] = lp[i];
     __syncwarp();
-    lp = lp_s, tok = tok_s;
+    lp = lp_s;
   }
-  if (threadIdx.x == 0)
-    p.num_nodes[n] = build_tree(lp, tok, p.d, p.k, p.budget, heap, p.out_tokens + n * m, p.parents + n * m,
-                                p.depth + n * m);
+  uint64_t mine = 0;  // candidate_key of this lane's best live entry, 0: none
+  uint32_t pushed = 0;
+  // Every lane pushes the same successors; lane order % 32 stores each.
+  const auto push = [&](const TreeCandidate (&next)[2], int count) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      if (j >= count) break;
+      const uint32_t order = pushed + j;
+      if (order % 32 == static_cast<uint32_t>(lane)) {
+        const uint64_t key = candidate_key(next[j].score, order);
+        entries[order] = next[j];
+        keys[order] = static_cast<uint32_t>(key >> 32);
+        mine = key > mine ? key : mine;
+      }
+    }
+    pushed += count;
+  };
+  TreeCandidate next[2];
+  push(next, tree_first(lp, p.d, p.k, p.budget, next));
+  int64_t nodes = 1;
+  while (nodes <= p.budget) {
+    __syncwarp();  // the entries stored last round
+    uint64_t best = mine;
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) {
+      const uint64_t other = __shfl_xor_sync(kFullMask, best, d);
+      best = other > best ? other : best;
+    }
+    if (best == 0) break;  // the frontier is empty
+    const uint32_t popped = ~static_cast<uint32_t>(best);
+    const TreeCandidate c = entries[popped];
+    if (lane == 0) node_entry[nodes] = popped;
+    push(next, tree_successors(c, nodes, lp, p.d, p.k, pushed, next));
+    ++nodes;
+    if (popped % 32 == static_cast<uint32_t>(lane)) {
+      keys[popped] = 0;
+      mine = 0;
+      for (uint32_t j = lane; j < pushed; j += 32) {
+        const uint32_t key = keys[j];
+        const uint64_t cand = key ? static_cast<uint64_t>(key) << 32 | ~j : 0;
+        mine = cand > mine ? cand : mine;
+      }
+    }
+  }
+  __syncwarp();
+  const int64_t* tok = p.tokens + n * slots;
+  for (int64_t i = lane; i < m; i += 32) {
+    int64_t token = -1, parent = -1, depth = 0;
+    if (i > 0 && i < nodes) {
+      const TreeCandidate c = entries[node_entry[i]];
+      token = tok[c.slot * p.k + c.rank], parent = c.parent, depth = c.slot + 1;
+    }
+    p.out_tokens[n * m + i] = token, p.parents[n * m + i] = parent, p.depth[n * m + i] = depth;
+  }
+  if (lane == 0) p.num_nodes[n] = nodes;
 }
 
 // Shared-memory bytes of tree_mask_kernel's staged parents (0: they do not fit; read from global).
@@ -162,11 +245,90 @@ __device__ __forceinline__ void stop_weights(const float (&a)[4], int64_t g, int
   }
 }
 
-// vector_ok: rows of logits (and of q and r) start 16-byte aligned, so whole chunks load as vectors.
+// tree_verify_kernel's block (a sequence) and its loads in flight a thread: 512 threads with 16 of
+// 16 bytes reading a row (128 KB a block, 127 registers); with draft_probs, whose residual passes
+// (4 pairs of float4 in flight) need more registers, 384 threads with 8 (48 KB). ptxas reports no
+// spills for either (XKERNELS_PTXAS_VERBOSE=1).
+template <bool kDraft>
+constexpr int kVerifyThreads = kDraft ? 384 : 512;
+template <bool kDraft>
+constexpr int kRowDepth = kDraft ? 8 : 16;
+constexpr int kPassDepth = 4;
+
+// Warp 0 tests the children of `node` in node order, 32 candidate nodes a round: at a point mass,
+// the first child whose token is the row's argmax; with deterministic children, the rule of
+// xkernels/tree.h, the loads and coins of a round's children in parallel and only the running
+// `remaining` lane by lane. Writes sh.chosen and the rejected tokens (sh.rejected of them).
 template <typename T>
-__global__ void __launch_bounds__(kThreads, 1) tree_verify_kernel(TreeVerifyParams p, VerifyWorkspace w,
-                                                                   bool vector_ok) {
-  constexpr int kIds = 16 / sizeof(T);
+__device__ __forceinline__ void test_children(NodeState& sh, const RowStats& s, bool point_mass, const T* row,
+                                              float scale, const int64_t* tokens, const int64_t* parents,
+                                              int64_t node, int64_t count, int64_t v, int32_t* rejected,
+                                              uint64_t seed, uint64_t offset, uint32_t sequence) {
+  const int lane = threadIdx.x;
+  int64_t chosen = -1;
+  int32_t nrej = 0;
+  float remaining = 1.0f;
+  for (int64_t c0 = node + 1; c0 < count && chosen < 0; c0 += 32) {
+    const int64_t c = c0 + lane;
+    const bool kid = c < count && parents[c] == node;
+    const int64_t x = kid ? tokens[c] : -1;
+    if (point_mass) {
+      const unsigned hits = __ballot_sync(kFullMask, kid && x == s.top.idx);
+      if (hits) chosen = c0 + __ffs(static_cast<int>(hits)) - 1;
+      continue;
+    }
+    // A token outside [0, V) is never accepted; one an earlier child had was rejected then (r(x) = 0).
+    bool live = kid && x >= 0 && x < v;
+    for (int j = 0; j < 32; ++j) {
+      const int64_t xj = __shfl_sync(kFullMask, x, j);
+      const int live_j = __shfl_sync(kFullMask, static_cast<int>(live), j);
+      if (j < lane && live_j && xj == x) live = false;
+    }
+    for (int32_t k = 0; k < nrej && live; ++k) live = rejected[k] != x;
+    float p_x = 0.0f, u = 0.0f;
+    if (live) {
+      p_x = stats_prob(s, scaled(row, x, scale));
+      u = acceptance_coin(seed, offset, sequence, static_cast<uint32_t>(c));
+    }
+    for (unsigned tested = __ballot_sync(kFullMask, live); tested; tested &= tested - 1) {
+      const int j = __ffs(static_cast<int>(tested)) - 1;
+      const float p_j = __shfl_sync(kFullMask, p_x, j), u_j = __shfl_sync(kFullMask, u, j);
+      const int64_t x_j = __shfl_sync(kFullMask, x, j);
+      if (tree_accept_plain(u_j, p_j, remaining)) {
+        chosen = c0 + j;
+        break;
+      }
+      if (lane == 0) rejected[nrej] = static_cast<int32_t>(x_j);
+      ++nrej;
+      remaining -= p_j;
+    }
+    __syncwarp();  // the rejected tokens, read by every lane next round
+  }
+  if (lane == 0) sh.chosen = chosen, sh.rejected = nrej;
+}
+
+// Warp 0 lists the children of `node` in node order in kids (sh.kids of them), a ballot a round.
+__device__ __forceinline__ void list_children(NodeState& sh, const int64_t* parents, int64_t node, int64_t count,
+                                              int32_t* kids) {
+  const int lane = threadIdx.x;
+  int32_t k = 0;
+  for (int64_t c0 = node + 1; c0 < count; c0 += 32) {
+    const int64_t c = c0 + lane;
+    const bool kid = c < count && parents[c] == node;
+    const unsigned found = __ballot_sync(kFullMask, kid);
+    if (kid) kids[k + __popc(found & ((1u << lane) - 1u))] = static_cast<int32_t>(c);
+    k += __popc(found);
+  }
+  if (lane == 0) sh.kids = k;
+}
+
+// vector_ok: rows of logits (and of q and r) start 16-byte aligned, so whole chunks load as vectors.
+// kDraft: p.q is set (the residual passes are compiled only then).
+template <typename T, bool kDraft>
+__global__ void __launch_bounds__(kVerifyThreads<kDraft>, 1)
+    tree_verify_kernel(TreeVerifyParams p, VerifyWorkspace w, bool vector_ok) {
+  constexpr int kBlock = kVerifyThreads<kDraft>;
+  constexpr int kIds = 16 / sizeof(T), kDepth = kRowDepth<kDraft>;
   __shared__ NodeState sh;
   const int64_t n = blockIdx.x, m = p.m, v = p.v;
   const int64_t count = node_count(p.num_nodes, n, m);
@@ -182,53 +344,35 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_kernel(TreeVerifyPara
   int64_t node = 0, acc = 0;
   for (;;) {
     const T* row = static_cast<const T*>(p.logits) + (n * m + node) * v;
-    // One block reads the row: 8 loads of 16 bytes in flight a thread (64 blocks then keep about
-    // 2 MB in flight, what HBM needs for most of its bandwidth).
+    // One block reads the row, 128 KB in flight (64 KB with draft_probs): 64 blocks then keep 8 MB
+    // in flight, more than HBM's bandwidth times its latency.
     const int64_t chunks = (v + kIds - 1) / kIds;
-    RowStats s = greedy ? thread_row_stats<T, true, 8>(row, v, 0, chunks, vector_ok, 1.0f, -1, threadIdx.x, kThreads)
-                        : thread_row_stats<T, false, 8>(row, v, 0, chunks, vector_ok, scale, -1, threadIdx.x, kThreads);
-    s = block_merge(s, stats_empty());
-    if (threadIdx.x == 0) {
-      int32_t k = 0;
-      for (int64_t c = node + 1; c < count; ++c)
-        if (parents[c] == node) kids[k++] = static_cast<int32_t>(c);
-      sh = NodeState{s, -1, k, 0, -1, 0.0f, 1.0f, 1.0f, false, false, false};
-    }
+    RowStats s =
+        greedy ? thread_row_stats<T, true, kDepth>(row, v, 0, chunks, vector_ok, 1.0f, -1, threadIdx.x, kBlock)
+               : thread_row_stats<T, false, kDepth>(row, v, 0, chunks, vector_ok, scale, -1, threadIdx.x, kBlock);
+    s = block_merge<kBlock>(s, stats_empty());
+    if (threadIdx.x == 0) sh = NodeState{s, -1, 0, 0, -1, 0.0f, 1.0f, 1.0f, false, false, false};
     __syncthreads();
     s = sh.stats;
     const bool point_mass = greedy || stats_degenerate(s);
-    const float* q_row = p.q ? p.q + (n * m + node) * v : nullptr;
-    if (point_mass) {
-      if (threadIdx.x == 0)
-        for (int32_t i = 0; i < sh.kids && sh.chosen < 0; ++i)
-          if (tokens[kids[i]] == s.top.idx) sh.chosen = kids[i];
-    } else if (!q_row) {
-      if (threadIdx.x == 0) {
-        for (int32_t i = 0; i < sh.kids && sh.chosen < 0; ++i) {
-          const int64_t x = tokens[kids[i]];
-          if (x < 0 || x >= v) continue;
-          bool seen = false;
-          for (int32_t j = 0; j < sh.rejected; ++j) seen |= rejected[j] == x;
-          if (seen) continue;  // r(x) = 0 already
-          const float p_x = stats_prob(s, scaled(row, x, scale));
-          if (tree_accept_plain(acceptance_coin(seed, offset, static_cast<uint32_t>(n), static_cast<uint32_t>(kids[i])),
-                                p_x, sh.remaining)) {
-            sh.chosen = kids[i];
-          } else {
-            rejected[sh.rejected++] = static_cast<int32_t>(x);
-            sh.remaining -= p_x;
-          }
-        }
-      }
-    } else if (sh.kids > 0) {
-      // Rows of q and r: four ids a 16-byte load, four loads in flight, when vector_ok.
+    const float* q_row = kDraft ? p.q + (n * m + node) * v : nullptr;
+    if (threadIdx.x < 32) {
+      if (point_mass || !kDraft)
+        test_children(sh, s, point_mass, row, scale, tokens, parents, node, count, v, rejected, seed, offset,
+                      static_cast<uint32_t>(n));
+      else
+        list_children(sh, parents, node, count, kids);
+    }
+    __syncthreads();
+    if (kDraft && !point_mass && sh.kids > 0) {
+      // Rows of q and r: four ids a 16-byte load, kPassDepth loads in flight, when vector_ok.
       const int64_t quads = vector_ok ? v / 4 : 0;
       float zq = 0.0f;
-      for_each_batched<4>(
-          threadIdx.x, quads, kThreads, [&](int64_t g) { return reinterpret_cast<const float4*>(q_row)[g]; },
+      for_each_batched<kPassDepth>(
+          threadIdx.x, quads, kBlock, [&](int64_t g) { return reinterpret_cast<const float4*>(q_row)[g]; },
           [&](int64_t, const float4& x) { zq += (x.x + x.y) + (x.z + x.w); });
-      for (int64_t x = 4 * quads + threadIdx.x; x < v; x += kThreads) zq += q_row[x];
-      zq = block_sum(zq);
+      for (int64_t x = 4 * quads + threadIdx.x; x < v; x += kBlock) zq += q_row[x];
+      zq = block_sum<kBlock>(zq);
       if (threadIdx.x == 0) sh.zq = zq;
       for (int32_t i = 0; i < sh.kids; ++i) {
         __syncthreads();
@@ -262,8 +406,8 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_kernel(TreeVerifyPara
         struct Eight {
           Four a, q;
         };
-        for_each_batched<4>(
-            threadIdx.x, quads, kThreads,
+        for_each_batched<kPassDepth>(
+            threadIdx.x, quads, kBlock,
             [&](int64_t g) {
               Eight e;
               if (residual)
@@ -279,14 +423,14 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_kernel(TreeVerifyPara
               for (int j = 0; j < 4; ++j) o[j] = update(residual ? e.a.x[j] : stats_prob(s, e.a.x[j]), e.q.x[j]);
               reinterpret_cast<float4*>(r)[g] = float4{o[0], o[1], o[2], o[3]};
             });
-        for (int64_t x = 4 * quads + threadIdx.x; x < v; x += kThreads)
+        for (int64_t x = 4 * quads + threadIdx.x; x < v; x += kBlock)
           r[x] = update(residual ? r[x] : stats_prob(s, scaled(row, x, scale)), qs[x]);
         if (p.without_replacement && !sh.q_copied) {
-          for (int64_t g = threadIdx.x; g < quads; g += kThreads)
+          for (int64_t g = threadIdx.x; g < quads; g += kBlock)
             reinterpret_cast<float4*>(qw)[g] = reinterpret_cast<const float4*>(q_row)[g];
-          for (int64_t x = 4 * quads + threadIdx.x; x < v; x += kThreads) qw[x] = q_row[x];
+          for (int64_t x = 4 * quads + threadIdx.x; x < v; x += kBlock) qw[x] = q_row[x];
         }
-        total = block_sum(total);
+        total = block_sum<kBlock>(total);
         __syncthreads();  // qw copied by every thread
         if (threadIdx.x == 0) {
           sh.zr = total;
@@ -322,7 +466,7 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_kernel(TreeVerifyPara
     node = chosen;
     __syncthreads();  // sh and the shared reduction buffers are reused for the next node
   }
-  for (int64_t j = threadIdx.x; j < m; j += kThreads) {
+  for (int64_t j = threadIdx.x; j < m; j += kBlock) {
     if (j == 0) p.path[n * m] = 0;
     if (j > acc) p.path[n * m + j] = -1;
     if (j > acc) p.out_tokens[n * m + j] = -1;
@@ -427,7 +571,11 @@ cudaError_t launch_verify_typed(const TreeVerifyParams& p, const VerifyWorkspace
   const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && p.v % 4 == 0 &&
                          reinterpret_cast<uintptr_t>(p.logits) % 16 == 0 &&
                          (p.q == nullptr || reinterpret_cast<uintptr_t>(p.q) % 16 == 0);
-  tree_verify_kernel<T><<<p.n, kThreads, 0, stream>>>(p, w, vector_ok);
+  constexpr int kDraftThreads = kVerifyThreads<true>, kPlainThreads = kVerifyThreads<false>;
+  if (p.q)
+    tree_verify_kernel<T, true><<<p.n, kDraftThreads, 0, stream>>>(p, w, vector_ok);
+  else
+    tree_verify_kernel<T, false><<<p.n, kPlainThreads, 0, stream>>>(p, w, vector_ok);
   if (p.inv_t != 0.0f) {  // greedy walks write every token themselves
     tree_sample_kernel<T><<<p.n * w.sample_slices, kThreads, 0, stream>>>(p, w, vector_ok);
     tree_sample_finish_kernel<<<(p.n + kWarps - 1) / kWarps, kThreads, 0, stream>>>(p, w);
@@ -438,13 +586,13 @@ cudaError_t launch_verify_typed(const TreeVerifyParams& p, const VerifyWorkspace
 }  // namespace
 
 size_t tree_build_workspace_bytes(const TreeBuildParams& p) {
-  return build_smem_bytes(p) ? 0 : align_up(sizeof(TreeCandidate) * p.n * (p.budget + 1));
+  return build_smem_bytes(p) ? 0 : align_up(build_layout(p.budget, p.d * p.k, false).total * p.n);
 }
 
 cudaError_t launch_build_draft_tree(const TreeBuildParams& p, void* workspace, cudaStream_t stream) {
   if (p.n == 0) return cudaSuccess;
   const size_t smem = build_smem_bytes(p);
-  build_tree_kernel<<<p.n, 32, smem, stream>>>(p, static_cast<TreeCandidate*>(workspace), smem != 0);
+  build_tree_kernel<<<p.n, 32, smem, stream>>>(p, static_cast<uint8_t*>(workspace), smem != 0);
   return cudaGetLastError();
 }
 

@@ -10,7 +10,8 @@
 
 namespace xkernels::cuda {
 
-// build_draft_tree: a thread per sequence, its heap in `workspace` (tree_build_workspace_bytes).
+// build_draft_tree: a warp per sequence, its search state in shared memory, or in `workspace` when
+// it does not fit (tree_build_workspace_bytes: 0 then).
 struct TreeBuildParams {
   const float* logprobs;  // [n, d, k]
   const int64_t* tokens;  // [n, d, k]

@@ -6,14 +6,33 @@ from xkernels import reference
 from tests.test_tree import random_tree, topk_case, verify_case
 
 
-# The last case's heap (2,101 candidates) does not fit in 48 KB of shared memory: global scratch.
+# (2, 4, 16, 2100): the search state (4,201 candidates) does not fit in 48 KB of shared memory,
+# global scratch, planned by the binding's tree_build_workspace_bytes (the shim calls it; ASan
+# checks the accesses). Budgets of 0 and 1, k = 1, D = 1, budgets past D * k (the frontier runs dry), N = 0.
 @pytest.mark.parametrize("n,d,k,budget,ties", [(4, 5, 3, 12, False), (3, 3, 2, 63, True), (2, 4, 4, 0, False),
-                                               (130, 2, 2, 5, False), (2, 4, 16, 2100, False)])
+                                               (3, 4, 4, 1, False), (3, 6, 1, 9, False), (3, 1, 5, 9, True),
+                                               (130, 2, 2, 5, False), (2, 4, 16, 2100, False), (0, 3, 2, 5, False),
+                                               (64, 15, 8, 63, False), (5, 4, 40, 63, True)])
 def test_build_draft_tree(emu, n, d, k, budget, ties):
     lp, tok = topk_case(n, d, k, seed=d + k, ties=ties)
-    lp[0, 0, -1] = float("nan")
+    if n:
+        lp[0, 0, -1] = float("nan")
     for a, b in zip(emu.build_draft_tree(lp, tok, budget), reference.build_draft_tree(lp, tok, budget)):
         assert torch.equal(a, b)
+
+
+def test_build_draft_tree_infinite_and_equal_scores(emu):
+    """-inf and NaN log-probs, +inf ones whose sums with -inf are NaN (counted as -inf), -0.0 beside
+    0.0, and rows of equal log-probs: the pops follow score, then push order, exactly."""
+    lp = torch.zeros(4, 4, 5)
+    lp[0] = float("-inf")
+    lp[1, :, 2:] = float("nan")
+    lp[2, 0, 0], lp[2, 1, 1:], lp[2, 2] = float("inf"), float("-inf"), -0.0
+    lp[3] = torch.tensor([0.0, -0.0, -1.0, -1.0, float("-inf")])
+    tok = torch.arange(4 * 4 * 5).view(4, 4, 5)
+    for budget in (1, 7, 30):
+        for a, b in zip(emu.build_draft_tree(lp, tok, budget), reference.build_draft_tree(lp, tok, budget)):
+            assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("kind", ["chain", "star", "bushy"])
@@ -67,6 +86,36 @@ def test_tree_verify(emu, dtype, kind, temperature, with_q, without_replacement,
                                      temperature, 11, 2, nn)
         for a, b in zip(got, want):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("temperature,with_q,without_replacement",
+                         [(0.0, False, False), (1.0, False, False), (1.0, True, False), (1.0, True, True)])
+def test_tree_verify_many_children(emu, temperature, with_q, without_replacement):
+    """Roots of 79 children (warp 0 tests them 32 a round), tokens out of 20 (repeats within and
+    across rounds, which a rejection rules out); children rejected for three rounds."""
+    tokens, parents, logits, q = verify_case(4, 80, 20, "star", seed=8)
+    tokens[:, 1:] = torch.randint(0, 20, (4, 79), generator=torch.Generator().manual_seed(1))
+    tokens[3, 1:] = logits[3, 0].argmax()  # every child the argmax: the first is taken
+    logits[2, 0] = 0.0  # a flat row
+    logits[:2, 0, 0] = 30.0  # token 0 all but certain: the others are rejected, round after round
+    tokens[:2, 1:] = tokens[:2, 1:].clamp_min(1)
+    tokens[1, 70] = 0  # the third round's child 70 is taken
+    got = emu.tree_verify(tokens, parents, logits, q if with_q else None, without_replacement, temperature, 3, 4)
+    want = reference.tree_verify(tokens, parents, logits, q if with_q else None, without_replacement, temperature,
+                                 3, 4)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("temperature,with_q", [(0.0, False), (1.0, False), (1.0, True)])
+def test_tree_verify_long_rows(emu, temperature, with_q):
+    """Rows of 70,008 bf16 ids, 8,751 chunks of 16 bytes: more than one round of a block's vector
+    loads (512 threads x 16 in flight)."""
+    tokens, parents, logits, q = verify_case(2, 4, 70008, "chain", torch.bfloat16, seed=5)
+    got = emu.tree_verify(tokens, parents, logits, q if with_q else None, False, temperature, 7, 1)
+    want = reference.tree_verify(tokens, parents, logits, q if with_q else None, False, temperature, 7, 1)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
 
 
 def test_greedy_ties_and_nan_rows(emu):

@@ -18,9 +18,12 @@ namespace xkernels {
 // slots' log-probs. The children of a node are the next slot's candidates, which come sorted by
 // log-prob, so the best child is rank 0 and each candidate's next sibling is rank + 1. Popping
 // the best frontier entry and pushing its next sibling and its first child yields the `budget`
-// best prefixes (scores only fall along both moves). Ties: the entry pushed first wins, a rule
-// both kernels follow exactly (the scores are the same float sums in the same order). A NaN
-// log-prob counts as -inf.
+// best prefixes (scores only fall along both moves). The frontier is ordered by score, then by
+// push order (the entry pushed first wins a tie): a total order, so any exact search for the best
+// entry (the CPU's heap, the CUDA kernel's warp argmax) pops the same entries, given the same float
+// sums in the same order. A NaN log-prob counts as -inf, and so does a NaN sum (inf + -inf, from
+// infinite log-probs): a NaN score would compare neither above nor below anything, and the pops
+// would then depend on how the search is done.
 struct TreeCandidate {
   float score;     // of the prefix this candidate would add
   float base;      // its parent's score
@@ -65,6 +68,34 @@ XK_HD float tree_logprob(const float* lp, int64_t k, int32_t slot, int32_t rank)
   return is_nan_f32(x) ? kNegInf : x;
 }
 
+// The score of a prefix: its parent's score plus the slot's log-prob; NaN (inf - inf) as -inf.
+XK_HD float tree_score(float base, float logprob) {
+  const float s = base + logprob;
+  return is_nan_f32(s) ? kNegInf : s;
+}
+
+// The two entries a pop of c (now node i) pushes, in push order: its next sibling (if any), then
+// its first child (if any). Returns how many. (Constant indices into out: registers on a GPU.)
+XK_HD int tree_successors(const TreeCandidate& c, int64_t i, const float* lp, int64_t d, int64_t k, uint32_t order,
+                          TreeCandidate (&out)[2]) {
+  const bool sibling = c.rank + 1 < k, child = c.slot + 1 < d;
+  const TreeCandidate first_child{child ? tree_score(c.score, tree_logprob(lp, k, c.slot + 1, 0)) : 0.0f, c.score,
+                                  order + (sibling ? 1u : 0u), static_cast<int32_t>(i), c.slot + 1, 0};
+  out[0] = first_child;
+  out[1] = first_child;
+  if (sibling)
+    out[0] = TreeCandidate{tree_score(c.base, tree_logprob(lp, k, c.slot, c.rank + 1)), c.base, order, c.parent,
+                           c.slot, c.rank + 1};
+  return (sibling ? 1 : 0) + (child ? 1 : 0);
+}
+
+// The first entry of a search (none when d, k or the budget is 0).
+XK_HD int tree_first(const float* lp, int64_t d, int64_t k, int64_t budget, TreeCandidate (&out)[2]) {
+  if (d == 0 || k == 0 || budget == 0) return 0;
+  out[0] = TreeCandidate{tree_logprob(lp, k, 0, 0), 0.0f, 0, 0, 0, 0};
+  return 1;
+}
+
 // One sequence's tree from its slots' top-k candidates lp, tok [d, k] (log-probs sorted
 // descending per slot). Writes tokens, parents, depth [budget + 1] (root: token -1, parent -1,
 // depth 0; nodes past the count: -1, -1, 0) and returns the node count (root included).
@@ -73,20 +104,18 @@ XK_HD int64_t build_tree(const float* lp, const int64_t* tok, int64_t d, int64_t
                          TreeCandidate* heap, int64_t* tokens, int64_t* parents, int64_t* depth) {
   tokens[0] = -1, parents[0] = -1, depth[0] = 0;
   int64_t nodes = 1, size = 0;
-  uint32_t order = 0;
-  if (d > 0 && k > 0 && budget > 0) heap_push(heap, size, TreeCandidate{tree_logprob(lp, k, 0, 0), 0.0f, order++, 0, 0, 0});
+  TreeCandidate next[2];
+  uint32_t order = static_cast<uint32_t>(tree_first(lp, d, k, budget, next));
+  if (order) heap_push(heap, size, next[0]);
   while (nodes <= budget && size > 0) {
     const TreeCandidate c = heap_pop(heap, size);
     const int64_t i = nodes++;
     tokens[i] = tok[c.slot * k + c.rank];
     parents[i] = c.parent;
     depth[i] = c.slot + 1;
-    if (c.rank + 1 < k)
-      heap_push(heap, size, TreeCandidate{c.base + tree_logprob(lp, k, c.slot, c.rank + 1), c.base, order++, c.parent,
-                                          c.slot, c.rank + 1});
-    if (c.slot + 1 < d)
-      heap_push(heap, size, TreeCandidate{c.score + tree_logprob(lp, k, c.slot + 1, 0), c.score, order++,
-                                          static_cast<int32_t>(i), c.slot + 1, 0});
+    const int count = tree_successors(c, i, lp, d, k, order, next);
+    for (int j = 0; j < count; ++j) heap_push(heap, size, next[j]);
+    order += static_cast<uint32_t>(count);
   }
   for (int64_t i = nodes; i <= budget; ++i) tokens[i] = -1, parents[i] = -1, depth[i] = 0;
   return nodes;
