@@ -108,6 +108,7 @@ def build_with_cmake(library_path):
         env["CPATH"] = os.pathsep.join(includes + [env.get("CPATH", "")]).rstrip(os.pathsep)
         args += [
             "-DXKERNELS_CUDA=ON",
+            "-DXKERNELS_TORCH_CPU_LIBS=OFF",  # a build folder last configured without CUDA cached it ON
             f"-DCMAKE_CUDA_COMPILER={cuda_home / 'bin' / 'nvcc'}",
             f"-DCUDAToolkit_ROOT={cuda_home}",
             f"-DCUDA_TOOLKIT_ROOT_DIR={cuda_home}",
