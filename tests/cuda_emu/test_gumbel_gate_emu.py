@@ -25,11 +25,26 @@ def _pairs():
     return torch.tensor(w), torch.tensor(best)
 
 
+def _words(k, gen):
+    """Words with (~word) >> 9 = k, so 1 - u = (2k + 1) 2^-24 (sampling.h's uniform_complement)."""
+    k = k.clamp(0, 2**23 - 1)
+    return ((2**23 - 1 - k) << 9) | torch.randint(0, 512, k.shape, generator=gen)
+
+
+def _k_of(v):
+    return torch.floor((v.clamp(max=1.0) * 2.0**24 - 1) / 2).to(torch.int64)
+
+
 def _words_at(y, gen):
     """Words whose 1 - u sits within WINDOW steps of y (float64 [pairs]), each u once."""
-    k0 = torch.floor((y.clamp(max=1.0) * 2.0**24 - 1) / 2).clamp(0, 2**23 - 1).to(torch.int64)
-    k = (k0[:, None] + torch.arange(-WINDOW, WINDOW)).clamp(0, 2**23 - 1)  # k = (~word) >> 9
-    return ((2**23 - 1 - k) << 9) | torch.randint(0, 512, k.shape, generator=gen)
+    return _words(_k_of(y)[:, None] + torch.arange(-WINDOW, WINDOW), gen)
+
+
+def _words_around(y, gen):
+    """2 * WINDOW words whose 1 - u is y times 2^U(-2, 2): the band where the exact score's rounding
+    decides between a win, a tie and a loss."""
+    return _words(_k_of(y[:, None] * 2.0 ** (torch.rand(len(y), 2 * WINDOW, generator=gen, dtype=torch.float64)
+                                             * 4 - 2)), gen)
 
 
 def test_gate_never_skips_an_id_that_could_win(emu):
@@ -41,7 +56,7 @@ def test_gate_never_skips_an_id_that_could_win(emu):
     y_exact = torch.exp(wd - bd).nan_to_num(posinf=1.0)
     random_words = torch.randint(0, 2**32, (len(w), 2 * WINDOW), generator=gen)
     total_skips = 0
-    for words in (_words_at(y_gate, gen), _words_at(y_exact, gen), random_words):
+    for words in (_words_at(y_gate, gen), _words_at(y_exact, gen), _words_around(y_exact, gen), random_words):
         skips, errors = emu.gumbel_gate_check(w, best, words)
         assert errors == 0
         total_skips += skips

@@ -31,14 +31,6 @@ XK_HD float exp_f32(float x) {
 #endif
 }
 
-XK_HD float exp2_f32(float x) {
-#if defined(__CUDA_ARCH__)
-  return exp2f(x);
-#else
-  return std::exp2(x);
-#endif
-}
-
 // The float whose bit pattern is `bits`.
 XK_HD float float_from_bits(uint32_t bits) {
 #if defined(__CUDA_ARCH__)

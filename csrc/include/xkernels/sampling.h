@@ -135,7 +135,7 @@ XK_HD float gate_exp2(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 #else
-  return exp2_f32(x);
+  return std::exp2(x);
 #endif
 }
 
