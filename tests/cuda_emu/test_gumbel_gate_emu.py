@@ -72,3 +72,19 @@ def test_gate_decides_at_its_edge(emu):
     words = _words_at(y_gate, torch.Generator().manual_seed(1))
     skips, errors = emu.gumbel_gate_check(w, best, words)
     assert errors == 0 and 0.3 * words.numel() < skips < 0.7 * words.numel()
+
+
+def test_gate_on_special_values(emu):
+    """A NaN or infinite best, or a NaN or +inf weight: no skip; a -inf weight (never drawn) under a
+    finite best: always skipped."""
+    values = [0.0, 3.5, -1e30, math.inf, -math.inf, math.nan]
+    gen = torch.Generator().manual_seed(2)
+    for w in values:
+        for b in values:
+            skips, errors = emu.gumbel_gate_check(torch.tensor([w]), torch.tensor([b]),
+                                                  torch.randint(0, 2**32, (1, 64), generator=gen))
+            assert errors == 0
+            if not math.isfinite(b) or math.isnan(w) or w == math.inf:
+                assert skips == 0
+            elif w == -math.inf:
+                assert skips == 64
