@@ -1,12 +1,12 @@
 """sampling.h's gumbel_cannot_win, the test that lets the Gumbel-max passes skip an id's logs: it must
 never skip an id whose exact score would reach the best score (a changed draw). Checked on the words
-at its own decision edge and at the exact score's, for best scores from subnormal to 1e30 (where the
+at its own decision edge and at the exact score's, for best scores from subnormal to 3e38 (where the
 scores' rounding makes ties) and weights from just above best to far below it."""
 import math
 
 import torch
 
-BESTS = [0.0, 2.0**-140, 0.5, 1.0, 7.3, 16.25, 100.0, 3000.7, 65536.5, 2.0**22, 1e7, 2.0**30, 1e30]
+BESTS = [0.0, 2.0**-140, 0.5, 1.0, 7.3, 16.25, 100.0, 3000.7, 65536.5, 2.0**22, 1e7, 2.0**30, 1e30, 3e38]
 GAPS = [0.0, 1e-6, 1e-3, 0.01, 0.1, 0.5, 1.0, 2.0, 4.0, 8.0, 12.0, 14.0, 15.5, 16.3, 16.6, 16.7, 17.0, 20.0,
         40.0, -1e-3, -1.0]
 WINDOW = 256  # words on each side of an edge

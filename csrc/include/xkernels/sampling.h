@@ -112,6 +112,8 @@ XK_HD float uniform_complement(uint32_t word) {
 //     moves the outer log by < 2^-22.9; the outer log is within 2^-19 as |G| <
 //     17), so it is below t - c + |E| ln 2 + 2^-17 <= t - h: c exceeds h +
 //     |E| ln 2 + 2^-17 <= |b| 2^-20.5 + c 2^-21.5 + 2^-16.
+// (k is +inf only for b > 2.3e38; a w whose w log2(e) is still finite then lies
+// more than about c - 2^-23 |b| > 17 + h below b: case 1.)
 // So a skipped id's score is strictly below b and would not have been kept,
 // whatever the indices (ties included). A NaN b or w, an infinite b, or w = +inf
 // make the test false (no skip); w = -inf is never drawn. A gate built for an
