@@ -88,3 +88,23 @@ def test_gate_on_special_values(emu):
                 assert skips == 0
             elif w == -math.inf:
                 assert skips == 64
+
+
+def test_linear_gate_never_skips_an_id_that_could_win(emu):
+    """The same for weights given linearly (residual sampling): r = exp(w) wherever that is a normal
+    float, scored as logf(r) + noise."""
+    w, best = _pairs()
+    r = torch.exp(w.double()).float()
+    keep = (r >= 2.0**-126) & torch.isfinite(r)
+    r, best = r[keep], best[keep]
+    gen = torch.Generator().manual_seed(3)
+    wd, bd = torch.log(r.double()), best.double()
+    y_gate = torch.exp(wd - bd + bd.abs() * 2.0**-18 + 2.0**-10).nan_to_num(posinf=1.0)
+    y_exact = torch.exp(wd - bd).nan_to_num(posinf=1.0)
+    total_skips = 0
+    for words in (_words_at(y_gate, gen), _words_at(y_exact, gen), _words_around(y_exact, gen),
+                  torch.randint(0, 2**32, (len(r), 2 * WINDOW), generator=gen)):
+        skips, errors = emu.gumbel_gate_check(r, best, words, linear=True)
+        assert errors == 0
+        total_skips += skips
+    assert total_skips > len(r) * WINDOW

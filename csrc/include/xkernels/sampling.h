@@ -146,6 +146,20 @@ XK_HD bool gumbel_cannot_win(const GumbelGate& gate, float w, uint32_t word) {
   return uniform_complement(word) >= gate_exp2(w * kLog2e - gate.k);
 }
 
+// The test for a weight given linearly, r > 0 (score logf(r) + G): 2^(w log2(e) - k)
+// for w = log r is r 2^-k, one multiply an id by e = 2^-k, taken once. The error
+// analysis above holds with logf's ulp (|w| 2^-23 in the exponent) in place of
+// the rounding of w log2(e), and y = r e is rounded once. Needs e normal: else
+// (b - c > 87, or < -88) this returns +inf, and r e tests nothing.
+XK_HD float gumbel_gate_scale(const GumbelGate& gate) {
+  const float e = gate_exp2(-gate.k);
+  return e >= 0x1p-126f ? e : __builtin_huge_valf();
+}
+
+XK_HD bool gumbel_cannot_win_linear(float scale, float r, uint32_t word) {
+  return uniform_complement(word) >= r * scale;
+}
+
 // Gumbel-max over ids 4g .. 4g+count-1 (count <= 4) with log weights w (-inf:
 // never drawn) and the noise of (sequence, position), into best. Draw g is made
 // only if some id could beat best with the largest noise, and an id's exact score
@@ -217,9 +231,34 @@ XK_HD float sample_log_weight(const SampleJob& job, float a, int32_t v, float q)
   }
 }
 
+// gumbel_group for the residual weights r = p - q (kSampleResidual), kept linear: the group draws
+// only if its largest r e exceeds 2^-24, the least 1 - u (else every id fails the test whatever its
+// word), and logf(r), which the score adds as before, runs only for the ids the test leaves.
+XK_HD void residual_group(ArgMax& best, const SampleJob& job, uint64_t seed, uint64_t offset, uint32_t sequence,
+                          uint32_t g, const float* a, const float* q, int count) {
+  float r[4], top = 0.0f;
+  for (int j = 0; j < 4; ++j) {
+    r[j] = j < count ? stats_prob(job.stats, a[j]) - (q ? q[j] : 0.0f) : 0.0f;
+    top = max_ignoring_nan(top, r[j]);
+  }
+  const float scale = gumbel_gate_scale(gumbel_gate(best.val));
+  if (!(top * scale > 0x1p-24f)) return;  // no r > 0: 0 * scale is 0 or NaN
+  const Philox4 word = philox_draw(seed, offset, sequence, static_cast<uint32_t>(job.row), g);
+  bool may_win[4], any = false;
+  for (int j = 0; j < 4; ++j) {
+    may_win[j] = (r[j] > 0.0f) & !gumbel_cannot_win_linear(scale, r[j], word.w[j]);
+    any |= may_win[j];
+  }
+  if (!any) return;
+  for (int j = 0; j < 4; ++j)
+    if (may_win[j])
+      argmax_observe(best, log_f32(r[j]) + gumbel_from_word(word.w[j]), static_cast<int32_t>(4 * g + j));
+}
+
 // Gumbel-max over vocabulary ids 4g .. 4g+count-1 under the job's weights (gumbel_group).
 XK_HD void sample_group(ArgMax& best, const SampleJob& job, uint64_t seed, uint64_t offset,
                         uint32_t sequence, uint32_t g, const float* a, const float* q, int count) {
+  if (job.mode == kSampleResidual) return residual_group(best, job, seed, offset, sequence, g, a, q, count);
   float w[4];
   for (int j = 0; j < 4; ++j)
     w[j] = j < count ? sample_log_weight(job, a[j], static_cast<int32_t>(4 * g + j), q ? q[j] : 0.0f) : kNegInf;
