@@ -146,18 +146,19 @@ XK_HD bool gumbel_cannot_win(const GumbelGate& gate, float w, uint32_t word) {
   return uniform_complement(word) >= gate_exp2(w * kLog2e - gate.k);
 }
 
-// The test for a weight given linearly, r > 0 (score logf(r) + G): 2^(w log2(e) - k)
-// for w = log r is r 2^-k, one multiply an id by e = 2^-k, taken once. The error
+// The test for a weight given linearly, x > 0 (score logf(x) + G): 2^(w log2(e) - k)
+// for w = log x is x 2^-k, one multiply an id by e = 2^-k, taken once. The error
 // analysis above holds with logf's ulp (|w| 2^-23 in the exponent) in place of
-// the rounding of w log2(e), and y = r e is rounded once. Needs e normal: else
-// (b - c > 87, or < -88) this returns +inf, and r e tests nothing.
+// the rounding of w log2(e), and y = x e is rounded once (a normal float in case
+// 2). Needs e normal: else (b - c > 87, or < -88) this returns +inf, and x e
+// tests nothing.
 XK_HD float gumbel_gate_scale(const GumbelGate& gate) {
   const float e = gate_exp2(-gate.k);
   return e >= 0x1p-126f ? e : __builtin_huge_valf();
 }
 
-XK_HD bool gumbel_cannot_win_linear(float scale, float r, uint32_t word) {
-  return uniform_complement(word) >= r * scale;
+XK_HD bool gumbel_cannot_win_linear(float scale, float x, uint32_t word) {
+  return uniform_complement(word) >= x * scale;
 }
 
 // Gumbel-max over ids 4g .. 4g+count-1 (count <= 4) with log weights w (-inf:
