@@ -1,5 +1,6 @@
 """dllm_step, the LLaDA low-confidence unmasking step, against its reference; its sampling by
 chi-squared (with a wrong temperature shown to fail)."""
+import math
 
 import pytest
 import torch
@@ -18,6 +19,30 @@ def step_case(n, length, v, dtype=torch.float32, seed=0, masked_share=0.6):
     block[block == MASK] = 0
     block[torch.rand(n, length, generator=g) < masked_share] = MASK
     return logits, block
+
+
+def near_tie_case(n, length, v, level, seed):
+    """Every position masked; every logit `level` but three ids a row, late in it, one float step above
+    (the argmax a sampling pass starts from). The Gumbel-max scores then sit where the sampler's skip
+    test (sampling.h's gumbel_cannot_win) decides, and at level 2^20, where scores round to steps of
+    1/8, near-ties become exact ties that go to the lower id."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.full((n, length, v), level)
+    up = torch.nextafter(torch.tensor(level), torch.tensor(math.inf)).item()
+    logits.scatter_(2, torch.randint(v // 2, v, (n, length, 3), generator=g), up)
+    return logits, torch.full((n, length), MASK)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("level", [0.0, -3000.5, 2.0**20])
+def test_draws_at_near_ties_match_the_reference(device, level):
+    """The sampler skips the logs of ids that provably cannot win; on rows built so that many nearly
+    do, it must still draw exactly the reference's token (which scores every id)."""
+    for seed in range(6):
+        logits, block = near_tie_case(2, 6, 1000, level, seed)
+        got = xkernels.dllm_step(logits.to(device), block.to(device), MASK, num_unmask=6, temperature=1.0, seed=seed)
+        want = reference.dllm_step(logits, block, MASK, num_unmask=6, temperature=1.0, seed=seed)
+        assert torch.equal(got[2].cpu(), want[2])
 
 
 @pytest.mark.parametrize("device", DEVICES)

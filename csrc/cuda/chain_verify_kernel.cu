@@ -135,10 +135,14 @@ __global__ void __launch_bounds__(kThreads) sample_slices_kernel(ChainVerifyPara
   };
   for_each_batched<4>(
       range.begin + threadIdx.x, vector_end, kThreads,
-      [&](int64_t g) {
+      [&](int64_t g) {  // one load of each vector (unpack from a reference to global memory would make 4)
         Group x{};
-        unpack<T>(reinterpret_cast<const V*>(logits)[g], p.inv_t, x.a);
-        if (q) unpack<float>(reinterpret_cast<const float4*>(q)[g], 1.0f, x.q);
+        const V a = reinterpret_cast<const V*>(logits)[g];
+        unpack<T>(a, p.inv_t, x.a);
+        if (q) {
+          const float4 qg = reinterpret_cast<const float4*>(q)[g];
+          unpack<float>(qg, 1.0f, x.q);
+        }
         return x;
       },
       [&](int64_t g, const Group& x) {

@@ -56,17 +56,26 @@ __global__ void __launch_bounds__(kThreads) dllm_slices_kernel(DllmParams p, Dll
                           stats_empty()),
               argmax_empty(), argmax_empty()};
   if (inv_t != 0.0f) {
-    __syncthreads();  // block_merge's buffer is reused
-    d.tempered = block_merge(thread_row_stats<T, true, 4>(src, p.v, range.begin, range.end, vector_ok, inv_t, mask,
-                                                          threadIdx.x, kThreads),
-                             stats_empty())
-                     .top;
+    __shared__ ArgMax start;
+    if (inv_t == 1.0f) {
+      d.tempered = d.raw.top;  // the same values (x * 1 is x): no second read (thread 0 holds the merge)
+    } else {
+      __syncthreads();  // block_merge's buffer is reused
+      d.tempered = block_merge(thread_row_stats<T, true, 4>(src, p.v, range.begin, range.end, vector_ok, inv_t,
+                                                            mask, threadIdx.x, kThreads),
+                               stats_empty())
+                       .top;
+    }
     const uint64_t seed = read_or(p.rule.seed_ptr, p.rule.seed), offset = read_or(p.rule.offset_ptr, p.rule.offset);
     const uint32_t sequence = static_cast<uint32_t>(row / p.l), position = static_cast<uint32_t>(row % p.l);
+    // Every thread starts from the exact score of the slice's tempered argmax (its value is the weight
+    // dllm_draw computes for that id), so that gumbel_group skips most ids' logs from the first one.
+    if (threadIdx.x == 0) start = gumbel_score(d.tempered.val, d.tempered.idx, seed, offset, sequence, position);
+    __syncthreads();
     // The slice's chunks of kIds ids as groups of 4 (kIds is a multiple of 4).
     const int64_t groups = (p.v + 3) / 4, g_begin = range.begin * (kIds / 4);
     const int64_t g_end = range.end * (kIds / 4) < groups ? range.end * (kIds / 4) : groups;
-    ArgMax best = argmax_empty();
+    ArgMax best = start;
     dllm_draw(src, p.v, mask, inv_t, seed, offset, sequence, position, vector_ok, g_begin, g_end, threadIdx.x,
               kThreads, best);
     __syncthreads();  // block_merge's buffer is reused

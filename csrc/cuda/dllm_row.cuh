@@ -70,9 +70,12 @@ __device__ __forceinline__ DllmPick dllm_row_pick(const T* src, int64_t v, int64
       merge(thread_row_stats<T, false, kDepth>(src, v, 0, chunks, vector_ok, 1.0f, mask, first, stride), stats_empty());
   int32_t pick = raw.top.idx;
   if (inv_t != 0.0f) {
-    // The tempered row's argmax: its point mass when degenerate; plain sampling needs no sum.
-    const RowStats st = merge(
-        thread_row_stats<T, true, kDepth>(src, v, 0, chunks, vector_ok, inv_t, mask, first, stride), stats_empty());
+    // The tempered row's argmax: its point mass when degenerate; plain sampling needs no sum. At
+    // T = 1 it is the raw row's (x * 1 is x), with no second read.
+    const RowStats st =
+        inv_t == 1.0f ? raw
+                      : merge(thread_row_stats<T, true, kDepth>(src, v, 0, chunks, vector_ok, inv_t, mask, first, stride),
+                              stats_empty());
     pick = st.top.idx;
     if (!stats_degenerate(st)) {
       // Each thread starts from the score of the tempered argmax (one Philox draw; see gumbel_score).

@@ -12,8 +12,6 @@
 
 namespace xkernels::cuda {
 
-constexpr float kLog2e = 1.4426950408889634f;
-
 // Four ids of T in one load (the Gumbel-max groups of the Philox stream are four ids).
 template <typename T>
 struct Quad {
@@ -192,8 +190,8 @@ __device__ __forceinline__ S warp_merge_slices(const S* slices, int count, S emp
 // The Gumbel-max score of id x with log-weight w in the stream of (sequence, position), exactly
 // as sample_group scores it, or the empty state if x cannot be drawn. A sampling pass that starts
 // every thread from the score of a likely winner (the row's argmax) skips the Philox draws of every
-// group whose weights are all more than kGumbelBound below it; with the logits of a trained model
-// that is most of the row, and the result is the same.
+// group whose weights are all more than kGumbelBound below it (with the logits of a trained model
+// most of the row) and the logs of nearly every other id (gumbel_group's test), with the same result.
 __device__ __forceinline__ ArgMax gumbel_score(float w, int32_t x, uint64_t seed, uint64_t offset, uint32_t sequence,
                                                uint32_t position) {
   if (w == kNegInf) return argmax_empty();

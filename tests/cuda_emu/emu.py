@@ -221,6 +221,18 @@ class CudaEmu:
         self._check(rc, msg)
         return mask if packed else mask.bool()
 
+    def gumbel_gate_check(self, w, best, words, linear=False):
+        """(skips, errors) of sampling.h's gumbel_cannot_win over words [pairs, per_pair] (int64 holding
+        uint32 values) for log weights w [pairs] (linear: weights, gumbel_cannot_win_linear) and best
+        scores best [pairs], float32."""
+        w, best = _c(w.float()), _c(best.float())
+        words = _c(words.to(torch.int64).to(torch.int32))  # the same 32 bits, read as uint32
+        skips, errors = ctypes.c_int64(), ctypes.c_int64()
+        self.lib.xk_emu_gumbel_gate_check(_ptr(w), _ptr(best), _ptr(words), ctypes.c_int64(words.shape[0]),
+                                          ctypes.c_int64(words.shape[1]), ctypes.c_int(int(linear)),
+                                          ctypes.byref(skips), ctypes.byref(errors))
+        return skips.value, errors.value
+
     def shard_row_stats(self, logits, vocab_start, rows=None, exclude=None, draft_probs=None, residual_stats=None,
                         ignore_id=-1, sample=False, raw_stats=False, temperature=0.0, seed=0, offset=0):
         n, r, v = logits.shape

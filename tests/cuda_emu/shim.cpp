@@ -15,6 +15,7 @@
 #include "shard_row_stats_launch.h"
 #include "spiffy_launch.h"
 #include "tree_launch.h"
+#include "xkernels/sampling.h"
 
 namespace {
 
@@ -360,6 +361,28 @@ int xk_emu_shard_row_stats(const void* logits, int logits_type, const int64_t* r
   copy_out(row_max, p.row_max, f), copy_out(row_sum, p.row_sum, f), copy_out(pick_score, p.pick_score, f);
   copy_out(pick_logit, p.pick_logit, f), copy_out(top_id, p.top_id, i), copy_out(pick_id, p.pick_id, i);
   return finish(err, message, message_len);
+}
+
+// xkernels/sampling.h's gumbel_cannot_win (host math, as the CPU kernels and this emulation run it)
+// against the score it rules out: for pair i (log weight w[i], or with `linear` the weight r = w[i]
+// and gumbel_cannot_win_linear, best score best[i]) and its `per_pair` Philox words, counts the words
+// it skips and the skipped words whose score (w or logf(r), + gumbel_from_word) would not have been
+// strictly below best (each a changed draw).
+void xk_emu_gumbel_gate_check(const float* w, const float* best, const uint32_t* words, int64_t pairs,
+                              int64_t per_pair, int linear, int64_t* skips, int64_t* errors) {
+  *skips = *errors = 0;
+  for (int64_t i = 0; i < pairs; ++i) {
+    const xkernels::GumbelGate gate = xkernels::gumbel_gate(best[i]);
+    const float scale = xkernels::gumbel_gate_scale(gate), log_weight = linear ? xkernels::log_f32(w[i]) : w[i];
+    for (int64_t j = 0; j < per_pair; ++j) {
+      const uint32_t word = words[i * per_pair + j];
+      if (!(linear ? xkernels::gumbel_cannot_win_linear(scale, w[i], word)
+                   : xkernels::gumbel_cannot_win(gate, w[i], word)))
+        continue;
+      ++*skips;
+      *errors += !(log_weight + xkernels::gumbel_from_word(word) < best[i]);
+    }
+  }
 }
 
 // The kernels that have run a block so far, comma-separated, into buffer.

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from xkernels import reference
-from tests.test_dllm import MASK, step_case
+from tests.test_dllm import MASK, near_tie_case, step_case
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -46,3 +46,14 @@ def test_rows_split_over_slices(emu, dtype, temperature, num_sms):
     for a, b in zip(got[:3], want[:3]):
         assert torch.equal(a, b)
     torch.testing.assert_close(got[3], want[3], atol=1e-5, rtol=1e-4, equal_nan=True)
+
+
+@pytest.mark.parametrize("level", [0.0, 2.0**20])
+def test_draws_at_near_ties_match_the_reference(emu, level):
+    """Rows split over slices whose threads start from the slice's argmax, late in it: ids below it
+    that tie or nearly beat it must not be skipped by the sampler's test (sampling.h)."""
+    for seed in range(4):
+        logits, block = near_tie_case(2, 3, 4104, level, seed)
+        got = emu.dllm_step(logits, block, MASK, 3, None, 1.0, seed, 0, num_sms=132)
+        want = reference.dllm_step(logits, block, MASK, 3, None, 1.0, seed, 0)
+        assert torch.equal(got[2], want[2])

@@ -9,7 +9,7 @@ from tests.test_shard_row_stats import assert_outputs_match, shard_case
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("vocab_start,v", [(0, 1), (6, 3), (13, 300), (1024, 1031)])
+@pytest.mark.parametrize("vocab_start,v", [(0, 1), (6, 3), (13, 300), (1024, 1031), (8, 1032)])  # 1032: 16-byte loads
 @pytest.mark.parametrize("temperature,sample,raw_stats", [(0.0, False, False), (0.8, True, False),
                                                           (0.8, True, True)])
 def test_matches_reference(emu, dtype, vocab_start, v, temperature, sample, raw_stats):

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 #if defined(__CUDACC__)
 #define XK_HD __host__ __device__ __forceinline__
@@ -29,10 +31,32 @@ XK_HD float exp_f32(float x) {
 #endif
 }
 
+// The float whose bit pattern is `bits`.
+XK_HD float float_from_bits(uint32_t bits) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(bits);
+#else
+  float x;
+  std::memcpy(&x, &bits, sizeof(x));
+  return x;
+#endif
+}
+
 XK_HD bool is_nan_f32(float x) { return x != x; }
+
+// The larger of a and b, a NaN counting as missing (fmaxf): one instruction on CUDA.
+XK_HD float max_ignoring_nan(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return fmaxf(a, b);
+#else
+  return b > a || a != a ? b : a;
+#endif
+}
 
 XK_HD bool is_finite_f32(float x) { return x - x == 0.0f; }
 
 constexpr float kNegInf = -__builtin_huge_valf();
+
+constexpr float kLog2e = 1.4426950408889634f;
 
 }  // namespace xkernels

@@ -156,16 +156,10 @@ XK_HD float tree_residual(float r, float zr, float q, float zq) {
 }
 
 // Gumbel-max over ids 4g .. 4g+count-1 with log-weights w (-inf: cannot be drawn); the noise of
-// position `node`, drawn only if some id could beat `best`.
+// position `node` (xkernels/sampling.h's gumbel_group).
 XK_HD void tree_sample_group(ArgMax& best, uint64_t seed, uint64_t offset, uint32_t sequence, uint32_t node,
                              uint32_t g, const float* w, int count) {
-  bool live = false;
-  for (int j = 0; j < 4; ++j) live |= j < count && w[j] != kNegInf && w[j] + kGumbelBound >= best.val;
-  if (!live) return;
-  const Philox4 r = philox_draw(seed, offset, sequence, node, g);
-  for (int j = 0; j < 4; ++j)
-    if (j < count && w[j] != kNegInf)
-      argmax_observe(best, w[j] + gumbel_from_word(r.w[j]), static_cast<int32_t>(4 * g + j));
+  gumbel_group(best, seed, offset, sequence, node, g, w, count);
 }
 
 }  // namespace xkernels
