@@ -25,11 +25,11 @@ import xkernels
 PEAK_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12, "B200": 8.0e12, "A100": 2.0e12}
 
 # The design estimates of bench/floors.md (H200, microseconds), printed beside each measurement.
-ESTIMATE_US = {("chain_verify", 0.0, False): 88, ("chain_verify", 1.0, False): 105, ("chain_verify", 1.0, True): 118,
-               ("refine_step", 1): 58, ("refine_step", 8): 75, ("refine_step", 32): 165, ("jacobi_refine", 1): 245,
-               ("build_draft_tree",): 40, ("tree_attention_mask",): 5, ("tree_verify", 0.0, False): 30,
-               ("tree_verify", 1.0, False): 45, ("tree_verify", 1.0, True): 150,
-               ("dllm_step T=0",): 35, ("dllm_step T=1",): 85, ("spiffy_materialize",): 65, ("spiffy_accept",): 110,
+ESTIMATE_US = {("chain_verify", 0.0, False): 88, ("chain_verify", 1.0, False): 106, ("chain_verify", 1.0, True): 112,
+               ("refine_step", 1): 38, ("refine_step", 8): 58, ("refine_step", 32): 165, ("jacobi_refine", 1): 158,
+               ("build_draft_tree",): 15, ("tree_attention_mask",): 5, ("tree_verify", 0.0, False): 20,
+               ("tree_verify", 1.0, False): 37, ("tree_verify", 1.0, True): 120,
+               ("dllm_step T=0",): 35, ("dllm_step T=1",): 70, ("spiffy_materialize",): 65, ("spiffy_accept",): 110,
                ("spiffy_attention_mask",): 5}
 
 
