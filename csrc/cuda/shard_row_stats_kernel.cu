@@ -9,10 +9,10 @@
 namespace xkernels::cuda {
 namespace {
 
-// 4 blocks an SM (at most 64 registers) keep the statistics read's 16-byte loads, 4 a thread, at
-// ~8 MB in flight over the chip; ptxas then keeps a few values of the sampling part in local memory.
+// 3 blocks an SM (at most 85 registers; it needs about 75) keep the statistics read's 16-byte loads, 4 a
+// thread, at ~6.5 MB in flight over the chip. 4 blocks (64 registers) would spill the sampling part.
 template <typename T>
-__global__ void __launch_bounds__(kThreads, 4) shard_row_stats_kernel(ShardRowStatsParams p) {
+__global__ void __launch_bounds__(kThreads, 3) shard_row_stats_kernel(ShardRowStatsParams p) {
   const int64_t entry = blockIdx.x, n = entry / p.s;
   const int64_t row = p.rows ? p.rows[entry] : entry % p.s;
   if (row < 0 || row >= p.r || p.v == 0) {  // a bad row index (unchecked: no host sync) or an empty shard
