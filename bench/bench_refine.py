@@ -113,13 +113,45 @@ def interleaved(ns=(1, 4), rounds=15):
               f"{eager / ours:>8.2f}x")
 
 
+def orientation(rows=(15, 60, 120), rounds=21):
+    """The read's GEMM both ways round, as the CPU op runs it (w_read @ z.T: products id-major) and as
+    eager code writes it (z @ w_read.T), interleaved; minimum and median thread CPU time in ms."""
+    import time
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(V, R, generator=g) * R**-0.5
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, V={V}, r={R}, {rounds} rounds (ms)")
+    print(f"{'case':<16} {'z @ w.T min/med':>16} {'w @ z.T min/med':>16} {'ratio of min':>13}")
+    for dtype in (torch.float32, torch.bfloat16):
+        wd = w.to(dtype)
+        for m in rows:
+            z = torch.randn(m, R, generator=g).to(dtype)
+            fns = [lambda: z @ wd.T, lambda: wd @ z.T]
+            times = [[], []]
+            for fn in fns:
+                fn()
+            for r in range(rounds):
+                for i in (r % 2, 1 - r % 2):
+                    start = time.thread_time()
+                    fns[i]()
+                    times[i].append(time.thread_time() - start)
+            lo = [min(t) * 1e3 for t in times]
+            med = [sorted(t)[len(t) // 2] * 1e3 for t in times]
+            print(f"{str(dtype).replace('torch.', '') + f' {m} rows':<16} {lo[0]:>7.2f}/{med[0]:<8.2f} "
+                  f"{lo[1]:>7.2f}/{med[1]:<8.2f} {lo[0] / lo[1]:>12.2f}x")
+
+
 if __name__ == "__main__":
     import argparse
 
     parser = argparse.ArgumentParser(description=interleaved.__doc__)
     parser.add_argument("--threads", type=int, help="torch's intra-op threads (default: torch's choice)")
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--orientation", action="store_true", help=orientation.__doc__.split(",")[0])
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    interleaved(rounds=args.rounds)
+    if args.orientation:
+        orientation(rounds=args.rounds)
+    else:
+        interleaved(rounds=args.rounds)
