@@ -9,13 +9,12 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
-#include <ATen/ops/linear.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/silu.h>
 #include <ATen/ops/zeros.h>
-#include <ATen/ops/zeros_like.h>
 #include <torch/library.h>
 
+#include <type_traits>
 #include <vector>
 
 #include "../ops/checks.h"
@@ -46,30 +45,39 @@ struct Rng {
   uint64_t seed, offset;
 };
 
-// The Mix step on u [N, B, r] (float32, contiguous): out[n, k, c] = sum_{j <= k} mix[c, k, j] u[n, j, c],
-// reading only mix's lower triangle. A loop, not tril + einsum: those cost more in dispatch and
-// copies than its few FMAs (B = 16, r = 256: 35 K a sequence).
-at::Tensor mix_slots(const at::Tensor& u, const at::Tensor& mix) {
-  const int64_t n = u.size(0), b = u.size(1), r = u.size(2);
-  const at::Tensor m = mix.to(at::kFloat).permute({1, 2, 0}).contiguous();  // [k, j, c]: c innermost
-  auto out = at::zeros_like(u);
+// The Mix step, channel-major: x [N, B, r] (float32) -> u^T [r, N * B] with
+// u[n, k, c] = sum_{j <= k} mix[c, k, j] x[n, j, c], reading only mix's lower triangle as it lies
+// (c outermost). A loop, not tril + einsum: those cost more in dispatch and copies than its few
+// FMAs (B = 16, r = 256: 35 K a sequence); x is transposed instead of mix, which is 16x larger.
+at::Tensor mix_slots_t(const at::Tensor& x, const at::Tensor& mix) {
+  const int64_t n = x.size(0), b = x.size(1), r = x.size(2);
+  const at::Tensor m = mix.to(at::kFloat).contiguous();
+  const at::Tensor xt = x.permute({2, 0, 1}).contiguous();  // [c, n, j]
+  auto out = at::empty({r, n * b}, x.options());
   const float* mp = m.const_data_ptr<float>();
-  const float* up = u.const_data_ptr<float>();
+  const float* xp = xt.const_data_ptr<float>();
   float* op = out.mutable_data_ptr<float>();
-  for (int64_t s = 0; s < n; ++s)
-    for (int64_t k = 0; k < b; ++k)
-      for (int64_t j = 0; j <= k; ++j)
-        for (int64_t c = 0; c < r; ++c) op[(s * b + k) * r + c] += mp[(k * b + j) * r + c] * up[(s * b + j) * r + c];
+  for (int64_t c = 0; c < r; ++c)
+    for (int64_t s = 0; s < n; ++s) {
+      const float* xs = xp + (c * n + s) * b;
+      for (int64_t k = 0; k < b; ++k) {
+        const float* mk = mp + (c * b + k) * b;
+        float acc = 0.0f;
+        for (int64_t j = 0; j <= k; ++j) acc += mk[j] * xs[j];
+        op[c * n * b + s * b + k] = acc;
+      }
+    }
   return out;
 }
 
-// z [N, B, r] (float32) of one pass.
+// z [N, B, r] (float32) of one pass. The products are computed id-major (weight u^T), like the
+// read's: the vendor GEMM then streams the weights as they lie instead of repacking them each call
+// (MKL, one thread, 16 rows: ~37 us a product instead of ~56).
 at::Tensor hidden_states(const at::Tensor& ctx, const at::Tensor& prev, const Weights& w) {
   const int64_t n = ctx.size(0), b = ctx.size(1), r = ctx.size(2);
-  auto u = mix_slots((ctx + w.emb.index_select(0, prev.reshape({-1})).reshape({n, b, r}).to(at::kFloat)).contiguous(),
-                     w.mix);
-  return u + at::linear(at::silu(at::linear(u, w.w_gate.to(at::kFloat))) * at::linear(u, w.w_up.to(at::kFloat)),
-                        w.w_down.to(at::kFloat));
+  const auto ut = mix_slots_t(ctx + w.emb.index_select(0, prev.reshape({-1})).reshape({n, b, r}).to(at::kFloat), w.mix);
+  const auto act = at::silu(at::mm(w.w_gate.to(at::kFloat), ut)) * at::mm(w.w_up.to(at::kFloat), ut);  // [H, N * B]
+  return (ut + at::mm(w.w_down.to(at::kFloat), act)).t().reshape({n, b, r});
 }
 
 // One row of the read: base logits s, its sequence and drafted slot (the noise key).
@@ -84,23 +92,24 @@ struct ReadRow {
 constexpr int64_t kRowStride = kChunk + 16;
 
 // out[m * kRowStride + i] = (s_m[u0 + i] + products[i * rows + m]) * scale (no products: s * scale):
-// a chunk's scaled logits as rows, the id-major products transposed on the way, 16 ids (one cache
-// line of each output row) at a time.
+// a chunk's scaled logits as rows. float32 products are transposed 8 x 8 in registers on the way;
+// bfloat16 ones (bfloat16 weights) 16 ids (one cache line of each output row) at a time. bias:
+// scratch for the rows' pointers.
 template <typename T, typename P>
 void chunk_logits(const std::vector<ReadRow<T>>& rows, int64_t u0, const P* products, int64_t n_ids, float scale,
-                  float* out) {
+                  std::vector<const T*>& bias, float* out) {
   const int64_t m_rows = static_cast<int64_t>(rows.size());
-  for (int64_t i0 = 0; i0 < n_ids; i0 += 16) {
-    const int64_t i1 = std::min<int64_t>(i0 + 16, n_ids);
-    for (int64_t m = 0; m < m_rows; ++m) {
-      const T* s = rows[m].s + u0;
-      float* o = out + m * kRowStride;
-      if (products) {
+  for (int64_t m = 0; m < m_rows; ++m) bias[m] = rows[m].s + u0;
+  if (!products) {
+    for (int64_t m = 0; m < m_rows; ++m) cpu::scale_row(bias[m], n_ids, scale, out + m * kRowStride);
+  } else if constexpr (std::is_same_v<P, float>) {
+    cpu::transpose_add_scale(products, n_ids, m_rows, bias.data(), scale, out, kRowStride);
+  } else {
+    for (int64_t i0 = 0; i0 < n_ids; i0 += 16) {
+      const int64_t i1 = std::min<int64_t>(i0 + 16, n_ids);
+      for (int64_t m = 0; m < m_rows; ++m)
         for (int64_t i = i0; i < i1; ++i)
-          o[i] = (static_cast<float>(s[i]) + static_cast<float>(products[i * m_rows + m])) * scale;
-      } else {
-        for (int64_t i = i0; i < i1; ++i) o[i] = static_cast<float>(s[i]) * scale;
-      }
+          out[m * kRowStride + i] = (static_cast<float>(bias[m][i]) + static_cast<float>(products[i * m_rows + m])) * scale;
     }
   }
 }
@@ -126,15 +135,16 @@ void read_and_sample(const std::vector<ReadRow<T>>& rows, const at::Tensor& z, c
     if (z.defined()) dots = at::mm(w_read.narrow(0, v0, len), zr.t());
     at::parallel_for(0, slice_chunks, 1, [&](int64_t begin, int64_t end) {
       std::vector<float> buffer(static_cast<size_t>(kRowStride * m_rows));
+      std::vector<const T*> bias(static_cast<size_t>(m_rows));
       for (int64_t c = begin; c < end; ++c) {
         const int64_t u0 = v0 + c * kChunk, n_ids = std::min(kChunk, v0 + len - u0);
         if (!dots.defined())
-          chunk_logits(rows, u0, static_cast<const float*>(nullptr), n_ids, scale, buffer.data());
+          chunk_logits(rows, u0, static_cast<const float*>(nullptr), n_ids, scale, bias, buffer.data());
         else if (dots.scalar_type() == at::kFloat)
-          chunk_logits(rows, u0, dots.const_data_ptr<float>() + (u0 - v0) * m_rows, n_ids, scale, buffer.data());
+          chunk_logits(rows, u0, dots.const_data_ptr<float>() + (u0 - v0) * m_rows, n_ids, scale, bias, buffer.data());
         else
           chunk_logits(rows, u0, dots.const_data_ptr<at::BFloat16>() + (u0 - v0) * m_rows, n_ids, scale,
-                       buffer.data());
+                       bias, buffer.data());
         for (int64_t m = 0; m < m_rows; ++m) {
           const float* a = buffer.data() + m * kRowStride;
           RowStats st = cpu::row_stats(a, n_ids);

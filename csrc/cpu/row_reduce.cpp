@@ -64,6 +64,68 @@ inline void scale_row_impl(const T* row, int64_t n, float scale, float* out) {
   for (int64_t v = 0; v < n; ++v) out[v] = static_cast<float>(row[v]) * scale;
 }
 
+// Eight consecutive values as float32.
+inline f32x8 load8(const c10::BFloat16* p) {
+  typedef uint16_t u16x8 __attribute__((vector_size(16)));
+  typedef uint32_t u32x8 __attribute__((vector_size(32)));
+  u16x8 h;
+  std::memcpy(&h, p, sizeof(h));
+  const u32x8 bits = __builtin_convertvector(h, u32x8) << 16;
+  f32x8 x;
+  std::memcpy(&x, &bits, sizeof(x));
+  return x;
+}
+inline f32x8 load8(const c10::Half* p) {
+  f32x8 x;
+  for (int j = 0; j < 8; ++j) x[j] = static_cast<float>(p[j]);
+  return x;
+}
+
+// out row j (at out + j * out_stride), ids i0..i0+7 = (bias_j[i0..] + column j of the 8 x 8 block of in
+// (row i at in + i * in_stride)) * scale: the unpack / shuffle / lane-swap transpose of AVX, through
+// vector extensions so each target clone lowers it to its own registers.
+template <typename T>
+__attribute__((always_inline)) inline void transpose8x8_add(const float* in, int64_t in_stride, const T* const* bias,
+                                                            int64_t i0, float scale, float* out, int64_t out_stride) {
+  f32x8 r[8], t[8], s[8];
+  for (int i = 0; i < 8; ++i) r[i] = load8(in + i * in_stride);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = __builtin_shufflevector(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+    t[i + 1] = __builtin_shufflevector(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+  }
+  for (int i = 0; i < 8; i += 4)
+    for (int h = 0; h < 2; ++h) {
+      s[i + 2 * h] = __builtin_shufflevector(t[i + h], t[i + h + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+      s[i + 2 * h + 1] = __builtin_shufflevector(t[i + h], t[i + h + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+    }
+  // s[0..3] hold columns (0, 4), (1, 5), (2, 6), (3, 7) of rows 0-3, s[4..7] those of rows 4-7.
+  for (int j = 0; j < 4; ++j) {
+    const f32x8 lo = (load8(bias[j] + i0) + __builtin_shufflevector(s[j], s[j + 4], 0, 1, 2, 3, 8, 9, 10, 11)) * scale;
+    const f32x8 hi =
+        (load8(bias[j + 4] + i0) + __builtin_shufflevector(s[j], s[j + 4], 4, 5, 6, 7, 12, 13, 14, 15)) * scale;
+    std::memcpy(out + j * out_stride + i0, &lo, sizeof(lo));
+    std::memcpy(out + (j + 4) * out_stride + i0, &hi, sizeof(hi));
+  }
+}
+
+// always_inline: each target clone below must get its own copy, not a call to the baseline one.
+template <typename T>
+__attribute__((always_inline)) inline void transpose_add_scale_impl(const float* in, int64_t n, int64_t rows, const T* const* bias, float scale,
+                                     float* out, int64_t out_stride) {
+  const auto one = [&](int64_t i, int64_t m) {
+    out[m * out_stride + i] = (static_cast<float>(bias[m][i]) + in[i * rows + m]) * scale;
+  };
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    int64_t m = 0;
+    for (; m + 8 <= rows; m += 8) transpose8x8_add(in + i * rows + m, rows, bias + m, i, scale, out + m * out_stride, out_stride);
+    for (; m < rows; ++m)
+      for (int64_t k = i; k < i + 8; ++k) one(k, m);
+  }
+  for (int64_t m = 0; m < rows; ++m)
+    for (int64_t k = i; k < n; ++k) one(k, m);
+}
+
 }  // namespace
 
 XK_CLONES void scale_row(const float* row, int64_t n, float scale, float* out) { scale_row_impl(row, n, scale, out); }
@@ -72,6 +134,19 @@ XK_CLONES void scale_row(const c10::BFloat16* row, int64_t n, float scale, float
 }
 XK_CLONES void scale_row(const c10::Half* row, int64_t n, float scale, float* out) {
   scale_row_impl(row, n, scale, out);
+}
+
+XK_CLONES void transpose_add_scale(const float* in, int64_t n, int64_t rows, const float* const* bias, float scale,
+                                   float* out, int64_t out_stride) {
+  transpose_add_scale_impl(in, n, rows, bias, scale, out, out_stride);
+}
+XK_CLONES void transpose_add_scale(const float* in, int64_t n, int64_t rows, const c10::BFloat16* const* bias,
+                                   float scale, float* out, int64_t out_stride) {
+  transpose_add_scale_impl(in, n, rows, bias, scale, out, out_stride);
+}
+XK_CLONES void transpose_add_scale(const float* in, int64_t n, int64_t rows, const c10::Half* const* bias, float scale,
+                                   float* out, int64_t out_stride) {
+  transpose_add_scale_impl(in, n, rows, bias, scale, out, out_stride);
 }
 
 // One pass: each lane keeps its first maximum (NaNs are skipped and flagged).
