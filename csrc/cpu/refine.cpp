@@ -26,14 +26,15 @@ namespace xkernels {
 namespace {
 
 // The read in vocabulary slices: one vendor GEMM a slice (at::mm, threaded by MKL/oneDNN and,
-// with bfloat16 weights, on AMX where the CPU has it), whose products (at most kSliceBytes, or
-// kMinSlice ids: each GEMM call has a fixed cost) the epilogue then reads from cache, chunks of
+// with bfloat16 weights, on AMX where the CPU has it), whose products (at most kSliceBytes, half of
+// a core's 2 MB L2 here, so they stay beside w_read's stream; or kMinSlice ids: each GEMM call has
+// a fixed cost) the epilogue then reads from cache, chunks of
 // kChunk ids in parallel. The GEMM computes the products id-major, w_read_slice z^T [ids, rows]:
 // with few rows the vendor then streams w_read as it lies instead of first repacking it for
 // z w_read^T (measured with MKL, one thread, V=32768, r=256: 1.6x faster at 15 rows, 1.05x at
 // 120, never slower; bfloat16 1.5x).
-constexpr int64_t kSliceBytes = 2 << 20;
-constexpr int64_t kMinSlice = 8192;
+constexpr int64_t kSliceBytes = 1 << 20;
+constexpr int64_t kMinSlice = 4096;
 constexpr int64_t kChunk = 1024;  // a multiple of 4: a Philox draw covers 4 ids
 
 struct Weights {
