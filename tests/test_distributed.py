@@ -168,10 +168,10 @@ def _check_dllm(rank, bounds):
         for (num_unmask, threshold), (seed, offset) in zip(((1, None), (3, None), (40, None), (1, 0.2)),
                                                            [(3, 2)] + RNG):
             kw = dict(num_unmask=num_unmask, threshold=threshold, temperature=temperature)
-            _same_for_either_seed(f"dllm_step T={temperature} {num_unmask} {threshold}",
-                                  lambda **rng: distributed.dllm_step(local, block, mask, vocab_start=start, **kw, **rng),
-                                  xkernels.dllm_step(logits, block, mask, **kw, seed=seed, offset=offset), seed, offset,
-                                  3)
+            _same_for_either_seed(
+                f"dllm_step T={temperature} {num_unmask} {threshold}",
+                lambda **rng: distributed.dllm_step(local, block, mask, vocab_start=start, **kw, **rng),
+                xkernels.dllm_step(logits, block, mask, **kw, seed=seed, offset=offset), seed, offset, 3)
 
 
 def _check_tree(rank, bounds):
