@@ -9,18 +9,46 @@ import pytest
 import torch
 
 import xkernels
+from xkernels import ops
 
 BINARY = os.environ.get("XKERNELS_CPP_TEST")
 
 
-@pytest.mark.skipif(not BINARY, reason="XKERNELS_CPP_TEST is not set (tests/run.sh builds tests/cpp)")
-def test_cpp_api_matches_python():
+@pytest.fixture(scope="module")
+def printed():
+    """The program's lines "name value ..." as {name: [value, ...]}."""
+    if not BINARY:
+        pytest.skip("XKERNELS_CPP_TEST is not set (tests/run.sh builds tests/cpp)")
     lines = subprocess.run([BINARY], check=True, capture_output=True, text=True).stdout.splitlines()
-    fields = {line.split()[0]: line.split()[1:] for line in lines}
+    return {line.split()[0]: line.split()[1:] for line in lines}
+
+
+def test_chain_verify_matches_python(printed):
     torch.manual_seed(0)
     logits = torch.randn(4, 4, 50)
     drafts = torch.randint(0, 50, (4, 3))
     accept_len, out = xkernels.chain_verify(drafts, logits, temperature=1.0, seed=7, offset=3)
-    assert [int(x) for x in fields["accept_len"]] == accept_len.tolist()
-    assert [int(x) for x in fields["out_tokens"]] == out.flatten().tolist()
-    assert fields["build_info"][0] == torch.ops.xkernels.build_info.default()
+    assert [int(x) for x in printed["accept_len"]] == accept_len.tolist()
+    assert [int(x) for x in printed["out_tokens"]] == out.flatten().tolist()
+    assert printed["build_info"][0] == torch.ops.xkernels.build_info.default()
+
+
+def test_shard_row_stats_matches_python(printed):
+    """The program's sampled pass (int and tensor seeds gave it the same outputs) equals the
+    Python op's, bit for bit (floats printed with the digits that round-trip float32)."""
+    torch.manual_seed(1)
+    logits = torch.randn(3, 4, 20)
+    rows = torch.tensor([[0, 3], [2, 2], [1, 0]])
+    exclude = torch.tensor([5, -1, 24, 9, -1, -1, 7, 7, 6, -1, -1, -1]).reshape(3, 2, 2)
+    want = ops.shard_row_stats(logits, 5, rows=rows, exclude=exclude, ignore_id=8, sample=True, temperature=0.7,
+                               seed=11, offset=3)
+    names = ("row_max", "row_sum", "top_id", "pick_score", "pick_id", "pick_logit")
+    for name, w in zip(names, want, strict=True):
+        got = torch.tensor([float(x) for x in printed[f"shard_{name}"]], dtype=torch.float64).to(w.dtype)
+        assert torch.equal(got.view_as(w), w), name
+    assert (want[4] >= 5).all()  # every row drew from the shard's ids
+
+
+def test_bad_arguments_name_them(printed):
+    assert " ".join(printed["shard_error_rows"]).startswith("rows must be int64, got Int")
+    assert " ".join(printed["shard_error_seed"]).startswith("seed must be an int64 tensor, got Int")

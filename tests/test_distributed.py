@@ -1,8 +1,10 @@
 """xkernels.distributed on gloo: world sizes 2 and 3 with uneven shards (not multiples of 4),
-spawned from pytest; every rank's outputs against the unsharded op on the whole tensors, and (world
-2) the decoding loop with tp_group against one process. One spawn per world size runs every case
-(a process group costs seconds to start on 2 cores)."""
+spawned from pytest; every rank's outputs against the unsharded op on the whole tensors, with int
+seeds and with int64 tensor seeds that are never read on the host, and (world 2) the decoding loop
+with tp_group against one process. One spawn per world size runs every case (a process group costs
+seconds to start on 2 cores)."""
 
+import contextlib
 import os
 import socket
 
@@ -14,10 +16,57 @@ import torch.multiprocessing as mp
 import xkernels
 from xkernels import distributed
 from xkernels.refiner import RefinerWeights
+from tests.utils import assert_replays_like_eager
 
 V = 37
 BOUNDS = {2: [(0, 14), (14, V)], 3: [(0, 9), (9, 22), (22, V)]}
 ENVELOPE = 1e-5  # log-probabilities
+# (seed, offset) pairs; the last sets the high bits, which as tensors are negative int64.
+RNG = [(0, 5), (1, 5), (2**64 - 3, 2**63 + 5)]
+
+
+def _as_tensors(seed, offset, device="cpu"):
+    """(seed, offset) as int64 tensors of their 64 bits: a 0-dim seed, a one-element offset."""
+    bits = lambda x: x - 2**64 if x >= 2**63 else x  # noqa: E731
+    return torch.tensor(bits(seed), device=device), torch.tensor([bits(offset)], device=device)
+
+
+_HOST_READS = ("item", "tolist", "numpy", "__int__", "__index__", "__float__", "__bool__")
+
+
+@contextlib.contextmanager
+def _unread(*tensors):
+    """Fails any host read (item, int(), bool(), tolist(), ...) of a tensor sharing storage with
+    tensors: they may only be read by kernels and tensor ops."""
+    guarded = {t.untyped_storage().data_ptr() for t in tensors}
+    own = {name: torch.Tensor.__dict__.get(name) for name in _HOST_READS}
+
+    def guard(name, original):
+        def read(self, *args, **kwargs):
+            assert self.untyped_storage().data_ptr() not in guarded, f"host read of a seed tensor: Tensor.{name}"
+            return original(self, *args, **kwargs)
+        return read
+
+    for name in _HOST_READS:
+        setattr(torch.Tensor, name, guard(name, getattr(torch.Tensor, name)))
+    try:
+        yield
+    finally:
+        for name, original in own.items():
+            if original is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, original)
+
+
+def _same_for_either_seed(name, call, want, seed, offset, logprob_index=None):
+    """call(seed=, offset=) gives want with int seeds and with the tensors of their bits, and
+    reads the tensors on no host."""
+    _same(name, call(seed=seed, offset=offset), want, logprob_index)
+    seed_t, offset_t = _as_tensors(seed, offset)
+    with _unread(seed_t, offset_t):
+        got = call(seed=seed_t, offset=offset_t)
+    _same(f"{name} (tensor seed)", got, want, logprob_index)
 
 
 def _case_logits(n, rows, seed, bounds):
@@ -58,13 +107,14 @@ def _check_chain(rank, bounds):
     local, start = _shard(logits, bounds, rank)
     for temperature in (0.0, 1.0, 0.6):
         for probs in (None, q):
-            for seed in range(3):
+            local_q = None if probs is None else _shard(probs, bounds, rank)[0]
+            for seed, offset in RNG:
                 want = xkernels.chain_verify(drafts, logits, draft_probs=probs, temperature=temperature, seed=seed,
-                                             offset=5)
-                got = distributed.chain_verify(drafts, local, vocab_start=start,
-                                               draft_probs=None if probs is None else _shard(probs, bounds, rank)[0],
-                                               temperature=temperature, seed=seed, offset=5)
-                _same(f"chain_verify T={temperature} q={probs is not None} seed={seed}", got, want)
+                                             offset=offset)
+                _same_for_either_seed(
+                    f"chain_verify T={temperature} q={probs is not None} seed={seed}",
+                    lambda **rng: distributed.chain_verify(drafts, local, vocab_start=start, draft_probs=local_q,
+                                                           temperature=temperature, **rng), want, seed, offset)
 
 
 def _refiner_case(bounds, n=3, b=6, d=4, r=8, h=16):
@@ -86,17 +136,23 @@ def _check_refine(rank, bounds):
     local_base, start = _shard(base, bounds, rank)
     a, b = bounds[rank]
     local_w = weights._replace(emb=weights.emb[a:b].contiguous(), w_read=weights.w_read[a:b].contiguous())
-    for temperature in (0.0, 0.8):
-        kw = dict(temperature=temperature, seed=7, offset=1)
-        _same(f"refine_step T={temperature}",
-              distributed.refine_step(ctx, prev, local_base, local_w, vocab_start=start, **kw),
-              xkernels.refine_step(ctx, prev, base, weights, **kw), 1)
-        _same(f"jacobi_refine T={temperature}",
-              distributed.jacobi_refine(ctx, prefix, local_base, local_w, max_iters=3, vocab_start=start, **kw),
-              xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=3, **kw), 1)
-        _same(f"sequential_refine T={temperature}",
-              distributed.sequential_refine(ctx, prefix, local_base, local_w, vocab_start=start, **kw),
-              xkernels.sequential_refine(ctx, prefix, base, weights, **kw), 1)
+    for temperature, (seed, offset) in ((0.0, RNG[0]), (0.8, (7, 1)), (0.8, RNG[-1])):
+        kw = dict(temperature=temperature, seed=seed, offset=offset)
+        _same_for_either_seed(
+            f"refine_step T={temperature}",
+            lambda **rng: distributed.refine_step(ctx, prev, local_base, local_w, vocab_start=start,
+                                                  temperature=temperature, **rng),
+            xkernels.refine_step(ctx, prev, base, weights, **kw), seed, offset, 1)
+        _same_for_either_seed(
+            f"jacobi_refine T={temperature}",
+            lambda **rng: distributed.jacobi_refine(ctx, prefix, local_base, local_w, max_iters=3, vocab_start=start,
+                                                    temperature=temperature, **rng),
+            xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=3, **kw), seed, offset, 1)
+        _same_for_either_seed(
+            f"sequential_refine T={temperature}",
+            lambda **rng: distributed.sequential_refine(ctx, prefix, local_base, local_w, vocab_start=start,
+                                                        temperature=temperature, **rng),
+            xkernels.sequential_refine(ctx, prefix, base, weights, **kw), seed, offset, 1)
 
 
 def _check_dllm(rank, bounds):
@@ -109,11 +165,13 @@ def _check_dllm(rank, bounds):
     block[3] = 1  # a sequence with nothing masked
     local, start = _shard(logits, bounds, rank)
     for temperature in (0.0, 1.0):
-        for num_unmask, threshold in ((1, None), (3, None), (40, None), (1, 0.2)):
-            kw = dict(num_unmask=num_unmask, threshold=threshold, temperature=temperature, seed=3, offset=2)
-            _same(f"dllm_step T={temperature} {num_unmask} {threshold}",
-                  distributed.dllm_step(local, block, mask, vocab_start=start, **kw),
-                  xkernels.dllm_step(logits, block, mask, **kw), 3)
+        for (num_unmask, threshold), (seed, offset) in zip(((1, None), (3, None), (40, None), (1, 0.2)),
+                                                           [(3, 2)] + RNG):
+            kw = dict(num_unmask=num_unmask, threshold=threshold, temperature=temperature)
+            _same_for_either_seed(
+                f"dllm_step T={temperature} {num_unmask} {threshold}",
+                lambda **rng: distributed.dllm_step(local, block, mask, vocab_start=start, **kw, **rng),
+                xkernels.dllm_step(logits, block, mask, **kw, seed=seed, offset=offset), seed, offset, 3)
 
 
 def _check_tree(rank, bounds):
@@ -136,14 +194,38 @@ def _check_tree(rank, bounds):
     local, start = _shard(logits, bounds, rank)
     for temperature in (0.0, 1.0, 0.5):
         for probs, without in ((None, False), (q, False), (q, True)):
-            for seed in range(3):
-                kw = dict(without_replacement=without, temperature=temperature, seed=seed, offset=2,
-                          num_nodes=num_nodes)
-                want = xkernels.tree_verify(tokens, parents, logits, draft_probs=probs, **kw)
-                got = distributed.tree_verify(tokens, parents, local, vocab_start=start,
-                                              draft_probs=None if probs is None else _shard(probs, bounds, rank)[0],
-                                              **kw)
-                _same(f"tree_verify T={temperature} q={probs is not None} {without} seed={seed}", got, want)
+            local_q = None if probs is None else _shard(probs, bounds, rank)[0]
+            for seed, offset in RNG:
+                kw = dict(without_replacement=without, temperature=temperature, num_nodes=num_nodes)
+                want = xkernels.tree_verify(tokens, parents, logits, draft_probs=probs, seed=seed, offset=offset, **kw)
+                _same_for_either_seed(
+                    f"tree_verify T={temperature} q={probs is not None} {without} seed={seed}",
+                    lambda **rng: distributed.tree_verify(tokens, parents, local, vocab_start=start,
+                                                          draft_probs=local_q, **kw, **rng), want, seed, offset)
+
+
+def _check_bad_seeds(rank, bounds):
+    """A seed or offset tensor of the wrong dtype or size raises naming it, at T = 0 too (every
+    rank alike, so the ranks' collectives stay matched)."""
+    local, start = _shard(torch.randn(2, 2, V), bounds, rank)
+    tree = torch.tensor([[-1, 3], [-1, 4]]), torch.tensor([[-1, 0], [-1, 0]])
+    ctx, prev, _, base, weights = _refiner_case(bounds)
+    a, b = bounds[rank]
+    local_w = weights._replace(emb=weights.emb[a:b].contiguous(), w_read=weights.w_read[a:b].contiguous())
+    calls = [
+        lambda **kw: distributed.chain_verify(tree[0][:, 1:], local, vocab_start=start, **kw),
+        lambda **kw: distributed.tree_verify(*tree, local, vocab_start=start, **kw),
+        lambda **kw: distributed.dllm_step(local, torch.full((2, 2), 5), 5, vocab_start=start, **kw),
+        lambda **kw: distributed.refine_step(ctx, prev, _shard(base, bounds, rank)[0], local_w, vocab_start=start,
+                                             **kw),
+    ]
+    bad = [(dict(seed=torch.tensor(1, dtype=torch.int32)), "seed must be an int64 tensor"),
+           (dict(offset=torch.tensor([1, 2])), "offset must hold exactly one element")]
+    for call in calls:
+        for temperature in (0.0, 1.0):
+            for rng, message in bad:
+                with pytest.raises(RuntimeError, match=message):
+                    call(temperature=temperature, **rng)
 
 
 def _check_empty(rank, bounds):
@@ -196,7 +278,7 @@ def _worker(rank, world, port):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        checks = (_check_chain, _check_tree, _check_refine, _check_dllm, _check_empty)
+        checks = (_check_chain, _check_tree, _check_refine, _check_dllm, _check_bad_seeds, _check_empty)
         for check in checks + ((_check_generate,) if world == 2 else ()):
             check(rank, BOUNDS[world])
     finally:
@@ -209,6 +291,69 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def test_coins_stay_on_the_logits_device():
+    """The acceptance coins are computed where the counters live, with seed tensors there too
+    (meta stands in for CUDA: it refuses CPU operands the same way)."""
+    seed, offset = _as_tensors(3, 4, "meta")
+    coins = distributed._sharded_coins(seed, offset, 3, torch.arange(4, device="meta")[None, :], "meta")
+    assert coins.device.type == "meta" and coins.shape == (3, 4) and coins.dtype == torch.float32
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_sharded_ops_match_the_unsharded_ops(world):
     mp.spawn(_worker, args=(world, _free_port()), nprocs=world, join=True)
+
+
+def _check_cuda_graph(rank, world, port):
+    """One rank on NCCL with device seed and offset tensors: the sharded ops sync nothing with the
+    host (sync debug mode "error"), match the unsharded ops, and a CUDA graph of them replays like
+    eager calls as the offset advances in place."""
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", rank=rank, world_size=world)
+    try:
+        n, k, m = 5, 4, 8  # the whole vocabulary on the one rank; BOUNDS[2] only plants the cases
+        logits = _case_logits(n, m, 12, BOUNDS[2]).cuda()
+        g = torch.Generator().manual_seed(13)
+        drafts = torch.randint(0, V, (n, k), generator=g).cuda()
+        parents = torch.tensor([[-1, 0, 0, 1, 1, 2, 3, 3]]).repeat(n, 1).cuda()
+        tokens = torch.randint(0, V, (n, m), generator=g)
+        tokens[:, 0] = -1
+        tokens = tokens.cuda()
+        block = torch.randint(0, V, (n, m), generator=g).cuda()
+        block[:, ::2] = 3
+        ctx, prev, _, base, weights = _refiner_case(BOUNDS[2])
+        ctx, prev, base = ctx.cuda(), prev.cuda(), base.cuda()
+        weights = RefinerWeights(*(w.cuda() for w in weights))
+        seed, offset = _as_tensors(2**64 - 3, 4, "cuda")
+        rng = dict(temperature=1.0, seed=seed, offset=offset)
+        steps = {
+            "chain_verify": (lambda: distributed.chain_verify(drafts, logits[:, : k + 1], vocab_start=0, **rng),
+                             lambda: xkernels.chain_verify(drafts, logits[:, : k + 1], **rng), None),
+            "tree_verify": (lambda: distributed.tree_verify(tokens, parents, logits, vocab_start=0, **rng),
+                            lambda: xkernels.tree_verify(tokens, parents, logits, **rng), None),
+            "dllm_step": (lambda: distributed.dllm_step(logits, block, 3, vocab_start=0, **rng),
+                          lambda: xkernels.dllm_step(logits, block, 3, **rng), 3),
+            "refine_step": (lambda: distributed.refine_step(ctx, prev, base, weights, vocab_start=0, **rng),
+                            lambda: xkernels.refine_step(ctx, prev, base, weights, **rng), 1),
+        }
+        for name, (sharded, whole, logprob_index) in steps.items():
+            want = whole()
+            sharded()  # warm-up: NCCL's communicator starts on the first collective
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                got = sharded()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            _same(f"{name} on CUDA", got, want, logprob_index)
+            assert_replays_like_eager(sharded, offset)
+        with pytest.raises(RuntimeError, match="seed must be on"):
+            distributed.chain_verify(drafts, logits[:, : k + 1], vocab_start=0, temperature=1.0, seed=seed.cpu())
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.needs_cuda
+def test_sharded_ops_take_device_seeds_and_capture():
+    mp.spawn(_check_cuda_graph, args=(1, _free_port()), nprocs=1, join=True)

@@ -64,6 +64,19 @@ def test_residual_matches_reference(device):
     assert (want[4] >= 0).all()
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_tensor_seeds_draw_like_int_seeds(device):
+    """A 0-dim seed and a one-element offset (int64, high bits set) give the ints' outputs."""
+    logits = shard_case(3, 4, 37, seed=6).to(device)
+    kw = dict(sample=True, temperature=0.8)
+    want = ops.shard_row_stats(logits, 9, seed=2**64 - 3, offset=2**63 + 5, **kw)
+    got = ops.shard_row_stats(logits, 9, seed=torch.tensor(-3, device=device),
+                              offset=torch.tensor([-(2**63) + 5], device=device), **kw)
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    other = ops.shard_row_stats(logits, 9, seed=2**64 - 4, offset=2**63 + 5, **kw)
+    assert not torch.equal(other[4], want[4])  # the seed's value is read
+
+
 def split(v, world):
     """Uneven shard boundaries of [0, v): the first shard short and not a multiple of 4."""
     cuts = [0] + [min(v, 4 * i * v // (4 * world) + (3 if i == 1 else 1)) for i in range(1, world)] + [v]
@@ -114,6 +127,8 @@ def test_opcheck(device):
     op = torch.ops.xkernels.shard_row_stats.default
     torch.library.opcheck(op, (logits, 5, None, None, None, None, -1, False, False, 0.0, 0, 0, None, None))
     torch.library.opcheck(op, (logits, 5, rows, rows[..., None], q, stats, 7, True, True, 0.5, 3, 1, None, None))
+    seed, offset = torch.tensor(3, device=device), torch.tensor([1], device=device)
+    torch.library.opcheck(op, (logits, 5, None, None, None, None, -1, True, False, 0.5, 0, 0, seed, offset))
 
 
 def test_bad_inputs_name_the_argument():
@@ -137,10 +152,19 @@ def test_bad_inputs_name_the_argument():
                                      temperature=1.0), "draft_probs must have shape"),
         (lambda: ops.shard_row_stats(logits, 0, rows=rows, draft_probs=q, residual_stats=stats[:, :, :1], sample=True,
                                      temperature=1.0), "residual_stats must have shape"),
+        (lambda: ops.shard_row_stats(logits, 0, seed=torch.tensor(1, dtype=torch.int32)),
+         "seed must be an int64 tensor"),
+        (lambda: ops.shard_row_stats(logits, 0, offset=torch.tensor([1, 2])), "offset must hold exactly one element"),
     ]
     for call, message in cases:
         with pytest.raises(RuntimeError, match=message):
             call()
+
+
+@pytest.mark.needs_cuda
+def test_seed_on_another_device_is_rejected():
+    with pytest.raises(RuntimeError, match="seed must be on"):
+        ops.shard_row_stats(shard_case(2, 3, 10).cuda(), 0, sample=True, temperature=1.0, seed=torch.tensor(1))
 
 
 @pytest.mark.needs_cuda

@@ -33,7 +33,10 @@ The refinement functions compute each rank's shard of the refined logits ``s + w
 torch (they materialize the local shard's logits, [N, D, V_local] float32), unlike the
 unsharded kernels, which never write them. The code uses only tensor ops and collectives, so it
 runs on any backend: gloo on CPUs (tested), NCCL on GPUs (not testable here: two ranks cannot
-share one GPU). ``seed`` and ``offset`` are ints (a tensor is read on the host).
+share one GPU). ``seed`` and ``offset`` are ints or one-element int64 tensors on the logits'
+device (as for the unsharded ops); a tensor is never read on the host: the kernels read it on the
+device and the acceptance coins are computed from it there. The first ``shard_row_stats`` call of
+each function checks them (a bad tensor raises naming ``seed`` or ``offset``).
 """
 
 from typing import Optional, Tuple
@@ -122,8 +125,9 @@ def _local_values(x: torch.Tensor, ids: torch.Tensor, vocab_start: int):
     return torch.where(own, got, 0.0), own
 
 
-def _sharded_coins(seed: int, offset: int, n: int, rows, device) -> torch.Tensor:
-    """The acceptance uniforms of (sequence s, position rows[s, j]) on device."""
+def _sharded_coins(seed, offset, n: int, rows, device) -> torch.Tensor:
+    """The acceptance uniforms of (sequence s, position rows[s, j]) on device (seed and offset:
+    ints or tensors on device, already checked by shard_row_stats)."""
     seq = torch.arange(n, device=device)[:, None]
     return reference.uniform_open(reference.philox_draw(seed, offset, seq, rows, reference.COIN_DRAW)[..., 0])
 
@@ -138,9 +142,10 @@ def chain_verify(draft_tokens: torch.Tensor, local_logits: torch.Tensor, *, voca
     dev = local_logits.device
     inv_t = reference.inverse_temperature(temperature)
     greedy = inv_t == 0
-    seed, offset = reference._as_int(seed), reference._as_int(offset)
     traffic.read(local_logits)
-    row_max, row_sum, top, _, _, _ = ops.shard_row_stats(local_logits, vocab_start, temperature=temperature)
+    # seed and offset go in to be checked: this first call would not read them otherwise.
+    row_max, row_sum, top, _, _, _ = ops.shard_row_stats(local_logits, vocab_start, temperature=temperature,
+                                                         seed=seed, offset=offset)
     a_x, own = _local_values(local_logits[:, :k], draft_tokens, vocab_start)
     a_x = a_x if greedy else a_x * inv_t
     q_x = _local_values(draft_probs, draft_tokens, vocab_start)[0] if draft_probs is not None else torch.zeros_like(a_x)
@@ -182,7 +187,7 @@ def chain_verify(draft_tokens: torch.Tensor, local_logits: torch.Tensor, *, voca
     return accept_len, out
 
 
-def _sample_sharded(logits: torch.Tensor, vocab_start: int, group, temperature: float, seed: int, offset: int):
+def _sample_sharded(logits: torch.Tensor, vocab_start: int, group, temperature: float, seed, offset):
     """reference.sample_rows over a shard [N, D, V_local]: tokens = argmax(a + G) (the noise of
     (sequence, slot, id)), logprobs = log_softmax(a)[tokens]; one all-gather."""
     greedy = reference.inverse_temperature(temperature) == 0
@@ -234,7 +239,7 @@ def refine_step(ctx, prev_tokens, local_base_logits, local_weights: RefinerWeigh
     vocabulary. Materializes the local shard of the refined logits. Returns (tokens, logprobs)."""
     logits = local_refined_logits(ctx, prev_tokens, local_base_logits, local_weights, vocab_start=vocab_start,
                                   group=group)
-    return _sample_sharded(logits, vocab_start, group, temperature, reference._as_int(seed), reference._as_int(offset))
+    return _sample_sharded(logits, vocab_start, group, temperature, seed, offset)
 
 
 def jacobi_refine(ctx, prefix_tokens, local_base_logits, local_weights: RefinerWeights, *, max_iters: int,
@@ -243,7 +248,6 @@ def jacobi_refine(ctx, prefix_tokens, local_base_logits, local_weights: RefinerW
     each pass a sharded refine_step). Returns (tokens, logprobs, iters int32)."""
     if max_iters < 0:
         raise ValueError("max_iters must be >= 0")
-    seed, offset = reference._as_int(seed), reference._as_int(offset)
     tokens, logprobs = _sample_sharded(local_base_logits, vocab_start, group, temperature, seed, offset)
     # Its stopping test reads tokens every rank holds alike: every rank runs the same collectives.
     return reference.jacobi_iterate(
@@ -282,7 +286,7 @@ def dllm_step(local_logits: torch.Tensor, block_tokens: torch.Tensor, mask_id: i
     traffic.read(local_logits)
     row_max, row_sum, top, score, pid, plogit = ops.shard_row_stats(
         local_logits, vocab_start, ignore_id=mask_id, sample=inv_t != 0, raw_stats=True, temperature=temperature,
-        seed=reference._as_int(seed), offset=reference._as_int(offset))
+        seed=seed, offset=offset)
     g = _all_gather([row_max, row_sum, top, score, pid, plogit], group)
     big_m, big_s, top = merge_stats(g[:, 0], g[:, 1], _ids(g[:, 2]))
     x0, raw_pick = top, big_m
@@ -347,7 +351,6 @@ def tree_verify(tokens: torch.Tensor, parents: torch.Tensor, local_logits: torch
     dev = local_logits.device
     inv_t = reference.inverse_temperature(temperature)
     greedy = inv_t == 0
-    seed, offset = reference._as_int(seed), reference._as_int(offset)
     node_ids = torch.arange(m, device=dev)
     count = torch.full((n,), m, device=dev) if num_nodes is None else num_nodes.to(dev)
     child = (node_ids >= 1) & (node_ids < count[:, None])  # the real nodes but the root
@@ -363,7 +366,8 @@ def tree_verify(tokens: torch.Tensor, parents: torch.Tensor, local_logits: torch
         a_c = torch.where(own, local_logits[seq, par, local.clamp(0, v_local - 1)].float(), 0.0)
     a_c = a_c if greedy else a_c * inv_t
     traffic.read(local_logits)
-    row_max, row_sum, top, _, _, _ = ops.shard_row_stats(local_logits, vocab_start, temperature=temperature)
+    row_max, row_sum, top, _, _, _ = ops.shard_row_stats(local_logits, vocab_start, temperature=temperature,
+                                                         seed=seed, offset=offset)  # checks them
     g = _all_gather([row_max, row_sum, top, a_c, own], group)
     big_m, big_s, top = merge_stats(g[:, 0], g[:, 1], _ids(g[:, 2]))
     held = g[:, 4] > 0

@@ -23,7 +23,7 @@ def _mulhilo(a: int, b: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
 
 
 def philox4x32_10(counter, key):
-    """Philox4x32-10 on int64 tensors holding 32-bit words. counter: 4 tensors, key: 2 ints."""
+    """Philox4x32-10 on int64 tensors holding 32-bit words. counter: 4 tensors, key: 2 ints or 0-dim tensors."""
     c0, c1, c2, c3 = counter
     k0, k1 = key
     for _ in range(10):
@@ -35,15 +35,19 @@ def philox4x32_10(counter, key):
     return c0, c1, c2, c3
 
 
-def philox_draw(seed: int, offset: int, sequence, position, draw) -> torch.Tensor:
+def philox_draw(seed, offset, sequence, position, draw) -> torch.Tensor:
     """The 4 words of Philox draw `draw` of (sequence, position): counter = (draw, position,
-    sequence, offset_lo), key = (seed_lo, seed_hi ^ offset_hi). Returns int64 [..., 4]."""
-    seed, offset = seed % 2**64, offset % 2**64
+    sequence, offset_lo), key = (seed_lo, seed_hi ^ offset_hi). seed and offset: ints, or
+    one-element int64 tensors (their 64 bits, computed on their device: no host read). Returns
+    int64 [..., 4], on the device of the first tensor of (sequence, position, draw) (the CPU if
+    none is one)."""
+    seed, offset = (x.reshape(()) if isinstance(x, torch.Tensor) else x for x in (seed, offset))
+    device = next((x.device for x in (sequence, position, draw) if isinstance(x, torch.Tensor)), None)
     sequence, position, draw = torch.broadcast_tensors(
-        torch.as_tensor(sequence, dtype=torch.int64), torch.as_tensor(position, dtype=torch.int64),
-        torch.as_tensor(draw, dtype=torch.int64))
-    counter = (draw, position, sequence, torch.full_like(draw, offset & _MASK32))
-    key = (seed & _MASK32, (seed >> 32) ^ (offset >> 32))
+        *(torch.as_tensor(x, dtype=torch.int64, device=device) for x in (sequence, position, draw)))
+    # Masks, not % 2**64: the same words from a Python int and from an int64 tensor's two's complement.
+    counter = (draw, position, sequence, torch.zeros_like(draw) + (offset & _MASK32))
+    key = (seed & _MASK32, ((seed >> 32) ^ (offset >> 32)) & _MASK32)
     return torch.stack(philox4x32_10(counter, key), dim=-1)
 
 

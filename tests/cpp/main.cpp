@@ -1,10 +1,73 @@
-// Calls chain_verify through the C++ API: checks a greedy case with a known
-// answer, then prints a sampled result that tests/test_cpp_api.py compares
-// with the Python wrapper on the same inputs.
+// Calls chain_verify and shard_row_stats through the C++ API: checks a greedy
+// case with a known answer, then prints sampled results and the messages of bad
+// arguments that tests/test_cpp_api.py compares with the Python wrapper on the
+// same inputs.
 #include <ATen/ATen.h>
+#include <c10/util/Exception.h>
 #include <xkernels/ops.h>
 
 #include <cstdio>
+#include <functional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+// "name v0 v1 ...": int64 tensors as integers, float32 ones with the digits that round-trip.
+static void print_values(const char* name, const at::Tensor& t) {
+  std::printf("%s", name);
+  const auto flat = t.flatten().contiguous();
+  for (int64_t i = 0; i < flat.size(0); ++i) {
+    if (flat.scalar_type() == at::kLong) {
+      std::printf(" %ld", static_cast<long>(flat[i].item<int64_t>()));
+    } else {
+      std::printf(" %.9g", flat[i].item<float>());
+    }
+  }
+  std::printf("\n");
+}
+
+// "name message": the first line of the error call raises (the program fails if it raises none).
+static bool print_error(const char* name, const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const c10::Error& e) {
+    const std::string msg = e.what_without_backtrace();
+    std::printf("%s %s\n", name, msg.substr(0, msg.find('\n')).c_str());
+    return true;
+  }
+  std::fprintf(stderr, "%s: no error raised\n", name);
+  return false;
+}
+
+// shard_row_stats of a shard holding ids [5, 25), sampled at T = 0.7 over selected rows with
+// excluded ids, once with an int seed and offset and once with them in int64 tensors.
+static bool shard_row_stats_case() {
+  at::manual_seed(1);
+  const auto logits = at::randn({3, 4, 20});
+  const auto rows = at::tensor({0, 3, 2, 2, 1, 0}, at::kLong).reshape({3, 2});
+  const auto exclude = at::tensor({5, -1, 24, 9, -1, -1, 7, 7, 6, -1, -1, -1}, at::kLong).reshape({3, 2, 2});
+  const char* names[6] = {"row_max", "row_sum", "top_id", "pick_score", "pick_id", "pick_logit"};
+  const auto as_list = [](const auto& outputs) {
+    return std::apply([](const auto&... t) { return std::vector<at::Tensor>{t...}; }, outputs);
+  };
+  const auto by_int = as_list(xkernels::shard_row_stats(logits, 5, rows, exclude, std::nullopt, std::nullopt, 8, true,
+                                                        false, 0.7, 11, 3));
+  const auto by_tensor = as_list(xkernels::shard_row_stats(logits, 5, rows, exclude, std::nullopt, std::nullopt, 8,
+                                                           true, false, 0.7, 0, 0, at::scalar_tensor(11, at::kLong),
+                                                           at::tensor({int64_t{3}})));
+  for (int i = 0; i < 6; ++i) {
+    if (!at::equal(by_int[i], by_tensor[i])) {
+      std::fprintf(stderr, "shard_row_stats: %s differs between an int and a tensor seed\n", names[i]);
+      return false;
+    }
+    print_values((std::string("shard_") + names[i]).c_str(), by_int[i]);
+  }
+  return print_error("shard_error_rows", [&] { xkernels::shard_row_stats(logits, 5, rows.to(at::kInt)); }) &&
+         print_error("shard_error_seed", [&] {
+           xkernels::shard_row_stats(logits, 5, std::nullopt, std::nullopt, std::nullopt, std::nullopt, -1, true,
+                                     false, 1.0, 0, 0, at::scalar_tensor(1, at::kInt));
+         });
+}
 
 int main() {
   // Greedy: the target's argmax is planted; drafts agree on the first two rows only.
@@ -26,11 +89,7 @@ int main() {
   auto sampled_drafts = at::randint(0, 50, {4, 3});
   auto [a, o] = xkernels::chain_verify(sampled_drafts, sampled_logits, std::nullopt, 1.0, 7, 3);
   std::printf("build_info %s\n", xkernels::build_info().c_str());
-  std::printf("accept_len");
-  for (int64_t i = 0; i < a.size(0); ++i) std::printf(" %ld", static_cast<long>(a[i].item<int64_t>()));
-  std::printf("\nout_tokens");
-  auto flat = o.flatten();
-  for (int64_t i = 0; i < flat.size(0); ++i) std::printf(" %ld", static_cast<long>(flat[i].item<int64_t>()));
-  std::printf("\n");
-  return 0;
+  print_values("accept_len", a);
+  print_values("out_tokens", o);
+  return shard_row_stats_case() ? 0 : 1;
 }
