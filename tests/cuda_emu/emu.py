@@ -234,7 +234,8 @@ class CudaEmu:
         return skips.value, errors.value
 
     def shard_row_stats(self, logits, vocab_start, rows=None, exclude=None, draft_probs=None, residual_stats=None,
-                        ignore_id=-1, sample=False, raw_stats=False, temperature=0.0, seed=0, offset=0):
+                        ignore_id=-1, sample=False, raw_stats=False, temperature=0.0, seed=0, offset=0,
+                        seed_tensor=None, offset_tensor=None):
         n, r, v = logits.shape
         rows, exclude, q, rs = _c(rows), _c(exclude), _c(draft_probs), _c(residual_stats)
         s = r if rows is None else rows.shape[1]
@@ -247,7 +248,8 @@ class CudaEmu:
             _ptr(logits), LOGITS_TYPES[logits.dtype], _ptr(rows), _ptr(exclude), _ptr(q), _ptr(rs), i64(n), i64(r),
             i64(v), i64(s), i64(0 if exclude is None else exclude.shape[2]), i64(0 if q is None else q.shape[1]),
             i64(vocab_start), i64(ignore_id), ctypes.c_int(sample), ctypes.c_int(raw_stats),
-            ctypes.c_float(_inv_t(temperature)), ctypes.c_uint64(seed), ctypes.c_uint64(offset), *[_ptr(t) for t in outs],
+            ctypes.c_float(_inv_t(temperature)), ctypes.c_uint64(seed), ctypes.c_uint64(offset),
+            _ptr(_c(seed_tensor)), _ptr(_c(offset_tensor)), *[_ptr(t) for t in outs],
             msg, ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
         return tuple(outs)

@@ -337,7 +337,8 @@ int xk_emu_spiffy_attention_mask(const int64_t* prefix_lens, int64_t n, int64_t 
 int xk_emu_shard_row_stats(const void* logits, int logits_type, const int64_t* rows, const int64_t* exclude,
                            const float* draft_probs, const float* residual_stats, int64_t n, int64_t r, int64_t v,
                            int64_t s, int64_t e, int64_t q, int64_t vocab_start, int64_t ignore_id, int sample,
-                           int raw_stats, float inv_t, uint64_t seed, uint64_t offset, float* row_max,
+                           int raw_stats, float inv_t, uint64_t seed, uint64_t offset, const int64_t* seed_tensor,
+                           const int64_t* offset_tensor, float* row_max,
                            float* row_sum, int64_t* top_id, float* pick_score, int64_t* pick_id, float* pick_logit,
                            char* message, size_t message_len) {
   using namespace xkernels::cuda;
@@ -353,6 +354,7 @@ int xk_emu_shard_row_stats(const void* logits, int logits_type, const int64_t* r
   p.residual_stats = dev.copy(residual_stats, sizeof(float) * n * s * 2);
   p.sample = sample != 0, p.raw_stats = raw_stats != 0;
   p.inv_t = inv_t, p.seed = seed, p.offset = offset;
+  p.seed_ptr = dev.copy(seed_tensor, sizeof(int64_t)), p.offset_ptr = dev.copy(offset_tensor, sizeof(int64_t));
   const size_t f = sizeof(float) * n * s, i = sizeof(int64_t) * n * s;
   p.row_max = dev.alloc<float>(f, 0xA5), p.row_sum = dev.alloc<float>(f, 0xA5);
   p.pick_score = dev.alloc<float>(f, 0xA5), p.pick_logit = dev.alloc<float>(f, 0xA5);

@@ -41,3 +41,17 @@ def test_bad_rows_and_empty_shards_write_empty_results(emu):
     assert torch.equal(out[2], torch.tensor([[-1, -1], [out[2][1, 0].item(), -1]])) and out[2][1, 0] >= 4
     out = emu.shard_row_stats(torch.zeros(2, 3, 0), 8, sample=True, temperature=1.0)
     assert (out[2] == -1).all() and (out[4] == -1).all() and torch.isneginf(out[0]).all()
+
+
+def test_seed_and_offset_read_from_device_memory(emu):
+    """The binding hands seed tensors to the kernel as pointers (no host read): the same picks as the
+    integers, including a seed with the high bit set (int64 -1 is the uint64 2**64 - 1)."""
+    logits = shard_case(2, 3, 301, seed=8)
+    kw = dict(sample=True, temperature=0.7)
+    for seed, offset in [(5, 9), (-1, 2**40 + 3)]:
+        want = reference.shard_row_stats(logits, 12, seed=seed % 2**64, offset=offset, **kw)
+        got = emu.shard_row_stats(logits, 12, seed=0, offset=0, seed_tensor=torch.tensor(seed),
+                                  offset_tensor=torch.tensor(offset), **kw)
+        assert_outputs_match(got, want, True)
+    other = emu.shard_row_stats(logits, 12, seed_tensor=torch.tensor(6), offset_tensor=torch.tensor(9), **kw)
+    assert not torch.equal(other[4], emu.shard_row_stats(logits, 12, seed=5, offset=9, **kw)[4])
