@@ -14,7 +14,6 @@
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
-#include <type_traits>
 #include <vector>
 
 #include "../ops/checks.h"
@@ -93,26 +92,17 @@ struct ReadRow {
 constexpr int64_t kRowStride = kChunk + 16;
 
 // out[m * kRowStride + i] = (s_m[u0 + i] + products[i * rows + m]) * scale (no products: s * scale):
-// a chunk's scaled logits as rows. float32 products are transposed 8 x 8 in registers on the way;
-// bfloat16 ones (bfloat16 weights) 16 ids (one cache line of each output row) at a time. bias:
-// scratch for the rows' pointers.
+// a chunk's scaled logits as rows, the id-major products transposed 8 x 8 in registers on the way.
+// bias: scratch for the rows' pointers.
 template <typename T, typename P>
 void chunk_logits(const std::vector<ReadRow<T>>& rows, int64_t u0, const P* products, int64_t n_ids, float scale,
                   std::vector<const T*>& bias, float* out) {
   const int64_t m_rows = static_cast<int64_t>(rows.size());
   for (int64_t m = 0; m < m_rows; ++m) bias[m] = rows[m].s + u0;
-  if (!products) {
-    for (int64_t m = 0; m < m_rows; ++m) cpu::scale_row(bias[m], n_ids, scale, out + m * kRowStride);
-  } else if constexpr (std::is_same_v<P, float>) {
+  if (products)
     cpu::transpose_add_scale(products, n_ids, m_rows, bias.data(), scale, out, kRowStride);
-  } else {
-    for (int64_t i0 = 0; i0 < n_ids; i0 += 16) {
-      const int64_t i1 = std::min<int64_t>(i0 + 16, n_ids);
-      for (int64_t m = 0; m < m_rows; ++m)
-        for (int64_t i = i0; i < i1; ++i)
-          out[m * kRowStride + i] = (static_cast<float>(bias[m][i]) + static_cast<float>(products[i * m_rows + m])) * scale;
-    }
-  }
+  else
+    for (int64_t m = 0; m < m_rows; ++m) cpu::scale_row(bias[m], n_ids, scale, out + m * kRowStride);
 }
 
 // For each row m: l = s + w_read z_m (z undefined: l = s), then token = argmax(l/T + G)

@@ -84,8 +84,8 @@ inline f32x8 load8(const c10::Half* p) {
 // out row j (at out + j * out_stride), ids i0..i0+7 = (bias_j[i0..] + column j of the 8 x 8 block of in
 // (row i at in + i * in_stride)) * scale: the unpack / shuffle / lane-swap transpose of AVX, through
 // vector extensions so each target clone lowers it to its own registers.
-template <typename T>
-__attribute__((always_inline)) inline void transpose8x8_add(const float* in, int64_t in_stride, const T* const* bias,
+template <typename P, typename T>
+__attribute__((always_inline)) inline void transpose8x8_add(const P* in, int64_t in_stride, const T* const* bias,
                                                             int64_t i0, float scale, float* out, int64_t out_stride) {
   f32x8 r[8], t[8], s[8];
   for (int i = 0; i < 8; ++i) r[i] = load8(in + i * in_stride);
@@ -109,11 +109,11 @@ __attribute__((always_inline)) inline void transpose8x8_add(const float* in, int
 }
 
 // always_inline: each target clone below must get its own copy, not a call to the baseline one.
-template <typename T>
-__attribute__((always_inline)) inline void transpose_add_scale_impl(const float* in, int64_t n, int64_t rows, const T* const* bias, float scale,
+template <typename P, typename T>
+__attribute__((always_inline)) inline void transpose_add_scale_impl(const P* in, int64_t n, int64_t rows, const T* const* bias, float scale,
                                      float* out, int64_t out_stride) {
   const auto one = [&](int64_t i, int64_t m) {
-    out[m * out_stride + i] = (static_cast<float>(bias[m][i]) + in[i * rows + m]) * scale;
+    out[m * out_stride + i] = (static_cast<float>(bias[m][i]) + static_cast<float>(in[i * rows + m])) * scale;
   };
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -136,18 +136,20 @@ XK_CLONES void scale_row(const c10::Half* row, int64_t n, float scale, float* ou
   scale_row_impl(row, n, scale, out);
 }
 
-XK_CLONES void transpose_add_scale(const float* in, int64_t n, int64_t rows, const float* const* bias, float scale,
-                                   float* out, int64_t out_stride) {
-  transpose_add_scale_impl(in, n, rows, bias, scale, out, out_stride);
-}
-XK_CLONES void transpose_add_scale(const float* in, int64_t n, int64_t rows, const c10::BFloat16* const* bias,
-                                   float scale, float* out, int64_t out_stride) {
-  transpose_add_scale_impl(in, n, rows, bias, scale, out, out_stride);
-}
-XK_CLONES void transpose_add_scale(const float* in, int64_t n, int64_t rows, const c10::Half* const* bias, float scale,
-                                   float* out, int64_t out_stride) {
-  transpose_add_scale_impl(in, n, rows, bias, scale, out, out_stride);
-}
+// Every (products, bias) type pair: float32 or bfloat16 products (the weights' dtype), float32,
+// bfloat16 or float16 base logits.
+#define XK_TRANSPOSE_ADD_SCALE(P, T)                                                                           \
+  XK_CLONES void transpose_add_scale(const P* in, int64_t n, int64_t rows, const T* const* bias, float scale, \
+                                     float* out, int64_t out_stride) {                                      \
+    transpose_add_scale_impl(in, n, rows, bias, scale, out, out_stride);                                    \
+  }
+XK_TRANSPOSE_ADD_SCALE(float, float)
+XK_TRANSPOSE_ADD_SCALE(float, c10::BFloat16)
+XK_TRANSPOSE_ADD_SCALE(float, c10::Half)
+XK_TRANSPOSE_ADD_SCALE(c10::BFloat16, float)
+XK_TRANSPOSE_ADD_SCALE(c10::BFloat16, c10::BFloat16)
+XK_TRANSPOSE_ADD_SCALE(c10::BFloat16, c10::Half)
+#undef XK_TRANSPOSE_ADD_SCALE
 
 // One pass: each lane keeps its first maximum (NaNs are skipped and flagged).
 XK_CLONES static ArgMax argmax_ignoring_nan(const float* a, int64_t n, bool* has_nan) {

@@ -18,14 +18,18 @@ void scale_row(const float* row, int64_t n, float scale, float* out);
 void scale_row(const c10::BFloat16* row, int64_t n, float scale, float* out);
 void scale_row(const c10::Half* row, int64_t n, float scale, float* out);
 
-// out[m * out_stride + i] = (float(bias[m][i]) + in[i * rows + m]) * scale (i < n, m < rows):
-// id-major products [n, rows] plus each row's bias, as scaled rows.
-void transpose_add_scale(const float* in, int64_t n, int64_t rows, const float* const* bias, float scale, float* out,
-                         int64_t out_stride);
-void transpose_add_scale(const float* in, int64_t n, int64_t rows, const c10::BFloat16* const* bias, float scale,
-                         float* out, int64_t out_stride);
-void transpose_add_scale(const float* in, int64_t n, int64_t rows, const c10::Half* const* bias, float scale,
-                         float* out, int64_t out_stride);
+// out[m * out_stride + i] = (float(bias[m][i]) + float(in[i * rows + m])) * scale (i < n, m < rows):
+// id-major products [n, rows] (float32 or bfloat16) plus each row's bias, as scaled rows.
+#define XK_DECLARE_TRANSPOSE_ADD_SCALE(P, T)                                                             \
+  void transpose_add_scale(const P* in, int64_t n, int64_t rows, const T* const* bias, float scale, float* out, \
+                           int64_t out_stride);
+XK_DECLARE_TRANSPOSE_ADD_SCALE(float, float)
+XK_DECLARE_TRANSPOSE_ADD_SCALE(float, c10::BFloat16)
+XK_DECLARE_TRANSPOSE_ADD_SCALE(float, c10::Half)
+XK_DECLARE_TRANSPOSE_ADD_SCALE(c10::BFloat16, float)
+XK_DECLARE_TRANSPOSE_ADD_SCALE(c10::BFloat16, c10::BFloat16)
+XK_DECLARE_TRANSPOSE_ADD_SCALE(c10::BFloat16, c10::Half)
+#undef XK_DECLARE_TRANSPOSE_ADD_SCALE
 
 // torch.argmax of a (the first NaN if there is one).
 ArgMax row_argmax(const float* a, int64_t n);
