@@ -92,7 +92,7 @@ def test_refine_step_matches_reference(device, shape, logits_dtype, weight_dtype
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_vocabulary_of_several_gemm_slices(device, temperature):
-    """V above the CPU's GEMM slice for 32 rows (16384 ids: 2 MB of float32 products) and not a multiple
+    """V above the CPU's GEMM slice for 32 rows (8192 ids: 1 MB of float32 products) and not a multiple
     of its 1024-id chunks: the slices' partial results merge to the reference's sample."""
     ctx, prev, base, weights = make_case(16, 3, 2, 20003, 8, 16, seed=12)
     tokens, logprobs = xkernels.refine_step(*to(device, ctx, prev, base), weights.to(device),
