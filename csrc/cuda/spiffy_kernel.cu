@@ -3,9 +3,12 @@
 //               tokens of each slice), then a block per sequence: its warps merge each row's
 //               slices; then the ranking, the node scores and the kept set
 //               (one block-wide argmax per kept node) follow xkernels/spiffy.h.
-//  accept:      a block per sequence walks the steps: its warps compute dllm_step's row rule
-//               (dllm_row.cuh) on the logits of the block reached, thread 0 applies the selection and looks for a
-//               kept draft equal to the new block.
+//  accept:      a thread block cluster of 8 blocks per sequence (sm_90+; one block below) walks the
+//               steps: the step's masked rows are dealt out to its blocks, a block a row (dllm_step's
+//               row rule, dllm_row.cuh), on the logits of the block reached; cluster.sync; thread 0 of
+//               block 0 applies the selection, looks for a kept draft equal to the new block and lists
+//               the next step's rows; cluster.sync. A cluster's blocks are co-scheduled, so they may
+//               wait for each other; ordinary blocks could deadlock doing so.
 //  mask:        a warp per mask row, a lane per output byte.
 #include <cooperative_groups.h>
 
