@@ -403,12 +403,16 @@ size_t spiffy_accept_workspace_bytes(const SpiffyAcceptParams& p) {
 unsigned spiffy_accept_blocks(const SpiffyAcceptParams& p) {
   if (!p.clusters || p.n > 0x7FFFFFFF / kAcceptCluster) return 1;
   // A build without an sm_90+ image of the kernel (a JIT from compute_80's PTX) has no clusters.
-  cudaFuncAttributes attr{};
-  if (cudaFuncGetAttributes(&attr, spiffy_accept_kernel<float, true>) != cudaSuccess) {
-    (void)cudaGetLastError();  // a query's failure is no launch error
-    return 1;
-  }
-  return attr.binaryVersion >= 90 && attr.ptxVersion >= 90 ? kAcceptCluster : 1;
+  // Asked once (the first call, on an sm_90+ device, usually comes before any graph capture).
+  static const bool built_for_clusters = [] {
+    cudaFuncAttributes attr{};
+    if (cudaFuncGetAttributes(&attr, spiffy_accept_kernel<float, true>) != cudaSuccess) {
+      (void)cudaGetLastError();  // a query's failure is no launch error
+      return false;
+    }
+    return attr.binaryVersion >= 90 && attr.ptxVersion >= 90;
+  }();
+  return built_for_clusters ? kAcceptCluster : 1;
 }
 
 cudaError_t launch_spiffy_accept(const SpiffyAcceptParams& p, void* workspace, cudaStream_t stream) {
