@@ -1,4 +1,4 @@
-// dllm_step's rule on one masked row (xkernels/dllm.h), read whole by a group of threads (a warp in
+// dllm_step's rule on one masked row (xkernels/dllm.h), read whole by a group of threads (a block in
 // spiffy_accept). dllm_step splits the same rule over slices of the row (dllm_kernel.cu): same
 // statistics, same Gumbel noise, same ties, so both ops pick the same tokens.
 #pragma once
@@ -61,8 +61,8 @@ __device__ __forceinline__ DllmPick dllm_row_pick(const T* src, int64_t v, int64
                                                   uint64_t offset, uint32_t sequence, uint32_t position,
                                                   bool vector_ok, int64_t first, int64_t stride, Merge merge) {
   constexpr int kIds = 16 / sizeof(T);
-  // 16 loads of 16 bytes in flight a lane: a block of 8 such warps keeps 64 KB in flight, what one
-  // SM needs for a useful share of HBM bandwidth when only a block a sequence runs.
+  // 16 loads of 16 bytes in flight a thread: a block of 256 keeps 64 KB in flight, what one SM needs
+  // for its share of HBM bandwidth.
   constexpr int kDepth = 16;
   const int64_t chunks = (v + kIds - 1) / kIds;
   const auto logit = [&](int64_t x) { return dllm_logit(to_float(src[x]), x, mask); };

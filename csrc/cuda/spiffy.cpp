@@ -65,6 +65,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> spiffy_ac
   p.tokens = tokens.mutable_data_ptr<int64_t>();
   p.num_steps = num_steps.mutable_data_ptr<int64_t>();
   p.continue_from = continue_from.mutable_data_ptr<int64_t>();
+  p.clusters = at::cuda::getCurrentDeviceProperties()->major >= 9;
   auto ws = cuda::workspace(cuda::spiffy_accept_workspace_bytes(p), root);
   cuda::check_launch(cuda::launch_spiffy_accept(p, ws.mutable_data_ptr(), cuda::stream()), "spiffy_accept");
   return {num_steps, positions, tokens, new_block, continue_from};

@@ -3,10 +3,15 @@
 //               tokens of each slice), then a block per sequence: its warps merge each row's
 //               slices; then the ranking, the node scores and the kept set
 //               (one block-wide argmax per kept node) follow xkernels/spiffy.h.
-//  accept:      a block per sequence walks the steps: its warps compute dllm_step's row rule
-//               (dllm_row.cuh) on the logits of the block reached, thread 0 applies the selection and looks for a
-//               kept draft equal to the new block.
+//  accept:      a thread block cluster of 8 blocks per sequence (sm_90+; one block below) walks the
+//               steps: the step's masked rows are dealt out to its blocks, a block a row (dllm_step's
+//               row rule, dllm_row.cuh), on the logits of the block reached; cluster.sync; thread 0 of
+//               block 0 applies the selection, looks for a kept draft equal to the new block and lists
+//               the next step's rows; cluster.sync. A cluster's blocks are co-scheduled, so they may
+//               wait for each other; ordinary blocks could deadlock doing so.
 //  mask:        a warp per mask row, a lane per output byte.
+#include <cooperative_groups.h>
+
 #include "device_utils.cuh"
 #include "dllm_row.cuh"
 #include "spiffy_launch.h"
@@ -167,57 +172,132 @@ __global__ void __launch_bounds__(kThreads) spiffy_materialize_kernel(SpiffyMate
   }
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads, 1) spiffy_accept_kernel(SpiffyAcceptParams p, float* conf, int64_t* x0,
-                                                                 uint8_t* chosen, bool vector_ok) {
-  __shared__ int64_t cur, steps, committed;
-  __shared__ bool done;
-  const int64_t n = blockIdx.x;
-  const int warp = threadIdx.x / 32;
+// What the blocks walking one sequence share between steps, in the workspace (the team's barrier
+// orders it): written by the leader (thread 0 of block 0), read by every thread after the barrier.
+struct AcceptWalk {
+  int64_t cur;    // the kept draft the walk stands on; -1: the root
+  int64_t count;  // the masked rows of the next step, listed in AcceptWorkspace::rows
+  int64_t done;
+};
+
+struct AcceptWorkspace {
+  float* conf;      // [n, l], a step's confidence of each masked row
+  int64_t* x0;      // [n, l], its pick
+  uint8_t* chosen;  // [n, l], dllm_select's scratch
+  int64_t* rows;    // [n, l], the masked rows of the step, ascending
+  AcceptWalk* walk;  // [n]
+};
+
+// The workspace of spiffy_accept carved from `base` (null: only sized); *bytes is its size.
+AcceptWorkspace accept_workspace(const SpiffyAcceptParams& p, void* base, size_t* bytes) {
+  char* at = static_cast<char*>(base);
+  size_t used = 0;
+  const auto take = [&](size_t size) {
+    void* out = at ? at + used : nullptr;
+    used += align_up(size);
+    return out;
+  };
+  const size_t nl = static_cast<size_t>(p.n * p.l);
+  AcceptWorkspace ws;
+  ws.conf = static_cast<float*>(take(sizeof(float) * nl));
+  ws.x0 = static_cast<int64_t*>(take(sizeof(int64_t) * nl));
+  ws.chosen = static_cast<uint8_t*>(take(nl));
+  ws.rows = static_cast<int64_t*>(take(sizeof(int64_t) * nl));
+  ws.walk = static_cast<AcceptWalk*>(take(sizeof(AcceptWalk) * static_cast<size_t>(p.n)));
+  *bytes = used;
+  return ws;
+}
+
+// The blocks that walk one sequence: a thread block cluster (kCluster, sm_90+: co-scheduled, so they
+// can wait for each other), or one block.
+template <bool kCluster>
+__device__ __forceinline__ unsigned team_rank() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+  if constexpr (kCluster) return cooperative_groups::this_cluster().block_rank();
+#endif
+  return 0;
+}
+
+// A barrier of every thread of the team; cluster.sync (barrier.cluster arrive.release and
+// wait.acquire) also orders the global memory the team's blocks exchange.
+template <bool kCluster>
+__device__ __forceinline__ void team_sync() {
+  if constexpr (kCluster) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    cooperative_groups::this_cluster().sync();
+#else
+    __trap();  // never launched: spiffy_accept_blocks takes one block a sequence below sm_90
+#endif
+  } else {
+    __syncthreads();
+  }
+}
+
+// The leader's plan of the next step: lists the masked rows of state; the walk stops when none is
+// left or when committing them all would overflow the outputs (only a row without a softmax can
+// pick the mask token).
+__device__ void accept_plan(const int64_t* state, int64_t l, int64_t mask_id, int64_t committed, int64_t* rows,
+                            AcceptWalk* walk) {
+  int64_t count = 0;
+  for (int64_t q = 0; q < l; ++q)
+    if (state[q] == mask_id) rows[count++] = q;
+  walk->count = count;
+  walk->done = count == 0 || committed + count > l;
+}
+
+// The walk of sequence blockIdx.x / blocks (blocks = kAcceptCluster with kCluster, else 1). Each
+// step the team's blocks read the masked rows of the node reached, a block a row (its threads over
+// the row, 16 loads of 16 B in flight each: 64 KB a block; dllm_row.cuh's rule), rows dealt out in
+// turn; then the leader applies the selection, looks for a kept draft equal to the new block and
+// plans the next step. Two team barriers a step.
+template <typename T, bool kCluster>
+__global__ void __launch_bounds__(kThreads, 1) spiffy_accept_kernel(SpiffyAcceptParams p, AcceptWorkspace ws,
+                                                                 bool vector_ok) {
+  const unsigned rank = team_rank<kCluster>(), blocks = kCluster ? kAcceptCluster : 1;
+  const int64_t n = blockIdx.x / blocks;
+  const bool leader = rank == 0 && threadIdx.x == 0;
   int64_t* state = p.new_block + n * p.l;
-  conf += n * p.l, x0 += n * p.l, chosen += n * p.l;
+  float* conf = ws.conf + n * p.l;
+  int64_t *x0 = ws.x0 + n * p.l, *rows = ws.rows + n * p.l;
+  AcceptWalk* walk = ws.walk + n;
   const uint64_t seed = read_or(p.rule.seed_ptr, p.rule.seed), offset = read_or(p.rule.offset_ptr, p.rule.offset);
-  if (threadIdx.x == 0) cur = -1, steps = 0, committed = 0;
-  for (;;) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int64_t masked = 0;
-      for (int64_t q = 0; q < p.l; ++q) masked += state[q] == p.rule.mask_id;
-      // The second stop guards the outputs: only a row without a softmax can pick the mask token.
-      done = masked == 0 || committed + masked > p.l;
-    }
-    __syncthreads();
-    if (done) break;
-    const T* logits = cur < 0 ? static_cast<const T*>(p.root_logits) + n * p.l * p.v
-                              : static_cast<const T*>(p.draft_logits) + (n * p.k + cur) * p.l * p.v;
-    for (int64_t q = warp; q < p.l; q += kWarps) {
-      if (state[q] != p.rule.mask_id) {
-        if (threadIdx.x % 32 == 0) conf[q] = kNegInf;
-        continue;
-      }
+  int64_t committed = 0;  // the leader's
+  if (leader) {
+    walk->cur = -1;
+    accept_plan(state, p.l, p.rule.mask_id, committed, rows, walk);
+  }
+  team_sync<kCluster>();
+  int64_t steps = 0;
+  AcceptWalk w = *walk;
+  for (; !w.done; ++steps) {
+    const T* logits = w.cur < 0 ? static_cast<const T*>(p.root_logits) + n * p.l * p.v
+                                : static_cast<const T*>(p.draft_logits) + (n * p.k + w.cur) * p.l * p.v;
+    for (int64_t j = rank; j < w.count; j += blocks) {  // the same for the whole block
+      const int64_t q = rows[j];
       const DllmPick pick = dllm_row_pick(logits + q * p.v, p.v, p.rule.mask_id, p.rule.inv_t, seed,
                                           offset + static_cast<uint64_t>(steps), static_cast<uint32_t>(n),
-                                          static_cast<uint32_t>(q), vector_ok, threadIdx.x % 32, 32,
-                                          [](auto s, auto) { return warp_merge(s); });
-      if (threadIdx.x % 32 == 0) x0[q] = pick.token, conf[q] = pick.confidence;
+                                          static_cast<uint32_t>(q), vector_ok, threadIdx.x, kThreads,
+                                          [](auto s, auto empty) { return block_merge_all(s, empty); });
+      if (threadIdx.x == 0) x0[q] = pick.token, conf[q] = pick.confidence;
     }
-    __syncthreads();
-    if (threadIdx.x == 0) {
+    team_sync<kCluster>();  // the picks, to the leader
+    if (leader) {
+      uint8_t* chosen = ws.chosen + n * p.l;
       dllm_select(conf, state, x0, p.l, p.rule.mask_id, p.rule.num_unmask, p.rule.use_threshold, p.rule.threshold,
                   chosen, state, p.positions + n * p.l + committed, p.tokens + n * p.l + committed);
       for (int64_t q = 0; q < p.l; ++q) committed += chosen[q];
-      ++steps;
       const int64_t m = spiffy_match(state, p.drafts + n * p.k * p.l, p.node_ids + n * p.k, p.k, p.l);
       if (m < 0) {
-        done = true;
+        walk->done = 1;
       } else {
-        cur = m;
+        walk->cur = m;
+        accept_plan(state, p.l, p.rule.mask_id, committed, rows, walk);
       }
     }
-    __syncthreads();
-    if (done) break;
+    team_sync<kCluster>();  // the plan, to every block
+    w = *walk;
   }
-  if (threadIdx.x == 0) p.num_steps[n] = steps, p.continue_from[n] = cur;
+  if (leader) p.num_steps[n] = steps, p.continue_from[n] = w.cur;
 }
 
 constexpr int kMaskRowsPerBlock = kWarps;  // a warp a mask row
@@ -273,16 +353,22 @@ cudaError_t materialize_typed(const SpiffyMaterializeParams& p, void* workspace,
 
 template <typename T>
 cudaError_t accept_typed(const SpiffyAcceptParams& p, void* workspace, cudaStream_t stream) {
-  char* at = static_cast<char*>(workspace);
-  auto* conf = reinterpret_cast<float*>(at);
-  at += align_up(sizeof(float) * p.n * p.l);
-  auto* x0 = reinterpret_cast<int64_t*>(at);
-  at += align_up(sizeof(int64_t) * p.n * p.l);
+  size_t bytes = 0;
+  const AcceptWorkspace ws = accept_workspace(p, workspace, &bytes);
   // Every row of both logits tensors starts 16-byte aligned (the vector loads of dllm_row.cuh).
   const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && reinterpret_cast<uintptr_t>(p.root_logits) % 16 == 0 &&
                          reinterpret_cast<uintptr_t>(p.draft_logits) % 16 == 0;
-  spiffy_accept_kernel<T><<<p.n, kThreads, 0, stream>>>(p, conf, x0, reinterpret_cast<uint8_t*>(at), vector_ok);
-  return cudaGetLastError();
+  if (spiffy_accept_blocks(p) == 1) {
+    spiffy_accept_kernel<T, false><<<p.n, kThreads, 0, stream>>>(p, ws, vector_ok);
+    return cudaGetLastError();
+  }
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = kAcceptCluster, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(p.n * kAcceptCluster)), config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = 0, config.stream = stream, config.attrs = &cluster, config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, spiffy_accept_kernel<T, true>, p, ws, vector_ok);
 }
 
 template <typename Launch>
@@ -309,8 +395,24 @@ cudaError_t launch_spiffy_materialize(const SpiffyMaterializeParams& p, void* wo
 }
 
 size_t spiffy_accept_workspace_bytes(const SpiffyAcceptParams& p) {
-  return align_up(sizeof(float) * p.n * p.l) + align_up(sizeof(int64_t) * p.n * p.l) +
-         align_up(static_cast<size_t>(p.n * p.l));
+  size_t bytes = 0;
+  accept_workspace(p, nullptr, &bytes);
+  return bytes;
+}
+
+unsigned spiffy_accept_blocks(const SpiffyAcceptParams& p) {
+  if (!p.clusters || p.n > 0x7FFFFFFF / kAcceptCluster) return 1;
+  // A build without an sm_90+ image of the kernel (a JIT from compute_80's PTX) has no clusters.
+  // Asked once (the first call, on an sm_90+ device, usually comes before any graph capture).
+  static const bool built_for_clusters = [] {
+    cudaFuncAttributes attr{};
+    if (cudaFuncGetAttributes(&attr, spiffy_accept_kernel<float, true>) != cudaSuccess) {
+      (void)cudaGetLastError();  // a query's failure is no launch error
+      return false;
+    }
+    return attr.binaryVersion >= 90 && attr.ptxVersion >= 90;
+  }();
+  return built_for_clusters ? kAcceptCluster : 1;
 }
 
 cudaError_t launch_spiffy_accept(const SpiffyAcceptParams& p, void* workspace, cudaStream_t stream) {

@@ -37,9 +37,16 @@ struct SpiffyAcceptParams {
   DllmRule rule;
   // new_block: a copy of the block; positions, tokens: -1; num_steps: 0; continue_from: -1 (the caller)
   int64_t *new_block, *positions, *tokens, *num_steps, *continue_from;
+  bool clusters;  // the device runs thread block clusters (compute capability 9.0 and up)
 };
 
+// Blocks a sequence on sm_90+: the largest portable cluster.
+constexpr unsigned kAcceptCluster = 8;
+
 size_t spiffy_accept_workspace_bytes(const SpiffyAcceptParams& p);
+// The blocks that walk each sequence: kAcceptCluster (a thread block cluster) when p.clusters and the
+// kernel's binary is sm_90+, else 1. The grid is n times that.
+unsigned spiffy_accept_blocks(const SpiffyAcceptParams& p);
 cudaError_t launch_spiffy_accept(const SpiffyAcceptParams& p, void* workspace, cudaStream_t stream);
 
 struct SpiffyMaskParams {

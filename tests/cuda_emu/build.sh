@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the CUDA emulation library: every csrc/cuda/*.cu (and the emulation's own test kernels), translated (translate.py) and compiled
+# Builds the CUDA emulation library: every csrc/cuda/*.cu (and the emulation's own test kernels), translated (translate.py, with
+# the .cuh headers they include) and compiled
 # by the host compiler against cuda_emu.h, with AddressSanitizer and UndefinedBehaviorSanitizer.
 # Prints the library's path. Needs only python3 and a C++20 compiler (no torch, no nvcc).
 set -euo pipefail
@@ -11,6 +12,9 @@ CXX="${CXX:-g++}"
 FLAGS=(-std=c++20 ${XK_EMU_OPT:--O1} -g -fPIC -fno-omit-frame-pointer ${XK_EMU_SAN--fsanitize=address,undefined,float-cast-overflow}
        -fno-sanitize-recover=all -Wall -Wno-unknown-pragmas -Wno-sign-compare -Werror=return-type
        -I"$EMU/include" -I"$EMU" -I"$ROOT/csrc/include" -I"$ROOT/csrc/cuda" -include "$EMU/cuda_emu.h")
+# The kernels' headers are translated too (their static shared memory), next to the translated
+# sources, where the sources' quoted includes find them first.
+for h in "$ROOT"/csrc/cuda/*.cuh; do python3 "$EMU/translate.py" "$h" "$OUT/$(basename "$h")"; done
 objs=()
 compile() {  # source, object
   "$CXX" "${FLAGS[@]}" -c "$1" -o "$2"

@@ -1,5 +1,5 @@
-// The scheduler of the CUDA emulation: one fiber per CUDA thread, blocks one after another,
-// checked barriers and warp collectives. See cuda_emu.h.
+// The scheduler of the CUDA emulation: one fiber per CUDA thread, the blocks of a cluster together,
+// clusters one after another, checked barriers and warp collectives. See cuda_emu.h.
 #include "cuda_emu.h"
 
 #include <cstdio>
@@ -72,7 +72,7 @@ struct Aligned256 {
 constexpr size_t kStackBytes = 128 * 1024;
 constexpr size_t kDefaultDynamicSmem = 48 * 1024;
 
-enum class State { kReady, kBarrier, kCollective, kDone };
+enum class State { kReady, kBarrier, kCluster, kCollective, kDone };
 
 const char* op_name(Op op) {
   switch (op) {
@@ -93,7 +93,8 @@ struct Fiber {
   void* sp = nullptr;  // saved stack pointer while switched out
   std::unique_ptr<char[]> stack;
   Coords coords;
-  int linear = 0;
+  int linear = 0;  // in its block
+  int slot = 0;    // its block's rank in the cluster
   State state = State::kReady;
   Op op = Op::kSyncWarp;
   unsigned mask = 0;
@@ -111,14 +112,22 @@ struct Emu {
   Fiber* current = nullptr;
   void (*body)(void*) = nullptr;
   void* body_arg = nullptr;
-  std::vector<char, Aligned256<char>> smem;  // dynamic shared memory, aligned like a kernel's __align__(128) one
+  // Dynamic shared memory of each block of the running cluster, aligned like a kernel's __align__(128) one.
+  std::vector<std::vector<char, Aligned256<char>>> smem;
+  // Static shared memory of each block of the running cluster, by (block, declaration site).
+  std::map<std::pair<int, const void*>, std::vector<char, Aligned256<char>>> statics;
   std::string violation;  // of the running launch
   std::string first_violation;  // since the test last asked
   cudaError_t last_error = cudaSuccess;
   std::map<const void*, int> max_dynamic_smem;
+  std::set<const void*> non_portable_cluster;
   std::set<std::string> launched;  // kernel names that have run
-  int threads = 0;                // of the running block; fibers[threads..] are spare
-  int done = 0, at_barrier = 0;  // threads of the running block
+  int threads = 0;  // of a block; fibers[blocks * threads..] are spare
+  int blocks = 1;   // of the running cluster; the fibers of block `slot` are [slot * threads, (slot + 1) * threads)
+  dim3 cluster;
+  std::vector<int> done, at_barrier;  // threads of each block of the running cluster
+  int cluster_done = 0, at_cluster = 0;  // threads of the running cluster
+  Fiber& fiber(int slot, int linear) { return fibers[static_cast<size_t>(slot) * threads + linear]; }
 };
 
 Emu& emu() {
@@ -166,16 +175,18 @@ void fiber_entry() {
   e.body(e.body_arg);
   Fiber* f = e.current;
   f->state = State::kDone;
-  ++e.done;
+  ++e.done[f->slot];
+  ++e.cluster_done;
   // Lanes waiting for this one at a collective can never complete it.
   const int first = f->linear / 32 * 32, last = std::min(first + 32, e.threads);
   for (int t = first; t < last; ++t) {
-    const Fiber& o = e.fibers[t];
+    const Fiber& o = e.fiber(f->slot, t);
     if (o.state == State::kCollective && (o.mask >> (f->linear % 32) & 1u))
       fail(where(*f) + " exited while " + where(o) + " waits for it at " + op_name(o.op) + " with mask " +
            hex(o.mask));
   }
-  if (e.at_barrier) fail(where(*f) + " exited while other threads wait at __syncthreads");
+  if (e.at_barrier[f->slot]) fail(where(*f) + " exited while other threads wait at __syncthreads");
+  if (e.at_cluster) fail(where(*f) + " exited while other threads of its cluster wait at cluster.sync");
   yield_to_main(true);
 }
 
@@ -271,7 +282,18 @@ const Coords& coords() {
 
 void report(const std::string& what) { fail(where(*emu().current) + ": " + what); }
 
-void* dynamic_smem_base() { return emu().smem.empty() ? nullptr : emu().smem.data(); }
+void* dynamic_smem_base() {
+  Emu& e = emu();
+  auto& smem = e.smem[e.current->slot];
+  return smem.empty() ? nullptr : smem.data();
+}
+
+void* block_shared_bytes(const void* site, size_t bytes) {
+  Emu& e = emu();
+  auto [it, fresh] = e.statics.try_emplace({e.current->slot, site});
+  if (fresh) it->second.assign(bytes, static_cast<char>(0xA5));  // shared memory starts as garbage
+  return it->second.data();
+}
 
 uint64_t warp_collective(Op op, unsigned mask, uint64_t value, int arg, int width) {
   Emu& e = emu();
@@ -291,13 +313,14 @@ uint64_t warp_collective(Op op, unsigned mask, uint64_t value, int arg, int widt
   const int first = f->linear / 32 * 32;
   for (int l = 0; l < 32 && e.violation.empty(); ++l) {
     if (!(mask >> l & 1u)) continue;
-    Fiber& o = e.fibers[first + l];
+    Fiber& o = e.fiber(f->slot, first + l);
     lanes[l] = &o;
     if (o.state == State::kDone) {
       fail(where(*f) + ": " + op_name(op) + " with mask " + hex(mask) + " names lane " + std::to_string(l) +
            ", which has exited");
-    } else if (o.state == State::kBarrier) {
-      fail(where(*f) + ": " + op_name(op) + " waits for lane " + std::to_string(l) + ", which sits at __syncthreads");
+    } else if (o.state == State::kBarrier || o.state == State::kCluster) {
+      fail(where(*f) + ": " + op_name(op) + " waits for lane " + std::to_string(l) + ", which sits at " +
+           (o.state == State::kBarrier ? "__syncthreads" : "cluster.sync"));
     } else if (o.state == State::kCollective) {
       if (o.op != op || o.mask != mask || o.width != width)
         fail(where(*f) + ": " + op_name(op) + " with mask " + hex(mask) + " meets " + where(o) + " at " +
@@ -311,25 +334,63 @@ uint64_t warp_collective(Op op, unsigned mask, uint64_t value, int arg, int widt
   return f->out;
 }
 
+namespace {
+
+// A thread arriving at a barrier (`what`) that lanes of its warp wait for at a collective, or that
+// threads of its block wait for at the other kind of barrier, can never complete either.
+void check_barrier_arrival(const Fiber& f, const char* what, State other, const char* other_what) {
+  Emu& e = emu();
+  const int first = f.linear / 32 * 32, last = std::min(first + 32, e.threads);
+  for (int t = first; t < last; ++t) {
+    const Fiber& o = e.fiber(f.slot, t);
+    if (o.state == State::kCollective && (o.mask >> (f.linear % 32) & 1u))
+      fail(where(f) + " reached " + what + " while " + where(o) + " waits for it at " + op_name(o.op));
+  }
+  for (int t = 0; t < e.threads && e.violation.empty(); ++t) {
+    const Fiber& o = e.fiber(f.slot, t);
+    if (o.state == other) fail(where(f) + " reached " + what + " while " + where(o) + " waits at " + other_what);
+  }
+}
+
+}  // namespace
+
 void block_barrier() {
   Emu& e = emu();
   Fiber* f = e.current;
   f->state = State::kBarrier;
-  if (e.done) fail(where(*f) + " reached __syncthreads after a thread of its block exited");
-  const int first = f->linear / 32 * 32, last = std::min(first + 32, e.threads);
-  for (int t = first; t < last; ++t) {
-    const Fiber& o = e.fibers[t];
-    if (o.state == State::kCollective && (o.mask >> (f->linear % 32) & 1u))
-      fail(where(*f) + " reached __syncthreads while " + where(o) + " waits for it at " + op_name(o.op));
-  }
-  if (++e.at_barrier == e.threads && e.violation.empty()) {
-    for (int t = 0; t < e.threads; ++t) e.fibers[t].state = State::kReady;
-    e.at_barrier = 0;
+  if (e.done[f->slot]) fail(where(*f) + " reached __syncthreads after a thread of its block exited");
+  check_barrier_arrival(*f, "__syncthreads", State::kCluster, "cluster.sync");
+  if (++e.at_barrier[f->slot] == e.threads && e.violation.empty()) {
+    for (int t = 0; t < e.threads; ++t) e.fiber(f->slot, t).state = State::kReady;
+    e.at_barrier[f->slot] = 0;
   }
   yield_to_main(false);
 }
 
-cudaError_t launch_check(const void* kernel, dim3 grid, dim3 block, size_t smem) {
+void cluster_barrier() {
+  Emu& e = emu();
+  Fiber* f = e.current;
+  f->state = State::kCluster;
+  if (e.cluster_done) fail(where(*f) + " reached cluster.sync after a thread of its cluster exited");
+  check_barrier_arrival(*f, "cluster.sync", State::kBarrier, "__syncthreads");
+  if (++e.at_cluster == e.threads * e.blocks && e.violation.empty()) {
+    for (int t = 0; t < e.threads * e.blocks; ++t) e.fibers[t].state = State::kReady;
+    e.at_cluster = 0;
+  }
+  yield_to_main(false);
+}
+
+unsigned cluster_block_rank() {
+  coords();  // only inside a kernel
+  return static_cast<unsigned>(emu().current->slot);
+}
+
+dim3 cluster_dims() {
+  coords();
+  return emu().cluster;
+}
+
+cudaError_t launch_check(const void* kernel, dim3 grid, dim3 block, size_t smem, dim3 cluster) {
   Emu& e = emu();
   std::string bad;
   const uint64_t threads = static_cast<uint64_t>(block.x) * block.y * block.z;
@@ -342,39 +403,66 @@ cudaError_t launch_check(const void* kernel, dim3 grid, dim3 block, size_t smem)
   if (bad.empty() && smem > smem_limit)
     bad = std::to_string(smem) + " bytes of dynamic shared memory without the opt-in (limit " +
           std::to_string(smem_limit) + ")";
+  cudaError_t err = bad.find("shared memory") != std::string::npos ? cudaErrorInvalidValue : cudaErrorInvalidConfiguration;
+  const uint64_t cluster_blocks = static_cast<uint64_t>(cluster.x) * cluster.y * cluster.z;
+  const std::string shape = "(" + std::to_string(cluster.x) + "," + std::to_string(cluster.y) + "," +
+                            std::to_string(cluster.z) + ")";
+  std::string bad_cluster;
+  if (cluster_blocks == 0) bad_cluster = "empty cluster " + shape;
+  else if (grid.x % cluster.x || grid.y % cluster.y || grid.z % cluster.z)
+    bad_cluster = "grid (" + std::to_string(grid.x) + "," + std::to_string(grid.y) + "," + std::to_string(grid.z) +
+                  ") not a multiple of the cluster " + shape;
+  else if (cluster_blocks > 16) bad_cluster = "cluster " + shape + " of more than 16 blocks";
+  else if (cluster_blocks > 8 && !e.non_portable_cluster.count(kernel))
+    bad_cluster = "cluster " + shape + " of more than 8 blocks without the non-portable opt-in";
+  if (bad.empty() && !bad_cluster.empty()) bad = bad_cluster, err = cudaErrorInvalidClusterSize;
   if (bad.empty()) return cudaSuccess;
   if (e.first_violation.empty()) e.first_violation = "launch refused: " + bad;
-  e.last_error = cudaErrorInvalidConfiguration;
-  if (bad.find("shared memory") != std::string::npos) e.last_error = cudaErrorInvalidValue;
+  e.last_error = err;
   return e.last_error;
 }
 
-void run_grid(const char* name, dim3 grid, dim3 block, size_t smem, void (*body)(void*), void* arg) {
+void run_grid(const char* name, dim3 grid, dim3 block, size_t smem, void (*body)(void*), void* arg, dim3 cluster) {
   Emu& e = emu();
   if (!e.violation.empty() || e.last_error != cudaSuccess) return;  // a failed stream runs nothing more
   e.launched.insert(name);
   const int threads = static_cast<int>(block.x * block.y * block.z);
-  if (e.fibers.size() < static_cast<size_t>(threads)) e.fibers.resize(static_cast<size_t>(threads));
+  const int blocks = static_cast<int>(cluster.x * cluster.y * cluster.z);
+  const size_t fibers = static_cast<size_t>(threads) * blocks;
+  if (e.fibers.size() < fibers) e.fibers.resize(fibers);
   for (Fiber& f : e.fibers)  // stacks are kept from launch to launch
     if (!f.stack) f.stack.reset(new char[kStackBytes]);
-  e.threads = threads;
+  e.threads = threads, e.blocks = blocks, e.cluster = cluster;
   e.body = body, e.body_arg = arg;
-  for (unsigned bz = 0; bz < grid.z; ++bz)
-    for (unsigned by = 0; by < grid.y; ++by)
-      for (unsigned bx = 0; bx < grid.x; ++bx) {
-        e.smem.assign(smem, static_cast<char>(0xA5));  // exactly the bytes asked for, not zeroed
-        e.done = e.at_barrier = 0;
-        for (int t = 0; t < threads; ++t) {
-          Fiber& f = e.fibers[t];
-          f.linear = t;
-          f.state = State::kReady;
-          f.coords = Coords{dim3(t % block.x, t / block.x % block.y, t / (block.x * block.y)), dim3(bx, by, bz), block,
-                            grid};
-          f.sp = initial_stack(f.stack.get());
+  e.smem.resize(static_cast<size_t>(blocks));
+  e.done.assign(static_cast<size_t>(blocks), 0);
+  e.at_barrier.assign(static_cast<size_t>(blocks), 0);
+  const auto clean = [&] {
+    for (auto& m : e.smem) m.clear();
+    e.statics.clear();
+  };
+  for (unsigned cz = 0; cz < grid.z; cz += cluster.z)
+    for (unsigned cy = 0; cy < grid.y; cy += cluster.y)
+      for (unsigned cx = 0; cx < grid.x; cx += cluster.x) {
+        clean();
+        for (auto& m : e.smem) m.assign(smem, static_cast<char>(0xA5));  // exactly the bytes asked for, not zeroed
+        std::fill(e.done.begin(), e.done.end(), 0);
+        std::fill(e.at_barrier.begin(), e.at_barrier.end(), 0);
+        e.cluster_done = e.at_cluster = 0;
+        for (int slot = 0; slot < blocks; ++slot) {
+          // A block's rank in its cluster runs x fastest, as cluster.block_rank() does.
+          const dim3 bidx(cx + slot % cluster.x, cy + slot / cluster.x % cluster.y, cz + slot / (cluster.x * cluster.y));
+          for (int t = 0; t < threads; ++t) {
+            Fiber& f = e.fiber(slot, t);
+            f.linear = t, f.slot = slot;
+            f.state = State::kReady;
+            f.coords = Coords{dim3(t % block.x, t / block.x % block.y, t / (block.x * block.y)), bidx, block, grid};
+            f.sp = initial_stack(f.stack.get());
+          }
         }
         for (;;) {
-          bool ran = false, done = true;
-          for (int t = 0; t < threads; ++t) {
+          bool ran = false;
+          for (size_t t = 0; t < fibers; ++t) {
             Fiber& f = e.fibers[t];
             if (f.state == State::kReady) {
               resume(f);
@@ -383,11 +471,10 @@ void run_grid(const char* name, dim3 grid, dim3 block, size_t smem, void (*body)
             }
           }
           if (!e.violation.empty()) break;
-          done = e.done == threads;
-          if (done) break;
+          if (e.cluster_done == threads * blocks) break;
           if (!ran) {
-            fail("deadlock: no thread of block (" + std::to_string(bx) + "," + std::to_string(by) +
-                 ") can run (threads wait at collectives whose lanes never arrive)");
+            fail("deadlock: no thread of the cluster of block (" + std::to_string(cx) + "," + std::to_string(cy) + "," +
+                 std::to_string(cz) + ") can run (threads wait at barriers or collectives whose threads never arrive)");
             break;
           }
         }
@@ -400,11 +487,11 @@ void run_grid(const char* name, dim3 grid, dim3 block, size_t smem, void (*body)
           if (e.first_violation.empty()) e.first_violation = e.violation;
           e.violation.clear();
           e.last_error = cudaErrorLaunchFailure;
-          e.smem.clear();
+          clean();
           return;
         }
       }
-  e.smem.clear();
+  clean();
 }
 
 cudaError_t take_last_error(bool clear) {
@@ -415,6 +502,13 @@ cudaError_t take_last_error(bool clear) {
 }
 
 void set_max_dynamic_smem(const void* kernel, int bytes) { emu().max_dynamic_smem[kernel] = bytes; }
+
+void set_non_portable_cluster_size(const void* kernel, bool allowed) {
+  if (allowed)
+    emu().non_portable_cluster.insert(kernel);
+  else
+    emu().non_portable_cluster.erase(kernel);
+}
 
 std::string launched_kernels() {
   std::string out;

@@ -1,12 +1,14 @@
 // A test-only emulation of the CUDA execution model on the CPU, so that the real .cu sources
 // run (under AddressSanitizer and UndefinedBehaviorSanitizer) on a machine without a GPU.
 //
-// Every CUDA thread of a block is a fiber; the blocks of a grid run one after another. Barriers
-// and warp collectives are checked rendezvous: a lane that is missing (exited, or waiting at a
-// different collective or mask), a mask that leaves out the calling lane or names lanes the
-// block does not have, and a shuffle that reads a lane outside its mask are violations. So are
-// launches CUDA would refuse (empty grid, block over 1024 threads, dynamic shared memory above
-// 48 KB without the opt-in). A violation stops the kernel; launches then fail like CUDA's
+// Every CUDA thread of a block is a fiber; the blocks of a thread block cluster run together (all
+// their fibers), clusters (a block each without a cluster launch) one after another. Barriers,
+// cluster barriers and warp collectives are checked rendezvous: a lane that is missing (exited, or
+// waiting at a different collective or mask or barrier), a mask that leaves out the calling lane or
+// names lanes the block does not have, and a shuffle that reads a lane outside its mask are
+// violations. So are launches CUDA would refuse (empty grid, block over 1024 threads, dynamic shared
+// memory above 48 KB without the opt-in, a grid not a multiple of the cluster, a cluster over 8
+// blocks without the opt-in). A violation stops the kernel; launches then fail like CUDA's
 // (cudaGetLastError), and xk_emu::take_violation() tells the test what happened.
 //
 // What it cannot see: races on shared or global memory between barriers (threads interleave only
@@ -31,9 +33,8 @@
 #define __noinline__
 #define __launch_bounds__(...)
 #define __restrict__ __restrict
-// Shared memory is per block; blocks run one at a time, so a function-local static is exactly
-// one block's copy. Dynamic shared memory is rewritten by translate.py to xk_emu::dynamic_smem.
-#define __shared__ static
+// No __shared__: translate.py rewrites static shared memory to xk_emu::block_shared (a copy a
+// running block) and dynamic shared memory to xk_emu::dynamic_smem.
 #define __align__(n) __attribute__((aligned(n)))
 
 // ---- runtime types ------------------------------------------------------------------------
@@ -51,8 +52,12 @@ enum cudaError_t {
   cudaErrorInvalidValue = 1,
   cudaErrorInvalidConfiguration = 9,
   cudaErrorLaunchFailure = 719,
+  cudaErrorInvalidClusterSize = 912,
 };
-enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+enum cudaFuncAttribute {
+  cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+  cudaFuncAttributeNonPortableClusterSizeAllowed = 14,
+};
 
 struct alignas(8) float2 { float x, y; };
 struct alignas(16) float4 { float x, y, z, w; };
@@ -74,13 +79,22 @@ enum class Op { kShflIdx, kShflXor, kShflDown, kShflUp, kBallot, kAny, kAll, kSy
 uint64_t warp_collective(Op op, unsigned mask, uint64_t value, int arg, int width);
 void block_barrier();
 
-cudaError_t launch_check(const void* kernel, dim3 grid, dim3 block, size_t smem);
-void run_grid(const char* name, dim3 grid, dim3 block, size_t smem, void (*body)(void*), void* arg);
+cudaError_t launch_check(const void* kernel, dim3 grid, dim3 block, size_t smem, dim3 cluster = dim3());
+void run_grid(const char* name, dim3 grid, dim3 block, size_t smem, void (*body)(void*), void* arg,
+              dim3 cluster = dim3());
+// The running block's copy of the static shared variable declared at `site` (translate.py), `bytes`
+// of garbage at the block's first use.
+void* block_shared_bytes(const void* site, size_t bytes);
+// The cluster of the running thread (a block, outside a cluster launch): cooperative_groups.
+void cluster_barrier();
+unsigned cluster_block_rank();
+dim3 cluster_dims();
 // The names of the kernels that have run a block, comma-separated (for the coverage test).
 std::string launched_kernels();
 void* dynamic_smem_base();
 cudaError_t take_last_error(bool clear);
 void set_max_dynamic_smem(const void* kernel, int bytes);
+void set_non_portable_cluster_size(const void* kernel, bool allowed);
 
 // Tests read (and clear) the first violation of the emulated CUDA rules since the last call;
 // empty if none.
@@ -89,6 +103,12 @@ std::string take_violation();
 template <typename T>
 T* dynamic_smem() {
   return static_cast<T*>(dynamic_smem_base());
+}
+
+template <typename T>
+T& block_shared(const void* site) {
+  static_assert(std::is_trivially_copyable_v<T>, "shared memory holds no constructed objects");
+  return *static_cast<T*>(block_shared_bytes(site, sizeof(T)));
 }
 
 template <typename T>
@@ -114,9 +134,12 @@ struct Launch {
   dim3 grid, block;
   size_t smem;
 
+  dim3 cluster = dim3();
+
   template <typename... A>
-  void operator()(A&&... a) const {
-    if (launch_check(reinterpret_cast<const void*>(kernel), grid, block, smem) != cudaSuccess) return;
+  cudaError_t operator()(A&&... a) const {
+    const cudaError_t err = launch_check(reinterpret_cast<const void*>(kernel), grid, block, smem, cluster);
+    if (err != cudaSuccess) return err;
     struct Bound {
       void (*kernel)(P...);
       std::tuple<std::decay_t<P>...> args;
@@ -124,7 +147,8 @@ struct Launch {
     run_grid(name, grid, block, smem, [](void* b) {
       auto* self = static_cast<Bound*>(b);
       std::apply(self->kernel, self->args);  // by value: each thread gets its own copy of the arguments
-    }, &bound);
+    }, &bound, cluster);
+    return cudaSuccess;
   }
 };
 
@@ -150,6 +174,52 @@ Launch<P...> launch(const char* name, void (*kernel)(P...), G grid, B block, siz
 #define gridDim (::xk_emu::coords().grid_dim)
 constexpr int warpSize = 32;
 
+// cudaLaunchKernelEx and the launch attribute it takes here: the cluster's shape.
+enum cudaLaunchAttributeID { cudaLaunchAttributeClusterDimension = 4 };
+union cudaLaunchAttributeValue {
+  struct {
+    unsigned x, y, z;
+  } clusterDim;
+  char pad[64];
+};
+struct cudaLaunchAttribute {
+  cudaLaunchAttributeID id;
+  cudaLaunchAttributeValue val;
+};
+struct cudaLaunchConfig_t {
+  dim3 grid_dim, block_dim;  // gridDim, blockDim: translate.py renames them (gridDim is a macro here)
+  size_t dynamicSmemBytes;
+  cudaStream_t stream;
+  cudaLaunchAttribute* attrs;
+  unsigned numAttrs;
+};
+
+namespace xk_emu {
+// cudaLaunchKernelEx(config, kernel, args) becomes launch_ex("kernel", config, kernel, args)
+// (translate.py). The launch's error is returned, and is the last error, as CUDA's.
+template <typename... P, typename... A>
+cudaError_t launch_ex(const char* name, const cudaLaunchConfig_t* config, void (*kernel)(P...), A&&... args) {
+  dim3 cluster;
+  for (unsigned i = 0; i < config->numAttrs; ++i)
+    if (config->attrs[i].id == cudaLaunchAttributeClusterDimension) {
+      const auto& c = config->attrs[i].val.clusterDim;
+      cluster = dim3(c.x, c.y, c.z);
+    }
+  const Launch<P...> launch{name, kernel, config->grid_dim, config->block_dim, config->dynamicSmemBytes, cluster};
+  return launch(std::forward<A>(args)...);
+}
+}  // namespace xk_emu
+
+// What the launchers ask of a kernel's binary: an emulated kernel is built for every architecture.
+struct cudaFuncAttributes {
+  int binaryVersion, ptxVersion;
+};
+template <typename... P>
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, void (*)(P...)) {
+  *attr = cudaFuncAttributes{90, 90};
+  return cudaSuccess;
+}
+
 inline cudaError_t cudaGetLastError() { return xk_emu::take_last_error(true); }
 inline cudaError_t cudaPeekAtLastError() { return xk_emu::take_last_error(false); }
 inline const char* cudaGetErrorString(cudaError_t e) {
@@ -157,6 +227,7 @@ inline const char* cudaGetErrorString(cudaError_t e) {
     case cudaSuccess: return "no error";
     case cudaErrorInvalidValue: return "invalid argument";
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidClusterSize: return "invalid cluster size";
     default: return "unspecified launch failure";
   }
 }
@@ -166,6 +237,8 @@ cudaError_t cudaFuncSetAttribute(void (*kernel)(P...), cudaFuncAttribute attr, i
     if (value < 0 || value > 227 * 1024) return cudaErrorInvalidValue;
     xk_emu::set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), value);
   }
+  if (attr == cudaFuncAttributeNonPortableClusterSizeAllowed)
+    xk_emu::set_non_portable_cluster_size(reinterpret_cast<const void*>(kernel), value != 0);
   return cudaSuccess;
 }
 inline cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t = nullptr) {

@@ -191,7 +191,8 @@ class CudaEmu:
         return drafts, node_ids, scores
 
     def spiffy_accept(self, root, draft_logits, drafts, node_ids, block, mask_id, num_unmask=1, threshold=None,
-                      temperature=0.0, seed=0, offset=0):
+                      temperature=0.0, seed=0, offset=0, clusters=True):
+        """clusters: the device runs thread block clusters (the binding's test of sm_90+)."""
         n, length, v = root.shape
         k = drafts.shape[1]
         root, draft_logits, drafts, node_ids, block = map(_c, (root, draft_logits, drafts, node_ids, block))
@@ -203,10 +204,17 @@ class CudaEmu:
             _ptr(root), _ptr(draft_logits), LOGITS_TYPES[root.dtype], _ptr(drafts), _ptr(node_ids), _ptr(block),
             i64(n), i64(length), i64(v), i64(k), i64(mask_id), i64(num_unmask), ctypes.c_int(threshold is not None),
             ctypes.c_float(threshold or 0.0), ctypes.c_float(_inv_t(temperature)), ctypes.c_uint64(seed),
-            ctypes.c_uint64(offset), _ptr(num_steps), _ptr(positions), _ptr(tokens), _ptr(new_block),
+            ctypes.c_uint64(offset), ctypes.c_int(clusters), _ptr(num_steps), _ptr(positions), _ptr(tokens), _ptr(new_block),
             _ptr(continue_from), msg, ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
         return num_steps, positions, tokens, new_block, continue_from
+
+    def spiffy_accept_plan(self, n, length, clusters=True):
+        """(blocks a sequence, workspace bytes) as the binding plans spiffy_accept."""
+        blocks, size = ctypes.c_uint(), ctypes.c_size_t()
+        self.lib.xk_emu_spiffy_accept_plan(ctypes.c_int64(n), ctypes.c_int64(length), ctypes.c_int(clusters),
+                                           ctypes.byref(blocks), ctypes.byref(size))
+        return blocks.value, size.value
 
     def spiffy_attention_mask(self, prefix_lens, num_drafts, block_size, max_prefix_len, packed=False):
         n = prefix_lens.shape[0]

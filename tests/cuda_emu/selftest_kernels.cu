@@ -1,5 +1,6 @@
 // Kernels that break (or keep) the CUDA rules the emulation checks, for test_emulation.py.
 // Built only into the emulation library (tests/cuda_emu/build.sh), never into xkernels.
+#include <cooperative_groups.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -66,11 +67,60 @@ __global__ void read_past_end(const float* x, float* out, int n) { out[0] = x[n]
 
 __global__ void noop(float*) {}
 
+// Correct: the blocks of a cluster meet at cluster.sync (run one after another they would never
+// meet); each keeps its own static shared memory. out[b] = b + 1 + 10 * (the other block's b + 1).
+__global__ void cluster_exchange(float* staged, float* out) {
+  __shared__ float mine;
+  const auto cluster = cooperative_groups::this_cluster();
+  if (threadIdx.x == 0) mine = static_cast<float>(blockIdx.x + 1), staged[blockIdx.x] = mine;
+  cluster.sync();
+  if (threadIdx.x == 0) {
+    const unsigned other = blockIdx.x - cluster.block_rank() + (cluster.block_rank() + 1) % cluster.num_blocks();
+    out[blockIdx.x] = mine + 10.0f * staged[other];
+  }
+}
+
+__global__ void cluster_sync_after_exit(float* out) {
+  if (cooperative_groups::this_cluster().block_rank() == 1 && threadIdx.x == 5) return;
+  cooperative_groups::this_cluster().sync();
+  out[threadIdx.x] = 1.0f;
+}
+
+__global__ void cluster_sync_against_syncthreads(float*) {
+  if (threadIdx.x < 32)
+    cooperative_groups::this_cluster().sync();
+  else
+    __syncthreads();
+}
+
+__global__ void cluster_sync_against_shuffle(float* out) {
+  if (cooperative_groups::this_cluster().block_rank() == 1 && threadIdx.x < 16)
+    out[threadIdx.x] = __shfl_xor_sync(kFull, 1.0f, 1);
+  else
+    cooperative_groups::this_cluster().sync();
+}
+
+__global__ void cluster_noop(float* out) {
+  cooperative_groups::this_cluster().sync();
+  if (threadIdx.x == 0) out[blockIdx.x] = static_cast<float>(cooperative_groups::this_cluster().num_blocks());
+}
+
+// A launch of `kernel` on `blocks` blocks of `threads` in clusters of `cluster` (x).
+template <typename... P, typename... A>
+cudaError_t launch_clusters(void (*kernel)(P...), unsigned blocks, unsigned threads, unsigned cluster, A... args) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = cluster, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks), config.blockDim = dim3(threads), config.attrs = &attr, config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, args...);
+}
+
 }  // namespace
 
 // Runs case `which`; returns the cudaError_t of the launches, or -1 with the violation in msg.
 extern "C" int xk_emu_selftest(int which, float* result, char* msg, size_t len) {
-  float in[64], out[256] = {};
+  float in[64], out[256] = {}, staged[64] = {};
   for (int i = 0; i < 64; ++i) in[i] = static_cast<float>(i);
   switch (which) {
     case 0: block_sum<<<2, 64, 2 * sizeof(float)>>>(in, out, 64); break;
@@ -93,6 +143,21 @@ extern "C" int xk_emu_selftest(int which, float* result, char* msg, size_t len) 
       delete[] exact;
       break;
     }
+    case 12:
+      launch_clusters(cluster_exchange, 4, 64, 2, staged, out);
+      out[0] += out[1] + out[2] + out[3];  // 21 + 12 + 43 + 34
+      break;
+    case 13: launch_clusters(cluster_sync_after_exit, 4, 64, 2, out); break;
+    case 14: launch_clusters(cluster_sync_against_syncthreads, 2, 64, 2, out); break;
+    case 15: launch_clusters(cluster_sync_against_shuffle, 2, 32, 2, out); break;
+    case 16: launch_clusters(cluster_noop, 3, 32, 2, out); break;
+    case 17: launch_clusters(cluster_noop, 16, 32, 16, out); break;
+    case 18:
+      cudaFuncSetAttribute(cluster_noop, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+      launch_clusters(cluster_noop, 32, 32, 16, out);
+      break;
+    case 19: noop<<<1, 32>>>(out); launch_clusters(cluster_noop, 32, 32, 32, out); break;
+    case 20: launch_clusters(cluster_noop, 2, 32, 0, out); break;
   }
   const std::string v = xk_emu::take_violation();
   const cudaError_t err = cudaGetLastError();

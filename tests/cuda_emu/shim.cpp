@@ -295,11 +295,13 @@ int xk_emu_spiffy_materialize(const void* logits, int logits_type, const int64_t
 int xk_emu_spiffy_accept(const void* root, const void* draft_logits, int logits_type, const int64_t* drafts,
                          const int64_t* node_ids, const int64_t* block, int64_t n, int64_t l, int64_t v, int64_t k,
                          int64_t mask_id, int64_t num_unmask, int use_threshold, float threshold, float inv_t,
-                         uint64_t seed, uint64_t offset, int64_t* num_steps, int64_t* positions, int64_t* tokens,
-                         int64_t* new_block, int64_t* continue_from, char* message, size_t message_len) {
+                         uint64_t seed, uint64_t offset, int clusters, int64_t* num_steps, int64_t* positions,
+                         int64_t* tokens, int64_t* new_block, int64_t* continue_from, char* message,
+                         size_t message_len) {
   using namespace xkernels::cuda;
   Device dev;
   SpiffyAcceptParams p{};
+  p.clusters = clusters != 0;
   p.root_logits = dev.copy(static_cast<const char*>(root), n * l * v * logits_bytes(logits_type));
   p.draft_logits = dev.copy(static_cast<const char*>(draft_logits), n * k * l * v * logits_bytes(logits_type));
   p.dtype = static_cast<LogitsType>(logits_type);
@@ -319,6 +321,15 @@ int xk_emu_spiffy_accept(const void* root, const void* draft_logits, int logits_
   copy_out(new_block, p.new_block, sizeof(int64_t) * n * l);
   copy_out(continue_from, p.continue_from, sizeof(int64_t) * n);
   return finish(err, message, message_len);
+}
+
+// The binding's planning of spiffy_accept for n sequences of l positions: blocks a sequence and
+// workspace bytes.
+void xk_emu_spiffy_accept_plan(int64_t n, int64_t l, int clusters, unsigned* blocks, size_t* bytes) {
+  xkernels::cuda::SpiffyAcceptParams p{};
+  p.n = n, p.l = l, p.clusters = clusters != 0;
+  *blocks = xkernels::cuda::spiffy_accept_blocks(p);
+  *bytes = xkernels::cuda::spiffy_accept_workspace_bytes(p);
 }
 
 int xk_emu_spiffy_attention_mask(const int64_t* prefix_lens, int64_t n, int64_t num_drafts, int64_t block_size,

@@ -30,10 +30,31 @@ def test_correct_kernel_runs(emu):
     (7, "without the opt-in"),
     (9, "empty grid"),
     (10, "block of 2048 threads"),
+    (13, "exited while other threads of its cluster wait at cluster.sync"),
+    (14, "reached __syncthreads while thread (0,0,0) of block (0,0,0) waits at cluster.sync"),
+    (15, "reached cluster.sync while thread (0,0,0) of block (1,0,0) waits for it at __shfl_xor_sync"),
+    (16, "grid (3,1,1) not a multiple of the cluster (2,1,1)"),
+    (17, "more than 8 blocks without the non-portable opt-in"),
+    (19, "of more than 16 blocks"),
+    (20, "empty cluster"),
 ])
 def test_violation_is_reported(emu, which, expected):
     rc, msg, _ = run_case(emu, which)
     assert rc == -1 and expected in msg, msg
+
+
+def test_cluster_blocks_run_together_with_their_own_shared_memory(emu):
+    """cluster_exchange: each block reads the other block's value after cluster.sync (blocks run one
+    after another would deadlock there) and its own static shared value (a copy a block)."""
+    rc, msg, result = run_case(emu, 12)
+    assert (rc, msg) == (0, "")
+    assert result == 21 + 12 + 43 + 34
+
+
+def test_opt_in_allows_a_cluster_of_16_blocks(emu):
+    rc, msg, result = run_case(emu, 18)
+    assert (rc, msg) == (0, "")
+    assert result == 16
 
 
 def test_opt_in_allows_big_dynamic_shared_memory(emu):

@@ -70,30 +70,93 @@ def test_materialize_stays_in_bounds_on_a_bad_graph(emu):
     assert ((node_ids >= -1) & (node_ids < len(graph))).all()
 
 
+def check_accept(emu, args, clusters, num_unmask=1, threshold=None, temperature=0.0, seed=5, offset=11):
+    got = emu.spiffy_accept(*args, MASK, num_unmask, threshold, temperature, seed, offset, clusters=clusters)
+    want = reference.spiffy_accept(*args, MASK, num_unmask, threshold=threshold, temperature=temperature, seed=seed,
+                                   offset=offset)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    return got
+
+
+# clusters: a thread block cluster of kAcceptCluster blocks a sequence (sm_90+), else a block a sequence.
+@pytest.mark.parametrize("clusters", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("threshold", [None, 0.2])
 @pytest.mark.parametrize("v", [301, 304])  # 304: rows that take the vector loads
-def test_accept_matches_reference(emu, dtype, temperature, threshold, v):
+def test_accept_matches_reference(emu, clusters, dtype, temperature, threshold, v):
     args = accept_case(4, 6, 10, v, dtype, seed=2)
     args[-1][3] = 3  # nothing masked
-    got = emu.spiffy_accept(*args, MASK, 1, threshold, temperature, 5, 11)
-    want = reference.spiffy_accept(*args, MASK, threshold=threshold, temperature=temperature, seed=5, offset=11)
-    for a, b in zip(got, want):
-        assert torch.equal(a, b)
+    check_accept(emu, args, clusters, threshold=threshold, temperature=temperature)
 
 
-def test_accept_follows_a_chain_of_drafts(emu):
-    logits, block = step_case(1, 10, 40, seed=4)
-    chain = DraftGraph([[]] + [[(i, 0) for i in range(d)] for d in range(1, 5)], [(d, d + 1) for d in range(4)])
+def chain_case(n, length, v, depth, seed):
+    """Drafts along a chain of `depth` nodes (rank-0 tokens at positions 0, 1, ...) whose logits all
+    equal the root's: the walk follows the chain, a step a node, as far as the drafts reach. The
+    drafts are kept in reverse order, so each step matches at the last one it can."""
+    logits, block = step_case(n, length, v, seed=seed)
+    chain = DraftGraph([[]] + [[(i, 0) for i in range(d)] for d in range(1, depth + 1)],
+                       [(d, d + 1) for d in range(depth)])
     drafts, node_ids, _ = reference.spiffy_materialize(logits, block, MASK, chain.ranks, chain.child_ptr,
-                                                       chain.children, 4)
-    draft_logits = logits[:, None].expand(1, 4, 10, 40).contiguous()
-    got = emu.spiffy_accept(logits, draft_logits, drafts, node_ids, block, MASK, 2, None, 0.0, 1, 3)
-    want = reference.spiffy_accept(logits, draft_logits, drafts, node_ids, block, MASK, 2, None, 0.0, 1, 3)
-    for a, b in zip(got, want):
-        assert torch.equal(a, b)
-    assert int(got[0][0]) == 3 and int(got[4][0]) == 3  # steps of two tokens: the drafts of 2 and 4 tokens match
+                                                       chain.children, depth)
+    draft_logits = logits[:, None].expand(n, depth, length, v).contiguous()
+    return [logits, draft_logits, drafts.flip(1).contiguous(), node_ids.flip(1).contiguous(), block]
+
+
+@pytest.mark.parametrize("clusters", [True, False])
+def test_accept_follows_a_chain_of_drafts(emu, clusters):
+    got = check_accept(emu, chain_case(1, 10, 40, 4, seed=4), clusters, num_unmask=2, seed=1, offset=3)
+    assert int(got[0][0]) == 3 and int(got[4][0]) == 0  # steps of two tokens: the drafts of 2 and 4 tokens match
+
+
+@pytest.mark.parametrize("clusters", [True, False])
+@pytest.mark.parametrize("n,length,v,depth", [(1, 24, 61, 20), (3, 12, 64, 11), (5, 3, 9, 3), (2, 1, 5, 1)])
+def test_accept_walks_many_steps(emu, clusters, n, length, v, depth):
+    """Walks of up to depth + 1 steps, the last draft matching each time; 3 masked rows or 1 (fewer
+    than the cluster's blocks: idle blocks only meet the others), V odd or below a vector."""
+    args = chain_case(n, length, v, depth, seed=n + length)
+    got = check_accept(emu, args, clusters, seed=2)
+    assert int(got[0].max()) > 1 or length == 1
+
+
+@pytest.mark.parametrize("clusters", [True, False])
+def test_accept_without_a_match_and_with_bad_ids(emu, clusters):
+    """No kept draft matches (one step), node ids out of range or -1, tokens no vocabulary holds:
+    values the CUDA op cannot check (a host read) are only compared; ASan would report a stray access."""
+    args = chain_case(4, 8, 33, 3, seed=7)
+    drafts, node_ids = args[2], args[3]
+    drafts[0] = 2**62  # never equal to the block
+    node_ids[1] = torch.tensor([99, -5, 2**40])
+    node_ids[2] = -1  # nothing kept
+    drafts[3, 0, 0] = -(2**62)
+    got = check_accept(emu, args, clusters)
+    assert got[0][0] == 1 and got[4][0] == -1 and got[4][2] == -1
+
+
+@pytest.mark.parametrize("clusters", [True, False])
+@pytest.mark.parametrize("n,length,v,k,masked", [(1, 4, 16, 0, 1.0), (3, 5, 12, 2, 0.0), (2, 6, 1, 1, 1.0),
+                                                 (1, 1, 8, 1, 1.0)])
+def test_accept_edge_shapes(emu, clusters, n, length, v, k, masked):
+    """keep = 0, nothing masked (no step), V = 1, L = 1."""
+    logits, block = step_case(n, length, v, seed=3, masked_share=masked)
+    drafts = block[:, None].expand(n, k, length).contiguous()
+    args = [logits, logits[:, None].expand(n, k, length, v).contiguous(), drafts, torch.zeros(n, k, dtype=torch.int64),
+            block]
+    check_accept(emu, args, clusters)
+
+
+@pytest.mark.parametrize("n,length", [(0, 32), (16, 32), (5, 0), (1, 1)])
+def test_accept_plan(emu, n, length):
+    """What the binding plans: a cluster of 8 blocks a sequence when the device runs clusters, else
+    one; the workspace holds per position a confidence, a pick, a byte and a row index, and a walk
+    record a sequence, each region 256-byte aligned."""
+    align = lambda b: (b + 255) // 256 * 256  # noqa: E731
+    nl = n * length
+    bytes_ = align(4 * nl) + align(8 * nl) + align(nl) + align(8 * nl) + align(24 * n)
+    assert emu.spiffy_accept_plan(n, length, clusters=True) == (8, bytes_)
+    assert emu.spiffy_accept_plan(n, length, clusters=False) == (1, bytes_)
+    assert emu.spiffy_accept_plan(2**31 // 8, 1)[0] == 1  # the grid (n * 8 blocks) would not fit
 
 
 @pytest.mark.parametrize("packed", [False, True])
