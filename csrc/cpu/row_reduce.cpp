@@ -151,24 +151,34 @@ XK_CLONES float row_sum(const float* a, int64_t n) {
   return total;
 }
 
-XK_CLONES float residual_update(float* r, const float* q, int64_t n, float r_sum, float q_sum) {
-  const f32x8 rs = splat(r_sum), qs = splat(q_sum > 0.0f ? q_sum : 1.0f), zero = splat(0.0f);
-  const f32x8 use_q = splat(q_sum > 0.0f ? 1.0f : 0.0f);
-  f32x8 acc = zero;
+XK_CLONES void exp_row(const float* a, int64_t n, float top, float* e) {
+  const f32x16 t = splat<f32x16>(top), zero = splat<f32x16>(0.0f), neg_inf = splat<f32x16>(kNegInf);
   int64_t v = 0;
-  for (; v + kLanes <= n; v += kLanes) {
-    const f32x8 d = load8(r + v) / rs - load8(q + v) / qs * use_q;
-    const f32x8 out = d > zero ? d : zero;
-    acc += out;
-    std::memcpy(r + v, &out, sizeof(out));
+  for (; v + 16 <= n; v += 16) {
+    const f32x16 x = load<f32x16>(a + v);
+    const f32x16 out = x == neg_inf ? zero : exp_nonpositive(x - t);
+    std::memcpy(e + v, &out, sizeof(out));
   }
+  for (; v < n; ++v) e[v] = a[v] == kNegInf ? 0.0f : exp_f32(a[v] - top);
+}
+
+XK_CLONES float residual_sum(const float* e, const float* q, int64_t n, float coef) {
+  f32x16 acc = splat<f32x16>(0.0f);
+  int64_t v = 0;
+  for (; v + 16 <= n; v += 16) acc += tree_residual_weight(load<f32x16>(e + v), load<f32x16>(q + v), coef);
   float total = 0.0f;
-  for (int j = 0; j < kLanes; ++j) total += acc[j];
-  for (; v < n; ++v) {
-    r[v] = tree_residual(r[v], r_sum, q[v], q_sum);
-    total += r[v];
-  }
+  for (int j = 0; j < 16; ++j) total += acc[j];
+  for (; v < n; ++v) total += tree_residual_weight(e[v], q[v], coef);
   return total;
+}
+
+XK_CLONES void residual_fill(float* e, const float* q, int64_t n, float coef) {
+  int64_t v = 0;
+  for (; v + 16 <= n; v += 16) {
+    const f32x16 out = tree_residual_weight(load<f32x16>(e + v), load<f32x16>(q + v), coef);
+    std::memcpy(e + v, &out, sizeof(out));
+  }
+  for (; v < n; ++v) e[v] = tree_residual_weight(e[v], q[v], coef);
 }
 
 namespace {
