@@ -162,23 +162,37 @@ XK_CLONES void exp_row(const float* a, int64_t n, float top, float* e) {
   for (; v < n; ++v) e[v] = a[v] == kNegInf ? 0.0f : exp_f32(a[v] - top);
 }
 
-XK_CLONES float residual_sum(const float* e, const float* q, int64_t n, float coef) {
-  f32x16 acc = splat<f32x16>(0.0f);
-  int64_t v = 0;
-  for (; v + 16 <= n; v += 16) acc += tree_residual_weight(load<f32x16>(e + v), load<f32x16>(q + v), coef);
-  float total = 0.0f;
-  for (int j = 0; j < 16; ++j) total += acc[j];
-  for (; v < n; ++v) total += tree_residual_weight(e[v], q[v], coef);
-  return total;
+// max(e - coef q, 0) of 8 ids in double: e - coef q is then exact but for one rounding, as the
+// two FMAs of tree_residual_weight nearly make it.
+typedef double f64x8 __attribute__((vector_size(64)));
+static inline f64x8 residual8(const float* e, const float* q, double coef) {
+  const f64x8 d = __builtin_convertvector(load8(e), f64x8) - coef * __builtin_convertvector(load8(q), f64x8);
+  return d > 0.0 ? d : f64x8{};
 }
 
-XK_CLONES void residual_fill(float* e, const float* q, int64_t n, float coef) {
+XK_CLONES float residual_sum(const float* e, const float* q, int64_t n, double coef) {
+  f64x8 acc = {};
   int64_t v = 0;
-  for (; v + 16 <= n; v += 16) {
-    const f32x16 out = tree_residual_weight(load<f32x16>(e + v), load<f32x16>(q + v), coef);
+  for (; v + kLanes <= n; v += kLanes) acc += residual8(e + v, q + v, coef);
+  double total = 0.0;
+  for (int j = 0; j < kLanes; ++j) total += acc[j];
+  for (; v < n; ++v) {
+    const double d = static_cast<double>(e[v]) - coef * q[v];
+    total += d > 0.0 ? d : 0.0;
+  }
+  return static_cast<float>(total);
+}
+
+XK_CLONES void residual_fill(float* e, const float* q, int64_t n, double coef) {
+  int64_t v = 0;
+  for (; v + kLanes <= n; v += kLanes) {
+    const f32x8 out = __builtin_convertvector(residual8(e + v, q + v, coef), f32x8);
     std::memcpy(e + v, &out, sizeof(out));
   }
-  for (; v < n; ++v) e[v] = tree_residual_weight(e[v], q[v], coef);
+  for (; v < n; ++v) {
+    const double d = static_cast<double>(e[v]) - coef * q[v];
+    e[v] = static_cast<float>(d > 0.0 ? d : 0.0);
+  }
 }
 
 namespace {

@@ -31,11 +31,11 @@ float row_sum(const float* a, int64_t n);
 // e[v] = exp(a[v] - top), 0 where a[v] = -inf: the softmax of a times its sum.
 void exp_row(const float* a, int64_t n, float top, float* e);
 
-// sum of max(e[v] - coef q[v], 0) (xkernels/tree.h's tree_residual_weight), read-only.
-float residual_sum(const float* e, const float* q, int64_t n, float coef);
+// sum of max(e[v] - coef q[v], 0) (xkernels/tree.h's tree_residual_weight, here in double), read-only.
+float residual_sum(const float* e, const float* q, int64_t n, double coef);
 
-// In place e[v] = max(e[v] - coef q[v], 0).
-void residual_fill(float* e, const float* q, int64_t n, float coef);
+// In place e[v] = max(e[v] - coef q[v], 0), in double.
+void residual_fill(float* e, const float* q, int64_t n, double coef);
 
 // Gumbel-max over log r (zeros cannot be drawn) with the noise of (sequence, position): the draw
 // sample_group of xkernels/sampling.h makes, with most noise and logs skipped: 32 ids at a time

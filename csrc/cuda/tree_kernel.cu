@@ -195,7 +195,8 @@ struct StopJob {
   int32_t nrej;   // tokens rejected at the node (w.rejected), or
   bool residual;  // draw from max(e - coef q, 0) instead (xkernels/tree.h's TreeResidual)
   int32_t top;    // the stop row's argmax: the token if nothing can be drawn
-  float top_log2, coef;  // the row's max times log2(e); the residual's coef
+  float top_log2;  // the row's max times log2(e)
+  TreeCoef coef;   // the residual's
 };
 
 struct VerifyWorkspace {
@@ -267,7 +268,7 @@ constexpr int kSumDepth = 4;
 // aligned and hold whole chunks.
 template <typename T>
 __device__ __forceinline__ float residual_sum(const T* row, const float* q, int64_t v, bool vector_ok, float scale,
-                                              float top_log2, float coef) {
+                                              float top_log2, TreeCoef coef) {
   constexpr int kIds = 16 / sizeof(T), kQuads = kIds / 4;
   struct Chunk {
     uint4 a;
@@ -437,7 +438,7 @@ __global__ void __launch_bounds__(kVerifyThreads, 1)
         __syncthreads();
         if (sh.x < 0) continue;  // a token outside [0, V): never accepted, no residual step
         if (sh.pass) {
-          const float total = residual_sum(row, sh.q, v, vector_ok, scale, top_log2, sh.res.coef);
+          const float total = residual_sum(row, sh.q, v, vector_ok, scale, top_log2, tree_coef(sh.res.coef));
           if (threadIdx.x == 0) {
             sh.res.sum = total;
             sh.empty = !(total > 0.0f);
@@ -476,7 +477,7 @@ __global__ void __launch_bounds__(kVerifyThreads, 1)
         p.out_tokens[n * m + acc] = top.idx;
         p.accept_len[n] = acc;
         w.jobs[n] = StopJob{draw ? static_cast<int32_t>(node) : -1, static_cast<int32_t>(acc),
-                            residual ? 0 : sh.rejected, residual, top.idx, top.val * kLog2e, sh.res.coef};
+                            residual ? 0 : sh.rejected, residual, top.idx, top.val * kLog2e, tree_coef(sh.res.coef)};
       }
       break;
     }

@@ -5,6 +5,7 @@
 // committed token); parents[0] = -1 and 0 <= parents[i] < i for the real nodes i < num_nodes.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "xkernels/host_device.h"
@@ -157,36 +158,54 @@ XK_HD bool tree_accept_plain(float u, float p_x, float remaining) { return u * r
 // the same formula with the whole q holds, z_k being the mass q has left. So a step needs only
 // s_k, a read-only pass over the row and q, and no residual row is ever stored. A repeated token is
 // never accepted (its r is 0); it still makes its residual step.
+// The residual shrinks by a factor s_k a step while e stays: e - c q cancels down to it, so c is
+// kept in double and applied as two floats by two FMAs, which leaves an error near 2^-48 e + 2^-24 r
+// instead of 2^-24 e (the reference renormalises r each step; this keeps up with it for residuals
+// down to ~1e-12 of the row's mass, which the children drawn from q reach with that probability).
 struct TreeResidual {
-  float coef;  // c_k
-  float sum;   // s_k, the sum of max(e - coef q, 0) over the row
-  float zq;    // z_k
+  double coef;  // c_k
+  float sum;    // s_k, the sum of max(e - coef q, 0) over the row
+  float zq;     // z_k
 };
 
-// Before any rejection: r = e, whose sum is the row statistics' sum.
-XK_HD TreeResidual tree_residual_start(float softmax_sum, float zq) { return TreeResidual{0.0f, softmax_sum, zq}; }
+// c as hi + lo, two floats (hi finite).
+struct TreeCoef {
+  float hi, lo;
+};
 
-// max(e - coef q, 0) (a NaN as 0); for float, or a vector of floats on the CPU.
-template <typename F>
-XK_HD F tree_residual_weight(F e, F q, float coef) {
-  const F d = e - coef * q;
-  return d > 0.0f ? d : F{};
+XK_HD TreeCoef tree_coef(double c) {
+  const double top = 3.4028234663852886e38;  // FLT_MAX
+  const float hi = static_cast<float>(c < top ? c : top);
+  return TreeCoef{hi, c < top ? static_cast<float>(c - hi) : 0.0f};
+}
+
+XK_HD float tree_fma(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return fmaf(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
+// Before any rejection: r = e, whose sum is the row statistics' sum.
+XK_HD TreeResidual tree_residual_start(float softmax_sum, float zq) { return TreeResidual{0.0, softmax_sum, zq}; }
+
+// max(e - c q, 0) (a NaN as 0).
+XK_HD float tree_residual_weight(float e, float q, TreeCoef c) {
+  const float d = tree_fma(-c.lo, q, tree_fma(-c.hi, q, e));
+  return d > 0.0f ? d : 0.0f;
 }
 
 // Whether child x (e_x, q_x; `repeated`: rejected before at this node) is accepted with coin u:
 // u * q(x) / zq < r(x) / sum, kept free of divisions.
 XK_HD bool tree_residual_accepts(const TreeResidual& r, float u, float e_x, float q_x, bool repeated) {
-  return !repeated && u * q_x * r.sum < tree_residual_weight(e_x, q_x, r.coef) * r.zq;
+  return !repeated && u * q_x * r.sum < tree_residual_weight(e_x, q_x, tree_coef(r.coef)) * r.zq;
 }
 
 // The step of a rejection (`remove`: without replacement and not repeated, so q(x) leaves q). The
-// new sum comes from a pass over the row (r.sum is stale until then). coef stays finite, so that
-// coef * 0 is 0.
+// new sum comes from a pass over the row (r.sum is stale until then).
 XK_HD void tree_residual_reject(TreeResidual& r, float q_x, bool remove) {
-  if (r.zq > 0.0f) {
-    const float c = r.coef + r.sum / r.zq;
-    r.coef = c < 3.4028235e38f ? c : 3.4028235e38f;
-  }
+  if (r.zq > 0.0f) r.coef += static_cast<double>(r.sum) / static_cast<double>(r.zq);
   if (remove) r.zq -= q_x;
 }
 
