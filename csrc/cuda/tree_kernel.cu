@@ -499,8 +499,9 @@ __global__ void __launch_bounds__(kVerifyThreads, 1)
 // The stop rows' Gumbel-max, each row split in w.sample_slices slices over the grid (one block a
 // sequence had left the draw, Philox-bound, on a single SM). Weights: the scaled logits without the
 // rejected tokens, or the residual max(e - coef q, 0) from the row and q, linear (linear_group).
-// Every block starts from the exact score of the row's argmax.
-template <typename T>
+// Every block starts from the exact score of the row's argmax. kDraft: residual draws can occur (p.q
+// set; the plain draws alone take 48 registers, with residual ones 80).
+template <typename T, bool kDraft>
 __global__ void __launch_bounds__(kThreads) tree_sample_kernel(TreeVerifyParams p, VerifyWorkspace w, bool vector_ok) {
   __shared__ ArgMax start;
   const int64_t n = blockIdx.x / w.sample_slices, m = p.m, v = p.v;
@@ -510,7 +511,7 @@ __global__ void __launch_bounds__(kThreads) tree_sample_kernel(TreeVerifyParams 
   const uint64_t seed = read_or(p.seed_ptr, p.seed), offset = read_or(p.offset_ptr, p.offset);
   const uint32_t sequence = static_cast<uint32_t>(n), node = static_cast<uint32_t>(job.node);
   const T* row = static_cast<const T*>(p.logits) + (n * m + job.node) * v;
-  const float* q = job.residual ? p.q + (n * m + job.node) * v : nullptr;
+  const float* q = kDraft && job.residual ? p.q + (n * m + job.node) * v : nullptr;
   const int32_t* rejected = w.rejected + n * m;
   // The residual of scaled logit a and draft probability qx.
   const auto residual = [&](float a, float qx) {
@@ -616,7 +617,10 @@ cudaError_t launch_verify_typed(const TreeVerifyParams& p, const VerifyWorkspace
   else
     tree_verify_kernel<T, false><<<p.n, kVerifyThreads, 0, stream>>>(p, w, vector_ok);
   if (p.inv_t != 0.0f) {  // greedy walks write every token themselves
-    tree_sample_kernel<T><<<p.n * w.sample_slices, kThreads, 0, stream>>>(p, w, vector_ok);
+    if (p.q)
+      tree_sample_kernel<T, true><<<p.n * w.sample_slices, kThreads, 0, stream>>>(p, w, vector_ok);
+    else
+      tree_sample_kernel<T, false><<<p.n * w.sample_slices, kThreads, 0, stream>>>(p, w, vector_ok);
     tree_sample_finish_kernel<<<(p.n + kWarps - 1) / kWarps, kThreads, 0, stream>>>(p, w);
   }
   return cudaGetLastError();
