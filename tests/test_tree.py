@@ -274,6 +274,43 @@ def test_sampled_children_are_lossless(replacement, variant):
         assert p < 1e-6
 
 
+def sampled_edge_case():
+    """Rows the closed-form residual (xkernels/tree.h's TreeResidual) must get exactly right, V=5,
+    root children per sequence: 0 and 1: p uniform on ids 1..4 and q = p, child token 0 (q = p = 0
+    there) rejected, leaving max(p - q, 0) = 0 exactly: the argmax is emitted, with a later child
+    (sequence 0: the pass that finds the residual empty stops the tests) or without (1: the draw
+    finds nothing); 2: a draft row without mass (every child rejected, the draw from p); 3: one
+    token three times, rejected first with odds of 9 to 1 (a rejected token is never accepted)."""
+    parents = torch.tensor([[-1, 0, 0, 0]]).expand(4, -1).contiguous()
+    tokens = torch.tensor([[-1, 0, 2, 3], [-1, 0, -1, -1], [-1, 2, 3, 1], [-1, 1, 1, 1]])
+    num_nodes = torch.tensor([4, 2, 4, 4])
+    tokens[1, 2:] = 0  # past num_nodes
+    logits = torch.zeros(4, 4, 5)
+    logits[:2, 0, 0] = float("-inf")
+    logits[3, 0, 0] = 2.0
+    q = torch.full((4, 4, 5), 0.2)
+    q[:2, 0] = torch.tensor([0.0, 0.25, 0.25, 0.25, 0.25])
+    q[2, 0] = 0.0
+    q[3, 0] = torch.tensor([0.01, 0.9, 0.03, 0.03, 0.03])
+    return tokens, parents, logits, q, num_nodes
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("without_replacement", [False, True])
+def test_sampled_children_edge_rows(device, without_replacement):
+    tokens, parents, logits, q, num_nodes = sampled_edge_case()
+    for seed in range(20):
+        got = xkernels.tree_verify(tokens.to(device), parents.to(device), logits.to(device), draft_probs=q.to(device),
+                                   without_replacement=without_replacement, temperature=1.0, seed=seed,
+                                   num_nodes=num_nodes.to(device))
+        want = reference.tree_verify(tokens, parents, logits, q, without_replacement, 1.0, seed, 0, num_nodes)
+        for a, b in zip(got, want):
+            assert torch.equal(a.cpu(), b)
+        out = got[2].cpu()
+        assert out[0, 0] == 1 and out[1, 0] == 1  # the argmax of an emptied residual
+        assert got[0][2] == 0  # nothing is accepted from a draft row without mass
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_compact_kv(device, dtype):

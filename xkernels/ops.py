@@ -220,8 +220,9 @@ def tree_verify(
             but the root lie in ``[0, V)``.
         target_logits: ``[N, M, V]``, the target's next-token logits after each node's path.
         draft_probs: float32 ``[N, M, V]``: row ``i`` is the distribution the children of node
-            ``i`` were drawn from (i.i.d., or ``without_replacement``). Without it the children
-            are deterministic proposals (top-k, a best-first tree).
+            ``i`` were drawn from (i.i.d., or ``without_replacement``); entries >= 0, each row is
+            divided by its sum (a row summing to 0 proposes nothing: its children are rejected).
+            Without it the children are deterministic proposals (top-k, a best-first tree).
         temperature, seed, offset: as in ``chain_verify``.
         num_nodes: int64 ``[N]``, nodes at or past it are padding.
 

@@ -375,10 +375,12 @@ def tree_verify(tokens, parents, target_logits, draft_probs=None, without_replac
                     for c in children[node]:
                         x = int(toks[s, c])
                         u = float(acceptance_coins_at(seed, offset, s, c))
-                        if u * float(q[x] / q.sum()) < float(r[x] / r.sum()):
+                        # A draft row without mass proposes nothing: its children are rejected.
+                        q_norm = q / q.sum() if float(q.sum()) > 0 else torch.zeros_like(q)
+                        if float(q.sum()) > 0 and u * float(q_norm[x]) < float(r[x] / r.sum()):
                             nxt = c
                             break
-                        r = (r / r.sum() - q / q.sum()).clamp_min(0)
+                        r = (r / r.sum() - q_norm).clamp_min(0)
                         if without_replacement:
                             q[x] = 0.0
                         if float(r.sum()) <= 0:

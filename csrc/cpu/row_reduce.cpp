@@ -228,24 +228,48 @@ XK_CLONES float row_sum(const float* a, int64_t n) {
   return total;
 }
 
-XK_CLONES float residual_update(float* r, const float* q, int64_t n, float r_sum, float q_sum) {
-  const f32x8 rs = splat(r_sum), qs = splat(q_sum > 0.0f ? q_sum : 1.0f), zero = splat(0.0f);
-  const f32x8 use_q = splat(q_sum > 0.0f ? 1.0f : 0.0f);
-  f32x8 acc = zero;
+XK_CLONES void exp_row(const float* a, int64_t n, float top, float* e) {
+  const f32x16 t = splat<f32x16>(top), zero = splat<f32x16>(0.0f), neg_inf = splat<f32x16>(kNegInf);
   int64_t v = 0;
-  for (; v + kLanes <= n; v += kLanes) {
-    const f32x8 d = load8(r + v) / rs - load8(q + v) / qs * use_q;
-    const f32x8 out = d > zero ? d : zero;
-    acc += out;
-    std::memcpy(r + v, &out, sizeof(out));
+  for (; v + 16 <= n; v += 16) {
+    const f32x16 x = load<f32x16>(a + v);
+    const f32x16 out = x == neg_inf ? zero : exp_nonpositive(x - t);
+    std::memcpy(e + v, &out, sizeof(out));
   }
-  float total = 0.0f;
+  for (; v < n; ++v) e[v] = a[v] == kNegInf ? 0.0f : exp_f32(a[v] - top);
+}
+
+// max(e - coef q, 0) of 8 ids in double: e - coef q is then exact but for one rounding, as the
+// two FMAs of tree_residual_weight nearly make it.
+typedef double f64x8 __attribute__((vector_size(64)));
+static inline f64x8 residual8(const float* e, const float* q, double coef) {
+  const f64x8 d = __builtin_convertvector(load8(e), f64x8) - coef * __builtin_convertvector(load8(q), f64x8);
+  return d > 0.0 ? d : f64x8{};
+}
+
+XK_CLONES float residual_sum(const float* e, const float* q, int64_t n, double coef) {
+  f64x8 acc = {};
+  int64_t v = 0;
+  for (; v + kLanes <= n; v += kLanes) acc += residual8(e + v, q + v, coef);
+  double total = 0.0;
   for (int j = 0; j < kLanes; ++j) total += acc[j];
   for (; v < n; ++v) {
-    r[v] = tree_residual(r[v], r_sum, q[v], q_sum);
-    total += r[v];
+    const double d = static_cast<double>(e[v]) - coef * q[v];
+    total += d > 0.0 ? d : 0.0;
   }
-  return total;
+  return static_cast<float>(total);
+}
+
+XK_CLONES void residual_fill(float* e, const float* q, int64_t n, double coef) {
+  int64_t v = 0;
+  for (; v + kLanes <= n; v += kLanes) {
+    const f32x8 out = __builtin_convertvector(residual8(e + v, q + v, coef), f32x8);
+    std::memcpy(e + v, &out, sizeof(out));
+  }
+  for (; v < n; ++v) {
+    const double d = static_cast<double>(e[v]) - coef * q[v];
+    e[v] = static_cast<float>(d > 0.0 ? d : 0.0);
+  }
 }
 
 namespace {

@@ -41,9 +41,14 @@ void residual_row(const float* a, const float* q, int64_t n, float top, float su
 // sum of a (8 lanes, then the lanes in order).
 float row_sum(const float* a, int64_t n);
 
-// In place r[v] = max(r[v] / r_sum - q[v] / q_sum, 0) (xkernels/tree.h's tree_residual); returns
-// the new sum of r.
-float residual_update(float* r, const float* q, int64_t n, float r_sum, float q_sum);
+// e[v] = exp(a[v] - top), 0 where a[v] = -inf: the softmax of a times its sum.
+void exp_row(const float* a, int64_t n, float top, float* e);
+
+// sum of max(e[v] - coef q[v], 0) (xkernels/tree.h's tree_residual_weight, here in double), read-only.
+float residual_sum(const float* e, const float* q, int64_t n, double coef);
+
+// In place e[v] = max(e[v] - coef q[v], 0), in double.
+void residual_fill(float* e, const float* q, int64_t n, double coef);
 
 // Gumbel-max over log r (zeros cannot be drawn) with the noise of (sequence, position): the draw
 // sample_group of xkernels/sampling.h makes, with most noise and logs skipped: 32 ids at a time

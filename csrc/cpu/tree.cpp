@@ -118,11 +118,11 @@ int32_t sample_weights(const VerifyArgs& c, int64_t n, int64_t node, W&& log_wei
   return best.idx;
 }
 
-// Walks sequence n's tree. a, r, q: scratch rows of V floats.
+// Walks sequence n's tree. a, e: scratch rows of V floats.
 template <typename TL>
 void verify_tree(const VerifyArgs& c, int64_t n, int64_t count, const int64_t* tokens, const int64_t* parents,
                  const TL* logits, const float* draft_probs, int64_t* accept_len, int64_t* path, int64_t* out,
-                 float* a, float* r, float* q) {
+                 float* a, float* e) {
   // children in node order: first_child / next_sibling lists
   std::vector<int64_t> first(static_cast<size_t>(c.m), -1), next(static_cast<size_t>(c.m), -1),
       last(static_cast<size_t>(c.m), -1);
@@ -164,41 +164,44 @@ void verify_tree(const VerifyArgs& c, int64_t n, int64_t count, const int64_t* t
                                                                                                          : a[v];
         });
     } else {
-      // Children drawn from q: r and q unnormalised with sums zr and zq; r = p until a rejection.
+      // Children drawn from q: the residual in closed form (xkernels/tree.h's TreeResidual), from
+      // e = exp(a - top), made into a row at the first rejection; a pass sums it when a test needs it.
       const float* q_row = draft_probs + node * c.v;
-      const float* qs = q_row;
-      float zq = first[node] >= 0 ? cpu::row_sum(q_row, c.v) : 0.0f, zr = 1.0f;
-      bool residual = false, empty = false;
+      TreeResidual res = tree_residual_start(s.sum, first[node] >= 0 ? cpu::row_sum(q_row, c.v) : 0.0f);
+      std::vector<int32_t> rejected;
+      bool stale = false, empty = false;
       for (int64_t ch = first[node]; ch >= 0 && chosen < 0; ch = next[ch]) {
         const auto x = static_cast<int32_t>(tokens[ch]);
-        const float r_x = residual ? r[x] : stats_prob(s, a[x]);
-        if (tree_accept_sampled(acceptance_coin(c.seed, c.offset, static_cast<uint32_t>(n), static_cast<uint32_t>(ch)),
-                                qs[x], zq, r_x, zr)) {
+        if (stale) {
+          res.sum = cpu::residual_sum(e, q_row, c.v, res.coef);
+          stale = false;
+          if (!(res.sum > 0.0f)) {
+            empty = true;
+            break;
+          }
+        }
+        const bool repeated = std::find(rejected.begin(), rejected.end(), x) != rejected.end();
+        const float e_x = rejected.empty() ? exp_f32(a[x] - s.top.val) : e[x];
+        if (tree_residual_accepts(res,
+                                  acceptance_coin(c.seed, c.offset, static_cast<uint32_t>(n), static_cast<uint32_t>(ch)),
+                                  e_x, q_row[x], repeated)) {
           chosen = ch;
           break;
         }
-        float sum = 0.0f;
-        if (residual) {
-          sum = cpu::residual_update(r, qs, c.v, zr, zq);
-        } else {  // the first residual, max(p - q / zq, 0), straight from the logits (vectorised)
-          cpu::residual_row(a, qs, c.v, s.top.val, s.sum, r, zq > 0.0f ? 1.0f / zq : 0.0f);
-          sum = cpu::row_sum(r, c.v);
-        }
-        residual = true, zr = sum;
-        if (c.without_replacement) {
-          if (qs != q) std::copy_n(q_row, c.v, q), qs = q;
-          zq -= q[x];
-          q[x] = 0.0f;
-        }
-        if (!(zr > 0.0f)) {
-          empty = true;
-          break;
+        if (rejected.empty()) cpu::exp_row(a, c.v, s.top.val, e);
+        tree_residual_reject(res, q_row[x], c.without_replacement && !repeated);
+        if (!repeated) rejected.push_back(x);
+        stale = true;
+      }
+      if (chosen < 0 && !empty) {
+        if (rejected.empty()) {
+          emit = sample_weights(c, n, node, [&](int64_t v) { return a[v]; });
+        } else {  // an empty residual draws nothing: the argmax below
+          cpu::residual_fill(e, q_row, c.v, res.coef);
+          emit = cpu::sample_positive(c.seed, c.offset, static_cast<uint32_t>(n), static_cast<uint32_t>(node), e,
+                                      c.v).idx;
         }
       }
-      if (chosen < 0 && !empty)
-        emit = residual ? cpu::sample_positive(c.seed, c.offset, static_cast<uint32_t>(n), static_cast<uint32_t>(node),
-                                               r, c.v).idx
-                        : sample_weights(c, n, node, [&](int64_t v) { return a[v]; });
       if (chosen < 0 && emit == kNoIndex) emit = s.top.idx;
     }
     if (chosen < 0) {
@@ -234,12 +237,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_cpu(
     using TL = decltype(tag);
     const TL* l = logits.const_data_ptr<TL>();
     at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> a(static_cast<size_t>(v)), r(static_cast<size_t>(v)), qw(static_cast<size_t>(v));
+      std::vector<float> a(static_cast<size_t>(v)), e(static_cast<size_t>(v));
       for (int64_t s = begin; s < end; ++s)
         verify_tree(c, s, counts[s], tok.const_data_ptr<int64_t>() + s * m, par.const_data_ptr<int64_t>() + s * m,
                     l + s * m * v, q.defined() ? q.const_data_ptr<float>() + s * m * v : nullptr,
                     accept_len.mutable_data_ptr<int64_t>() + s, path.mutable_data_ptr<int64_t>() + s * m,
-                    out.mutable_data_ptr<int64_t>() + s * m, a.data(), r.data(), qw.data());
+                    out.mutable_data_ptr<int64_t>() + s * m, a.data(), e.data());
     });
   });
   return {accept_len, path, out};

@@ -7,9 +7,10 @@
 //                       (no two threads write one row).
 //  tree_verify:         a block per sequence walks the tree; at each visited node the block
 //                       reduces that one row's softmax statistics, thread 0 tests the children in
-//                       order, and the block updates the residual when a rule needs the whole row.
-//                       Only visited rows are read. At T > 0 two more launches draw the token at
-//                       the stop node (Gumbel-max, each row split over many blocks) and merge.
+//                       order, and with draft_probs the block sums the residual (read-only, from the
+//                       row and q) when a test needs it. Only visited rows are read. At T > 0 two
+//                       more launches draw the token at the stop node (Gumbel-max, each row split
+//                       over many blocks) and merge.
 //  compact_kv_:         a block per (sequence, head) moves the accepted entries in path order.
 // Values the host cannot check without a sync (parents, num_nodes, token ids, path) are handled
 // memory-safely: an invalid parent ends a walk, a child whose token lies outside [0, V) is never
@@ -189,18 +190,18 @@ __global__ void __launch_bounds__(kThreads) tree_mask_kernel(TreeMaskParams p, b
 // The draw a sequence still needs where its walk stopped, left by tree_verify_kernel for the split
 // sampling pass.
 struct StopJob {
-  int32_t node;  // the stop node, or -1: nothing to draw (the token is written)
-  int32_t acc;   // accepted tokens: the draw goes to out_tokens[acc]
-  int32_t nrej;  // tokens rejected at the node (w.rejected), or
-  bool residual;  // draw from r instead
-  int32_t top;   // the stop row's argmax: the token if nothing can be drawn
+  int32_t node;   // the stop node, or -1: nothing to draw (the token is written)
+  int32_t acc;    // accepted tokens: the draw goes to out_tokens[acc]
+  int32_t nrej;   // tokens rejected at the node (w.rejected), or
+  bool residual;  // draw from max(e - coef q, 0) instead (xkernels/tree.h's TreeResidual)
+  int32_t top;    // the stop row's argmax: the token if nothing can be drawn
+  float top_log2;  // the row's max times log2(e)
+  TreeCoef coef;   // the residual's
 };
 
 struct VerifyWorkspace {
   int32_t* kids;      // [n, m] the children of the node being tested
-  int32_t* rejected;  // [n, m] tokens rejected at it (deterministic children)
-  float* r;           // [n, v] the residual (draft_probs), or null
-  float* qw;          // [n, v] q with removed tokens (without replacement), or null
+  int32_t* rejected;  // [n, m] tokens rejected at it (with draft_probs each once)
   StopJob* jobs;      // [n]
   ArgMax* slices;     // [n, sample_slices]: each slice's Gumbel-max
   int sample_slices;
@@ -209,10 +210,11 @@ struct VerifyWorkspace {
 // What thread 0 decides and the block shares at one node.
 struct NodeState {
   RowStats stats;
+  const float* q;  // the node's draft row
+  TreeResidual res;
   int64_t chosen;
   int32_t kids, rejected, x;
-  float zq, zr, remaining;
-  bool residual, q_copied, empty;
+  bool pass, empty;  // pass: res.sum is stale (a rejection came before child x): the block sums r
 };
 
 template <typename T>
@@ -225,18 +227,21 @@ struct Four {
   float x[4];
 };
 
-// The Gumbel-max log-weights of ids 4g .. 4g+count-1 at the stop node: `a` holds the scaled
-// logits, or the residual r when `residual`. Rejected tokens are looked up only when the group
-// could still win (removing ids only lowers weights), so most groups skip the list.
-__device__ __forceinline__ void stop_weights(const float (&a)[4], int64_t g, int count, bool residual,
-                                             const int32_t* rejected, int32_t nrej, float best, float (&wt)[4]) {
+// e = exp(a - max) of a scaled logit a, as the row statistics compute it (one FMA, one exp2).
+__device__ __forceinline__ float softmax_weight(float a, float top_log2) { return exp2f(fmaf(a, kLog2e, -top_log2)); }
+
+// The Gumbel-max log-weights of ids 4g .. 4g+count-1 at the stop node, the scaled logits `a` but
+// the rejected tokens. Those are looked up only when the group could still win (removing ids only
+// lowers weights), so most groups skip the list.
+__device__ __forceinline__ void stop_weights(const float (&a)[4], int64_t g, int count, const int32_t* rejected,
+                                             int32_t nrej, float best, float (&wt)[4]) {
   bool live = false;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    wt[j] = j >= count ? kNegInf : !residual ? a[j] : a[j] > 0.0f ? log_f32(a[j]) : kNegInf;
+    wt[j] = j >= count ? kNegInf : a[j];
     live |= wt[j] + kGumbelBound >= best;
   }
-  if (residual || !live) return;
+  if (!live) return;
   for (int32_t k = 0; k < nrej; ++k) {
     const int64_t x = rejected[k];
 #pragma unroll
@@ -245,15 +250,56 @@ __device__ __forceinline__ void stop_weights(const float (&a)[4], int64_t g, int
   }
 }
 
-// tree_verify_kernel's block (a sequence) and its loads in flight a thread: 512 threads with 16 of
-// 16 bytes reading a row (128 KB a block, 127 registers); with draft_probs, whose residual passes
-// (4 pairs of float4 in flight) need more registers, 384 threads with 8 (48 KB). ptxas reports no
-// spills for either (XKERNELS_PTXAS_VERBOSE=1).
-template <bool kDraft>
-constexpr int kVerifyThreads = kDraft ? 384 : 512;
+// tree_verify_kernel's block (a sequence) and its loads of 16 bytes in flight a thread: 512 threads
+// with 16 reading a row (128 KB a block, 121-122 registers). With draft_probs (T > 0) the kernel
+// holds more state through its passes, and the depths that ptxas fits in 128 registers without a
+// spill (sm_90a; deeper ones spill) are 8 for a row (64 KB), kPassGroups chunks of the row each with
+// the float4s of q beside it for a residual pass (9 loads for 16-bit logits, 72 KB; 8 for float32,
+// 64 KB) and 4 for q's sum (32 KB). XKERNELS_PTXAS_VERBOSE=1 shows them.
+constexpr int kVerifyThreads = 512;
 template <bool kDraft>
 constexpr int kRowDepth = kDraft ? 8 : 16;
-constexpr int kPassDepth = 4;
+template <typename T>
+constexpr int kPassGroups = sizeof(T) == 4 ? 4 : 3;
+constexpr int kSumDepth = 4;
+
+// The residual's sum, sum_i max(e_i - coef q_i, 0) with e_i = exp(a_i - max) from the row (at
+// thread 0): read-only, from the logits and q, nothing stored. vector_ok: both rows start 16-byte
+// aligned and hold whole chunks.
+template <typename T>
+__device__ __forceinline__ float residual_sum(const T* row, const float* q, int64_t v, bool vector_ok, float scale,
+                                              float top_log2, TreeCoef coef) {
+  constexpr int kIds = 16 / sizeof(T), kQuads = kIds / 4;
+  struct Chunk {
+    uint4 a;
+    float4 q[kQuads];
+  };
+  const int64_t whole = vector_ok ? v / kIds : 0;
+  float total = 0.0f;
+  for_each_batched<kPassGroups<T>>(
+      threadIdx.x, whole, kVerifyThreads,
+      [&](int64_t c) {
+        Chunk x;
+        x.a = reinterpret_cast<const uint4*>(row)[c];
+#pragma unroll
+        for (int j = 0; j < kQuads; ++j) x.q[j] = reinterpret_cast<const float4*>(q)[kQuads * c + j];
+        return x;
+      },
+      [&](int64_t, const Chunk& x) {
+        float a[kIds], add = 0.0f;
+        unpack<T>(x.a, scale, a);
+#pragma unroll
+        for (int j = 0; j < kQuads; ++j) {
+          const float qs[4] = {x.q[j].x, x.q[j].y, x.q[j].z, x.q[j].w};
+#pragma unroll
+          for (int k = 0; k < 4; ++k) add += tree_residual_weight(softmax_weight(a[4 * j + k], top_log2), qs[k], coef);
+        }
+        total += add;
+      });
+  for (int64_t i = kIds * whole + threadIdx.x; i < v; i += kVerifyThreads)
+    total += tree_residual_weight(softmax_weight(scaled(row, i, scale), top_log2), q[i], coef);
+  return block_sum<kVerifyThreads>(total);
+}
 
 // Warp 0 tests the children of `node` in node order, 32 candidate nodes a round: at a point mass,
 // the first child whose token is the row's argmax; with deterministic children, the rule of
@@ -322,24 +368,23 @@ __device__ __forceinline__ void list_children(NodeState& sh, const int64_t* pare
   if (lane == 0) sh.kids = k;
 }
 
-// vector_ok: rows of logits (and of q and r) start 16-byte aligned, so whole chunks load as vectors.
+// vector_ok: rows of logits (and of q) start 16-byte aligned, so whole chunks load as vectors.
 // kDraft: p.q is set (the residual passes are compiled only then).
 template <typename T, bool kDraft>
-__global__ void __launch_bounds__(kVerifyThreads<kDraft>, 1)
+__global__ void __launch_bounds__(kVerifyThreads, 1)
     tree_verify_kernel(TreeVerifyParams p, VerifyWorkspace w, bool vector_ok) {
-  constexpr int kBlock = kVerifyThreads<kDraft>;
-  constexpr int kIds = 16 / sizeof(T), kDepth = kRowDepth<kDraft>;
+  constexpr int kBlock = kVerifyThreads;
+  constexpr int kIds = 16 / sizeof(T);
   __shared__ NodeState sh;
+  __shared__ uint64_t rng[2];  // seed, offset: thread 0's, kept out of the registers of the row passes
   const int64_t n = blockIdx.x, m = p.m, v = p.v;
   const int64_t count = node_count(p.num_nodes, n, m);
   const int64_t* tokens = p.tokens + n * m;
   const int64_t* parents = p.parents + n * m;
   int32_t* kids = w.kids + n * m;
   int32_t* rejected = w.rejected + n * m;
-  float* r = w.r ? w.r + n * v : nullptr;
-  float* qw = w.qw ? w.qw + n * v : nullptr;
-  const uint64_t seed = read_or(p.seed_ptr, p.seed), offset = read_or(p.offset_ptr, p.offset);
-  const bool greedy = p.inv_t == 0.0f;
+  if (threadIdx.x == 0) rng[0] = read_or(p.seed_ptr, p.seed), rng[1] = read_or(p.offset_ptr, p.offset);
+  const bool greedy = !kDraft && p.inv_t == 0.0f;  // draft_probs at T = 0 take the plain kernel
   const float scale = greedy ? 1.0f : p.inv_t;
   int64_t node = 0, acc = 0;
   for (;;) {
@@ -348,102 +393,78 @@ __global__ void __launch_bounds__(kVerifyThreads<kDraft>, 1)
     // in flight, more than HBM's bandwidth times its latency.
     const int64_t chunks = (v + kIds - 1) / kIds;
     RowStats s =
-        greedy ? thread_row_stats<T, true, kDepth>(row, v, 0, chunks, vector_ok, 1.0f, -1, threadIdx.x, kBlock)
-               : thread_row_stats<T, false, kDepth>(row, v, 0, chunks, vector_ok, scale, -1, threadIdx.x, kBlock);
+        greedy ? thread_row_stats<T, true, kRowDepth<kDraft>>(row, v, 0, chunks, vector_ok, 1.0f, -1, threadIdx.x,
+                                                              kBlock)
+               : thread_row_stats<T, false, kRowDepth<kDraft>>(row, v, 0, chunks, vector_ok, scale, -1, threadIdx.x,
+                                                               kBlock);
     s = block_merge<kBlock>(s, stats_empty());
-    if (threadIdx.x == 0) sh = NodeState{s, -1, 0, 0, -1, 0.0f, 1.0f, 1.0f, false, false, false};
+    if (threadIdx.x == 0)
+      sh = NodeState{s, kDraft ? p.q + (n * m + node) * v : nullptr, tree_residual_start(s.sum, 0.0f), -1, 0, 0, -1,
+                     false, false};
     __syncthreads();
     s = sh.stats;
     const bool point_mass = greedy || stats_degenerate(s);
-    const float* q_row = kDraft ? p.q + (n * m + node) * v : nullptr;
+    const float top_log2 = s.top.val * kLog2e;
     if (threadIdx.x < 32) {
       if (point_mass || !kDraft)
-        test_children(sh, s, point_mass, row, scale, tokens, parents, node, count, v, rejected, seed, offset,
+        test_children(sh, s, point_mass, row, scale, tokens, parents, node, count, v, rejected, rng[0], rng[1],
                       static_cast<uint32_t>(n));
       else
         list_children(sh, parents, node, count, kids);
     }
     __syncthreads();
     if (kDraft && !point_mass && sh.kids > 0) {
-      // Rows of q and r: four ids a 16-byte load, kPassDepth loads in flight, when vector_ok.
+      // The residual in closed form (xkernels/tree.h's TreeResidual): thread 0 tests the children
+      // in order; before a test that follows a rejection, the block sums the residual over the row.
+      // q's row from shared memory: the addresses of its loads, not invariant to the compiler, are then
+      // not hoisted out of the node's loops, where they would stay live in registers.
+      const float* q_row = sh.q;
       const int64_t quads = vector_ok ? v / 4 : 0;
       float zq = 0.0f;
-      for_each_batched<kPassDepth>(
+      for_each_batched<kSumDepth>(
           threadIdx.x, quads, kBlock, [&](int64_t g) { return reinterpret_cast<const float4*>(q_row)[g]; },
           [&](int64_t, const float4& x) { zq += (x.x + x.y) + (x.z + x.w); });
       for (int64_t x = 4 * quads + threadIdx.x; x < v; x += kBlock) zq += q_row[x];
       zq = block_sum<kBlock>(zq);
-      if (threadIdx.x == 0) sh.zq = zq;
+      if (threadIdx.x == 0) sh.res.zq = zq;
+      bool stale = false;  // thread 0's: res.sum is that of an earlier coef
       for (int32_t i = 0; i < sh.kids; ++i) {
         __syncthreads();
         if (threadIdx.x == 0) {
           const int64_t x = tokens[kids[i]];
           sh.x = x >= 0 && x < v ? static_cast<int32_t>(x) : -1;
-          if (sh.x >= 0) {
-            const float* qs = sh.q_copied ? qw : q_row;
-            const float r_x = sh.residual ? r[x] : stats_prob(s, scaled(row, x, scale));
-            if (tree_accept_sampled(acceptance_coin(seed, offset, static_cast<uint32_t>(n), static_cast<uint32_t>(kids[i])),
-                                    qs[x], sh.zq, r_x, sh.zr))
-              sh.chosen = kids[i];
-          }
+          sh.pass = sh.x >= 0 && stale;
         }
         __syncthreads();
-        if (sh.chosen >= 0 || sh.x < 0) {
-          if (sh.chosen >= 0) break;
-          continue;  // a token outside [0, V): never accepted, no residual step
+        if (sh.x < 0) continue;  // a token outside [0, V): never accepted, no residual step
+        if (sh.pass) {
+          const float total = residual_sum(row, sh.q, v, vector_ok, scale, top_log2, tree_coef(sh.res.coef));
+          if (threadIdx.x == 0) {
+            sh.res.sum = total;
+            sh.empty = !(total > 0.0f);
+            stale = false;
+          }
+          __syncthreads();
+          if (sh.empty) break;
         }
-        // Rejected: r <- max(r / zr - q / zq, 0), over the whole row.
-        const float* qs = sh.q_copied ? qw : q_row;
-        const float zr = sh.zr, zq_now = sh.zq;
-        const bool residual = sh.residual;
-        float total = 0.0f;
-        // The new r of one id from its old value (r, or p = softmax at the first rejection) and q.
-        const auto update = [&](float before, float qx) {
-          const float rx = tree_residual(before, zr, qx, zq_now);
-          total += rx;
-          return rx;
-        };
-        struct Eight {
-          Four a, q;
-        };
-        for_each_batched<kPassDepth>(
-            threadIdx.x, quads, kBlock,
-            [&](int64_t g) {
-              Eight e;
-              if (residual)
-                unpack<float>(reinterpret_cast<const float4*>(r)[g], 1.0f, e.a.x);
-              else
-                unpack<T>(reinterpret_cast<const typename Quad<T>::type*>(row)[g], scale, e.a.x);
-              unpack<float>(reinterpret_cast<const float4*>(qs)[g], 1.0f, e.q.x);
-              return e;
-            },
-            [&](int64_t g, const Eight& e) {
-              float o[4];
-#pragma unroll
-              for (int j = 0; j < 4; ++j) o[j] = update(residual ? e.a.x[j] : stats_prob(s, e.a.x[j]), e.q.x[j]);
-              reinterpret_cast<float4*>(r)[g] = float4{o[0], o[1], o[2], o[3]};
-            });
-        for (int64_t x = 4 * quads + threadIdx.x; x < v; x += kBlock)
-          r[x] = update(residual ? r[x] : stats_prob(s, scaled(row, x, scale)), qs[x]);
-        if (p.without_replacement && !sh.q_copied) {
-          for (int64_t g = threadIdx.x; g < quads; g += kBlock)
-            reinterpret_cast<float4*>(qw)[g] = reinterpret_cast<const float4*>(q_row)[g];
-          for (int64_t x = 4 * quads + threadIdx.x; x < v; x += kBlock) qw[x] = q_row[x];
-        }
-        total = block_sum<kBlock>(total);
-        __syncthreads();  // qw copied by every thread
         if (threadIdx.x == 0) {
-          sh.zr = total;
-          sh.residual = true;
-          sh.empty = !(total > 0.0f);
-          if (p.without_replacement) {
-            sh.zq -= qw[sh.x];
-            qw[sh.x] = 0.0f;
-            sh.q_copied = true;
+          const int32_t x = sh.x;
+          bool repeated = false;
+          for (int32_t k = 0; k < sh.rejected; ++k) repeated |= rejected[k] == x;
+          const float q_x = sh.q[x];
+          const float e_x = softmax_weight(scaled(row, x, scale), top_log2);
+          if (tree_residual_accepts(sh.res,
+                                    acceptance_coin(rng[0], rng[1], static_cast<uint32_t>(n), static_cast<uint32_t>(kids[i])),
+                                    e_x, q_x, repeated)) {
+            sh.chosen = kids[i];
+          } else {
+            tree_residual_reject(sh.res, q_x, p.without_replacement && !repeated);
+            if (!repeated) rejected[sh.rejected++] = x;
+            stale = true;
           }
         }
         __syncthreads();
-        if (sh.empty) break;
+        if (sh.chosen >= 0) break;
       }
     }
     __syncthreads();
@@ -451,10 +472,12 @@ __global__ void __launch_bounds__(kVerifyThreads<kDraft>, 1)
     if (chosen < 0) {
       if (threadIdx.x == 0) {  // the row's argmax, unless the sampling pass draws
         const bool draw = !point_mass && !sh.empty;
-        p.out_tokens[n * m + acc] = s.top.idx;
+        const bool residual = kDraft && sh.rejected > 0;
+        const ArgMax top = sh.stats.top;
+        p.out_tokens[n * m + acc] = top.idx;
         p.accept_len[n] = acc;
-        w.jobs[n] = StopJob{draw ? static_cast<int32_t>(node) : -1, static_cast<int32_t>(acc), sh.rejected,
-                            sh.residual, s.top.idx};
+        w.jobs[n] = StopJob{draw ? static_cast<int32_t>(node) : -1, static_cast<int32_t>(acc),
+                            residual ? 0 : sh.rejected, residual, top.idx, top.val * kLog2e, tree_coef(sh.res.coef)};
       }
       break;
     }
@@ -475,8 +498,10 @@ __global__ void __launch_bounds__(kVerifyThreads<kDraft>, 1)
 
 // The stop rows' Gumbel-max, each row split in w.sample_slices slices over the grid (one block a
 // sequence had left the draw, Philox-bound, on a single SM). Weights: the scaled logits without the
-// rejected tokens, or log r. Every block starts from the exact score of the row's argmax.
-template <typename T>
+// rejected tokens, or the residual max(e - coef q, 0) from the row and q, linear (linear_group).
+// Every block starts from the exact score of the row's argmax. kDraft: residual draws can occur (p.q
+// set; the plain draws alone take 48 registers, with residual ones 80).
+template <typename T, bool kDraft>
 __global__ void __launch_bounds__(kThreads) tree_sample_kernel(TreeVerifyParams p, VerifyWorkspace w, bool vector_ok) {
   __shared__ ArgMax start;
   const int64_t n = blockIdx.x / w.sample_slices, m = p.m, v = p.v;
@@ -486,13 +511,18 @@ __global__ void __launch_bounds__(kThreads) tree_sample_kernel(TreeVerifyParams 
   const uint64_t seed = read_or(p.seed_ptr, p.seed), offset = read_or(p.offset_ptr, p.offset);
   const uint32_t sequence = static_cast<uint32_t>(n), node = static_cast<uint32_t>(job.node);
   const T* row = static_cast<const T*>(p.logits) + (n * m + job.node) * v;
-  const float* r = job.residual ? w.r + n * v : nullptr;
+  const float* q = kDraft && job.residual ? p.q + (n * m + job.node) * v : nullptr;
   const int32_t* rejected = w.rejected + n * m;
+  // The residual of scaled logit a and draft probability qx.
+  const auto residual = [&](float a, float qx) {
+    return tree_residual_weight(softmax_weight(a, job.top_log2), qx, job.coef);
+  };
   if (threadIdx.x == 0) {
     const int32_t x = job.top;
     float wt = kNegInf;
-    if (job.residual) {
-      wt = r[x] > 0.0f ? log_f32(r[x]) : kNegInf;
+    if (q) {
+      const float r = residual(scaled(row, x, p.inv_t), q[x]);
+      wt = r > 0.0f ? log_f32(r) : kNegInf;
     } else {
       bool seen = false;
       for (int32_t k = 0; k < job.nrej; ++k) seen |= rejected[k] == x;
@@ -502,30 +532,41 @@ __global__ void __launch_bounds__(kThreads) tree_sample_kernel(TreeVerifyParams 
   }
   __syncthreads();
   ArgMax best = start;
-  const auto observe = [&](int64_t g, const Four& a, int cnt) {
+  // Ids 4g .. 4g+cnt-1: scaled logits a and (residual draws) q.
+  const auto observe = [&](int64_t g, const Four& a, const Four& qs, int cnt) {
     float wt[4];
-    stop_weights(a.x, g, cnt, job.residual, rejected, job.nrej, best.val, wt);
-    tree_sample_group(best, seed, offset, sequence, node, static_cast<uint32_t>(g), wt, cnt);
+    if (q) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) wt[j] = j < cnt ? residual(a.x[j], qs.x[j]) : 0.0f;
+      linear_group(best, seed, offset, sequence, node, static_cast<uint32_t>(g), wt);
+    } else {
+      stop_weights(a.x, g, cnt, rejected, job.nrej, best.val, wt);
+      tree_sample_group(best, seed, offset, sequence, node, static_cast<uint32_t>(g), wt, cnt);
+    }
+  };
+  struct Group {
+    Four a, q;
   };
   const SliceRange range = slice_range(v, 4, w.sample_slices, slice);
   const int64_t vector_end = vector_ok ? vector_span_end(range.begin, range.end, v / 4) : range.begin;
   for_each_batched<4>(
       range.begin + threadIdx.x, vector_end, kThreads,
       [&](int64_t g) {
-        Four a;
-        if (r)
-          unpack<float>(reinterpret_cast<const float4*>(r)[g], 1.0f, a.x);
-        else
-          unpack<T>(reinterpret_cast<const typename Quad<T>::type*>(row)[g], p.inv_t, a.x);
-        return a;
+        Group x{};
+        unpack<T>(reinterpret_cast<const typename Quad<T>::type*>(row)[g], p.inv_t, x.a.x);
+        if (q) unpack<float>(reinterpret_cast<const float4*>(q)[g], 1.0f, x.q.x);
+        return x;
       },
-      [&](int64_t g, const Four& a) { observe(g, a, 4); });
+      [&](int64_t g, const Group& x) { observe(g, x.a, x.q, 4); });
   for (int64_t g = vector_end + threadIdx.x; g < range.end; g += kThreads) {
     const int cnt = v - 4 * g < 4 ? static_cast<int>(v - 4 * g) : 4;
-    Four a;
+    Group x;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) a.x[j] = j >= cnt ? 0.0f : r ? r[4 * g + j] : scaled(row, 4 * g + j, p.inv_t);
-    observe(g, a, cnt);
+    for (int j = 0; j < 4; ++j) {
+      x.a.x[j] = j < cnt ? scaled(row, 4 * g + j, p.inv_t) : 0.0f;
+      x.q.x[j] = j < cnt && q ? q[4 * g + j] : 0.0f;
+    }
+    observe(g, x.a, x.q, cnt);
   }
   best = block_merge(best, argmax_empty());
   if (threadIdx.x == 0) w.slices[blockIdx.x] = best;
@@ -567,17 +608,19 @@ size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
 
 template <typename T>
 cudaError_t launch_verify_typed(const TreeVerifyParams& p, const VerifyWorkspace& w, cudaStream_t stream) {
-  // Rows of logits, q and r start 16-byte aligned (r's rows are v floats from a 256-byte aligned base).
+  // Rows of logits and q start 16-byte aligned.
   const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && p.v % 4 == 0 &&
                          reinterpret_cast<uintptr_t>(p.logits) % 16 == 0 &&
                          (p.q == nullptr || reinterpret_cast<uintptr_t>(p.q) % 16 == 0);
-  constexpr int kDraftThreads = kVerifyThreads<true>, kPlainThreads = kVerifyThreads<false>;
-  if (p.q)
-    tree_verify_kernel<T, true><<<p.n, kDraftThreads, 0, stream>>>(p, w, vector_ok);
+  if (p.q && p.inv_t != 0.0f)  // at T = 0 draft_probs play no part
+    tree_verify_kernel<T, true><<<p.n, kVerifyThreads, 0, stream>>>(p, w, vector_ok);
   else
-    tree_verify_kernel<T, false><<<p.n, kPlainThreads, 0, stream>>>(p, w, vector_ok);
+    tree_verify_kernel<T, false><<<p.n, kVerifyThreads, 0, stream>>>(p, w, vector_ok);
   if (p.inv_t != 0.0f) {  // greedy walks write every token themselves
-    tree_sample_kernel<T><<<p.n * w.sample_slices, kThreads, 0, stream>>>(p, w, vector_ok);
+    if (p.q)
+      tree_sample_kernel<T, true><<<p.n * w.sample_slices, kThreads, 0, stream>>>(p, w, vector_ok);
+    else
+      tree_sample_kernel<T, false><<<p.n * w.sample_slices, kThreads, 0, stream>>>(p, w, vector_ok);
     tree_sample_finish_kernel<<<(p.n + kWarps - 1) / kWarps, kThreads, 0, stream>>>(p, w);
   }
   return cudaGetLastError();
@@ -605,10 +648,9 @@ cudaError_t launch_tree_mask(const TreeMaskParams& p, cudaStream_t stream) {
 
 size_t tree_verify_workspace_bytes(const TreeVerifyParams& p) {
   const size_t lists = 2 * align_up(sizeof(int32_t) * p.n * p.m);
-  const size_t rows = p.q ? align_up(sizeof(float) * p.n * p.v) * (p.without_replacement ? 2 : 1) : 0;
   const size_t draws = align_up(sizeof(StopJob) * p.n) +
                        align_up(sizeof(ArgMax) * p.n * row_slice_count(p.n, p.v, p.num_sms));
-  return lists + rows + draws;
+  return lists + draws;
 }
 
 cudaError_t launch_tree_verify(const TreeVerifyParams& p, void* workspace, cudaStream_t stream) {
@@ -619,14 +661,6 @@ cudaError_t launch_tree_verify(const TreeVerifyParams& p, void* workspace, cudaS
   at += align_up(sizeof(int32_t) * p.n * p.m);
   w.rejected = reinterpret_cast<int32_t*>(at);
   at += align_up(sizeof(int32_t) * p.n * p.m);
-  if (p.q) {
-    w.r = reinterpret_cast<float*>(at);
-    at += align_up(sizeof(float) * p.n * p.v);
-    if (p.without_replacement) {
-      w.qw = reinterpret_cast<float*>(at);
-      at += align_up(sizeof(float) * p.n * p.v);
-    }
-  }
   w.jobs = reinterpret_cast<StopJob*>(at);
   at += align_up(sizeof(StopJob) * p.n);
   w.slices = reinterpret_cast<ArgMax*>(at);

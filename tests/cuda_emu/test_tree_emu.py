@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from xkernels import reference
-from tests.test_tree import random_tree, topk_case, verify_case
+from tests.test_tree import random_tree, sampled_edge_case, topk_case, verify_case
 
 
 # (2, 4, 16, 2100): the search state (4,201 candidates) does not fit in 48 KB of shared memory,
@@ -92,13 +92,17 @@ def test_tree_verify(emu, dtype, kind, temperature, with_q, without_replacement,
                          [(0.0, False, False), (1.0, False, False), (1.0, True, False), (1.0, True, True)])
 def test_tree_verify_many_children(emu, temperature, with_q, without_replacement):
     """Roots of 79 children (warp 0 tests them 32 a round), tokens out of 20 (repeats within and
-    across rounds, which a rejection rules out); children rejected for three rounds."""
+    across rounds, which a rejection rules out); children rejected for three rounds. The first two
+    roots' children hold tokens 1..9 only: q keeps the mass of 10..19, so the draft residual keeps
+    ~1e-3 of the row's mass after the ~70 rejections. (Removing every token but the target's from q
+    takes it to ~1e-22, a path of that probability when children are drawn from q, where the closed
+    form of xkernels/tree.h, good to ~2^-48 of the row's mass, no longer follows the reference.)"""
     tokens, parents, logits, q = verify_case(4, 80, 20, "star", seed=8)
     tokens[:, 1:] = torch.randint(0, 20, (4, 79), generator=torch.Generator().manual_seed(1))
     tokens[3, 1:] = logits[3, 0].argmax()  # every child the argmax: the first is taken
     logits[2, 0] = 0.0  # a flat row
     logits[:2, 0, 0] = 30.0  # token 0 all but certain: the others are rejected, round after round
-    tokens[:2, 1:] = tokens[:2, 1:].clamp_min(1)
+    tokens[:2, 1:] = tokens[:2, 1:] % 9 + 1
     tokens[1, 70] = 0  # the third round's child 70 is taken
     got = emu.tree_verify(tokens, parents, logits, q if with_q else None, without_replacement, temperature, 3, 4)
     want = reference.tree_verify(tokens, parents, logits, q if with_q else None, without_replacement, temperature,
@@ -163,3 +167,26 @@ def test_tree_verify_edge_shapes(emu, n, m, v, temperature, with_q):
     want = reference.tree_verify(tokens, parents, logits, q if with_q else None, False, temperature, 5, 1)
     for a, b in zip(got, want):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("without_replacement", [False, True])
+def test_tree_verify_sampled_edge_rows(emu, without_replacement):
+    """Residuals that empty at a rejection, a draft row without mass, a token repeated among the
+    children (tests/test_tree.py's sampled_edge_case), and the same on rows of 20,003 ids (unaligned,
+    several residual passes) with q far from p, so most children are rejected."""
+    tokens, parents, logits, q, num_nodes = sampled_edge_case()
+    for seed in range(6):
+        got = emu.tree_verify(tokens, parents, logits, q, without_replacement, 1.0, seed, 0, num_nodes)
+        want = reference.tree_verify(tokens, parents, logits, q, without_replacement, 1.0, seed, 0, num_nodes)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+    for v, dtype in [(20003, torch.bfloat16), (20000, torch.float32), (20000, torch.float16)]:
+        tokens, parents, logits, _ = verify_case(3, 9, v, "star", dtype, seed=v % 7)
+        g = torch.Generator().manual_seed(v)
+        q = torch.softmax(torch.randn(3, 9, v, generator=g) * 3, -1)
+        tokens[:, 1:] = torch.multinomial(q[:, 0], 8, replacement=True, generator=g)
+        tokens[2, 4:] = tokens[2, 3]  # repeats
+        got = emu.tree_verify(tokens, parents, logits, q, without_replacement, 1.0, 4, 3)
+        want = reference.tree_verify(tokens, parents, logits, q, without_replacement, 1.0, 4, 3)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)

@@ -232,19 +232,17 @@ XK_HD float sample_log_weight(const SampleJob& job, float a, int32_t v, float q)
   }
 }
 
-// gumbel_group for the residual weights r = p - q (kSampleResidual), kept linear: the group draws
-// only if its largest r e exceeds 2^-24, the least 1 - u (else every id fails the test whatever its
-// word), and logf(r), which the score adds as before, runs only for the ids the test leaves.
-XK_HD void residual_group(ArgMax& best, const SampleJob& job, uint64_t seed, uint64_t offset, uint32_t sequence,
-                          uint32_t g, const float* a, const float* q, int count) {
-  float r[4], top = 0.0f;
-  for (int j = 0; j < 4; ++j) {
-    r[j] = j < count ? stats_prob(job.stats, a[j]) - (q ? q[j] : 0.0f) : 0.0f;
-    top = max_ignoring_nan(top, r[j]);
-  }
+// gumbel_group for weights r of ids 4g .. 4g+3 given linearly (score logf(r) + noise; r <= 0 or
+// NaN: never drawn, so ids past a row's end hold 0): the group draws only if its largest r e exceeds
+// 2^-24, the least 1 - u (else every id fails the test whatever its word), and logf(r) runs only for
+// the ids the test leaves.
+XK_HD void linear_group(ArgMax& best, uint64_t seed, uint64_t offset, uint32_t sequence, uint32_t position,
+                        uint32_t g, const float (&r)[4]) {
+  float top = 0.0f;
+  for (int j = 0; j < 4; ++j) top = max_ignoring_nan(top, r[j]);
   const float scale = gumbel_gate_scale(gumbel_gate(best.val));
   if (!(top * scale > 0x1p-24f)) return;  // no r > 0: 0 * scale is 0 or NaN
-  const Philox4 word = philox_draw(seed, offset, sequence, static_cast<uint32_t>(job.row), g);
+  const Philox4 word = philox_draw(seed, offset, sequence, position, g);
   bool may_win[4], any = false;
   for (int j = 0; j < 4; ++j) {
     may_win[j] = (r[j] > 0.0f) & !gumbel_cannot_win_linear(scale, r[j], word.w[j]);
@@ -254,6 +252,14 @@ XK_HD void residual_group(ArgMax& best, const SampleJob& job, uint64_t seed, uin
   for (int j = 0; j < 4; ++j)
     if (may_win[j])
       argmax_observe(best, log_f32(r[j]) + gumbel_from_word(word.w[j]), static_cast<int32_t>(4 * g + j));
+}
+
+// linear_group for the residual weights r = p - q (kSampleResidual).
+XK_HD void residual_group(ArgMax& best, const SampleJob& job, uint64_t seed, uint64_t offset, uint32_t sequence,
+                          uint32_t g, const float* a, const float* q, int count) {
+  float r[4];
+  for (int j = 0; j < 4; ++j) r[j] = j < count ? stats_prob(job.stats, a[j]) - (q ? q[j] : 0.0f) : 0.0f;
+  linear_group(best, seed, offset, sequence, static_cast<uint32_t>(job.row), g, r);
 }
 
 // Gumbel-max over vocabulary ids 4g .. 4g+count-1 under the job's weights (gumbel_group).

@@ -5,6 +5,7 @@
 // committed token); parents[0] = -1 and 0 <= parents[i] < i for the real nodes i < num_nodes.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "xkernels/host_device.h"
@@ -138,7 +139,8 @@ XK_HD bool tree_parent_ok(const int64_t* parents, int64_t i) {
 //    accepted, so it cannot count twice); if none is accepted, sample from r.
 //  - T > 0, children drawn i.i.d. from q (draft_probs; SpecInfer / SpecTr): x is accepted iff
 //    u < r(x) / q(x) with r normalised; on rejection r <- normalize(max(r - q, 0)), and without
-//    replacement also q(x) <- 0, renormalised. If none is accepted, sample from r.
+//    replacement also q(x) <- 0, renormalised. If none is accepted, sample from r. A draft row
+//    without mass (sum 0) proposes nothing: its children are rejected, r stays.
 // Child c's coin is the acceptance coin of position c (acceptance_coin(seed, offset, n, c)); the
 // sample at node i is Gumbel-max with the noise of position i (word v % 4 of draw v / 4), as in
 // chain_verify. A residual that is numerically empty emits the row's argmax.
@@ -146,13 +148,65 @@ XK_HD bool tree_parent_ok(const int64_t* parents, int64_t i) {
 // Deterministic children: u * remaining < p(x), remaining = 1 - the mass of the rejected tokens.
 XK_HD bool tree_accept_plain(float u, float p_x, float remaining) { return u * remaining < p_x; }
 
-// Sampled children, with r and q kept unnormalised (sums zr, zq): u * q(x) / zq < r(x) / zr.
-XK_HD bool tree_accept_sampled(float u, float q_x, float zq, float r_x, float zr) { return u * q_x * zr < r_x * zq; }
+// Sampled children in closed form. With e = exp(a - max a) (the row's softmax times its sum) and q
+// the node's draft row, every residual is r_k = max(e - c_k q, 0) up to a factor: c_0 = 0, and a
+// rejection at step k (r_k summing to s_k, q to z_k > 0) gives
+//   max(r_k / s_k - q / z_k, 0) = max(e - (c_k + s_k / z_k) q, 0) / s_k,
+// as max(max(y, 0) - d q, 0) = max(y - d q, 0) for d, q >= 0. Without replacement the rejected
+// tokens leave q, but r is 0 at each of them from its rejection on (x is rejected only if
+// r_k(x) / s_k < q(x) / z_k, or r_k(x) = 0 = q(x)), where max(e - c q, 0) is 0 too (c only grows):
+// the same formula with the whole q holds, z_k being the mass q has left. So a step needs only
+// s_k, a read-only pass over the row and q, and no residual row is ever stored. A repeated token is
+// never accepted (its r is 0); it still makes its residual step.
+// The residual shrinks by a factor s_k a step while e stays: e - c q cancels down to it, so c is
+// kept in double and applied as two floats by two FMAs, which leaves an error near 2^-48 e + 2^-24 r
+// instead of 2^-24 e (the reference renormalises r each step; this keeps up with it for residuals
+// down to ~1e-12 of the row's mass, which the children drawn from q reach with that probability).
+struct TreeResidual {
+  double coef;  // c_k
+  float sum;    // s_k, the sum of max(e - coef q, 0) over the row
+  float zq;     // z_k
+};
 
-// The residual update of one element: max(r / zr - q / zq, 0).
-XK_HD float tree_residual(float r, float zr, float q, float zq) {
-  const float x = r / zr - (zq > 0.0f ? q / zq : 0.0f);
-  return x > 0.0f ? x : 0.0f;
+// c as hi + lo, two floats (hi finite).
+struct TreeCoef {
+  float hi, lo;
+};
+
+XK_HD TreeCoef tree_coef(double c) {
+  const double top = 3.4028234663852886e38;  // FLT_MAX
+  const float hi = static_cast<float>(c < top ? c : top);
+  return TreeCoef{hi, c < top ? static_cast<float>(c - hi) : 0.0f};
+}
+
+XK_HD float tree_fma(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return fmaf(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
+// Before any rejection: r = e, whose sum is the row statistics' sum.
+XK_HD TreeResidual tree_residual_start(float softmax_sum, float zq) { return TreeResidual{0.0, softmax_sum, zq}; }
+
+// max(e - c q, 0) (a NaN as 0).
+XK_HD float tree_residual_weight(float e, float q, TreeCoef c) {
+  const float d = tree_fma(-c.lo, q, tree_fma(-c.hi, q, e));
+  return d > 0.0f ? d : 0.0f;
+}
+
+// Whether child x (e_x, q_x; `repeated`: rejected before at this node) is accepted with coin u:
+// u * q(x) / zq < r(x) / sum, kept free of divisions.
+XK_HD bool tree_residual_accepts(const TreeResidual& r, float u, float e_x, float q_x, bool repeated) {
+  return !repeated && u * q_x * r.sum < tree_residual_weight(e_x, q_x, tree_coef(r.coef)) * r.zq;
+}
+
+// The step of a rejection (`remove`: without replacement and not repeated, so q(x) leaves q). The
+// new sum comes from a pass over the row (r.sum is stale until then).
+XK_HD void tree_residual_reject(TreeResidual& r, float q_x, bool remove) {
+  if (r.zq > 0.0f) r.coef += static_cast<double>(r.sum) / static_cast<double>(r.zq);
+  if (remove) r.zq -= q_x;
 }
 
 // Gumbel-max over ids 4g .. 4g+count-1 with log-weights w (-inf: cannot be drawn); the noise of
