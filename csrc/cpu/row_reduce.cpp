@@ -136,20 +136,13 @@ XK_CLONES void scale_row(const c10::Half* row, int64_t n, float scale, float* ou
   scale_row_impl(row, n, scale, out);
 }
 
-// Every (products, bias) type pair: float32 or bfloat16 products (the weights' dtype), float32,
-// bfloat16 or float16 base logits.
-#define XK_TRANSPOSE_ADD_SCALE(P, T)                                                                           \
+#define XK_DEFINE_TRANSPOSE_ADD_SCALE(P, T)                                                                   \
   XK_CLONES void transpose_add_scale(const P* in, int64_t n, int64_t rows, const T* const* bias, float scale, \
                                      float* out, int64_t out_stride) {                                      \
     transpose_add_scale_impl(in, n, rows, bias, scale, out, out_stride);                                    \
   }
-XK_TRANSPOSE_ADD_SCALE(float, float)
-XK_TRANSPOSE_ADD_SCALE(float, c10::BFloat16)
-XK_TRANSPOSE_ADD_SCALE(float, c10::Half)
-XK_TRANSPOSE_ADD_SCALE(c10::BFloat16, float)
-XK_TRANSPOSE_ADD_SCALE(c10::BFloat16, c10::BFloat16)
-XK_TRANSPOSE_ADD_SCALE(c10::BFloat16, c10::Half)
-#undef XK_TRANSPOSE_ADD_SCALE
+XK_TRANSPOSE_ADD_SCALE_TYPES(XK_DEFINE_TRANSPOSE_ADD_SCALE)
+#undef XK_DEFINE_TRANSPOSE_ADD_SCALE
 
 // One pass: each lane keeps its first maximum (NaNs are skipped and flagged).
 XK_CLONES static ArgMax argmax_ignoring_nan(const float* a, int64_t n, bool* has_nan) {

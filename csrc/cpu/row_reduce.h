@@ -20,15 +20,15 @@ void scale_row(const c10::Half* row, int64_t n, float scale, float* out);
 
 // out[m * out_stride + i] = (float(bias[m][i]) + float(in[i * rows + m])) * scale (i < n, m < rows):
 // id-major products [n, rows] (float32 or bfloat16) plus each row's bias, as scaled rows.
-#define XK_DECLARE_TRANSPOSE_ADD_SCALE(P, T)                                                             \
+// X(P, T) for every pair: float32 or bfloat16 products (the weights' dtype), float32, bfloat16 or
+// float16 base logits.
+#define XK_TRANSPOSE_ADD_SCALE_TYPES(X) \
+  X(float, float) X(float, c10::BFloat16) X(float, c10::Half) X(c10::BFloat16, float) \
+  X(c10::BFloat16, c10::BFloat16) X(c10::BFloat16, c10::Half)
+#define XK_DECLARE_TRANSPOSE_ADD_SCALE(P, T)                                                                  \
   void transpose_add_scale(const P* in, int64_t n, int64_t rows, const T* const* bias, float scale, float* out, \
                            int64_t out_stride);
-XK_DECLARE_TRANSPOSE_ADD_SCALE(float, float)
-XK_DECLARE_TRANSPOSE_ADD_SCALE(float, c10::BFloat16)
-XK_DECLARE_TRANSPOSE_ADD_SCALE(float, c10::Half)
-XK_DECLARE_TRANSPOSE_ADD_SCALE(c10::BFloat16, float)
-XK_DECLARE_TRANSPOSE_ADD_SCALE(c10::BFloat16, c10::BFloat16)
-XK_DECLARE_TRANSPOSE_ADD_SCALE(c10::BFloat16, c10::Half)
+XK_TRANSPOSE_ADD_SCALE_TYPES(XK_DECLARE_TRANSPOSE_ADD_SCALE)
 #undef XK_DECLARE_TRANSPOSE_ADD_SCALE
 
 // torch.argmax of a (the first NaN if there is one).
