@@ -37,13 +37,13 @@ _HOST_READS = ("item", "tolist", "numpy", "__int__", "__index__", "__float__", "
 @contextlib.contextmanager
 def _unread(*tensors):
     """Fails any host read (item, int(), bool(), tolist(), ...) of a tensor sharing storage with
-    tensors: they may only be read by kernels and tensor ops."""
+    tensors (of any tensor when none are given): they may only be read by kernels and tensor ops."""
     guarded = {t.untyped_storage().data_ptr() for t in tensors}
     own = {name: torch.Tensor.__dict__.get(name) for name in _HOST_READS}
 
     def guard(name, original):
         def read(self, *args, **kwargs):
-            assert self.untyped_storage().data_ptr() not in guarded, f"host read of a seed tensor: Tensor.{name}"
+            assert guarded and self.untyped_storage().data_ptr() not in guarded, f"host read: Tensor.{name}"
             return original(self, *args, **kwargs)
         return read
 
@@ -148,6 +148,12 @@ def _check_refine(rank, bounds):
             lambda **rng: distributed.jacobi_refine(ctx, prefix, local_base, local_w, max_iters=3, vocab_start=start,
                                                     temperature=temperature, **rng),
             xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=3, **kw), seed, offset, 1)
+        for max_iters in (0, 2, 9):  # 9 > D + 1: the capturable loop stops at D + 1 passes
+            with _unread():
+                got = distributed.jacobi_refine(ctx, prefix, local_base, local_w, max_iters=max_iters,
+                                                vocab_start=start, capturable=True, **kw)
+            _same(f"jacobi_refine T={temperature} capturable max_iters={max_iters}", got,
+                  xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=max_iters, **kw), 1)
         _same_for_either_seed(
             f"sequential_refine T={temperature}",
             lambda **rng: distributed.sequential_refine(ctx, prefix, local_base, local_w, vocab_start=start,
@@ -322,8 +328,8 @@ def _check_cuda_graph(rank, world, port):
         tokens = tokens.cuda()
         block = torch.randint(0, V, (n, m), generator=g).cuda()
         block[:, ::2] = 3
-        ctx, prev, _, base, weights = _refiner_case(BOUNDS[2])
-        ctx, prev, base = ctx.cuda(), prev.cuda(), base.cuda()
+        ctx, prev, prefix, base, weights = _refiner_case(BOUNDS[2])
+        ctx, prev, prefix, base = ctx.cuda(), prev.cuda(), prefix.cuda(), base.cuda()
         weights = RefinerWeights(*(w.cuda() for w in weights))
         seed, offset = _as_tensors(2**64 - 3, 4, "cuda")
         rng = dict(temperature=1.0, seed=seed, offset=offset)
@@ -336,6 +342,9 @@ def _check_cuda_graph(rank, world, port):
                           lambda: xkernels.dllm_step(logits, block, 3, **rng), 3),
             "refine_step": (lambda: distributed.refine_step(ctx, prev, base, weights, vocab_start=0, **rng),
                             lambda: xkernels.refine_step(ctx, prev, base, weights, **rng), 1),
+            "jacobi_refine": (lambda: distributed.jacobi_refine(ctx, prefix, base, weights, max_iters=9, vocab_start=0,
+                                                                capturable=True, **rng),
+                              lambda: xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=9, **rng), 1),
         }
         for name, (sharded, whole, logprob_index) in steps.items():
             want = whole()

@@ -14,7 +14,9 @@ collectives:
 - ``chain_verify``: 1 all-gather at T = 0, 2 at T > 0.
 - ``refine_step``: an all-reduce of the embedded rows [N, B, r] (a vocabulary-parallel embedding
   lookup) and 1 all-gather; ``jacobi_refine`` / ``sequential_refine`` run passes of it (plus one
-  all-gather for the drafter's own sample), as many as the unsharded op runs.
+  all-gather for the drafter's own sample), as many as the unsharded op runs (``jacobi_refine``
+  reads on the host after each pass whether a sequence changed), or with ``capturable=True``
+  min(max_iters, D + 1) passes and no host read.
 - ``dllm_step``: 1 all-gather.
 - ``tree_verify`` without draft probabilities: 2 all-gathers (1 at T = 0). With draft
   probabilities the recursive residual after each rejected sibling needs the global sum of the
@@ -243,17 +245,24 @@ def refine_step(ctx, prev_tokens, local_base_logits, local_weights: RefinerWeigh
 
 
 def jacobi_refine(ctx, prefix_tokens, local_base_logits, local_weights: RefinerWeights, *, max_iters: int,
-                  vocab_start: int, group=None, temperature: float = 0.0, seed=0, offset=0):
+                  vocab_start: int, group=None, temperature: float = 0.0, seed=0, offset=0, capturable: bool = False):
     """xkernels.jacobi_refine over vocabulary shards (the iteration of reference.jacobi_refine,
-    each pass a sharded refine_step). Returns (tokens, logprobs, iters int32)."""
+    each pass a sharded refine_step). Returns (tokens, logprobs, iters int32).
+
+    By default the loop stops once no sequence changed in a pass, which reads a flag on the host
+    after every pass. capturable=True never reads the host (CUDA-graph capturable): it runs
+    min(max_iters, D + 1) passes, after which no sequence can still change (pass k fixes slot
+    k - 1), with stopped sequences frozen, so the outputs are the same; the cost is the passes
+    the early stop would have skipped."""
     if max_iters < 0:
         raise ValueError("max_iters must be >= 0")
     tokens, logprobs = _sample_sharded(local_base_logits, vocab_start, group, temperature, seed, offset)
-    # Its stopping test reads tokens every rank holds alike: every rank runs the same collectives.
+    # The stopping test reads tokens every rank holds alike: every rank runs the same collectives.
+    passes = min(max_iters, local_base_logits.shape[1] + 1) if capturable else max_iters
     return reference.jacobi_iterate(
-        tokens, logprobs, prefix_tokens, max_iters,
+        tokens, logprobs, prefix_tokens, passes,
         lambda prev: refine_step(ctx, prev, local_base_logits, local_weights, vocab_start=vocab_start, group=group,
-                                 temperature=temperature, seed=seed, offset=offset))
+                                 temperature=temperature, seed=seed, offset=offset), early_exit=not capturable)
 
 
 def sequential_refine(ctx, prefix_tokens, local_base_logits, local_weights: RefinerWeights, *, vocab_start: int,

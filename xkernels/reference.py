@@ -6,6 +6,7 @@ tokens as the kernels for the same (seed, offset).
 """
 
 import math
+import struct
 from typing import Optional, Tuple
 
 import torch
@@ -82,7 +83,10 @@ def inverse_temperature(temperature: float) -> float:
         raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
     if temperature == 0:
         return 0.0
-    inv = float(torch.tensor(1.0 / temperature, dtype=torch.float32))
+    try:  # rounded to float32 on the host (no tensor: nothing for a capture to trip on)
+        inv = struct.unpack("f", struct.pack("f", 1.0 / temperature))[0]
+    except OverflowError:
+        return 0.0
     return inv if math.isfinite(inv) else 0.0
 
 
@@ -215,14 +219,15 @@ def jacobi_refine(ctx, prefix_tokens, base_logits, weights, max_iters, temperatu
                           lambda prev: refine_step(ctx, prev, base_logits, weights, temperature, seed, offset))
 
 
-def jacobi_iterate(tokens, logprobs, prefix_tokens, max_iters, step):
+def jacobi_iterate(tokens, logprobs, prefix_tokens, max_iters, step, early_exit=True):
     """The Jacobi loop from the iterate (tokens, logprobs): step(prev_tokens) -> (tokens, logprobs) is
     one refinement pass; a sequence stops after a pass that changes none of its tokens. Returns
-    tokens, logprobs and iters (int32)."""
+    tokens, logprobs and iters (int32). early_exit=False runs all max_iters passes without reading
+    whether any sequence is still active (no host sync); stopped sequences keep their results."""
     iters = torch.zeros(tokens.shape[0], dtype=torch.int32, device=tokens.device)
     active = torch.ones(tokens.shape[0], dtype=torch.bool, device=tokens.device)
     for _ in range(max_iters):
-        if not active.any():
+        if early_exit and not active.any():
             break
         new_tokens, new_logprobs = step(_prev_tokens(prefix_tokens, tokens))
         changed = (new_tokens != tokens).any(-1)
