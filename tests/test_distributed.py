@@ -210,7 +210,7 @@ def _check_tree(rank, bounds):
 def _residual_case(seed):
     """Trees whose children were drawn from q [6, 10, V], each sequence planting one case: 0 many
     siblings rejected in a row (q's mass on tokens the target finds unlikely), 1 repeated tokens
-    among such siblings, 2 q rows without mass (the root's and node 1's), 3 a residual that
+    among such siblings (without replacement, q's mass leaves once), 2 q rows without mass (the root's and node 1's), 3 a residual that
     empties after the first rejection (the target a point mass in all but name, q that mass: the
     next test finds the residual's sum 0), 4 num_nodes < M, 5 a NaN row and an all -inf row
     (point masses at T > 0) under deep argmax children."""
@@ -223,12 +223,13 @@ def _residual_case(seed):
                             [-1, 0, 0, 1, 1, 2, 5, 5, 7, 7], [-1, 0, 1, 2, 3, 4, 5, 6, 7, 8]])
     tokens = torch.randint(0, V, (n, m), generator=g)
     unlikely = torch.randperm(V, generator=g)[:7]
-    for s in (0, 1):
-        logits[s, :, unlikely] = -3.0
-        q[s] = 0.1 / V
-        q[s, :, unlikely] += 0.9 / 7
+    logits[:2, :, unlikely] = -3.0
+    q[0] = 0.1 / V
+    q[0, :, unlikely] += 0.9 / 7
     tokens[0, 1:8] = unlikely
-    tokens[1, 1:6] = unlikely[torch.tensor([0, 0, 1, 0, 1])]
+    q[1] = 0.4 / V  # most of q on one unlikely token, proposed twice before the root's argmax
+    q[1, :, unlikely[0]] += 0.6
+    tokens[1, 1:6] = torch.tensor([unlikely[0], unlikely[0], logits[1, 0].argmax(), unlikely[0], unlikely[1]])
     tokens[1, 6:8] = unlikely[2]
     q[2, :2] = 0.0
     top = int(logits[3, 0].argmax())
@@ -428,6 +429,7 @@ def _check_cuda_graph(rank, world, port):
         tokens = torch.randint(0, V, (n, m), generator=g)
         tokens[:, 0] = -1
         tokens = tokens.cuda()
+        q = torch.softmax(torch.randn(n, m, V, generator=g), -1).cuda()
         block = torch.randint(0, V, (n, m), generator=g).cuda()
         block[:, ::2] = 3
         ctx, prev, _, base, weights = _refiner_case(BOUNDS[2])
@@ -440,6 +442,11 @@ def _check_cuda_graph(rank, world, port):
                              lambda: xkernels.chain_verify(drafts, logits[:, : k + 1], **rng), None),
             "tree_verify": (lambda: distributed.tree_verify(tokens, parents, logits, vocab_start=0, **rng),
                             lambda: xkernels.tree_verify(tokens, parents, logits, **rng), None),
+            "tree_verify with q": (
+                lambda: distributed.tree_verify(tokens, parents, logits, vocab_start=0, draft_probs=q,
+                                                without_replacement=True, **rng),
+                lambda: xkernels.tree_verify(tokens, parents, logits, draft_probs=q, without_replacement=True, **rng),
+                None),
             "dllm_step": (lambda: distributed.dllm_step(logits, block, 3, vocab_start=0, **rng),
                           lambda: xkernels.dllm_step(logits, block, 3, **rng), 3),
             "refine_step": (lambda: distributed.refine_step(ctx, prev, base, weights, vocab_start=0, **rng),

@@ -16,18 +16,27 @@ collectives:
   lookup) and 1 all-gather; ``jacobi_refine`` / ``sequential_refine`` run passes of it (plus one
   all-gather for the drafter's own sample), as many as the unsharded op runs.
 - ``dllm_step``: 1 all-gather.
-- ``tree_verify`` without draft probabilities: 2 all-gathers (1 at T = 0). With draft
-  probabilities the recursive residual after each rejected sibling needs the global sum of the
-  previous residual, a full-vocabulary reduction per rejection: no fixed number of O(rows)
-  collectives computes it. That case all-gathers the logits and draft probabilities of the tree's
-  rows and runs the unsharded kernel on every rank (exact, but O(rows * V) traffic).
+- ``tree_verify``: 2 all-gathers (1 at T = 0). With draft probabilities at T > 0, max(M, 2)
+  collectives for trees of M nodes: the all-gather, M - 2 all-reduces of N float64 sums, the
+  all-gather of the draw. A test after a rejected sibling needs the sum over the whole vocabulary
+  of the residual max(e - c q, 0) (xkernels/tree.h's closed form). The walk tests at most one
+  child of every sequence a step, M - 1 steps, and each step but the first all-reduces the
+  shards' partial sums of every sequence's current residual (a torch pass over the local rows
+  [N, V_local]), needed or not, so the count does not depend on the data.
 
 Every rank returns the same tensors, equal to the unsharded op on the gathered logits: the same
 tokens at T = 0 and at T > 0 (same seed and offset) and log-probabilities within 1e-5. The global
 softmax sum is a sum of the shards' sums, not the unsharded kernel's one pass, so it differs in
 the last bits; a draft whose acceptance coin lands within that rounding of p(x) could be decided
-differently (about 1e-7 per decision). Draft ids that lie in no shard are rejected (the unsharded
-CPU op raises on them).
+differently (about 1e-7 per decision). The residual sums of ``tree_verify`` are taken in float64
+(e - c q cancels as the residual shrinks; the kernels keep c in double too) and rounded once to
+float32, as the kernels round theirs. Its draw after rejections is shard_row_stats' residual
+draw with residual_stats (max, c): c rounded to float32, the weights e / c - q computed in
+float32, so a weight errs by about 2^-23 e / c instead of the kernels' 2^-24 of the residual. A
+draw after k rejections may then differ with probability about 2^-23 S / R_k (S: the softmax
+sum, R_k: the residual's), and the walk gets there with probability R_k / S: about 1e-7 per
+rejection depth. Draft ids that lie in no shard are rejected (the unsharded CPU op raises on
+them).
 
 The refinement functions compute each rank's shard of the refined logits ``s + w_read z`` with
 torch (they materialize the local shard's logits, [N, D, V_local] float32), unlike the
@@ -422,6 +431,8 @@ def _residual_walk(local_logits, draft_probs, vocab_start, group, without_replac
     # Where it stops: no rejection -> the tempered row's Gumbel-max; rejections -> the residual's,
     # max(e - c q, 0) = c max(e / c - q, 0): residual_stats (max, c) (c = 0 only when q had no
     # mass, where the residual is e itself: then 1); an empty residual or a point mass -> argmax.
+    # The kernel's float32 weights cost a little precision (the module's docstring); a torch draw
+    # in double would need the Philox noise of every id in torch, several hundred passes.
     rows = node[:, None]
     rng = dict(sample=True, temperature=temperature, seed=seed, offset=offset)
     _, _, _, score, pid, _ = ops.shard_row_stats(local_logits, vocab_start, rows=rows, **rng)
