@@ -210,10 +210,11 @@ def _check_tree(rank, bounds):
 def _residual_case(seed):
     """Trees whose children were drawn from q [6, 10, V], each sequence planting one case: 0 many
     siblings rejected in a row (q's mass on tokens the target finds unlikely), 1 repeated tokens
-    among such siblings (without replacement, q's mass leaves once), 2 q rows without mass (the root's and node 1's), 3 a residual that
-    empties after the first rejection (the target a point mass in all but name, q that mass: the
-    next test finds the residual's sum 0), 4 num_nodes < M, 5 a NaN row and an all -inf row
-    (point masses at T > 0) under deep argmax children."""
+    among such siblings (without replacement, q's mass leaves once), 2 q rows without mass (the
+    root's and node 1's), 3 a residual that empties after the first rejection (the target a
+    point mass in all but name, q that mass: the next test finds the residual's sum 0), 4
+    num_nodes < M, 5 a NaN row and an all -inf row (point masses at T > 0) under deep argmax
+    children."""
     n, m = 6, 10
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(n, m, V, generator=g) * 2
@@ -260,7 +261,7 @@ def _check_tree_residual(rank, bounds):
             local_q = _shard(q, shards, rank)[0]
             for temperature in (1.0, 0.7, 0.0):
                 for without in (False, True):
-                    for seed, offset in RNG + [(case, 9)]:
+                    for seed, offset in RNG + [(case, 9)] if temperature else RNG[:1]:
                         kw = dict(draft_probs=q, without_replacement=without, temperature=temperature,
                                   num_nodes=num_nodes)
                         want = xkernels.tree_verify(tokens, parents, logits, seed=seed, offset=offset, **kw)
@@ -273,6 +274,9 @@ def _check_tree_residual(rank, bounds):
                             rejected_all |= int(want[0][0]) == 0
                             root_argmax &= int(want[0][3]) == 0 and int(want[2][3, 0]) == int(logits[3, 0].argmax())
     assert rejected_all and root_argmax
+    for bad in (local_q[:, :-1], local_q.double()):
+        with pytest.raises(ValueError, match="draft_probs must be float32 of local_logits' shape"):
+            distributed.tree_verify(tokens, parents, local, vocab_start=start, draft_probs=bad, temperature=1.0)
 
 
 def _check_tree_traffic(rank, bounds):
@@ -350,7 +354,8 @@ def _check_empty(rank, bounds):
         torch.full((2, 1), -1), torch.full((2, 1), -1), whole, draft_probs=q, temperature=1.0))
     none = torch.zeros(0, 4, dtype=torch.int64)
     logits, start = local(0, 4)
-    got = distributed.tree_verify(none, none, logits, vocab_start=start, draft_probs=logits.float(), temperature=1.0)
+    got = distributed.tree_verify(none, none, logits, vocab_start=start, draft_probs=torch.zeros_like(logits),
+                                  temperature=1.0)
     assert all(t.shape == w.shape for t, w in zip(got, xkernels.tree_verify(none, none, torch.zeros(0, 4, V),
                                                                              draft_probs=torch.zeros(0, 4, V),
                                                                              temperature=1.0)))

@@ -461,6 +461,9 @@ def tree_verify(tokens: torch.Tensor, parents: torch.Tensor, local_logits: torch
     draft_probs at T > 0, a test after a rejection needs the new residual's sum over the whole
     vocabulary: each step but the first all-reduces the N local partial sums (M - 2 all-reduces,
     whatever the data)."""
+    if draft_probs is not None and (draft_probs.shape != local_logits.shape or draft_probs.dtype != torch.float32):
+        raise ValueError(f"draft_probs must be float32 of local_logits' shape {list(local_logits.shape)}, got "
+                         f"{draft_probs.dtype} {list(draft_probs.shape)}")
     n, m = parents.shape
     v_local = local_logits.shape[-1]
     dev = local_logits.device
@@ -477,8 +480,12 @@ def tree_verify(tokens: torch.Tensor, parents: torch.Tensor, local_logits: torch
     local = tok - vocab_start
     own = child & (local >= 0) & (local < v_local)
     seq = torch.arange(n, device=dev)[:, None]
-    at_child = lambda x: (torch.where(own, x[seq, par, local.clamp(0, v_local - 1)].float(), 0.0) if v_local  # noqa: E731
-                          else torch.zeros(n, m, device=dev))
+
+    def at_child(x):  # x[n, par, tok] [N, M] from the owner, 0 elsewhere
+        if not v_local:
+            return torch.zeros(n, m, device=dev)
+        return torch.where(own, x[seq, par, local.clamp(0, v_local - 1)].float(), 0.0)
+
     a_c = at_child(local_logits)
     a_c = a_c if greedy else a_c * inv_t
     traffic.read(local_logits)
