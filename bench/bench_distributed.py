@@ -1,7 +1,9 @@
-"""Vocabulary-parallel chain verification on gloo (CPU): bytes each rank sends per call and time,
-xkernels.distributed.chain_verify against gathering the logits (all_gather of the shards) and
-running the unsharded chain_verify on every rank. K=16, V=151936, bfloat16 logits, T=1 with
-draft probabilities (the 2-collective path) and T=0 (1 collective), N in {1, 16, 64}.
+"""Vocabulary-parallel verification on gloo (CPU): bytes each rank sends per call and time,
+xkernels.distributed's chain_verify and tree_verify against gathering the logits (all_gather of
+the shards, and of q) and running the unsharded op on every rank. V=151936, bfloat16 logits, T=1
+with draft probabilities (chain: 2 collectives; tree: M, the residual walk's all-reduces) and T=0
+(1 collective); chain_verify K=16, N in {1, 16, 64}; tree_verify M=16 (random trees and tokens:
+mostly rejected siblings, the walk's worst case), N in {1, 16}.
 
 A standalone script (it spawns its ranks): python bench/bench_distributed.py [--world 2] [--reps 3]
 Prints a markdown table. Bytes are the local tensors each rank hands to the collectives (a ring
@@ -19,24 +21,54 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 K, V = 16, 151936
+TREE_NODES, TREE_SIZES = 16, (1, 16)
 
 
-def _gathered_chain_verify(drafts, local, q_local, temperature, group):
-    """The baseline: all-gather the logits (and q) shards, then the unsharded op on every rank."""
-    import xkernels
-
+def _gathered(unsharded, local, q_local, group):
+    """The baseline: all-gather the logits (and q) shards, then unsharded(logits, q) on every
+    rank. Returns its output and the bytes this rank sent."""
     world = dist.get_world_size(group)
-    parts = [torch.empty_like(local) for _ in range(world)]
-    dist.all_gather(parts, local, group=group)
-    sent = local.numel() * local.element_size()
-    q = None
-    if q_local is not None:
-        q_parts = [torch.empty_like(q_local) for _ in range(world)]
-        dist.all_gather(q_parts, q_local, group=group)
-        q = torch.cat(q_parts, -1)
-        sent += q_local.numel() * q_local.element_size()
-    out = xkernels.chain_verify(drafts, torch.cat(parts, -1), draft_probs=q, temperature=temperature, seed=1)
-    return out, sent
+    sent, full = 0, []
+    for x in (local, q_local):
+        if x is None:
+            full.append(None)
+            continue
+        parts = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(parts, x, group=group)
+        full.append(torch.cat(parts, -1))
+        sent += x.numel() * x.element_size()
+    return unsharded(*full), sent
+
+
+def _cases(start, end, sizes):
+    """(label, N, T, with q, sharded call, unsharded call(logits, q), local logits, local q)."""
+    import xkernels
+    from xkernels import distributed
+
+    for n in sizes:
+        g = torch.Generator().manual_seed(n)
+        drafts = torch.randint(0, V, (n, K), generator=g)
+        local = (torch.randn(n, K + 1, end - start, generator=g) * 3).to(torch.bfloat16)
+        for temperature, with_q in ((0.0, False), (1.0, True)):
+            q_local = torch.rand(n, K, end - start, generator=g) / V if with_q else None
+            kw = dict(temperature=temperature, seed=1)
+            yield (f"chain_verify K={K}", n, temperature, with_q,
+                   lambda: distributed.chain_verify(drafts, local, vocab_start=start, draft_probs=q_local, **kw),
+                   lambda full, q: xkernels.chain_verify(drafts, full, draft_probs=q, **kw), local, q_local)
+    m = TREE_NODES
+    for n in (s for s in sizes if s in TREE_SIZES):
+        g = torch.Generator().manual_seed(100 + n)
+        parents = torch.stack([torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, m)])
+                               for _ in range(n)])
+        tokens = torch.randint(0, V, (n, m), generator=g)
+        local = (torch.randn(n, m, end - start, generator=g) * 3).to(torch.bfloat16)
+        for temperature, with_q in ((0.0, True), (1.0, True)):
+            q_local = torch.rand(n, m, end - start, generator=g) / V
+            kw = dict(temperature=temperature, seed=1)
+            yield (f"tree_verify M={m}", n, temperature, with_q,
+                   lambda: distributed.tree_verify(tokens, parents, local, vocab_start=start, draft_probs=q_local,
+                                                   **kw),
+                   lambda full, q: xkernels.tree_verify(tokens, parents, full, draft_probs=q, **kw), local, q_local)
 
 
 def _worker(rank, world, port, sizes, reps, threads):
@@ -48,36 +80,30 @@ def _worker(rank, world, port, sizes, reps, threads):
     shard = V // world
     start, end = rank * shard, V if rank == world - 1 else (rank + 1) * shard  # the same on every rank
     rows = []
-    for n in sizes:
-        g = torch.Generator().manual_seed(n)
-        drafts = torch.randint(0, V, (n, K), generator=g)
-        local = (torch.randn(n, K + 1, end - start, generator=g) * 3).to(torch.bfloat16)
-        for temperature, with_q in ((0.0, False), (1.0, True)):
-            q_local = torch.rand(n, K, end - start, generator=g) / V if with_q else None
-            for impl in ("sharded", "gather logits"):
-                times = []
-                for rep in range(reps + 1):
-                    dist.barrier()
-                    began = time.perf_counter()
-                    if impl == "sharded":
-                        distributed.traffic.reset()
-                        out = distributed.chain_verify(drafts, local, vocab_start=start, draft_probs=q_local,
-                                                       temperature=temperature, seed=1)
-                        sent = distributed.traffic.bytes
-                    else:
-                        out, sent = _gathered_chain_verify(drafts, local, q_local, temperature, None)
-                    if rep:  # the first is a warm-up
-                        times.append(time.perf_counter() - began)
+    for label, n, temperature, with_q, sharded, unsharded, local, q_local in _cases(start, end, sizes):
+        for impl in ("sharded", "gather logits"):
+            times = []
+            for rep in range(reps + 1):
+                dist.barrier()
+                began = time.perf_counter()
                 if impl == "sharded":
-                    sharded_out = out
+                    distributed.traffic.reset()
+                    out = sharded()
+                    sent = distributed.traffic.bytes
                 else:
-                    assert all(torch.equal(a, b) for a, b in zip(out, sharded_out)), "the paths disagree"
-                rows.append((n, temperature, with_q, impl, sent, statistics.median(times)))
+                    out, sent = _gathered(unsharded, local, q_local, None)
+                if rep:  # the first is a warm-up
+                    times.append(time.perf_counter() - began)
+            if impl == "sharded":
+                sharded_out = out
+            else:
+                assert all(torch.equal(a, b) for a, b in zip(out, sharded_out)), f"{label}: the paths disagree"
+            rows.append((label, n, temperature, with_q, impl, sent, statistics.median(times)))
     if rank == 0:
-        print(f"| N | T | draft_probs | path | bytes sent per rank per call | ms per call |")
-        print("|---|---|---|---|---|---|")
-        for n, t, q, impl, sent, sec in rows:
-            print(f"| {n} | {t:g} | {'yes' if q else 'no'} | {impl} | {sent:,} | {1e3 * sec:.1f} |")
+        print("| op | N | T | draft_probs | path | bytes sent per rank per call | ms per call |")
+        print("|---|---|---|---|---|---|---|")
+        for label, n, t, q, impl, sent, sec in rows:
+            print(f"| {label} | {n} | {t:g} | {'yes' if q else 'no'} | {impl} | {sent:,} | {1e3 * sec:.1f} |")
     dist.destroy_process_group()
 
 

@@ -37,13 +37,13 @@ _HOST_READS = ("item", "tolist", "numpy", "__int__", "__index__", "__float__", "
 @contextlib.contextmanager
 def _unread(*tensors):
     """Fails any host read (item, int(), bool(), tolist(), ...) of a tensor sharing storage with
-    tensors (of any tensor when none are given): they may only be read by kernels and tensor ops."""
+    tensors, or of any tensor when none is given: they may only be read by kernels and tensor ops."""
     guarded = {t.untyped_storage().data_ptr() for t in tensors}
     own = {name: torch.Tensor.__dict__.get(name) for name in _HOST_READS}
 
     def guard(name, original):
         def read(self, *args, **kwargs):
-            assert guarded and self.untyped_storage().data_ptr() not in guarded, f"host read: Tensor.{name}"
+            assert guarded and self.untyped_storage().data_ptr() not in guarded, f"host read of a tensor: Tensor.{name}"
             return original(self, *args, **kwargs)
         return read
 
@@ -59,12 +59,15 @@ def _unread(*tensors):
                 setattr(torch.Tensor, name, original)
 
 
-def _same_for_either_seed(name, call, want, seed, offset, logprob_index=None):
+def _same_for_either_seed(name, call, want, seed, offset, logprob_index=None, reads_host=False):
     """call(seed=, offset=) gives want with int seeds and with the tensors of their bits, and
-    reads the tensors on no host."""
-    _same(name, call(seed=seed, offset=offset), want, logprob_index)
+    reads no tensor on the host in either call (the sharded ops are meant to be capturable), or
+    with reads_host (a loop's stopping test) no seed tensor."""
+    with contextlib.nullcontext() if reads_host else _unread():
+        got = call(seed=seed, offset=offset)
+    _same(name, got, want, logprob_index)
     seed_t, offset_t = _as_tensors(seed, offset)
-    with _unread(seed_t, offset_t):
+    with _unread(seed_t, offset_t) if reads_host else _unread():
         got = call(seed=seed_t, offset=offset_t)
     _same(f"{name} (tensor seed)", got, want, logprob_index)
 
@@ -147,7 +150,7 @@ def _check_refine(rank, bounds):
             f"jacobi_refine T={temperature}",
             lambda **rng: distributed.jacobi_refine(ctx, prefix, local_base, local_w, max_iters=3, vocab_start=start,
                                                     temperature=temperature, **rng),
-            xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=3, **kw), seed, offset, 1)
+            xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=3, **kw), seed, offset, 1, reads_host=True)
         for max_iters in (0, 2, 9):  # 9 > D + 1: the capturable loop stops at D + 1 passes
             with _unread():
                 got = distributed.jacobi_refine(ctx, prefix, local_base, local_w, max_iters=max_iters,
@@ -210,6 +213,104 @@ def _check_tree(rank, bounds):
                                                           draft_probs=local_q, **kw, **rng), want, seed, offset)
 
 
+def _residual_case(seed):
+    """Trees whose children were drawn from q [6, 10, V], each sequence planting one case: 0 many
+    siblings rejected in a row (q's mass on tokens the target finds unlikely), 1 repeated tokens
+    among such siblings (without replacement, q's mass leaves once), 2 q rows without mass (the
+    root's and node 1's), 3 a residual that empties after the first rejection (the target a
+    point mass in all but name, q that mass: the next test finds the residual's sum 0), 4
+    num_nodes < M, 5 a NaN row and an all -inf row (point masses at T > 0) under deep argmax
+    children."""
+    n, m = 6, 10
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n, m, V, generator=g) * 2
+    q = torch.softmax(torch.randn(n, m, V, generator=g) * 2, -1)
+    parents = torch.tensor([[-1, 0, 0, 0, 0, 0, 0, 0, 1, 1], [-1, 0, 0, 0, 0, 0, 1, 1, 6, 6],
+                            [-1, 0, 0, 0, 1, 1, 2, 2, 3, 3], [-1, 0, 0, 0, 0, 1, 1, 2, 2, 3],
+                            [-1, 0, 0, 1, 1, 2, 5, 5, 7, 7], [-1, 0, 1, 2, 3, 4, 5, 6, 7, 8]])
+    tokens = torch.randint(0, V, (n, m), generator=g)
+    unlikely = torch.randperm(V, generator=g)[:7]
+    logits[:2, :, unlikely] = -3.0
+    q[0] = 0.1 / V
+    q[0, :, unlikely] += 0.9 / 7
+    tokens[0, 1:8] = unlikely
+    q[1] = 0.4 / V  # most of q on one unlikely token, proposed twice before the root's argmax
+    q[1, :, unlikely[0]] += 0.6
+    tokens[1, 1:6] = torch.tensor([unlikely[0], unlikely[0], logits[1, 0].argmax(), unlikely[0], unlikely[1]])
+    tokens[1, 6:8] = unlikely[2]
+    q[2, :2] = 0.0
+    top = int(logits[3, 0].argmax())
+    logits[3, 0] = float("-inf")  # (not a large negative logit: the CPU kernels' exp floors those at e^-87)
+    logits[3, 0, top] = 0.0
+    q[3, 0] = 0.0
+    q[3, 0, top] = 1.0
+    tokens[3, 1:5] = torch.tensor([(top + 1) % V, top, (top + 2) % V, top])
+    logits[5, 3, 5] = float("nan")
+    logits[5, 6] = float("-inf")
+    tokens[5, 1:] = logits[5, :-1].nan_to_num(-1e9).argmax(-1)
+    tokens[5, 4] = 5  # the NaN's id: the argmax of a NaN row
+    tokens[:, 0] = -1
+    return tokens, parents, logits, q, torch.tensor([m, m, m, m, 6, m])
+
+
+def _check_tree_residual(rank, bounds):
+    """tree_verify with draft_probs on the planted cases against the unsharded op, here and with
+    an empty shard, reading no tensor on the host; at T > 0 some run rejects all seven children of
+    sequence 0's root, and sequence 3 stops at its root with the argmax."""
+    world = len(bounds)
+    empty = [(0, 0), (0, V)] if world == 2 else [(0, 17), (17, 17), (17, V)]
+    rejected_all, root_argmax = False, True
+    for case in range(3):
+        tokens, parents, logits, q, num_nodes = _residual_case(20 + case)
+        for shards in (bounds, empty):
+            local, start = _shard(logits, shards, rank)
+            local_q = _shard(q, shards, rank)[0]
+            for temperature in (1.0, 0.7, 0.0):
+                for without in (False, True):
+                    for seed, offset in RNG + [(case, 9)] if temperature else RNG[:1]:
+                        kw = dict(draft_probs=q, without_replacement=without, temperature=temperature,
+                                  num_nodes=num_nodes)
+                        want = xkernels.tree_verify(tokens, parents, logits, seed=seed, offset=offset, **kw)
+                        kw["draft_probs"] = local_q
+                        _same_for_either_seed(
+                            f"tree_verify residual case {case} {shards} T={temperature} {without} seed={seed}",
+                            lambda **rng: distributed.tree_verify(tokens, parents, local, vocab_start=start, **kw,
+                                                                  **rng), want, seed, offset)
+                        if temperature:
+                            rejected_all |= int(want[0][0]) == 0
+                            root_argmax &= int(want[0][3]) == 0 and int(want[2][3, 0]) == int(logits[3, 0].argmax())
+    assert rejected_all and root_argmax
+    for bad in (local_q[:, :-1], local_q.double()):
+        with pytest.raises(ValueError, match="draft_probs must be float32 of local_logits' shape"):
+            distributed.tree_verify(tokens, parents, local, vocab_start=start, draft_probs=bad, temperature=1.0)
+
+
+def _check_tree_traffic(rank, bounds):
+    """With draft_probs the collectives do not depend on the data (the same count, and bytes, for
+    two trees and logits of one shape: 1 + (M - 2) + 1 at T > 0, 1 at T = 0), and the bytes sent
+    are O(N M), far below the logits' (V = 4096)."""
+    world = len(bounds)
+    n, m, v = 4, 8, 4096
+    start, end = rank * v // world, (rank + 1) * v // world
+    seen = []
+    for data in range(2):
+        g = torch.Generator().manual_seed(30 + data)
+        logits = torch.randn(n, m, v, generator=g)[..., start:end].contiguous()
+        q = torch.softmax(torch.randn(n, m, v, generator=g), -1)[..., start:end].contiguous()
+        parents = torch.stack([torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, m)])
+                               for _ in range(n)])
+        tokens = torch.randint(0, v, (n, m), generator=g)
+        for temperature in (1.0, 0.0):
+            distributed.traffic.reset()
+            distributed.tree_verify(tokens, parents, logits, vocab_start=start, draft_probs=q,
+                                    temperature=temperature, seed=data)
+            t = distributed.traffic
+            seen.append((temperature, t.collectives, t.bytes))
+            assert t.collectives == (m if temperature else 1), seen
+            assert t.bytes <= 64 * n * m and 100 * t.bytes < t.logits_bytes, (t.bytes, t.logits_bytes)
+    assert seen[:2] == seen[2:], seen
+
+
 def _check_bad_seeds(rank, bounds):
     """A seed or offset tensor of the wrong dtype or size raises naming it, at T = 0 too (every
     rank alike, so the ranks' collectives stay matched)."""
@@ -252,6 +353,18 @@ def _check_empty(rank, bounds):
                                   vocab_start=bounds[rank][0], temperature=1.0)
     _same("tree_verify root only", got, xkernels.tree_verify(torch.full((2, 1), -1), torch.full((2, 1), -1), whole,
                                                              temperature=1.0))
+    q = torch.softmax(torch.randn(2, 1, V, generator=g), -1)
+    got = distributed.tree_verify(torch.full((2, 1), -1), torch.full((2, 1), -1), _shard(whole, bounds, rank)[0],
+                                  vocab_start=bounds[rank][0], draft_probs=_shard(q, bounds, rank)[0], temperature=1.0)
+    _same("tree_verify root only with q", got, xkernels.tree_verify(
+        torch.full((2, 1), -1), torch.full((2, 1), -1), whole, draft_probs=q, temperature=1.0))
+    none = torch.zeros(0, 4, dtype=torch.int64)
+    logits, start = local(0, 4)
+    got = distributed.tree_verify(none, none, logits, vocab_start=start, draft_probs=torch.zeros_like(logits),
+                                  temperature=1.0)
+    assert all(t.shape == w.shape for t, w in zip(got, xkernels.tree_verify(none, none, torch.zeros(0, 4, V),
+                                                                             draft_probs=torch.zeros(0, 4, V),
+                                                                             temperature=1.0)))
 
 
 def _check_generate(rank, bounds):
@@ -284,7 +397,8 @@ def _worker(rank, world, port):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        checks = (_check_chain, _check_tree, _check_refine, _check_dllm, _check_bad_seeds, _check_empty)
+        checks = (_check_chain, _check_tree, _check_tree_residual, _check_tree_traffic, _check_refine, _check_dllm,
+                  _check_bad_seeds, _check_empty)
         for check in checks + ((_check_generate,) if world == 2 else ()):
             check(rank, BOUNDS[world])
     finally:
@@ -326,6 +440,7 @@ def _check_cuda_graph(rank, world, port):
         tokens = torch.randint(0, V, (n, m), generator=g)
         tokens[:, 0] = -1
         tokens = tokens.cuda()
+        q = torch.softmax(torch.randn(n, m, V, generator=g), -1).cuda()
         block = torch.randint(0, V, (n, m), generator=g).cuda()
         block[:, ::2] = 3
         ctx, prev, prefix, base, weights = _refiner_case(BOUNDS[2])
@@ -338,6 +453,11 @@ def _check_cuda_graph(rank, world, port):
                              lambda: xkernels.chain_verify(drafts, logits[:, : k + 1], **rng), None),
             "tree_verify": (lambda: distributed.tree_verify(tokens, parents, logits, vocab_start=0, **rng),
                             lambda: xkernels.tree_verify(tokens, parents, logits, **rng), None),
+            "tree_verify with q": (
+                lambda: distributed.tree_verify(tokens, parents, logits, vocab_start=0, draft_probs=q,
+                                                without_replacement=True, **rng),
+                lambda: xkernels.tree_verify(tokens, parents, logits, draft_probs=q, without_replacement=True, **rng),
+                None),
             "dllm_step": (lambda: distributed.dllm_step(logits, block, 3, vocab_start=0, **rng),
                           lambda: xkernels.dllm_step(logits, block, 3, **rng), 3),
             "refine_step": (lambda: distributed.refine_step(ctx, prev, base, weights, vocab_start=0, **rng),

@@ -18,18 +18,27 @@ collectives:
   reads on the host after each pass whether a sequence changed), or with ``capturable=True``
   min(max_iters, D + 1) passes and no host read.
 - ``dllm_step``: 1 all-gather.
-- ``tree_verify`` without draft probabilities: 2 all-gathers (1 at T = 0). With draft
-  probabilities the recursive residual after each rejected sibling needs the global sum of the
-  previous residual, a full-vocabulary reduction per rejection: no fixed number of O(rows)
-  collectives computes it. That case all-gathers the logits and draft probabilities of the tree's
-  rows and runs the unsharded kernel on every rank (exact, but O(rows * V) traffic).
+- ``tree_verify``: 2 all-gathers (1 at T = 0). With draft probabilities at T > 0, max(M, 2)
+  collectives for trees of M nodes: the all-gather, M - 2 all-reduces of N float64 sums, the
+  all-gather of the draw. A test after a rejected sibling needs the sum over the whole vocabulary
+  of the residual max(e - c q, 0) (xkernels/tree.h's closed form). The walk tests at most one
+  child of every sequence a step, M - 1 steps, and each step but the first all-reduces the
+  shards' partial sums of every sequence's current residual (a torch pass over the local rows
+  [N, V_local]), needed or not, so the count does not depend on the data.
 
 Every rank returns the same tensors, equal to the unsharded op on the gathered logits: the same
 tokens at T = 0 and at T > 0 (same seed and offset) and log-probabilities within 1e-5. The global
 softmax sum is a sum of the shards' sums, not the unsharded kernel's one pass, so it differs in
 the last bits; a draft whose acceptance coin lands within that rounding of p(x) could be decided
-differently (about 1e-7 per decision). Draft ids that lie in no shard are rejected (the unsharded
-CPU op raises on them).
+differently (about 1e-7 per decision). The residual sums of ``tree_verify`` are taken in float64
+(e - c q cancels as the residual shrinks; the kernels keep c in double too) and rounded once to
+float32, as the kernels round theirs. Its draw after rejections is shard_row_stats' residual
+draw with residual_stats (max, c): c rounded to float32, the weights e / c - q computed in
+float32, so a weight errs by about 2^-23 e / c instead of the kernels' 2^-24 of the residual. A
+draw after k rejections may then differ with probability about 2^-23 S / R_k (S: the softmax
+sum, R_k: the residual's), and the walk gets there with probability R_k / S: about 1e-7 per
+rejection depth. Draft ids that lie in no shard are rejected (the unsharded CPU op raises on
+them).
 
 The refinement functions compute each rank's shard of the refined logits ``s + w_read z`` with
 torch (they materialize the local shard's logits, [N, D, V_local] float32), unlike the
@@ -323,65 +332,185 @@ def dllm_step(local_logits: torch.Tensor, block_tokens: torch.Tensor, mask_id: i
     return new_block, positions, tokens, conf
 
 
-def _gather_vocab(local: torch.Tensor, vocab_start: int, group) -> torch.Tensor:
-    """The whole [..., V] from every rank's shard [..., V_local] (uneven shards travel padded)."""
-    bounds = _all_gather([torch.tensor([vocab_start, local.shape[-1]], device=local.device)], group)
-    bounds = _ids(bounds[:, 0]).tolist()
-    width = max(v for _, v in bounds)
-    padded = torch.nn.functional.pad(local.float(), (0, width - local.shape[-1]))
-    world = dist.get_world_size(group)
-    parts = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(parts, padded.contiguous(), group=group)
-    traffic.bytes += padded.numel() * padded.element_size()
-    traffic.collectives += 1
-    order = sorted(range(world), key=lambda r: bounds[r][0])
-    return torch.cat([parts[r][..., : bounds[r][1]] for r in order], -1)
+def _siblings(par: torch.Tensor, tok: torch.Tensor, child: torch.Tensor):
+    """The children of each node in node order, from par / tok [N, M] (child: the real nodes but
+    the root): (first [N, M], each node's first child; next [N, M], each child's next sibling, M
+    for none; repeated [N, M], whether an earlier sibling has the child's token)."""
+    n, m = par.shape
+    ids = torch.arange(m, device=par.device).expand(n, m)
+    key = torch.where(child, par, m)  # the parent, the non-children last
+    first = torch.full((n, m), m, device=par.device).scatter_reduce(1, par, torch.where(child, ids, m), "amin")
+    # Stable sorts: by parent then node order, and by parent, token, node order.
+    order = torch.sort(key, dim=1, stable=True).indices
+    by_token = torch.sort(tok, dim=1, stable=True).indices
+    by_token = by_token.gather(1, torch.sort(key.gather(1, by_token), dim=1, stable=True).indices)
+
+    def after_same(order, *fields):  # entry i of order follows a child with the same fields
+        same = key.gather(1, order[:, 1:]) < m
+        for f in fields:
+            same &= f.gather(1, order[:, 1:]) == f.gather(1, order[:, :-1])
+        return same
+
+    nxt = torch.full((n, m), m, device=par.device)
+    nxt.scatter_(1, order[:, :-1], torch.where(after_same(order, key), order[:, 1:], m))
+    repeated = torch.zeros(n, m, dtype=torch.bool, device=par.device)
+    repeated.scatter_(1, by_token[:, 1:], after_same(by_token, key, tok))
+    return first, nxt, repeated
+
+
+def _merged_pick(score: torch.Tensor, pid: torch.Tensor, group) -> torch.Tensor:
+    """The global Gumbel-max id (-1: none) from every rank's shard picks (one all-gather)."""
+    g = _all_gather([score, pid], group)
+    return merge_picks(g[:, 0], _ids(g[:, 1]), g[:, 0])[0]
+
+
+def _residual_sums(local_logits, draft_probs, node, coef, row_max, inv_t: float) -> torch.Tensor:
+    """This shard's part of sum_v max(e_v - coef q_v, 0), e = exp(a - row_max), of the rows
+    [n, node[n]] ([N] float64: e - coef q in double, as the unsharded kernels compute it)."""
+    seq = torch.arange(node.shape[0], device=node.device)
+    # In place on the gathered copies (a quarter of the time of out-of-place ops on a CPU); a NaN
+    # counts 0, as in the kernels.
+    e = local_logits[seq, node].float().mul_(inv_t).sub_(row_max[:, None]).exp_()
+    d = draft_probs[seq, node].double().mul_(-coef[:, None]).add_(e)
+    return d.clamp_(min=0).nansum(-1)
+
+
+def _residual_walk(local_logits, draft_probs, vocab_start, group, without_replacement, temperature, seed, offset,
+                   tok, par, child, valid, a_c, q_c, zq_row, big_m, big_s, top):
+    """The walk of tree.h's sampled children (TreeResidual) over a shard: M - 1 steps, each
+    testing at most one child of every sequence, each but the first after an all-reduce of the N
+    residual sums that the previous step's rejections made stale; then the draw where the walk
+    stops (one all-gather). Returns (accept_len, path, out_tokens)."""
+    n, m = par.shape
+    dev = par.device
+    inv_t = reference.inverse_temperature(temperature)
+    first, next_sibling, repeated = _siblings(par, tok, child)
+    coins = _sharded_coins(seed, offset, n, torch.arange(m, device=dev)[None, :], dev)
+    e_c = torch.exp(a_c - big_m.gather(1, par))  # each child's e under its parent's row
+    point_mass = ~torch.isfinite(big_m)
+    argmax_child = valid & (tok == top.gather(1, par))  # the rule of a point-mass parent
+    at = lambda t, i: t.gather(1, i[:, None])[:, 0]  # noqa: E731  t[n, i[n]]
+
+    node = torch.zeros(n, dtype=torch.int64, device=dev)
+    nxt = first[:, 0]
+    coef = torch.zeros(n, dtype=torch.float64, device=dev)  # c, in double as in the kernels
+    rsum, zq = big_s[:, 0], zq_row[:, 0]
+    flags = lambda: torch.zeros(n, dtype=torch.bool, device=dev)  # noqa: E731
+    stale, rejected, empty, done = flags(), flags(), flags(), flags()
+    acc = torch.zeros(n, dtype=torch.int64, device=dev)
+    path = torch.full((n, m), -1, dtype=torch.int64, device=dev)
+    path[:, 0] = 0
+    out = torch.full((n, m), -1, dtype=torch.int64, device=dev)
+    for step in range(m - 1):
+        has = nxt < m
+        if step:  # always run, for every sequence: the count of collectives is fixed
+            fresh = _residual_sums(local_logits, draft_probs, node, coef, at(big_m, node), inv_t)
+            dist.all_reduce(fresh, group=group)
+            traffic.bytes += fresh.numel() * fresh.element_size()
+            traffic.collectives += 1
+            fresh = fresh.float()
+            use = stale & has & ~done  # the sum is needed only to test a next child
+            rsum = torch.where(use, fresh, rsum)
+            empty |= use & ~(fresh > 0)
+            stale &= ~use
+        done |= ~has | empty
+        c = nxt.clamp(max=m - 1)
+        q_x = at(q_c, c)
+        pm = at(point_mass, node)
+        weight = (at(e_c, c).double() - coef * q_x.double()).clamp(min=0).float()
+        sampled = at(valid, c) & ~at(repeated, c) & (at(coins, c) * q_x * rsum < weight * zq)
+        accept = ~done & torch.where(pm, at(argmax_child, c), sampled)
+        reject = ~done & ~accept
+        resid = reject & ~pm
+        coef = torch.where(resid & (zq > 0), coef + rsum.double() / zq.double(), coef)
+        if without_replacement:
+            zq = torch.where(resid & ~at(repeated, c), zq - q_x, zq)
+        stale |= resid
+        rejected |= resid
+        nxt = torch.where(reject, at(next_sibling, c), nxt)
+        # An acceptance moves to the child, a fresh residual: c = 0, the row's softmax sum.
+        out.scatter_(1, acc[:, None], torch.where(accept, at(tok, c), at(out, acc))[:, None])
+        acc += accept.long()
+        path.scatter_(1, acc[:, None], torch.where(accept, c, at(path, acc))[:, None])
+        node = torch.where(accept, c, node)
+        nxt = torch.where(accept, at(first, c), nxt)
+        coef = torch.where(accept, 0.0, coef)
+        rsum, zq = torch.where(accept, at(big_s, c), rsum), torch.where(accept, at(zq_row, c), zq)
+        stale &= ~accept
+        rejected &= ~accept
+
+    # Where it stops: no rejection -> the tempered row's Gumbel-max; rejections -> the residual's,
+    # max(e - c q, 0) = c max(e / c - q, 0): residual_stats (max, c) (c = 0 only when q had no
+    # mass, where the residual is e itself: then 1); an empty residual or a point mass -> argmax.
+    # The kernel's float32 weights cost a little precision (the module's docstring); a torch draw
+    # in double would need the Philox noise of every id in torch, several hundred passes.
+    rows = node[:, None]
+    rng = dict(sample=True, temperature=temperature, seed=seed, offset=offset)
+    _, _, _, score, pid, _ = ops.shard_row_stats(local_logits, vocab_start, rows=rows, **rng)
+    c32 = torch.where(coef > 0, coef.clamp(max=torch.finfo(torch.float32).max), 1.0).float()
+    stats = torch.stack([at(big_m, node), c32], -1)[:, None, :]
+    _, _, _, r_score, r_pid, _ = ops.shard_row_stats(local_logits, vocab_start, rows=rows, draft_probs=draft_probs,
+                                                     residual_stats=stats, **rng)
+    pick = _merged_pick(torch.where(rejected[:, None], r_score, score), torch.where(rejected[:, None], r_pid, pid),
+                        group)[:, 0]
+    emit = torch.where(at(point_mass, node) | empty | (pick < 0), at(top, node), pick)
+    out.scatter_(1, acc[:, None], emit[:, None])
+    return acc, path, out
 
 
 def tree_verify(tokens: torch.Tensor, parents: torch.Tensor, local_logits: torch.Tensor, *, vocab_start: int,
                 group=None, draft_probs: Optional[torch.Tensor] = None, without_replacement: bool = False,
                 temperature: float = 0.0, seed=0, offset=0, num_nodes: Optional[torch.Tensor] = None):
-    """xkernels.tree_verify over a vocabulary shard [N, M, V_local]. Returns (accept_len, path,
-    out_tokens), the same on every rank.
+    """xkernels.tree_verify over a vocabulary shard [N, M, V_local] (draft_probs: the local
+    shard [N, M, V_local] of q). Returns (accept_len, path, out_tokens), the same on every rank.
 
-    Without draft_probs the walk needs only each node's global statistics and its children's
-    probabilities (1 all-gather), then the sample where it stops (a second, at T > 0); the walk
-    itself runs as M - 1 vectorized steps on every rank. With draft_probs the residual after each
-    rejected sibling is a full-vocabulary sum of the previous residual, one reduction per
-    rejection: that case gathers the logits and q (O(rows * V) traffic) and runs the unsharded
-    kernel on every rank."""
-    if draft_probs is not None:
-        full = _gather_vocab(local_logits, vocab_start, group)
-        q = _gather_vocab(draft_probs, vocab_start, group)
-        return ops.tree_verify(tokens, parents, full, draft_probs=q, without_replacement=without_replacement,
-                               temperature=temperature, seed=seed, offset=offset, num_nodes=num_nodes)
+    The walk needs each node's global statistics and its children's logits (1 all-gather, with
+    draft_probs also the children's q values and the local sums of q's rows), then the sample
+    where it stops (a second, at T > 0); it runs as M - 1 vectorized steps on every rank. With
+    draft_probs at T > 0, a test after a rejection needs the new residual's sum over the whole
+    vocabulary: each step but the first all-reduces the N local partial sums (M - 2 all-reduces,
+    whatever the data)."""
+    if draft_probs is not None and (draft_probs.shape != local_logits.shape or draft_probs.dtype != torch.float32):
+        raise ValueError(f"draft_probs must be float32 of local_logits' shape {list(local_logits.shape)}, got "
+                         f"{draft_probs.dtype} {list(draft_probs.shape)}")
     n, m = parents.shape
     v_local = local_logits.shape[-1]
     dev = local_logits.device
     inv_t = reference.inverse_temperature(temperature)
     greedy = inv_t == 0
+    residual = draft_probs is not None and not greedy  # at T = 0 q plays no part
     node_ids = torch.arange(m, device=dev)
     count = torch.full((n,), m, device=dev) if num_nodes is None else num_nodes.to(dev)
     child = (node_ids >= 1) & (node_ids < count[:, None])  # the real nodes but the root
     par = torch.where(child, parents, 0)
     tok = torch.where(child, tokens, -1)
 
-    # Each child's logit under its parent's row, from the shard that holds its token.
+    # Each child's logit (and q) under its parent's row, from the shard that holds its token.
     local = tok - vocab_start
     own = child & (local >= 0) & (local < v_local)
-    a_c = torch.zeros(n, m, device=dev)
-    if v_local:
-        seq = torch.arange(n, device=dev)[:, None]
-        a_c = torch.where(own, local_logits[seq, par, local.clamp(0, v_local - 1)].float(), 0.0)
+    seq = torch.arange(n, device=dev)[:, None]
+
+    def at_child(x):  # x[n, par, tok] [N, M] from the owner, 0 elsewhere
+        if not v_local:
+            return torch.zeros(n, m, device=dev)
+        return torch.where(own, x[seq, par, local.clamp(0, v_local - 1)].float(), 0.0)
+
+    a_c = at_child(local_logits)
     a_c = a_c if greedy else a_c * inv_t
     traffic.read(local_logits)
     row_max, row_sum, top, _, _, _ = ops.shard_row_stats(local_logits, vocab_start, temperature=temperature,
                                                          seed=seed, offset=offset)  # checks them
-    g = _all_gather([row_max, row_sum, top, a_c, own], group)
+    extra = [at_child(draft_probs), draft_probs.float().sum(-1)] if residual else []
+    g = _all_gather([row_max, row_sum, top, a_c, own] + extra, group)
     big_m, big_s, top = merge_stats(g[:, 0], g[:, 1], _ids(g[:, 2]))
     held = g[:, 4] > 0
     a_c = torch.where(held, g[:, 3], 0.0).sum(0)
     valid = held.any(0)
+    if residual:
+        q_c = torch.where(held, g[:, 5], 0.0).sum(0)
+        zq_row = g[:, 6].double().sum(0).float()  # q's row sums: the shards' sums, rounded once
+        return _residual_walk(local_logits, draft_probs, vocab_start, group, without_replacement, temperature, seed,
+                              offset, tok, par, child, valid, a_c, q_c, zq_row, big_m, big_s, top)
     point_mass = torch.full_like(big_m, greedy, dtype=torch.bool) | ~torch.isfinite(big_m)
 
     # Acceptance of every child as if its earlier siblings were rejected (the walk only reads the
@@ -391,9 +520,7 @@ def tree_verify(tokens: torch.Tensor, parents: torch.Tensor, local_logits: torch
     if not greedy:
         p_c = torch.exp(a_c - big_m.gather(1, par)) / big_s.gather(1, par)
         coins = _sharded_coins(seed, offset, n, node_ids[None, :], dev)
-        earlier = node_ids[None, :, None] > node_ids[None, None, :]  # [1, c, j]: j before c
-        dup = ((par[:, :, None] == par[:, None, :]) & (tok[:, :, None] == tok[:, None, :]) & earlier
-               & child[:, None, :]).any(-1)
+        dup = _siblings(par, tok, child)[2]
         remaining = torch.ones(n, m, device=dev)
         sampled = torch.zeros(n, m, dtype=torch.bool, device=dev)
         for c in range(1, m):  # sibling order is node order: the float32 subtractions in the kernel's order
@@ -427,8 +554,7 @@ def tree_verify(tokens: torch.Tensor, parents: torch.Tensor, local_logits: torch
         exclude = torch.where(child & (par == node), tok, -1)[:, None, :]
         _, _, _, score, pid, _ = ops.shard_row_stats(local_logits, vocab_start, rows=node, exclude=exclude,
                                                      sample=True, temperature=temperature, seed=seed, offset=offset)
-        g = _all_gather([score, pid], group)
-        pick, _ = merge_picks(g[:, 0], _ids(g[:, 1]), g[:, 0])
+        pick = _merged_pick(score, pid, group)
         emit = torch.where(point_mass.gather(1, node) | (pick < 0), emit, pick)
     out.scatter_(1, acc, emit)
     return acc[:, 0], path, out

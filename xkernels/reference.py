@@ -83,9 +83,9 @@ def inverse_temperature(temperature: float) -> float:
         raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
     if temperature == 0:
         return 0.0
-    try:  # rounded to float32 on the host (no tensor: nothing for a capture to trip on)
+    try:  # rounded to float32 in Python: no tensor, so nothing a host-read guard would flag
         inv = struct.unpack("f", struct.pack("f", 1.0 / temperature))[0]
-    except OverflowError:
+    except OverflowError:  # Pythons that refuse to round a large double to inf
         return 0.0
     return inv if math.isfinite(inv) else 0.0
 

@@ -261,22 +261,23 @@ def generate_batch(target, prompts: Sequence[Sequence[int]], max_new_tokens: Uni
     one with more tokens per second as measured on the steps themselves (MeasuredChoice).
     cuda_graph: capture the step as a CUDA graph (default: on a CUDA target without tp_group).
     tp_group: a vocabulary-parallel target, as in generate (every rank calls with the same arguments;
-    eager steps: the sharded ops take the step's offset as a device tensor, but the sharded Jacobi
-    loop and tree verification with draft probabilities read on the host)."""
+    eager steps: the sharded ops take the step's offset as a device tensor and read nothing on the
+    host, but the loop's sharded Jacobi stops early on a host read and no capture under NCCL has
+    been run)."""
     prompts = [[int(t) for t in p] for p in prompts]
     max_new = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
     _check(target, prompts, max_new, mode, drafter, refiner, draft_len, tree_budget)
     vocab = WholeVocab
     if tp_group is not None:
         if cuda_graph:
-            raise ValueError("cuda_graph=True cannot be combined with tp_group (the sharded Jacobi loop and tree "
-                             "verification with draft probabilities read on the host)")
+            raise ValueError("cuda_graph=True cannot be combined with tp_group (the loop's sharded Jacobi stops on "
+                             "a host read, and capture under NCCL has not been run)")
         tensor_parallel.check_supported(mode, temperature, draft_len)
         target, vocab = tensor_parallel.shard_target(target, tp_group)
     device = target.lm_head.weight.device
-    # Tensor parallel runs eagerly: the sharded ops take the offset on the device, but the sharded
-    # Jacobi loop's stopping test and tree verification with draft probabilities read on the host,
-    # and no capture under NCCL has been tested.
+    # Tensor parallel runs eagerly: the sharded ops take the offset on the device and read nothing
+    # on the host, but the loop's Jacobi stops early on a host read, and no capture under NCCL has
+    # been run.
     graphed = device.type == "cuda" and tp_group is None if cuda_graph is None else cuda_graph
     if graphed and device.type != "cuda":
         raise ValueError(f"cuda_graph=True needs a target on a CUDA device, not {device.type}")
