@@ -312,6 +312,30 @@ def test_sampled_children_edge_rows(device, without_replacement):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_sampled_children_far_below_the_max(device):
+    """A child whose logit lies 120 below the row's max has probability 0 in float32 (exp
+    underflows): after a rejection it stays rejected even where the draft gave it no mass (the CPU's
+    vector exp once floored such weights at e^-87 and accepted it)."""
+    v = 48  # a multiple of 16: every id on the vectorized paths
+    logits = torch.zeros(1, 3, v)
+    logits[0, 0, 1] = -5.0  # the first child: improbable under p, all of q's mass
+    logits[0, 0, 7] = -120.0  # the second child
+    q = torch.zeros(1, 3, v)
+    q[0, 0, 1] = 1.0
+    tokens, parents = torch.tensor([[-1, 1, 7]]), torch.tensor([[-1, 0, 0]])
+    rejected_first = 0
+    for seed in range(30):
+        got = xkernels.tree_verify(tokens.to(device), parents.to(device), logits.to(device), draft_probs=q.to(device),
+                                   temperature=1.0, seed=seed)
+        want = reference.tree_verify(tokens, parents, logits, q, False, 1.0, seed)
+        for a, b in zip(got, want):
+            assert torch.equal(a.cpu(), b), seed
+        rejected_first += int(got[0][0]) == 0
+        assert int(got[2][0, 0]) != 7
+    assert rejected_first >= 25  # the second child was tested
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_compact_kv(device, dtype):
     tokens, parents, logits, _ = verify_case(4, 9, 20, "bushy", seed=4)

@@ -37,12 +37,14 @@ inline V load(const float* p) {
 
 inline f32x8 load8(const float* p) { return load<f32x8>(p); }
 
-// exp(x) for x <= 0 (Cephes' polynomial, about 1 ulp), branch-free on 8 lanes; x below -87
-// gives about 1e-38 instead of a denormal, which no sum of at least 1 can see.
+// exp(x) for x <= 0 (Cephes' polynomial, about 1 ulp), branch-free on 8 lanes; x below
+// -126 ln 2 gives 0 instead of a denormal (a weight of 0, as in a float32 exp that underflows;
+// a floor there would give ids far below the max a positive weight).
 template <typename V, typename I = decltype(V{} < V{})>
 inline V exp_nonpositive(V x) {
-  const V lowest = splat<V>(-87.0f);
-  x = x < lowest ? lowest : x;
+  const V lowest = splat<V>(-87.3365447f);  // the exponent arithmetic below needs n >= -126
+  const I below = x < lowest;
+  x = below ? lowest : x;
   const V round = splat<V>(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
   const V n = (x * 1.44269504088896341f + round) - round;
   const V r = x - n * 0.693359375f - n * -2.12194440e-4f;
@@ -56,7 +58,7 @@ inline V exp_nonpositive(V x) {
   const I bits = (__builtin_convertvector(n, I) + 127) << 23;
   V scale;
   std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
+  return below ? splat<V>(0.0f) : p * scale;
 }
 
 template <typename T>
