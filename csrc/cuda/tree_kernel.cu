@@ -207,6 +207,7 @@ struct VerifyWorkspace {
   StopJob* jobs;      // [n]
   ArgMax* slices;     // [n, sample_slices]: each slice's Gumbel-max
   int sample_slices;
+  int q_depth;  // q_stage_depth
 };
 
 // What thread 0 decides and the block shares at one node.
@@ -258,35 +259,48 @@ __device__ __forceinline__ void stop_weights(const float (&a)[4], int64_t g, int
 // (sm_90a; deeper spills), 64 KB a block, and the passes that also read q (a node's first pass,
 // which sums q beside the row statistics, and the residual passes) copy q's float4s of those chunks
 // into shared memory asynchronously (cp.async), which holds no registers: 64 KB of the row and
-// 128 KB of q in flight a block at 16-bit logits (64 KB of q at float32). XKERNELS_PTXAS_VERBOSE=1
-// shows the registers.
+// 128 KB of q in flight a block at 16-bit logits (64 KB of q at float32), where the device lets a
+// block have that much shared memory (q_stage_depth). XKERNELS_PTXAS_VERBOSE=1 shows the registers.
 constexpr int kVerifyThreads = 512;
 template <bool kDraft>
 constexpr int kRowDepth = kDraft ? 8 : 16;
 
-// The shared-memory bytes of the draft kernel's q stage: kRowDepth chunks a thread, 16 / sizeof(T)
-// floats of q each.
-template <typename T>
-constexpr size_t kQStageBytes = sizeof(float) * kRowDepth<true> * (16 / sizeof(T)) * kVerifyThreads;
+// The shared memory a block of the draft kernel may use for its q stage: the device's opt-in limit
+// (48 KB without one) less its static shared memory (336 bytes, ptxas) and a margin.
+constexpr size_t kStaticSmemReserve = 1024;
+
+// The chunks a thread of the draft kernel reads at once in the passes that read q (at most
+// kRowDepth<true>, at least 1): as many as the block's q stage (16 bytes a thread per 4 ids of a
+// chunk) fits in the shared memory the device allows (max_smem; 0: 48 KB). 8 on an H100/H200
+// (227 KB) and A100 (163 KB); 6 at 16-bit logits on parts with 99 KB.
+int q_stage_depth(const TreeVerifyParams& p) {
+  const size_t limit = p.max_smem > 0 ? static_cast<size_t>(p.max_smem) : 48 * 1024;
+  const size_t ids = p.dtype == LogitsType::kFloat32 ? 4 : 8;  // a chunk's: 16 bytes of logits
+  const size_t chunk = sizeof(float) * ids * kVerifyThreads;
+  const size_t fit = limit > kStaticSmemReserve ? (limit - kStaticSmemReserve) / chunk : 0;
+  return static_cast<int>(fit < 1 ? 1 : fit > kRowDepth<true> ? kRowDepth<true> : fit);
+}
 
 // A row of logits and its row of q read side by side by the block, each thread's ids in increasing
 // order: when vector_ok (both rows start 16-byte aligned and hold whole chunks) chunks of kIds ids,
-// thread t taking chunks t, t + 512, ... (as thread_row_stats reads the row alone), a round of
-// kRowDepth: their 16-byte loads of the row into registers and their kIds / 4 float4 of q into
-// `stage` (kQStageBytes<T> of shared memory), each chunk then to on_chunk(a[kIds], q[kIds], first
-// id); otherwise every id to on_id(a, q, id). a: the logits times scale.
+// thread t taking chunks t, t + 512, ... (as thread_row_stats reads the row alone), `depth`
+// (q_stage_depth) a round: their 16-byte loads of the row into registers and their kIds / 4 float4
+// of q into `stage` (depth * kIds floats a thread of shared memory), each chunk then to
+// on_chunk(a[kIds], q[kIds], first id); otherwise every id to on_id(a, q, id). a: the logits times
+// scale.
 template <typename T, typename OnChunk, typename OnId>
 __device__ __forceinline__ void for_each_row_and_q(const T* row, const float* q, int64_t v, bool vector_ok,
-                                                   float scale, float4* stage, OnChunk&& on_chunk, OnId&& on_id) {
-  constexpr int kIds = 16 / sizeof(T), kQuads = kIds / 4, kDepth = kRowDepth<true>;
+                                                   float scale, float4* stage, int depth, OnChunk&& on_chunk,
+                                                   OnId&& on_id) {
+  constexpr int kIds = 16 / sizeof(T), kQuads = kIds / 4;
   // Where chunk c's q lands: its round slot's kQuads float4s, consecutive threads at consecutive
-  // float4s (no bank conflicts). Thread t's chunks of a round are t + 512 u, u < kDepth.
+  // float4s (no bank conflicts). Thread t's chunks of a round are t + 512 u, u < depth.
   const auto staged = [&](int64_t c) {
-    return stage + static_cast<int>(c / kVerifyThreads % kDepth) * kQuads * kVerifyThreads + threadIdx.x;
+    return stage + static_cast<int>(c / kVerifyThreads) % depth * kQuads * kVerifyThreads + threadIdx.x;
   };
   const int64_t whole = vector_ok ? v / kIds : 0;
-  for_each_batched<kDepth>(
-      threadIdx.x, whole, kVerifyThreads,
+  for_each_batched<kRowDepth<true>>(
+      threadIdx.x, whole, kVerifyThreads, depth,
       [&](int64_t c) {
         float4* at = staged(c);
 #pragma unroll
@@ -317,11 +331,11 @@ __device__ __forceinline__ void for_each_row_and_q(const T* row, const float* q,
 // thread 0): read-only, from the logits and q, nothing stored.
 template <typename T>
 __device__ __forceinline__ float residual_sum(const T* row, const float* q, int64_t v, bool vector_ok, float scale,
-                                              float4* stage, float top_log2, TreeCoef coef) {
+                                              float4* stage, int depth, float top_log2, TreeCoef coef) {
   constexpr int kIds = 16 / sizeof(T);
   float total = 0.0f;
   for_each_row_and_q(
-      row, q, v, vector_ok, scale, stage,
+      row, q, v, vector_ok, scale, stage, depth,
       [&](const float (&a)[kIds], const float (&qs)[kIds], int32_t) {
         float add = 0.0f;
 #pragma unroll
@@ -336,11 +350,12 @@ __device__ __forceinline__ float residual_sum(const T* row, const float* q, int6
 // one pass over both rows: q's sum, needed at a node with children, rides on the row's pass.
 template <typename T>
 __device__ __forceinline__ RowStats thread_row_stats_and_q_sum(const T* row, const float* q, int64_t v,
-                                                               bool vector_ok, float scale, float4* stage, float& zq) {
+                                                               bool vector_ok, float scale, float4* stage, int depth,
+                                                               float& zq) {
   constexpr int kIds = 16 / sizeof(T);
   RowStats s = stats_empty();
   for_each_row_and_q(
-      row, q, v, vector_ok, scale, stage,
+      row, q, v, vector_ok, scale, stage, depth,
       [&](const float (&a)[kIds], const float (&qs)[kIds], int32_t id) {
         observe_chunk_in_order<false>(s, a, id);
         float add = 0.0f;
@@ -430,7 +445,7 @@ __global__ void __launch_bounds__(kVerifyThreads, 1)
   constexpr int kBlock = kVerifyThreads;
   constexpr int kIds = 16 / sizeof(T);
   __shared__ NodeState sh;
-  extern __shared__ __align__(16) float4 q_stage[];  // kQStageBytes<T> in the draft kernel, else none
+  extern __shared__ __align__(16) float4 q_stage[];  // the draft kernel's: w.q_depth chunks a thread
   __shared__ uint64_t rng[2];  // seed, offset: thread 0's, kept out of the registers of the row passes
   const int64_t n = blockIdx.x, m = p.m, v = p.v;
   const int64_t count = node_count(p.num_nodes, n, m);
@@ -459,7 +474,7 @@ __global__ void __launch_bounds__(kVerifyThreads, 1)
     RowStats s =
         greedy ? thread_row_stats<T, true, kRowDepth<kDraft>>(row, v, 0, chunks, vector_ok, 1.0f, -1, threadIdx.x,
                                                               kBlock)
-        : with_q ? thread_row_stats_and_q_sum(row, sh.q, v, vector_ok, scale, q_stage, zq)
+        : with_q ? thread_row_stats_and_q_sum(row, sh.q, v, vector_ok, scale, q_stage, w.q_depth, zq)
                  : thread_row_stats<T, false, kRowDepth<kDraft>>(row, v, 0, chunks, vector_ok, scale, -1, threadIdx.x,
                                                                  kBlock);
     s = block_merge<kBlock>(s, stats_empty());
@@ -490,7 +505,8 @@ __global__ void __launch_bounds__(kVerifyThreads, 1)
         __syncthreads();
         if (sh.x < 0) continue;  // a token outside [0, V): never accepted, no residual step
         if (sh.pass) {
-          const float total = residual_sum(row, sh.q, v, vector_ok, scale, q_stage, top_log2, tree_coef(sh.res.coef));
+          const float total = residual_sum(row, sh.q, v, vector_ok, scale, q_stage, w.q_depth, top_log2,
+                                           tree_coef(sh.res.coef));
           if (threadIdx.x == 0) {
             sh.res.sum = total;
             sh.empty = !(total > 0.0f);
@@ -666,11 +682,11 @@ cudaError_t launch_verify_typed(const TreeVerifyParams& p, const VerifyWorkspace
                          (p.q == nullptr || reinterpret_cast<uintptr_t>(p.q) % 16 == 0);
   if (p.q && p.inv_t != 0.0f) {  // at T = 0 draft_probs play no part
     // Above 48 KB of dynamic shared memory a kernel must opt in (a host call, no stream work).
+    const size_t stage = sizeof(float) * (16 / sizeof(T)) * kVerifyThreads * w.q_depth;
     const cudaError_t err = cudaFuncSetAttribute(tree_verify_kernel<T, true>,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(kQStageBytes<T>));
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(stage));
     if (err != cudaSuccess) return err;
-    tree_verify_kernel<T, true><<<p.n, kVerifyThreads, kQStageBytes<T>, stream>>>(p, w, vector_ok);
+    tree_verify_kernel<T, true><<<p.n, kVerifyThreads, stage, stream>>>(p, w, vector_ok);
   } else {
     tree_verify_kernel<T, false><<<p.n, kVerifyThreads, 0, stream>>>(p, w, vector_ok);
   }
@@ -723,6 +739,7 @@ cudaError_t launch_tree_verify(const TreeVerifyParams& p, void* workspace, cudaS
   at += align_up(sizeof(StopJob) * p.n);
   w.slices = reinterpret_cast<ArgMax*>(at);
   w.sample_slices = row_slice_count(p.n, p.v, p.num_sms);
+  w.q_depth = q_stage_depth(p);
   switch (p.dtype) {
     case LogitsType::kFloat32: return launch_verify_typed<float>(p, w, stream);
     case LogitsType::kBFloat16: return launch_verify_typed<__nv_bfloat16>(p, w, stream);
