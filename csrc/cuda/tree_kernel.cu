@@ -467,8 +467,9 @@ __global__ void __launch_bounds__(kVerifyThreads, 1)
       __syncthreads();
     }
     const bool with_q = kDraft && sh.kids > 0;  // read before block_merge's barrier, then rewritten
-    // One block reads the row, 128 KB in flight (64-72 KB with draft_probs): 64 blocks then keep
-    // 4-8 MB in flight, near HBM's bandwidth times its latency.
+    // One block reads the row, 128 KB in flight (64 KB with draft_probs, and 128 KB of q beside it
+    // at a node with children): 64 blocks then keep 4-12 MB in flight, about HBM's bandwidth times
+    // its latency or more.
     const int64_t chunks = (v + kIds - 1) / kIds;
     float zq = 0.0f;
     RowStats s =
@@ -480,7 +481,8 @@ __global__ void __launch_bounds__(kVerifyThreads, 1)
     s = block_merge<kBlock>(s, stats_empty());
     if (with_q) zq = block_sum<kBlock>(zq);  // block_merge's buffer is another: no barrier between
     if (threadIdx.x == 0)
-      sh = NodeState{s, sh.q, tree_residual_start(s.sum, zq), -1, kDraft ? sh.kids : 0, 0, -1, false, false};
+      sh = NodeState{s, kDraft ? sh.q : nullptr, tree_residual_start(s.sum, zq), -1, kDraft ? sh.kids : 0, 0, -1,
+                     false, false};
     __syncthreads();
     s = sh.stats;
     const bool point_mass = greedy || stats_degenerate(s);
