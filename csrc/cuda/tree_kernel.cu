@@ -265,8 +265,8 @@ constexpr int kVerifyThreads = 512;
 template <bool kDraft>
 constexpr int kRowDepth = kDraft ? 8 : 16;
 
-// The shared memory a block of the draft kernel may use for its q stage: the device's opt-in limit
-// (48 KB without one) less its static shared memory (336 bytes, ptxas) and a margin.
+// What the draft kernel's q stage leaves of the shared memory a block may have: the kernel's static
+// shared memory (336 bytes, ptxas) and a margin.
 constexpr size_t kStaticSmemReserve = 1024;
 
 // The chunks a thread of the draft kernel reads at once in the passes that read q (at most
