@@ -35,6 +35,19 @@ def verify_inputs(temperature):
     return tokens, parents, logits, q
 
 
+def rejecting_inputs():
+    """verify_inputs' trees and target logits with draft distributions far from the target (their
+    own random logits) and every child's token drawn from its parent's q: most children are
+    rejected, so the residual passes (one a rejection but the last) and the residual draw dominate."""
+    tokens, parents, logits, _ = verify_inputs(0.0)
+    g = torch.Generator().manual_seed(2)
+    q = torch.softmax(torch.randn(N, M, V, generator=g) * 4, -1)
+    draws = torch.multinomial(q.view(N * M, V), M, replacement=True, generator=g).view(N, M, M)
+    # Child i's token: draw i of its parent's row.
+    drawn = draws.gather(1, parents.clamp_min(0)[:, None, :]).squeeze(1)
+    return torch.where(parents >= 0, drawn, tokens), parents, logits, q
+
+
 @pytest.mark.parametrize("impl", ["xkernels", "reference"])
 def bench_build_draft_tree(benchmark, impl):
     lp, tok = tree_inputs()
@@ -68,5 +81,21 @@ def bench_tree_verify(benchmark, impl, temperature, with_q):
         fn = lambda: xkernels.tree_verify(tokens, parents, logits, draft_probs=q, temperature=temperature, seed=1)  # noqa: E731
     else:
         fn = lambda: reference.tree_verify(tokens, parents, logits, q, False, temperature, 1)  # noqa: E731
+    accept_len, _, _ = benchmark.pedantic(fn, rounds=3 if impl == "reference" else 20, warmup_rounds=1)
+    benchmark.extra_info["mean_accept_len"] = round(accept_len.float().mean().item(), 2)
+
+
+@pytest.mark.parametrize("impl", ["xkernels", "reference"])
+@pytest.mark.parametrize("without_replacement", [False, True])
+def bench_tree_verify_rejecting(benchmark, impl, without_replacement):
+    tokens, parents, logits, q = rejecting_inputs()
+    benchmark.group = (f"tree_verify N={N} M={M} V={V} f32 T=1.0 draft_probs far from p"
+                       + (" w/o repl." if without_replacement else ""))
+    benchmark.extra_info["impl"] = impl
+    if impl == "xkernels":
+        fn = lambda: xkernels.tree_verify(tokens, parents, logits, draft_probs=q,  # noqa: E731
+                                          without_replacement=without_replacement, temperature=1.0, seed=1)
+    else:
+        fn = lambda: reference.tree_verify(tokens, parents, logits, q, without_replacement, 1.0, 1)  # noqa: E731
     accept_len, _, _ = benchmark.pedantic(fn, rounds=3 if impl == "reference" else 20, warmup_rounds=1)
     benchmark.extra_info["mean_accept_len"] = round(accept_len.float().mean().item(), 2)

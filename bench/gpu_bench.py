@@ -28,7 +28,7 @@ PEAK_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12, "B200": 8.0e12, "A100": 2.0
 ESTIMATE_US = {("chain_verify", 0.0, False): 88, ("chain_verify", 1.0, False): 106, ("chain_verify", 1.0, True): 112,
                ("refine_step", 1): 38, ("refine_step", 8): 58, ("refine_step", 32): 165, ("jacobi_refine", 1): 158,
                ("build_draft_tree",): 15, ("tree_attention_mask",): 5, ("tree_verify", 0.0, False): 20,
-               ("tree_verify", 1.0, False): 37, ("tree_verify", 1.0, True): 100,
+               ("tree_verify", 1.0, False): 37, ("tree_verify", 1.0, True): 60,
                ("dllm_step T=0",): 35, ("dllm_step T=1",): 70, ("spiffy_materialize",): 65, ("spiffy_accept",): 75,
                ("spiffy_attention_mask",): 5}
 

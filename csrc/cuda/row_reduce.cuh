@@ -53,16 +53,18 @@ __host__ __device__ __forceinline__ int64_t vector_span_end(int64_t begin, int64
 }
 
 // For the items c = first, first + stride, ... below end: x = load(c), then f(c, x), issuing
-// kDepth loads before the first f of each round so that they are in flight together.
+// `depth` (<= kDepth, at run time) loads before the first f of each round so that they are in
+// flight together.
 template <int kDepth, typename Load, typename F>
-__device__ __forceinline__ void for_each_batched(int64_t first, int64_t end, int64_t stride, Load&& load, F&& f) {
+__device__ __forceinline__ void for_each_batched(int64_t first, int64_t end, int64_t stride, int depth, Load&& load,
+                                                 F&& f) {
   static_assert(kDepth <= 32, "one bit a load");
-  for (int64_t c0 = first; c0 < end; c0 += kDepth * stride) {
+  for (int64_t c0 = first; c0 < end; c0 += depth * stride) {
     // Which loads of the round exist, as bits: the 64-bit indices are not kept live in registers
     // between the loads and their uses (they cost two registers a load in flight).
     uint32_t live = 0;
 #pragma unroll
-    for (int u = 0; u < kDepth; ++u) live |= static_cast<uint32_t>(c0 + u * stride < end) << u;
+    for (int u = 0; u < kDepth; ++u) live |= static_cast<uint32_t>(u < depth && c0 + u * stride < end) << u;
     decltype(load(c0)) x[kDepth];
 #pragma unroll
     for (int u = 0; u < kDepth; ++u)
@@ -71,6 +73,12 @@ __device__ __forceinline__ void for_each_batched(int64_t first, int64_t end, int
     for (int u = 0; u < kDepth; ++u)
       if (live >> u & 1u) f(c0 + u * stride, x[u]);
   }
+}
+
+// The same with kDepth loads a round.
+template <int kDepth, typename Load, typename F>
+__device__ __forceinline__ void for_each_batched(int64_t first, int64_t end, int64_t stride, Load&& load, F&& f) {
+  for_each_batched<kDepth>(first, end, stride, kDepth, load, f);
 }
 
 // The elements of a loaded vector of T as floats, times scale.

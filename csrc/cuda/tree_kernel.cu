@@ -15,6 +15,8 @@
 // Values the host cannot check without a sync (parents, num_nodes, token ids, path) are handled
 // memory-safely: an invalid parent ends a walk, a child whose token lies outside [0, V) is never
 // accepted, an invalid path stops the moves; XKERNELS_CHECK=1 makes the bindings raise instead.
+#include <cuda_pipeline_primitives.h>
+
 #include "device_utils.cuh"
 #include "row_reduce.cuh"
 #include "tree_launch.h"
@@ -205,6 +207,7 @@ struct VerifyWorkspace {
   StopJob* jobs;      // [n]
   ArgMax* slices;     // [n, sample_slices]: each slice's Gumbel-max
   int sample_slices;
+  int q_depth;  // q_stage_depth
 };
 
 // What thread 0 decides and the block shares at one node.
@@ -252,53 +255,119 @@ __device__ __forceinline__ void stop_weights(const float (&a)[4], int64_t g, int
 
 // tree_verify_kernel's block (a sequence) and its loads of 16 bytes in flight a thread: 512 threads
 // with 16 reading a row (128 KB a block, 121-122 registers). With draft_probs (T > 0) the kernel
-// holds more state through its passes, and the depths that ptxas fits in 128 registers without a
-// spill (sm_90a; deeper ones spill) are 8 for a row (64 KB), kPassGroups chunks of the row each with
-// the float4s of q beside it for a residual pass (9 loads for 16-bit logits, 72 KB; 8 for float32,
-// 64 KB) and 4 for q's sum (32 KB). XKERNELS_PTXAS_VERBOSE=1 shows them.
+// holds more state through its passes: ptxas fits 8 row loads in 128 registers without a spill
+// (sm_90a; deeper spills), 64 KB a block, and the passes that also read q (a node's first pass,
+// which sums q beside the row statistics, and the residual passes) copy q's float4s of those chunks
+// into shared memory asynchronously (cp.async), which holds no registers: 64 KB of the row and
+// 128 KB of q in flight a block at 16-bit logits (64 KB of q at float32), where the device lets a
+// block have that much shared memory (q_stage_depth). XKERNELS_PTXAS_VERBOSE=1 shows the registers.
 constexpr int kVerifyThreads = 512;
 template <bool kDraft>
 constexpr int kRowDepth = kDraft ? 8 : 16;
-template <typename T>
-constexpr int kPassGroups = sizeof(T) == 4 ? 4 : 3;
-constexpr int kSumDepth = 4;
 
-// The residual's sum, sum_i max(e_i - coef q_i, 0) with e_i = exp(a_i - max) from the row (at
-// thread 0): read-only, from the logits and q, nothing stored. vector_ok: both rows start 16-byte
-// aligned and hold whole chunks.
-template <typename T>
-__device__ __forceinline__ float residual_sum(const T* row, const float* q, int64_t v, bool vector_ok, float scale,
-                                              float top_log2, TreeCoef coef) {
+// What the draft kernel's q stage leaves of the shared memory a block may have: the kernel's static
+// shared memory (336 bytes, ptxas) and a margin.
+constexpr size_t kStaticSmemReserve = 1024;
+
+// The chunks a thread of the draft kernel reads at once in the passes that read q (at most
+// kRowDepth<true>, at least 1): as many as the block's q stage (16 bytes a thread per 4 ids of a
+// chunk) fits in the shared memory the device allows (max_smem; 0: 48 KB). 8 on an H100/H200
+// (227 KB) and A100 (163 KB); 6 at 16-bit logits on parts with 99 KB.
+int q_stage_depth(const TreeVerifyParams& p) {
+  const size_t limit = p.max_smem > 0 ? static_cast<size_t>(p.max_smem) : 48 * 1024;
+  const size_t ids = p.dtype == LogitsType::kFloat32 ? 4 : 8;  // a chunk's: 16 bytes of logits
+  const size_t chunk = sizeof(float) * ids * kVerifyThreads;
+  const size_t fit = limit > kStaticSmemReserve ? (limit - kStaticSmemReserve) / chunk : 0;
+  return static_cast<int>(fit < 1 ? 1 : fit > kRowDepth<true> ? kRowDepth<true> : fit);
+}
+
+// A row of logits and its row of q read side by side by the block, each thread's ids in increasing
+// order: when vector_ok (both rows start 16-byte aligned and hold whole chunks) chunks of kIds ids,
+// thread t taking chunks t, t + 512, ... (as thread_row_stats reads the row alone), `depth`
+// (q_stage_depth) a round: their 16-byte loads of the row into registers and their kIds / 4 float4
+// of q into `stage` (depth * kIds floats a thread of shared memory), each chunk then to
+// on_chunk(a[kIds], q[kIds], first id); otherwise every id to on_id(a, q, id). a: the logits times
+// scale.
+template <typename T, typename OnChunk, typename OnId>
+__device__ __forceinline__ void for_each_row_and_q(const T* row, const float* q, int64_t v, bool vector_ok,
+                                                   float scale, float4* stage, int depth, OnChunk&& on_chunk,
+                                                   OnId&& on_id) {
   constexpr int kIds = 16 / sizeof(T), kQuads = kIds / 4;
-  struct Chunk {
-    uint4 a;
-    float4 q[kQuads];
+  // Where chunk c's q lands: its round slot's kQuads float4s, consecutive threads at consecutive
+  // float4s (no bank conflicts). Thread t's chunks of a round are t + 512 u, u < depth.
+  const auto staged = [&](int64_t c) {
+    return stage + static_cast<int>(c / kVerifyThreads) % depth * kQuads * kVerifyThreads + threadIdx.x;
   };
   const int64_t whole = vector_ok ? v / kIds : 0;
-  float total = 0.0f;
-  for_each_batched<kPassGroups<T>>(
-      threadIdx.x, whole, kVerifyThreads,
+  for_each_batched<kRowDepth<true>>(
+      threadIdx.x, whole, kVerifyThreads, depth,
       [&](int64_t c) {
-        Chunk x;
-        x.a = reinterpret_cast<const uint4*>(row)[c];
+        float4* at = staged(c);
 #pragma unroll
-        for (int j = 0; j < kQuads; ++j) x.q[j] = reinterpret_cast<const float4*>(q)[kQuads * c + j];
-        return x;
+        for (int j = 0; j < kQuads; ++j)
+          __pipeline_memcpy_async(at + j * kVerifyThreads, reinterpret_cast<const float4*>(q) + kQuads * c + j,
+                                  sizeof(float4));
+        return reinterpret_cast<const uint4*>(row)[c];
       },
-      [&](int64_t, const Chunk& x) {
-        float a[kIds], add = 0.0f;
-        unpack<T>(x.a, scale, a);
+      [&](int64_t c, const uint4& x) {
+        // The round's copies, all of them at its first chunk (the later waits find none pending).
+        __pipeline_commit();
+        __pipeline_wait_prior(0);
+        float a[kIds], qs[kIds];
+        unpack<T>(x, scale, a);
+        const float4* at = staged(c);
 #pragma unroll
         for (int j = 0; j < kQuads; ++j) {
-          const float qs[4] = {x.q[j].x, x.q[j].y, x.q[j].z, x.q[j].w};
-#pragma unroll
-          for (int k = 0; k < 4; ++k) add += tree_residual_weight(softmax_weight(a[4 * j + k], top_log2), qs[k], coef);
+          const float4 y = at[j * kVerifyThreads];
+          qs[4 * j] = y.x, qs[4 * j + 1] = y.y, qs[4 * j + 2] = y.z, qs[4 * j + 3] = y.w;
         }
-        total += add;
+        on_chunk(a, qs, static_cast<int32_t>(kIds * c));
       });
   for (int64_t i = kIds * whole + threadIdx.x; i < v; i += kVerifyThreads)
-    total += tree_residual_weight(softmax_weight(scaled(row, i, scale), top_log2), q[i], coef);
+    on_id(scaled(row, i, scale), q[i], static_cast<int32_t>(i));
+}
+
+// The residual's sum, sum_i max(e_i - coef q_i, 0) with e_i = exp(a_i - max) from the row (at
+// thread 0): read-only, from the logits and q, nothing stored.
+template <typename T>
+__device__ __forceinline__ float residual_sum(const T* row, const float* q, int64_t v, bool vector_ok, float scale,
+                                              float4* stage, int depth, float top_log2, TreeCoef coef) {
+  constexpr int kIds = 16 / sizeof(T);
+  float total = 0.0f;
+  for_each_row_and_q(
+      row, q, v, vector_ok, scale, stage, depth,
+      [&](const float (&a)[kIds], const float (&qs)[kIds], int32_t) {
+        float add = 0.0f;
+#pragma unroll
+        for (int k = 0; k < kIds; ++k) add += tree_residual_weight(softmax_weight(a[k], top_log2), qs[k], coef);
+        total += add;
+      },
+      [&](float a, float qx, int32_t) { total += tree_residual_weight(softmax_weight(a, top_log2), qx, coef); });
   return block_sum<kVerifyThreads>(total);
+}
+
+// One thread's share of a row's softmax statistics (exactly thread_row_stats's) and of q's sum, in
+// one pass over both rows: q's sum, needed at a node with children, rides on the row's pass.
+template <typename T>
+__device__ __forceinline__ RowStats thread_row_stats_and_q_sum(const T* row, const float* q, int64_t v,
+                                                               bool vector_ok, float scale, float4* stage, int depth,
+                                                               float& zq) {
+  constexpr int kIds = 16 / sizeof(T);
+  RowStats s = stats_empty();
+  for_each_row_and_q(
+      row, q, v, vector_ok, scale, stage, depth,
+      [&](const float (&a)[kIds], const float (&qs)[kIds], int32_t id) {
+        observe_chunk_in_order<false>(s, a, id);
+        float add = 0.0f;
+#pragma unroll
+        for (int k = 0; k < kIds; k += 4) add += (qs[k] + qs[k + 1]) + (qs[k + 2] + qs[k + 3]);
+        zq += add;
+      },
+      [&](float a, float qx, int32_t id) {
+        stats_observe(s, a, id);
+        zq += qx;
+      });
+  return s;
 }
 
 // Warp 0 tests the children of `node` in node order, 32 candidate nodes a round: at a point mass,
@@ -376,6 +445,7 @@ __global__ void __launch_bounds__(kVerifyThreads, 1)
   constexpr int kBlock = kVerifyThreads;
   constexpr int kIds = 16 / sizeof(T);
   __shared__ NodeState sh;
+  extern __shared__ __align__(16) float4 q_stage[];  // the draft kernel's: w.q_depth chunks a thread
   __shared__ uint64_t rng[2];  // seed, offset: thread 0's, kept out of the registers of the row passes
   const int64_t n = blockIdx.x, m = p.m, v = p.v;
   const int64_t count = node_count(p.num_nodes, n, m);
@@ -389,44 +459,43 @@ __global__ void __launch_bounds__(kVerifyThreads, 1)
   int64_t node = 0, acc = 0;
   for (;;) {
     const T* row = static_cast<const T*>(p.logits) + (n * m + node) * v;
-    // One block reads the row, 128 KB in flight (64 KB with draft_probs): 64 blocks then keep 8 MB
-    // in flight, more than HBM's bandwidth times its latency.
+    if (kDraft) {
+      // The children first (they depend on the parents alone): q's sum is needed only at a node
+      // with children, and then rides on the row's pass.
+      if (threadIdx.x == 0) sh.q = p.q + (n * m + node) * v;
+      if (threadIdx.x < 32) list_children(sh, parents, node, count, kids);
+      __syncthreads();
+    }
+    const bool with_q = kDraft && sh.kids > 0;  // read before block_merge's barrier, then rewritten
+    // One block reads the row, 128 KB in flight (64 KB with draft_probs, and 128 KB of q beside it
+    // at a node with children): 64 blocks then keep 4-12 MB in flight, about HBM's bandwidth times
+    // its latency or more.
     const int64_t chunks = (v + kIds - 1) / kIds;
+    float zq = 0.0f;
     RowStats s =
         greedy ? thread_row_stats<T, true, kRowDepth<kDraft>>(row, v, 0, chunks, vector_ok, 1.0f, -1, threadIdx.x,
                                                               kBlock)
-               : thread_row_stats<T, false, kRowDepth<kDraft>>(row, v, 0, chunks, vector_ok, scale, -1, threadIdx.x,
-                                                               kBlock);
+        : with_q ? thread_row_stats_and_q_sum(row, sh.q, v, vector_ok, scale, q_stage, w.q_depth, zq)
+                 : thread_row_stats<T, false, kRowDepth<kDraft>>(row, v, 0, chunks, vector_ok, scale, -1, threadIdx.x,
+                                                                 kBlock);
     s = block_merge<kBlock>(s, stats_empty());
+    if (with_q) zq = block_sum<kBlock>(zq);  // block_merge's buffer is another: no barrier between
     if (threadIdx.x == 0)
-      sh = NodeState{s, kDraft ? p.q + (n * m + node) * v : nullptr, tree_residual_start(s.sum, 0.0f), -1, 0, 0, -1,
+      sh = NodeState{s, kDraft ? sh.q : nullptr, tree_residual_start(s.sum, zq), -1, kDraft ? sh.kids : 0, 0, -1,
                      false, false};
     __syncthreads();
     s = sh.stats;
     const bool point_mass = greedy || stats_degenerate(s);
     const float top_log2 = s.top.val * kLog2e;
-    if (threadIdx.x < 32) {
-      if (point_mass || !kDraft)
+    if (point_mass || !kDraft) {
+      if (threadIdx.x < 32)
         test_children(sh, s, point_mass, row, scale, tokens, parents, node, count, v, rejected, rng[0], rng[1],
                       static_cast<uint32_t>(n));
-      else
-        list_children(sh, parents, node, count, kids);
+      __syncthreads();
     }
-    __syncthreads();
     if (kDraft && !point_mass && sh.kids > 0) {
       // The residual in closed form (xkernels/tree.h's TreeResidual): thread 0 tests the children
       // in order; before a test that follows a rejection, the block sums the residual over the row.
-      // q's row from shared memory: the addresses of its loads, not invariant to the compiler, are then
-      // not hoisted out of the node's loops, where they would stay live in registers.
-      const float* q_row = sh.q;
-      const int64_t quads = vector_ok ? v / 4 : 0;
-      float zq = 0.0f;
-      for_each_batched<kSumDepth>(
-          threadIdx.x, quads, kBlock, [&](int64_t g) { return reinterpret_cast<const float4*>(q_row)[g]; },
-          [&](int64_t, const float4& x) { zq += (x.x + x.y) + (x.z + x.w); });
-      for (int64_t x = 4 * quads + threadIdx.x; x < v; x += kBlock) zq += q_row[x];
-      zq = block_sum<kBlock>(zq);
-      if (threadIdx.x == 0) sh.res.zq = zq;
       bool stale = false;  // thread 0's: res.sum is that of an earlier coef
       for (int32_t i = 0; i < sh.kids; ++i) {
         __syncthreads();
@@ -438,7 +507,8 @@ __global__ void __launch_bounds__(kVerifyThreads, 1)
         __syncthreads();
         if (sh.x < 0) continue;  // a token outside [0, V): never accepted, no residual step
         if (sh.pass) {
-          const float total = residual_sum(row, sh.q, v, vector_ok, scale, top_log2, tree_coef(sh.res.coef));
+          const float total = residual_sum(row, sh.q, v, vector_ok, scale, q_stage, w.q_depth, top_log2,
+                                           tree_coef(sh.res.coef));
           if (threadIdx.x == 0) {
             sh.res.sum = total;
             sh.empty = !(total > 0.0f);
@@ -612,10 +682,16 @@ cudaError_t launch_verify_typed(const TreeVerifyParams& p, const VerifyWorkspace
   const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && p.v % 4 == 0 &&
                          reinterpret_cast<uintptr_t>(p.logits) % 16 == 0 &&
                          (p.q == nullptr || reinterpret_cast<uintptr_t>(p.q) % 16 == 0);
-  if (p.q && p.inv_t != 0.0f)  // at T = 0 draft_probs play no part
-    tree_verify_kernel<T, true><<<p.n, kVerifyThreads, 0, stream>>>(p, w, vector_ok);
-  else
+  if (p.q && p.inv_t != 0.0f) {  // at T = 0 draft_probs play no part
+    // Above 48 KB of dynamic shared memory a kernel must opt in (a host call, no stream work).
+    const size_t stage = sizeof(float) * (16 / sizeof(T)) * kVerifyThreads * w.q_depth;
+    const cudaError_t err = cudaFuncSetAttribute(tree_verify_kernel<T, true>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(stage));
+    if (err != cudaSuccess) return err;
+    tree_verify_kernel<T, true><<<p.n, kVerifyThreads, stage, stream>>>(p, w, vector_ok);
+  } else {
     tree_verify_kernel<T, false><<<p.n, kVerifyThreads, 0, stream>>>(p, w, vector_ok);
+  }
   if (p.inv_t != 0.0f) {  // greedy walks write every token themselves
     if (p.q)
       tree_sample_kernel<T, true><<<p.n * w.sample_slices, kThreads, 0, stream>>>(p, w, vector_ok);
@@ -665,6 +741,7 @@ cudaError_t launch_tree_verify(const TreeVerifyParams& p, void* workspace, cudaS
   at += align_up(sizeof(StopJob) * p.n);
   w.slices = reinterpret_cast<ArgMax*>(at);
   w.sample_slices = row_slice_count(p.n, p.v, p.num_sms);
+  w.q_depth = q_stage_depth(p);
   switch (p.dtype) {
     case LogitsType::kFloat32: return launch_verify_typed<float>(p, w, stream);
     case LogitsType::kBFloat16: return launch_verify_typed<__nv_bfloat16>(p, w, stream);

@@ -46,6 +46,7 @@ struct TreeVerifyParams {
   const int64_t *seed_ptr, *offset_ptr;
   int64_t *accept_len, *path, *out_tokens;  // [n], [n, m], [n, m]
   int num_sms;                              // sizes the split of the sampling pass
+  int max_smem;  // shared memory a block may opt into (bytes; 0: 48 KB): sizes the draft passes' q stage
 };
 size_t tree_verify_workspace_bytes(const TreeVerifyParams& p);
 cudaError_t launch_tree_verify(const TreeVerifyParams& p, void* workspace, cudaStream_t stream);

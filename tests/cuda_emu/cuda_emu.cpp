@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <algorithm>
 #include <array>
+#include <cstring>
+#include <deque>
 #include <map>
 #include <set>
 #include <memory>
@@ -101,6 +103,11 @@ struct Fiber {
   int arg = 0, width = 32;
   uint64_t in = 0, out = 0;
   void* fake_stack = nullptr;
+  // Asynchronous copies (async_copy): the open group, then the committed ones, oldest first; each
+  // copy its destination and the source's bytes as read at the copy.
+  using Copies = std::vector<std::pair<void*, std::vector<char>>>;
+  Copies open_copies;
+  std::deque<Copies> copy_groups;
 };
 
 struct Emu {
@@ -288,6 +295,48 @@ void* dynamic_smem_base() {
   return smem.empty() ? nullptr : smem.data();
 }
 
+// Whether [p, p + bytes) lies in the running block's shared memory, dynamic or static.
+static bool in_block_shared(const void* p, size_t bytes) {
+  Emu& e = emu();
+  const int slot = e.current->slot;
+  const auto inside = [&](const char* base, size_t size) {
+    const auto* c = static_cast<const char*>(p);
+    return c >= base && c + bytes <= base + size;
+  };
+  const auto& dyn = e.smem[slot];
+  if (inside(dyn.data(), dyn.size())) return true;
+  for (const auto& [key, mem] : e.statics)
+    if (key.first == slot && inside(mem.data(), mem.size())) return true;
+  return false;
+}
+
+void async_copy(void* dst, const void* src, size_t bytes, size_t zfill) {
+  coords();  // only inside a kernel
+  if (zfill) return report("__pipeline_memcpy_async with zfill (not emulated)");
+  if (bytes != 4 && bytes != 8 && bytes != 16)
+    return report("__pipeline_memcpy_async of " + std::to_string(bytes) + " bytes (4, 8 or 16)");
+  if (reinterpret_cast<uintptr_t>(dst) % bytes || reinterpret_cast<uintptr_t>(src) % bytes)
+    return report("__pipeline_memcpy_async with a source or destination not aligned to its " +
+                  std::to_string(bytes) + " bytes");
+  if (!in_block_shared(dst, bytes)) return report("__pipeline_memcpy_async to outside the block's shared memory");
+  const auto* from = static_cast<const char*>(src);
+  emu().current->open_copies.emplace_back(dst, std::vector<char>(from, from + bytes));
+}
+
+void async_commit() {
+  coords();
+  Fiber& f = *emu().current;
+  f.copy_groups.push_back(std::move(f.open_copies));
+  f.open_copies.clear();
+}
+
+void async_wait_prior(size_t prior) {
+  coords();
+  Fiber& f = *emu().current;
+  for (; f.copy_groups.size() > prior; f.copy_groups.pop_front())
+    for (const auto& [dst, bytes] : f.copy_groups.front()) std::memcpy(dst, bytes.data(), bytes.size());
+}
+
 void* block_shared_bytes(const void* site, size_t bytes) {
   Emu& e = emu();
   auto [it, fresh] = e.statics.try_emplace({e.current->slot, site});
@@ -456,6 +505,7 @@ void run_grid(const char* name, dim3 grid, dim3 block, size_t smem, void (*body)
             Fiber& f = e.fiber(slot, t);
             f.linear = t, f.slot = slot;
             f.state = State::kReady;
+            f.open_copies.clear(), f.copy_groups.clear();  // a kernel's copies not waited for are dropped
             f.coords = Coords{dim3(t % block.x, t / block.x % block.y, t / (block.x * block.y)), bidx, block, grid};
             f.sp = initial_stack(f.stack.get());
           }

@@ -92,6 +92,12 @@ dim3 cluster_dims();
 // The names of the kernels that have run a block, comma-separated (for the coverage test).
 std::string launched_kernels();
 void* dynamic_smem_base();
+// The running thread's asynchronous copies into shared memory (cuda_pipeline_primitives.h): the
+// source is read at the copy, the destination written only when a wait covers its group, so a read
+// of the destination before that wait finds what was there before (garbage), as it may on a GPU.
+void async_copy(void* dst, const void* src, size_t bytes, size_t zfill);
+void async_commit();
+void async_wait_prior(size_t prior);
 cudaError_t take_last_error(bool clear);
 void set_max_dynamic_smem(const void* kernel, int bytes);
 void set_non_portable_cluster_size(const void* kernel, bool allowed);

@@ -129,7 +129,8 @@ class CudaEmu:
         return out
 
     def tree_verify(self, tokens, parents, logits, q=None, without_replacement=False, temperature=0.0, seed=0,
-                    offset=0, num_nodes=None, num_sms=4):
+                    offset=0, num_nodes=None, num_sms=4, max_smem=227 * 1024):
+        """max_smem: the shared memory a block may opt into (an H100's by default; 0: 48 KB)."""
         n, m, v = logits.shape
         tokens, parents, logits, q, num_nodes = _c(tokens), _c(parents), _c(logits), _c(q), _c(num_nodes)
         accept_len = torch.empty(n, dtype=torch.int64)
@@ -140,8 +141,8 @@ class CudaEmu:
         rc = self.lib.xk_emu_tree_verify(
             _ptr(tokens), _ptr(parents), _ptr(num_nodes), _ptr(logits), LOGITS_TYPES[logits.dtype], _ptr(q),
             ctypes.c_int(without_replacement), i64(n), i64(m), i64(v), ctypes.c_float(_inv_t(temperature)),
-            ctypes.c_uint64(seed), ctypes.c_uint64(offset), ctypes.c_int(num_sms), _ptr(accept_len), _ptr(path),
-            _ptr(out), msg,
+            ctypes.c_uint64(seed), ctypes.c_uint64(offset), ctypes.c_int(num_sms), ctypes.c_int(max_smem),
+            _ptr(accept_len), _ptr(path), _ptr(out), msg,
             ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
         return accept_len, path, out

@@ -1,6 +1,7 @@
 // Kernels that break (or keep) the CUDA rules the emulation checks, for test_emulation.py.
 // Built only into the emulation library (tests/cuda_emu/build.sh), never into xkernels.
 #include <cooperative_groups.h>
+#include <cuda_pipeline_primitives.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -105,6 +106,29 @@ __global__ void cluster_noop(float* out) {
   if (threadIdx.x == 0) out[blockIdx.x] = static_cast<float>(cooperative_groups::this_cluster().num_blocks());
 }
 
+// Two groups of asynchronous copies into shared memory (ids 0..3, then 4..7 of x): a wait for all
+// but the newest group lands the first only; the second's destination still holds what was there.
+__global__ void async_copy_groups(const float* x, float* out) {
+  extern __shared__ __align__(16) float staged_copies[];
+  staged_copies[4] = -1.0f;
+  __pipeline_memcpy_async(staged_copies, x, 16);
+  __pipeline_commit();
+  __pipeline_memcpy_async(staged_copies + 4, x + 4, 16);
+  __pipeline_commit();
+  __pipeline_wait_prior(1);
+  const float first = staged_copies[0] + staged_copies[1] + staged_copies[2] + staged_copies[3];
+  const float before = staged_copies[4];
+  __pipeline_wait_prior(0);
+  out[0] = first + staged_copies[4] + staged_copies[5] + staged_copies[6] + staged_copies[7] + (before == -1.0f ? 0 : 1000);
+}
+
+__global__ void async_copy_misaligned(const float* x, float*) {
+  extern __shared__ __align__(16) float staged_copies[];
+  __pipeline_memcpy_async(staged_copies, x + 1, 16);
+}
+
+__global__ void async_copy_to_global(const float* x, float* out) { __pipeline_memcpy_async(out, x, 16); }
+
 // A launch of `kernel` on `blocks` blocks of `threads` in clusters of `cluster` (x).
 template <typename... P, typename... A>
 cudaError_t launch_clusters(void (*kernel)(P...), unsigned blocks, unsigned threads, unsigned cluster, A... args) {
@@ -120,7 +144,9 @@ cudaError_t launch_clusters(void (*kernel)(P...), unsigned blocks, unsigned thre
 
 // Runs case `which`; returns the cudaError_t of the launches, or -1 with the violation in msg.
 extern "C" int xk_emu_selftest(int which, float* result, char* msg, size_t len) {
-  float in[64], out[256] = {}, staged[64] = {};
+  alignas(16) float in[64];
+  alignas(16) float out[256] = {};
+  float staged[64] = {};
   for (int i = 0; i < 64; ++i) in[i] = static_cast<float>(i);
   switch (which) {
     case 0: block_sum<<<2, 64, 2 * sizeof(float)>>>(in, out, 64); break;
@@ -158,6 +184,9 @@ extern "C" int xk_emu_selftest(int which, float* result, char* msg, size_t len) 
       break;
     case 19: noop<<<1, 32>>>(out); launch_clusters(cluster_noop, 32, 32, 32, out); break;
     case 20: launch_clusters(cluster_noop, 2, 32, 0, out); break;
+    case 21: async_copy_groups<<<1, 1, 8 * sizeof(float)>>>(in, out); break;
+    case 22: async_copy_misaligned<<<1, 1, 8 * sizeof(float)>>>(in, out); break;
+    case 23: async_copy_to_global<<<1, 1>>>(in, out); break;
   }
   const std::string v = xk_emu::take_violation();
   const cudaError_t err = cudaGetLastError();

@@ -207,8 +207,8 @@ int xk_emu_tree_mask(const int64_t* parents, const int64_t* num_nodes, int64_t n
 
 int xk_emu_tree_verify(const int64_t* tokens, const int64_t* parents, const int64_t* num_nodes, const void* logits,
                        int logits_type, const float* q, int without_replacement, int64_t n, int64_t m, int64_t v,
-                       float inv_t, uint64_t seed, uint64_t offset, int num_sms, int64_t* accept_len, int64_t* path,
-                       int64_t* out_tokens, char* message, size_t message_len) {
+                       float inv_t, uint64_t seed, uint64_t offset, int num_sms, int max_smem, int64_t* accept_len,
+                       int64_t* path, int64_t* out_tokens, char* message, size_t message_len) {
   using namespace xkernels::cuda;
   Device dev;
   TreeVerifyParams p{};
@@ -220,6 +220,7 @@ int xk_emu_tree_verify(const int64_t* tokens, const int64_t* parents, const int6
   p.q = dev.copy(q, sizeof(float) * n * m * v);
   p.without_replacement = without_replacement != 0;
   p.n = n, p.m = m, p.v = v, p.inv_t = inv_t, p.seed = seed, p.offset = offset, p.num_sms = num_sms;
+  p.max_smem = max_smem;
   p.accept_len = dev.alloc<int64_t>(sizeof(int64_t) * n, 0xA5);
   p.path = dev.alloc<int64_t>(sizeof(int64_t) * n * m, 0xA5);
   p.out_tokens = dev.alloc<int64_t>(sizeof(int64_t) * n * m, 0xA5);

@@ -37,6 +37,8 @@ def test_correct_kernel_runs(emu):
     (17, "more than 8 blocks without the non-portable opt-in"),
     (19, "of more than 16 blocks"),
     (20, "empty cluster"),
+    (22, "not aligned to its 16 bytes"),
+    (23, "outside the block's shared memory"),
 ])
 def test_violation_is_reported(emu, which, expected):
     rc, msg, _ = run_case(emu, which)
@@ -55,6 +57,14 @@ def test_opt_in_allows_a_cluster_of_16_blocks(emu):
     rc, msg, result = run_case(emu, 18)
     assert (rc, msg) == (0, "")
     assert result == 16
+
+
+def test_async_copies_land_at_the_wait_for_their_group(emu):
+    """async_copy_groups: after a wait for all but the newest group, the older group's copy is in
+    shared memory and the newer one's destination still holds the value written before it."""
+    rc, msg, result = run_case(emu, 21)
+    assert (rc, msg) == (0, "")
+    assert result == sum(range(8))
 
 
 def test_opt_in_allows_big_dynamic_shared_memory(emu):

@@ -190,3 +190,35 @@ def test_tree_verify_sampled_edge_rows(emu, without_replacement):
         want = reference.tree_verify(tokens, parents, logits, q, without_replacement, 1.0, 4, 3)
         for a, b in zip(got, want):
             assert torch.equal(a, b)
+
+
+# max_smem: 227 KB (8 chunks a thread a round), 99 KB (6 at 16-bit logits), 48 KB (2 at 16-bit,
+# 5 at float32), 20,000 bytes (1 at 16-bit, 2 at float32): the rounds of q_stage_depth.
+@pytest.mark.parametrize("dtype,v,max_smem", [(torch.bfloat16, 70008, 227 * 1024), (torch.float32, 20000, 227 * 1024),
+                                              (torch.float16, 4104, 227 * 1024), (torch.bfloat16, 4103, 227 * 1024),
+                                              (torch.bfloat16, 70008, 99 * 1024), (torch.float16, 20000, 0),
+                                              (torch.float32, 20000, 0), (torch.bfloat16, 4104, 20000),
+                                              (torch.float32, 4104, 20000)])
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_tree_verify_draft_mass_in_one_chunk(emu, dtype, v, max_smem, where):
+    """Each q row's mass, and most of p's, on the 8 ids of one chunk: the first chunk, one in a later
+    round of a thread's asynchronous copies of q (8 chunks a thread a round with 227 KB of shared
+    memory: 70,008 bf16 ids take 3 rounds, 20,000 float32 2, 4,104 float16 1 and a chunk), or the
+    last. A node's first pass sums q beside the row statistics and the residual passes read it again,
+    both through the copies: a chunk they miss or misplace changes q's sum or the residuals, and the
+    walks with it. 4,103 ids: rows read id by id. Every child's token lies in the chunk; nodes with
+    children in the middle of the walks (a bushy tree), leaves read no q."""
+    tokens, parents, logits, _ = verify_case(3, 7, v, "bushy", torch.float32, seed=v % 5)
+    start = {"first": 0, "middle": v // 16 * 8, "last": v // 8 * 8 - 8}[where]
+    g = torch.Generator().manual_seed(start)
+    logits[..., start:start + 8] += 12.0
+    logits = logits.to(dtype)
+    q = torch.zeros(3, 7, v)
+    q[..., start:start + 8] = torch.softmax(torch.randn(3, 7, 8, generator=g) * 1.5, -1)
+    tokens[:, 1:] = start + torch.randint(0, 8, (3, 6), generator=g)
+    for seed in range(3):
+        for without_replacement in (False, True):
+            got = emu.tree_verify(tokens, parents, logits, q, without_replacement, 1.0, seed, 1, max_smem=max_smem)
+            want = reference.tree_verify(tokens, parents, logits, q, without_replacement, 1.0, seed, 1)
+            for a, b in zip(got, want):
+                assert torch.equal(a, b)
