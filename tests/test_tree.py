@@ -311,18 +311,24 @@ def test_sampled_children_edge_rows(device, without_replacement):
         assert got[0][2] == 0  # nothing is accepted from a draft row without mass
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_sampled_children_far_below_the_max(device):
-    """A child whose logit lies 120 below the row's max has probability 0 in float32 (exp
-    underflows): after a rejection it stays rejected even where the draft gave it no mass (the CPU's
-    vector exp once floored such weights at e^-87 and accepted it)."""
-    v = 48  # a multiple of 16: every id on the vectorized paths
+def far_below_case():
+    """A root whose first child is improbable under p but holds all of q's mass, and whose second
+    child's logit lies 120 below the row's max, where float32's exp underflows to 0, with no mass
+    in q. 48 ids: every id on the vectorized paths."""
+    v = 48
     logits = torch.zeros(1, 3, v)
-    logits[0, 0, 1] = -5.0  # the first child: improbable under p, all of q's mass
-    logits[0, 0, 7] = -120.0  # the second child
+    logits[0, 0, 1] = -5.0
+    logits[0, 0, 7] = -120.0
     q = torch.zeros(1, 3, v)
     q[0, 0, 1] = 1.0
-    tokens, parents = torch.tensor([[-1, 1, 7]]), torch.tensor([[-1, 0, 0]])
+    return torch.tensor([[-1, 1, 7]]), torch.tensor([[-1, 0, 0]]), logits, q
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sampled_children_far_below_the_max(device):
+    """After a rejection, a child of probability 0 in float32 stays rejected even where the draft
+    gave it no mass (the CPU's vector exp once floored such weights at e^-87 and accepted it)."""
+    tokens, parents, logits, q = far_below_case()
     rejected_first = 0
     for seed in range(30):
         got = xkernels.tree_verify(tokens.to(device), parents.to(device), logits.to(device), draft_probs=q.to(device),

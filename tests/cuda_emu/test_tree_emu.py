@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from xkernels import reference
-from tests.test_tree import random_tree, sampled_edge_case, topk_case, verify_case
+from tests.test_tree import far_below_case, random_tree, sampled_edge_case, topk_case, verify_case
 
 
 # (2, 4, 16, 2100): the search state (4,201 candidates) does not fit in 48 KB of shared memory,
@@ -172,12 +172,19 @@ def test_tree_verify_edge_shapes(emu, n, m, v, temperature, with_q):
 @pytest.mark.parametrize("without_replacement", [False, True])
 def test_tree_verify_sampled_edge_rows(emu, without_replacement):
     """Residuals that empty at a rejection, a draft row without mass, a token repeated among the
-    children (tests/test_tree.py's sampled_edge_case), and the same on rows of 20,003 ids (unaligned,
-    several residual passes) with q far from p, so most children are rejected."""
+    children (tests/test_tree.py's sampled_edge_case), a child of probability 0 (far_below_case),
+    and the same on rows of 20,003 ids (unaligned, several residual passes) with q far from p, so
+    most children are rejected."""
     tokens, parents, logits, q, num_nodes = sampled_edge_case()
     for seed in range(6):
         got = emu.tree_verify(tokens, parents, logits, q, without_replacement, 1.0, seed, 0, num_nodes)
         want = reference.tree_verify(tokens, parents, logits, q, without_replacement, 1.0, seed, 0, num_nodes)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+    tokens, parents, logits, q = far_below_case()  # a child of probability 0 with no draft mass
+    for seed in range(6):
+        got = emu.tree_verify(tokens, parents, logits, q, without_replacement, 1.0, seed, 0)
+        want = reference.tree_verify(tokens, parents, logits, q, without_replacement, 1.0, seed, 0)
         for a, b in zip(got, want):
             assert torch.equal(a, b)
     for v, dtype in [(20003, torch.bfloat16), (20000, torch.float32), (20000, torch.float16)]:
