@@ -1,8 +1,8 @@
 """Vocabulary-parallel verification on gloo (CPU): bytes each rank sends per call and time,
 xkernels.distributed's chain_verify and tree_verify against gathering the logits (all_gather of
 the shards, and of q) and running the unsharded op on every rank. V=151936, bfloat16 logits, T=1
-with draft probabilities (chain: 2 collectives; tree: M, the residual walk's all-reduces) and T=0
-(1 collective); chain_verify K=16, N in {1, 16, 64}; tree_verify M=16 (random trees and tokens:
+with draft probabilities (chain: 2 collectives; tree: up to M with the residual walk's all-reduces,
+exactly M with capturable=True) and T=0 (1 collective); chain_verify K=16, N in {1, 16, 64}; tree_verify M=16 (random trees and tokens:
 mostly rejected siblings, the walk's worst case), N in {1, 16}.
 
 A standalone script (it spawns its ranks): python bench/bench_distributed.py [--world 2] [--reps 3]
@@ -65,10 +65,11 @@ def _cases(start, end, sizes):
         for temperature, with_q in ((0.0, True), (1.0, True)):
             q_local = torch.rand(n, m, end - start, generator=g) / V
             kw = dict(temperature=temperature, seed=1)
-            yield (f"tree_verify M={m}", n, temperature, with_q,
-                   lambda: distributed.tree_verify(tokens, parents, local, vocab_start=start, draft_probs=q_local,
-                                                   **kw),
-                   lambda full, q: xkernels.tree_verify(tokens, parents, full, draft_probs=q, **kw), local, q_local)
+            for capturable in (False, True):
+                yield (f"tree_verify M={m}" + " capturable" * capturable, n, temperature, with_q,
+                       lambda: distributed.tree_verify(tokens, parents, local, vocab_start=start, draft_probs=q_local,
+                                                       capturable=capturable, **kw),
+                       lambda full, q: xkernels.tree_verify(tokens, parents, full, draft_probs=q, **kw), local, q_local)
 
 
 def _worker(rank, world, port, sizes, reps, threads):

@@ -5,6 +5,7 @@ with tp_group against one process. One spawn per world size runs every case (a p
 seconds to start on 2 cores)."""
 
 import contextlib
+import itertools
 import os
 import socket
 
@@ -204,13 +205,14 @@ def _check_tree(rank, bounds):
     for temperature in (0.0, 1.0, 0.5):
         for probs, without in ((None, False), (q, False), (q, True)):
             local_q = None if probs is None else _shard(probs, bounds, rank)[0]
-            for seed, offset in RNG:
+            for (seed, offset), capturable in itertools.product(RNG, (False, True) if probs is not None else (True,)):
                 kw = dict(without_replacement=without, temperature=temperature, num_nodes=num_nodes)
                 want = xkernels.tree_verify(tokens, parents, logits, draft_probs=probs, seed=seed, offset=offset, **kw)
                 _same_for_either_seed(
-                    f"tree_verify T={temperature} q={probs is not None} {without} seed={seed}",
+                    f"tree_verify T={temperature} q={probs is not None} {without} seed={seed} {capturable}",
                     lambda **rng: distributed.tree_verify(tokens, parents, local, vocab_start=start,
-                                                          draft_probs=local_q, **kw, **rng), want, seed, offset)
+                                                          draft_probs=local_q, capturable=capturable, **kw, **rng),
+                    want, seed, offset, reads_host=not capturable)
 
 
 def _residual_case(seed):
@@ -272,10 +274,13 @@ def _check_tree_residual(rank, bounds):
                                   num_nodes=num_nodes)
                         want = xkernels.tree_verify(tokens, parents, logits, seed=seed, offset=offset, **kw)
                         kw["draft_probs"] = local_q
-                        _same_for_either_seed(
-                            f"tree_verify residual case {case} {shards} T={temperature} {without} seed={seed}",
-                            lambda **rng: distributed.tree_verify(tokens, parents, local, vocab_start=start, **kw,
-                                                                  **rng), want, seed, offset)
+                        for capturable in (False, True):
+                            _same_for_either_seed(
+                                f"tree_verify residual case {case} {shards} T={temperature} {without} seed={seed} "
+                                f"{capturable}",
+                                lambda **rng: distributed.tree_verify(tokens, parents, local, vocab_start=start,
+                                                                      capturable=capturable, **kw, **rng),
+                                want, seed, offset, reads_host=not capturable)
                         if temperature:
                             rejected_all |= int(want[0][0]) == 0
                             root_argmax &= int(want[0][3]) == 0 and int(want[2][3, 0]) == int(logits[3, 0].argmax())
@@ -286,9 +291,10 @@ def _check_tree_residual(rank, bounds):
 
 
 def _check_tree_traffic(rank, bounds):
-    """With draft_probs the collectives do not depend on the data (the same count, and bytes, for
-    two trees and logits of one shape: 1 + (M - 2) + 1 at T > 0, 1 at T = 0), and the bytes sent
-    are O(N M), far below the logits' (V = 4096)."""
+    """With draft_probs and capturable=True the collectives do not depend on the data (the same
+    count, and bytes, for two trees and logits of one shape: 1 + (M - 2) + 1 at T > 0, 1 at T = 0);
+    the early stop's are fewer at T > 0; the bytes sent are O(N M), far below the logits' (V =
+    4096)."""
     world = len(bounds)
     n, m, v = 4, 8, 4096
     start, end = rank * v // world, (rank + 1) * v // world
@@ -301,13 +307,18 @@ def _check_tree_traffic(rank, bounds):
                                for _ in range(n)])
         tokens = torch.randint(0, v, (n, m), generator=g)
         for temperature in (1.0, 0.0):
-            distributed.traffic.reset()
-            distributed.tree_verify(tokens, parents, logits, vocab_start=start, draft_probs=q,
-                                    temperature=temperature, seed=data)
-            t = distributed.traffic
-            seen.append((temperature, t.collectives, t.bytes))
-            assert t.collectives == (m if temperature else 1), seen
-            assert t.bytes <= 64 * n * m and 100 * t.bytes < t.logits_bytes, (t.bytes, t.logits_bytes)
+            counts = []
+            for capturable in (True, False):
+                distributed.traffic.reset()
+                distributed.tree_verify(tokens, parents, logits, vocab_start=start, draft_probs=q,
+                                        temperature=temperature, seed=data, capturable=capturable)
+                t = distributed.traffic
+                counts.append(t.collectives)
+                assert t.bytes <= 64 * n * m and 100 * t.bytes < t.logits_bytes, (t.bytes, t.logits_bytes)
+                if capturable:
+                    seen.append((temperature, t.collectives, t.bytes))
+            # These walks end before M - 1 steps: the early stop saves collectives at T > 0.
+            assert counts[0] == (m if temperature else 1) and (counts[1] < counts[0]) == bool(temperature), counts
     assert seen[:2] == seen[2:], seen
 
 
@@ -455,7 +466,7 @@ def _check_cuda_graph(rank, world, port):
                             lambda: xkernels.tree_verify(tokens, parents, logits, **rng), None),
             "tree_verify with q": (
                 lambda: distributed.tree_verify(tokens, parents, logits, vocab_start=0, draft_probs=q,
-                                                without_replacement=True, **rng),
+                                                without_replacement=True, capturable=True, **rng),
                 lambda: xkernels.tree_verify(tokens, parents, logits, draft_probs=q, without_replacement=True, **rng),
                 None),
             "dllm_step": (lambda: distributed.dllm_step(logits, block, 3, vocab_start=0, **rng),

@@ -8,8 +8,9 @@ function with its shard of the logits. The package keys its sampling noise by th
 maximum over the shards (ties to the lowest id) is exactly the unsharded op's draw, and softmax
 statistics combine by log-sum-exp. Each call therefore runs one per-shard pass of the
 ``shard_row_stats`` op and exchanges only O(rows) numbers per collective (row maxima and sums,
-argmaxes, the drafts' logits, the best (score, id) pairs), never logits, in a fixed number of
-collectives:
+argmaxes, the drafts' logits, the best (score, id) pairs), never logits, in a number of
+collectives fixed by the shapes (the two loops that stop early read a flag on the host unless
+called with ``capturable=True``):
 
 - ``chain_verify``: 1 all-gather at T = 0, 2 at T > 0.
 - ``refine_step``: an all-reduce of the embedded rows [N, B, r] (a vocabulary-parallel embedding
@@ -18,13 +19,15 @@ collectives:
   reads on the host after each pass whether a sequence changed), or with ``capturable=True``
   min(max_iters, D + 1) passes and no host read.
 - ``dllm_step``: 1 all-gather.
-- ``tree_verify``: 2 all-gathers (1 at T = 0). With draft probabilities at T > 0, max(M, 2)
-  collectives for trees of M nodes: the all-gather, M - 2 all-reduces of N float64 sums, the
-  all-gather of the draw. A test after a rejected sibling needs the sum over the whole vocabulary
-  of the residual max(e - c q, 0) (xkernels/tree.h's closed form). The walk tests at most one
-  child of every sequence a step, M - 1 steps, and each step but the first all-reduces the
+- ``tree_verify``: 2 all-gathers (1 at T = 0). With draft probabilities at T > 0, at most
+  max(M, 2) collectives for trees of M nodes: the all-gather, up to M - 2 all-reduces of N
+  float64 sums, the all-gather of the draw. A test after a rejected sibling needs the sum over the
+  whole vocabulary of the residual max(e - c q, 0) (xkernels/tree.h's closed form). The walk
+  tests at most one child of every sequence a step, and each step but the first all-reduces the
   shards' partial sums of every sequence's current residual (a torch pass over the local rows
-  [N, V_local]), needed or not, so the count does not depend on the data.
+  [N, V_local]), needed or not. It stops once no sequence has a child left to test (a flag read
+  on the host after each step); with ``capturable=True`` it reads nothing on the host and runs all
+  M - 1 steps, so the count does not depend on the data.
 
 Every rank returns the same tensors, equal to the unsharded op on the gathered logits: the same
 tokens at T = 0 and at T > 0 (same seed and offset) and log-probabilities within 1e-5. The global
@@ -376,10 +379,11 @@ def _residual_sums(local_logits, draft_probs, node, coef, row_max, inv_t: float)
 
 
 def _residual_walk(local_logits, draft_probs, vocab_start, group, without_replacement, temperature, seed, offset,
-                   tok, par, child, valid, a_c, q_c, zq_row, big_m, big_s, top):
+                   capturable, tok, par, child, valid, a_c, q_c, zq_row, big_m, big_s, top):
     """The walk of tree.h's sampled children (TreeResidual) over a shard: M - 1 steps, each
     testing at most one child of every sequence, each but the first after an all-reduce of the N
-    residual sums that the previous step's rejections made stale; then the draw where the walk
+    residual sums that the previous step's rejections made stale (capturable=False: the walk ends
+    once no sequence has a child left to test, read on the host); then the draw where the walk
     stops (one all-gather). Returns (accept_len, path, out_tokens)."""
     n, m = par.shape
     dev = par.device
@@ -403,7 +407,9 @@ def _residual_walk(local_logits, draft_probs, vocab_start, group, without_replac
     out = torch.full((n, m), -1, dtype=torch.int64, device=dev)
     for step in range(m - 1):
         has = nxt < m
-        if step:  # always run, for every sequence: the count of collectives is fixed
+        if not capturable and bool((done | ~has).all()):  # every rank reads the same flags
+            break
+        if step:  # run for every sequence: the count of collectives is fixed
             fresh = _residual_sums(local_logits, draft_probs, node, coef, at(big_m, node), inv_t)
             dist.all_reduce(fresh, group=group)
             traffic.bytes += fresh.numel() * fresh.element_size()
@@ -460,7 +466,8 @@ def _residual_walk(local_logits, draft_probs, vocab_start, group, without_replac
 
 def tree_verify(tokens: torch.Tensor, parents: torch.Tensor, local_logits: torch.Tensor, *, vocab_start: int,
                 group=None, draft_probs: Optional[torch.Tensor] = None, without_replacement: bool = False,
-                temperature: float = 0.0, seed=0, offset=0, num_nodes: Optional[torch.Tensor] = None):
+                temperature: float = 0.0, seed=0, offset=0, num_nodes: Optional[torch.Tensor] = None,
+                capturable: bool = False):
     """xkernels.tree_verify over a vocabulary shard [N, M, V_local] (draft_probs: the local
     shard [N, M, V_local] of q). Returns (accept_len, path, out_tokens), the same on every rank.
 
@@ -468,8 +475,10 @@ def tree_verify(tokens: torch.Tensor, parents: torch.Tensor, local_logits: torch
     draft_probs also the children's q values and the local sums of q's rows), then the sample
     where it stops (a second, at T > 0); it runs as M - 1 vectorized steps on every rank. With
     draft_probs at T > 0, a test after a rejection needs the new residual's sum over the whole
-    vocabulary: each step but the first all-reduces the N local partial sums (M - 2 all-reduces,
-    whatever the data)."""
+    vocabulary: each step but the first all-reduces the N local partial sums and the walk stops
+    once no sequence has a child left to test, a flag read on the host after each step;
+    capturable=True reads nothing on the host and runs all M - 1 steps (M - 2 all-reduces,
+    whatever the data), the same outputs at the cost of the steps the early stop skips."""
     if draft_probs is not None and (draft_probs.shape != local_logits.shape or draft_probs.dtype != torch.float32):
         raise ValueError(f"draft_probs must be float32 of local_logits' shape {list(local_logits.shape)}, got "
                          f"{draft_probs.dtype} {list(draft_probs.shape)}")
@@ -510,7 +519,7 @@ def tree_verify(tokens: torch.Tensor, parents: torch.Tensor, local_logits: torch
         q_c = torch.where(held, g[:, 5], 0.0).sum(0)
         zq_row = g[:, 6].double().sum(0).float()  # q's row sums: the shards' sums, rounded once
         return _residual_walk(local_logits, draft_probs, vocab_start, group, without_replacement, temperature, seed,
-                              offset, tok, par, child, valid, a_c, q_c, zq_row, big_m, big_s, top)
+                              offset, capturable, tok, par, child, valid, a_c, q_c, zq_row, big_m, big_s, top)
     point_mass = torch.full_like(big_m, greedy, dtype=torch.bool) | ~torch.isfinite(big_m)
 
     # Acceptance of every child as if its earlier siblings were rejected (the walk only reads the
