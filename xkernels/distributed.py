@@ -23,11 +23,12 @@ called with ``capturable=True``):
   max(M, 2) collectives for trees of M nodes: the all-gather, up to M - 2 all-reduces of N
   float64 sums, the all-gather of the draw. A test after a rejected sibling needs the sum over the
   whole vocabulary of the residual max(e - c q, 0) (xkernels/tree.h's closed form). The walk
-  tests at most one child of every sequence a step, and each step but the first all-reduces the
-  shards' partial sums of every sequence's current residual (a torch pass over the local rows
-  [N, V_local]), needed or not. It stops once no sequence has a child left to test (a flag read
-  on the host after each step); with ``capturable=True`` it reads nothing on the host and runs all
-  M - 1 steps, so the count does not depend on the data.
+  tests at most one child of every sequence a step; a step whose tests need a fresh sum first
+  all-reduces the shards' partial sums of every sequence's current residual (a torch pass over the
+  local rows [N, V_local]), and the walk stops once no sequence has a child left to test (two
+  flags read on the host each step). With ``capturable=True`` it reads nothing on the host: all
+  M - 1 steps, each but the first with its all-reduce, needed or not, so the count does not depend
+  on the data.
 
 Every rank returns the same tensors, equal to the unsharded op on the gathered logits: the same
 tokens at T = 0 and at T > 0 (same seed and offset) and log-probabilities within 1e-5. The global
@@ -92,6 +93,14 @@ def _all_gather(fields, group) -> torch.Tensor:
     traffic.bytes += packed.numel() * packed.element_size()
     traffic.collectives += 1
     return torch.stack(out)
+
+
+def _all_reduce(x: torch.Tensor, group) -> torch.Tensor:
+    """Sums x over the ranks, in place (counted in traffic)."""
+    dist.all_reduce(x, group=group)
+    traffic.bytes += x.numel() * x.element_size()
+    traffic.collectives += 1
+    return x
 
 
 def _ids(gathered: torch.Tensor) -> torch.Tensor:
@@ -229,10 +238,7 @@ def _embed(tokens: torch.Tensor, local_emb: torch.Tensor, vocab_start: int, grou
     rows = torch.zeros(*tokens.shape, local_emb.shape[1], device=local_emb.device)
     if v_local:
         rows = torch.where(own[..., None], local_emb.float()[local.clamp(0, v_local - 1)], rows)
-    dist.all_reduce(rows, group=group)
-    traffic.bytes += rows.numel() * rows.element_size()
-    traffic.collectives += 1
-    return rows
+    return _all_reduce(rows, group)
 
 
 def local_refined_logits(ctx, prev_tokens, local_base_logits, local_weights: RefinerWeights, *, vocab_start: int,
@@ -382,9 +388,10 @@ def _residual_walk(local_logits, draft_probs, vocab_start, group, without_replac
                    capturable, tok, par, child, valid, a_c, q_c, zq_row, big_m, big_s, top):
     """The walk of tree.h's sampled children (TreeResidual) over a shard: M - 1 steps, each
     testing at most one child of every sequence, each but the first after an all-reduce of the N
-    residual sums that the previous step's rejections made stale (capturable=False: the walk ends
-    once no sequence has a child left to test, read on the host); then the draw where the walk
-    stops (one all-gather). Returns (accept_len, path, out_tokens)."""
+    residual sums that the previous step's rejections made stale (capturable=False, reading two
+    flags on the host each step: only steps that need one, and the walk ends once no sequence has
+    a child left to test); then the draw where the walk stops (one all-gather). Returns
+    (accept_len, path, out_tokens)."""
     n, m = par.shape
     dev = par.device
     inv_t = reference.inverse_temperature(temperature)
@@ -407,15 +414,16 @@ def _residual_walk(local_logits, draft_probs, vocab_start, group, without_replac
     out = torch.full((n, m), -1, dtype=torch.int64, device=dev)
     for step in range(m - 1):
         has = nxt < m
-        if not capturable and bool((done | ~has).all()):  # every rank reads the same flags
-            break
-        if step:  # run for every sequence: the count of collectives is fixed
-            fresh = _residual_sums(local_logits, draft_probs, node, coef, at(big_m, node), inv_t)
-            dist.all_reduce(fresh, group=group)
-            traffic.bytes += fresh.numel() * fresh.element_size()
-            traffic.collectives += 1
-            fresh = fresh.float()
-            use = stale & has & ~done  # the sum is needed only to test a next child
+        use = stale & has & ~done  # a fresh sum is needed only to test a next child
+        if capturable:  # every step but the first sums, for every sequence: a fixed count
+            need_sum = step > 0
+        else:  # every rank reads the same flags: it stops, or skips a pass no sequence needs, alike
+            finished, need_sum = torch.stack([(done | ~has).all(), use.any()]).tolist()
+            if finished:
+                break
+        if need_sum:
+            fresh = _all_reduce(_residual_sums(local_logits, draft_probs, node, coef, at(big_m, node), inv_t),
+                                group).float()
             rsum = torch.where(use, fresh, rsum)
             empty |= use & ~(fresh > 0)
             stale &= ~use
@@ -475,10 +483,10 @@ def tree_verify(tokens: torch.Tensor, parents: torch.Tensor, local_logits: torch
     draft_probs also the children's q values and the local sums of q's rows), then the sample
     where it stops (a second, at T > 0); it runs as M - 1 vectorized steps on every rank. With
     draft_probs at T > 0, a test after a rejection needs the new residual's sum over the whole
-    vocabulary: each step but the first all-reduces the N local partial sums and the walk stops
-    once no sequence has a child left to test, a flag read on the host after each step;
+    vocabulary: a step that needs one all-reduces the N local partial sums, and the walk stops
+    once no sequence has a child left to test (flags read on the host each step);
     capturable=True reads nothing on the host and runs all M - 1 steps (M - 2 all-reduces,
-    whatever the data), the same outputs at the cost of the steps the early stop skips."""
+    whatever the data), the same outputs at the cost of the passes the flags skip."""
     if draft_probs is not None and (draft_probs.shape != local_logits.shape or draft_probs.dtype != torch.float32):
         raise ValueError(f"draft_probs must be float32 of local_logits' shape {list(local_logits.shape)}, got "
                          f"{draft_probs.dtype} {list(draft_probs.shape)}")
