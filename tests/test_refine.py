@@ -102,6 +102,46 @@ def test_a_vocabulary_of_several_gemm_slices(device, temperature):
     torch.testing.assert_close(logprobs.cpu(), want_logprobs, atol=1e-4, rtol=1e-4)
 
 
+# The CPU's greedy float32 read on AVX-512 (csrc/cpu/read_stats.cpp) takes blocks of 64 rows in 1-4
+# registers of 16, tiles of 6-8 ids, 1024-id chunks and a prefetch every 16 of r: rows = N * D of
+# 1, 15, 18, 48, 65 and 130, vocabularies with short tiles and chunks, r not a multiple of 16.
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n,b,d,v,r", [(1, 2, 1, 1, 3), (3, 6, 5, 7, 17), (2, 9, 9, 1030, 16), (4, 13, 12, 50, 20),
+                                       (5, 14, 13, 70, 8), (10, 13, 13, 2051, 33)])
+def test_greedy_read_at_every_block_and_tile_shape(device, n, b, d, v, r):
+    ctx, prev, base, weights = make_case(n, b, d, v, r, 16, seed=n + v)
+    tokens, logprobs = xkernels.refine_step(*to(device, ctx, prev, base), weights.to(device))
+    want_tokens, want_logprobs = reference.refine_step(ctx, prev, base, weights, 0.0, 0)
+    assert_same_tokens(tokens, want_tokens, reference.refine_logits(ctx, prev, base, weights), 1e-4)
+    same = tokens.cpu() == want_tokens
+    torch.testing.assert_close(logprobs.cpu()[same], want_logprobs[same], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_greedy_ties_and_degenerate_rows_across_tiles_and_chunks(device):
+    """With w_read = 0 the refined logits are the base logits exactly: ties across tiles, chunks and
+    rows go to the lowest id, and rows of -inf, +inf or NaN (any lane of a register of 16 rows) get
+    the reference's token and log-prob."""
+    n, d, v = 6, 12, 2100
+    ctx, prev, base, weights = make_case(n, d + 1, d, v, 8, 16, seed=9)
+    weights = weights._replace(w_read=torch.zeros_like(weights.w_read))
+    rows = base.view(n * d, v)
+    rows[0, [5, 1030, 2099]] = 50.0           # the same max in three chunks
+    rows[1, [2050, 2099]] = 50.0              # in the last, short chunk
+    rows[2, [6, 7]] = 50.0                    # in one tile
+    rows[17].fill_(-torch.inf)                # nothing drawable
+    rows[18].fill_(-torch.inf)
+    rows[18, 1500] = 1.0                      # a single finite id
+    rows[33, 1200] = torch.inf                # +inf and NaN late in the row: earlier chunks look finite
+    rows[64, 2000] = torch.nan
+    rows[65, [3, 2001]] = torch.nan
+    tokens, logprobs = xkernels.refine_step(*to(device, ctx, prev, base), weights.to(device))
+    want_tokens, want_logprobs = reference.refine_step(ctx, prev, base, weights, 0.0, 0)
+    assert torch.equal(tokens.cpu(), want_tokens)
+    assert tokens.view(-1)[[0, 1, 2, 18, 33, 64, 65]].tolist() == [5, 2050, 6, 1500, 1200, 2000, 3]
+    torch.testing.assert_close(logprobs.cpu(), want_logprobs, atol=1e-5, rtol=1e-5, equal_nan=True)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_only_the_lower_triangle_of_mix_is_read(device):
     """Slot k mixes slots j <= k: whatever lies above mix's diagonal (here NaN) changes nothing."""
