@@ -131,9 +131,9 @@ void fused_greedy_read(const std::vector<ReadRow<float>>& rows, const at::Tensor
   cpu::pack_read_rows(zf.const_data_ptr<float>(), m_rows, r, packed.mutable_data_ptr<float>());
   std::vector<const float*> s(static_cast<size_t>(m_rows));
   for (int64_t m = 0; m < m_rows; ++m) s[m] = rows[m].s;
-  // Each thread claims the next chunk when it is done with one, rather than an even share: a core
-  // that is also running other work then takes fewer (on the 2-core dev machine one core runs the
-  // kernel ~1.4x slower than the other, and an even split left the op slower on 2 threads than on 1).
+  // Each thread claims the next chunk when it is done with one, rather than an even share, so a core
+  // that is also running other work takes fewer (on the shared 2-core dev machine one core ran the
+  // kernel ~1.4x slower than the other in scratch timings).
   std::atomic<int64_t> next{0};
   at::parallel_for(0, chunks, 1, [&](int64_t, int64_t) {
     std::vector<RowStats> stats(static_cast<size_t>(m_rows));
