@@ -16,6 +16,17 @@ def test_cpu_kernels_fork_torchs_openmp_threads():
     out = subprocess.run(["nm", "-D", "--undefined-only", str(xkernels._LIBRARY_PATH)], capture_output=True,
                          text=True, check=True).stdout
     assert "GOMP_parallel" in out, f"{xkernels._LIBRARY_PATH} never starts an OpenMP parallel region"
+    assert xkernels.build_info()["cpu_threads"] == "openmp"
+
+
+def test_the_fused_cpu_read_runs_wherever_the_cpu_has_avx512():
+    """The refine tests exercise the kernel this CPU runs: the fused read where AVX-512F is."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            avx512 = " avx512f" in f.read()
+    except OSError:
+        pytest.skip("no /proc/cpuinfo")
+    assert xkernels.build_info()["cpu_read"] == ("avx512" if avx512 else "sliced")
 
 
 def _on_threads(threads, fn):

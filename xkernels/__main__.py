@@ -24,6 +24,7 @@ def info(_args):
     print(f"xkernels     {build['version']}  ({xkernels._LIBRARY_PATH})")
     print(f"torch        {torch.__version__}  (CUDA {torch.version.cuda or 'none'})")
     print(f"CUDA kernels {'compiled for ' + build['cuda_archs'] if build['cuda'] else 'not compiled'}")
+    print(f"CPU kernels  threads: {build['cpu_threads']}, greedy float32 refine read: {build['cpu_read']}")
     print(f"GPU          {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none visible'}")
     print(f"ops          {', '.join(ops)}")
 

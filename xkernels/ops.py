@@ -75,7 +75,9 @@ def chain_verify(
 
 
 def build_info() -> dict:
-    """How libxkernels was built: version, whether CUDA kernels are in, and their architectures."""
+    """How libxkernels was built: version, whether CUDA kernels are in, and their architectures;
+    cpu_threads ("openmp": the CPU kernels use torch's intra-op threads; "one") and cpu_read (the
+    CPU's greedy float32 refine read: "avx512", one fused kernel, or "sliced": GEMM then epilogue)."""
     fields = dict(item.split("=", 1) for item in torch.ops.xkernels.build_info.default().split(";"))
     fields["cuda"] = fields["cuda"] == "yes"
     return fields

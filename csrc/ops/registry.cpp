@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "../cpu/read_stats.h"
 #include "xkernels/ops.h"
 
 #ifndef XK_VERSION
@@ -21,7 +22,13 @@ std::string build_info() {
 #else
   const char* cuda = "no";
 #endif
-  return std::string("version=") + XK_VERSION + ";cuda=" + cuda + ";cuda_archs=" + XK_CUDA_ARCHS;
+#ifdef _OPENMP
+  const char* threads = "openmp";  // at::parallel_for forks torch's threads
+#else
+  const char* threads = "one";
+#endif
+  return std::string("version=") + XK_VERSION + ";cuda=" + cuda + ";cuda_archs=" + XK_CUDA_ARCHS +
+         ";cpu_threads=" + threads + ";cpu_read=" + (cpu::read_stats_supported() ? "avx512" : "sliced");
 }
 
 TORCH_LIBRARY(xkernels, m) {
