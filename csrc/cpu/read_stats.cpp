@@ -22,14 +22,14 @@ int64_t lanes_of(int64_t rows) { return (rows + 15) / 16 * 16; }
 // The degenerate rows (a NaN, or no finite maximum): the chunk's logits of row m written out, then
 // cpu::row_stats over them, so those rows get row_stats' own rules.
 RowStats degenerate_row(const float* w, int64_t r, const float* packed_z, int64_t rows, const float* s, int64_t m,
-                        int64_t i0, int64_t i1, float scale) {
+                        int64_t i0, int64_t i1) {
   const int64_t b0 = m / kBlockRows * kBlockRows, width = std::min(kBlockRows, lanes_of(rows) - b0);
   const float* z = packed_z + b0 * r + (m - b0);
   std::vector<float> logits(static_cast<size_t>(i1 - i0));
   for (int64_t i = i0; i < i1; ++i) {
     float dot = 0.0f;
     for (int64_t k = 0; k < r; ++k) dot += w[i * r + k] * z[k * width];
-    logits[i - i0] = (s[i] + dot) * scale;
+    logits[i - i0] = s[i] + dot;
   }
   RowStats st = row_stats(logits.data(), i1 - i0);
   if (st.top.idx != kNoIndex) st.top.idx += static_cast<int32_t>(i0);
@@ -59,7 +59,7 @@ XK_AVX512 inline __m512 exp16(__m512 x) { return (__m512)exp_nonpositive<f32x16>
 // max only when strictly greater, so ties keep the lowest id, as torch.argmax does.
 template <int Q, int J>
 XK_AVX512 void tile(const float* w, int64_t r, const float* b, int32_t id0, int jn, const float* s0,
-                    const __m512i* offsets, __m512 scale, Lanes* lanes) {
+                    const __m512i* offsets, Lanes* lanes) {
   __m512 acc[J][Q];
   for (int j = 0; j < J; ++j)
     for (int q = 0; q < Q; ++q) acc[j][q] = _mm512_setzero_ps();
@@ -84,7 +84,7 @@ XK_AVX512 void tile(const float* w, int64_t r, const float* b, int32_t id0, int 
     __m512i idx = st.idx;
     for (int j = 0; j < J; ++j) {
       if (j >= jn) break;
-      l[j] = _mm512_mul_ps(_mm512_add_ps(acc[j][q], gather_rows(s0 + id0 + j, offsets[2 * q], offsets[2 * q + 1])), scale);
+      l[j] = _mm512_add_ps(acc[j][q], gather_rows(s0 + id0 + j, offsets[2 * q], offsets[2 * q + 1]));
       st.nan |= _mm512_cmp_ps_mask(l[j], l[j], _CMP_UNORD_Q);
       const __mmask16 better = _mm512_cmp_ps_mask(l[j], best, _CMP_GT_OQ);
       best = _mm512_mask_mov_ps(best, better, l[j]);
@@ -109,18 +109,18 @@ XK_AVX512 void tile(const float* w, int64_t r, const float* b, int32_t id0, int 
 // Every id of [i0, i1) in tiles of J; the last, short one from zero-padded copies of its rows.
 template <int Q, int J>
 XK_AVX512 void tiles(const float* w, int64_t r, const float* b, int64_t i0, int64_t i1, const float* s0,
-                     const __m512i* offsets, __m512 scale, Lanes* lanes) {
+                     const __m512i* offsets, Lanes* lanes) {
   int64_t i = i0;
-  for (; i + J <= i1; i += J) tile<Q, J>(w + i * r, r, b, static_cast<int32_t>(i), J, s0, offsets, scale, lanes);
+  for (; i + J <= i1; i += J) tile<Q, J>(w + i * r, r, b, static_cast<int32_t>(i), J, s0, offsets, lanes);
   if (i < i1) {
     std::vector<float> rest(static_cast<size_t>(J * r), 0.0f);
     std::copy(w + i * r, w + i1 * r, rest.begin());
-    tile<Q, J>(rest.data(), r, b, static_cast<int32_t>(i), static_cast<int>(i1 - i), s0, offsets, scale, lanes);
+    tile<Q, J>(rest.data(), r, b, static_cast<int32_t>(i), static_cast<int>(i1 - i), s0, offsets, lanes);
   }
 }
 
 XK_AVX512 void read_stats_avx512(const float* w, int64_t r, const float* packed_z, int64_t rows,
-                                 const float* const* s, int64_t i0, int64_t i1, float scale, RowStats* out) {
+                                 const float* const* s, int64_t i0, int64_t i1, RowStats* out) {
   const char* s0 = reinterpret_cast<const char*>(s[0]);
   for (int64_t b0 = 0; b0 < rows; b0 += kBlockRows) {
     const int64_t block_rows = std::min(kBlockRows, rows - b0);
@@ -139,14 +139,13 @@ XK_AVX512 void read_stats_avx512(const float* w, int64_t r, const float* packed_
     }
     const float* b = packed_z + b0 * r;
     const float* base = s[0];
-    const __m512 sc = _mm512_set1_ps(scale);
     // Q registers of rows x J ids: at most 24 accumulators, the rest for the loads and the broadcast
     // (one register of rows: 8 ids, as fast as 16 and twice 24, which spills, in scratch timings).
     switch (q_regs) {
-      case 4: tiles<4, 6>(w, r, b, i0, i1, base, offsets, sc, lanes); break;
-      case 3: tiles<3, 8>(w, r, b, i0, i1, base, offsets, sc, lanes); break;
-      case 2: tiles<2, 12>(w, r, b, i0, i1, base, offsets, sc, lanes); break;
-      default: tiles<1, 8>(w, r, b, i0, i1, base, offsets, sc, lanes); break;
+      case 4: tiles<4, 6>(w, r, b, i0, i1, base, offsets, lanes); break;
+      case 3: tiles<3, 8>(w, r, b, i0, i1, base, offsets, lanes); break;
+      case 2: tiles<2, 12>(w, r, b, i0, i1, base, offsets, lanes); break;
+      default: tiles<1, 8>(w, r, b, i0, i1, base, offsets, lanes); break;
     }
     for (int q = 0; q < q_regs; ++q) {
       alignas(64) float mx[16], sm[16];
@@ -158,7 +157,7 @@ XK_AVX512 void read_stats_avx512(const float* w, int64_t r, const float* packed_
         const int64_t m = b0 + q * 16 + lane;
         const bool nan = (lanes[q].nan >> lane) & 1;
         out[m] = nan || !is_finite_f32(mx[lane])
-                     ? degenerate_row(w, r, packed_z, rows, s[m], m, i0, i1, scale)
+                     ? degenerate_row(w, r, packed_z, rows, s[m], m, i0, i1)
                      : RowStats{ArgMax{mx[lane], ix[lane]}, sm[lane]};
       }
     }
@@ -191,9 +190,9 @@ void pack_read_rows(const float* z, int64_t rows, int64_t r, float* out) {
 }
 
 void read_stats(const float* w, int64_t r, const float* packed_z, int64_t rows, const float* const* s, int64_t i0,
-                int64_t i1, float scale, RowStats* out) {
+                int64_t i1, RowStats* out) {
 #ifdef XK_READ_AVX512
-  if (rows > 0 && i1 > i0) read_stats_avx512(w, r, packed_z, rows, s, i0, i1, scale, out);
+  if (rows > 0 && i1 > i0) read_stats_avx512(w, r, packed_z, rows, s, i0, i1, out);
 #endif
 }
 

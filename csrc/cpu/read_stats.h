@@ -19,11 +19,11 @@ bool read_stats_supported();
 int64_t packed_read_size(int64_t rows, int64_t r);
 void pack_read_rows(const float* z, int64_t rows, int64_t r, float* out);
 
-// For each row m < rows: the RowStats of l_m[i] = (s[m][i] + dot(w[i], z_m)) * scale over ids
+// For each row m < rows: the RowStats of l_m[i] = s[m][i] + dot(w[i], z_m) (the greedy read) over ids
 // i0 <= i < i1 (w [V, r] float32 row-major, z as packed by pack_read_rows), with global ids, as
 // cpu::row_stats gives them over those logits (NaN and infinite rows included). Needs
 // read_stats_supported().
 void read_stats(const float* w, int64_t r, const float* packed_z, int64_t rows, const float* const* s, int64_t i0,
-                int64_t i1, float scale, RowStats* out);
+                int64_t i1, RowStats* out);
 
 }  // namespace xkernels::cpu

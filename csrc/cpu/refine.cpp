@@ -126,9 +126,8 @@ void merge_rows(const std::vector<SampledRow>& partial, int64_t m_rows, int64_t 
 void fused_greedy_read(const std::vector<ReadRow<float>>& rows, const at::Tensor& z, const at::Tensor& w_read,
                        int64_t v, SampledRow* partial) {
   const int64_t m_rows = static_cast<int64_t>(rows.size()), r = z.size(1), chunks = (v + kChunk - 1) / kChunk;
-  const at::Tensor zf = z.to(at::kFloat).contiguous();
-  auto packed = at::empty({cpu::packed_read_size(m_rows, r)}, zf.options());
-  cpu::pack_read_rows(zf.const_data_ptr<float>(), m_rows, r, packed.mutable_data_ptr<float>());
+  auto packed = at::empty({cpu::packed_read_size(m_rows, r)}, z.options());  // z: float32, contiguous
+  cpu::pack_read_rows(z.const_data_ptr<float>(), m_rows, r, packed.mutable_data_ptr<float>());
   std::vector<const float*> s(static_cast<size_t>(m_rows));
   for (int64_t m = 0; m < m_rows; ++m) s[m] = rows[m].s;
   // Each thread claims the next chunk when it is done with one, rather than an even share, so a core
@@ -139,7 +138,7 @@ void fused_greedy_read(const std::vector<ReadRow<float>>& rows, const at::Tensor
     std::vector<RowStats> stats(static_cast<size_t>(m_rows));
     for (int64_t c; (c = next.fetch_add(1)) < chunks;) {
       cpu::read_stats(w_read.const_data_ptr<float>(), r, packed.const_data_ptr<float>(), m_rows, s.data(),
-                      c * kChunk, std::min(v, (c + 1) * kChunk), 1.0f, stats.data());
+                      c * kChunk, std::min(v, (c + 1) * kChunk), stats.data());
       for (int64_t m = 0; m < m_rows; ++m) partial[m * chunks + c] = SampledRow{stats[m].top, stats[m].top.val, stats[m]};
     }
   });
