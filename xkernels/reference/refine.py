@@ -1,0 +1,101 @@
+"""References of the xPress refinement ops: refine_step, jacobi_refine, sequential_refine."""
+
+import torch
+
+from .rng import _as_int, gumbel_noise, inverse_temperature
+
+
+def _drafted_slots(ctx, base_logits) -> int:
+    b, d = ctx.shape[1], base_logits.shape[1]
+    if d > b:
+        raise ValueError(f"base_logits has {d} drafted slots but the block has only {b}")
+    return d
+
+
+def perturbed_scores(logits: torch.Tensor, temperature: float, seed: int, offset: int):
+    """(a, score) for logits [N, D, V]: a = l / T (l at T = 0) and score = a + G, the Gumbel noise
+    keyed by (sequence n, drafted slot d, id v) (score = a at T = 0)."""
+    n, d, v = logits.shape
+    a = logits.float()
+    inv_t = inverse_temperature(temperature)
+    if inv_t == 0:
+        return a, a
+    a = a * inv_t
+    if n * d == 0:
+        return a, a
+    noise = torch.stack([torch.stack([gumbel_noise(seed, offset, i, j, v) for j in range(d)]) for i in range(n)])
+    return a, a + noise.to(a.device)
+
+
+def sample_rows(logits: torch.Tensor, temperature: float, seed: int, offset: int):
+    """tokens = argmax(l / T + G), logprobs = log_softmax(l / T)[tokens] for logits [N, D, V];
+    at T = 0: argmax(l) and log_softmax(l)."""
+    a, score = perturbed_scores(logits, temperature, seed, offset)
+    tokens = score.argmax(-1)
+    logprobs = a.log_softmax(-1).gather(-1, tokens[..., None])[..., 0]
+    return tokens, logprobs
+
+
+def refine_logits(ctx, prev_tokens, base_logits, weights) -> torch.Tensor:
+    """Refined logits s + w_read z of the drafted slots, [N, D, V] in float32 (materialised here;
+    the kernels never write them)."""
+    from ..refiner import refiner_hidden
+
+    d = _drafted_slots(ctx, base_logits)
+    z = refiner_hidden(weights, ctx, prev_tokens)[:, ctx.shape[1] - d:]
+    return base_logits.float() + z @ weights.w_read.float().T
+
+
+def refine_step(ctx, prev_tokens, base_logits, weights, temperature=0.0, seed=0, offset=0):
+    """One refinement pass: tokens and log-probabilities of every drafted slot."""
+    return sample_rows(refine_logits(ctx, prev_tokens, base_logits, weights), temperature, _as_int(seed),
+                       _as_int(offset))
+
+
+def _prev_tokens(prefix_tokens, tokens):
+    """Slot k reads slot k-1: [token before the block, fixed slots, drafted slots but the last]."""
+    return torch.cat([prefix_tokens, tokens[:, :-1]], dim=1)
+
+
+def jacobi_refine(ctx, prefix_tokens, base_logits, weights, max_iters, temperature=0.0, seed=0, offset=0):
+    """Jacobi iteration from the drafter's own sample; a sequence stops after a pass that changes none
+    of its tokens. Returns tokens, logprobs (of the last pass run) and iters (passes run, int32)."""
+    if max_iters < 0:
+        raise ValueError("max_iters must be >= 0")
+    seed, offset = _as_int(seed), _as_int(offset)
+    tokens, logprobs = sample_rows(base_logits, temperature, seed, offset)
+    return jacobi_iterate(tokens, logprobs, prefix_tokens, max_iters,
+                          lambda prev: refine_step(ctx, prev, base_logits, weights, temperature, seed, offset))
+
+
+def jacobi_iterate(tokens, logprobs, prefix_tokens, max_iters, step, early_exit=True):
+    """The Jacobi loop from the iterate (tokens, logprobs): step(prev_tokens) -> (tokens, logprobs) is
+    one refinement pass; a sequence stops after a pass that changes none of its tokens. Returns
+    tokens, logprobs and iters (int32). early_exit=False runs all max_iters passes without reading
+    whether any sequence is still active (no host sync); stopped sequences keep their results."""
+    iters = torch.zeros(tokens.shape[0], dtype=torch.int32, device=tokens.device)
+    active = torch.ones(tokens.shape[0], dtype=torch.bool, device=tokens.device)
+    for _ in range(max_iters):
+        if early_exit and not active.any():
+            break
+        new_tokens, new_logprobs = step(_prev_tokens(prefix_tokens, tokens))
+        changed = (new_tokens != tokens).any(-1)
+        tokens = torch.where(active[:, None], new_tokens, tokens)
+        logprobs = torch.where(active[:, None], new_logprobs, logprobs)
+        iters += active.int()
+        active &= changed
+    return tokens, logprobs, iters
+
+
+def sequential_refine(ctx, prefix_tokens, base_logits, weights, temperature=0.0, seed=0, offset=0):
+    """Left-to-right decoding: drafted slot d is decided from the decided slots before it."""
+    seed, offset = _as_int(seed), _as_int(offset)
+    n, d = base_logits.shape[:2]
+    tokens = torch.zeros(n, d, dtype=torch.int64, device=base_logits.device)
+    logprobs = torch.zeros(n, d, dtype=torch.float32, device=base_logits.device)
+    for slot in range(d):
+        step_tokens, step_logprobs = refine_step(ctx, _prev_tokens(prefix_tokens, tokens), base_logits, weights,
+                                                 temperature, seed, offset)
+        tokens[:, slot] = step_tokens[:, slot]
+        logprobs[:, slot] = step_logprobs[:, slot]
+    return tokens, logprobs
