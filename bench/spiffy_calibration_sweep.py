@@ -10,7 +10,8 @@ import torch
 from xkernels import data
 from xkernels.decoding import dllm_generate
 from xkernels.models.shipped import load_block_diffusion, load_tokenizer
-from xkernels.spiffy import SpiffyConfig, calibrate
+from xkernels.decoding.spiffy_calibration import calibrate
+from xkernels.spiffy import SpiffyConfig
 
 CASES = [("v3", 33, None), ("v3", 33, 0.9), ("frequency", 33, None), ("frequency", 33, 0.9), ("frequency", 65, None)]
 KEEPS = (1, 2, 4, 8, 16, 32)

@@ -2,6 +2,8 @@
 and decoding that gives vanilla's tokens with fewer model calls."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -10,7 +12,8 @@ import xkernels
 from xkernels import reference
 from xkernels.decoding import dllm_generate
 from xkernels.models.block_diffusion import BlockDiffusionConfig, BlockDiffusionLM
-from xkernels.spiffy import DraftGraph, SpiffyConfig, select_graph, trace_lookahead
+from xkernels.decoding.spiffy_calibration import select_graph, trace_lookahead
+from xkernels.spiffy import DraftGraph, SpiffyConfig
 from tests.test_dllm import MASK, step_case
 from tests.utils import DEVICES, LOGIT_DTYPES, assert_replays_like_eager
 from xkernels.models.shipped import WEIGHTS
@@ -210,6 +213,14 @@ def test_draft_graph_orders_validates_and_round_trips():
             DraftGraph(nodes, edges)
     with pytest.raises(ValueError, match="does not add"):
         DraftGraph.from_json(json.dumps({"nodes": [[], [[0, 0]]], "edges": [[1, 1], [0, 1]]}))
+
+
+def test_the_graph_format_does_not_import_the_decoding_loop():
+    """xkernels.spiffy (the format) and xkernels.decoding.spiffy_calibration (which replays decoding)
+    import one way only: the format loads without the decoding package."""
+    code = ("import sys, xkernels.spiffy; "
+            "assert not [m for m in sys.modules if m.startswith('xkernels.decoding')], sorted(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_calibration_of_a_toy_trace():

@@ -14,7 +14,7 @@ import torch
 from common import OUT
 from xkernels import data
 from xkernels.models.shipped import load_block_diffusion, load_tokenizer
-from xkernels.spiffy import OBJECTIVES, calibrate
+from xkernels.decoding.spiffy_calibration import OBJECTIVES, calibrate
 
 THRESHOLD = 0.9  # Fast-dLLM's default, also the demo's
 

@@ -46,7 +46,7 @@ def dllm_generate(model: BlockDiffusionLM, prompt_ids, max_new_tokens: int, *, b
                   spiffy: Optional[SpiffyConfig] = None, trace: Optional[list] = None):
     """Returns (the new tokens, int64 [max_new_tokens], and DllmStats). prompt_ids: int64 [P] or
     [1, P]. trace, a list, receives per block the vanilla steps (logits, block before, block
-    after), which xkernels.spiffy.calibrate reads (vanilla decoding only)."""
+    after), which xkernels.decoding.spiffy_calibration.calibrate reads (vanilla decoding only)."""
     if spiffy is not None and trace is not None:
         raise ValueError("dllm_generate: trace records vanilla decoding; give it without spiffy")
     began = time.perf_counter()
