@@ -6,9 +6,20 @@ They live in Python only; the library declares this module with set_python_modul
 import torch
 
 
+def _same_device(like_name, like, **tensors):
+    """Raises unless every given tensor is on like's device. A meta tensor among CPU ones sends the
+    call here, not to the CPU kernel (the dispatcher picks the Meta kernel), and outputs never
+    written would come back; the real kernels check the same on their own device."""
+    for name, t in tensors.items():
+        if t is not None:
+            torch._check(t.device == like.device, lambda: f"{name} must be on {like.device} like {like_name}, got {t.device}")
+
+
 @torch.library.register_fake("xkernels::chain_verify")
 def _chain_verify_fake(draft_tokens, target_logits, draft_probs=None, temperature=0.0, seed=0, offset=0,
                        seed_tensor=None, offset_tensor=None):
+    _same_device("target_logits", target_logits, draft_tokens=draft_tokens, draft_probs=draft_probs, seed=seed_tensor,
+                 offset=offset_tensor)
     torch._check(draft_tokens.dim() == 2, lambda: "draft_tokens must have shape [N, K]")
     torch._check(target_logits.dim() == 3, lambda: "target_logits must have shape [N, K+1, V]")
     n, k = draft_tokens.shape
@@ -19,7 +30,19 @@ def _chain_verify_fake(draft_tokens, target_logits, draft_probs=None, temperatur
     return accept_len, out_tokens
 
 
-def _refine_outputs(ctx, base_logits, tokens_like):
+@torch.library.register_fake("xkernels::chain_verify_ragged_")
+def _chain_verify_ragged_fake(draft_tokens, cu_num_draft_tokens, target_logits, max_spec_len, draft_probs, *args):
+    torch._check(draft_tokens.dim() == 1, lambda: "draft_tokens must have shape [T]")
+    torch._check(target_logits.dim() == 2, lambda: "target_logits must have shape [T + N, V]")
+    return None
+
+
+_WEIGHTS = ("emb", "mix", "w_gate", "w_up", "w_down", "w_read")
+
+
+def _refine_outputs(ctx, base_logits, tokens_like, tokens_name, weights, seed_tensor, offset_tensor):
+    _same_device("ctx", ctx, base_logits=base_logits, **{tokens_name: tokens_like}, **dict(zip(_WEIGHTS, weights)),
+                 seed=seed_tensor, offset=offset_tensor)
     torch._check(ctx.dim() == 3 and base_logits.dim() == 3, lambda: "ctx and base_logits must be 3-D")
     n, d = base_logits.shape[0], base_logits.shape[1]
     return tokens_like.new_empty((n, d)), ctx.new_empty((n, d))
@@ -28,24 +51,28 @@ def _refine_outputs(ctx, base_logits, tokens_like):
 @torch.library.register_fake("xkernels::refine_step")
 def _refine_step_fake(ctx, prev_tokens, base_logits, emb, mix, w_gate, w_up, w_down, w_read, temperature=0.0,
                       seed=0, offset=0, seed_tensor=None, offset_tensor=None):
-    return _refine_outputs(ctx, base_logits, prev_tokens)
+    return _refine_outputs(ctx, base_logits, prev_tokens, "prev_tokens", (emb, mix, w_gate, w_up, w_down, w_read),
+                           seed_tensor, offset_tensor)
 
 
 @torch.library.register_fake("xkernels::jacobi_refine")
 def _jacobi_refine_fake(ctx, prefix_tokens, base_logits, emb, mix, w_gate, w_up, w_down, w_read, max_iters,
                         temperature=0.0, seed=0, offset=0, seed_tensor=None, offset_tensor=None):
-    tokens, logprobs = _refine_outputs(ctx, base_logits, prefix_tokens)
+    tokens, logprobs = _refine_outputs(ctx, base_logits, prefix_tokens, "prefix_tokens",
+                                       (emb, mix, w_gate, w_up, w_down, w_read), seed_tensor, offset_tensor)
     return tokens, logprobs, prefix_tokens.new_empty((ctx.shape[0],), dtype=torch.int32)
 
 
 @torch.library.register_fake("xkernels::sequential_refine")
 def _sequential_refine_fake(ctx, prefix_tokens, base_logits, emb, mix, w_gate, w_up, w_down, w_read,
                             temperature=0.0, seed=0, offset=0, seed_tensor=None, offset_tensor=None):
-    return _refine_outputs(ctx, base_logits, prefix_tokens)
+    return _refine_outputs(ctx, base_logits, prefix_tokens, "prefix_tokens", (emb, mix, w_gate, w_up, w_down, w_read),
+                           seed_tensor, offset_tensor)
 
 
 @torch.library.register_fake("xkernels::build_draft_tree")
 def _build_draft_tree_fake(topk_logprobs, topk_tokens, budget):
+    _same_device("topk_logprobs", topk_logprobs, topk_tokens=topk_tokens)
     torch._check(topk_logprobs.dim() == 3, lambda: "topk_logprobs must have shape [N, D, k]")
     n, m = topk_logprobs.shape[0], budget + 1
     return (topk_tokens.new_empty((n, m)), topk_tokens.new_empty((n, m)), topk_tokens.new_empty((n,)),
@@ -54,6 +81,7 @@ def _build_draft_tree_fake(topk_logprobs, topk_tokens, budget):
 
 @torch.library.register_fake("xkernels::tree_attention_mask")
 def _tree_attention_mask_fake(parents, num_nodes=None, packed=False):
+    _same_device("parents", parents, num_nodes=num_nodes)
     torch._check(parents.dim() == 2, lambda: "parents must have shape [N, M]")
     n, m = parents.shape
     if packed:
@@ -63,6 +91,7 @@ def _tree_attention_mask_fake(parents, num_nodes=None, packed=False):
 
 @torch.library.register_fake("xkernels::tree_positions")
 def _tree_positions_fake(parents, num_nodes=None):
+    _same_device("parents", parents, num_nodes=num_nodes)
     torch._check(parents.dim() == 2, lambda: "parents must have shape [N, M]")
     return parents.new_empty(parents.shape)
 
@@ -70,6 +99,8 @@ def _tree_positions_fake(parents, num_nodes=None):
 @torch.library.register_fake("xkernels::tree_verify")
 def _tree_verify_fake(tokens, parents, target_logits, draft_probs=None, without_replacement=False, temperature=0.0,
                       seed=0, offset=0, num_nodes=None, seed_tensor=None, offset_tensor=None):
+    _same_device("target_logits", target_logits, tokens=tokens, parents=parents, draft_probs=draft_probs,
+                 num_nodes=num_nodes, seed=seed_tensor, offset=offset_tensor)
     torch._check(parents.dim() == 2, lambda: "parents must have shape [N, M]")
     n, m = parents.shape
     return tokens.new_empty((n,)), tokens.new_empty((n, m)), tokens.new_empty((n, m))
@@ -77,12 +108,14 @@ def _tree_verify_fake(tokens, parents, target_logits, draft_probs=None, without_
 
 @torch.library.register_fake("xkernels::compact_kv_")
 def _compact_kv_fake(cache, path, accept_len, prefix_len):
+    _same_device("cache", cache, path=path, accept_len=accept_len)
     return None
 
 
 @torch.library.register_fake("xkernels::dllm_step")
 def _dllm_step_fake(logits, block_tokens, mask_id, num_unmask=1, threshold=None, temperature=0.0, seed=0, offset=0,
                     seed_tensor=None, offset_tensor=None):
+    _same_device("logits", logits, block_tokens=block_tokens, seed=seed_tensor, offset=offset_tensor)
     torch._check(logits.dim() == 3, lambda: "logits must have shape [N, L, V]")
     n, length = logits.shape[0], logits.shape[1]
     return (block_tokens.new_empty((n, length)), block_tokens.new_empty((n, length)),
@@ -92,6 +125,8 @@ def _dllm_step_fake(logits, block_tokens, mask_id, num_unmask=1, threshold=None,
 @torch.library.register_fake("xkernels::spiffy_materialize")
 def _spiffy_materialize_fake(logits, block_tokens, mask_id, graph_ranks, graph_child_ptr, graph_children, keep,
                              temperature=0.0):
+    _same_device("logits", logits, block_tokens=block_tokens, graph_ranks=graph_ranks, graph_child_ptr=graph_child_ptr,
+                 graph_children=graph_children)
     torch._check(logits.dim() == 3, lambda: "logits must have shape [N, L, V]")
     n, length = logits.shape[0], logits.shape[1]
     return (block_tokens.new_empty((n, keep, length)), block_tokens.new_empty((n, keep)),
@@ -101,6 +136,8 @@ def _spiffy_materialize_fake(logits, block_tokens, mask_id, graph_ranks, graph_c
 @torch.library.register_fake("xkernels::spiffy_accept")
 def _spiffy_accept_fake(root_logits, draft_logits, draft_blocks, node_ids, block_tokens, mask_id, num_unmask=1,
                         threshold=None, temperature=0.0, seed=0, offset=0, seed_tensor=None, offset_tensor=None):
+    _same_device("root_logits", root_logits, draft_logits=draft_logits, draft_blocks=draft_blocks, node_ids=node_ids,
+                 block_tokens=block_tokens, seed=seed_tensor, offset=offset_tensor)
     torch._check(root_logits.dim() == 3, lambda: "root_logits must have shape [N, L, V]")
     n, length = root_logits.shape[0], root_logits.shape[1]
     return (block_tokens.new_empty((n,)), block_tokens.new_empty((n, length)), block_tokens.new_empty((n, length)),
@@ -119,6 +156,8 @@ def _spiffy_attention_mask_fake(prefix_lens, num_drafts, block_size, max_prefix_
 def _shard_row_stats_fake(logits, vocab_start, rows=None, exclude=None, draft_probs=None, residual_stats=None,
                           ignore_id=-1, sample=False, raw_stats=False, temperature=0.0, seed=0, offset=0,
                           seed_tensor=None, offset_tensor=None):
+    _same_device("logits", logits, rows=rows, exclude=exclude, draft_probs=draft_probs, residual_stats=residual_stats,
+                 seed=seed_tensor, offset=offset_tensor)
     torch._check(logits.dim() == 3, lambda: "logits must have shape [N, R, V_local]")
     shape = (logits.shape[0], logits.shape[1] if rows is None else rows.shape[1])
     f = lambda: logits.new_empty(shape, dtype=torch.float32)  # noqa: E731

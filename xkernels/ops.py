@@ -33,15 +33,49 @@ def _rng_args(seed: Seed, offset: Seed):
     return seed_int, offset_int, seed_tensor, offset_tensor
 
 
+Param = Union[None, int, float, torch.Tensor]
+
+
+def _is_per_row(value, n: int) -> bool:
+    """A seed or offset given per request: a 1-D tensor of N elements (a one-element 1-D tensor
+    with N > 1 is the scalar form, as before per-request streams existed)."""
+    return isinstance(value, torch.Tensor) and value.dim() == 1 and (value.numel() != 1 or n == 1)
+
+
+def _sampling_args(temperature, top_k: Param, top_p: Param, min_p: Param, seed: Seed, offset: Seed):
+    """The schemas' (value, tensor) pairs of the sampling parameters and the stream, in order."""
+    def pair(value, name, default, cast):
+        value = _tensor(value, name) if isinstance(value, torch.Tensor) or hasattr(value, "__dlpack__") else value
+        if isinstance(value, torch.Tensor):
+            return default, value
+        return cast(default if value is None else value), None
+
+    seed_int, offset_int, seed_tensor, offset_tensor = _rng_args(seed, offset)
+    return (*pair(temperature, "temperature", 0.0, float), *pair(top_k, "top_k", 0, int),
+            *pair(top_p, "top_p", 1.0, float), *pair(min_p, "min_p", 0.0, float),
+            seed_int, seed_tensor, offset_int, offset_tensor)
+
+
+def _check_method(method: str) -> bool:
+    if method not in ("token", "block"):
+        raise ValueError(f"method must be 'token' or 'block', got {method!r}")
+    return method == "block"
+
+
 def chain_verify(
     draft_tokens: torch.Tensor,
     target_logits: torch.Tensor,
     *,
     draft_probs: Optional[torch.Tensor] = None,
-    temperature: float = 0.0,
+    temperature: Union[float, torch.Tensor] = 0.0,
     seed: Seed = 0,
     offset: Seed = 0,
-) -> Tuple[torch.Tensor, torch.Tensor]:
+    top_k: Param = None,
+    top_p: Param = None,
+    min_p: Param = None,
+    method: str = "token",
+    return_logprobs: bool = False,
+):
     """Verify a chain of K draft tokens per sequence against the target's logits.
 
     Args:
@@ -50,15 +84,25 @@ def chain_verify(
             target's next-token logits after the prefix plus the first ``i`` drafts.
         draft_probs: optional float32 ``[N, K, V]``, the distributions the drafts were
             sampled from. Without it the drafts are treated as deterministic proposals.
-        temperature: 0 for greedy verification (ties go to the lowest index).
+        temperature: a float, or a float32 ``[N]`` tensor (a temperature per sequence; rows
+            at 0 are greedy in the same call). 0 is greedy verification (ties go to the
+            lowest index).
+        top_k, top_p, min_p: the filters of each sequence's target distribution, each None
+            (off), a scalar, or an ``[N]`` tensor (top_k int32/int64, 0 off; top_p float32 in
+            (0, 1], 1 off; min_p float32 in [0, 1], 0 off); see :func:`chain_verify_ragged`.
+        seed, offset: the Philox stream: ints or one-element int64 tensors on the logits'
+            device (a captured CUDA graph can advance them in place), keyed by the batch row;
+            or int64 ``[N]`` tensors, a stream per sequence that does not depend on the batch
+            (``offset[n]``: the absolute position of the sequence's first verified slot).
+        method: ``"token"`` (token-wise verification) or ``"block"`` (block verification).
+        return_logprobs: also return the log-probabilities of the emitted tokens.
         Arrays of other libraries (CuPy, NumPy) are taken zero-copy through DLPack.
-        seed, offset: the Philox stream (ints, or one-element int64 tensors on the logits'
-            device that a captured CUDA graph can advance in place).
 
     Returns:
         ``accept_len`` int64 ``[N]`` in ``[0, K]`` and ``out_tokens`` int64 ``[N, K+1]``:
         the accepted drafts, then the correction (or bonus) token, then -1. Each sequence
-        emits ``accept_len + 1`` tokens.
+        emits ``accept_len + 1`` tokens. With ``return_logprobs``, also ``logprobs`` float32
+        ``[N, K+1]`` (NaN padded), as :func:`chain_verify_ragged` gives them.
 
     At ``temperature > 0`` the emitted tokens are distributed exactly as sampling the
     target one token at a time: draft ``x_i`` is accepted when ``u * q_i(x_i) < p_i(x_i)``
@@ -67,17 +111,133 @@ def chain_verify(
     A row whose softmax is undefined (a NaN, a +inf, or all -inf) is treated as a point
     mass at its ``torch.argmax``. Draft ids outside ``[0, V)`` raise on the CPU; on CUDA
     they are checked only with ``XKERNELS_CHECK=1`` (a host sync) and are otherwise
-    rejected without being read.
+    rejected without being read. A call with per-sequence parameters, filters, streams,
+    ``method="block"`` or ``return_logprobs`` runs :func:`chain_verify_ragged` over the
+    dense layout (CPU only for now).
     """
-    return torch.ops.xkernels.chain_verify.default(
-        _tensor(draft_tokens, "draft_tokens"), _tensor(target_logits, "target_logits"),
-        _tensor(draft_probs, "draft_probs"), float(temperature), *_rng_args(seed, offset))
+    draft_tokens, target_logits = _tensor(draft_tokens, "draft_tokens"), _tensor(target_logits, "target_logits")
+    draft_probs = _tensor(draft_probs, "draft_probs")
+    n = draft_tokens.shape[0] if draft_tokens.dim() else 0
+    engine_form = (isinstance(temperature, torch.Tensor) or any(x is not None for x in (top_k, top_p, min_p))
+                   or _is_per_row(seed, n) or _is_per_row(offset, n) or method != "token" or return_logprobs)
+    if not engine_form:
+        return torch.ops.xkernels.chain_verify.default(
+            draft_tokens, target_logits, draft_probs, float(temperature), *_rng_args(seed, offset))
+    _check_method(method)
+    if draft_tokens.dim() != 2 or target_logits.dim() != 3 or tuple(target_logits.shape[:2]) != (
+            n, draft_tokens.shape[1] + 1):
+        raise ValueError(f"draft_tokens [N, K] and target_logits [N, K+1, V] do not match: "
+                         f"{tuple(draft_tokens.shape)} and {tuple(target_logits.shape)}")
+    k, vocab = draft_tokens.shape[1], target_logits.shape[2]
+    cu = torch.arange(1, n + 1, dtype=torch.int64, device=draft_tokens.device) * k
+    out, emitted, logprobs = chain_verify_ragged(
+        draft_tokens.reshape(-1), cu, target_logits.reshape(n * (k + 1), vocab), max_spec_len=k,
+        draft_probs=None if draft_probs is None else draft_probs.reshape(n * k, vocab), temperature=temperature,
+        top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, offset=offset, method=method)
+    result = (emitted.long() - 1, out.long())
+    return result + (logprobs,) if return_logprobs else result
+
+
+def chain_verify_ragged(
+    draft_tokens: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    target_logits: torch.Tensor,
+    *,
+    max_spec_len: int,
+    draft_probs: Optional[torch.Tensor] = None,
+    temperature: Union[float, torch.Tensor] = 0.0,
+    top_k: Param = None,
+    top_p: Param = None,
+    min_p: Param = None,
+    seed: Seed = 0,
+    offset: Seed = 0,
+    method: str = "token",
+    out: Optional[torch.Tensor] = None,
+    num_emitted: Optional[torch.Tensor] = None,
+    logprobs: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Verify chains held flat, as vLLM holds them, with per-request sampling parameters.
+
+    Args:
+        draft_tokens: int64 or int32 ``[T]``, every request's drafts one after another.
+        cu_num_draft_tokens: int32 or int64 ``[N]``, the inclusive cumulative sum of the
+            requests' draft counts ``K_n`` (a request may have 0 drafts).
+        target_logits: float32, bfloat16 or float16 ``[T + N, V]``: request ``n``'s ``K_n + 1``
+            rows are contiguous, from row ``cu[n-1] + n`` (``cu[-1] = 0``).
+        max_spec_len: the width of the output less one; at least every ``K_n``.
+        draft_probs: optional float32 ``[T, V]``: the distributions the drafts were sampled
+            from; without it the drafts are deterministic proposals.
+        temperature: a float, or a float32 ``[N]`` tensor; rows at 0 are greedy.
+        top_k: None, an int or an int32/int64 ``[N]`` tensor; 0 is off.
+        top_p: None, a float or a float32 ``[N]`` tensor in (0, 1]; 1 is off.
+        min_p: None, a float or a float32 ``[N]`` tensor in [0, 1]; 0 is off.
+        seed, offset: ints or one-element int64 tensors: one stream for the batch, keyed by
+            the request's row (as :func:`chain_verify`'s); or int64 ``[N]`` tensors: request
+            ``n``'s noise at slot ``i`` is keyed by ``(seed[n], offset[n] + i)`` alone, so it gets
+            the same tokens at any row of any batch. ``offset[n]`` is meant to be the absolute
+            position of the request's first verified slot (what an engine should pass).
+        method: ``"token"``: token-wise verification, stopping at the first rejection;
+            ``"block"``: block verification (Sun et al., ICLR 2025), which judges the block
+            jointly and in expectation accepts at least as many drafts.
+        out, num_emitted, logprobs: optional caller buffers (int32 ``[N, max_spec_len + 1]``,
+            int32 ``[N]``, float32 ``[N, max_spec_len + 1]``, contiguous, on the logits' device)
+            written in place, e.g. the buffers of an engine's CUDA graph.
+
+    Returns:
+        ``output_token_ids`` int32 ``[N, max_spec_len + 1]``: each request's accepted drafts,
+        then its correction or bonus token, then -1; ``num_emitted`` int32 ``[N]``: accepted
+        drafts + 1; ``logprobs`` float32 ``[N, max_spec_len + 1]``: log p' of each emitted token
+        under its row's filtered distribution (0 where p' is a point mass: greedy rows and rows
+        without a softmax), NaN padded.
+
+    Request ``n`` follows the filtered distribution p' of each row: p = softmax(logits / T);
+    keep the ``top_k`` most probable ids; then the smallest set of most probable ids whose
+    mass, renormalised over the top-k set, reaches ``top_p``; then drop ids below ``min_p``
+    times the largest probability; renormalise. Ids are ranked by logit, ties to the lower id
+    (so the kept set is a prefix of that ranking), the same on every device. Verification is
+    lossless for p': a draft is accepted with probability min(1, p'(x) / q(x)), the correction
+    is drawn from normalize(max(p' - q, 0)) (p' without the rejected id for deterministic
+    proposals) and the bonus token from p'. Request ``n``'s result equals :func:`chain_verify`
+    on that request alone with the same parameters, seed and offset.
+
+    Raises a ``RuntimeError`` naming the argument for a negative or NaN temperature, ``top_p``
+    outside (0, 1], ``min_p`` outside [0, 1], ``top_k < 0``, per-row tensors of another length,
+    dtype or device, ``cu_num_draft_tokens`` that decreases or does not end at T,
+    ``max_spec_len`` below a request's drafts, draft ids outside [0, V), and buffers of the
+    wrong shape or dtype (values are checked on the CPU). CPU kernel: requests in parallel;
+    the cut is found by a streaming top-k selection (a heap of k, blocks of 16 skipped by one
+    vectorised max) or, for top-p alone, mass bands of 1/8 nat and one ranked band, never a
+    sort of the vocabulary. No CUDA kernel yet.
+    """
+    block = _check_method(method)
+    draft_tokens = _tensor(draft_tokens, "draft_tokens")
+    cu_num_draft_tokens = _tensor(cu_num_draft_tokens, "cu_num_draft_tokens")
+    target_logits = _tensor(target_logits, "target_logits")
+    if int(max_spec_len) < 0:
+        raise ValueError(f"max_spec_len must be >= 0, got {max_spec_len}")
+    n, width, device = cu_num_draft_tokens.shape[0], int(max_spec_len) + 1, target_logits.device
+    if out is None:
+        out = torch.empty((n, width), dtype=torch.int32, device=device)
+    if num_emitted is None:
+        num_emitted = torch.empty((n,), dtype=torch.int32, device=device)
+    if logprobs is None:
+        logprobs = torch.empty((n, width), dtype=torch.float32, device=device)
+    torch.ops.xkernels.chain_verify_ragged_.default(
+        draft_tokens, cu_num_draft_tokens, target_logits, int(max_spec_len), _tensor(draft_probs, "draft_probs"),
+        *_sampling_args(temperature, top_k, top_p, min_p, seed, offset), block, out, num_emitted, logprobs)
+    return out, num_emitted, logprobs
 
 
 def build_info() -> dict:
-    """How libxkernels was built: version, whether CUDA kernels are in, and their architectures;
-    cpu_threads ("openmp": the CPU kernels use torch's intra-op threads; "one") and cpu_read (the
-    CPU's greedy float32 refine read: "avx512", one fused kernel, or "sliced": GEMM then epilogue)."""
+    """How libxkernels was built.
+
+    Returns:
+        dict of str: ``version``; ``cuda`` (bool: whether the CUDA kernels are in) and
+        ``cuda_archs``; ``cpu_threads`` (``"openmp"``: the CPU kernels use torch's intra-op
+        threads; ``"one"``) and ``cpu_read`` (the CPU's greedy float32 refine read: ``"avx512"``,
+        one fused kernel, or ``"sliced"``: GEMM then epilogue); and the build's other fields.
+        ``python -m xkernels info`` prints them.
+    """
     fields = dict(item.split("=", 1) for item in torch.ops.xkernels.build_info.default().split(";"))
     fields["cuda"] = fields["cuda"] == "yes"
     return fields
@@ -101,21 +261,51 @@ def refine_step(
     seed: Seed = 0,
     offset: Seed = 0,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """One xPress refinement pass over a block of B slots whose last D are drafted.
+    """One xPress refinement pass over a block of ``B`` slots whose last ``D`` are drafted.
+
+    Per drafted slot: ``u = ctx + emb[prev]``, a per-channel causal mix over the block, a SwiGLU in
+    rank space, then the refined logits ``l = base_logits + w_read z``; the token is
+    ``argmax(l / T + G)`` (``argmax l`` at ``T = 0``). The ``[N, D, V]`` refined logits are never
+    written.
 
     Args:
-        ctx: float32 ``[N, B, r]``, the pass-invariant context (``XPressRefiner.prepare``).
-        prev_tokens: int64 ``[N, B]``; slot ``k`` reads the token of slot ``k-1`` (slot 0 the
+        ctx: float32 ``[N, B, r]``, the pass-invariant context (``XPressRefiner.prepare(h)`` of the
+            drafter's states), on the device of the other tensors.
+        prev_tokens: int64 ``[N, B]``; slot ``k`` reads the token of slot ``k - 1`` (slot 0 the
             token before the block).
-        base_logits: float32, bfloat16 or float16 ``[N, D, V]``, the drafter's logits.
-        weights: ``xkernels.RefinerWeights`` (``XPressRefiner.fold()``), float32 or bfloat16.
-        temperature: 0 for greedy.
-        seed, offset: the Philox stream; the Gumbel noise is keyed by (sequence, drafted slot, id).
+        base_logits: float32, bfloat16 or float16 ``[N, D, V]``, the drafter's logits of the last
+            ``D <= B`` slots (the drafted ones).
+        weights: ``xkernels.RefinerWeights`` (``XPressRefiner.fold()``), float32 or bfloat16, on the
+            same device; ``emb`` and ``w_read`` hold ``V`` rows.
+        temperature: ``T >= 0``, finite; 0 (or a ``T`` whose float32 reciprocal overflows) is greedy.
+        seed, offset: the Philox stream (:doc:`/concepts/random_streams`): ints (64 bits), or
+            one-element int64 tensors on the logits' device, read on the device (a captured CUDA
+            graph reads them at replay). The Gumbel noise is keyed by (sequence, drafted slot, id), the same
+            for every pass.
 
     Returns:
-        ``tokens`` int64 ``[N, D]`` = argmax(l / T + G) (argmax l at T = 0) and ``logprobs``
-        float32 ``[N, D]`` = log_softmax(l / T)[token] (log_softmax(l) at T = 0), where
-        ``l = base_logits + w_read z``. The ``[N, D, V]`` refined logits are never written.
+        tuple: ``tokens`` int64 ``[N, D]`` and ``logprobs`` float32 ``[N, D]`` =
+        ``log_softmax(l / T)[token]`` (``log_softmax(l)`` at ``T = 0``).
+
+    Raises:
+        RuntimeError: a tensor of the wrong shape, dtype or device, a token id outside ``[0, V)``
+            (on the CPU; on CUDA, unless ``XKERNELS_CHECK=1``, such an id reads a zero embedding
+            row), a block beyond the CUDA kernels' 64 slots or a rank beyond 1024, or a bad
+            ``temperature``: each message names the argument.
+        TypeError: ``weights`` is not a ``RefinerWeights``, or an argument is neither a tensor nor
+            a DLPack array.
+
+    Kernels:
+        - CPU: the front with ATen; the greedy float32 read on AVX-512 is one kernel (tiles of ids
+          against every row, products in registers, each row's max, argmax and sum of exp a lane
+          a row, vocabulary chunks in parallel); otherwise the read in cache-sized vocabulary
+          slices, one vendor GEMM each (oneDNN's bf16 GEMM for bfloat16 weights), then a parallel
+          fused epilogue (bias, scale, Gumbel-max, online log-sum-exp).
+        - CUDA: three front kernels in rank space, then per L2-sized vocabulary slice the cuBLAS GEMM
+          of the read (bf16 in, fp32 out for bfloat16 weights) and a fused epilogue over (row,
+          chunk) while the products are in L2; a pass of up to 128 rows with bfloat16 weights (rank
+          a multiple of 8 up to 256) instead streams ``w_read`` once through a fused tensor-core
+          kernel that samples on the products (``XKERNELS_REFINE_READ=gemm|fused|auto`` forces one).
     """
     return torch.ops.xkernels.refine_step.default(
         _tensor(ctx, "ctx"), _tensor(prev_tokens, "prev_tokens"), _tensor(base_logits, "base_logits"),
@@ -133,16 +323,48 @@ def jacobi_refine(
     seed: Seed = 0,
     offset: Seed = 0,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Batched Jacobi refinement with a per-sequence early stop.
+    """Jacobi iteration of :func:`refine_step` over a batch, with a per-sequence early stop.
 
-    ``prefix_tokens`` int64 ``[N, F+1]`` holds the token before the block and the ``F = B - D``
-    fixed slots. The iterate starts at the drafter's own sample ``x0 = argmax(s / T + G)``; every
-    pass recomputes all drafted slots from the previous iterate (the same noise ``G`` each pass).
-    A sequence stops after a pass that changes none of its tokens; converged sequences cost no
-    further work. With ``max_iters >= D`` the result equals ``sequential_refine``.
+    The iterate starts at the drafter's own sample ``x0 = argmax(base_logits / T + G)``; every pass
+    recomputes all drafted slots from the previous iterate (the same noise ``G`` each pass). A
+    sequence stops after a pass that changes none of its tokens; converged sequences cost no
+    further work. With ``max_iters >= D`` the result equals :func:`sequential_refine`.
 
-    Returns ``tokens`` int64 ``[N, D]``, ``logprobs`` float32 ``[N, D]`` (of the last pass each
-    sequence ran; the drafter's own at ``max_iters = 0``) and ``iters`` int32 ``[N]`` (passes run).
+    Args:
+        ctx: float32 ``[N, B, r]``, the pass-invariant context (``XPressRefiner.prepare(h)`` of the
+            drafter's states), on the device of the other tensors.
+        prefix_tokens: int64 ``[N, F + 1]``, the token before the block and the ``F = B - D``
+            fixed slots.
+        base_logits: float32, bfloat16 or float16 ``[N, D, V]``, the drafter's logits of the last
+            ``D <= B`` slots (the drafted ones).
+        weights: ``xkernels.RefinerWeights`` (``XPressRefiner.fold()``), float32 or bfloat16, on the
+            same device; ``emb`` and ``w_read`` hold ``V`` rows.
+        max_iters: passes at most (``>= 0``; 0 returns the drafter's own sample).
+        temperature: ``T >= 0``, finite; 0 (or a ``T`` whose float32 reciprocal overflows) is greedy.
+        seed, offset: the Philox stream (:doc:`/concepts/random_streams`): ints (64 bits), or
+            one-element int64 tensors on the logits' device, read on the device (a captured CUDA
+            graph reads them at replay). The Gumbel noise is keyed by (sequence, drafted slot, id), the same
+            for every pass.
+
+    Returns:
+        tuple: ``tokens`` int64 ``[N, D]``, ``logprobs`` float32 ``[N, D]`` (of the last pass each
+        sequence ran; the drafter's own at ``max_iters = 0``) and ``iters`` int32 ``[N]`` (passes
+        run).
+
+    Raises:
+        RuntimeError: a tensor of the wrong shape, dtype or device, a token id outside ``[0, V)``
+            (on the CPU; on CUDA, unless ``XKERNELS_CHECK=1``, such an id reads a zero embedding
+            row), a block beyond the CUDA kernels' 64 slots or a rank beyond 1024, or a bad
+            ``temperature``: each message names the argument.
+        TypeError: ``weights`` is not a ``RefinerWeights``, or an argument is neither a tensor nor
+            a DLPack array.
+
+    Kernels:
+        - CPU: :func:`refine_step`'s kernels, recomputing only the active sequences, and in each only
+          the slots after its first change.
+        - CUDA: a fixed launch sequence of at most ``D + 1`` passes (CUDA-graph capturable), the
+          convergence flags on the device; blocks of converged sequences and final slots exit at
+          once.
     """
     return torch.ops.xkernels.jacobi_refine.default(
         _tensor(ctx, "ctx"), _tensor(prefix_tokens, "prefix_tokens"), _tensor(base_logits, "base_logits"),
@@ -159,8 +381,40 @@ def sequential_refine(
     seed: Seed = 0,
     offset: Seed = 0,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Left-to-right refinement, one drafted slot per step (the DSpark Markov-head style decode
-    that ``jacobi_refine`` converges to). Arguments and results as in ``jacobi_refine``."""
+    """Left-to-right refinement, one drafted slot per step: slot ``d`` is decided from the
+    decided slots before it (the DSpark Markov-head decode, which :func:`jacobi_refine` converges
+    to and is measured against).
+
+    Args:
+        ctx: float32 ``[N, B, r]``, the pass-invariant context (``XPressRefiner.prepare(h)`` of the
+            drafter's states), on the device of the other tensors.
+        prefix_tokens: int64 ``[N, F + 1]``, the token before the block and the ``F = B - D``
+            fixed slots.
+        base_logits: float32, bfloat16 or float16 ``[N, D, V]``, the drafter's logits of the last
+            ``D <= B`` slots (the drafted ones).
+        weights: ``xkernels.RefinerWeights`` (``XPressRefiner.fold()``), float32 or bfloat16, on the
+            same device; ``emb`` and ``w_read`` hold ``V`` rows.
+        temperature: ``T >= 0``, finite; 0 (or a ``T`` whose float32 reciprocal overflows) is greedy.
+        seed, offset: the Philox stream (:doc:`/concepts/random_streams`): ints (64 bits), or
+            one-element int64 tensors on the logits' device, read on the device (a captured CUDA
+            graph reads them at replay). The Gumbel noise is keyed by (sequence, drafted slot, id), the same
+            for every pass.
+
+    Returns:
+        tuple: ``tokens`` int64 ``[N, D]`` and ``logprobs`` float32 ``[N, D]``.
+
+    Raises:
+        RuntimeError: a tensor of the wrong shape, dtype or device, a token id outside ``[0, V)``
+            (on the CPU; on CUDA, unless ``XKERNELS_CHECK=1``, such an id reads a zero embedding
+            row), a block beyond the CUDA kernels' 64 slots or a rank beyond 1024, or a bad
+            ``temperature``: each message names the argument.
+        TypeError: ``weights`` is not a ``RefinerWeights``, or an argument is neither a tensor nor
+            a DLPack array.
+
+    Kernels:
+        - CPU: :func:`refine_step`'s kernels, one slot per step.
+        - CUDA: :func:`refine_step`'s kernels, one slot per step.
+    """
     return torch.ops.xkernels.sequential_refine.default(
         _tensor(ctx, "ctx"), _tensor(prefix_tokens, "prefix_tokens"), _tensor(base_logits, "base_logits"),
         *_weights(weights), float(temperature), *_rng_args(seed, offset))
@@ -172,15 +426,30 @@ def sequential_refine(
 def build_draft_tree(topk_logprobs: torch.Tensor, topk_tokens: torch.Tensor, budget: int):
     """DDTree's best-first draft tree over per-slot candidates, built on the tensors' device.
 
+    A node's score is the sum of its path's log-probs (float32 sums; a NaN log-prob or sum counts
+    as -inf); the tree holds the ``budget`` best prefixes, popped best first, ties to the candidate
+    pushed first (the next sibling, then the first child of each popped entry).
+
     Args:
         topk_logprobs: float32 ``[N, D, k]``, each slot's candidate log-probs sorted descending.
-        topk_tokens: int64 ``[N, D, k]``, the candidates.
+        topk_tokens: int64 ``[N, D, k]`` on the same device, the candidates.
         budget: draft nodes to add (the tree has ``M = budget + 1`` nodes with the root).
 
-    Returns ``(tokens, parents, num_nodes, depth)``: int64 ``[N, M]``, ``[N, M]``, ``[N]``,
-    ``[N, M]``. A node's score is the sum of its path's log-probs; the tree holds the ``budget``
-    best prefixes (ties: the candidate pushed first). The root's token is -1: it is the caller's
-    last committed token. Fewer nodes than M (a tiny D * k) leave padding (-1, -1, 0)."""
+    Returns:
+        tuple: ``(tokens, parents, num_nodes, depth)``, int64 ``[N, M]``, ``[N, M]``, ``[N]``,
+        ``[N, M]`` in :doc:`the tree format </concepts/formats>`. The root's token is -1 (it is the
+        caller's last committed token); fewer nodes than ``M`` (a tiny ``D * k``) leave padding
+        ``(-1, -1, 0)``.
+
+    Raises:
+        RuntimeError: a tensor of the wrong shape, dtype or device, or a ``budget`` outside
+            ``[0, 2^31 - 1)``, naming the argument.
+
+    Kernels:
+        - CPU: sequences in parallel, the heap search of ``csrc/include/xkernels/tree.h``.
+        - CUDA: a warp per sequence, each pop a warp-wide max over the frontier spread across its
+          lanes (in shared memory; global scratch past 48 KB).
+    """
     return torch.ops.xkernels.build_draft_tree.default(
         _tensor(topk_logprobs, "topk_logprobs"), _tensor(topk_tokens, "topk_tokens"), int(budget))
 
@@ -189,9 +458,26 @@ def tree_attention_mask(parents: torch.Tensor, *, num_nodes: Optional[torch.Tens
                         layout: str = "bool") -> torch.Tensor:
     """Node ``i`` may attend to node ``j`` iff ``j`` is ``i`` or an ancestor of ``i``.
 
-    ``layout="bool"``: bool ``[N, M, M]``; ``layout="packed"``: uint8 ``[N, M, ceil(M/8)]``, bit
-    ``j % 8`` of byte ``j // 8`` (little-endian, the layout of FlashInfer's and SGLang's custom
-    masks). Padding nodes (``i >= num_nodes``) see themselves only. Raises on an invalid tree."""
+    Args:
+        parents: int64 ``[N, M]``, the tree (:doc:`/concepts/formats`).
+        num_nodes: optional int64 ``[N]``; nodes at or past it are padding. Padding nodes see themselves only.
+        layout: ``"bool"``, or ``"packed"``: bit ``j % 8`` of byte ``j // 8`` (little-endian, the
+            layout of FlashInfer's and SGLang's custom masks).
+
+    Returns:
+        Tensor: bool ``[N, M, M]``, or uint8 ``[N, M, ceil(M / 8)]`` packed, on the device of
+        ``parents``.
+
+    Raises:
+        RuntimeError: a tensor of the wrong shape, dtype or device, or (on the CPU, or on CUDA with
+            ``XKERNELS_CHECK=1``) an invalid tree: ``parents[:, 0] != -1``, a parent not below its
+            node, ``num_nodes`` outside ``[1, M]``; each message names the argument.
+        ValueError: ``layout`` is neither ``"bool"`` nor ``"packed"``.
+
+    Kernels:
+        - CPU: a node's row is its parent's row plus itself.
+        - CUDA: a block per sequence, a thread per node walks its ancestors.
+    """
     if layout not in ("bool", "packed"):
         raise ValueError(f"layout must be 'bool' or 'packed', got {layout!r}")
     return torch.ops.xkernels.tree_attention_mask.default(
@@ -199,7 +485,24 @@ def tree_attention_mask(parents: torch.Tensor, *, num_nodes: Optional[torch.Tens
 
 
 def tree_positions(parents: torch.Tensor, *, num_nodes: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """int64 ``[N, M]``: each node's depth (root 0, padding 0), its rotary position after the prefix."""
+    """Each node's depth (root 0, padding 0): its rotary position after the prefix.
+
+    Args:
+        parents: int64 ``[N, M]``, the tree (:doc:`/concepts/formats`).
+        num_nodes: optional int64 ``[N]``; nodes at or past it are padding.
+
+    Returns:
+        Tensor: int64 ``[N, M]`` on the device of ``parents``.
+
+    Raises:
+        RuntimeError: a tensor of the wrong shape, dtype or device, or (on the CPU, or on CUDA with
+            ``XKERNELS_CHECK=1``) an invalid tree: ``parents[:, 0] != -1``, a parent not below its
+            node, ``num_nodes`` outside ``[1, M]``; each message names the argument.
+
+    Kernels:
+        - CPU: a node's depth is its parent's plus one.
+        - CUDA: a block per sequence, a thread per node walks its ancestors.
+    """
     return torch.ops.xkernels.tree_positions.default(_tensor(parents, "parents"), _tensor(num_nodes, "num_nodes"))
 
 
@@ -217,23 +520,48 @@ def tree_verify(
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Lossless verification of a draft tree in one pass over the rows it visits.
 
+    At ``T = 0`` the walk follows the first child whose token is the target's argmax. At ``T > 0``
+    the emitted tokens follow the target's distribution exactly: deterministic children (without
+    ``draft_probs``: ``r = p``, child ``x`` accepted with probability ``r(x) / sum(r)``, else
+    ``r(x) = 0``, so a duplicate cannot count twice), or children drawn from ``draft_probs``
+    (SpecInfer / SpecTr recursive rejection, optionally without replacement); the rules are in
+    ``csrc/include/xkernels/tree.h``. Child ``c``'s coin is the acceptance coin of position ``c``;
+    the sample at node ``i`` uses the Gumbel noise of position ``i``.
+
     Args:
-        tokens, parents: int64 ``[N, M]``, the tree (``xkernels/tree.py``); tokens of real nodes
-            but the root lie in ``[0, V)``.
-        target_logits: ``[N, M, V]``, the target's next-token logits after each node's path.
-        draft_probs: float32 ``[N, M, V]``: row ``i`` is the distribution the children of node
-            ``i`` were drawn from (i.i.d., or ``without_replacement``); entries >= 0, each row is
+        tokens: int64 ``[N, M]``, each node's token (:doc:`/concepts/formats`); tokens of real
+            nodes but the root lie in ``[0, V)``.
+        parents: int64 ``[N, M]``, the tree.
+        target_logits: float32, bfloat16 or float16 ``[N, M, V]``: row ``i`` holds the target's
+            next-token logits after node ``i``'s path.
+        draft_probs: optional float32 ``[N, M, V]``: row ``i`` is the distribution the children of
+            node ``i`` were drawn from (i.i.d., or ``without_replacement``); entries >= 0, each row
             divided by its sum (a row summing to 0 proposes nothing: its children are rejected).
             Without it the children are deterministic proposals (top-k, a best-first tree).
-        temperature, seed, offset: as in ``chain_verify``.
-        num_nodes: int64 ``[N]``, nodes at or past it are padding.
+        without_replacement: the children of a node were drawn without replacement from its row.
+        temperature: ``T >= 0``, finite; 0 is greedy.
+        seed, offset: the Philox stream (:doc:`/concepts/random_streams`): ints (64 bits), or
+            one-element int64 tensors on the logits' device, read on the device (a captured CUDA
+            graph reads them at replay).
+        num_nodes: optional int64 ``[N]``; nodes at or past it are padding.
 
-    Returns ``(accept_len [N], path [N, M], out_tokens [N, M])``: the accepted drafts' count, the
-    accepted nodes from the root (-1 padded), and the accepted tokens then the correction or bonus
-    token (-1 padded). At ``T = 0`` the walk follows the first child whose token is the target's
-    argmax; at ``T > 0`` the emitted tokens follow the target's distribution exactly (rules in
-    ``csrc/include/xkernels/tree.h``). On CUDA an invalid tree or out-of-range token is handled
-    memory-safely and raises only with ``XKERNELS_CHECK=1``."""
+    Returns:
+        tuple: ``(accept_len [N], path [N, M], out_tokens [N, M])``, int64: the accepted drafts'
+        count, the accepted nodes from the root (-1 padded), and the accepted tokens then the
+        correction or bonus token (-1 padded). Sequence ``n`` emits ``accept_len[n] + 1`` tokens.
+
+    Raises:
+        RuntimeError: a tensor of the wrong shape, dtype or device, or (on the CPU, or on CUDA with
+            ``XKERNELS_CHECK=1``) an invalid tree: ``parents[:, 0] != -1``, a parent not below its
+            node, ``num_nodes`` outside ``[1, M]``; each message names the argument.
+            A token outside ``[0, V)`` raises on the CPU; on CUDA such a token is never accepted and
+            an invalid parent ends a walk (memory-safe on any values), unless ``XKERNELS_CHECK=1``.
+
+    Kernels:
+        - CPU: sequences in parallel, reading only the visited rows.
+        - CUDA: a block per sequence walks the tree, reading only the visited rows; the residual
+          stays on the device (``draft_probs`` staged by ``cp.async``); never syncs the host.
+    """
     seed_int, offset_int, seed_tensor, offset_tensor = _rng_args(seed, offset)
     return torch.ops.xkernels.tree_verify.default(
         _tensor(tokens, "tokens"), _tensor(parents, "parents"), _tensor(target_logits, "target_logits"),
@@ -242,9 +570,29 @@ def tree_verify(
 
 
 def compact_kv_(cache: torch.Tensor, path: torch.Tensor, accept_len: torch.Tensor, prefix_len: int) -> torch.Tensor:
-    """In place on ``cache [N, H, L, d]``: entries ``prefix_len + path[n, j]`` move to
-    ``prefix_len + j`` for ``j = 0..accept_len[n]`` (the root and the accepted nodes of
-    ``tree_verify``, now contiguous behind the prefix). Returns ``cache``."""
+    """Moves the root's and the accepted nodes' cache entries behind the prefix, in place.
+
+    Entries ``prefix_len + path[n, j]`` move to ``prefix_len + j`` for ``j = 0..accept_len[n]``
+    (the outputs of :func:`tree_verify`), now contiguous behind the prefix.
+
+    Args:
+        cache: ``[N, H, L, d]`` of any dtype, contiguous in its last dimension (a KV buffer).
+        path: int64 ``[N, M]`` on the cache's device, from :func:`tree_verify`.
+        accept_len: int64 ``[N]`` on the cache's device.
+        prefix_len: the cached prefix's length, in ``[0, L)``.
+
+    Returns:
+        Tensor: ``cache``.
+
+    Raises:
+        RuntimeError: a tensor of the wrong shape or device, ``prefix_len`` outside ``[0, L)``, or
+            (on the CPU, or on CUDA with ``XKERNELS_CHECK=1``) a path that leaves the cache; on CUDA
+            otherwise a bad path stops the moves.
+
+    Kernels:
+        - CPU: a copy per kept entry.
+        - CUDA: a block per sequence and head.
+    """
     torch.ops.xkernels.compact_kv_.default(cache, _tensor(path, "path"), _tensor(accept_len, "accept_len"),
                                            int(prefix_len))
     return cache
@@ -266,23 +614,42 @@ def dllm_step(
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One step of a masked diffusion LM's block decoding: LLaDA's low-confidence unmasking.
 
+    At each masked position ``x0 = argmax(logits / T + G)`` (the mask token is never picked: its
+    logit counts as -inf, so every step unmasks for real) and ``confidence = softmax(logits)[x0]``
+    (the untempered softmax, as LLaDA and Fast-dLLM score it). The ``num_unmask`` most confident
+    masked positions are unmasked (ties to the lower position), or with ``threshold`` every one
+    above it and at least the best.
+
     Args:
-        logits: float32, bfloat16 or float16 ``[N, L, V]``, the model's logits at the block's L
+        logits: float32, bfloat16 or float16 ``[N, L, V]``, the model's logits at the block's ``L``
             positions.
-        block_tokens: int64 ``[N, L]``, the block so far (``mask_id`` where still masked).
+        block_tokens: int64 ``[N, L]`` on the same device, the block so far (``mask_id`` where still
+            masked).
+        mask_id: the mask token's id.
         num_unmask: how many masked positions to unmask (all if fewer are masked).
         threshold: instead, unmask every masked position whose confidence exceeds it, and at
             least the most confident one (Fast-dLLM's parallel decoding).
-        temperature, seed, offset: ``x0 = argmax(logits / T + G)`` with the Gumbel noise of
-            (sequence, position) from the package's Philox stream (none at ``T = 0``); a loop
-            passes an offset fixed by (block, step). The mask token is never picked (its logit
-            counts as -inf), so every step unmasks for real.
+        temperature: ``T >= 0``, finite: ``x0 = argmax(logits / T + G)``, no noise at ``T = 0``.
+        seed, offset: the Philox stream (:doc:`/concepts/random_streams`): ints (64 bits), or
+            one-element int64 tensors on the logits' device, read on the device (a captured CUDA
+            graph reads them at replay). The noise is keyed by (sequence, position, id); a loop passes an
+            offset fixed by (block, step).
 
-    Returns ``(new_block, positions, tokens, confidence)``: the block with the chosen positions
-    unmasked; the chosen positions ascending and their tokens, int64 ``[N, L]``, -1 padded; and
-    float32 ``[N, L]`` confidences ``softmax(logits)[x0]`` (the untempered softmax, as LLaDA and
-    Fast-dLLM score it; -inf at unmasked positions, NaN for a row without a softmax, which ranks
-    last). Ties go to the lower position."""
+    Returns:
+        tuple: ``(new_block, positions, tokens, confidence)``: the block with the chosen positions
+        unmasked, int64 ``[N, L]``; the chosen positions ascending and their tokens, int64
+        ``[N, L]``, -1 padded; and float32 ``[N, L]`` confidences (-inf at unmasked positions, NaN
+        for a row without a softmax, which ranks last).
+
+    Raises:
+        RuntimeError: a tensor of the wrong shape, dtype or device, ``num_unmask < 1``, or a bad
+            ``temperature``, naming the argument.
+
+    Kernels:
+        - CPU: masked rows in parallel, then the selection per sequence (the rule shared in
+          ``csrc/include/xkernels/dllm.h``).
+        - CUDA: a block per masked row, then a thread per sequence.
+    """
     return torch.ops.xkernels.dllm_step.default(
         _tensor(logits, "logits"), _tensor(block_tokens, "block_tokens"), int(mask_id), int(num_unmask),
         None if threshold is None else float(threshold), float(temperature), *_rng_args(seed, offset))
@@ -302,23 +669,39 @@ def spiffy_materialize(
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fills a Spiffy draft graph with concrete drafts and keeps the most promising.
 
+    Node ranks ``(i, j)`` become positions and tokens (:doc:`/concepts/formats`): position rank
+    ``i`` orders the masked positions by the untempered top-1 probability (higher first, NaN last,
+    ties to the lower position), vocabulary rank ``j`` orders a position's tokens by logit (ties to
+    the lower id; the mask token counts as -inf). A node's local score is the mean log-probability
+    of its tokens; a usable node's score is the mean of it and its best usable child's (the
+    geometric mean of the probabilities). Nodes are kept best first from a frontier that starts at
+    the root's children, so every kept node is a child of the root or of a kept node.
+
     Args:
-        logits: ``[N, L, V]`` step distribution at the root (the block as it is).
+        logits: float32, bfloat16 or float16 ``[N, L, V]``, the step distribution at the root (the
+            block as it is).
         block_tokens: int64 ``[N, L]``, the block (``mask_id`` where masked).
-        graph: a :class:`xkernels.spiffy.DraftGraph` on logits' device.
+        mask_id: the mask token's id.
+        graph: an :class:`xkernels.spiffy.DraftGraph` on the logits' device.
         keep: how many drafts to keep (at most the graph's nodes besides the root).
         temperature: scores use ``softmax(logits / T)`` (``softmax(logits)`` at ``T = 0``).
 
-    Node ranks (i, j) become positions and tokens: position rank i orders the masked positions
-    by the untempered top-1 probability (higher first, ties to the lower position), vocabulary
-    rank j orders a position's tokens by logit (ties to the lower id). A node's score is the
-    geometric mean of its tokens' probabilities combined by geometric mean with its best child's
-    score; nodes are kept best first from a frontier that starts at the root's children, so every
-    kept node is a child of the root or of a kept node.
+    Returns:
+        tuple: ``(draft_blocks [N, keep, L], node_ids [N, keep], scores [N, keep])``, int64, int64
+        and float32 ``exp(score)``, in the order kept; a slot left over when the frontier runs out
+        holds the block itself, node -1 and score 0.
 
-    Returns ``(draft_blocks [N, keep, L], node_ids [N, keep], scores [N, keep] float32)``, in the
-    order kept; a slot left over when the frontier runs out holds the block itself, node -1 and
-    score 0."""
+    Raises:
+        RuntimeError: a tensor of the wrong shape, dtype or device, or (on the CPU) graph values out
+            of range (ranks beyond the block or past rank 8, ``keep`` beyond the graph), naming the
+            argument; the CUDA kernels skip out-of-range graph values instead.
+
+    Kernels:
+        - CPU: rows in parallel (statistics and top 8 tokens), then ranking, scores and selection per
+          sequence (``csrc/include/xkernels/spiffy.h``).
+        - CUDA: one launch, a block per sequence: warps over the rows, then one block-wide argmax
+          per kept node.
+    """
     return torch.ops.xkernels.spiffy_materialize.default(
         _tensor(logits, "logits"), _tensor(block_tokens, "block_tokens"), int(mask_id), graph.ranks,
         graph.child_ptr, graph.children, int(keep), float(temperature))
@@ -341,16 +724,42 @@ def spiffy_accept(
     """Spiffy's verification: commits every step that one-step-per-call decoding would take and
     whose logits the forward already computed.
 
-    Takes :func:`dllm_step`'s step (same ``num_unmask``, ``threshold``, ``temperature``, ``seed``;
-    offset ``offset + d`` at the d-th step) from ``root_logits [N, L, V]``; while the new block
-    equals a kept draft (``draft_blocks [N, K, L]`` with ``node_ids [N, K] >= 0``), takes the next
-    step from that draft's logits (``draft_logits [N, K, L, V]``, computed in the same forward for
-    exactly that block). Lossless at any temperature: each committed step is dllm_step's on the
-    true logits of the block reached.
+    Takes :func:`dllm_step`'s step (offset ``offset + d`` at the ``d``-th step) from the root's
+    logits; while the new block equals a kept draft, takes the next step from that draft's logits,
+    computed in the same forward for exactly that block. Lossless at any temperature: each
+    committed step is :func:`dllm_step`'s on the true logits of the block reached.
 
-    Returns ``(num_steps [N], positions [N, L], tokens [N, L], new_block [N, L], continue_from
-    [N])``: the steps taken, the unmasked positions and their tokens in the order committed (-1
-    padded), the new block, and the draft whose logits gave the last step (-1: the root)."""
+    Args:
+        root_logits: float32, bfloat16 or float16 ``[N, L, V]``, the logits of the block as it is.
+        draft_logits: ``[N, K, L, V]`` of the same dtype, the logits of each kept draft's block.
+        draft_blocks: int64 ``[N, K, L]``, the drafts (:func:`spiffy_materialize`).
+        node_ids: int64 ``[N, K]``; a draft with a negative id is unused.
+        block_tokens: int64 ``[N, L]``, the block (``mask_id`` where masked).
+        mask_id: the mask token's id.
+        num_unmask: how many masked positions to unmask (all if fewer are masked).
+        threshold: instead, unmask every masked position whose confidence exceeds it, and at
+            least the most confident one (Fast-dLLM's parallel decoding).
+        temperature: ``T >= 0``, finite: ``x0 = argmax(logits / T + G)``, no noise at ``T = 0``.
+        seed, offset: the Philox stream (:doc:`/concepts/random_streams`): ints (64 bits), or
+            one-element int64 tensors on the logits' device, read on the device (a captured CUDA
+            graph reads them at replay). The noise is keyed by (sequence, position, id); a loop passes an
+            offset fixed by (block, step).
+
+    Returns:
+        tuple: ``(num_steps [N], positions [N, L], tokens [N, L], new_block [N, L], continue_from
+        [N])``, int64: the steps taken, the unmasked positions and their tokens in the order
+        committed (-1 padded), the new block, and the draft whose logits gave the last step (-1:
+        the root).
+
+    Raises:
+        RuntimeError: a tensor of the wrong shape, dtype or device, ``num_unmask < 1``, or a bad
+            ``temperature``, naming the argument.
+
+    Kernels:
+        - CPU: sequences in parallel, each step's rows with :func:`dllm_step`'s row rule.
+        - CUDA: one launch, a thread block cluster of 8 blocks per sequence (sm_90+; a block below)
+          walks the steps, a block a masked row, two cluster barriers a step.
+    """
     return torch.ops.xkernels.spiffy_accept.default(
         _tensor(root_logits, "root_logits"), _tensor(draft_logits, "draft_logits"),
         _tensor(draft_blocks, "draft_blocks"), _tensor(node_ids, "node_ids"), _tensor(block_tokens, "block_tokens"),
@@ -367,16 +776,36 @@ def spiffy_attention_mask(
     layout: str = "bool",
     device=None,
 ) -> torch.Tensor:
-    """The attention mask of one forward over ``[prefix, real block, num_drafts draft copies]``
-    (each copy ``block_size`` tokens at the block's positions): every query sees the prefix and its
-    own copy of the block (bidirectionally), never another copy; so the real block never sees the
+    """The attention mask of one forward over ``[prefix, real block, num_drafts draft copies]``.
+
+    Each copy is ``block_size`` tokens at the block's positions. Every query sees the prefix and
+    its own copy of the block (bidirectionally), never another copy: the real block never sees the
     drafts and a draft never sees the real block.
 
-    ``prefix_len`` is an int (one sequence) or int64 ``[N]`` per sequence (keys past a sequence's
-    prefix, up to ``max_prefix_len``, are padding). Returns bool ``[Q, K]`` for an int (``[N, Q,
-    K]`` for a tensor), ``Q = (1 + num_drafts) * block_size``, ``K = max_prefix_len + Q``; with
-    ``layout="packed"`` uint8 rows of ``ceil(K / 8)`` bytes, bit ``k % 8`` of byte ``k / 8`` (as
-    tree_attention_mask)."""
+    Args:
+        num_drafts: the draft copies after the real block.
+        block_size: the block's length.
+        prefix_len: an int (one sequence), or int64 ``[N]`` per sequence (keys past a sequence's
+            prefix, up to ``max_prefix_len``, are padding).
+        max_prefix_len: the prefix keys of every row; needed with a ``prefix_len`` tensor (default:
+            ``prefix_len``).
+        layout: ``"bool"``, or ``"packed"`` uint8 rows of ``ceil(K / 8)`` bytes, bit ``k % 8`` of
+            byte ``k // 8`` (as :func:`tree_attention_mask`).
+        device: the mask's device for an int ``prefix_len`` (a tensor's device otherwise).
+
+    Returns:
+        Tensor: bool ``[Q, K]`` for an int ``prefix_len`` (``[N, Q, K]`` for a tensor), ``Q = (1 +
+        num_drafts) * block_size``, ``K = max_prefix_len + Q``; or the packed bytes.
+
+    Raises:
+        ValueError: a bad ``layout``, or a ``prefix_len`` tensor without ``max_prefix_len``.
+        RuntimeError: a ``prefix_len`` tensor of the wrong shape or dtype, or negative sizes,
+            naming the argument.
+
+    Kernels:
+        - CPU: two key ranges per row (memset).
+        - CUDA: a thread per output byte.
+    """
     if layout not in ("bool", "packed"):
         raise ValueError(f"layout must be 'bool' or 'packed', got {layout!r}")
     single = not isinstance(prefix_len, torch.Tensor)
@@ -408,28 +837,57 @@ def shard_row_stats(
     seed: Seed = 0,
     offset: Seed = 0,
 ):
-    """The per-shard pass of vocabulary-parallel verification and sampling.
+    """The per-shard pass of vocabulary-parallel verification and sampling (:doc:`/guides/tensor_parallel`).
 
-    ``logits [N, R, V_local]`` hold the global ids ``[vocab_start, vocab_start + V_local)`` of
-    one vocabulary shard. For each selected row (``rows [N, S]``, default every row; an index
-    outside ``[0, R)`` raises on the CPU, and on CUDA, unless ``XKERNELS_CHECK=1``, gets the empty
-    results ``-inf, 0, -1`` without a host read) with
-    ``a = logits / T`` (the logits at ``T = 0``) and ``ignore_id``'s logit counted as -inf:
+    For each selected row, with ``a = logits / T`` (the logits at ``T = 0``) and ``ignore_id``'s
+    logit counted as -inf:
 
     - ``row_max``, ``row_sum = sum exp(s - row_max)`` (0 when ``row_max`` is not finite) and
       ``top_id`` (torch.argmax's global id: NaN first, ties to the lowest id; -1 for an empty
       shard) of ``s = a``, or of the raw logits with ``raw_stats``;
-    - with ``sample`` (needs ``T > 0``): the Gumbel-max ``(pick_score, pick_id)`` over the shard
-      of ``log w + G``, ``G`` the package's noise of (sequence ``n``, position = the row, global
-      id), ``w = exp(a)`` but the ids of ``exclude [N, S, E]`` (-1 padded); with ``draft_probs
-      [N, Q, V_local]`` and ``residual_stats [N, S, 2]`` (the global max and sum of ``a``), rows
-      below ``Q`` draw from the residual ``w = max(softmax(a) - q, 0)``. ``pick_logit`` is ``s`` at
-      the pick. No pick: ``-inf, -1, -inf``. On a row without a softmax the pick is meaningless
-      (the ops use the argmax there).
+    - with ``sample``: the Gumbel-max ``(pick_score, pick_id)`` over the shard of ``log w + G``,
+      ``G`` the package's noise of (sequence ``n``, position = the row, global id), ``w = exp(a)``
+      but the ids of ``exclude``; with ``draft_probs`` and ``residual_stats``, rows below ``Q``
+      draw from the residual ``w = max(softmax(a) - q, 0)``. ``pick_logit`` is ``s`` at the pick.
+      No pick: ``-inf, -1, -inf``. On a row without a softmax the pick is meaningless (the ops use
+      the argmax there).
 
     The maximum over shards of ``(pick_score, -pick_id)`` is the unsharded ops' token, and the
-    shards' ``(row_max, row_sum)`` combine by log-sum-exp. Returns ``(row_max, row_sum, top_id,
-    pick_score, pick_id, pick_logit)``, each ``[N, S]``."""
+    shards' ``(row_max, row_sum)`` combine by log-sum-exp.
+
+    Args:
+        logits: float32, bfloat16 or float16 ``[N, R, V_local]``, the global ids ``[vocab_start,
+            vocab_start + V_local)`` of one vocabulary shard.
+        vocab_start: the shard's first global id.
+        rows: optional int64 ``[N, S]``, the rows to read (default every row); an index outside
+            ``[0, R)`` raises on the CPU, and on CUDA, unless ``XKERNELS_CHECK=1``, gets the empty
+            results ``-inf, 0, -1`` without a host read.
+        exclude: optional int64 ``[N, S, E]``, global ids a pick may not take (-1 padded).
+        draft_probs: optional float32 ``[N, Q, V_local]``, the drafts' distributions of the shard.
+        residual_stats: float32 ``[N, S, 2]``, the global max and sum of ``a`` (with ``draft_probs``).
+        ignore_id: a global id whose logit counts as -inf (-1: none).
+        sample: also draw the Gumbel-max pick (needs ``T > 0``).
+        raw_stats: the statistics of the raw logits instead of ``a``.
+        temperature: ``T >= 0``, finite.
+        seed, offset: the Philox stream (:doc:`/concepts/random_streams`): ints (64 bits), or
+            one-element int64 tensors on the logits' device, read on the device (a captured CUDA
+            graph reads them at replay).
+
+    Returns:
+        tuple: ``(row_max, row_sum, top_id, pick_score, pick_id, pick_logit)``, each ``[N, S]``
+        (float32, float32, int64, float32, int64, float32).
+
+    Raises:
+        RuntimeError: a tensor of the wrong shape, dtype or device, ``sample`` at ``T = 0``, a
+            missing ``residual_stats``, or a bad ``temperature``, naming the argument.
+
+    Kernels:
+        - CPU: the selected rows in parallel, each a scaled copy of the shard's row (aligned to a
+          multiple of 4 global ids, so the Philox draws are the global ids' draws), its statistics,
+          then the Gumbel-max pick.
+        - CUDA: one launch, a block per selected row: the row's softmax statistics, then the
+          Gumbel-max over groups of 4 global ids (one Philox draw each); no host reads.
+    """
     return torch.ops.xkernels.shard_row_stats.default(
         _tensor(logits, "logits"), int(vocab_start), _tensor(rows, "rows"), _tensor(exclude, "exclude"),
         _tensor(draft_probs, "draft_probs"), _tensor(residual_stats, "residual_stats"), int(ignore_id), bool(sample),

@@ -1,5 +1,5 @@
-// chain_verify on the CPU: sequences in parallel; each walks its rows in order
-// and stops reading at the first rejection.
+// chain_verify and chain_verify_ragged_ on the CPU: requests in parallel; each walks its rows in
+// order, token-wise stopping at the first rejection, block-wise reading every drafted row.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -7,78 +7,181 @@
 
 #include <memory>
 #include <type_traits>
+#include <vector>
 
+#include "../ops/chain_verify_ragged.h"
 #include "../ops/checks.h"
 #include "dispatch.h"
 #include "row_reduce.h"
+#include "top_filter.h"
 #include "xkernels/sampling.h"
+#include "xkernels/sampling_params.h"
 
 namespace xkernels {
 namespace {
 
-struct ChainArgs {
-  int64_t k, v;
-  float inv_t;  // 0: greedy
-  uint64_t seed, offset;
+// A thread's row buffers: the scaled (and filtered) row, the residual, the filter's scratch.
+struct RowScratch {
+  explicit RowScratch(int64_t v) : a(v), residual(v) {}
+  std::vector<float> a, residual;
+  cpu::FilterScratch filter;
 };
 
-// float32 rows are read in place when greedy or at T = 1; others are converted and scaled once.
+// One request: K drafts, its K + 1 target rows, optional draft probabilities [K, V].
 template <typename T>
-bool reads_in_place(const ChainArgs& c) {
-  return std::is_same_v<T, float> && (c.inv_t == 0.0f || c.inv_t == 1.0f);
+struct Request {
+  int64_t k, v;
+  const T* logits;
+  const int64_t* draft;
+  const float* q;
+};
+
+// A prepared row: the scaled, filtered logits and their statistics; a point mass when greedy or
+// when the row has no softmax.
+struct Row {
+  const float* a;
+  RowStats s;
+  bool point_mass;
+
+  float prob(int64_t x) const { return point_mass ? (x == s.top.idx ? 1.0f : 0.0f) : stats_prob(s, a[x]); }
+  float logprob(int64_t x) const { return point_mass ? 0.0f : a[x] - s.top.val - log_f32(s.sum); }
+};
+
+template <typename T>
+class RequestVerifier {
+ public:
+  RequestVerifier(const Request<T>& r, const RowSampling& rs, const RowStream& st, RowScratch& scratch)
+      : r_(r), rs_(rs), st_(st), scratch_(scratch), greedy_(rs.inv_t == 0.0f),
+        filtered_(!greedy_ && filters_active(rs, r.v)),
+        // float32 rows are read in place when nothing rescales or filters them.
+        in_place_(std::is_same_v<T, float> && !filtered_ && (greedy_ || rs.inv_t == 1.0f)) {}
+
+  // Writes the emitted tokens (and their log-probabilities) to out[0..], returns their count.
+  int64_t token_wise(int64_t* out, float* logprobs) {
+    int64_t i = 0;
+    Row row;
+    int32_t exclude = -1;
+    bool residual = false;
+    for (;; ++i) {
+      row = prepare(i);
+      if (i == r_.k) break;
+      const int64_t x = r_.draft[i];
+      const float* q_row = r_.q ? r_.q + i * r_.v : nullptr;
+      const bool accepted = draft_accepted(row.point_mass, static_cast<int32_t>(x), row.s, row.a[x],
+                                           q_row != nullptr, q_row ? q_row[x] : 0.0f,
+                                           row.point_mass ? 0.0f : st_.coin(static_cast<uint32_t>(i)));
+      if (!accepted) {
+        residual = q_row != nullptr;
+        exclude = static_cast<int32_t>(x);
+        break;
+      }
+      emit(out, logprobs, i, x, row);
+    }
+    emit(out, logprobs, i, sample(i, row, i == r_.k ? -1 : exclude, residual, 1.0f), row);
+    return i + 1;
+  }
+
+  // Block verification (xkernels/sampling_params.h): accepted length tau is the last i whose coin
+  // (of row i - 1) is below h_i; every drafted row is read.
+  int64_t block_wise(int64_t* out, float* logprobs) {
+    float w = 1.0f, w_tau = 1.0f;
+    int64_t tau = 0;
+    for (int64_t i = 0; i < r_.k; ++i) {
+      const Row row = prepare(i);
+      const int64_t x = r_.draft[i];
+      const float* q_row = r_.q ? r_.q + i * r_.v : nullptr;
+      if (i > 0 && st_.coin(static_cast<uint32_t>(i - 1)) < block_threshold(residual_mass(row, q_row, x, w), w)) {
+        tau = i;
+        w_tau = w;
+      }
+      if (logprobs) logprobs[i] = row.logprob(x);
+      out[i] = x;
+      w = block_weight(w, row.prob(x), q_row ? q_row[x] : 1.0f);
+    }
+    if (r_.k > 0 && st_.coin(static_cast<uint32_t>(r_.k - 1)) < w) {
+      tau = r_.k;
+      w_tau = w;
+    }
+    const Row row = prepare(tau);
+    const bool bonus = tau == r_.k;
+    const int64_t token = sample(tau, row, bonus ? -1 : static_cast<int32_t>(r_.draft[tau]), !bonus && r_.q, w_tau);
+    emit(out, logprobs, tau, token, row);
+    return tau + 1;
+  }
+
+ private:
+  Row prepare(int64_t i) {
+    const float* a;
+    if (in_place_) {
+      a = reinterpret_cast<const float*>(r_.logits) + i * r_.v;
+    } else {
+      cpu::scale_row(r_.logits + i * r_.v, r_.v, greedy_ ? 1.0f : rs_.inv_t, scratch_.a.data());
+      a = scratch_.a.data();
+    }
+    RowStats s = greedy_ ? RowStats{cpu::row_argmax(a, r_.v), 0.0f} : cpu::row_stats(a, r_.v);
+    const bool point_mass = greedy_ || stats_degenerate(s);
+    if (filtered_ && !point_mass) s = cpu::filter_row(scratch_.a.data(), r_.v, s, rs_, scratch_.filter);
+    return Row{a, s, point_mass};
+  }
+
+  // Z = sum_v max(w p'(v) - q(v), 0) at the row (q = one-hot(x) without draft probabilities).
+  float residual_mass(const Row& row, const float* q_row, int64_t x, float w) {
+    if (!q_row) return w * (1.0f - row.prob(x));
+    if (!(w > 0.0f)) return 0.0f;  // sum of max(-q, 0)
+    if (row.point_mass) {
+      const float z = w - q_row[row.s.top.idx];
+      return z > 0.0f ? z : 0.0f;
+    }
+    float* e = scratch_.residual.data();
+    cpu::exp_row(row.a, r_.v, row.s.top.val, e);
+    return static_cast<float>(cpu::residual_sum(e, q_row, r_.v, row.s.sum / w) * (w / row.s.sum));
+  }
+
+  // The token drawn at row i: the bonus (exclude -1, no residual) from p', the correction from p'
+  // without `exclude`, or from normalize(max(w p' - q, 0)); the argmax at a point mass.
+  int64_t sample(int64_t i, const Row& row, int32_t exclude, bool residual, float w) {
+    if (row.point_mass) return row.s.top.idx;
+    const auto slot = static_cast<uint32_t>(i);
+    const uint64_t offset = st_.offset_at(slot);
+    const uint32_t sequence = st_.sequence_at(), position = st_.position_at(slot);
+    SampleJob job{kSamplePlain, static_cast<int32_t>(i), exclude, row.s.top.idx, row.s};
+    ArgMax best;
+    if (residual) {
+      cpu::residual_row(row.a, r_.q + i * r_.v, r_.v, row.s.top.val, row.s.sum, scratch_.residual.data(), 1.0f / w);
+      best = cpu::sample_positive(st_.seed, offset, sequence, position, scratch_.residual.data(), r_.v);
+    } else {
+      best = cpu::sample_logits(st_.seed, offset, sequence, position, row.a, r_.v, exclude);
+    }
+    return sample_result(job, best);
+  }
+
+  static void emit(int64_t* out, float* logprobs, int64_t i, int64_t token, const Row& row) {
+    out[i] = token;
+    if (logprobs) logprobs[i] = row.logprob(token);
+  }
+
+  const Request<T>& r_;
+  const RowSampling rs_;
+  const RowStream st_;
+  RowScratch& scratch_;
+  const bool greedy_, filtered_, in_place_;
+};
+
+template <typename T>
+int64_t verify_request(const Request<T>& r, const RowSampling& rs, const RowStream& st, bool block,
+                       RowScratch& scratch, int64_t* out, float* logprobs) {
+  RequestVerifier<T> verifier(r, rs, st, scratch);
+  return block && rs.inv_t != 0.0f ? verifier.block_wise(out, logprobs) : verifier.token_wise(out, logprobs);
 }
 
-// Verifies sequence n: writes its accept length and K+1 output tokens. buffer (unless rows are
-// read in place) and residual (with q) hold V floats each.
-template <typename T>
-void verify_sequence(const ChainArgs& c, int64_t n, const T* logits, const int64_t* draft, const float* q,
-                     int64_t* accept_len, int64_t* out, float* buffer, float* residual) {
-  const bool greedy = c.inv_t == 0.0f;
-  SampleJob job{kSampleDone, 0, -1, 0, stats_empty()};
-  const float* a = nullptr;  // the scaled logits of row i
-  int64_t i = 0;
-  for (;; ++i) {
-    if (reads_in_place<T>(c)) {
-      a = reinterpret_cast<const float*>(logits) + i * c.v;
-    } else {
-      cpu::scale_row(logits + i * c.v, c.v, greedy ? 1.0f : c.inv_t, buffer);
-      a = buffer;
-    }
-    const RowStats s = greedy ? RowStats{cpu::row_argmax(a, c.v), 0.0f} : cpu::row_stats(a, c.v);
-    const bool point_mass = greedy || stats_degenerate(s);
-    job = SampleJob{point_mass ? kSampleDone : kSamplePlain, static_cast<int32_t>(i), -1, s.top.idx, s};
-    if (i == c.k) break;
-    const int64_t x = draft[i];
-    const bool valid = x >= 0 && x < c.v;
-    const float* q_row = q ? q + i * c.v : nullptr;
-    const bool accepted =
-        valid && draft_accepted(point_mass, static_cast<int32_t>(x), s, a[x], q_row != nullptr,
-                                q_row ? q_row[x] : 0.0f,
-                                point_mass ? 0.0f : acceptance_coin(c.seed, c.offset, static_cast<uint32_t>(n), static_cast<uint32_t>(i)));
-    if (!accepted) {
-      if (!point_mass) {
-        job.mode = q_row ? kSampleResidual : kSampleExclude;
-        job.exclude = valid ? static_cast<int32_t>(x) : -1;
-      }
-      break;
-    }
-    out[i] = x;
-  }
-  int32_t token = job.fallback;
-  if (job.mode != kSampleDone) {
-    const auto sequence = static_cast<uint32_t>(n), row = static_cast<uint32_t>(job.row);
-    ArgMax best;
-    if (job.mode == kSampleResidual) {
-      cpu::residual_row(a, q + i * c.v, c.v, job.stats.top.val, job.stats.sum, residual);
-      best = cpu::sample_positive(c.seed, c.offset, sequence, row, residual, c.v);
-    } else {
-      best = cpu::sample_logits(c.seed, c.offset, sequence, row, a, c.v, job.mode == kSampleExclude ? job.exclude : -1);
-    }
-    token = sample_result(job, best);
-  }
-  *accept_len = i;
-  out[i] = token;
-  for (int64_t j = i + 1; j <= c.k; ++j) out[j] = -1;
+// Scratch a thread allocates once for its requests; rows left uninitialised (a zeroed V-float
+// row would cost a pass and page faults per call).
+template <typename F>
+void for_each_request(int64_t n, int64_t v, F&& f) {
+  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+    RowScratch scratch(v);
+    for (int64_t i = begin; i < end; ++i) f(i, scratch);
+  });
 }
 
 std::tuple<at::Tensor, at::Tensor> chain_verify_cpu(const at::Tensor& draft_tokens, const at::Tensor& target_logits,
@@ -89,9 +192,9 @@ std::tuple<at::Tensor, at::Tensor> chain_verify_cpu(const at::Tensor& draft_toke
   const auto shape = check_chain_verify(draft_tokens, target_logits, draft_probs, temperature);
   check_token_ids(draft_tokens, shape.v, "draft_tokens");
   const RngArgs rng = rng_args(seed, offset, seed_tensor, offset_tensor, target_logits.device());
-  const ChainArgs c{shape.k, shape.v, inverse_temperature(temperature),
-                    rng.seed_ptr ? static_cast<uint64_t>(*rng.seed_ptr) : rng.seed,
-                    rng.offset_ptr ? static_cast<uint64_t>(*rng.offset_ptr) : rng.offset};
+  const RowSampling rs{inverse_temperature(temperature), 0, 1.0f, 0.0f};
+  const uint64_t seed_v = rng.seed_ptr ? static_cast<uint64_t>(*rng.seed_ptr) : rng.seed;
+  const uint64_t offset_v = rng.offset_ptr ? static_cast<uint64_t>(*rng.offset_ptr) : rng.offset;
 
   const auto logits = target_logits.contiguous();
   const auto draft = draft_tokens.contiguous();
@@ -101,27 +204,68 @@ std::tuple<at::Tensor, at::Tensor> chain_verify_cpu(const at::Tensor& draft_toke
   if (shape.n == 0) return {accept_len, out};
 
   cpu::dispatch_logits(logits.scalar_type(), [&](auto tag) {
-    const auto* l = logits.const_data_ptr<decltype(tag)>();
+    using T = decltype(tag);
+    const auto* l = logits.const_data_ptr<T>();
     const auto* d = draft.const_data_ptr<int64_t>();
     const float* qp = q.defined() ? q.const_data_ptr<float>() : nullptr;
     auto* acc = accept_len.mutable_data_ptr<int64_t>();
     auto* o = out.mutable_data_ptr<int64_t>();
-    at::parallel_for(0, shape.n, 1, [&](int64_t begin, int64_t end) {
-      using T = decltype(tag);
-      // Left uninitialised: a zeroed V-float row would cost a pass (and page faults) per call.
-      std::unique_ptr<float[]> row(reads_in_place<T>(c) ? nullptr : new float[shape.v]);
-      std::unique_ptr<float[]> residual(qp ? new float[shape.v] : nullptr);
-      for (int64_t n = begin; n < end; ++n)
-        verify_sequence(c, n, l + n * (shape.k + 1) * shape.v, d + n * shape.k,
-                        qp ? qp + n * shape.k * shape.v : nullptr, acc + n, o + n * (shape.k + 1), row.get(),
-                        residual.get());
+    const int64_t k = shape.k, v = shape.v;
+    for_each_request(shape.n, v, [&](int64_t n, RowScratch& scratch) {
+      const Request<T> r{k, v, l + n * (k + 1) * v, d + n * k, qp ? qp + n * k * v : nullptr};
+      const RowStream st{seed_v, offset_v, static_cast<uint32_t>(n), false};
+      int64_t* row_out = o + n * (k + 1);
+      const int64_t emitted = verify_request(r, rs, st, false, scratch, row_out, nullptr);
+      acc[n] = emitted - 1;
+      for (int64_t j = emitted; j <= k; ++j) row_out[j] = -1;
     });
   });
   return {accept_len, out};
 }
 
+void chain_verify_ragged_cpu(const at::Tensor& draft_tokens, const at::Tensor& cu_num_draft_tokens,
+                             const at::Tensor& target_logits, int64_t max_spec_len,
+                             const std::optional<at::Tensor>& draft_probs, XK_SAMPLING_ARGS, bool block,
+                             const at::Tensor& output_token_ids, const at::Tensor& num_emitted,
+                             const at::Tensor& logprobs) {
+  const auto shape = check_chain_verify_ragged(draft_tokens, cu_num_draft_tokens, target_logits, max_spec_len,
+                                               draft_probs, output_token_ids, num_emitted, logprobs);
+  const SamplingArgs sampling = sampling_args(shape.n, target_logits.device(), XK_SAMPLING_FORWARD);
+  if (shape.n == 0) return;
+  const auto logits = target_logits.contiguous();
+  const auto draft = draft_tokens.to(at::kLong).contiguous();
+  const auto cu = cu_num_draft_tokens.to(at::kLong).contiguous();
+  const auto q = draft_probs.has_value() ? draft_probs->contiguous() : at::Tensor();
+  const int64_t width = max_spec_len + 1, v = shape.v;
+
+  cpu::dispatch_logits(logits.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    const auto* l = logits.const_data_ptr<T>();
+    const auto* d = draft.const_data_ptr<int64_t>();
+    const auto* c = cu.const_data_ptr<int64_t>();
+    const float* qp = q.defined() ? q.const_data_ptr<float>() : nullptr;
+    auto* o = output_token_ids.mutable_data_ptr<int32_t>();
+    auto* e = num_emitted.mutable_data_ptr<int32_t>();
+    auto* lp = logprobs.mutable_data_ptr<float>();
+    for_each_request(shape.n, v, [&](int64_t n, RowScratch& scratch) {
+      const int64_t start = n == 0 ? 0 : c[n - 1], k = c[n] - start;
+      const Request<T> r{k, v, l + (start + n) * v, d + start, qp ? qp + start * v : nullptr};
+      std::vector<int64_t> tokens(k + 1);
+      float* row_lp = lp + n * width;
+      const int64_t emitted = verify_request(r, row_sampling(sampling, n), row_stream(sampling, n), block, scratch,
+                                             tokens.data(), row_lp);
+      for (int64_t j = 0; j < width; ++j) o[n * width + j] = j < emitted ? static_cast<int32_t>(tokens[j]) : -1;
+      for (int64_t j = emitted; j < width; ++j) row_lp[j] = __builtin_nanf("");
+      e[n] = static_cast<int32_t>(emitted);
+    });
+  });
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(xkernels, CPU, m) { m.impl("chain_verify", &chain_verify_cpu); }
+TORCH_LIBRARY_IMPL(xkernels, CPU, m) {
+  m.impl("chain_verify", &chain_verify_cpu);
+  m.impl("chain_verify_ragged_", &chain_verify_ragged_cpu);
+}
 
 }  // namespace xkernels

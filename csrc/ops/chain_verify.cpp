@@ -3,9 +3,16 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 
+#include <ATen/ops/any.h>
+#include <ATen/ops/diff.h>
+#include <ATen/ops/gt.h>
+#include <ATen/ops/lt.h>
+#include <ATen/ops/max.h>
+
 #include <limits>
 
 #include "checks.h"
+#include "chain_verify_ragged.h"
 #include "xkernels/ops.h"
 
 namespace xkernels {
@@ -47,6 +54,75 @@ ChainVerifyShape check_chain_verify(const at::Tensor& draft_tokens, const at::Te
                 " like target_logits, got ", q.device());
   }
   return ChainVerifyShape{n, k, v};
+}
+
+void chain_verify_ragged_(const at::Tensor& draft_tokens, const at::Tensor& cu_num_draft_tokens,
+                          const at::Tensor& target_logits, int64_t max_spec_len,
+                          const std::optional<at::Tensor>& draft_probs, XK_SAMPLING_ARGS, bool block,
+                          const at::Tensor& output_token_ids, const at::Tensor& num_emitted,
+                          const at::Tensor& logprobs) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("xkernels::chain_verify_ragged_", "")
+                       .typed<decltype(chain_verify_ragged_)>();
+  op.call(draft_tokens, cu_num_draft_tokens, target_logits, max_spec_len, draft_probs, XK_SAMPLING_FORWARD, block,
+          output_token_ids, num_emitted, logprobs);
+}
+
+RaggedShape check_chain_verify_ragged(const at::Tensor& draft_tokens, const at::Tensor& cu_num_draft_tokens,
+                                      const at::Tensor& target_logits, int64_t max_spec_len,
+                                      const std::optional<at::Tensor>& draft_probs,
+                                      const at::Tensor& output_token_ids, const at::Tensor& num_emitted,
+                                      const at::Tensor& logprobs) {
+  const auto device = target_logits.device();
+  const auto on_device = [&](const at::Tensor& t, const char* name) {
+    TORCH_CHECK(t.device() == device, name, " must be on ", device, " like target_logits, got ", t.device());
+  };
+  TORCH_CHECK(draft_tokens.dim() == 1, "draft_tokens must have shape [T], got ", draft_tokens.sizes());
+  TORCH_CHECK(draft_tokens.scalar_type() == at::kLong || draft_tokens.scalar_type() == at::kInt,
+              "draft_tokens must be int64 or int32, got ", draft_tokens.scalar_type());
+  TORCH_CHECK(cu_num_draft_tokens.dim() == 1, "cu_num_draft_tokens must have shape [N], got ",
+              cu_num_draft_tokens.sizes());
+  TORCH_CHECK(cu_num_draft_tokens.scalar_type() == at::kLong || cu_num_draft_tokens.scalar_type() == at::kInt,
+              "cu_num_draft_tokens must be int32 or int64, got ", cu_num_draft_tokens.scalar_type());
+  TORCH_CHECK(target_logits.dim() == 2, "target_logits must have shape [T + N, V], got ", target_logits.sizes());
+  const auto dt = target_logits.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf,
+              "target_logits must be float32, bfloat16 or float16, got ", dt);
+  const int64_t t = draft_tokens.size(0), n = cu_num_draft_tokens.size(0), v = target_logits.size(1);
+  TORCH_CHECK(target_logits.size(0) == t + n, "target_logits must have T + N = ", t + n,
+              " rows (T drafts, N requests), got ", target_logits.sizes());
+  TORCH_CHECK(v > 0, "target_logits must have a non-empty vocabulary (V > 0)");
+  TORCH_CHECK(v < std::numeric_limits<int32_t>::max(), "target_logits vocabulary V=", v, " is too large (V < 2^31)");
+  TORCH_CHECK(max_spec_len >= 0, "max_spec_len must be >= 0, got ", max_spec_len);
+  on_device(draft_tokens, "draft_tokens");
+  on_device(cu_num_draft_tokens, "cu_num_draft_tokens");
+  if (draft_probs.has_value()) {
+    const auto& q = *draft_probs;
+    TORCH_CHECK(q.scalar_type() == at::kFloat, "draft_probs must be float32, got ", q.scalar_type());
+    TORCH_CHECK(q.dim() == 2 && q.size(0) == t && q.size(1) == v, "draft_probs must have shape [T, V] = [", t, ", ",
+                v, "], got ", q.sizes());
+    on_device(q, "draft_probs");
+  }
+  const auto buffer = [&](const at::Tensor& b, const char* name, at::ScalarType dtype, at::IntArrayRef shape) {
+    TORCH_CHECK(b.scalar_type() == dtype, name, " must be ", dtype, ", got ", b.scalar_type());
+    TORCH_CHECK(b.sizes() == shape, name, " must have shape ", shape, ", got ", b.sizes());
+    TORCH_CHECK(b.is_contiguous(), name, " must be contiguous");
+    on_device(b, name);
+  };
+  buffer(output_token_ids, "output_token_ids", at::kInt, {n, max_spec_len + 1});
+  buffer(num_emitted, "num_emitted", at::kInt, {n});
+  buffer(logprobs, "logprobs", at::kFloat, {n, max_spec_len + 1});
+  if ((device.is_cpu() || value_checks_enabled()) && n > 0) {
+    const auto cu = cu_num_draft_tokens.to(at::kLong);
+    const auto counts = at::diff(cu, 1, 0, cu.new_zeros({1}));
+    TORCH_CHECK(!at::lt(counts, 0).any().item<bool>(), "cu_num_draft_tokens must not decrease (and start >= 0)");
+    TORCH_CHECK(cu[-1].item<int64_t>() == t, "cu_num_draft_tokens must end at T = ", t, " (the drafts), got ",
+                cu[-1].item<int64_t>());
+    TORCH_CHECK(!at::gt(counts, max_spec_len).any().item<bool>(), "max_spec_len=", max_spec_len,
+                " is below a request's number of drafts (", counts.max().item<int64_t>(), ")");
+    check_token_ids(draft_tokens, v, "draft_tokens");
+  }
+  return RaggedShape{t, n, v, max_spec_len};
 }
 
 }  // namespace xkernels

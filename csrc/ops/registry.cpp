@@ -39,6 +39,12 @@ TORCH_LIBRARY(xkernels, m) {
       "float temperature=0.0, int seed=0, int offset=0, Tensor? seed_tensor=None, "
       "Tensor? offset_tensor=None) -> (Tensor accept_len, Tensor out_tokens)");
   m.def(
+      "chain_verify_ragged_(Tensor draft_tokens, Tensor cu_num_draft_tokens, Tensor target_logits, "
+      "int max_spec_len, Tensor? draft_probs, float temperature, Tensor? temperature_tensor, int top_k, "
+      "Tensor? top_k_tensor, float top_p, Tensor? top_p_tensor, float min_p, Tensor? min_p_tensor, int seed, "
+      "Tensor? seed_tensor, int offset, Tensor? offset_tensor, bool block, Tensor(a!) output_token_ids, "
+      "Tensor(b!) num_emitted, Tensor(c!) logprobs) -> ()");
+  m.def(
       "refine_step(Tensor ctx, Tensor prev_tokens, Tensor base_logits, Tensor emb, Tensor mix, Tensor w_gate, "
       "Tensor w_up, Tensor w_down, Tensor w_read, float temperature=0.0, int seed=0, int offset=0, "
       "Tensor? seed_tensor=None, Tensor? offset_tensor=None) -> (Tensor tokens, Tensor logprobs)");

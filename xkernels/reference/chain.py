@@ -1,70 +1,183 @@
-"""Reference of chain_verify: speculative verification of a chain of drafts."""
+"""Reference of chain_verify and chain_verify_ragged: speculative verification of a chain of drafts.
 
-from typing import Optional, Tuple
+Each request is verified on its own (`verify_request`), with its own sampling parameters and
+random stream, so a request's result never depends on the rest of the batch.
+"""
+
+from typing import List, Optional, Tuple
 
 import torch
 
-from .rng import _as_int, acceptance_coins, gumbel_noise, inverse_temperature
+from .sampling import (RowParams, RowStream, filtered_logits, gumbel_argmax, log_weights_of_linear, row_params,
+                       row_streams)
+
+METHODS = ("token", "block")
+
+
+def _probs(a: torch.Tensor, point_mass: bool, top: int) -> torch.Tensor:
+    """p' of one row of filtered scaled logits, as float32 exp(a - max) / sum like the kernels."""
+    if point_mass:
+        return torch.nn.functional.one_hot(torch.tensor(top), a.shape[0]).float()
+    e = torch.exp(a - a.max())
+    return e / e.sum()
+
+
+def verify_request(drafts: torch.Tensor, logits: torch.Tensor, q: Optional[torch.Tensor], params: RowParams,
+                   stream: RowStream, method: str = "token") -> Tuple[List[int], List[float]]:
+    """One request: drafts int64 [K], logits [K+1, V], q float32 [K, V] or None. Returns the
+    emitted tokens (the accepted drafts, then the correction or bonus token) and their
+    log-probabilities under the filtered target distribution p' of their rows (0 where p' is a
+    point mass: greedy rows and rows without a softmax)."""
+    k, vocab = drafts.shape[0], logits.shape[-1]
+    greedy = params.inv_t == 0
+    rows = logits.float() if greedy else logits.float() * params.inv_t
+    # p' of every row: the filters applied to the scaled logits; a row without a softmax
+    # (a NaN, a +inf, or all -inf), and every row at T = 0, is a point mass at its argmax.
+    a = [rows[i] if greedy else filtered_logits(rows[i], params.top_k, params.top_p, params.min_p)
+         for i in range(k + 1)]
+    top = [int(r.argmax()) for r in a]
+    point_mass = [greedy or not bool(torch.isfinite(r.max())) for r in a]
+    p = [_probs(a[i], point_mass[i], top[i]) for i in range(k + 1)]
+    draft = [int(x) for x in drafts]
+    q_rows = [torch.nn.functional.one_hot(torch.tensor(x), vocab).float() for x in draft] if q is None else q.float()
+
+    if method == "block" and not greedy:
+        accepted, residual_scale = _block_accept(draft, p, q_rows, stream)
+    else:
+        accepted, residual_scale = _token_accept(draft, p, point_mass, top, q, stream), 1.0
+
+    i = accepted
+    if point_mass[i]:
+        token = top[i]
+    elif i == k:  # every draft accepted: the bonus token from p'
+        token = gumbel_argmax(a[i], stream.gumbel(i, vocab), top[i])
+    elif q is None:  # p' without the rejected draft (max(w p' - one-hot(x), 0) up to scale)
+        log_w = a[i].clone()
+        log_w[draft[i]] = float("-inf")
+        token = gumbel_argmax(log_w, stream.gumbel(i, vocab), top[i])
+    else:  # the correction from normalize(max(w p' - q, 0)), w = 1 token-wise
+        weights = residual_scale * p[i] - q_rows[i]
+        token = gumbel_argmax(log_weights_of_linear(weights), stream.gumbel(i, vocab), top[i])
+    tokens = draft[:i] + [token]
+    logprobs = [0.0 if point_mass[j] else float(torch.log(p[j][t])) for j, t in enumerate(tokens)]
+    return tokens, logprobs
+
+
+def _token_accept(draft, p, point_mass, top, q, stream) -> int:
+    """Token-wise verification: draft x at row i is accepted with probability min(1, p'(x) / q(x))
+    (p'(x) for a deterministic proposal; x == argmax at a point mass); the chain stops at the
+    first rejection."""
+    for i, x in enumerate(draft):
+        if point_mass[i]:
+            ok = x == top[i]
+        else:
+            u = stream.coin(i)
+            ok = bool(u * q[i, x] < p[i][x]) if q is not None else bool(u < p[i][x])
+        if not ok:
+            return i
+    return len(draft)
+
+
+def _block_accept(draft, p, q_rows, stream) -> Tuple[int, float]:
+    """Block verification (Sun et al., ICLR 2025): with w_0 = 1 and w_i = min(w_{i-1} p'(x_i) /
+    q(x_i), 1), accept the longest prefix i whose coin u_i (the coin of row i - 1) is below
+    h_i = Z_i / (Z_i + 1 - w_i) (h_K = w_K), where Z_i = sum_x max(w_i p'_i(x) - q_i(x), 0); the
+    correction at row i is drawn from normalize(max(w_i p'_i - q_i, 0)). A deterministic proposal
+    is q = one-hot(x). Returns the accepted count and w at it."""
+    k = len(draft)
+    w = [1.0]
+    for i, x in enumerate(draft):
+        px, qx = float(p[i][x]), float(q_rows[i][x])
+        w.append(min(w[i] * px / qx, 1.0) if qx > 0 else (1.0 if w[i] * px > 0 else 0.0))
+    accepted = 0
+    for i in range(1, k + 1):
+        if i == k:
+            h = w[k]
+        else:
+            z = float(torch.clamp(w[i] * p[i].double() - q_rows[i].double(), min=0).sum())
+            denom = z + 1.0 - w[i]
+            h = z / denom if denom > 0 else 1.0
+        if stream.coin(i - 1) < h:
+            accepted = i
+    return accepted, w[accepted]
+
+
+def _check_method(method: str):
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
 
 
 def chain_verify(
     draft_tokens: torch.Tensor,
     target_logits: torch.Tensor,
     draft_probs: Optional[torch.Tensor] = None,
-    temperature: float = 0.0,
+    temperature=0.0,
     seed=0,
     offset=0,
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Speculative verification of a chain of drafts; see xkernels.chain_verify."""
+    top_k=None,
+    top_p=None,
+    min_p=None,
+    method: str = "token",
+    return_logprobs: bool = False,
+):
+    """Speculative verification of a chain of drafts; see xkernels.chain_verify. Returns
+    (accept_len int64 [N], out_tokens int64 [N, K+1]), and logprobs float32 [N, K+1] (NaN
+    padded) with return_logprobs."""
+    _check_method(method)
     n, k = draft_tokens.shape
     vocab = target_logits.shape[-1]
     device = target_logits.device
     if draft_tokens.numel() and not ((draft_tokens >= 0) & (draft_tokens < vocab)).all():
         raise ValueError(f"draft_tokens holds ids outside [0, {vocab})")
-    inv_t = inverse_temperature(temperature)
-    greedy = inv_t == 0
-    seed, offset = _as_int(seed), _as_int(offset)
-    logits = target_logits.detach().cpu().float()
-    draft = draft_tokens.detach().cpu()
+    params, streams = row_params(n, temperature, top_k, top_p, min_p), row_streams(n, seed, offset)
+    logits, draft = target_logits.detach().cpu(), draft_tokens.detach().cpu()
     q = None if draft_probs is None else draft_probs.detach().cpu().float()
+    accept_len = torch.zeros(n, dtype=torch.int64)
+    out = torch.full((n, k + 1), -1, dtype=torch.int64)
+    logprobs = torch.full((n, k + 1), float("nan"))
+    for s in range(n):
+        tokens, lp = verify_request(draft[s], logits[s], None if q is None else q[s], params[s], streams[s], method)
+        accept_len[s] = len(tokens) - 1
+        out[s, :len(tokens)] = torch.tensor(tokens)
+        logprobs[s, :len(tokens)] = torch.tensor(lp)
+    result = (accept_len.to(device), out.to(device))
+    return result + (logprobs.to(device),) if return_logprobs else result
 
-    # Scaled logits a = logits / T (as a product by the float32 reciprocal, like the kernels).
-    a = logits if greedy else logits * inv_t
-    top = a.argmax(-1)  # [n, k+1]; NaN first, ties to the lowest index
-    row_max = a.amax(-1) if vocab else torch.zeros(n, k + 1)
-    # A row without a softmax (NaN, +inf, or all -inf) is a point mass at its argmax.
-    point_mass = torch.full_like(top, greedy, dtype=torch.bool) | ~torch.isfinite(row_max)
-    # Acceptance of every draft, then the chain stops at the first rejection.
-    # Under a point mass (greedy) a draft is accepted iff it is the argmax; otherwise with
-    # probability min(1, p(x) / q(x)), or p(x) for a deterministic proposal.
-    accepted = draft == top[:, :k]
-    if not greedy:
-        row_sum = torch.exp(a - row_max[..., None]).sum(-1)
-        p_x = torch.exp(a[:, :k].gather(-1, draft[..., None])[..., 0] - row_max[:, :k]) / row_sum[:, :k]
-        coins = acceptance_coins(seed, offset, n, k)
-        q_x = q.gather(-1, draft[..., None])[..., 0] if q is not None else None
-        sampled_accept = coins * q_x < p_x if q is not None else coins < p_x
-        accepted = torch.where(point_mass[:, :k], accepted, sampled_accept)
-    accept_len = accepted.long().cumprod(-1).sum(-1)
-    out = torch.where(torch.arange(k) < accept_len[:, None], draft, -1)
-    out = torch.cat([out, torch.full((n, 1), -1, dtype=torch.int64)], 1)
 
-    for s, i in enumerate(accept_len.tolist()):
-        if point_mass[s, i]:
-            out[s, i] = top[s, i]
-            continue
-        # Sample the correction (or the bonus at row k) by Gumbel-max over log-weights.
-        if i == k:
-            log_w = a[s, i].clone()
-        elif q is not None:
-            residual = torch.exp(a[s, i] - row_max[s, i]) / row_sum[s, i] - q[s, i]
-            log_w = torch.where(residual > 0, torch.log(residual), float("-inf"))
-        else:
-            log_w = a[s, i].clone()
-            log_w[int(draft[s, i])] = float("-inf")
-        if torch.isneginf(log_w).all():  # nothing can be drawn (only by rounding): the argmax
-            out[s, i] = top[s, i]
-        else:
-            noisy = torch.where(torch.isneginf(log_w), float("-inf"), log_w + gumbel_noise(seed, offset, s, i, vocab))
-            out[s, i] = noisy.argmax()
-    return accept_len.to(device), out.to(device)
+def chain_verify_ragged(
+    draft_tokens: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    target_logits: torch.Tensor,
+    max_spec_len: int,
+    draft_probs: Optional[torch.Tensor] = None,
+    temperature=0.0,
+    top_k=None,
+    top_p=None,
+    min_p=None,
+    seed=0,
+    offset=0,
+    method: str = "token",
+):
+    """Chains held flat, as vLLM holds them; see xkernels.chain_verify_ragged. Request n has
+    K_n = cu[n] - cu[n-1] drafts at draft_tokens[cu[n-1]:cu[n]] and its K_n + 1 target rows at
+    target_logits[cu[n-1] + n : cu[n] + n + 1]. Returns (output_token_ids int32 [N,
+    max_spec_len + 1], -1 padded; num_emitted int32 [N]; logprobs float32 [N, max_spec_len + 1],
+    NaN padded)."""
+    _check_method(method)
+    n = cu_num_draft_tokens.shape[0]
+    device = target_logits.device
+    cu = [0] + [int(c) for c in cu_num_draft_tokens.cpu()]
+    params, streams = row_params(n, temperature, top_k, top_p, min_p), row_streams(n, seed, offset)
+    logits, draft = target_logits.detach().cpu(), draft_tokens.detach().cpu()
+    q = None if draft_probs is None else draft_probs.detach().cpu().float()
+    out = torch.full((n, max_spec_len + 1), -1, dtype=torch.int32)
+    num_emitted = torch.zeros(n, dtype=torch.int32)
+    logprobs = torch.full((n, max_spec_len + 1), float("nan"))
+    for s in range(n):
+        lo, hi = cu[s], cu[s + 1]
+        tokens, lp = verify_request(draft[lo:hi], logits[lo + s:hi + s + 1], None if q is None else q[lo:hi],
+                                    params[s], streams[s], method)
+        num_emitted[s] = len(tokens)
+        out[s, :len(tokens)] = torch.tensor(tokens, dtype=torch.int32)
+        logprobs[s, :len(tokens)] = torch.tensor(lp)
+    return out.to(device), num_emitted.to(device), logprobs.to(device)

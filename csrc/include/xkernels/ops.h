@@ -31,6 +31,33 @@ std::tuple<at::Tensor, at::Tensor> chain_verify(const at::Tensor& draft_tokens,
                                                 const std::optional<at::Tensor>& seed_tensor = std::nullopt,
                                                 const std::optional<at::Tensor>& offset_tensor = std::nullopt);
 
+// Speculative verification of chains held flat, as vLLM holds them, into caller buffers.
+//   draft_tokens         int64 or int32 [T]; request n's K_n drafts are
+//                        draft_tokens[cu[n-1]:cu[n]] (cu[-1] = 0)
+//   cu_num_draft_tokens  int32 or int64 [N], the inclusive cumsum of K_n (K_n may be 0)
+//   target_logits        float32 / bfloat16 / float16 [T + N, V]; request n's K_n + 1 rows
+//                        start at cu[n-1] + n
+//   draft_probs          optional float32 [T, V]
+//   temperature ... min_p  a scalar, or a [N] tensor each (temperature float32, 0 = greedy;
+//                        top_k int32/int64, 0 = off; top_p float32 in (0, 1]; min_p float32 in [0, 1])
+//   seed, offset         the scalar stream, or int64 [N] tensors: a stream per request keyed by
+//                        (seed[n], offset[n] + slot), whatever the batch
+//   block                block verification (Sun et al.) instead of token-wise
+// Writes output_token_ids int32 [N, max_spec_len + 1] (-1 padded), num_emitted int32 [N]
+// (accepted drafts plus the correction or bonus token) and logprobs float32 [N, max_spec_len + 1]
+// (log p' of each emitted token under its row's filtered distribution, NaN padded).
+void chain_verify_ragged_(const at::Tensor& draft_tokens, const at::Tensor& cu_num_draft_tokens,
+                          const at::Tensor& target_logits, int64_t max_spec_len,
+                          const std::optional<at::Tensor>& draft_probs, double temperature,
+                          const std::optional<at::Tensor>& temperature_tensor, int64_t top_k,
+                          const std::optional<at::Tensor>& top_k_tensor, double top_p,
+                          const std::optional<at::Tensor>& top_p_tensor, double min_p,
+                          const std::optional<at::Tensor>& min_p_tensor, int64_t seed,
+                          const std::optional<at::Tensor>& seed_tensor, int64_t offset,
+                          const std::optional<at::Tensor>& offset_tensor, bool block,
+                          const at::Tensor& output_token_ids, const at::Tensor& num_emitted,
+                          const at::Tensor& logprobs);
+
 // Folded inference weights of an xPress refiner (see xkernels/refiner.py):
 // emb [V, r], mix [r, B, B] (only j <= k of mix[c, k, j] is read), w_gate and
 // w_up [H, r], w_down [r, H], w_read [V, r]; float32 or bfloat16, all alike.

@@ -1,0 +1,68 @@
+// Per-request sampling parameters and random streams, shared by the CPU and CUDA kernels:
+// the filtered target distribution's cut, each row's Philox stream, and block verification's
+// acceptance rule. xkernels/reference/sampling.py and chain.py state the same in PyTorch.
+#pragma once
+
+#include <cstdint>
+
+#include "xkernels/host_device.h"
+#include "xkernels/sampling.h"
+
+namespace xkernels {
+
+// One request's parameters: inv_t 0 is greedy; top_k 0, top_p 1 and min_p 0 are off.
+struct RowSampling {
+  float inv_t;
+  int32_t top_k;
+  float top_p;
+  float min_p;
+};
+
+XK_HD bool filters_active(const RowSampling& r, int64_t vocab) {
+  return (r.top_k > 0 && r.top_k < vocab) || r.top_p < 1.0f || r.min_p > 0.0f;
+}
+
+// Ids are ranked by scaled logit, a higher one first and ties to the lower id; every filter keeps
+// a prefix of that ranking, so what the filters keep is the ids ranked at or before `cut`.
+struct FilterCut {
+  float val;
+  int32_t idx;
+};
+
+XK_HD bool filter_keeps(const FilterCut& cut, float a, int32_t v) {
+  return a > cut.val || (a == cut.val && v <= cut.idx);
+}
+
+// The Philox stream of one request. The scalar form keys slot i of batch row `sequence` by
+// (seed, offset, sequence, i), today's stream; the per-request form keys it by (seed, offset + i)
+// with sequence and position 0, so the request's noise is the same at any row of any batch.
+struct RowStream {
+  uint64_t seed, offset;
+  uint32_t sequence;
+  bool per_request;
+
+  XK_HD uint64_t offset_at(uint32_t slot) const { return per_request ? offset + slot : offset; }
+  XK_HD uint32_t sequence_at() const { return per_request ? 0u : sequence; }
+  XK_HD uint32_t position_at(uint32_t slot) const { return per_request ? 0u : slot; }
+  XK_HD float coin(uint32_t slot) const {
+    return acceptance_coin(seed, offset_at(slot), sequence_at(), position_at(slot));
+  }
+};
+
+// Block verification (Sun et al., ICLR 2025). With w_0 = 1, the weight after draft x at a row
+// of filtered target probability p_x and draft probability q_x is min(w p_x / q_x, 1); a q_x of
+// 0 gives 1 when w p_x > 0 (the limit), else 0.
+XK_HD float block_weight(float w, float p_x, float q_x) {
+  if (!(q_x > 0.0f)) return w * p_x > 0.0f ? 1.0f : 0.0f;
+  const float r = w * p_x / q_x;
+  return r < 1.0f ? r : 1.0f;
+}
+
+// The acceptance threshold of a prefix of i < K drafts: h_i = Z_i / (Z_i + 1 - w_i), Z_i =
+// sum_x max(w_i p_i(x) - q_i(x), 0) the residual mass at row i; 1 where the denominator is 0.
+XK_HD float block_threshold(float z, float w) {
+  const float denom = z + (1.0f - w);
+  return denom > 0.0f ? z / denom : 1.0f;
+}
+
+}  // namespace xkernels

@@ -1,0 +1,49 @@
+// Per-request sampling arguments of the verification ops: temperature, top_k, top_p and min_p as a
+// scalar or an [N] tensor each, and seed and offset as the scalar stream or [N] per-request ones.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+
+#include "xkernels/sampling_params.h"
+
+namespace xkernels {
+
+// The arguments as the schemas list them.
+#define XK_SAMPLING_ARGS                                                                                     \
+  double temperature, const std::optional<at::Tensor>&temperature_tensor, int64_t top_k,                   \
+      const std::optional<at::Tensor>&top_k_tensor, double top_p, const std::optional<at::Tensor>&top_p_tensor, \
+      double min_p, const std::optional<at::Tensor>&min_p_tensor, int64_t seed,                             \
+      const std::optional<at::Tensor>&seed_tensor, int64_t offset, const std::optional<at::Tensor>&offset_tensor
+#define XK_SAMPLING_FORWARD                                                                                  \
+  temperature, temperature_tensor, top_k, top_k_tensor, top_p, top_p_tensor, min_p, min_p_tensor, seed,    \
+      seed_tensor, offset, offset_tensor
+
+// Checked arguments of n rows on one device. Per-row tensors are held contiguous, in one dtype
+// each (float32 temperatures, top_p and min_p, int32 top_k, int64 seeds and offsets).
+struct SamplingArgs {
+  int64_t n;
+  RowSampling scalar;  // where no tensor is given
+  at::Tensor temperature, top_k, top_p, min_p;
+  uint64_t seed, offset;
+  at::Tensor seed_t, offset_t;  // [N] (per request) or one element (the scalar form, read on the device)
+  bool per_request;
+
+  // Whether any row may sample (a per-row temperature counts as one that may).
+  bool may_sample() const { return temperature.defined() || scalar.inv_t != 0.0f; }
+  bool any_filter(int64_t vocab) const {
+    return top_k.defined() || top_p.defined() || min_p.defined() || filters_active(scalar, vocab);
+  }
+};
+
+// Checks shapes, dtypes and devices (and, on the CPU or with XKERNELS_CHECK=1, the values: a
+// temperature finite and >= 0, top_k >= 0, top_p in (0, 1], min_p in [0, 1]), naming the argument.
+SamplingArgs sampling_args(int64_t n, const at::Device& device, XK_SAMPLING_ARGS);
+
+// Row r's parameters and stream, read on the host (CPU tensors only).
+RowSampling row_sampling(const SamplingArgs& s, int64_t r);
+RowStream row_stream(const SamplingArgs& s, int64_t r);
+
+}  // namespace xkernels
