@@ -96,7 +96,6 @@ def chain_verify(
             (``offset[n]``: the absolute position of the sequence's first verified slot).
         method: ``"token"`` (token-wise verification) or ``"block"`` (block verification).
         return_logprobs: also return the log-probabilities of the emitted tokens.
-        Arrays of other libraries (CuPy, NumPy) are taken zero-copy through DLPack.
 
     Returns:
         ``accept_len`` int64 ``[N]`` in ``[0, K]`` and ``out_tokens`` int64 ``[N, K+1]``:
@@ -114,6 +113,21 @@ def chain_verify(
     rejected without being read. A call with per-sequence parameters, filters, streams,
     ``method="block"`` or ``return_logprobs`` runs :func:`chain_verify_ragged` over the
     dense layout (CPU only for now).
+
+    Raises:
+        RuntimeError: a tensor of the wrong shape, dtype or device, a bad ``temperature``, or
+            (on the CPU) draft ids outside ``[0, V)``: each message names the argument.
+        ValueError: a ``seed`` or ``offset`` int that does not fit in 64 bits.
+        TypeError: an argument that is neither a tensor nor a DLPack array.
+
+    Kernels:
+        - CPU: sequences in parallel, each stops reading at its first rejection; vectorised
+          argmax and exp-sum; float32 rows read in place at ``T`` 0 or 1; the sample draws
+          Philox 8 draws at a time and takes an id's logs only if the top bits of its noise
+          let it win.
+        - CUDA: split-vocabulary row statistics, a warp per sequence finds the first rejection
+          with a ballot, then one Gumbel-max pass over the one row that needs a sample; never
+          syncs the host, CUDA-graph capturable.
     """
     draft_tokens, target_logits = _tensor(draft_tokens, "draft_tokens"), _tensor(target_logits, "target_logits")
     draft_probs = _tensor(draft_probs, "draft_probs")
