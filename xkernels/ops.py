@@ -214,14 +214,19 @@ def chain_verify_ragged(
     proposals) and the bonus token from p'. Request ``n``'s result equals :func:`chain_verify`
     on that request alone with the same parameters, seed and offset.
 
-    Raises a ``RuntimeError`` naming the argument for a negative or NaN temperature, ``top_p``
-    outside (0, 1], ``min_p`` outside [0, 1], ``top_k < 0``, per-row tensors of another length,
-    dtype or device, ``cu_num_draft_tokens`` that decreases or does not end at T,
-    ``max_spec_len`` below a request's drafts, draft ids outside [0, V), and buffers of the
-    wrong shape or dtype (values are checked on the CPU). CPU kernel: requests in parallel;
-    the cut is found by a streaming top-k selection (a heap of k, blocks of 16 skipped by one
-    vectorised max) or, for top-p alone, mass bands of 1/8 nat and one ranked band, never a
-    sort of the vocabulary. No CUDA kernel yet.
+    Raises:
+        RuntimeError: naming the argument: a negative or NaN temperature, ``top_p`` outside
+            (0, 1], ``min_p`` outside [0, 1], ``top_k < 0``, per-row tensors of another length,
+            dtype or device, ``cu_num_draft_tokens`` that decreases or does not end at T,
+            ``max_spec_len`` below a request's drafts, draft ids outside [0, V), and buffers of
+            the wrong shape or dtype (values are checked on the CPU).
+        ValueError: a ``method`` other than ``"token"`` or ``"block"``.
+
+    Kernels:
+        - CPU: requests in parallel; the cut is found by a streaming top-k selection (a heap of
+          k, blocks of 16 skipped by one vectorised max) or, for top-p alone, mass bands of 1/8
+          nat and one ranked band, never a sort of the vocabulary.
+        - CUDA: none yet.
     """
     block = _check_method(method)
     draft_tokens = _tensor(draft_tokens, "draft_tokens")
