@@ -43,7 +43,8 @@ class BatchStats:
 
     @property
     def tau(self) -> List[float]:
-        """Per sequence: tokens committed per step it took part in, the bonus token included."""
+        """Tokens committed per step, for each sequence: over the steps it took part in, the bonus
+        token included."""
         return [(sum(a) + len(a)) / max(len(a), 1) for a in self.accept_lens]
 
     @property
@@ -90,7 +91,7 @@ class BatchDecoder:
             self.context.lengths.copy_(lengths)
         self.anchor = torch.tensor([p[-1] for p in prompts], device=device)
         self.before = torch.tensor([p[-2] if len(p) > 1 else p[-1] for p in prompts], device=device)
-        self.step_index = torch.zeros(1, dtype=torch.int64, device=device)  # the block counter, on the device
+        self.step_index = torch.zeros((), dtype=torch.int64, device=device)  # the block counter (0-dim: the scalar stream)
 
     def caches(self) -> List[StaticKVCache]:
         return [self.cache] if self.spec is None else [self.cache, self.context]
