@@ -9,7 +9,7 @@ from typing import Sequence
 
 import torch
 
-from .rng import COIN_DRAW, gumbel_noise, inverse_temperature, philox_draw, uniform_open
+from .rng import _MASK32, COIN_DRAW, gumbel_noise, inverse_temperature, philox4x32_10, philox_draw, uniform_open
 
 
 def filter_mask(a: torch.Tensor, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> torch.Tensor:
@@ -123,6 +123,25 @@ def row_streams(n: int, seed=0, offset=0) -> Sequence[RowStream]:
     per_request = is_per_row(seed, n) or is_per_row(offset, n)
     seeds, offsets = _per_row(seed, n, int), _per_row(offset, n, int)
     return [RowStream(s, o, i, per_request) for i, (s, o) in enumerate(zip(seeds, offsets))]
+
+
+def stream_coins(seed, offset, n: int, k: int, device=None) -> torch.Tensor:
+    """The acceptance coins of slots 0..k-1 of n rows, [n, k] float32, in either form, computed
+    with tensor ops on `device` (no host read of seed or offset tensors)."""
+    slots = torch.arange(k, device=device)[None, :]
+    if not (is_per_row(seed, n) or is_per_row(offset, n)):
+        rows = torch.arange(n, device=device)[:, None]
+        return uniform_open(philox_draw(seed, offset, rows, slots, COIN_DRAW)[..., 0])
+
+    def column(x):
+        x = torch.as_tensor(x, dtype=torch.int64, device=device)
+        return x.reshape(-1, 1) if x.dim() == 1 and x.numel() == n else x.reshape(())
+
+    seeds, offsets = column(seed), column(offset) + slots
+    counter = (torch.full_like(offsets, COIN_DRAW), torch.zeros_like(offsets), torch.zeros_like(offsets),
+               offsets & _MASK32)
+    key = (seeds & _MASK32, ((seeds >> 32) ^ (offsets >> 32)) & _MASK32)
+    return uniform_open(philox4x32_10(counter, key)[0])
 
 
 def gumbel_argmax(log_w: torch.Tensor, noise: torch.Tensor, fallback: int) -> int:
