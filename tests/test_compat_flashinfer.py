@@ -32,8 +32,9 @@ def test_outputs_and_counters_in_place():
 
 def test_first_token_follows_the_target():
     b, vocab = 20000, 6
-    draft, ids, target = _inputs(1, 1, vocab, 1)
-    draft, ids, target = draft.expand(b, -1, -1), ids.expand(b, -1), target.expand(b, -1, -1)
+    draft, _, target = _inputs(1, 1, vocab, 1)
+    draft, target = draft.expand(b, -1, -1), target.expand(b, -1, -1)
+    ids = torch.multinomial(draft[:, 0], 1, generator=torch.Generator().manual_seed(2)).to(torch.int32)
     out, _, _ = flashinfer.chain_speculative_sampling(draft, ids, target, seed=torch.arange(b),
                                                       offset=torch.zeros(b, dtype=torch.int64))
     counts = torch.bincount(out[:, 0].long(), minlength=vocab).double()
