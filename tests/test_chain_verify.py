@@ -142,7 +142,7 @@ def test_bad_inputs_name_the_argument():
         (dict(temperature=float("nan")), "temperature must be finite and >= 0"),
         (dict(draft_tokens=drafts + 10), "outside"),
         (dict(draft_tokens=drafts - 20), "outside"),
-        (dict(seed=torch.tensor([1, 2])), "seed"),
+        (dict(seed=torch.tensor([1, 2, 3])), "seed"),  # [N] = [2] is a seed per sequence
         (dict(offset=torch.tensor([1.0])), "offset"),
     ]
     for change, message in cases:
