@@ -5,8 +5,8 @@ token, whose logits give the first draft's distribution); `parents` int64 [N, M]
 parents[:, 0] = -1 and 0 <= parents[i] < i for the real nodes i < num_nodes (int64 [N], optional:
 nodes at or past it are padding and ignored). `tokens` int64 [N, M] holds each node's token.
 
-The ops (xkernels.build_draft_tree, tree_attention_mask, tree_positions, tree_verify,
-compact_kv_) take this format; a target forward over [root + tree] uses the mask below over the
+The ops (``xkernels.build_draft_tree``, ``tree_attention_mask``, ``tree_positions``, ``tree_verify``,
+``compact_kv_``) take this format; a target forward over [root + tree] uses the mask below over the
 cached prefix plus the tree, with positions prefix_len + tree_positions(parents).
 """
 

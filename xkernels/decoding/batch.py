@@ -43,8 +43,8 @@ class BatchStats:
 
     @property
     def tau(self) -> List[float]:
-        """Tokens committed per step, for each sequence: over the steps it took part in, the bonus
-        token included."""
+        """Tokens committed per step for each sequence, over the steps it took part in (the bonus
+        token included)."""
         return [(sum(a) + len(a)) / max(len(a), 1) for a in self.accept_lens]
 
     @property

@@ -29,6 +29,9 @@ def block_causal_mask(length: int, block_size: int, device=None) -> torch.Tensor
 
 
 class BlockDiffusionLM(Transformer):
+    """A block-causal masked diffusion LM (SDAR style: bidirectional inside a block, causal across
+    blocks, so the prefix KV cache is exact), decoded by xkernels.decoding.dllm_generate."""
+
     cfg: BlockDiffusionConfig
 
     def hidden(self, tokens: torch.Tensor, positions: torch.Tensor, mask: Optional[torch.Tensor],

@@ -50,6 +50,9 @@ class DrafterLayer(nn.Module):
 
 
 class BlockDrafter(nn.Module):
+    """A dFlash-style block drafter: one pass over [anchor, MASK ...] proposes a block, conditioned
+    on the target's hidden states at cfg.target_layers (injected as keys and values, context())."""
+
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
         self.cfg = cfg

@@ -35,16 +35,19 @@ def load_config(name: str, folder: Path = WEIGHTS) -> dict:
 
 
 def load_target(folder: Path = WEIGHTS) -> TargetLM:
+    """The shipped target LM (float32, on the CPU)."""
     return _load(TargetLM(TargetConfig(**load_config("target", folder))), "target", folder)
 
 
 def load_drafter(folder: Path = WEIGHTS) -> BlockDrafter:
+    """The shipped block drafter of the target (its cfg.target_layers: the target layers it reads)."""
     cfg = load_config("drafter", folder)
     cfg["target_layers"] = tuple(cfg["target_layers"])
     return _load(BlockDrafter(DrafterConfig(**cfg)), "drafter", folder)
 
 
 def load_refiner(folder: Path = WEIGHTS) -> XPressRefiner:
+    """The shipped xPress refiner of the drafter (fold() gives the ops' RefinerWeights)."""
     return _load(XPressRefiner(**load_config("refiner", folder)), "refiner", folder)
 
 
@@ -55,6 +58,7 @@ def load_block_diffusion(folder: Path = WEIGHTS) -> BlockDiffusionLM:
 
 
 def load_tokenizer(folder: Path = WEIGHTS):
+    """The shipped byte-level BPE tokenizer (a tokenizers.Tokenizer), shared by every shipped model."""
     from tokenizers import Tokenizer
 
     return Tokenizer.from_file(str(folder / "tokenizer.json"))
@@ -76,4 +80,5 @@ class ShippedModels:
 
 
 def load_all(folder: Path = WEIGHTS) -> ShippedModels:
+    """The tokenizer, target, drafter and refiner together."""
     return ShippedModels(load_tokenizer(folder), load_target(folder), load_drafter(folder), load_refiner(folder))

@@ -255,6 +255,8 @@ class Transformer(nn.Module):
 
 
 class TargetLM(Transformer):
+    """The shipped target's architecture: a small Qwen3-style decoder LM with a croppable KV cache
+    and tree attention (forward's tree_mask and tree_depth)."""
 
     def forward(self, tokens: torch.Tensor, cache: Optional[KVCache] = None, hidden_layers: Sequence[int] = (),
                 tree_mask: Optional[torch.Tensor] = None,
