@@ -35,3 +35,10 @@ def test_transformers_example_runs():
 def test_tensor_parallel_example_runs_under_torchrun():
     out = run("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", EXAMPLES / "tensor_parallel.py")
     assert "sharded chain_verify equals the unsharded op" in out and "tensor-parallel jacobi" in out
+
+
+def test_the_readme_example_runs():
+    readme = (EXAMPLES.parent.parent / "README.md").read_text()
+    blocks = readme.split("```python\n")[1:]
+    assert len(blocks) == 1, "the README has one Python example"
+    assert run("-c", blocks[0].split("```")[0]).count("\n") == 2  # one line per sequence
