@@ -1,22 +1,28 @@
 """GPU timings of the xkernels ops beside the peers a user would pick instead, with the bytes each must read.
 
-    python bench/gpu_bench.py [--only SECTION ...] [--json out.jsonl] [--profile]
+    python bench/gpu_bench.py [--only SECTION ...] [--json out.jsonl] [--profile] [--no-compile | --compile-only]
     python bench/gpu_bench.py --sanitize SECTION  the small edge cases of one section, for compute-sanitizer
+    add --dry-run to either: CPU tensors, tiny shapes, one call a timing (bench/gpu_check.sh --dry-run)
 
-Sections: chain, refine, tree, spiffy. Each row reports CUDA-event medians, the op's floor (bytes over
-the datasheet bandwidth) and its fraction of the read bandwidth this GPU achieves, measured in the
-same run (a bfloat16 sum over 4 GiB). Peers: eager PyTorch, torch.compile of the eager code, and for
-the refine read the bare cuBLAS GEMM of the same shapes. --profile adds each case's CUDA kernels
+Sections, in the default order (the redesigned kernels first): tree, spiffy, dllm, refine, chain.
+Each row reports CUDA-event medians, the op's floor (bytes over the datasheet bandwidth) and its
+fraction of the read bandwidth this GPU achieves, measured in the same run (a bfloat16 sum over
+4 GiB). Peers: eager PyTorch, for the refine read the bare cuBLAS GEMM of the same shapes, and
+(chain, refine) torch.compile of the eager code and, where CuPy is installed, chain_verify timed
+again with cupyx.profiler.benchmark (DLPack) as a cross-check of the event timings. Compiling costs
+tens of seconds a case, so --no-compile leaves those out and --compile-only times them alone (beside
+the op, for the ratio): bench/gpu_check.sh runs them last. --profile adds each case's CUDA kernels
 (torch.profiler). --json appends one JSON line per row, so sections run as separate processes
 (bench/gpu_check.sh) add to one file and a crash in one leaves the others' rows.
-Where CuPy is installed, chain_verify is timed again with cupyx.profiler.benchmark (DLPack) as a
-cross-check of the event timings.
 """
 
 import argparse
+import contextlib
 import json
 import os
+import re
 import statistics
+import time
 
 import torch
 
@@ -46,6 +52,13 @@ def time_events(fn, warmup=25, iters=200):
     return statistics.median(s.elapsed_time(e) for s, e in pairs) * 1e3
 
 
+def time_once(fn, **_):
+    """Microseconds of one call on the host: the dry run's timing, which checks the flow, not the speed."""
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e6
+
+
 def time_cupy(fn, args):
     try:
         import cupy
@@ -65,22 +78,56 @@ def peak_bandwidth():
     return name, None
 
 
-def achievable_bandwidth(gigabytes=4):
-    """Bytes per second of a bfloat16 sum over `gigabytes` GiB: the read bandwidth a kernel can reach."""
-    x = torch.ones(gigabytes * (1 << 29), dtype=torch.bfloat16, device="cuda")
-    us = time_events(lambda: x.sum(), warmup=3, iters=20)
-    return gigabytes * (1 << 30) / (us * 1e-6)
+def achievable_bandwidth(device, nbytes, timer):
+    """Bytes per second of a bfloat16 sum over nbytes: the read bandwidth a kernel can reach."""
+    x = torch.ones(nbytes // 2, dtype=torch.bfloat16, device=device)
+    return nbytes / (timer(lambda: x.sum(), warmup=3, iters=20) * 1e-6)
 
 
 class Bench:
-    """Timing context of one run: the bandwidths rows are compared with, and the profile option."""
+    """Context of one run: the device and shapes (the GPU's, or the dry run's CPU and tiny ones), the
+    timer, the bandwidths rows are compared with, and which peers and profiles to take."""
 
-    def __init__(self, profile=False):
-        self.name, self.peak = peak_bandwidth()
-        self.achievable = achievable_bandwidth()
+    def __init__(self, profile=False, compile_peers="yes", dry_run=False):
+        self.dry_run = dry_run
+        self.device = "cpu" if dry_run else "cuda"
+        self.time = time_once if dry_run else time_events
+        self.name, self.peak = ("cpu (dry run)", None) if dry_run else peak_bandwidth()
+        self.achievable = achievable_bandwidth(self.device, (1 << 20) if dry_run else (4 << 30), self.time)
         self.profile = profile
+        self.compile_peers = compile_peers  # "yes", "no" (--no-compile) or "only" (--compile-only)
         print(f"device: {self.name}; datasheet {self.peak / 1e12 if self.peak else '?'} TB/s; "
-              f"achievable read {self.achievable / 1e12:.2f} TB/s (bf16 sum over 4 GiB)", flush=True)
+              f"achievable read {self.achievable / 1e12:.2f} TB/s (bf16 sum over "
+              f"{'1 MiB' if dry_run else '4 GiB'})", flush=True)
+
+    def shape(self, full, tiny):
+        """The case's shape on the GPU, or the dry run's."""
+        return tiny if self.dry_run else full
+
+    @property
+    def main(self):
+        """Whether to time the op's own rows (everything but the compile peers)."""
+        return self.compile_peers != "only"
+
+    @property
+    def compiled(self):
+        """Whether to time the torch.compile and CuPy peers."""
+        return self.compile_peers != "no"
+
+    def compile(self, fn):
+        # The dry run traces with dynamo but skips inductor's code generation (a C++ compile a graph).
+        return torch.compile(fn, backend="eager" if self.dry_run else "inductor")
+
+    def peer(self, fn, **kw):
+        """The time of a peer, or None (printed) where it fails, as torch.compile may: never fatal."""
+        try:
+            return round(self.time(fn, **kw), 1)
+        except Exception as e:  # noqa: BLE001
+            print(f"peer failed: {e!r}"[:400], flush=True)
+            return None
+
+    def cupy(self, fn, args):
+        return None if self.dry_run else time_cupy(fn, args)
 
     def bandwidth(self, row, bytes_moved, us, prefix=""):
         """Adds the floor (datasheet) and the fraction of the achievable bandwidth reached."""
@@ -90,18 +137,22 @@ class Bench:
         row[prefix + "fraction_of_achievable"] = round(bytes_moved / (us * 1e-6) / self.achievable, 3)
 
     def kernels(self, fn, calls=5):
-        """The CUDA kernels one call of fn launches, with their time per call (torch.profiler)."""
+        """The kernels one call of fn launches, with their time per call (torch.profiler; the dry
+        run's CPU ops)."""
         from torch.profiler import ProfilerActivity, profile
 
+        cuda = self.device == "cuda"
+        sync = torch.cuda.synchronize if cuda else (lambda: None)
         for _ in range(3):
             fn()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        sync()
+        with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
             for _ in range(calls):
                 fn()
-            torch.cuda.synchronize()
-        rows = sorted(((e.device_time_total / calls, e.count // calls, e.key) for e in prof.key_averages()
-                       if e.device_time_total > 0), reverse=True)
+            sync()
+        total = (lambda e: e.device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
+        rows = sorted(((total(e) / calls, e.count // calls, e.key) for e in prof.key_averages() if total(e) > 0),
+                      reverse=True)
         return [f"{t:.1f} us x{c} {k[:90]}" for t, c, k in rows[:6]]
 
     def emit(self, results, row, fn=None):
@@ -111,23 +162,14 @@ class Bench:
         print(json.dumps(row), flush=True)
 
 
-def time_peer(fn, **kw):
-    """time_events of a peer, or None (printed) where it fails, as torch.compile may: never fatal."""
-    try:
-        return round(time_events(fn, **kw), 1)
-    except Exception as e:  # noqa: BLE001
-        print(f"peer failed: {e!r}"[:400], flush=True)
-        return None
-
-
-def chain_verify_inputs(n, k, v, dtype, temperature, with_q, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    logits = (torch.randn(n, k + 1, v, device="cuda", generator=g) * 4).to(dtype)
+def chain_verify_inputs(n, k, v, dtype, temperature, with_q, seed=0, device="cuda"):
+    g = torch.Generator(device=device).manual_seed(seed)
+    logits = (torch.randn(n, k + 1, v, device=device, generator=g) * 4).to(dtype)
     if temperature == 0:
-        drafts = torch.randint(0, v, (n, k), device="cuda", generator=g)
-        agree = torch.rand(n, k, device="cuda", generator=g) < 0.8
+        drafts = torch.randint(0, v, (n, k), device=device, generator=g)
+        agree = torch.rand(n, k, device=device, generator=g) < 0.8
         return torch.where(agree, logits[:, :k].float().argmax(-1), drafts), logits, None
-    q = torch.softmax((logits[:, :k].float() + torch.randn(n, k, v, device="cuda", generator=g) * 0.5) / temperature, -1)
+    q = torch.softmax((logits[:, :k].float() + torch.randn(n, k, v, device=device, generator=g) * 0.5) / temperature, -1)
     drafts = torch.multinomial(q.reshape(-1, v), 1, generator=g).reshape(n, k)
     return drafts, logits, q if with_q else None
 
@@ -153,133 +195,149 @@ def eager_chain_verify(drafts, logits, q, temperature):
 
 
 def bench_chain_verify(results, bench):
-    n, k, v = 64, 16, 151936
+    n, k, v = bench.shape((64, 16, 151936), (2, 3, 97))
     for temperature, with_q in [(0.0, False), (1.0, False), (1.0, True)]:
-        drafts, logits, q = chain_verify_inputs(n, k, v, torch.bfloat16, temperature, with_q)
+        drafts, logits, q = chain_verify_inputs(n, k, v, torch.bfloat16, temperature, with_q, device=bench.device)
         op = lambda d, l, qq: xkernels.chain_verify(d, l, draft_probs=qq, temperature=temperature, seed=1)  # noqa: E731
-        ours = time_events(lambda: op(drafts, logits, q))
-        eager = time_events(lambda: eager_chain_verify(drafts, logits, q, temperature))
-        eager_compiled = torch.compile(eager_chain_verify)
-        compiled_us = time_peer(lambda: eager_compiled(drafts, logits, q, temperature), warmup=3, iters=100)
-        cupy_us = time_cupy(op, [drafts, logits, q])
-        accept_len, _ = op(drafts, logits, q)
-        # The design reads every target row once, then (T > 0) one row per sequence again (and its q row).
-        read = n * (k + 1) * v * 2 + (n * v * (2 + (4 if with_q else 0)) if temperature > 0 else 0)
+        ours = bench.time(lambda: op(drafts, logits, q))
         row = dict(op="chain_verify", shape=f"N={n} K={k} V={v} bf16", temperature=temperature,
-                   draft_probs=with_q, mean_accept_len=round(accept_len.float().mean().item(), 2),
-                   us=round(ours, 1), eager_us=round(eager, 1), compiled_eager_us=compiled_us,
-                   speedup_vs_eager=round(eager / ours, 2),
-                   speedup_vs_compiled=None if compiled_us is None else round(compiled_us / ours, 2),
-                   cupy_us=None if cupy_us is None else round(cupy_us, 1),
-                   h200_estimate_us=ESTIMATE_US[("chain_verify", temperature, with_q)])
-        bench.bandwidth(row, read, ours)
+                   draft_probs=with_q, us=round(ours, 1))
+        if bench.main:
+            eager = bench.time(lambda: eager_chain_verify(drafts, logits, q, temperature))
+            accept_len, _ = op(drafts, logits, q)
+            # The design reads every target row once, then (T > 0) one row per sequence again (and its q row).
+            read = n * (k + 1) * v * 2 + (n * v * (2 + (4 if with_q else 0)) if temperature > 0 else 0)
+            row.update(mean_accept_len=round(accept_len.float().mean().item(), 2), eager_us=round(eager, 1),
+                       speedup_vs_eager=round(eager / ours, 2),
+                       h200_estimate_us=ESTIMATE_US[("chain_verify", temperature, with_q)])
+            bench.bandwidth(row, read, ours)
+        if bench.compiled:
+            eager_compiled = bench.compile(eager_chain_verify)
+            compiled_us = bench.peer(lambda: eager_compiled(drafts, logits, q, temperature), warmup=3, iters=100)
+            cupy_us = bench.cupy(op, [drafts, logits, q])
+            row.update(compiled_eager_us=compiled_us,
+                       speedup_vs_compiled=None if compiled_us is None else round(compiled_us / ours, 2),
+                       cupy_us=None if cupy_us is None else round(cupy_us, 1))
         bench.emit(results, row, lambda: op(drafts, logits, q))
 
 
-def refine_inputs(n, b, v, r, h, dtype=torch.bfloat16, seed=0):
+def refine_inputs(n, b, v, r, h, dtype=torch.bfloat16, seed=0, device="cuda"):
     from xkernels.refiner import RefinerWeights
 
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    rand = lambda *shape: torch.randn(*shape, device="cuda", generator=g)  # noqa: E731
-    weights = RefinerWeights(emb=rand(v, r) * 0.5, mix=rand(r, b, b).tril() * 0.1 + torch.eye(b, device="cuda"),
+    g = torch.Generator(device=device).manual_seed(seed)
+    rand = lambda *shape: torch.randn(*shape, device=device, generator=g)  # noqa: E731
+    weights = RefinerWeights(emb=rand(v, r) * 0.5, mix=rand(r, b, b).tril() * 0.1 + torch.eye(b, device=device),
                              w_gate=rand(h, r) * r**-0.5, w_up=rand(h, r) * r**-0.5, w_down=rand(r, h) * h**-0.5,
                              w_read=rand(v, r) * r**-0.5).to(dtype)
     ctx = rand(n, b, r)
     base = (rand(n, b - 1, v) * 3).to(dtype)
-    prev = torch.randint(0, v, (n, b), device="cuda", generator=g)
+    prev = torch.randint(0, v, (n, b), device=device, generator=g)
     return ctx, prev, base, weights
 
 
-def refine_reads(fn, **kw):
-    """{read: (microseconds, result)} of fn with the refine read forced to the cuBLAS GEMM and to the
-    fused kernel (XKERNELS_REFINE_READ, which the ops read at each call)."""
-    saved, out = os.environ.get("XKERNELS_REFINE_READ"), {}
+@contextlib.contextmanager
+def refine_read(read):
+    """The refine read forced to `read` (XKERNELS_REFINE_READ, which the ops read at each call)."""
+    saved = os.environ.get("XKERNELS_REFINE_READ")
+    os.environ["XKERNELS_REFINE_READ"] = read
     try:
-        for read in ("gemm", "fused"):
-            os.environ["XKERNELS_REFINE_READ"] = read
-            out[read] = (round(time_events(fn, **kw), 1), fn())
+        yield
     finally:
         os.environ.pop("XKERNELS_REFINE_READ")
         if saved is not None:
             os.environ["XKERNELS_REFINE_READ"] = saved
+
+
+def refine_reads(fn, timer, **kw):
+    """{read: (microseconds, result)} of fn with the refine read forced to the cuBLAS GEMM and to the
+    fused kernel."""
+    out = {}
+    for read in ("gemm", "fused"):
+        with refine_read(read):
+            out[read] = (round(timer(fn, **kw), 1), fn())
     return out
 
 
 def bench_refine(results, bench):
     from xkernels import reference
 
-    b, v, r, h = 16, 151936, 256, 512
-    for n in (1, 8, 32):
-        ctx, prev, base, weights = refine_inputs(n, b, v, r, h)
+    b, v, r, h = bench.shape((16, 151936, 256, 512), (4, 97, 16, 32))
+    for n in bench.shape((1, 8, 32), (1, 2)):
+        ctx, prev, base, weights = refine_inputs(n, b, v, r, h, device=bench.device)
         prefix = prev[:, :2].contiguous()
         step_fn = lambda: xkernels.refine_step(ctx, prev, base, weights)  # noqa: E731
-        step = time_events(step_fn)
-        jacobi = time_events(lambda: xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=4), iters=50)
-        sequential = time_events(lambda: xkernels.sequential_refine(ctx, prefix, base, weights), iters=50)
-        eager = time_events(lambda: reference.refine_step(ctx, prev, base, weights), iters=50)
-        ref_compiled = torch.compile(reference.refine_step)
-        compiled_us = time_peer(lambda: ref_compiled(ctx, prev, base, weights), warmup=3, iters=50)
-        # The bare read: cuBLAS's product of the drafted rows' z with w_read, no epilogue; and the form
-        # the op's read runs (float32 products of bfloat16 operands).
-        z = torch.randn(n * (b - 1), r, device="cuda", dtype=weights.w_read.dtype)
-        gemm = time_events(lambda: z @ weights.w_read.T)
-        gemm_fp32_out = time_peer(lambda: torch.mm(z, weights.w_read.T, out_dtype=torch.float32))
-        iters = xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=4)[2]
-        # Both reads side by side (pass_us above: the one the plan picks); at T=0 their tokens
-        # differ only where two logits lie within float32 accumulation-order rounding.
-        step_reads = refine_reads(step_fn)
-        jacobi_reads = refine_reads(lambda: xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=4), iters=50)
-        floor_bytes = v * r * 2 + n * (b - 1) * v * 2  # w_read once, the base logits once
-        row = dict(op="refine_step / jacobi_refine", shape=f"N={n} B={b} V={v} r={r} bf16", pass_us=round(step, 1),
-                   pass_gemm_read_us=step_reads["gemm"][0], pass_fused_read_us=step_reads["fused"][0],
-                   pass_reads_same_tokens=round((step_reads["gemm"][1][0] == step_reads["fused"][1][0])
-                                                .float().mean().item(), 4),
-                   jacobi4_gemm_read_us=jacobi_reads["gemm"][0], jacobi4_fused_read_us=jacobi_reads["fused"][0],
-                   pass_h200_estimate_us=ESTIMATE_US[("refine_step", n)], cublas_read_gemm_us=round(gemm, 1),
-                   cublas_read_gemm_fp32_out_us=gemm_fp32_out, pass_vs_gemm=round(step / gemm, 2),
-                   jacobi4_us=round(jacobi, 1), jacobi4_h200_estimate_us=ESTIMATE_US.get(("jacobi_refine", n)),
-                   jacobi4_mean_passes=round(iters.float().mean().item(), 2),
-                   sequential15_us=round(sequential, 1), eager_reference_pass_us=round(eager, 1),
-                   compiled_reference_pass_us=compiled_us, speedup_pass_vs_eager=round(eager / step, 2),
-                   speedup_pass_vs_compiled=None if compiled_us is None else round(compiled_us / step, 2))
-        bench.bandwidth(row, floor_bytes, step, prefix="pass_")
-        bench.bandwidth(row, floor_bytes, step_reads["fused"][0], prefix="pass_fused_read_")
+        step = bench.time(step_fn)
+        row = dict(op="refine_step / jacobi_refine", shape=f"N={n} B={b} V={v} r={r} bf16", pass_us=round(step, 1))
+        if bench.main:
+            jacobi = bench.time(lambda: xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=4), iters=50)
+            sequential = bench.time(lambda: xkernels.sequential_refine(ctx, prefix, base, weights), iters=50)
+            eager = bench.time(lambda: reference.refine_step(ctx, prev, base, weights), iters=50)
+            # The bare read: cuBLAS's product of the drafted rows' z with w_read, no epilogue; and the form
+            # the op's read runs (float32 products of bfloat16 operands).
+            z = torch.randn(n * (b - 1), r, device=bench.device, dtype=weights.w_read.dtype)
+            gemm = bench.time(lambda: z @ weights.w_read.T)
+            gemm_fp32_out = bench.peer(lambda: torch.mm(z, weights.w_read.T, out_dtype=torch.float32))
+            iters = xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=4)[2]
+            # Both reads side by side (pass_us above: the one the plan picks); at T=0 their tokens
+            # differ only where two logits lie within float32 accumulation-order rounding.
+            step_reads = refine_reads(step_fn, bench.time)
+            jacobi_reads = refine_reads(lambda: xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=4),
+                                        bench.time, iters=50)
+            floor_bytes = v * r * 2 + n * (b - 1) * v * 2  # w_read once, the base logits once
+            row.update(pass_gemm_read_us=step_reads["gemm"][0], pass_fused_read_us=step_reads["fused"][0],
+                       pass_reads_same_tokens=round((step_reads["gemm"][1][0] == step_reads["fused"][1][0])
+                                                    .float().mean().item(), 4),
+                       jacobi4_gemm_read_us=jacobi_reads["gemm"][0], jacobi4_fused_read_us=jacobi_reads["fused"][0],
+                       pass_h200_estimate_us=ESTIMATE_US.get(("refine_step", n)),
+                       cublas_read_gemm_us=round(gemm, 1), cublas_read_gemm_fp32_out_us=gemm_fp32_out,
+                       pass_vs_gemm=round(step / gemm, 2), jacobi4_us=round(jacobi, 1),
+                       jacobi4_h200_estimate_us=ESTIMATE_US.get(("jacobi_refine", n)),
+                       jacobi4_mean_passes=round(iters.float().mean().item(), 2),
+                       sequential15_us=round(sequential, 1), eager_reference_pass_us=round(eager, 1),
+                       speedup_pass_vs_eager=round(eager / step, 2))
+            bench.bandwidth(row, floor_bytes, step, prefix="pass_")
+            bench.bandwidth(row, floor_bytes, step_reads["fused"][0], prefix="pass_fused_read_")
+        if bench.compiled:
+            ref_compiled = bench.compile(reference.refine_step)
+            compiled_us = bench.peer(lambda: ref_compiled(ctx, prev, base, weights), warmup=3, iters=50)
+            row.update(compiled_reference_pass_us=compiled_us,
+                       speedup_pass_vs_compiled=None if compiled_us is None else round(compiled_us / step, 2))
         bench.emit(results, row, step_fn)
 
 
-def tree_inputs(n, budget, v, dtype, seed=0):
+def tree_inputs(n, budget, v, dtype, seed=0, device="cuda"):
     """A best-first tree over random marginals, target logits at every node with the argmax
     planted on most first children (walks of a few nodes), and children's draft distributions."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    lp, tok = torch.randn(n, 15, v, device="cuda", generator=g).log_softmax(-1).topk(8, -1)
+    g = torch.Generator(device=device).manual_seed(seed)
+    lp, tok = torch.randn(n, 15, v, device=device, generator=g).log_softmax(-1).topk(8, -1)
     tokens, parents, num_nodes, _ = xkernels.build_draft_tree(lp.contiguous(), tok.contiguous(), budget)
     m = budget + 1
-    logits = torch.randn(n, m, v, device="cuda", generator=g) * 4
-    rows = torch.arange(n, device="cuda")
+    logits = torch.randn(n, m, v, device=device, generator=g) * 4
+    rows = torch.arange(n, device=device)
     for i in range(1, m):
         p = parents[:, i]
         first = (parents[:, 1:i] == p[:, None]).sum(-1) == 0
-        plant = first & (torch.rand(n, device="cuda", generator=g) < 0.8)
+        plant = first & (torch.rand(n, device=device, generator=g) < 0.8)
         logits[rows[plant], p[plant], tokens[plant, i]] = 100.0
-    q = torch.softmax(logits + torch.randn(n, m, v, device="cuda", generator=g), -1)
+    q = torch.softmax(logits + torch.randn(n, m, v, device=device, generator=g), -1)
     return lp.contiguous(), tok.contiguous(), tokens, parents, logits.to(dtype), q
 
 
 def bench_tree(results, bench):
-    n, budget, v = 64, 63, 151936
+    n, budget, v = bench.shape((64, 63, 151936), (2, 6, 97))
     m = budget + 1
-    lp, tok, tokens, parents, logits, q = tree_inputs(n, budget, v, torch.bfloat16)
+    lp, tok, tokens, parents, logits, q = tree_inputs(n, budget, v, torch.bfloat16, device=bench.device)
     cases = [("build_draft_tree", lambda: xkernels.build_draft_tree(lp, tok, budget), ("build_draft_tree",)),
              ("tree_attention_mask packed", lambda: xkernels.tree_attention_mask(parents, layout="packed"),
               ("tree_attention_mask",))]
     for name, fn, est in cases:
-        row = dict(op=name, shape=f"N={n} budget={budget}", us=round(time_events(fn), 1),
+        row = dict(op=name, shape=f"N={n} budget={budget}", us=round(bench.time(fn), 1),
                    h200_estimate_us=ESTIMATE_US[est])
         bench.emit(results, row, fn)
     for temperature, with_q in [(0.0, False), (1.0, False), (1.0, True)]:
         qq = q if with_q else None
         op = lambda: xkernels.tree_verify(tokens, parents, logits, draft_probs=qq, temperature=temperature, seed=1)  # noqa: E731
-        us = time_events(op, iters=50)
+        us = bench.time(op, iters=50)
         accept_len, _, _ = op()
         visited = (accept_len + 1).sum().item()
         # Every visited row once, plus (draft_probs) its q row and residual passes (at least one).
@@ -291,149 +349,274 @@ def bench_tree(results, bench):
         bench.emit(results, row, op)
 
 
-def spiffy_inputs(n, length, v, dtype, masked=24, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    logits = (torch.randn(n, length, v, device="cuda", generator=g) * 3).to(dtype)
-    block = torch.randint(2, v, (n, length), device="cuda", generator=g)
-    block[:, torch.randperm(length, device="cuda", generator=g)[:masked]] = 1
+def spiffy_inputs(n, length, v, dtype, masked=24, seed=0, device="cuda"):
+    g = torch.Generator(device=device).manual_seed(seed)
+    logits = (torch.randn(n, length, v, device=device, generator=g) * 3).to(dtype)
+    block = torch.randint(2, v, (n, length), device=device, generator=g)
+    block[:, torch.randperm(length, device=device, generator=g)[:masked]] = 1
     return logits, block
 
 
-def bench_spiffy(results, bench):
-    """The diffusion ops at LLaDA's vocabulary (126464) and block (32), bfloat16 logits, the shipped
-    graph. accept: keep=16 drafts whose logits equal the root's (deep walks), at V=32768."""
-    from xkernels.spiffy import shipped_graph
-
-    n, length, v, keep = 16, 32, 126464, 16
-    graph = shipped_graph(device="cuda")
-    logits, block = spiffy_inputs(n, length, v, torch.bfloat16)
-    rows_bytes = int((block == 1).sum()) * v * 2  # every masked row once
-    cases = [("dllm_step T=0", lambda: xkernels.dllm_step(logits, block, 1), rows_bytes),
-             ("dllm_step T=1", lambda: xkernels.dllm_step(logits, block, 1, temperature=1.0, seed=1), rows_bytes),
-             ("spiffy_materialize", lambda: xkernels.spiffy_materialize(logits, block, 1, graph, keep=keep),
-              rows_bytes)]
-    small_v = 32768
-    root, block2 = spiffy_inputs(n, length, small_v, torch.bfloat16, seed=1)
-    drafts, node_ids, _ = xkernels.spiffy_materialize(root, block2, 1, graph, keep=keep)
-    draft_logits = root[:, None].expand(n, keep, length, small_v).contiguous()
-    steps = xkernels.spiffy_accept(root, draft_logits, drafts, node_ids, block2, 1, seed=1)[0]
-    # each step reads the masked rows of the node it stands on (24, 23, ... masked)
-    accept_bytes = sum(sum(24 - t for t in range(int(s))) for s in steps.tolist()) * small_v * 2
-    cases.append(("spiffy_accept", lambda: xkernels.spiffy_accept(root, draft_logits, drafts, node_ids, block2, 1,
-                                                                  temperature=1.0, seed=1), accept_bytes))
-    lens = torch.full((n,), 1024, device="cuda")
-    cases.append(("spiffy_attention_mask", lambda: xkernels.spiffy_attention_mask(keep, length, lens,
-                                                                                   max_prefix_len=1024, layout="packed"),
-                  n * (1 + keep) * length * (1024 + (1 + keep) * length) // 8))
-    for name, fn, moved in cases:
-        us = time_events(fn, iters=100)
-        row = dict(op=name, shape=f"N={n} L={length} V={small_v if name == 'spiffy_accept' else v} bf16 keep={keep}",
-                   us=round(us, 1), h200_estimate_us=ESTIMATE_US[(name,)])
-        if name == "spiffy_accept":
-            row["mean_steps"] = round(steps.float().mean().item(), 2)
+def time_cases(results, bench, cases, iters=100):
+    """Rows of (name, shape, fn, bytes moved, extra fields) cases: the time, the estimate, the bandwidth."""
+    for name, shape, fn, moved, extra in cases:
+        us = bench.time(fn, iters=iters)
+        row = dict(op=name, shape=shape, us=round(us, 1), h200_estimate_us=ESTIMATE_US[(name,)], **extra)
         bench.bandwidth(row, moved, us)
         bench.emit(results, row, fn)
 
 
+def bench_dllm(results, bench):
+    """dllm_step at LLaDA's vocabulary (126464) and block (32), 24 of 32 positions masked, bfloat16 logits."""
+    n, length, v, masked = bench.shape((16, 32, 126464, 24), (2, 8, 97, 5))
+    logits, block = spiffy_inputs(n, length, v, torch.bfloat16, masked=masked, device=bench.device)
+    rows_bytes = int((block == 1).sum()) * v * 2  # every masked row once
+    shape = f"N={n} L={length} V={v} bf16"
+    time_cases(results, bench, [
+        ("dllm_step T=0", shape, lambda: xkernels.dllm_step(logits, block, 1), rows_bytes, {}),
+        ("dllm_step T=1", shape, lambda: xkernels.dllm_step(logits, block, 1, temperature=1.0, seed=1), rows_bytes,
+         {})])
+
+
+def bench_spiffy(results, bench):
+    """The Spiffy ops at LLaDA's vocabulary (126464) and block (32), bfloat16 logits, the shipped
+    graph. accept: keep=16 drafts whose logits equal the root's (deep walks), at V=32768."""
+    from xkernels.spiffy import shipped_graph
+
+    n, length, v, small_v, keep, masked, prefix = bench.shape((16, 32, 126464, 32768, 16, 24, 1024),
+                                                              (2, 8, 97, 61, 3, 5, 9))
+    graph = shipped_graph(device=bench.device)
+    logits, block = spiffy_inputs(n, length, v, torch.bfloat16, masked=masked, device=bench.device)
+    root, block2 = spiffy_inputs(n, length, small_v, torch.bfloat16, masked=masked, seed=1, device=bench.device)
+    drafts, node_ids, _ = xkernels.spiffy_materialize(root, block2, 1, graph, keep=keep)
+    draft_logits = root[:, None].expand(n, keep, length, small_v).contiguous()
+    steps = xkernels.spiffy_accept(root, draft_logits, drafts, node_ids, block2, 1, seed=1)[0]
+    # each step reads the masked rows of the node it stands on (masked, masked - 1, ...)
+    accept_bytes = sum(sum(masked - t for t in range(int(s))) for s in steps.tolist()) * small_v * 2
+    lens = torch.full((n,), prefix, device=bench.device)
+    time_cases(results, bench, [
+        ("spiffy_materialize", f"N={n} L={length} V={v} bf16 keep={keep}",
+         lambda: xkernels.spiffy_materialize(logits, block, 1, graph, keep=keep),
+         int((block == 1).sum()) * v * 2, {}),
+        ("spiffy_accept", f"N={n} L={length} V={small_v} bf16 keep={keep}",
+         lambda: xkernels.spiffy_accept(root, draft_logits, drafts, node_ids, block2, 1, temperature=1.0, seed=1),
+         accept_bytes, dict(mean_steps=round(steps.float().mean().item(), 2))),
+        ("spiffy_attention_mask", f"N={n} L={length} keep={keep} prefix={prefix}",
+         lambda: xkernels.spiffy_attention_mask(keep, length, lens, max_prefix_len=prefix, layout="packed"),
+         n * (1 + keep) * length * (prefix + (1 + keep) * length) // 8, {})])
+
+
 # Edge cases that must stay memory-safe, per section: odd and tiny V, K=0, N=0, bad ids, degenerate rows.
 # Each section runs in its own process under compute-sanitizer, so one that dies leaves the others.
+# Each takes the device, so that tests/test_gpu_check.py runs every case on the CPU: a case that is
+# not valid fails CI there instead of a GPU window.
 
-def sanitize_chain():
-    for n, k, v in [(3, 4, 7), (2, 0, 5), (0, 3, 9), (0, 0, 9), (5, 16, 4099), (2, 2, 1)]:
+def expect_error(match, fn):
+    """fn() must raise a RuntimeError whose message matches `match` (an argument check, before any launch)."""
+    try:
+        fn()
+    except RuntimeError as e:
+        if not re.search(match, str(e)):
+            raise AssertionError(f"expected an error matching {match!r}, got: {e}") from e
+        return
+    raise AssertionError(f"expected an error matching {match!r}; nothing was raised")
+
+
+def run_case(device, fn, corrupt=None, match=None):
+    """fn() on a case's inputs. corrupt() writes ids or parents out of range into them: on CUDA, whose
+    ops check values only under XKERNELS_CHECK=1, fn() then runs on the corrupted inputs, which the
+    kernels must survive memory-safely; the CPU ops always check values, so there fn() runs on the
+    clean inputs and must then refuse the corrupted ones with the message `match`."""
+    if corrupt is None:
+        return fn()
+    if device == "cpu" or os.environ.get("XKERNELS_CHECK", "0") not in ("", "0"):
+        fn()
+        corrupt()
+        return expect_error(match, fn)
+    corrupt()
+    return fn()
+
+
+CHAIN_CASES = ((3, 4, 7), (2, 0, 5), (0, 3, 9), (0, 0, 9), (5, 16, 4099), (2, 2, 1))  # N, K, V
+
+
+def sanitize_chain(device="cuda", cases=CHAIN_CASES):
+    for n, k, v in cases:
         for dtype in (torch.float32, torch.bfloat16, torch.float16):
             for temperature, with_q in [(0.0, False), (1.0, False), (0.7, True)]:
-                drafts, logits, q = chain_verify_inputs(n, k, v, dtype, temperature, True)
-                if n and k:
-                    drafts[0, 0] = -5
-                    drafts[-1, -1] = v + 100
+                drafts, logits, q = chain_verify_inputs(n, k, v, dtype, temperature, True, device=device)
+                if n:
                     logits[0, 0] = float("nan")
                     logits[-1, 0] = float("-inf")
-                xkernels.chain_verify(drafts, logits, draft_probs=q if with_q else None, temperature=temperature)
+
+                def corrupt():
+                    drafts[0, 0] = -5
+                    drafts[-1, -1] = v + 100
+
+                run_case(device, lambda: xkernels.chain_verify(drafts, logits, draft_probs=q if with_q else None,
+                                                               temperature=temperature),
+                         corrupt if n and k else None, "draft_tokens holds ids outside")
 
 
-def sanitize_refine():
-    for n, b, v, r, h in [(3, 5, 97, 16, 32), (2, 16, 1000, 256, 512), (0, 4, 10, 8, 16), (1, 4, 300, 16, 12400),
-                          (2, 2, 1, 16, 16), (1, 1, 7, 16, 16)]:
+REFINE_CASES = ((3, 5, 97, 16, 32), (2, 16, 1000, 256, 512), (0, 4, 10, 8, 16), (1, 4, 300, 16, 12400),
+                (2, 2, 1, 16, 16), (1, 2, 7, 16, 16))  # N, B, V, r, H
+
+
+def sanitize_refine(device="cuda", cases=REFINE_CASES):
+    for n, b, v, r, h in cases:
         for dtype in (torch.float32, torch.bfloat16):
-            ctx, prev, base, weights = refine_inputs(n, b, v, r, h, dtype)
-            if n:
-                prev[0, 0] = -3  # read as a zero embedding row
-            prefix = prev[:, :2].contiguous()
-            for temperature in (0.0, 1.0):
-                refine_reads(lambda: (xkernels.refine_step(ctx, prev, base, weights, temperature=temperature),
-                                      xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=3,
-                                                             temperature=temperature),
-                                      xkernels.sequential_refine(ctx, prefix, base, weights,
-                                                                 temperature=temperature)), warmup=0, iters=1)
+            ctx, prev, base, weights = refine_inputs(n, b, v, r, h, dtype, device=device)
+            prefix = prev[:, :2]  # F = B - D = 1 fixed slot
+
+            def passes():
+                for temperature in (0.0, 1.0):
+                    for read in ("gemm", "fused") if device == "cuda" else ("auto",):  # the CPU has one read
+                        with refine_read(read):
+                            xkernels.refine_step(ctx, prev, base, weights, temperature=temperature)
+                            xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=3, temperature=temperature)
+                            xkernels.sequential_refine(ctx, prefix, base, weights, temperature=temperature)
+
+            def corrupt():
+                prev[0, 0] = -3  # read as a zero embedding row (prefix is a view of prev)
+
+            run_case(device, passes, corrupt if n else None, "prev_tokens holds ids outside")
+    # B = 1 leaves no slot to draft: refused before any launch.
+    ctx, prev, base, weights = refine_inputs(1, 1, 7, 16, 16, device=device)
+    expect_error(r"base_logits must have between 1 and B=1 drafted slots, got D=0",
+                 lambda: xkernels.refine_step(ctx, prev, base, weights))
 
 
-def sanitize_tree():
-    for n, budget, v in [(3, 12, 97), (2, 63, 1000), (0, 4, 10), (2, 0, 10)]:
+TREE_CASES = ((3, 12, 97), (2, 63, 1000), (0, 4, 10), (2, 0, 10))  # N, budget, V
+
+
+def sanitize_tree(device="cuda", cases=TREE_CASES):
+    # budget 0: a tree of the root alone (M = 1), so no node below it to corrupt.
+    for n, budget, v in cases:
         for dtype in (torch.float32, torch.bfloat16):
-            lp, tok, tokens, parents, logits, q = tree_inputs(n, budget, v, dtype)
+            lp, tok, tokens, parents, logits, q = tree_inputs(n, budget, v, dtype, device=device)
             xkernels.build_draft_tree(lp, tok, budget)
             xkernels.tree_attention_mask(parents, layout="packed")
             xkernels.tree_positions(parents)
-            if n:
+
+            def verify_and_compact():
+                for temperature, with_q, wr in [(0.0, False, False), (1.0, False, False), (1.0, True, False),
+                                                (0.7, True, True)]:
+                    accept_len, path, _ = xkernels.tree_verify(tokens, parents, logits,
+                                                               draft_probs=q if with_q else None,
+                                                               without_replacement=wr, temperature=temperature)
+                cache = torch.randn(n, 2, budget + 8, 16, device=device, dtype=dtype)
+                xkernels.compact_kv_(cache, path, accept_len, 3)
+
+            def corrupt():
                 tokens[0, 1] = v + 5  # never accepted, never read
                 parents[-1, 2] = 7  # invalid: walks stop there
-            for temperature, with_q, wr in [(0.0, False, False), (1.0, False, False), (1.0, True, False), (0.7, True, True)]:
-                accept_len, path, _ = xkernels.tree_verify(tokens, parents, logits, draft_probs=q if with_q else None,
-                                                           without_replacement=wr, temperature=temperature)
-            cache = torch.randn(n, 2, budget + 8, 16, device="cuda", dtype=dtype)
-            xkernels.compact_kv_(cache, path, accept_len, 3)
+
+            run_case(device, verify_and_compact, corrupt if n and budget >= 2 else None, "parents is not a valid tree")
 
 
-def sanitize_spiffy():
-    for n, length, v in [(2, 32, 1000), (1, 7, 33), (0, 4, 10)]:
+DLLM_CASES = ((2, 32, 1000), (1, 7, 33), (0, 4, 10))  # N, L, V
+
+
+def sanitize_dllm(device="cuda", cases=DLLM_CASES):
+    for n, length, v in cases:
         for dtype in (torch.float32, torch.bfloat16):
-            logits = torch.randn(n, length, v, device="cuda").to(dtype)
-            block = torch.full((n, length), 5, device="cuda")
+            logits = torch.randn(n, length, v, device=device).to(dtype)
+            block = torch.full((n, length), 5, device=device)
             if n:
                 block[0, ::2] = 1
                 logits[0, 0, 3] = float("nan")
             for temperature, threshold in [(0.0, None), (1.0, None), (0.7, 0.5)]:
                 xkernels.dllm_step(logits, block, 5, num_unmask=3, threshold=threshold, temperature=temperature)
+
+
+def graph_within(graph, length, v, device):
+    """The nodes of `graph` whose operations all lie inside a block of `length` positions and v ids,
+    with the edges between them: a valid graph for that block (a node's parents hold a subset of its
+    operations, so every node kept keeps its parents)."""
+    from xkernels.reference import SPIFFY_MAX_RANK
+    from xkernels.spiffy import DraftGraph
+
+    top = min(v, SPIFFY_MAX_RANK)
+    kept = [g for g, ops in enumerate(graph.nodes) if all(i < length and j < top for i, j in ops)]
+    where = {g: k for k, g in enumerate(kept)}
+    return DraftGraph([graph.nodes[g] for g in kept],
+                      [(where[a], where[b]) for a, b in graph.edges if a in where and b in where], device=device)
+
+
+SPIFFY_CASES = ((2, 32, 1000, 8), (1, 7, 33, 3), (0, 4, 10, 2), (3, 40, 5, 31))  # N, L, V, keep
+
+
+def sanitize_spiffy(device="cuda", cases=SPIFFY_CASES):
     from xkernels.spiffy import shipped_graph
 
-    graph = shipped_graph(device="cuda")
-    for n, length, v, keep in [(2, 32, 1000, 8), (1, 7, 33, 3), (0, 4, 10, 2), (3, 40, 5, 31)]:
+    shipped = shipped_graph(device=device)
+    for n, length, v, keep in cases:
+        valid = graph_within(shipped, length, v, device)
+        keep = min(keep, len(valid) - 1)
         for dtype in (torch.float32, torch.bfloat16):
-            logits, block = spiffy_inputs(n, length, v, dtype, masked=min(length, 24))
+            logits, block = spiffy_inputs(n, length, v, dtype, masked=min(length, 24), device=device)
             if n:
                 logits[0, 0, 3] = float("nan")
-                block[-1] = 7  # nothing masked
-            for temperature in (0.0, 0.7):
-                drafts, node_ids, _ = xkernels.spiffy_materialize(logits, block, 1, graph, keep=keep,
-                                                                  temperature=temperature)
-                draft_logits = logits[:, None].expand(n, keep, length, v).contiguous()
-                for threshold in (None, 0.3):
-                    xkernels.spiffy_accept(logits, draft_logits, drafts, node_ids, block, 1, threshold=threshold,
-                                           temperature=temperature, seed=2)
-            lens = torch.tensor([3, 0, 9, 5][: max(n, 1)], device="cuda")
+                block[-1] = v - 1  # nothing masked (the mask id is 1)
+            graph = [valid]
+
+            def walks():
+                for temperature in (0.0, 0.7):
+                    drafts, node_ids, _ = xkernels.spiffy_materialize(logits, block, 1, graph[0], keep=keep,
+                                                                      temperature=temperature)
+                    draft_logits = logits[:, None].expand(n, keep, length, v).contiguous()
+                    for threshold in (None, 0.3):
+                        xkernels.spiffy_accept(logits, draft_logits, drafts, node_ids, block, 1,
+                                               threshold=threshold, temperature=temperature, seed=2)
+
+            def corrupt():
+                graph[0] = shipped  # ranks past this block or vocabulary: nodes the kernels must skip
+
+            run_case(device, walks, corrupt if len(valid) < len(shipped) else None,
+                     r"graph_ranks: node \d+ has (position|vocabulary) rank")
+            lens = torch.tensor([3, 0, 9, 5][: max(n, 1)], device=device)
             xkernels.spiffy_attention_mask(keep, length, lens, max_prefix_len=9,
                                            layout="packed" if dtype == torch.bfloat16 else "bool")
 
 
-SECTIONS = {"chain": (bench_chain_verify, sanitize_chain), "refine": (bench_refine, sanitize_refine),
-            "tree": (bench_tree, sanitize_tree), "spiffy": (bench_spiffy, sanitize_spiffy)}
+# In the order bench/gpu_check.sh times them: the kernels redesigned since the last GPU run first.
+# Each section: its timings, its sanitizer cases and their list.
+SECTIONS = {"tree": (bench_tree, sanitize_tree, TREE_CASES), "spiffy": (bench_spiffy, sanitize_spiffy, SPIFFY_CASES),
+            "dllm": (bench_dllm, sanitize_dllm, DLLM_CASES), "refine": (bench_refine, sanitize_refine, REFINE_CASES),
+            "chain": (bench_chain_verify, sanitize_chain, CHAIN_CASES)}
+COMPILE_SECTIONS = ("refine", "chain")  # the sections with torch.compile or CuPy peers
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sanitize", choices=sorted(SECTIONS), help="run one section's small edge cases only")
-    parser.add_argument("--only", nargs="+", choices=sorted(SECTIONS), default=list(SECTIONS),
+    parser.add_argument("--sanitize", nargs="+", choices=list(SECTIONS),
+                        help="run these sections' small edge cases only")
+    parser.add_argument("--only", nargs="+", choices=list(SECTIONS), default=list(SECTIONS),
                         help="the sections to time (default: all)")
     parser.add_argument("--json", help="append the rows here, one JSON object a line")
     parser.add_argument("--profile", action="store_true", help="add each case's CUDA kernels and their times")
+    peers = parser.add_mutually_exclusive_group()
+    peers.add_argument("--no-compile", dest="compile_peers", action="store_const", const="no", default="yes",
+                       help="leave out the torch.compile and CuPy peers")
+    peers.add_argument("--compile-only", dest="compile_peers", action="store_const", const="only",
+                       help="time only those peers (and the op, for the ratio), of the sections that have them")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="CPU tensors and tiny shapes, one call a timing: checks the flow, not the speed")
     args = parser.parse_args()
     if args.sanitize:
-        SECTIONS[args.sanitize][1]()
-        torch.cuda.synchronize()
-        print(f"sanitize cases of {args.sanitize} ran", flush=True)
+        for section in args.sanitize:
+            _, sanitize, cases = SECTIONS[section]
+            if args.dry_run:  # the flow: each section's first case (tests/test_gpu_check.py runs them all)
+                sanitize("cpu", cases[:1])
+            else:
+                sanitize("cuda")
+                torch.cuda.synchronize()
+            print(f"sanitize cases of {section} ran", flush=True)
         return
-    bench = Bench(profile=args.profile)
+    bench = Bench(profile=args.profile, compile_peers=args.compile_peers, dry_run=args.dry_run)
     for section in args.only:
+        if args.compile_peers == "only" and section not in COMPILE_SECTIONS:
+            continue
         results = []
         SECTIONS[section][0](results, bench)
         if args.json:
