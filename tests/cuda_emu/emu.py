@@ -64,6 +64,49 @@ class CudaEmu:
         self._check(rc, msg)
         return accept_len, out
 
+    def chain_verify_ragged(self, drafts, cu, logits, max_spec_len, q=None, temperature=0.0, top_k=None, top_p=None,
+                            min_p=None, seed=0, offset=0, method="token"):
+        """chain_verify_ragged_'s kernel, with the arguments as xkernels.chain_verify_ragged takes
+        them (per-row values as [N] tensors, per-row seeds and offsets as int64 [N] tensors)."""
+        from xkernels.reference.sampling import is_per_row
+        from xkernels.reference.rng import inverse_temperature
+        n, v = cu.shape[0], logits.shape[-1]
+        t = drafts.shape[0]
+
+        def rows(x, dtype):
+            return x.to(dtype).contiguous() if isinstance(x, torch.Tensor) else None
+
+        def scalar(x, default):
+            return default if x is None or isinstance(x, torch.Tensor) else x
+
+        def stream(x):
+            if isinstance(x, torch.Tensor):
+                x = x.to(torch.int64).reshape(-1).contiguous()
+                return 0, x, x.numel()
+            return x % 2**64, None, 0
+
+        temp_rows, k_rows, p_rows, m_rows = (rows(temperature, torch.float32), rows(top_k, torch.int32),
+                                             rows(top_p, torch.float32), rows(min_p, torch.float32))
+        seed_int, seed_t, seed_numel = stream(seed)
+        offset_int, offset_t, offset_numel = stream(offset)
+        per_request = is_per_row(seed, n) or is_per_row(offset, n)
+        drafts, cu, logits, q = _c(drafts.to(torch.int64)), _c(cu.to(torch.int64)), _c(logits), _c(q)
+        out = torch.empty(n, max_spec_len + 1, dtype=torch.int32)
+        emitted = torch.empty(n, dtype=torch.int32)
+        logprobs = torch.empty(n, max_spec_len + 1)
+        msg = ctypes.create_string_buffer(1024)
+        self.lib.xk_emu_chain_ragged.restype = ctypes.c_int
+        rc = self.lib.xk_emu_chain_ragged(
+            _ptr(logits), LOGITS_TYPES[logits.dtype], _ptr(drafts), _ptr(cu), _ptr(q), ctypes.c_int64(t),
+            ctypes.c_int64(n), ctypes.c_int64(v), ctypes.c_int64(max_spec_len),
+            ctypes.c_float(inverse_temperature(scalar(temperature, 0.0))), ctypes.c_int32(min(scalar(top_k, 0), 2**31 - 1)),
+            ctypes.c_float(scalar(top_p, 1.0)), ctypes.c_float(scalar(min_p, 0.0)), _ptr(temp_rows), _ptr(k_rows),
+            _ptr(p_rows), _ptr(m_rows), ctypes.c_uint64(seed_int), ctypes.c_uint64(offset_int), _ptr(seed_t),
+            ctypes.c_int64(seed_numel), _ptr(offset_t), ctypes.c_int64(offset_numel), ctypes.c_int(per_request),
+            ctypes.c_int(method == "block"), _ptr(out), _ptr(emitted), _ptr(logprobs), msg, ctypes.c_size_t(len(msg)))
+        self._check(rc, msg)
+        return out, emitted, logprobs
+
     def refine(self, op, ctx, tokens, base, weights, temperature=0.0, seed=0, offset=0, max_iters=0, num_sms=4,
                slice_bytes=1 << 20, read="auto", seed_tensor=None, offset_tensor=None):
         """slice_bytes: the L2 budget of one GEMM slice of the read (small values: many slices);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "chain_ragged_launch.h"
 #include "chain_verify_launch.h"
 #include "dllm_launch.h"
 #include "cuda_emu.h"
@@ -103,6 +104,47 @@ int xk_emu_chain_verify(const void* logits, int logits_type, const int64_t* draf
   const cudaError_t err = launch_chain_verify(p, workspace, nullptr);
   copy_out(accept_len, p.accept_len, sizeof(int64_t) * n);
   copy_out(out_tokens, p.out_tokens, sizeof(int64_t) * n * (k + 1));
+  return finish(err, message, message_len);
+}
+
+// Per-row parameter and stream arrays are null or [n] (seeds and offsets: `*_numel` elements,
+// one for the scalar form read on the device).
+int xk_emu_chain_ragged(const void* logits, int logits_type, const int64_t* draft, const int64_t* cu, const float* q,
+                        int64_t t, int64_t n, int64_t v, int64_t max_spec_len, float inv_t, int32_t top_k, float top_p,
+                        float min_p, const float* temperature, const int32_t* top_k_rows, const float* top_p_rows,
+                        const float* min_p_rows, uint64_t seed, uint64_t offset, const int64_t* seed_tensor,
+                        int64_t seed_numel, const int64_t* offset_tensor, int64_t offset_numel, int per_request,
+                        int block, int32_t* out, int32_t* num_emitted, float* logprobs, char* message,
+                        size_t message_len) {
+  using namespace xkernels::cuda;
+  Device dev;
+  ChainRaggedParams p{};
+  p.logits = dev.copy(static_cast<const char*>(logits), (t + n) * v * logits_bytes(logits_type));
+  p.dtype = static_cast<LogitsType>(logits_type);
+  p.draft = dev.copy(draft, sizeof(int64_t) * t);
+  p.cu = dev.copy(cu, sizeof(int64_t) * n);
+  p.q = dev.copy(q, sizeof(float) * t * v);
+  p.t = t, p.n = n, p.v = v, p.max_spec_len = max_spec_len;
+  p.scalar = xkernels::RowSampling{inv_t, top_k, top_p, min_p};
+  p.temperature = dev.copy(temperature, sizeof(float) * n);
+  p.top_k = dev.copy(top_k_rows, sizeof(int32_t) * n);
+  p.top_p = dev.copy(top_p_rows, sizeof(float) * n);
+  p.min_p = dev.copy(min_p_rows, sizeof(float) * n);
+  p.seed = seed, p.offset = offset;
+  p.seed_ptr = dev.copy(seed_tensor, sizeof(int64_t) * seed_numel);
+  p.offset_ptr = dev.copy(offset_tensor, sizeof(int64_t) * offset_numel);
+  p.seed_per_row = seed_tensor && seed_numel == n && per_request;
+  p.offset_per_row = offset_tensor && offset_numel == n && per_request;
+  p.per_request = per_request != 0;
+  p.block = block != 0;
+  const int64_t width = max_spec_len + 1;
+  p.out = dev.alloc<int32_t>(sizeof(int32_t) * n * width, 0xA5);
+  p.num_emitted = dev.alloc<int32_t>(sizeof(int32_t) * n, 0xA5);
+  p.logprobs = dev.alloc<float>(sizeof(float) * n * width, 0xA5);
+  const cudaError_t err = launch_chain_ragged(p, nullptr);
+  copy_out(out, p.out, sizeof(int32_t) * n * width);
+  copy_out(num_emitted, p.num_emitted, sizeof(int32_t) * n);
+  copy_out(logprobs, p.logprobs, sizeof(float) * n * width);
   return finish(err, message, message_len);
 }
 

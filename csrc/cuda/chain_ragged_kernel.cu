@@ -1,0 +1,421 @@
+// chain_verify_ragged_ on CUDA: one launch, a block per request, which walks the request's rows in
+// order (token-wise: up to the first rejection; block verification: every drafted row). Each row
+// takes a pass for its statistics; a row with filters then finds its cut by radix selection over
+// the order-preserving bits of the scaled logits (4 passes of 8 bits for top-k by count, 4 for
+// top-p by mass, one ordered pass when ties at the cut must be split by id) and a pass for the
+// kept ids' sum. Masses are summed in 64-bit fixed point, so the cut does not depend on the order
+// of the atomics. Draft ids outside [0, V) and any values of cu_num_draft_tokens or of the per-row
+// parameters stay memory-safe: ids count as rejected, counts are clamped into [0, T] and
+// max_spec_len, invalid parameters read as off (greedy for a temperature).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "chain_ragged_launch.h"
+#include "device_utils.cuh"
+#include "xkernels/sampling.h"
+#include "xkernels/sampling_params.h"
+
+namespace xkernels::cuda {
+namespace {
+
+// Keeps every id.
+__device__ __forceinline__ FilterCut keep_all() { return FilterCut{kNegInf, 0x7FFFFFFF}; }
+
+// Larger keys for larger floats (NaN aside, which rows with a softmax do not hold).
+__device__ __forceinline__ uint32_t order_key(float a) {
+  const uint32_t bits = __float_as_uint(a);
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+__device__ __forceinline__ float key_value(uint32_t key) {
+  return __uint_as_float((key & 0x80000000u) ? (key & 0x7FFFFFFFu) : ~key);
+}
+
+// exp(gap) (<= 1) in fixed point with `shift` fractional bits, truncated: exact in double.
+__device__ __forceinline__ unsigned long long fixed_mass(float gap, int shift) {
+  return static_cast<unsigned long long>(static_cast<double>(exp_f32(gap)) * static_cast<double>(1ull << shift));
+}
+
+template <typename T>
+struct RowView {
+  const T* row;
+  int64_t v;
+  float scale;
+  __device__ __forceinline__ float a(int64_t i) const { return to_float(row[i]) * scale; }
+};
+
+struct RowState {
+  RowStats s;  // of the filtered row
+  FilterCut cut;
+  float min_gap;  // keep a - top >= min_gap (min-p)
+  bool point_mass;
+
+  __device__ __forceinline__ bool keeps(float a, int64_t v) const {
+    return filter_keeps(cut, a, static_cast<int32_t>(v)) && a - s.top.val >= min_gap;
+  }
+  __device__ __forceinline__ float prob(float a, int64_t v) const {
+    if (point_mass) return v == s.top.idx ? 1.0f : 0.0f;
+    return keeps(a, v) ? stats_prob(s, a) : 0.0f;
+  }
+  __device__ __forceinline__ float logprob(float a) const {
+    return point_mass ? 0.0f : a - s.top.val - log_f32(s.sum);
+  }
+};
+
+struct Shared {
+  uint32_t count[256];
+  unsigned long long mass[256];
+  uint32_t warp_counts[kWarps];
+  RowState row;
+  double target, before;
+  uint32_t prefix, tie_count, need;
+  unsigned long long tie_mass;
+  int32_t found;
+  bool keep_all, flag;
+  int32_t exclude;
+  float value;
+  ArgMax best;
+};
+
+// The cut of the smallest prefix of the ranking, among the ids `within` keeps, whose count reaches
+// k (by_mass false) or whose mass reaches top_p of theirs (by_mass true). keep_all() when no prefix
+// reaches it (fewer finite ids than k).
+template <typename T>
+__device__ FilterCut radix_cut(Shared& sh, const RowView<T>& r, float top, const FilterCut& within, bool by_mass,
+                               uint32_t k, float top_p, int mass_shift) {
+  uint32_t mask = 0;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int d = threadIdx.x; d < 256; d += kThreads) {
+      sh.count[d] = 0;
+      sh.mass[d] = 0;
+    }
+    __syncthreads();
+    const uint32_t prefix = shift == 24 ? 0u : sh.prefix;
+    for (int64_t i = threadIdx.x; i < r.v; i += kThreads) {
+      const float a = r.a(i);
+      if (a == kNegInf || !filter_keeps(within, a, static_cast<int32_t>(i))) continue;
+      const uint32_t key = order_key(a);
+      if ((key & mask) != prefix) continue;
+      const uint32_t d = (key >> shift) & 255u;
+      atomicAdd(&sh.count[d], 1u);
+      if (by_mass) atomicAdd(&sh.mass[d], fixed_mass(a - top, mass_shift));
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      if (shift == 24) {
+        double total = 0.0;
+        for (int d = 0; d < 256; ++d) total += by_mass ? static_cast<double>(sh.mass[d]) : sh.count[d];
+        sh.target = by_mass ? static_cast<double>(top_p) * total : static_cast<double>(k);
+        sh.before = 0.0;
+        sh.prefix = 0;
+        sh.keep_all = !(total >= sh.target);
+      }
+      if (!sh.keep_all) {
+        int d = 255;
+        for (; d >= 0; --d) {
+          const double m = by_mass ? static_cast<double>(sh.mass[d]) : sh.count[d];
+          if (sh.before + m >= sh.target) break;
+          sh.before += m;
+        }
+        if (d < 0) {
+          sh.keep_all = true;  // only by rounding
+        } else {
+          sh.prefix |= static_cast<uint32_t>(d) << shift;
+          sh.tie_count = sh.count[d];
+          sh.tie_mass = sh.mass[d];
+        }
+      }
+    }
+    __syncthreads();
+    if (sh.keep_all) return keep_all();
+    mask |= 255u << shift;
+  }
+  // The ids at the cut's value all carry the same mass; the lower ids are kept first.
+  if (threadIdx.x == 0) {
+    const double missing = sh.target - sh.before;
+    double need = missing;
+    if (by_mass) need = missing / static_cast<double>(sh.tie_mass / sh.tie_count);
+    uint32_t n = need <= 1.0 ? 1u : static_cast<uint32_t>(ceil(need));
+    sh.need = n < sh.tie_count ? n : sh.tie_count;
+    sh.found = -1;
+  }
+  __syncthreads();
+  const uint32_t key = sh.prefix, need = sh.need;
+  const float value = key_value(key);
+  if (need == sh.tie_count) return FilterCut{value, 0x7FFFFFFF};
+  uint32_t running = 0;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int64_t base = 0; base < r.v; base += kThreads) {
+    const int64_t i = base + threadIdx.x;
+    bool hit = false;
+    if (i < r.v) {
+      const float a = r.a(i);
+      hit = a != kNegInf && filter_keeps(within, a, static_cast<int32_t>(i)) && order_key(a) == key;
+    }
+    const unsigned ballot = __ballot_sync(kFullMask, hit);
+    if (lane == 0) sh.warp_counts[warp] = __popc(ballot);
+    __syncthreads();
+    uint32_t before = running;
+    for (int w = 0; w < warp; ++w) before += sh.warp_counts[w];
+    before += __popc(ballot & ((1u << lane) - 1u));
+    if (hit && before + 1 == need) sh.found = static_cast<int32_t>(i);
+    for (int w = 0; w < kWarps; ++w) running += sh.warp_counts[w];
+    __syncthreads();
+    if (sh.found >= 0) break;
+  }
+  return FilterCut{value, sh.found};
+}
+
+// Row i's statistics and, with filters, its cut and the kept ids' sum, into sh.row.
+template <typename T>
+__device__ void prepare(Shared& sh, const RowView<T>& r, const RowSampling& rs, bool greedy, bool filtered,
+                        int mass_shift) {
+  RowStats local = stats_empty();
+  for (int64_t i = threadIdx.x; i < r.v; i += kThreads) stats_observe(local, r.a(i), static_cast<int32_t>(i));
+  local = block_merge(local, stats_empty());
+  if (threadIdx.x == 0) sh.row = RowState{local, keep_all(), kNegInf, greedy || stats_degenerate(local)};
+  __syncthreads();
+  if (!filtered || sh.row.point_mass) return;
+  const float top = sh.row.s.top.val;
+  FilterCut cut = keep_all();
+  if (rs.top_k > 0 && rs.top_k < r.v)
+    cut = radix_cut(sh, r, top, keep_all(), false, static_cast<uint32_t>(rs.top_k), 1.0f, mass_shift);
+  if (rs.top_p < 1.0f) cut = radix_cut(sh, r, top, cut, true, 0u, rs.top_p, mass_shift);
+  const float min_gap = rs.min_p > 0.0f ? log_f32(rs.min_p) : kNegInf;
+  const RowState state{sh.row.s, cut, min_gap, false};
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < r.v; i += kThreads) {
+    const float a = r.a(i);
+    if (a != kNegInf && state.keeps(a, i)) sum += exp_f32(a - top);
+  }
+  sum = block_sum(sum);
+  if (threadIdx.x == 0) sh.row = RowState{RowStats{state.s.top, sum}, cut, min_gap, false};
+  __syncthreads();
+}
+
+// The token drawn at the prepared row: the argmax at a point mass; else a Gumbel-max over p'
+// without `exclude`, or (q_row set) over max(p' - q * q_scale, 0).
+template <typename T>
+__device__ int32_t sample_row(Shared& sh, const RowView<T>& r, const RowStream& st, uint32_t slot, int32_t exclude,
+                              const float* q_row, float q_scale) {
+  const RowState row = sh.row;
+  if (row.point_mass) return row.s.top.idx;
+  const uint64_t offset = st.offset_at(slot);
+  const uint32_t sequence = st.sequence_at(), position = st.position_at(slot);
+  ArgMax best = argmax_empty();
+  const int64_t groups = (r.v + 3) / 4;
+  for (int64_t g = threadIdx.x; g < groups; g += kThreads) {
+    const int count = static_cast<int>(r.v - 4 * g < 4 ? r.v - 4 * g : 4);
+    if (q_row) {
+      float w[4];
+      for (int j = 0; j < 4; ++j) {
+        const int64_t id = 4 * g + j;
+        w[j] = j < count ? row.prob(r.a(id), id) - q_row[id] * q_scale : 0.0f;
+      }
+      linear_group(best, st.seed, offset, sequence, position, static_cast<uint32_t>(g), w);
+    } else {
+      float w[4];
+      for (int j = 0; j < 4; ++j) {
+        const int64_t id = 4 * g + j;
+        const float a = j < count ? r.a(id) : kNegInf;
+        w[j] = j < count && id != exclude && row.keeps(a, id) ? a : kNegInf;
+      }
+      gumbel_group(best, st.seed, offset, sequence, position, static_cast<uint32_t>(g), w, count);
+    }
+  }
+  best = block_merge(best, argmax_empty());
+  if (threadIdx.x == 0) sh.best = best;
+  __syncthreads();
+  const ArgMax merged = sh.best;
+  __syncthreads();  // sh.best is read before anyone can write it again
+  return merged.val == kNegInf ? row.s.top.idx : merged.idx;
+}
+
+struct Request {
+  int64_t lo, k;  // first draft, drafts
+  RowSampling rs;
+  RowStream st;
+  bool greedy, filtered;
+};
+
+template <typename T>
+class RequestWalk {
+ public:
+  __device__ RequestWalk(const T* logits, const int64_t* draft, const float* q, int64_t v, int32_t* out,
+                         float* logprobs, const Request& req, Shared& sh, int mass_shift)
+      : req_(req), sh_(sh), mass_shift_(mass_shift), v_(v), rows_(logits + (req.lo + blockIdx.x) * v),
+        draft_(draft + req.lo), q_(q ? q + req.lo * v : nullptr), out_(out), logprobs_(logprobs) {}
+
+  __device__ int64_t token_wise() {
+    int64_t i = 0;
+    for (;; ++i) {
+      prepare(sh_, view(i), req_.rs, req_.greedy, req_.filtered, mass_shift_);
+      if (i == req_.k) break;
+      if (threadIdx.x == 0) {
+        const int64_t x = draft_[i];
+        const bool valid = x >= 0 && x < v_;
+        const RowState& row = sh_.row;
+        const float a_x = valid ? filtered_logit(i, x) : kNegInf;
+        const float* q_row = q(i);
+        const bool accepted =
+            valid && draft_accepted(row.point_mass, static_cast<int32_t>(x), row.s, a_x, q_row != nullptr,
+                                    q_row ? q_row[x] : 0.0f, row.point_mass ? 0.0f : req_.st.coin(static_cast<uint32_t>(i)));
+        sh_.flag = accepted;
+        sh_.exclude = valid ? static_cast<int32_t>(x) : -1;
+        if (accepted) emit(i, x, row.logprob(a_x));
+      }
+      __syncthreads();
+      if (!sh_.flag) break;
+    }
+    const bool bonus = i == req_.k;
+    const int32_t exclude = bonus ? -1 : sh_.exclude;
+    const int32_t token = sample_row(sh_, view(i), req_.st, static_cast<uint32_t>(i), exclude, bonus ? nullptr : q(i), 1.0f);
+    if (threadIdx.x == 0) emit(i, token, sh_.row.logprob(view(i).a(token)));
+    return i + 1;
+  }
+
+  // Block verification (xkernels/sampling_params.h): tau is the last i whose coin (of row i - 1)
+  // is below h_i; the weights and decisions are thread 0's, the passes the block's.
+  __device__ int64_t block_wise() {
+    float w = 1.0f, w_tau = 1.0f;
+    int64_t tau = 0;
+    for (int64_t i = 0; i < req_.k; ++i) {
+      prepare(sh_, view(i), req_.rs, req_.greedy, req_.filtered, mass_shift_);
+      const int64_t x = draft_[i];
+      const bool valid = x >= 0 && x < v_;
+      if (i > 0) {
+        const float z = residual_mass(i, x, valid, w);
+        if (req_.st.coin(static_cast<uint32_t>(i - 1)) < block_threshold(z, w)) {
+          tau = i;
+          w_tau = w;
+        }
+      }
+      const float a_x = valid ? filtered_logit(i, x) : kNegInf;
+      const float p_x = valid ? sh_.row.prob(a_x, x) : 0.0f;
+      const float* q_row = q(i);
+      if (threadIdx.x == 0) emit(i, x, sh_.row.logprob(a_x));
+      w = block_weight(w, p_x, q_row ? (valid ? q_row[x] : 0.0f) : 1.0f);
+      __syncthreads();  // sh.row is read before the next row's pass rewrites it
+    }
+    if (req_.k > 0 && req_.st.coin(static_cast<uint32_t>(req_.k - 1)) < w) {
+      tau = req_.k;
+      w_tau = w;
+    }
+    prepare(sh_, view(tau), req_.rs, req_.greedy, req_.filtered, mass_shift_);
+    const bool bonus = tau == req_.k;
+    int32_t exclude = -1;
+    if (!bonus) {
+      const int64_t x = draft_[tau];
+      exclude = x >= 0 && x < v_ ? static_cast<int32_t>(x) : -1;
+    }
+    const int32_t token = sample_row(sh_, view(tau), req_.st, static_cast<uint32_t>(tau), exclude,
+                                     bonus ? nullptr : q(tau), 1.0f / w_tau);
+    if (threadIdx.x == 0) emit(tau, token, sh_.row.logprob(view(tau).a(token)));
+    return tau + 1;
+  }
+
+ private:
+  __device__ RowView<T> view(int64_t i) const {
+    return RowView<T>{rows_ + i * v_, v_, req_.greedy ? 1.0f : req_.rs.inv_t};
+  }
+  __device__ const float* q(int64_t i) const { return q_ ? q_ + i * v_ : nullptr; }
+  // The draft's scaled logit, -inf where the filters drop it.
+  __device__ float filtered_logit(int64_t i, int64_t x) const {
+    const float a = view(i).a(x);
+    return sh_.row.point_mass || sh_.row.keeps(a, x) ? a : kNegInf;
+  }
+  __device__ void emit(int64_t i, int64_t token, float logprob) const {
+    out_[i] = static_cast<int32_t>(token);
+    logprobs_[i] = logprob;
+  }
+
+  // Z = sum_v max(w p'(v) - q(v), 0) at the prepared row i (q = one-hot(x) without draft probabilities).
+  __device__ float residual_mass(int64_t i, int64_t x, bool valid, float w) {
+    const RowState row = sh_.row;
+    const float* q_row = q(i);
+    if (!q_row) return w * (1.0f - (valid ? row.prob(filtered_logit(i, x), x) : 0.0f));
+    const RowView<T> r = view(i);
+    float z = 0.0f;
+    for (int64_t v = threadIdx.x; v < r.v; v += kThreads) {
+      const float d = w * row.prob(r.a(v), v) - q_row[v];
+      if (d > 0.0f) z += d;
+    }
+    z = block_sum(z);
+    if (threadIdx.x == 0) sh_.value = z;
+    __syncthreads();
+    z = sh_.value;
+    __syncthreads();
+    return z;
+  }
+
+  const Request req_;
+  Shared& sh_;
+  const int mass_shift_;
+  const int64_t v_;
+  const T* rows_;
+  const int64_t* draft_;
+  const float* q_;
+  int32_t* out_;
+  float* logprobs_;
+};
+
+__device__ int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
+
+// Row n's parameters as the kernel reads them: values the host did not check read as off.
+__device__ RowSampling row_params(const ChainRaggedParams& p, int64_t n) {
+  RowSampling r = p.scalar;
+  if (p.temperature) {
+    const float t = p.temperature[n];
+    const float inv = static_cast<float>(1.0 / static_cast<double>(t));  // as the host's inverse_temperature
+    r.inv_t = t > 0.0f && is_finite_f32(t) && is_finite_f32(inv) ? inv : 0.0f;
+  }
+  if (p.top_k) r.top_k = p.top_k[n] > 0 ? p.top_k[n] : 0;
+  if (p.top_p) r.top_p = p.top_p[n] > 0.0f && p.top_p[n] <= 1.0f ? p.top_p[n] : 1.0f;
+  if (p.min_p) r.min_p = p.min_p[n] >= 0.0f && p.min_p[n] <= 1.0f ? p.min_p[n] : 0.0f;
+  return r;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1) chain_ragged_kernel(ChainRaggedParams p, int mass_shift) {
+  __shared__ Shared sh;
+  const int64_t n = blockIdx.x;
+  Request req;
+  req.lo = n == 0 ? 0 : clamp64(p.cu[n - 1], 0, p.t);
+  const int64_t hi = clamp64(p.cu[n], req.lo, p.t);
+  req.k = hi - req.lo < p.max_spec_len ? hi - req.lo : p.max_spec_len;
+  req.rs = row_params(p, n);
+  const uint64_t seed = p.seed_ptr ? static_cast<uint64_t>(p.seed_ptr[p.seed_per_row ? n : 0]) : p.seed;
+  const uint64_t offset = p.offset_ptr ? static_cast<uint64_t>(p.offset_ptr[p.offset_per_row ? n : 0]) : p.offset;
+  req.st = RowStream{seed, offset, static_cast<uint32_t>(n), p.per_request};
+  req.greedy = req.rs.inv_t == 0.0f;
+  req.filtered = !req.greedy && filters_active(req.rs, p.v);
+  const int64_t width = p.max_spec_len + 1;
+  RequestWalk<T> walk(static_cast<const T*>(p.logits), p.draft, p.q, p.v, p.out + n * width, p.logprobs + n * width,
+                      req, sh, mass_shift);
+  const int64_t emitted = p.block && !req.greedy ? walk.block_wise() : walk.token_wise();
+  __syncthreads();  // thread 0's writes of the emitted slots come before the padding
+  for (int64_t j = emitted + threadIdx.x; j < width; j += kThreads) {
+    p.out[n * width + j] = -1;
+    p.logprobs[n * width + j] = __uint_as_float(0x7FC00000u);
+  }
+  if (threadIdx.x == 0) p.num_emitted[n] = static_cast<int32_t>(emitted);
+}
+
+}  // namespace
+
+cudaError_t launch_chain_ragged(const ChainRaggedParams& p, cudaStream_t stream) {
+  if (p.n == 0) return cudaSuccess;
+  int bits = 0;
+  for (int64_t v = p.v; v > 0; v >>= 1) ++bits;
+  const int mass_shift = 62 - bits;  // V ids of mass <= 1 sum below 2^62
+  switch (p.dtype) {
+    case LogitsType::kFloat32: chain_ragged_kernel<float><<<p.n, kThreads, 0, stream>>>(p, mass_shift); break;
+    case LogitsType::kBFloat16: chain_ragged_kernel<__nv_bfloat16><<<p.n, kThreads, 0, stream>>>(p, mass_shift); break;
+    case LogitsType::kFloat16: chain_ragged_kernel<__half><<<p.n, kThreads, 0, stream>>>(p, mass_shift); break;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace xkernels::cuda

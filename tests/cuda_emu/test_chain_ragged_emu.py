@@ -1,0 +1,94 @@
+"""chain_verify_ragged_'s CUDA kernel, run by the emulation, against the reference."""
+import pytest
+import torch
+
+from xkernels.reference import chain as ref_chain
+
+
+def _case(counts, vocab, seed, dtype=torch.float32, scale=2.0):
+    g = torch.Generator().manual_seed(seed)
+    cu = torch.tensor(counts, dtype=torch.int64).cumsum(0)
+    t, n = int(cu[-1]) if counts else 0, len(counts)
+    logits = (torch.randn(t + n, vocab, generator=g) * scale).to(dtype)
+    drafts = torch.randint(0, vocab, (t,), generator=g)
+    # a few drafts equal to their row's argmax, so greedy rows accept some
+    rows = torch.arange(t) + torch.repeat_interleave(torch.arange(n), torch.tensor(counts, dtype=torch.int64))
+    drafts[::2] = logits.float()[rows].argmax(-1)[::2]
+    q = torch.softmax(torch.randn(t, vocab, generator=g), -1)
+    return drafts, cu, logits, q
+
+
+def _params(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return dict(temperature=torch.tensor([0.0, 0.7, 1.0, 1.3, 1.0, 0.9])[torch.arange(n) % 6],
+                top_k=torch.tensor([0, 3, 0, 7, 1, 0])[torch.arange(n) % 6],
+                top_p=torch.tensor([1.0, 0.8, 0.5, 1.0, 1.0, 0.9])[torch.arange(n) % 6],
+                min_p=torch.tensor([0.0, 0.0, 0.1, 0.05, 0.0, 0.2])[torch.arange(n) % 6],
+                seed=torch.randint(0, 2**40, (n,), generator=g), offset=torch.randint(0, 1000, (n,), generator=g))
+
+
+def _check(got, want):
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    torch.testing.assert_close(got[2], want[2], atol=2e-5, rtol=1e-5, equal_nan=True)
+
+
+# (counts, V): zero-draft requests, a tail past the block's 256 threads, one id, odd sizes.
+SHAPES = [([2, 0, 3, 1], 37), ([1, 2], 300), ([0, 0], 5), ([3], 1), ([4, 1, 0, 2, 3, 1], 19)]
+
+
+@pytest.mark.parametrize("counts,vocab", SHAPES)
+@pytest.mark.parametrize("method", ["token", "block"])
+@pytest.mark.parametrize("with_q", [False, True])
+def test_matches_reference(emu, counts, vocab, method, with_q):
+    drafts, cu, logits, q = _case(counts, vocab, sum(counts) + vocab)
+    q = q if with_q else None
+    params = _params(len(counts), vocab)
+    got = emu.chain_verify_ragged(drafts, cu, logits, 4, q, method=method, **params)
+    want = ref_chain.chain_verify_ragged(drafts, cu, logits, 4, q, method=method, **params)
+    _check(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_logits_and_scalar_streams(emu, dtype):
+    drafts, cu, logits, q = _case([2, 3, 1], 40, 3, dtype)
+    for seed, offset in [(7, 2), (torch.tensor([11]), torch.tensor(4)), (2**63 + 5, torch.tensor([1, 2, 3]))]:
+        got = emu.chain_verify_ragged(drafts, cu, logits, 3, q, temperature=0.8, top_k=5, top_p=0.9, seed=seed,
+                                      offset=offset)
+        want = ref_chain.chain_verify_ragged(drafts, cu, logits, 3, q, temperature=0.8, top_k=5, top_p=0.9, seed=seed,
+                                             offset=offset)
+        _check(got, want)
+
+
+def test_ties_at_the_cut(emu):
+    """Equal logits at a top-k and a top-p cut: the lower ids are kept (the ordered tie pass)."""
+    row = torch.tensor([0.0, 2.0, 1.0, 2.0, 2.0, 1.0, 2.0, 1.0, -1.0, 1.0, 0.5, 1.0] * 30)  # V = 360
+    logits = row.repeat(4, 1)
+    cu = torch.tensor([0, 0, 0, 0])
+    drafts = torch.empty(0, dtype=torch.int64)
+    for case in (dict(top_k=3), dict(top_k=130), dict(top_p=0.3), dict(top_k=200, top_p=0.6), dict(min_p=0.5)):
+        for s in range(3):
+            seeds = torch.arange(4) + 10 * s
+            got = emu.chain_verify_ragged(drafts, cu, logits, 0, temperature=1.0, seed=seeds,
+                                          offset=torch.zeros(4, dtype=torch.int64), **case)
+            want = ref_chain.chain_verify_ragged(drafts, cu, logits, 0, temperature=1.0, seed=seeds,
+                                                 offset=torch.zeros(4, dtype=torch.int64), **case)
+            _check(got, want)
+
+
+def test_values_the_host_did_not_check_stay_memory_safe(emu):
+    """Without XKERNELS_CHECK the binding reads no values: cu that decreases or runs past T, drafts
+    outside [0, V), requests longer than max_spec_len, invalid per-row parameters."""
+    vocab = 20
+    logits = torch.randn(9, vocab)
+    drafts = torch.tensor([3, -1, 2**40, 25, 4, 5])
+    for cu in (torch.tensor([2, 1, 6]), torch.tensor([-4, 9, 100]), torch.tensor([6, 6, 6])):
+        out, emitted, lp = emu.chain_verify_ragged(
+            drafts, cu, logits, 2, temperature=torch.tensor([1.0, float("nan"), -1.0]), top_k=torch.tensor([-3, 2, 0]),
+            top_p=torch.tensor([0.0, 2.0, float("nan")]), min_p=torch.tensor([-1.0, 3.0, 0.5]), seed=1, offset=2)
+        assert ((out >= -1) & (out < vocab)).all() and ((emitted >= 1) & (emitted <= 3)).all()
+
+
+def test_empty_batch(emu):
+    out, emitted, lp = emu.chain_verify_ragged(torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64),
+                                               torch.empty(0, 8), 2, temperature=1.0)
+    assert out.shape == (0, 3) and emitted.shape == (0,)
