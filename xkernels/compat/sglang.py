@@ -63,8 +63,10 @@ def verify_tree_greedy(predicts, accept_index, accept_token_num, candidates, ret
         accept_index: int32 ``[bs, num_spec_step]``, filled by the caller with -1; entry ``d`` gets
             the flat slot of the ``d``-th accepted node (entry 0: the root).
         accept_token_num: int32 ``[bs]``, the accepted drafts.
-        candidates, retrive_index, retrive_next_token, retrive_next_sibling: int64
-            ``[bs, num_draft]``, the tree (see :func:`tree_from_sglang`).
+        candidates: int64 ``[bs, num_draft]``, each node's token.
+        retrive_index: int64 ``[bs, num_draft]``, each node's flat slot.
+        retrive_next_token: int64 ``[bs, num_draft]``, first children (see :func:`tree_from_sglang`).
+        retrive_next_sibling: int64 ``[bs, num_draft]``, next siblings.
         target_predict: int64 ``[bs * num_draft]`` (or ``[bs, num_draft]``), the target's argmax
             at each flat slot.
 
@@ -116,18 +118,26 @@ def tree_speculative_sampling_target_only(predicts, accept_index, accept_token_n
     """SGLang's target-only tree sampling, lossless, through :func:`xkernels.tree_verify`, in place.
 
     Args:
-        predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
-            retrive_next_sibling: as for :func:`verify_tree_greedy`; ``predicts`` at the last
-            accepted node's slot gets the sampled correction or bonus token.
-        uniform_samples, uniform_samples_for_final_sampling: accepted for the signature; the
-            coins and the final draw come from the package's Philox stream of ``seed``/``offset``.
+        predicts: as for :func:`verify_tree_greedy`; the last accepted node's slot gets the
+            sampled correction or bonus token.
+        accept_index: as for :func:`verify_tree_greedy`.
+        accept_token_num: as for :func:`verify_tree_greedy`.
+        candidates: as for :func:`verify_tree_greedy`.
+        retrive_index: as for :func:`verify_tree_greedy`.
+        retrive_next_token: as for :func:`verify_tree_greedy`.
+        retrive_next_sibling: as for :func:`verify_tree_greedy`.
+        uniform_samples: accepted for the signature; the coins come from the package's Philox
+            stream of ``seed`` and ``offset``.
+        uniform_samples_for_final_sampling: likewise unused (the final draw is a Gumbel-max).
         target_probs: float32 ``[bs, num_draft, V]``, the target's (processed) distribution after
             each node.
         draft_probs: float32 ``[bs, num_draft, V]``; SGLang passes zeros (target-only): the
             children are deterministic proposals. Left unchanged.
-        threshold_single, threshold_acc: must be 1 (exact verification); other values raise.
+        threshold_single: must be 1 (exact verification); other values raise.
+        threshold_acc: must be 1 likewise.
         deterministic: accepted for compatibility; xkernels is always deterministic.
-        seed, offset: the Philox stream (as for :func:`xkernels.tree_verify`).
+        seed: the Philox stream's seed (as for :func:`xkernels.tree_verify`).
+        offset: its offset.
 
     Returns:
         ``(predicts, accept_index, accept_token_num)``, the buffers written.
