@@ -36,7 +36,7 @@ ESTIMATE_US = {("chain_verify", 0.0, False): 88, ("chain_verify", 1.0, False): 1
                ("build_draft_tree",): 15, ("tree_attention_mask",): 5, ("tree_verify", 0.0, False): 20,
                ("tree_verify", 1.0, False): 37, ("tree_verify", 1.0, True): 60,
                ("dllm_step T=0",): 35, ("dllm_step T=1",): 70, ("spiffy_materialize",): 65, ("spiffy_accept",): 75,
-               ("spiffy_attention_mask",): 5}
+               ("spiffy_attention_mask",): 5, ("chain_verify_ragged",): 300, ("chain_verify_ragged block",): 330}
 
 
 def time_events(fn, warmup=25, iters=200):
@@ -219,6 +219,38 @@ def bench_chain_verify(results, bench):
                        speedup_vs_compiled=None if compiled_us is None else round(compiled_us / ours, 2),
                        cupy_us=None if cupy_us is None else round(cupy_us, 1))
         bench.emit(results, row, lambda: op(drafts, logits, q))
+
+
+def ragged_inputs(counts, v, dtype, seed=0, device="cuda"):
+    """vLLM's flat layout for requests of `counts` drafts (drawn from q), per-request parameters
+    mixing greedy, plain, top-k 50 and top-p 0.9 rows, per-request seeds and offsets."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    n = len(counts)
+    sizes = torch.tensor(counts, dtype=torch.int64, device=device)
+    cu = sizes.cumsum(0)
+    t = sum(counts)
+    logits = (torch.randn(t + n, v, device=device, generator=g) * 4).to(dtype)
+    rows = torch.arange(t, device=device) + torch.repeat_interleave(torch.arange(n, device=device), sizes)
+    q = torch.softmax(logits[rows].float() + torch.randn(t, v, device=device, generator=g) * 0.5, -1)
+    drafts = torch.multinomial(q, 1, generator=g)[:, 0]
+    kind = torch.arange(n, device=device) % 4
+    params = dict(temperature=torch.where(kind == 0, 0.0, 1.0).float(), top_k=torch.where(kind == 2, 50, 0),
+                  top_p=torch.where(kind == 3, 0.9, 1.0).float(), seed=torch.arange(n, device=device),
+                  offset=torch.full((n,), 1000, device=device))
+    return drafts, cu, logits, q, params
+
+
+def bench_chain_ragged(results, bench):
+    """chain_verify_ragged, vLLM's layout: N=64 requests of 0-16 drafts, mixed per-request parameters."""
+    n, v = bench.shape((64, 151936), (4, 97))
+    counts = [(5 * i) % 17 for i in range(n)]
+    drafts, cu, logits, q, params = ragged_inputs(counts, v, torch.bfloat16, device=bench.device)
+    width = max(counts) + 1
+    for method, name in (("token", "chain_verify_ragged"), ("block", "chain_verify_ragged block")):
+        fn = lambda: xkernels.chain_verify_ragged(drafts, cu, logits, max_spec_len=width - 1, draft_probs=q,  # noqa: E731
+                                                  method=method, **params)
+        time_cases(results, bench, [(name, f"N={n} T={sum(counts)} V={v} bf16 mixed top-k/top-p", fn,
+                                     (sum(counts) + n) * v * 2, {})])
 
 
 def refine_inputs(n, b, v, r, h, dtype=torch.bfloat16, seed=0, device="cuda"):
@@ -458,6 +490,26 @@ def sanitize_chain(device="cuda", cases=CHAIN_CASES):
                          corrupt if n and k else None, "draft_tokens holds ids outside")
 
 
+RAGGED_CASES = (([2, 0, 3], 37), ([0], 5), ([], 9), ([4, 1], 4099), ([1, 1], 1))  # draft counts, V
+
+
+def sanitize_chain_ragged(device="cuda", cases=RAGGED_CASES):
+    for counts, v in cases:
+        for method in ("token", "block"):
+            for dtype in (torch.float32, torch.bfloat16):
+                drafts, cu, logits, q, params = ragged_inputs(counts, v, dtype, device=device)
+                if counts:
+                    logits[0] = float("nan")
+
+                def corrupt():
+                    drafts[0] = v + 7
+                    cu[-1] = sum(counts) + 50
+
+                run_case(device, lambda: xkernels.chain_verify_ragged(drafts, cu, logits, max_spec_len=4, draft_probs=q,
+                                                                      method=method, **params),
+                         corrupt if sum(counts) else None, "cu_num_draft_tokens must end at T")
+
+
 REFINE_CASES = ((3, 5, 97, 16, 32), (2, 16, 1000, 256, 512), (0, 4, 10, 8, 16), (1, 4, 300, 16, 12400),
                 (2, 2, 1, 16, 16), (1, 2, 7, 16, 16))  # N, B, V, r, H
 
@@ -583,7 +635,8 @@ def sanitize_spiffy(device="cuda", cases=SPIFFY_CASES):
 # Each section: its timings, its sanitizer cases and their list.
 SECTIONS = {"tree": (bench_tree, sanitize_tree, TREE_CASES), "spiffy": (bench_spiffy, sanitize_spiffy, SPIFFY_CASES),
             "dllm": (bench_dllm, sanitize_dllm, DLLM_CASES), "refine": (bench_refine, sanitize_refine, REFINE_CASES),
-            "chain": (bench_chain_verify, sanitize_chain, CHAIN_CASES)}
+            "chain": (bench_chain_verify, sanitize_chain, CHAIN_CASES),
+            "ragged": (bench_chain_ragged, sanitize_chain_ragged, RAGGED_CASES)}
 COMPILE_SECTIONS = ("refine", "chain")  # the sections with torch.compile or CuPy peers
 
 

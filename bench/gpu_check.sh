@@ -10,7 +10,7 @@
 #   sanitizers      each section's edge cases (bench/gpu_bench.py --sanitize) under compute-sanitizer
 #                   memcheck and racecheck, after the tests, one process each, in parallel; only
 #                   xkernels' kernels instrumented, no caching allocator under memcheck
-#   timings         tree, spiffy, dllm, refine, chain (the redesigned kernels first) against eager
+#   timings         tree, spiffy, dllm, refine, chain, ragged (the redesigned kernels first) against eager
 #                   PyTorch and cuBLAS, with each case's kernels; no torch.compile
 #   decode          end to end on the GPU
 #   compile peers   torch.compile and CuPy (chain, refine): tens of seconds a case, so last
@@ -36,7 +36,7 @@ TEE_PID=$!
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export XKERNELS_CUDA=1 XKERNELS_PTXAS_VERBOSE=1 TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0a}"
 export MAX_JOBS="${MAX_JOBS:-16}"
-SECTIONS="tree spiffy dllm refine chain"
+SECTIONS="tree spiffy dllm refine chain ragged"
 BATCHES=($SECTIONS)  # the sections a process: one each, so that one that dies leaves the others
 BENCH=("$PYTHON" bench/gpu_bench.py)
 TOOLS="memcheck racecheck"
