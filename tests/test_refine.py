@@ -11,6 +11,23 @@ SHAPES = [(3, 6, 5, 300, 16, 32), (2, 4, 4, 257, 32, 64), (1, 16, 15, 1000, 64, 
           (0, 4, 3, 50, 8, 16)]
 
 
+# Whether this CPU runs the fused greedy float32 read (csrc/cpu/read_stats.cpp: AVX-512F) as well as
+# the sliced one (a vendor GEMM per vocabulary slice, then the epilogue; csrc/cpu/refine.cpp).
+FUSED_CPU_READ = xkernels.build_info()["cpu_read"] == "avx512"
+
+
+@pytest.fixture(params=["gemm", "fused"])
+def read(request, monkeypatch):
+    """XKERNELS_REFINE_READ forced to each read the test's device has, so that the result checks
+    cover both wherever they run: on the CPU the sliced read and, with AVX-512F, the fused one
+    (which takes the greedy float32 read; the others stay sliced); on CUDA the cuBLAS read and
+    read_fused_kernel."""
+    if request.param == "fused" and request.node.callspec.params.get("device", "cpu") == "cpu" and not FUSED_CPU_READ:
+        pytest.skip("this CPU has no AVX-512F: the sliced read is its only one")
+    monkeypatch.setenv("XKERNELS_REFINE_READ", request.param)
+    return request.param
+
+
 def make_case(n, b, d, v, r, h, logits_dtype=torch.float32, weight_dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
     weights = RefinerWeights(
@@ -76,7 +93,10 @@ def assert_logprobs_close(got, want, same, weight_dtype, bound=None):
 @pytest.mark.parametrize("logits_dtype", LOGIT_DTYPES)
 @pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("temperature", [0.0, 1.0, 0.7])
-def test_refine_step_matches_reference(device, shape, logits_dtype, weight_dtype, temperature):
+def test_refine_step_matches_reference(device, shape, logits_dtype, weight_dtype, temperature, read):
+    cpu_fused = temperature == 0 and weight_dtype == logits_dtype == torch.float32
+    if read == "fused" and not (cpu_fused if device == "cpu" else weight_dtype == torch.bfloat16):
+        pytest.skip("no fused read applies: the same call as with gemm")
     ctx, prev, base, weights = make_case(*shape, logits_dtype, weight_dtype, seed=sum(shape))
     tokens, logprobs = xkernels.refine_step(*to(device, ctx, prev, base), weights.to(device),
                                             temperature=temperature, seed=5, offset=2)
@@ -91,7 +111,7 @@ def test_refine_step_matches_reference(device, shape, logits_dtype, weight_dtype
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_a_vocabulary_of_several_gemm_slices(device, temperature):
+def test_a_vocabulary_of_several_gemm_slices(device, temperature, read):
     """V above the CPU's GEMM slice for 32 rows (8192 ids: 1 MB of float32 products) and not a multiple
     of its 1024-id chunks: the slices' partial results merge to the reference's sample."""
     ctx, prev, base, weights = make_case(16, 3, 2, 20003, 8, 16, seed=12)
@@ -108,7 +128,7 @@ def test_a_vocabulary_of_several_gemm_slices(device, temperature):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("n,b,d,v,r", [(1, 2, 1, 1, 3), (3, 6, 5, 7, 17), (2, 9, 9, 1030, 16), (4, 13, 12, 50, 20),
                                        (5, 14, 13, 70, 8), (10, 13, 13, 2051, 33)])
-def test_greedy_read_at_every_block_and_tile_shape(device, n, b, d, v, r):
+def test_greedy_read_at_every_block_and_tile_shape(device, n, b, d, v, r, read):
     ctx, prev, base, weights = make_case(n, b, d, v, r, 16, seed=n + v)
     tokens, logprobs = xkernels.refine_step(*to(device, ctx, prev, base), weights.to(device))
     want_tokens, want_logprobs = reference.refine_step(ctx, prev, base, weights, 0.0, 0)
@@ -118,7 +138,7 @@ def test_greedy_read_at_every_block_and_tile_shape(device, n, b, d, v, r):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_greedy_ties_and_degenerate_rows_across_tiles_and_chunks(device):
+def test_greedy_ties_and_degenerate_rows_across_tiles_and_chunks(device, read):
     """With w_read = 0 the refined logits are the base logits exactly: ties across tiles, chunks and
     rows go to the lowest id, and rows of -inf, +inf or NaN (any lane of a register of 16 rows) get
     the reference's token and log-prob."""
@@ -143,7 +163,7 @@ def test_greedy_ties_and_degenerate_rows_across_tiles_and_chunks(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_only_the_lower_triangle_of_mix_is_read(device):
+def test_only_the_lower_triangle_of_mix_is_read(device, read):
     """Slot k mixes slots j <= k: whatever lies above mix's diagonal (here NaN) changes nothing."""
     ctx, prev, base, weights = make_case(3, 6, 5, 300, 16, 32, seed=4)
     upper = torch.ones(6, 6, dtype=torch.bool).triu(1)
@@ -160,7 +180,7 @@ def test_only_the_lower_triangle_of_mix_is_read(device):
         assert all(torch.equal(g, w) for g, w in zip(got, want))
 
 
-def test_module_forward_matches_folded_weights():
+def test_module_forward_matches_folded_weights(read):
     torch.manual_seed(0)
     n, b, d, v, hidden = 3, 8, 7, 120, 24
     model = XPressRefiner(v, hidden, b, rank=16, mlp_ratio=2).double()
@@ -181,7 +201,7 @@ def test_module_forward_matches_folded_weights():
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_jacobi_converges_to_sequential(device, temperature):
+def test_jacobi_converges_to_sequential(device, temperature, read):
     n, b, d, v, r, h = 6, 9, 8, 200, 16, 32
     ctx, prev, base, weights = make_case(n, b, d, v, r, h, seed=3)
     prefix = prev[:, : b - d + 1]
@@ -209,7 +229,7 @@ def test_jacobi_converges_to_sequential(device, temperature):
     assert torch.equal(few[0][done], many[0][done]) and torch.equal(few[2][done], many[2][done])
 
 
-def test_dspark_markov_head_is_a_special_case():
+def test_dspark_markov_head_is_a_special_case(read):
     """b_k = W2 W1[x_{k-1}]: no context, identity mix, a zero SwiGLU, emb = W1, w_read = W2."""
     n, b, v, r = 5, 7, 90, 12
     g = torch.Generator().manual_seed(1)
@@ -349,6 +369,18 @@ def test_both_cuda_reads_match_the_reference(monkeypatch, read, temperature):
         xkernels.refine_step(*to("cuda", ctx, prev, base), weights.to("cuda"))
 
 
+def test_xkernels_refine_read_forces_the_cpu_read(monkeypatch):
+    """gemm: the sliced read even on AVX-512F (build_info reports the read a call would take); a
+    value that is no read raises at the call, naming the variable."""
+    ctx, prev, base, weights = make_case(2, 4, 3, 50, 8, 16)
+    for value, fused in (("gemm", False), ("fused", FUSED_CPU_READ), ("auto", FUSED_CPU_READ)):
+        monkeypatch.setenv("XKERNELS_REFINE_READ", value)
+        assert xkernels.build_info()["cpu_read"] == ("avx512" if fused else "sliced")
+    monkeypatch.setenv("XKERNELS_REFINE_READ", "sliced")
+    with pytest.raises(RuntimeError, match="XKERNELS_REFINE_READ must be auto, gemm or fused, got 'sliced'"):
+        xkernels.refine_step(ctx, prev, base, weights)
+
+
 @pytest.mark.needs_cuda
 def test_jacobi_is_cuda_graph_capturable():
     ctx, prev, base, weights = to("cuda", *make_case(4, 8, 7, 500, 32, 64)[:3]) + [make_case(4, 8, 7, 500, 32, 64)[3].to("cuda")]
@@ -356,6 +388,26 @@ def test_jacobi_is_cuda_graph_capturable():
     offset = torch.zeros(1, dtype=torch.int64, device="cuda")
     assert_replays_like_eager(lambda: xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=4, temperature=1.0,
                                                              seed=2, offset=offset), offset)
+
+
+@pytest.mark.needs_cuda
+@pytest.mark.parametrize("read", ["fused", "gemm"])
+@pytest.mark.parametrize("op", ["refine_step", "jacobi_refine", "sequential_refine"])
+def test_bf16_reads_are_cuda_graph_capturable(monkeypatch, read, op):
+    """The shipped configuration (bfloat16 weights and logits, r=256, H=512, B=16) with either read
+    forced: the fused kernel (its shared-memory opt-in made before the capture) and the cuBLAS GEMM
+    slices, captured once and replayed at several offsets, give what eager calls give."""
+    monkeypatch.setenv("XKERNELS_REFINE_READ", read)
+    ctx, prev, base, weights = make_case(2, 16, 15, 4099, 256, 512, torch.bfloat16, torch.bfloat16, seed=4)
+    ctx, prev, base = to("cuda", ctx, prev, base)
+    weights = weights.to("cuda")
+    prefix = prev[:, :2].contiguous()
+    offset = torch.zeros(1, dtype=torch.int64, device="cuda")
+    rng = dict(temperature=1.0, seed=2, offset=offset)
+    step = {"refine_step": lambda: xkernels.refine_step(ctx, prev, base, weights, **rng),
+            "jacobi_refine": lambda: xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=4, **rng),
+            "sequential_refine": lambda: xkernels.sequential_refine(ctx, prefix, base, weights, **rng)}[op]
+    assert_replays_like_eager(step, offset)
 
 
 @pytest.mark.parametrize("device", DEVICES)
