@@ -378,29 +378,56 @@ def _check_empty(rank, bounds):
                                                                              temperature=1.0)))
 
 
+def _check_tree_candidates(rank, bounds):
+    """The tree modes' candidates from shards (VocabShard.topk_logprobs) equal the whole rows'
+    (WholeVocab.topk_logprobs) bit for bit, ids by logit with ties to the lower id: bfloat16-rounded
+    logits (a bfloat16 drafter's ties), ties planted across every shard boundary, rows of integers
+    (ties at the k-th place), more tied ids than k in every shard, a NaN row and an all -inf row."""
+    from xkernels.decoding.modes import WholeVocab
+    from xkernels.decoding.tensor_parallel import VocabShard
+
+    n, d, k = 5, 4, 6
+    logits = _case_logits(n, d, 7, bounds).to(torch.bfloat16).float()
+    logits[3] = logits[3].round()
+    logits[4, :, ::2] = 1.0
+    local, start = _shard(logits, bounds, rank)
+    got = VocabShard(dist.group.WORLD, start, start + local.shape[-1], V).topk_logprobs(local, k)
+    want = WholeVocab.topk_logprobs(logits, k)
+    for name, g, w in zip(("log-probs", "ids"), got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True, msg=lambda m: f"tree candidates {name}: {m}")
+    assert torch.equal(want[1], torch.sort(logits, dim=-1, descending=True, stable=True).indices[..., :k])
+
+
 def _check_generate(rank, bounds):
     """End to end: the shipped models decoded with a vocabulary-parallel target (the loop shards
-    the LM head evenly itself) give one process's tokens, one sequence and a ragged batch."""
+    the LM head evenly itself) give one process's tokens, one sequence and a ragged batch. The
+    drafter runs in float32, and in bfloat16 whatever the CPU (its default only where oneDNN has
+    native bfloat16 products), whose logits tie often: in the cases where a tie can change the
+    tokens (the T = 0 argmax, the trees at T = 1), as it runs slowly without those products."""
     from xkernels import data
     from xkernels.decoding import generate, generate_batch
     from xkernels.models.shipped import load_all
 
     models = load_all()
     ids = models.tokenizer.encode(data.held_out_prompts("code", 1)[0]).ids
-    for mode, temperature in (("ar", 1.0), ("drafter", 0.0), ("jacobi", 0.0), ("jacobi", 1.0), ("sequential", 1.0),
-                              ("tree", 0.0), ("tree-jacobi", 1.0)):
-        kw = dict(mode=mode, drafter=models.drafter, refiner=models.refiner, temperature=temperature, seed=3,
-                  draft_len=None)
-        alone, _ = generate(models.target, ids, 10, **kw)
-        sharded, _ = generate(models.target, ids, 10, tp_group=dist.group.WORLD, **kw)
-        assert sharded == alone, f"generate {mode} T={temperature}: {sharded} != {alone}"
     prompts = [ids, ids[: len(ids) // 2]]  # ragged
-    for mode, temperature in (("ar", 1.0), ("jacobi", 0.0), ("tree", 1.0)):
-        kw = dict(mode=mode, drafter=models.drafter, refiner=models.refiner, temperature=temperature, seed=3,
-                  draft_len=None)
-        alone, _ = generate_batch(models.target, prompts, [8, 5], **kw)
-        sharded, _ = generate_batch(models.target, prompts, [8, 5], tp_group=dist.group.WORLD, **kw)
-        assert sharded == alone, f"generate_batch {mode} T={temperature}: {sharded} != {alone}"
+
+    def decode(batch, **kw):
+        return (generate_batch(models.target, prompts, [8, 5], **kw) if batch else generate(models.target, ids, 10,
+                                                                                            **kw))[0]
+
+    f32, both = (torch.float32,), (torch.float32, torch.bfloat16)
+    for batch, mode, temperature, dtypes in (
+            (False, "ar", 1.0, f32), (False, "drafter", 0.0, f32), (False, "jacobi", 0.0, both),
+            (False, "jacobi", 1.0, f32), (False, "sequential", 1.0, f32), (False, "tree", 0.0, f32),
+            (False, "tree-jacobi", 1.0, both), (True, "ar", 1.0, f32), (True, "jacobi", 0.0, f32),
+            (True, "tree", 1.0, both)):
+        for draft_dtype in dtypes:
+            kw = dict(mode=mode, drafter=models.drafter, refiner=models.refiner, temperature=temperature, seed=3,
+                      draft_len=None, draft_dtype=draft_dtype)
+            alone, sharded = decode(batch, **kw), decode(batch, tp_group=dist.group.WORLD, **kw)
+            name = "generate_batch" if batch else "generate"
+            assert sharded == alone, f"{name} {mode} T={temperature} {draft_dtype}: {sharded} != {alone}"
 
 
 def _worker(rank, world, port):
@@ -408,8 +435,8 @@ def _worker(rank, world, port):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        checks = (_check_chain, _check_tree, _check_tree_residual, _check_tree_traffic, _check_refine, _check_dllm,
-                  _check_bad_seeds, _check_empty)
+        checks = (_check_chain, _check_tree, _check_tree_residual, _check_tree_traffic, _check_tree_candidates,
+                  _check_refine, _check_dllm, _check_bad_seeds, _check_empty)
         for check in checks + ((_check_generate,) if world == 2 else ()):
             check(rank, BOUNDS[world])
     finally:

@@ -10,7 +10,7 @@ import xkernels
 from xkernels.decoding import generate, generate_batch
 from xkernels.decoding.batch import BatchDecoder, CapturedStep
 from xkernels.models import StaticKVCache
-from tests.test_generate import SAMPLES, VOCAB, tiny_models
+from tests.test_generate import DRAFT_DTYPES, SAMPLES, VOCAB, tiny_models
 from tests.utils import chi_squared_pvalue
 
 PROMPTS = [[1, 2, 3, 4, 5], [9], [7, 7, 7, 30, 31, 2, 40, 41, 42, 11, 3], [5, 6]]
@@ -21,10 +21,11 @@ MAX_NEW = [30, 7, 19, 25]
     ("ar", 4, 15, "auto"), ("drafter", 4, 15, "auto"), ("drafter", 4, 15, 2), ("sequential", 4, 15, "auto"),
     ("jacobi", 1, 15, "auto"), ("jacobi", 4, 15, 3), ("tree", 4, 4, "auto"), ("tree", 4, 31, "auto"),
     ("tree-jacobi", 2, 12, "auto")])
-def test_greedy_batch_emits_each_prompts_ar_tokens(mode, iters, budget, draft_len):
+@pytest.mark.parametrize("draft_dtype", DRAFT_DTYPES)
+def test_greedy_batch_emits_each_prompts_ar_tokens(mode, iters, budget, draft_len, draft_dtype):
     target, drafter, refiner = tiny_models(64)
     got, stats = generate_batch(target, PROMPTS, MAX_NEW, mode=mode, drafter=drafter, refiner=refiner, iters=iters,
-                                tree_budget=budget, draft_len=draft_len)
+                                tree_budget=budget, draft_len=draft_len, draft_dtype=draft_dtype)
     for prompt, n, tokens in zip(PROMPTS, MAX_NEW, got):
         want, _ = generate(target, prompt, n, mode="ar")
         assert tokens == want

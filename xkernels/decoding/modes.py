@@ -20,6 +20,7 @@ import torch
 from .. import ops
 from ..models.target import Linear
 from ..ops import build_draft_tree, tree_attention_mask
+from .candidates import whole_candidates
 
 Step = Union[int, torch.Tensor]
 
@@ -49,8 +50,9 @@ class WholeVocab:
 
     @staticmethod
     def top(logits):
-        """(the largest probability of softmax(logits), its id), per row."""
-        return torch.softmax(logits, -1).max(-1)
+        """(the largest probability of softmax(logits), its id), per row: the id is the logits'
+        argmax, the lowest on a tie (softmax could round distinct logits to one probability)."""
+        return torch.softmax(logits, -1).amax(-1), logits.argmax(-1)
 
     @staticmethod
     def softmax(logits, temperature: float):
@@ -60,8 +62,9 @@ class WholeVocab:
 
     @staticmethod
     def topk_logprobs(logits, k: int):
-        """(log_softmax(logits) of each row's k best ids, the ids)."""
-        return torch.log_softmax(logits.float(), -1).topk(min(k, logits.shape[-1]), -1)
+        """(log_softmax(logits) of each row's k best ids, the ids), ties to the lower id
+        (candidates.py: the same as VocabShard's from shards of the rows)."""
+        return whole_candidates(logits, min(k, logits.shape[-1]))
 
 
 @dataclass

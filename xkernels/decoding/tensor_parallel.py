@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from .. import distributed
+from . import candidates
 from ..ops import shard_row_stats
 from ..models.target import Linear
 
@@ -72,21 +73,25 @@ class VocabShard:
 
     def topk_logprobs(self, local: torch.Tensor, k: int):
         """(log_softmax(logits) of the k best ids, the ids) [N, R, k] of whole rows from their shards
-        [N, R, V_local]: each rank's k best, merged by value (ties to the lower id)."""
+        [N, R, V_local], equal to WholeVocab's (candidates.py): each rank's k best and its part of
+        the log-sum-exp (float64, as two float32 words), in one all-gather, merged alike on every
+        rank."""
         k = min(k, self.vocab)
-        big_m, big_s, _ = self.stats(local)
+        distributed.traffic.read(local)
         kk = min(k, local.shape[-1])
-        values, ids = local.float().topk(kk, -1)
-        pad = (0, k - kk)
-        values = torch.nn.functional.pad(values, pad, value=float("-inf"))
-        ids = torch.nn.functional.pad(ids + self.start, pad, value=-1)
-        g = distributed._all_gather([values, ids], self.group)  # [W, 2, N, R, k]
-        values = torch.cat(list(g[:, 0]), -1)
-        ids = torch.cat(list(distributed._ids(g[:, 1])), -1)
-        by_id = torch.sort(ids.where(ids >= 0, torch.iinfo(torch.int64).max), dim=-1, stable=True).indices
-        values, ids = values.gather(-1, by_id), ids.gather(-1, by_id)
-        by_value = torch.sort(values, dim=-1, descending=True, stable=True).indices[..., :k]
-        return values.gather(-1, by_value) - big_m[..., None] - torch.log(big_s)[..., None], ids.gather(-1, by_value)
+        values, ids = candidates.topk_lower_id(local, kk)
+        row_max, row_sum = candidates.logsumexp_parts(local)
+        hi = row_sum.float()
+        lo = (row_sum - hi.double()).float()  # hi + lo keeps 48 of the sum's bits
+        pad = torch.nn.functional.pad
+        floats = torch.cat([pad(values, (0, k - kk), value=float("-inf")), torch.stack([row_max, hi, lo], -1)], -1)
+        ids = pad(ids + self.start, (0, k - kk + 3), value=-1)
+        g = distributed._all_gather([floats, ids], self.group)  # [W, 2, N, R, k + 3]
+        big_m, big_s = candidates.merge_logsumexp(g[:, 0, ..., k], g[:, 0, ..., k + 1].double() +
+                                                  g[:, 0, ..., k + 2].double())
+        values, ids = candidates.topk_lower_id(torch.cat(list(g[:, 0, ..., :k]), -1), k,
+                                               torch.cat(list(distributed._ids(g[:, 1, ..., :k])), -1))
+        return candidates.candidate_logprobs(values, big_m, big_s), ids
 
     def tree_verify(self, tokens, parents, local_logits, **kw):
         return distributed.tree_verify(tokens, parents, local_logits, vocab_start=self.start, group=self.group, **kw)
