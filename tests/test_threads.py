@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import xkernels
+from tests.test_refine import make_case, read  # noqa: F401  (read: the fixture forcing each refine read)
 
 
 @pytest.mark.skipif(shutil.which("nm") is None, reason="needs binutils' nm")
@@ -39,10 +40,9 @@ def _on_threads(threads, fn):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_cpu_results_do_not_depend_on_the_thread_count(temperature):
+def test_cpu_results_do_not_depend_on_the_thread_count(temperature, read):
     """Work splits by sequence, row or vocabulary chunk and merges in a fixed order: one thread and two
-    give the same bits (the refine read hands its chunks out as threads free up)."""
-    from tests.test_refine import make_case
+    give the same bits (the refine read hands its chunks out as threads free up), in each refine read."""
 
     ctx, prev, base, weights = make_case(5, 8, 7, 3000, 16, 32, seed=2)
     g = torch.Generator().manual_seed(1)

@@ -253,8 +253,9 @@ def build_info() -> dict:
     Returns:
         dict of str: ``version``; ``cuda`` (bool: whether the CUDA kernels are in) and
         ``cuda_archs``; ``cpu_threads`` (``"openmp"``: the CPU kernels use torch's intra-op
-        threads; ``"one"``) and ``cpu_read`` (the CPU's greedy float32 refine read: ``"avx512"``,
-        one fused kernel, or ``"sliced"``: GEMM then epilogue); and the build's other fields.
+        threads; ``"one"``) and ``cpu_read`` (the CPU's greedy float32 refine read a call takes
+        now: ``"avx512"``, one fused kernel, or ``"sliced"``: GEMM then epilogue, also where
+        ``XKERNELS_REFINE_READ=gemm`` forces it); and the build's other fields.
         ``python -m xkernels info`` prints them.
     """
     fields = dict(item.split("=", 1) for item in torch.ops.xkernels.build_info.default().split(";"))
@@ -317,7 +318,8 @@ def refine_step(
     Kernels:
         - CPU: the front with ATen; the greedy float32 read on AVX-512 is one kernel (tiles of ids
           against every row, products in registers, each row's max, argmax and sum of exp a lane
-          a row, vocabulary chunks in parallel); otherwise the read in cache-sized vocabulary
+          a row, vocabulary chunks in parallel; ``XKERNELS_REFINE_READ=gemm`` forces the sliced
+          read instead); otherwise the read in cache-sized vocabulary
           slices, one vendor GEMM each (oneDNN's bf16 GEMM for bfloat16 weights), then a parallel
           fused epilogue (bias, scale, Gumbel-max, online log-sum-exp).
         - CUDA: three front kernels in rank space, then per L2-sized vocabulary slice the cuBLAS GEMM

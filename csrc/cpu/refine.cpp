@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "../ops/checks.h"
+#include "../ops/refine_read.h"
 #include "dispatch.h"
 #include "read_stats.h"
 #include "row_reduce.h"
@@ -145,10 +146,10 @@ void fused_greedy_read(const std::vector<ReadRow<float>>& rows, const at::Tensor
 }
 
 // For each row m: l = s + w_read z_m (z undefined: l = s), then token = argmax(l/T + G)
-// and logprob = log_softmax(l/T)[token].
+// and logprob = log_softmax(l/T)[token]. fused: the greedy float32 read may take read_stats.
 template <typename T>
 void read_and_sample(const std::vector<ReadRow<T>>& rows, const at::Tensor& z, const at::Tensor& w_read,
-                     int64_t v, const Rng& rng, int64_t* tokens, float* logprobs) {
+                     int64_t v, const Rng& rng, bool fused, int64_t* tokens, float* logprobs) {
   const int64_t m_rows = static_cast<int64_t>(rows.size());
   if (m_rows == 0) return;
   const int64_t chunks = (v + kChunk - 1) / kChunk;
@@ -160,7 +161,7 @@ void read_and_sample(const std::vector<ReadRow<T>>& rows, const at::Tensor& z, c
   const at::Tensor zr = z.defined() ? z.to(w_read.scalar_type()) : z;
   std::vector<SampledRow> partial(static_cast<size_t>(m_rows * chunks));
   if constexpr (std::is_same_v<T, float>) {
-    if (greedy && z.defined() && w_read.scalar_type() == at::kFloat && cpu::read_stats_supported()) {
+    if (fused && greedy && z.defined() && w_read.scalar_type() == at::kFloat) {
       fused_greedy_read(rows, z, w_read, v, partial.data());
       return merge_rows(partial, m_rows, chunks, tokens, logprobs);
     }
@@ -200,12 +201,14 @@ void read_and_sample(const std::vector<ReadRow<T>>& rows, const at::Tensor& z, c
   merge_rows(partial, m_rows, chunks, tokens, logprobs);
 }
 
-// A checked call: its shape, RNG, weights and contiguous base logits.
+// A checked call: its shape, RNG, weights, contiguous base logits and whether its greedy float32
+// read runs fused (cpu_read_fused, read once a call).
 struct Call {
   RefineShape s;
   Rng rng;
   Weights w;
   at::Tensor logits;
+  bool fused;
 };
 
 Call prepare(const at::Tensor& ctx, const at::Tensor& tokens, const char* tokens_name, bool tokens_are_prefix,
@@ -217,7 +220,8 @@ Call prepare(const at::Tensor& ctx, const at::Tensor& tokens, const char* tokens
   const Rng rng{inverse_temperature(temperature),
                 a.seed_ptr ? static_cast<uint64_t>(*a.seed_ptr) : a.seed,
                 a.offset_ptr ? static_cast<uint64_t>(*a.offset_ptr) : a.offset};
-  return Call{s, rng, Weights{emb, mix, w_gate, w_up, w_down, w_read.contiguous()}, base_logits.contiguous()};
+  return Call{s, rng, Weights{emb, mix, w_gate, w_up, w_down, w_read.contiguous()}, base_logits.contiguous(),
+              cpu_read_fused()};
 }
 
 using Rows = std::vector<std::pair<int64_t, int64_t>>;  // (sequence, drafted slot)
@@ -225,7 +229,7 @@ using Rows = std::vector<std::pair<int64_t, int64_t>>;  // (sequence, drafted sl
 // Samples the given rows; z [rows, r] holds their hidden states (undefined: the drafter's
 // own sample, s alone). Writes tokens[i] and logprobs[i] for row i.
 void sample_rows(const at::Tensor& base_logits, const Rows& rows, const at::Tensor& z, const at::Tensor& w_read,
-                 const Rng& rng, int64_t* tokens, float* logprobs) {
+                 const Rng& rng, bool fused, int64_t* tokens, float* logprobs) {
   const int64_t d = base_logits.size(1), v = base_logits.size(2);
   if (rows.empty()) return;
   cpu::dispatch_logits(base_logits.scalar_type(), [&](auto tag) {
@@ -234,7 +238,7 @@ void sample_rows(const at::Tensor& base_logits, const Rows& rows, const at::Tens
     std::vector<ReadRow<T>> read;
     for (const auto& [n, slot] : rows)
       read.push_back({base + (n * d + slot) * v, static_cast<uint32_t>(n), static_cast<uint32_t>(slot)});
-    read_and_sample(read, z.defined() ? z.contiguous() : z, w_read, v, rng, tokens, logprobs);
+    read_and_sample(read, z.defined() ? z.contiguous() : z, w_read, v, rng, fused, tokens, logprobs);
   });
 }
 
@@ -248,12 +252,13 @@ Rows all_rows(int64_t n, int64_t d) {
 std::tuple<at::Tensor, at::Tensor> refine_step_cpu(const at::Tensor& ctx, const at::Tensor& prev_tokens,
                                                    const at::Tensor& base_logits, XK_REFINE_WEIGHT_ARGS,
                                                    XK_RNG_ARGS) {
-  const auto [s, rng, w, logits] = prepare(ctx, prev_tokens, "prev_tokens", false, base_logits, emb, mix, w_gate, w_up,
-                                           w_down, w_read, temperature, seed, offset, seed_tensor, offset_tensor);
+  const auto [s, rng, w, logits, fused] = prepare(ctx, prev_tokens, "prev_tokens", false, base_logits, emb, mix,
+                                                  w_gate, w_up, w_down, w_read, temperature, seed, offset,
+                                                  seed_tensor, offset_tensor);
   auto tokens = at::empty({s.n, s.d}, prev_tokens.options());
   auto logprobs = at::empty({s.n, s.d}, ctx.options());
   const auto z = hidden_states(ctx, prev_tokens, w).narrow(1, s.f, s.d).reshape({s.n * s.d, s.r});
-  sample_rows(logits, all_rows(s.n, s.d), z, w.w_read, rng, tokens.mutable_data_ptr<int64_t>(),
+  sample_rows(logits, all_rows(s.n, s.d), z, w.w_read, rng, fused, tokens.mutable_data_ptr<int64_t>(),
               logprobs.mutable_data_ptr<float>());
   return {tokens, logprobs};
 }
@@ -264,15 +269,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> jacobi_refine_cpu(const at::Tenso
                                                                  XK_REFINE_WEIGHT_ARGS, int64_t max_iters,
                                                                  XK_RNG_ARGS) {
   TORCH_CHECK(max_iters >= 0, "max_iters must be >= 0, got ", max_iters);
-  const auto [s, rng, w, logits] = prepare(ctx, prefix_tokens, "prefix_tokens", true, base_logits, emb, mix, w_gate,
-                                           w_up, w_down, w_read, temperature, seed, offset, seed_tensor, offset_tensor);
+  const auto [s, rng, w, logits, fused] = prepare(ctx, prefix_tokens, "prefix_tokens", true, base_logits, emb, mix,
+                                                  w_gate, w_up, w_down, w_read, temperature, seed, offset,
+                                                  seed_tensor, offset_tensor);
   auto tokens = at::empty({s.n, s.d}, prefix_tokens.options());
   auto logprobs = at::empty({s.n, s.d}, ctx.options());
   auto iters = at::zeros({s.n}, prefix_tokens.options().dtype(at::kInt));
   int64_t* tok = tokens.mutable_data_ptr<int64_t>();
   float* lp = logprobs.mutable_data_ptr<float>();
   int32_t* it = iters.mutable_data_ptr<int32_t>();
-  sample_rows(logits, all_rows(s.n, s.d), at::Tensor(), w.w_read, rng, tok, lp);  // x0: the drafter's sample
+  sample_rows(logits, all_rows(s.n, s.d), at::Tensor(), w.w_read, rng, fused, tok, lp);  // x0: the drafter's sample
 
   // Slots before first_dirty[n] read unchanged tokens, so they are final and are not recomputed.
   std::vector<int64_t> active(static_cast<size_t>(s.n)), first_dirty(static_cast<size_t>(s.n), 0);
@@ -295,7 +301,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> jacobi_refine_cpu(const at::Tenso
       const auto hidden = hidden_states(ctx.index_select(0, index), prev, w).reshape({-1, s.r});
       const auto z = hidden.index_select(
           0, at::from_blob(z_rows.data(), {static_cast<int64_t>(z_rows.size())}, prefix_tokens.options()));
-      sample_rows(logits, rows, z, w.w_read, rng, new_tok.data(), new_lp.data());
+      sample_rows(logits, rows, z, w.w_read, rng, fused, new_tok.data(), new_lp.data());
     }
     std::vector<int64_t> changed_first(static_cast<size_t>(s.n), -1);  // first changed slot per sequence
     for (size_t i = 0; i < rows.size(); ++i) {
@@ -320,8 +326,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> jacobi_refine_cpu(const at::Tenso
 std::tuple<at::Tensor, at::Tensor> sequential_refine_cpu(const at::Tensor& ctx, const at::Tensor& prefix_tokens,
                                                          const at::Tensor& base_logits, XK_REFINE_WEIGHT_ARGS,
                                                          XK_RNG_ARGS) {
-  const auto [s, rng, w, logits] = prepare(ctx, prefix_tokens, "prefix_tokens", true, base_logits, emb, mix, w_gate,
-                                           w_up, w_down, w_read, temperature, seed, offset, seed_tensor, offset_tensor);
+  const auto [s, rng, w, logits, fused] = prepare(ctx, prefix_tokens, "prefix_tokens", true, base_logits, emb, mix,
+                                                  w_gate, w_up, w_down, w_read, temperature, seed, offset,
+                                                  seed_tensor, offset_tensor);
   auto tokens = at::zeros({s.n, s.d}, prefix_tokens.options());
   auto logprobs = at::empty({s.n, s.d}, ctx.options());
   std::vector<int64_t> step_tok(static_cast<size_t>(s.n));
@@ -334,7 +341,7 @@ std::tuple<at::Tensor, at::Tensor> sequential_refine_cpu(const at::Tensor& ctx, 
     const auto z = hidden_states(ctx, prev, w).select(1, s.f + slot);
     Rows rows;
     for (int64_t n = 0; n < s.n; ++n) rows.emplace_back(n, slot);
-    sample_rows(logits, rows, z, w.w_read, rng, step_tok.data(), step_lp.data());
+    sample_rows(logits, rows, z, w.w_read, rng, fused, step_tok.data(), step_lp.data());
     for (int64_t n = 0; n < s.n; ++n) tok[n][slot] = step_tok[n], lp[n][slot] = step_lp[n];
   }
   return {tokens, logprobs};

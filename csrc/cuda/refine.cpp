@@ -9,10 +9,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
-#include <cstdlib>
-#include <cstring>
-
 #include "../ops/checks.h"
+#include "../ops/refine_read.h"
 #include "binding.h"
 #include "refine_launch.h"
 
@@ -36,15 +34,17 @@ cudaError_t read_gemm(void* context, const cuda::ReadGemm& g, cudaStream_t) {
   return cudaGetLastError();
 }
 
-// XKERNELS_REFINE_READ=auto|gemm|fused (unset: auto) picks the read of every pass (RefineReadMode in
-// refine_launch.h). Read at each call, so one process can time both; a captured CUDA graph keeps
-// the read it was captured with.
+// XKERNELS_REFINE_READ (ops/refine_read.h) picks the read of every pass (RefineReadMode in
+// refine_launch.h); a captured CUDA graph keeps the read it was captured with.
 cuda::RefineReadMode refine_read_mode() {
-  const char* v = std::getenv("XKERNELS_REFINE_READ");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return cuda::RefineReadMode::kAuto;
-  if (std::strcmp(v, "gemm") == 0) return cuda::RefineReadMode::kGemm;
-  if (std::strcmp(v, "fused") == 0) return cuda::RefineReadMode::kFused;
-  TORCH_CHECK(false, "XKERNELS_REFINE_READ must be auto, gemm or fused, got '", v, "'");
+  switch (refine_read_from_env()) {
+    case RefineRead::kGemm:
+      return cuda::RefineReadMode::kGemm;
+    case RefineRead::kFused:
+      return cuda::RefineReadMode::kFused;
+    default:
+      return cuda::RefineReadMode::kAuto;
+  }
 }
 
 struct Prepared {

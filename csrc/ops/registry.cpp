@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "../cpu/read_stats.h"
+#include "refine_read.h"
 #include "xkernels/ops.h"
 
 #ifndef XK_VERSION
@@ -28,7 +28,7 @@ std::string build_info() {
   const char* threads = "one";
 #endif
   return std::string("version=") + XK_VERSION + ";cuda=" + cuda + ";cuda_archs=" + XK_CUDA_ARCHS +
-         ";cpu_threads=" + threads + ";cpu_read=" + (cpu::read_stats_supported() ? "avx512" : "sliced");
+         ";cpu_threads=" + threads + ";cpu_read=" + (cpu_read_fused() ? "avx512" : "sliced");
 }
 
 TORCH_LIBRARY(xkernels, m) {
