@@ -25,6 +25,7 @@
 #include <type_traits>
 
 #include "device_utils.cuh"
+#include "per_device.h"
 #include "refine_launch.h"
 
 namespace xkernels::cuda {
@@ -505,9 +506,9 @@ RefineWorkspace carve(const RefineParams& p, void* workspace) {
 template <typename TB, int kMTiles>
 cudaError_t launch_read_fused_tiles(const RefineParams& p, const RowSet& rs, const RefineWorkspace& w,
                                     const RefineReadPlan& plan, cudaStream_t stream) {
-  // Above 48 KB of dynamic shared memory a kernel must opt in (a host call, no stream work).
-  XK_RETURN_IF_FAILED(cudaFuncSetAttribute(read_fused_kernel<TB, kMTiles>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(plan.smem_bytes)));
+  // Above 48 KB of dynamic shared memory a kernel must opt in: once a device, to the device's limit.
+  static PerDevice opted_in;
+  XK_RETURN_IF_FAILED(opt_in_max_dynamic_smem(opted_in, read_fused_kernel<TB, kMTiles>));
   read_fused_kernel<TB, kMTiles><<<plan.groups * plan.blocks, kThreads, plan.smem_bytes, stream>>>(p, rs, w, plan);
   return cudaGetLastError();
 }

@@ -18,6 +18,7 @@
 #include <cuda_pipeline_primitives.h>
 
 #include "device_utils.cuh"
+#include "per_device.h"
 #include "row_reduce.cuh"
 #include "tree_launch.h"
 #include "xkernels/tree.h"
@@ -683,10 +684,10 @@ cudaError_t launch_verify_typed(const TreeVerifyParams& p, const VerifyWorkspace
                          reinterpret_cast<uintptr_t>(p.logits) % 16 == 0 &&
                          (p.q == nullptr || reinterpret_cast<uintptr_t>(p.q) % 16 == 0);
   if (p.q && p.inv_t != 0.0f) {  // at T = 0 draft_probs play no part
-    // Above 48 KB of dynamic shared memory a kernel must opt in (a host call, no stream work).
+    // Above 48 KB of dynamic shared memory a kernel must opt in: once a device, to the device's limit.
     const size_t stage = sizeof(float) * (16 / sizeof(T)) * kVerifyThreads * w.q_depth;
-    const cudaError_t err = cudaFuncSetAttribute(tree_verify_kernel<T, true>,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(stage));
+    static PerDevice opted_in;
+    const cudaError_t err = opt_in_max_dynamic_smem(opted_in, tree_verify_kernel<T, true>);
     if (err != cudaSuccess) return err;
     tree_verify_kernel<T, true><<<p.n, kVerifyThreads, stage, stream>>>(p, w, vector_ok);
   } else {

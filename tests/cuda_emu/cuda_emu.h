@@ -216,13 +216,56 @@ cudaError_t launch_ex(const char* name, const cudaLaunchConfig_t* config, void (
 }
 }  // namespace xk_emu
 
-// What the launchers ask of a kernel's binary: an emulated kernel is built for every architecture.
+// What the launchers ask of a kernel's binary: an emulated kernel is built for every architecture;
+// its static shared memory is not known before it runs (0).
 struct cudaFuncAttributes {
   int binaryVersion, ptxVersion;
+  size_t sharedSizeBytes;
 };
 template <typename... P>
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, void (*)(P...)) {
-  *attr = cudaFuncAttributes{90, 90};
+  *attr = cudaFuncAttributes{90, 90, 0};
+  return cudaSuccess;
+}
+
+// The emulated device (device 0, the only one): an H100/H200's 132 SMs and 227 KB of shared memory
+// a block may opt into. The emulation knows no registers: an SM holds as many blocks of a kernel as
+// its 2048 threads, 32 blocks and 228 KB of shared memory allow, and a cluster launch one block an
+// SM (spiffy_accept's occupancy at 142-153 registers), so kDeviceSms / size clusters at once.
+namespace xk_emu {
+constexpr int kDeviceSms = 132;
+constexpr int kDeviceSmemOptin = 227 * 1024;
+}  // namespace xk_emu
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16, cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
+inline cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (device != 0) return cudaErrorInvalidValue;
+  *value = attr == cudaDevAttrMultiProcessorCount ? xk_emu::kDeviceSms : xk_emu::kDeviceSmemOptin;
+  return cudaSuccess;
+}
+template <typename... P>
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, void (*)(P...), int block_size, size_t smem) {
+  if (block_size < 1 || block_size > 1024) return cudaErrorInvalidValue;
+  int fit = 2048 / block_size < 32 ? 2048 / block_size : 32;
+  if (smem > 0 && static_cast<size_t>(228 * 1024) / smem < static_cast<size_t>(fit))
+    fit = static_cast<int>(static_cast<size_t>(228 * 1024) / smem);
+  *blocks = fit;
+  return cudaSuccess;
+}
+template <typename... P>
+cudaError_t cudaOccupancyMaxActiveClusters(int* clusters, void (*)(P...), const cudaLaunchConfig_t* config) {
+  for (unsigned i = 0; i < config->numAttrs; ++i)
+    if (config->attrs[i].id == cudaLaunchAttributeClusterDimension) {
+      const auto& c = config->attrs[i].val.clusterDim;
+      const unsigned size = c.x * c.y * c.z;
+      if (size == 0 || size > 8) return cudaErrorInvalidClusterSize;
+      *clusters = xk_emu::kDeviceSms / static_cast<int>(size);
+      return cudaSuccess;
+    }
+  *clusters = xk_emu::kDeviceSms;
   return cudaSuccess;
 }
 
@@ -240,7 +283,7 @@ inline const char* cudaGetErrorString(cudaError_t e) {
 template <typename... P>
 cudaError_t cudaFuncSetAttribute(void (*kernel)(P...), cudaFuncAttribute attr, int value) {
   if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
-    if (value < 0 || value > 227 * 1024) return cudaErrorInvalidValue;
+    if (value < 0 || value > xk_emu::kDeviceSmemOptin) return cudaErrorInvalidValue;
     xk_emu::set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), value);
   }
   if (attr == cudaFuncAttributeNonPortableClusterSizeAllowed)
