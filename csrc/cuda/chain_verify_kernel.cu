@@ -14,6 +14,7 @@
 
 #include "chain_verify_launch.h"
 #include "device_utils.cuh"
+#include "per_device.h"
 #include "row_reduce.cuh"
 #include "xkernels/sampling.h"
 
@@ -177,9 +178,38 @@ struct Layout {
   size_t row_bytes, logit_bytes, job_bytes, sample_bytes;
 };
 
+// Blocks of row_stats_kernel<T, kGreedy> an SM holds (its registers decide: 58 a thread at sm_90a,
+// 4 blocks of 256 threads, not 8), asked once a device; 8 where the query fails (not kept).
+template <typename T, bool kGreedy>
+int row_stats_resident() {
+  static PerDevice resident;
+  return resident.get([] {
+    int blocks = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, row_stats_kernel<T, kGreedy>, kThreads, 0) !=
+            cudaSuccess ||
+        blocks < 1) {
+      (void)cudaGetLastError();  // a query's failure is no launch error
+      return PerDevice::Result{8, false};
+    }
+    return PerDevice::Result{blocks, true};
+  });
+}
+
+int row_stats_resident(const ChainVerifyParams& p) {
+  const bool greedy = p.inv_t == 0.0f;
+  switch (p.dtype) {
+    case LogitsType::kFloat32: return greedy ? row_stats_resident<float, true>() : row_stats_resident<float, false>();
+    case LogitsType::kBFloat16:
+      return greedy ? row_stats_resident<__nv_bfloat16, true>() : row_stats_resident<__nv_bfloat16, false>();
+    case LogitsType::kFloat16: return greedy ? row_stats_resident<__half, true>() : row_stats_resident<__half, false>();
+  }
+  return 8;
+}
+
 Layout layout(const ChainVerifyParams& p) {
   Layout l;
-  l.row_slices = row_slice_count(p.n * (p.k + 1), p.v, p.num_sms);
+  // The grid of row_stats sized for the blocks an SM really holds.
+  l.row_slices = row_slice_count(p.n * (p.k + 1), p.v, p.num_sms, row_stats_resident(p));
   l.sample_slices = row_slice_count(p.n, p.v, p.num_sms);
   l.row_bytes = align_up(sizeof(RowStats) * p.n * (p.k + 1) * l.row_slices);
   l.logit_bytes = align_up(sizeof(float) * p.n * p.k);

@@ -31,7 +31,7 @@ struct DllmLayout {
 
 DllmLayout dllm_layout(const DllmParams& p) {
   DllmLayout d;
-  d.slices = row_slice_count(p.n * p.l, p.v, p.num_sms);
+  d.slices = masked_row_slices(p.n * p.l, p.v, p.num_sms, p.dtype);
   d.x0_bytes = align_up(sizeof(int64_t) * p.n * p.l);
   d.chosen_bytes = align_up(static_cast<size_t>(p.n * p.l));
   d.slice_bytes = align_up(sizeof(DllmSlice) * p.n * p.l * d.slices);

@@ -6,10 +6,23 @@
 #include <cstdint>
 
 #include "device_utils.cuh"
+#include "launch_types.h"
 #include "row_reduce.cuh"
 #include "xkernels/dllm.h"
 
 namespace xkernels::cuda {
+
+// Slices of the masked rows of dllm_step and of spiffy_materialize's first pass: a slice of at
+// least about kMaskedSliceBytes, so that each thread makes about 4 rounds of its 4 loads of 16 B in
+// flight (16 KB a round for 256 threads) after its block's test of block[row], a load the row's
+// loads wait on: with the 17 slices of row_slice_count's default at 16 x 32 rows of 126464 ids,
+// each thread made about one round, so nothing hid that latency. Issuing the row's loads before
+// the test instead would read the unmasked rows too: in a block's last steps most of its rows.
+constexpr int64_t kMaskedSliceBytes = 64 * 1024;
+
+inline int masked_row_slices(int64_t rows, int64_t v, int num_sms, LogitsType dtype) {
+  return row_slice_count(rows, v, num_sms, 8, kMaskedSliceBytes / (dtype == LogitsType::kFloat32 ? 4 : 2));
+}
 
 // Gumbel-max of the tempered row (plain sampling, the mask token never drawn) over groups
 // [g_begin, g_end) of 4 ids, groups g_begin + first, + stride, ... by this thread (vector loads of

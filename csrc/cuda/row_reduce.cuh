@@ -181,14 +181,16 @@ __host__ __device__ __forceinline__ SliceRange slice_range(int64_t v, int width,
 constexpr int kMaxRowSlices = 32;       // a warp merges the slices of a row
 constexpr int64_t kMinSliceIds = 1024;  // a shorter slice costs more to merge than to read
 
-// Slices per row for `rows` rows of v ids on num_sms SMs: enough blocks for about 8 waves of
-// 8 resident blocks an SM (the last, partial wave then costs at most an eighth; one wave of whole
-// rows left a tail as long as the rest), at most kMaxRowSlices, at least one, none shorter than
-// kMinSliceIds ids. Any sizes (rows = 0, v = 1, num_sms = 0) give a valid count.
-inline int row_slice_count(int64_t rows, int64_t v, int num_sms) {
-  const int64_t sms = num_sms > 0 ? num_sms : 1;
-  const int64_t want = rows > 0 ? (64 * sms + rows - 1) / rows : 1;
-  const int64_t most = (v + kMinSliceIds - 1) / kMinSliceIds;
+// Slices per row for `rows` rows of v ids on num_sms SMs that hold `resident` blocks of the
+// kernel each: enough blocks for about 8 waves (the last, partial wave then costs at most an
+// eighth; one wave of whole rows left a tail as long as the rest), at most kMaxRowSlices, at least
+// one, about min_ids ids or more (v / ceil(v / min_ids)). resident: the kernel's occupancy where its
+// launcher asks for it (chain_verify's row_stats), else 8. Any sizes (rows = 0, v = 1, num_sms = 0)
+// give a valid count.
+inline int row_slice_count(int64_t rows, int64_t v, int num_sms, int resident = 8, int64_t min_ids = kMinSliceIds) {
+  const int64_t sms = num_sms > 0 ? num_sms : 1, per_sm = resident > 0 ? resident : 1;
+  const int64_t want = rows > 0 ? (8 * per_sm * sms + rows - 1) / rows : 1;
+  const int64_t most = (v + min_ids - 1) / min_ids;
   int64_t s = want < most ? want : most;
   s = s < kMaxRowSlices ? s : kMaxRowSlices;
   return static_cast<int>(s < 1 ? 1 : s);

@@ -3,7 +3,7 @@
 //               tokens of each slice), then a block per sequence: its warps merge each row's
 //               slices; then the ranking, the node scores and the kept set
 //               (one block-wide argmax per kept node) follow xkernels/spiffy.h.
-//  accept:      a thread block cluster of 8 blocks per sequence (sm_90+; one block below) walks the
+//  accept:      a thread block cluster of 8 or 4 blocks per sequence (sm_90+; one block below) walks the
 //               steps: the step's masked rows are dealt out to its blocks, a block a row (dllm_step's
 //               row rule, dllm_row.cuh), on the logits of the block reached; cluster.sync; thread 0 of
 //               block 0 applies the selection, looks for a kept draft equal to the new block and lists
@@ -14,6 +14,7 @@
 
 #include "device_utils.cuh"
 #include "dllm_row.cuh"
+#include "per_device.h"
 #include "spiffy_launch.h"
 
 namespace xkernels::cuda {
@@ -245,15 +246,15 @@ __device__ void accept_plan(const int64_t* state, int64_t l, int64_t mask_id, in
   walk->done = count == 0 || committed + count > l;
 }
 
-// The walk of sequence blockIdx.x / blocks (blocks = kAcceptCluster with kCluster, else 1). Each
+// The walk of sequence blockIdx.x / blocks (blocks: the cluster's size with kCluster, else 1). Each
 // step the team's blocks read the masked rows of the node reached, a block a row (its threads over
 // the row, 16 loads of 16 B in flight each: 64 KB a block; dllm_row.cuh's rule), rows dealt out in
 // turn; then the leader applies the selection, looks for a kept draft equal to the new block and
 // plans the next step. Two team barriers a step.
 template <typename T, bool kCluster>
 __global__ void __launch_bounds__(kThreads, 1) spiffy_accept_kernel(SpiffyAcceptParams p, AcceptWorkspace ws,
-                                                                 bool vector_ok) {
-  const unsigned rank = team_rank<kCluster>(), blocks = kCluster ? kAcceptCluster : 1;
+                                                                 unsigned blocks, bool vector_ok) {
+  const unsigned rank = team_rank<kCluster>();
   const int64_t n = blockIdx.x / blocks;
   const bool leader = rank == 0 && threadIdx.x == 0;
   int64_t* state = p.new_block + n * p.l;
@@ -337,7 +338,7 @@ cudaError_t materialize_typed(const SpiffyMaterializeParams& p, void* workspace,
   auto* state = reinterpret_cast<uint8_t*>(at);
   at += align_up(static_cast<size_t>(p.n * p.graph.g));
   auto* rows = reinterpret_cast<RowSlice*>(at);
-  const int slices = row_slice_count(p.n * p.l, p.v, p.num_sms);
+  const int slices = masked_row_slices(p.n * p.l, p.v, p.num_sms, p.dtype);
   const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && reinterpret_cast<uintptr_t>(p.logits) % 16 == 0;
   if (p.l > 0) {  // an empty grid is a launch error
     if (p.scale != 1.0f)
@@ -351,6 +352,16 @@ cudaError_t materialize_typed(const SpiffyMaterializeParams& p, void* workspace,
   return cudaGetLastError();
 }
 
+// The launch of n sequences a cluster of `blocks` (the attribute lives in *cluster).
+cudaLaunchConfig_t accept_cluster_config(int64_t n, unsigned blocks, cudaLaunchAttribute* cluster) {
+  cluster->id = cudaLaunchAttributeClusterDimension;
+  cluster->val.clusterDim.x = blocks, cluster->val.clusterDim.y = 1, cluster->val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(n * blocks)), config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = 0, config.attrs = cluster, config.numAttrs = 1;
+  return config;
+}
+
 template <typename T>
 cudaError_t accept_typed(const SpiffyAcceptParams& p, void* workspace, cudaStream_t stream) {
   size_t bytes = 0;
@@ -358,17 +369,44 @@ cudaError_t accept_typed(const SpiffyAcceptParams& p, void* workspace, cudaStrea
   // Every row of both logits tensors starts 16-byte aligned (the vector loads of dllm_row.cuh).
   const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && reinterpret_cast<uintptr_t>(p.root_logits) % 16 == 0 &&
                          reinterpret_cast<uintptr_t>(p.draft_logits) % 16 == 0;
-  if (spiffy_accept_blocks(p) == 1) {
-    spiffy_accept_kernel<T, false><<<p.n, kThreads, 0, stream>>>(p, ws, vector_ok);
+  const unsigned blocks = spiffy_accept_blocks(p);
+  if (blocks == 1) {
+    spiffy_accept_kernel<T, false><<<p.n, kThreads, 0, stream>>>(p, ws, 1u, vector_ok);
     return cudaGetLastError();
   }
   cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = kAcceptCluster, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(p.n * kAcceptCluster)), config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = 0, config.stream = stream, config.attrs = &cluster, config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, spiffy_accept_kernel<T, true>, p, ws, vector_ok);
+  cudaLaunchConfig_t config = accept_cluster_config(p.n, blocks, &cluster);
+  config.stream = stream;
+  return cudaLaunchKernelEx(&config, spiffy_accept_kernel<T, true>, p, ws, blocks, vector_ok);
+}
+
+// Clusters of kSize blocks of spiffy_accept_kernel<T, true> the current device runs at once
+// (cudaOccupancyMaxActiveClusters), asked once a device; a failed query (not kept) reads as "all":
+// the cluster launch itself then says whether it can run.
+template <typename T, unsigned kSize>
+int accept_clusters_at_once() {
+  static PerDevice at_once;
+  return at_once.get([] {
+    cudaLaunchAttribute cluster{};
+    const cudaLaunchConfig_t config = accept_cluster_config(1, kSize, &cluster);
+    int count = 0;
+    if (cudaOccupancyMaxActiveClusters(&count, spiffy_accept_kernel<T, true>, &config) != cudaSuccess) {
+      (void)cudaGetLastError();  // a query's failure is no launch error
+      return PerDevice::Result{INT_MAX, false};
+    }
+    return PerDevice::Result{count, true};
+  });
+}
+
+// Clusters of 8 while every sequence's cluster runs at once; else of 4, which pack the SMs more
+// densely (a GPC with 14 SMs free holds one cluster of 8 but three of 4: on such a part 16
+// sequences in clusters of 8 leave the last to run alone, twice the time, while clusters of 4 run
+// all 16 together, each block reading twice the rows); none where neither size can run at all.
+template <typename T>
+unsigned accept_cluster_size(int64_t n) {
+  if (accept_clusters_at_once<T, kAcceptCluster>() >= n) return kAcceptCluster;
+  if (accept_clusters_at_once<T, kAcceptClusterSmall>() > 0) return kAcceptClusterSmall;
+  return accept_clusters_at_once<T, kAcceptCluster>() > 0 ? kAcceptCluster : 1;
 }
 
 template <typename Launch>
@@ -386,7 +424,7 @@ cudaError_t by_dtype(LogitsType dtype, Launch&& launch) {
 size_t spiffy_materialize_workspace_bytes(const SpiffyMaterializeParams& p) {
   return align_up(sizeof(PositionTop) * p.n * p.l) + align_up(sizeof(int32_t) * p.n * p.l) +
          align_up(sizeof(float) * p.n * p.graph.g) + align_up(static_cast<size_t>(p.n * p.graph.g)) +
-         align_up(sizeof(RowSlice) * p.n * p.l * row_slice_count(p.n * p.l, p.v, p.num_sms));
+         align_up(sizeof(RowSlice) * p.n * p.l * masked_row_slices(p.n * p.l, p.v, p.num_sms, p.dtype));
 }
 
 cudaError_t launch_spiffy_materialize(const SpiffyMaterializeParams& p, void* workspace, cudaStream_t stream) {
@@ -412,7 +450,13 @@ unsigned spiffy_accept_blocks(const SpiffyAcceptParams& p) {
     }
     return attr.binaryVersion >= 90 && attr.ptxVersion >= 90;
   }();
-  return built_for_clusters ? kAcceptCluster : 1;
+  if (!built_for_clusters) return 1;
+  switch (p.dtype) {
+    case LogitsType::kFloat32: return accept_cluster_size<float>(p.n);
+    case LogitsType::kBFloat16: return accept_cluster_size<__nv_bfloat16>(p.n);
+    case LogitsType::kFloat16: return accept_cluster_size<__half>(p.n);
+  }
+  return 1;
 }
 
 cudaError_t launch_spiffy_accept(const SpiffyAcceptParams& p, void* workspace, cudaStream_t stream) {

@@ -40,12 +40,14 @@ struct SpiffyAcceptParams {
   bool clusters;  // the device runs thread block clusters (compute capability 9.0 and up)
 };
 
-// Blocks a sequence on sm_90+: the largest portable cluster.
-constexpr unsigned kAcceptCluster = 8;
+// Blocks a sequence on sm_90+: a thread block cluster of the largest portable size, or of the
+// smaller one where the device cannot run every sequence's larger cluster at once.
+constexpr unsigned kAcceptCluster = 8, kAcceptClusterSmall = 4;
 
 size_t spiffy_accept_workspace_bytes(const SpiffyAcceptParams& p);
-// The blocks that walk each sequence: kAcceptCluster (a thread block cluster) when p.clusters and the
-// kernel's binary is sm_90+, else 1. The grid is n times that.
+// The blocks that walk each sequence, when p.clusters and the kernel's binary is sm_90+: a cluster
+// of kAcceptCluster where the device runs p.n of them at once (cudaOccupancyMaxActiveClusters, asked
+// once a device), else of kAcceptClusterSmall; otherwise 1. The grid is n times that.
 unsigned spiffy_accept_blocks(const SpiffyAcceptParams& p);
 cudaError_t launch_spiffy_accept(const SpiffyAcceptParams& p, void* workspace, cudaStream_t stream);
 

@@ -36,10 +36,11 @@ def test_edge_shapes(emu, n, length, v, temperature):
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("num_sms", [0, 1, 132])
 def test_rows_split_over_slices(emu, dtype, temperature, num_sms):
-    """Rows long enough for several slices each (row_slice_count), the mask id inside one of them."""
-    logits, block = step_case(2, 5, 4104, dtype, seed=3)
+    """Rows long enough for several slices each (masked_row_slices: 64 KB or more a slice, so 3 at
+    bfloat16 and 5 at float32), the mask id inside one of them."""
+    logits, block = step_case(2, 5, 65544, dtype, seed=3)
     logits[0, :, 3000] = 50.0  # the mask token's logit never counts
-    logits[1, 2, [10, 2500]] = 40.0  # a tie across slices
+    logits[1, 2, [10, 60000]] = 40.0  # a tie across slices
     block[block == MASK] = 3000
     got = emu.dllm_step(logits, block, 3000, 2, None, temperature, 7, 1, num_sms=num_sms)
     want = reference.dllm_step(logits, block, 3000, 2, None, temperature, 7, 1)
@@ -53,7 +54,7 @@ def test_draws_at_near_ties_match_the_reference(emu, level):
     """Rows split over slices whose threads start from the slice's argmax, late in it: ids below it
     that tie or nearly beat it must not be skipped by the sampler's test (sampling.h)."""
     for seed in range(4):
-        logits, block = near_tie_case(2, 3, 4104, level, seed)
+        logits, block = near_tie_case(2, 3, 32776, level, seed)  # 3 slices a row
         got = emu.dllm_step(logits, block, MASK, 3, None, 1.0, seed, 0, num_sms=132)
         want = reference.dllm_step(logits, block, MASK, 3, None, 1.0, seed, 0)
         assert torch.equal(got[2], want[2])

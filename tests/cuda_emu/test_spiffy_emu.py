@@ -28,9 +28,10 @@ def test_materialize_matches_reference(emu, dtype, temperature, keep):
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
 @pytest.mark.parametrize("num_sms", [0, 1, 132])
 def test_materialize_splits_rows_over_slices(emu, dtype, temperature, num_sms):
-    """Rows long enough for several vector-loaded slices each (row_slice_count), merged by pass 2."""
-    logits, block = step_case(2, 6, 3080, dtype, seed=5)
-    logits[0, 1, [100, 2900]] = 9.0  # a tie across slices
+    """Rows long enough for several vector-loaded slices each (masked_row_slices: 64 KB or more a
+    slice, so 2 at bfloat16 and 4 at float32), merged by pass 2."""
+    logits, block = step_case(2, 6, 49160, dtype, seed=5)
+    logits[0, 1, [100, 40000]] = 9.0  # a tie across slices
     graph = hand_graph()
     got = emu.spiffy_materialize(logits, block, MASK, graph, 4, temperature, num_sms=num_sms)
     want = reference.spiffy_materialize(logits, block, MASK, graph.ranks, graph.child_ptr, graph.children, 4,
@@ -111,10 +112,12 @@ def test_accept_follows_a_chain_of_drafts(emu, clusters):
 
 
 @pytest.mark.parametrize("clusters", [True, False])
-@pytest.mark.parametrize("n,length,v,depth", [(1, 24, 61, 20), (3, 12, 64, 11), (5, 3, 9, 3), (2, 1, 5, 1)])
+@pytest.mark.parametrize("n,length,v,depth", [(1, 24, 61, 20), (3, 12, 64, 11), (5, 3, 9, 3), (2, 1, 5, 1),
+                                              (17, 6, 9, 3)])
 def test_accept_walks_many_steps(emu, clusters, n, length, v, depth):
     """Walks of up to depth + 1 steps, the last draft matching each time; 3 masked rows or 1 (fewer
-    than the cluster's blocks: idle blocks only meet the others), V odd or below a vector."""
+    than the cluster's blocks: idle blocks only meet the others), V odd or below a vector; 17
+    sequences, more clusters of 8 than the emulated device runs at once: clusters of 4."""
     args = chain_case(n, length, v, depth, seed=n + length)
     got = check_accept(emu, args, clusters, seed=2)
     assert int(got[0].max()) > 1 or length == 1
@@ -146,15 +149,16 @@ def test_accept_edge_shapes(emu, clusters, n, length, v, k, masked):
     check_accept(emu, args, clusters)
 
 
-@pytest.mark.parametrize("n,length", [(0, 32), (16, 32), (5, 0), (1, 1)])
+@pytest.mark.parametrize("n,length", [(0, 32), (16, 32), (17, 32), (5, 0), (1, 1)])
 def test_accept_plan(emu, n, length):
-    """What the binding plans: a cluster of 8 blocks a sequence when the device runs clusters, else
-    one; the workspace holds per position a confidence, a pick, a byte and a row index, and a walk
-    record a sequence, each region 256-byte aligned."""
+    """What the binding plans: a cluster of 8 blocks a sequence when the device runs clusters and
+    all n of them at once (the emulated device: 132 SMs, one block an SM, so 16), else of 4; one
+    block without clusters. The workspace holds per position a confidence, a pick, a byte and a row
+    index, and a walk record a sequence, each region 256-byte aligned."""
     align = lambda b: (b + 255) // 256 * 256  # noqa: E731
     nl = n * length
     bytes_ = align(4 * nl) + align(8 * nl) + align(nl) + align(8 * nl) + align(24 * n)
-    assert emu.spiffy_accept_plan(n, length, clusters=True) == (8, bytes_)
+    assert emu.spiffy_accept_plan(n, length, clusters=True) == (8 if n <= 16 else 4, bytes_)
     assert emu.spiffy_accept_plan(n, length, clusters=False) == (1, bytes_)
     assert emu.spiffy_accept_plan(2**31 // 8, 1)[0] == 1  # the grid (n * 8 blocks) would not fit
 
