@@ -35,7 +35,7 @@ ESTIMATE_US = {("chain_verify", 0.0, False): 88, ("chain_verify", 1.0, False): 1
                ("refine_step", 1): 38, ("refine_step", 8): 58, ("refine_step", 32): 165, ("jacobi_refine", 1): 158,
                ("build_draft_tree",): 15, ("tree_attention_mask",): 5, ("tree_verify", 0.0, False): 20,
                ("tree_verify", 1.0, False): 37, ("tree_verify", 1.0, True): 60,
-               ("dllm_step T=0",): 35, ("dllm_step T=1",): 70, ("spiffy_materialize",): 65, ("spiffy_accept",): 75,
+               ("dllm_step T=0",): 38, ("dllm_step T=1",): 70, ("spiffy_materialize",): 70, ("spiffy_accept",): 75,
                ("spiffy_attention_mask",): 5, ("chain_verify_ragged",): 300, ("chain_verify_ragged block",): 330}
 
 
