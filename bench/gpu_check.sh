@@ -43,7 +43,7 @@ TOOLS="memcheck racecheck"
 TEST_PATHS=(tests)
 DEMO=("$PYTHON" -m xkernels demo --device cuda --prompts 2 --tokens 64 --batch-sizes 1,4,16,64)
 if [ $DRY = 1 ]; then
-  # The same steps with a fifth of the interpreter starts (each costs seconds of the CPU).
+  # The same steps, all sections in one process a step (an interpreter start costs seconds of CPU).
   BATCHES=("$SECTIONS")
   BENCH+=(--dry-run)
   TOOLS="memcheck"  # without compute-sanitizer the two tools' runs are the same
