@@ -50,8 +50,8 @@ def test_greedy_modes_emit_the_ar_tokens(mode, iters, budget, draft_dtype):
 VOCAB, SAMPLES = 8, 2500
 
 
-def assert_two_tokens_follow_the_target(mode, **options):
-    """Chi-squared of the first two sampled tokens (T = 1, SAMPLES seeds) against the target's own
+def assert_two_tokens_follow_the_target(mode, samples=SAMPLES, **options):
+    """Chi-squared of the first two sampled tokens (T = 1, `samples` seeds) against the target's own
     joint distribution, tiny models over VOCAB tokens."""
     target, drafter, refiner = tiny_models(VOCAB, block=4, seed=1)
     prompt = [1, 2, 3]
@@ -60,7 +60,7 @@ def assert_two_tokens_follow_the_target(mode, **options):
         p2 = torch.stack([torch.softmax(target(torch.tensor([prompt + [y]]))[0][0, -1].float(), -1)
                           for y in range(VOCAB)])
     counts = torch.zeros(VOCAB * VOCAB)
-    for seed in range(SAMPLES):
+    for seed in range(samples):
         out, _ = generate(target, prompt, 2, mode=mode, drafter=drafter, refiner=refiner, iters=1,
                           temperature=1.0, seed=seed, **options)
         counts[out[0] * VOCAB + out[1]] += 1

@@ -48,6 +48,11 @@ def demo(args):
                       sweep=not args.no_sweep, device=args.device)
     print(format_tables(report))
     print(f"\nwrote {args.out}/demo.png and {args.out}/demo.json")
+    from .demo_block import format_block_tables, run_block_demo
+
+    block = run_block_demo(prompts=args.prompts, tokens=args.tokens, temperature=args.temperature or 1.0,
+                           seed=args.seed, out=Path(args.out), device=args.device)
+    print(format_block_tables(block))
     sizes = args.batch_sizes if args.batch_sizes is not None else (
         SIZES if args.device.startswith("cuda") else ())
     if sizes:

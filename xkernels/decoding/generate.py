@@ -243,7 +243,7 @@ def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: st
              refiner=None, iters: int = 4, temperature: float = 0.0, seed: int = 0,
              draft_len: Union[int, str, None] = "auto", tree_budget: int = 15, tree_topk: int = 8,
              num_threads: Optional[int] = None, cost_model: Optional[CostModel] = None,
-             draft_dtype: Optional[torch.dtype] = None, tp_group=None):
+             draft_dtype: Optional[torch.dtype] = None, tp_group=None, verify_method: str = "token"):
     """Continue prompt_ids by max_new_tokens tokens. Returns (tokens, Stats).
 
     target is a TargetLM or a transformers causal LM (adapted by xkernels.models.hf.HFTarget,
@@ -265,7 +265,10 @@ def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: st
     tp_group: a torch.distributed group over which the target's LM head (and the refiner's readout)
     is sharded by vocabulary rows (xkernels.decoding.tensor_parallel): every rank of the group calls
     generate with the same arguments and gets the same tokens as one process. Every mode, "drafter"
-    at T = 0 only; draft_len must be fixed."""
+    at T = 0 only; draft_len must be fixed.
+    verify_method: the chain modes' verification, "token" (token-wise) or "block" (block
+    verification, Sun et al.: the same output distribution, at least as many accepted drafts in
+    expectation; identical at T = 0); not with tp_group."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if mode != "ar" and drafter is None:
@@ -274,6 +277,10 @@ def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: st
         raise ValueError(f"mode {mode!r} needs a refiner")
     if mode in TREE_MODES and tree_budget < 1:
         raise ValueError(f"tree_budget must be >= 1, got {tree_budget}")
+    if verify_method not in ("token", "block"):
+        raise ValueError(f"verify_method must be 'token' or 'block', got {verify_method!r}")
+    if verify_method == "block" and tp_group is not None:
+        raise ValueError("verify_method='block' is not sharded: leave tp_group None")
     if not (draft_len is None or draft_len == "auto" or (isinstance(draft_len, int) and draft_len >= 0)):
         raise ValueError(f"draft_len must be 'auto', None or an int >= 0, got {draft_len!r}")
     target = as_target(target, drafter if mode != "ar" else None)
@@ -298,7 +305,7 @@ def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: st
             stats.target_calls += 1  # the prefill's logits give the first token; count it like a step
         else:
             fixed = drafter.cfg.block_size - 1 if draft_len in (None, "auto") else draft_len
-            spec = make_mode(mode, refiner, iters, fixed, tree_budget, tree_topk, vocab)
+            spec = make_mode(mode, refiner, iters, fixed, tree_budget, tree_topk, vocab, verify_method)
             rule = DraftLengthRule(cost_model) if draft_len == "auto" else None
             out = _decode_speculative(spec, target, drafter, prompt, max_new_tokens, temperature, seed, stats, rule,
                                       draft_dtype or default_draft_dtype(target))

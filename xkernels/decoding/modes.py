@@ -248,8 +248,10 @@ def truncate_chain(accept_len, out, logits, limit, rng: Streams, vocab=WholeVoca
 
 
 class ChainVerifier:
-    def __init__(self, vocab=WholeVocab):
-        self.vocab = vocab
+    """method: "token" (token-wise) or "block" (block verification, whole vocabulary only)."""
+
+    def __init__(self, vocab=WholeVocab, method: str = "token"):
+        self.vocab, self.method = vocab, method
 
     def verify(self, target, anchor, proposal: Proposal, cache, layers, rng: Streams):
         """One target call over [anchor, drafts] (anchor [N]), chain_verify, and the cache keeps the
@@ -259,8 +261,11 @@ class ChainVerifier:
         tokens = torch.cat([anchor[:, None], drafts], 1)
         logits, hidden = target(tokens, cache, hidden_layers=layers)
         logits = logits.float()
+        block = {"method": "block"} if self.method == "block" else {}
+        if block and proposal.limit is not None:  # block acceptance reads every row: no cutting afterwards
+            raise ValueError("block verification needs every verified draft proper (no per-sequence limit)")
         accept_len, out = self.vocab.chain_verify(drafts, logits, draft_probs=proposal.q, temperature=rng.temperature,
-                                                  seed=rng.seed, offset=rng.verify)
+                                                  seed=rng.seed, offset=rng.verify, **block)
         if proposal.limit is not None:
             accept_len, out = truncate_chain(accept_len, out, logits, proposal.limit, rng, self.vocab)
         cache.commit(accept_len, tokens.shape[1])
@@ -330,8 +335,9 @@ class Mode:
 
 
 def make_mode(name: str, refiner, iters: int, draft_len: int, tree_budget: int, tree_topk: int,
-              vocab=WholeVocab) -> Mode:
-    """vocab: WholeVocab, or the VocabShard of a vocabulary-parallel target."""
+              vocab=WholeVocab, verify_method: str = "token") -> Mode:
+    """vocab: WholeVocab, or the VocabShard of a vocabulary-parallel target; verify_method: a chain's
+    "token" or "block" verification."""
     proposer = PROPOSERS[name](refiner, iters, vocab)
-    verifier = TreeVerifier(tree_budget, tree_topk, vocab) if proposer.tree else ChainVerifier(vocab)
+    verifier = TreeVerifier(tree_budget, tree_topk, vocab) if proposer.tree else ChainVerifier(vocab, verify_method)
     return Mode(name, proposer, verifier, draft_len)
