@@ -186,7 +186,7 @@ def test_bad_inputs_name_the_argument():
          "num_unmask must be >= 1"),
         (lambda: xkernels.spiffy_attention_mask(2, 4, torch.tensor([6]), max_prefix_len=5),
          "prefix_lens\\[0\\] = 6 must be in"),
-        (lambda: xkernels.spiffy_attention_mask(-1, 4, 3), "num_drafts must be >= 0"),
+        (lambda: xkernels.spiffy_attention_mask(-1, 4, 3), "num_drafts must lie in \\[0, 2\\^31\\), got -1"),
     ]
     with pytest.raises(ValueError, match="layout must be"):
         xkernels.spiffy_attention_mask(2, 4, 3, layout="dense")

@@ -31,7 +31,13 @@ def _chain_verify_fake(draft_tokens, target_logits, draft_probs=None, temperatur
 
 
 @torch.library.register_fake("xkernels::chain_verify_ragged_")
-def _chain_verify_ragged_fake(draft_tokens, cu_num_draft_tokens, target_logits, max_spec_len, draft_probs, *args):
+def _chain_verify_ragged_fake(draft_tokens, cu_num_draft_tokens, target_logits, max_spec_len, draft_probs, temperature,
+                              temperature_tensor, top_k, top_k_tensor, top_p, top_p_tensor, min_p, min_p_tensor, seed,
+                              seed_tensor, offset, offset_tensor, block, output_token_ids, num_emitted, logprobs):
+    _same_device("target_logits", target_logits, draft_tokens=draft_tokens, cu_num_draft_tokens=cu_num_draft_tokens,
+                 draft_probs=draft_probs, temperature=temperature_tensor, top_k=top_k_tensor, top_p=top_p_tensor,
+                 min_p=min_p_tensor, seed=seed_tensor, offset=offset_tensor, output_token_ids=output_token_ids,
+                 num_emitted=num_emitted, logprobs=logprobs)
     torch._check(draft_tokens.dim() == 1, lambda: "draft_tokens must have shape [T]")
     torch._check(target_logits.dim() == 2, lambda: "target_logits must have shape [T + N, V]")
     return None

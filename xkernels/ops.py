@@ -7,20 +7,32 @@ import torch
 Seed = Union[int, torch.Tensor]
 
 
-def _tensor(value, name: str):
-    """Tensors pass through; other arrays (CuPy, NumPy, JAX) come in zero-copy through DLPack."""
-    if value is None or isinstance(value, torch.Tensor):
+def _tensor(value, name: str, optional: bool = False):
+    """Tensors pass through; other arrays (CuPy, NumPy, JAX) come in zero-copy through DLPack; None
+    only where the argument is optional."""
+    if isinstance(value, torch.Tensor) or (value is None and optional):
         return value
     if hasattr(value, "__dlpack__"):
         return torch.from_dlpack(value)
     raise TypeError(f"{name} must be a torch.Tensor or support DLPack, got {type(value).__name__}")
 
 
+def _scalar(value, name: str, kind=float):
+    """float(value) or int(value), raising a TypeError that names the argument (a string is refused:
+    it would be a caller's slip, even where it parses)."""
+    if not isinstance(value, (str, bytes)):
+        try:
+            return kind(value)
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    raise TypeError(f"{name} must be {'an int' if kind is int else 'a float'}, got {type(value).__name__}")
+
+
 def _rng(value: Seed, name: str):
     """An int goes in the int argument; a tensor overrides it at run time (CUDA-graph friendly)."""
     if isinstance(value, torch.Tensor) or hasattr(value, "__dlpack__"):
         return 0, _tensor(value, name)
-    value = int(value)
+    value = _scalar(value, name, int)
     if not -(2**63) <= value < 2**64:
         raise ValueError(f"{name} must fit in 64 bits, got {value}")
     return (value - 2**64 if value >= 2**63 else value), None
@@ -48,7 +60,7 @@ def _sampling_args(temperature, top_k: Param, top_p: Param, min_p: Param, seed: 
         value = _tensor(value, name) if isinstance(value, torch.Tensor) or hasattr(value, "__dlpack__") else value
         if isinstance(value, torch.Tensor):
             return default, value
-        return cast(default if value is None else value), None
+        return _scalar(default if value is None else value, name, cast), None
 
     seed_int, offset_int, seed_tensor, offset_tensor = _rng_args(seed, offset)
     return (*pair(temperature, "temperature", 0.0, float), *pair(top_k, "top_k", 0, int),
@@ -130,19 +142,23 @@ def chain_verify(
           syncs the host, CUDA-graph capturable.
     """
     draft_tokens, target_logits = _tensor(draft_tokens, "draft_tokens"), _tensor(target_logits, "target_logits")
-    draft_probs = _tensor(draft_probs, "draft_probs")
+    draft_probs = _tensor(draft_probs, "draft_probs", optional=True)
     n = draft_tokens.shape[0] if draft_tokens.dim() else 0
     engine_form = (isinstance(temperature, torch.Tensor) or any(x is not None for x in (top_k, top_p, min_p))
                    or _is_per_row(seed, n) or _is_per_row(offset, n) or method != "token" or return_logprobs)
     if not engine_form:
         return torch.ops.xkernels.chain_verify.default(
-            draft_tokens, target_logits, draft_probs, float(temperature), *_rng_args(seed, offset))
+            draft_tokens, target_logits, draft_probs, _scalar(temperature, "temperature"), *_rng_args(seed, offset))
     _check_method(method)
+    if draft_tokens.dtype != torch.int64:  # as the plain form (chain_verify_ragged takes int32 too)
+        raise ValueError(f"draft_tokens must be int64, got {draft_tokens.dtype}")
     if draft_tokens.dim() != 2 or target_logits.dim() != 3 or tuple(target_logits.shape[:2]) != (
             n, draft_tokens.shape[1] + 1):
         raise ValueError(f"draft_tokens [N, K] and target_logits [N, K+1, V] do not match: "
                          f"{tuple(draft_tokens.shape)} and {tuple(target_logits.shape)}")
     k, vocab = draft_tokens.shape[1], target_logits.shape[2]
+    if draft_probs is not None and tuple(draft_probs.shape) != (n, k, vocab):  # before the reshape loses it
+        raise ValueError(f"draft_probs must have shape [N, K, V] = [{n}, {k}, {vocab}], got {list(draft_probs.shape)}")
     cu = torch.arange(1, n + 1, dtype=torch.int64, device=draft_tokens.device) * k
     out, emitted, logprobs = chain_verify_ragged(
         draft_tokens.reshape(-1), cu, target_logits.reshape(n * (k + 1), vocab), max_spec_len=k,
@@ -232,8 +248,10 @@ def chain_verify_ragged(
     draft_tokens = _tensor(draft_tokens, "draft_tokens")
     cu_num_draft_tokens = _tensor(cu_num_draft_tokens, "cu_num_draft_tokens")
     target_logits = _tensor(target_logits, "target_logits")
-    if int(max_spec_len) < 0:
-        raise ValueError(f"max_spec_len must be >= 0, got {max_spec_len}")
+    if not 0 <= int(max_spec_len) < 2**31:  # the buffers' width, allocated below
+        raise ValueError(f"max_spec_len must lie in [0, 2^31), got {max_spec_len}")
+    if cu_num_draft_tokens.dim() != 1:
+        raise ValueError(f"cu_num_draft_tokens must have shape [N], got {list(cu_num_draft_tokens.shape)}")
     n, width, device = cu_num_draft_tokens.shape[0], int(max_spec_len) + 1, target_logits.device
     if out is None:
         out = torch.empty((n, width), dtype=torch.int32, device=device)
@@ -242,8 +260,8 @@ def chain_verify_ragged(
     if logprobs is None:
         logprobs = torch.empty((n, width), dtype=torch.float32, device=device)
     torch.ops.xkernels.chain_verify_ragged_.default(
-        draft_tokens, cu_num_draft_tokens, target_logits, int(max_spec_len), _tensor(draft_probs, "draft_probs"),
-        *_sampling_args(temperature, top_k, top_p, min_p, seed, offset), block, out, num_emitted, logprobs)
+        draft_tokens, cu_num_draft_tokens, target_logits, int(max_spec_len),
+        _tensor(draft_probs, "draft_probs", optional=True), *_sampling_args(temperature, top_k, top_p, min_p, seed, offset), block, out, num_emitted, logprobs)
     return out, num_emitted, logprobs
 
 
@@ -330,7 +348,7 @@ def refine_step(
     """
     return torch.ops.xkernels.refine_step.default(
         _tensor(ctx, "ctx"), _tensor(prev_tokens, "prev_tokens"), _tensor(base_logits, "base_logits"),
-        *_weights(weights), float(temperature), *_rng_args(seed, offset))
+        *_weights(weights), _scalar(temperature, "temperature"), *_rng_args(seed, offset))
 
 
 def jacobi_refine(
@@ -389,7 +407,8 @@ def jacobi_refine(
     """
     return torch.ops.xkernels.jacobi_refine.default(
         _tensor(ctx, "ctx"), _tensor(prefix_tokens, "prefix_tokens"), _tensor(base_logits, "base_logits"),
-        *_weights(weights), int(max_iters), float(temperature), *_rng_args(seed, offset))
+        *_weights(weights), int(max_iters), _scalar(temperature, "temperature"),
+        *_rng_args(seed, offset))
 
 
 def sequential_refine(
@@ -438,7 +457,7 @@ def sequential_refine(
     """
     return torch.ops.xkernels.sequential_refine.default(
         _tensor(ctx, "ctx"), _tensor(prefix_tokens, "prefix_tokens"), _tensor(base_logits, "base_logits"),
-        *_weights(weights), float(temperature), *_rng_args(seed, offset))
+        *_weights(weights), _scalar(temperature, "temperature"), *_rng_args(seed, offset))
 
 
 # ---- draft trees (format: xkernels/tree.py) ----
@@ -453,7 +472,8 @@ def build_draft_tree(topk_logprobs: torch.Tensor, topk_tokens: torch.Tensor, bud
 
     Args:
         topk_logprobs: float32 ``[N, D, k]``, each slot's candidate log-probs sorted descending.
-        topk_tokens: int64 ``[N, D, k]`` on the same device, the candidates.
+        topk_tokens: int64 ``[N, D, k]`` on the same device, the candidates: token ids, ``>= 0``
+            and below ``2^31 - 1`` (a negative one would read as padding in the tree).
         budget: draft nodes to add (the tree has ``M = budget + 1`` nodes with the root).
 
     Returns:
@@ -464,7 +484,10 @@ def build_draft_tree(topk_logprobs: torch.Tensor, topk_tokens: torch.Tensor, bud
 
     Raises:
         RuntimeError: a tensor of the wrong shape, dtype or device, or a ``budget`` outside
-            ``[0, 2^31 - 1)``, naming the argument.
+            ``[0, 2^31 - 1)``, naming the argument; ``topk_tokens`` holding ids outside ``[0, 2^31
+            - 1)`` on the CPU, and on CUDA with ``XKERNELS_CHECK=1`` (a host sync; unchecked, the
+            kernel copies them as they are).
+        torch.OutOfMemoryError: outputs ``[N, budget + 1]`` too large to allocate, naming ``budget``.
 
     Kernels:
         - CPU: sequences in parallel, the heap search of ``csrc/include/xkernels/tree.h``.
@@ -502,7 +525,7 @@ def tree_attention_mask(parents: torch.Tensor, *, num_nodes: Optional[torch.Tens
     if layout not in ("bool", "packed"):
         raise ValueError(f"layout must be 'bool' or 'packed', got {layout!r}")
     return torch.ops.xkernels.tree_attention_mask.default(
-        _tensor(parents, "parents"), _tensor(num_nodes, "num_nodes"), layout == "packed")
+        _tensor(parents, "parents"), _tensor(num_nodes, "num_nodes", optional=True), layout == "packed")
 
 
 def tree_positions(parents: torch.Tensor, *, num_nodes: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -524,7 +547,8 @@ def tree_positions(parents: torch.Tensor, *, num_nodes: Optional[torch.Tensor] =
         - CPU: a node's depth is its parent's plus one.
         - CUDA: a block per sequence, a thread per node walks its ancestors.
     """
-    return torch.ops.xkernels.tree_positions.default(_tensor(parents, "parents"), _tensor(num_nodes, "num_nodes"))
+    return torch.ops.xkernels.tree_positions.default(_tensor(parents, "parents"),
+                                                    _tensor(num_nodes, "num_nodes", optional=True))
 
 
 def tree_verify(
@@ -586,8 +610,9 @@ def tree_verify(
     seed_int, offset_int, seed_tensor, offset_tensor = _rng_args(seed, offset)
     return torch.ops.xkernels.tree_verify.default(
         _tensor(tokens, "tokens"), _tensor(parents, "parents"), _tensor(target_logits, "target_logits"),
-        _tensor(draft_probs, "draft_probs"), bool(without_replacement), float(temperature), seed_int, offset_int,
-        _tensor(num_nodes, "num_nodes"), seed_tensor, offset_tensor)
+        _tensor(draft_probs, "draft_probs", optional=True), bool(without_replacement),
+        _scalar(temperature, "temperature"), seed_int, offset_int, _tensor(num_nodes, "num_nodes", optional=True),
+        seed_tensor, offset_tensor)
 
 
 def compact_kv_(cache: torch.Tensor, path: torch.Tensor, accept_len: torch.Tensor, prefix_len: int) -> torch.Tensor:
@@ -597,7 +622,9 @@ def compact_kv_(cache: torch.Tensor, path: torch.Tensor, accept_len: torch.Tenso
     (the outputs of :func:`tree_verify`), now contiguous behind the prefix.
 
     Args:
-        cache: ``[N, H, L, d]`` of any dtype, contiguous in its last dimension (a KV buffer).
+        cache: ``[N, H, L, d]`` of any dtype, contiguous in its last dimension (a KV buffer), with
+            no two elements sharing memory (an expanded, stride-0 view raises, as torch's in-place
+            ops refuse it: the moves would overwrite each other).
         path: int64 ``[N, M]`` on the cache's device, from :func:`tree_verify`.
         accept_len: int64 ``[N]`` on the cache's device.
         prefix_len: the cached prefix's length, in ``[0, L)``.
@@ -606,9 +633,9 @@ def compact_kv_(cache: torch.Tensor, path: torch.Tensor, accept_len: torch.Tenso
         Tensor: ``cache``.
 
     Raises:
-        RuntimeError: a tensor of the wrong shape or device, ``prefix_len`` outside ``[0, L)``, or
-            (on the CPU, or on CUDA with ``XKERNELS_CHECK=1``) a path that leaves the cache; on CUDA
-            otherwise a bad path stops the moves.
+        RuntimeError: a tensor of the wrong shape or device, an overlapping ``cache``, ``prefix_len``
+            outside ``[0, L)``, or (on the CPU, or on CUDA with ``XKERNELS_CHECK=1``) a path that
+            leaves the cache; on CUDA otherwise a bad path stops the moves.
 
     Kernels:
         - CPU: a copy per kept entry.
@@ -645,8 +672,9 @@ def dllm_step(
         logits: float32, bfloat16 or float16 ``[N, L, V]``, the model's logits at the block's ``L``
             positions.
         block_tokens: int64 ``[N, L]`` on the same device, the block so far (``mask_id`` where still
-            masked).
-        mask_id: the mask token's id.
+            masked, ids in ``[0, V)`` elsewhere).
+        mask_id: the mask token's id; it may lie outside ``[0, V)`` (a head without the mask
+            token's logit: then no logit is excluded).
         num_unmask: how many masked positions to unmask (all if fewer are masked).
         threshold: instead, unmask every masked position whose confidence exceeds it, and at
             least the most confident one (Fast-dLLM's parallel decoding).
@@ -664,7 +692,9 @@ def dllm_step(
 
     Raises:
         RuntimeError: a tensor of the wrong shape, dtype or device, ``num_unmask < 1``, or a bad
-            ``temperature``, naming the argument.
+            ``temperature``, naming the argument; ``block_tokens`` holding ids outside ``[0, V)``
+            other than ``mask_id`` on the CPU, and on CUDA with ``XKERNELS_CHECK=1`` (a host sync;
+            unchecked, the kernels only compare and copy them).
 
     Kernels:
         - CPU: masked rows in parallel, then the selection per sequence (the rule shared in
@@ -673,7 +703,8 @@ def dllm_step(
     """
     return torch.ops.xkernels.dllm_step.default(
         _tensor(logits, "logits"), _tensor(block_tokens, "block_tokens"), int(mask_id), int(num_unmask),
-        None if threshold is None else float(threshold), float(temperature), *_rng_args(seed, offset))
+        None if threshold is None else _scalar(threshold, "threshold"), _scalar(temperature, "temperature"),
+        *_rng_args(seed, offset))
 
 
 # ---- Spiffy ----
@@ -701,8 +732,9 @@ def spiffy_materialize(
     Args:
         logits: float32, bfloat16 or float16 ``[N, L, V]``, the step distribution at the root (the
             block as it is).
-        block_tokens: int64 ``[N, L]``, the block (``mask_id`` where masked).
-        mask_id: the mask token's id.
+        block_tokens: int64 ``[N, L]``, the block (``mask_id`` where masked, ids in ``[0, V)``
+            elsewhere).
+        mask_id: the mask token's id (as in :func:`dllm_step`, it may lie outside ``[0, V)``).
         graph: an :class:`xkernels.spiffy.DraftGraph` on the logits' device.
         keep: how many drafts to keep (at most the graph's nodes besides the root).
         temperature: scores use ``softmax(logits / T)`` (``softmax(logits)`` at ``T = 0``).
@@ -714,8 +746,10 @@ def spiffy_materialize(
 
     Raises:
         RuntimeError: a tensor of the wrong shape, dtype or device, or (on the CPU) graph values out
-            of range (ranks beyond the block or past rank 8, ``keep`` beyond the graph), naming the
-            argument; the CUDA kernels skip out-of-range graph values instead.
+            of range (ranks beyond the block or past rank 8, ``keep`` beyond the graph) or
+            ``block_tokens`` ids outside ``[0, V)`` other than ``mask_id``, naming the argument; the
+            CUDA kernels skip out-of-range graph values instead and copy the block's ids as they are
+            (both are checked there with ``XKERNELS_CHECK=1``).
 
     Kernels:
         - CPU: rows in parallel (statistics and top 8 tokens), then ranking, scores and selection per
@@ -724,8 +758,9 @@ def spiffy_materialize(
           per kept node.
     """
     return torch.ops.xkernels.spiffy_materialize.default(
-        _tensor(logits, "logits"), _tensor(block_tokens, "block_tokens"), int(mask_id), graph.ranks,
-        graph.child_ptr, graph.children, int(keep), float(temperature))
+        _tensor(logits, "logits"), _tensor(block_tokens, "block_tokens"), int(mask_id),
+        _tensor(graph.ranks, "graph.ranks"), _tensor(graph.child_ptr, "graph.child_ptr"),
+        _tensor(graph.children, "graph.children"), int(keep), _scalar(temperature, "temperature"))
 
 
 def spiffy_accept(
@@ -755,8 +790,9 @@ def spiffy_accept(
         draft_logits: ``[N, K, L, V]`` of the same dtype, the logits of each kept draft's block.
         draft_blocks: int64 ``[N, K, L]``, the drafts (:func:`spiffy_materialize`).
         node_ids: int64 ``[N, K]``; a draft with a negative id is unused.
-        block_tokens: int64 ``[N, L]``, the block (``mask_id`` where masked).
-        mask_id: the mask token's id.
+        block_tokens: int64 ``[N, L]``, the block (``mask_id`` where masked, ids in ``[0, V)``
+            elsewhere).
+        mask_id: the mask token's id (as in :func:`dllm_step`, it may lie outside ``[0, V)``).
         num_unmask: how many masked positions to unmask (all if fewer are masked).
         threshold: instead, unmask every masked position whose confidence exceeds it, and at
             least the most confident one (Fast-dLLM's parallel decoding).
@@ -774,7 +810,8 @@ def spiffy_accept(
 
     Raises:
         RuntimeError: a tensor of the wrong shape, dtype or device, ``num_unmask < 1``, or a bad
-            ``temperature``, naming the argument.
+            ``temperature``, naming the argument; ``block_tokens`` as in :func:`dllm_step` (draft
+            blocks and node ids are only compared: any values are safe).
 
     Kernels:
         - CPU: sequences in parallel, each step's rows with :func:`dllm_step`'s row rule.
@@ -784,7 +821,8 @@ def spiffy_accept(
     return torch.ops.xkernels.spiffy_accept.default(
         _tensor(root_logits, "root_logits"), _tensor(draft_logits, "draft_logits"),
         _tensor(draft_blocks, "draft_blocks"), _tensor(node_ids, "node_ids"), _tensor(block_tokens, "block_tokens"),
-        int(mask_id), int(num_unmask), None if threshold is None else float(threshold), float(temperature),
+        int(mask_id), int(num_unmask), None if threshold is None else _scalar(threshold, "threshold"),
+        _scalar(temperature, "temperature"),
         *_rng_args(seed, offset))
 
 
@@ -819,9 +857,11 @@ def spiffy_attention_mask(
         num_drafts) * block_size``, ``K = max_prefix_len + Q``; or the packed bytes.
 
     Raises:
-        ValueError: a bad ``layout``, or a ``prefix_len`` tensor without ``max_prefix_len``.
-        RuntimeError: a ``prefix_len`` tensor of the wrong shape or dtype, or negative sizes,
-            naming the argument.
+        ValueError: a bad ``layout``, an int ``prefix_len`` outside ``[0, 2^31)``, or a
+            ``prefix_len`` tensor without ``max_prefix_len``.
+        RuntimeError: a ``prefix_len`` tensor of the wrong shape or dtype, sizes outside ``[0,
+            2^31)`` (``Q`` and ``K`` too), naming the argument.
+        torch.OutOfMemoryError: a mask too large to allocate, naming the sizes.
 
     Kernels:
         - CPU: two key ranges per row (memset).
@@ -829,12 +869,16 @@ def spiffy_attention_mask(
     """
     if layout not in ("bool", "packed"):
         raise ValueError(f"layout must be 'bool' or 'packed', got {layout!r}")
-    single = not isinstance(prefix_len, torch.Tensor)
-    lens = torch.tensor([int(prefix_len)], device=device) if single else _tensor(prefix_len, "prefix_len")
+    single = not (isinstance(prefix_len, torch.Tensor) or hasattr(prefix_len, "__dlpack__"))
+    if single:
+        prefix_len = _scalar(prefix_len, "prefix_len", int)
+        if not 0 <= prefix_len < 2**31:  # else max_prefix_len, taken from it, would be blamed
+            raise ValueError(f"prefix_len must lie in [0, 2^31), got {prefix_len}")
+    lens = torch.tensor([prefix_len], device=device) if single else _tensor(prefix_len, "prefix_len")
     if max_prefix_len is None:
         if not single:
             raise ValueError("spiffy_attention_mask: give max_prefix_len with a prefix_len tensor")
-        max_prefix_len = int(prefix_len)
+        max_prefix_len = prefix_len
     mask = torch.ops.xkernels.spiffy_attention_mask.default(lens, int(num_drafts), int(block_size),
                                                             int(max_prefix_len), layout == "packed")
     return mask[0] if single else mask
@@ -910,6 +954,7 @@ def shard_row_stats(
           Gumbel-max over groups of 4 global ids (one Philox draw each); no host reads.
     """
     return torch.ops.xkernels.shard_row_stats.default(
-        _tensor(logits, "logits"), int(vocab_start), _tensor(rows, "rows"), _tensor(exclude, "exclude"),
-        _tensor(draft_probs, "draft_probs"), _tensor(residual_stats, "residual_stats"), int(ignore_id), bool(sample),
-        bool(raw_stats), float(temperature), *_rng_args(seed, offset))
+        _tensor(logits, "logits"), int(vocab_start), _tensor(rows, "rows", optional=True),
+        _tensor(exclude, "exclude", optional=True), _tensor(draft_probs, "draft_probs", optional=True),
+        _tensor(residual_stats, "residual_stats", optional=True), int(ignore_id), bool(sample), bool(raw_stats),
+        _scalar(temperature, "temperature"), *_rng_args(seed, offset))

@@ -20,6 +20,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step_cpu(
     std::optional<double> threshold, double temperature, int64_t seed, int64_t offset,
     const std::optional<at::Tensor>& seed_tensor, const std::optional<at::Tensor>& offset_tensor) {
   const auto s = check_dllm_step(logits, block_tokens, num_unmask, threshold, temperature);
+  check_block_tokens(block_tokens, mask_id, s.v);
   const RngArgs rng = rng_args(seed, offset, seed_tensor, offset_tensor, logits.device());
   const uint64_t sd = rng.seed_ptr ? static_cast<uint64_t>(*rng.seed_ptr) : rng.seed;
   const uint64_t off = rng.offset_ptr ? static_cast<uint64_t>(*rng.offset_ptr) : rng.offset;

@@ -36,7 +36,9 @@ const float* masked_row_stats(const T* row, int64_t v, int64_t mask_id, float* r
     stats = row_stats(row, v);
     if (mask_id < 0 || mask_id >= v) return row;
     if (stats.top.idx != mask_id) {
-      if (!stats_degenerate(stats)) stats.sum -= exp_f32(row[mask_id] - stats.top.val);
+      // The sum holds the top's own term 1: rounding in the subtraction must not take it below (a
+      // confidence above 1).
+      if (!stats_degenerate(stats)) stats.sum = std::max(1.0f, stats.sum - exp_f32(row[mask_id] - stats.top.val));
       return row;
     }
   }

@@ -44,8 +44,8 @@ void position_tops(const T* logits, const int64_t* block, int64_t rows, int64_t 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> spiffy_materialize_cpu(
     const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id, const at::Tensor& graph_ranks,
     const at::Tensor& graph_child_ptr, const at::Tensor& graph_children, int64_t keep, double temperature) {
-  const auto s = check_spiffy_materialize(logits, block_tokens, graph_ranks, graph_child_ptr, graph_children, keep,
-                                          temperature, /*check_values=*/true);
+  const auto s = check_spiffy_materialize(logits, block_tokens, mask_id, graph_ranks, graph_child_ptr, graph_children,
+                                          keep, temperature, /*check_values=*/true);
   const float inv_t = inverse_temperature(temperature);
   const float scale = inv_t == 0.0f ? 1.0f : inv_t;
   const auto l = logits.contiguous();
@@ -100,6 +100,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> spiffy_ac
     const std::optional<at::Tensor>& seed_tensor, const std::optional<at::Tensor>& offset_tensor) {
   const auto s = check_spiffy_accept(root_logits, draft_logits, draft_blocks, node_ids, block_tokens, num_unmask,
                                      threshold, temperature);
+  check_block_tokens(block_tokens, mask_id, s.v);
   const RngArgs rng = rng_args(seed, offset, seed_tensor, offset_tensor, root_logits.device());
   const uint64_t sd = rng.seed_ptr ? static_cast<uint64_t>(*rng.seed_ptr) : rng.seed;
   const uint64_t off = rng.offset_ptr ? static_cast<uint64_t>(*rng.offset_ptr) : rng.offset;
@@ -166,7 +167,7 @@ at::Tensor spiffy_attention_mask_cpu(const at::Tensor& prefix_lens, int64_t num_
     TORCH_CHECK(len[i] >= 0 && len[i] <= max_prefix_len, "prefix_lens[", i, "] = ", len[i], " must be in [0, ",
                 max_prefix_len, "] (max_prefix_len)");
   const int64_t row_bytes = packed ? (k + 7) / 8 : k;
-  auto mask = at::empty({n, q, row_bytes}, lens.options().dtype(packed ? at::kByte : at::kBool));
+  auto mask = spiffy_mask_output(lens, num_drafts, block_size, max_prefix_len, packed);
   uint8_t* m = static_cast<uint8_t*>(mask.mutable_data_ptr());
   at::parallel_for(0, n * q, std::max<int64_t>(1, 65536 / std::max<int64_t>(row_bytes, 1)), [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {

@@ -22,21 +22,32 @@ namespace {
 // Sequences per parallel task: the per-sequence work of the mask and build ops is small.
 constexpr int64_t kTreeGrain = 8;
 
+// build_tree's heap entries: each is a distinct prefix of candidates, so at most the number of
+// prefixes (sum of k^j, j = 1..d), and at most budget + 1 (a pop pushes two); so a budget far
+// beyond what d * k candidates can fill costs no scratch.
+int64_t tree_heap_capacity(int64_t d, int64_t k, int64_t budget) {
+  int64_t prefixes = 0, level = 1;
+  for (int64_t j = 0; j < d && prefixes <= budget; ++j) {
+    level = std::min(level * k, budget + 1);
+    prefixes += level;
+  }
+  return std::max<int64_t>(1, std::min(prefixes, budget + 1));
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_draft_tree_cpu(const at::Tensor& topk_logprobs,
                                                                                 const at::Tensor& topk_tokens,
                                                                                 int64_t budget) {
   const auto s = check_build_draft_tree(topk_logprobs, topk_tokens, budget);
+  check_token_ids(topk_tokens, kMaxVocab, "topk_tokens");
   const auto lp = topk_logprobs.contiguous();
   const auto tok = topk_tokens.contiguous();
   const int64_t m = budget + 1;
-  auto tokens = at::empty({s.n, m}, topk_tokens.options());
-  auto parents = at::empty({s.n, m}, topk_tokens.options());
-  auto depth = at::empty({s.n, m}, topk_tokens.options());
-  auto num_nodes = at::empty({s.n}, topk_tokens.options());
+  auto [tokens, parents, num_nodes, depth] = draft_tree_outputs(topk_tokens, s);
   const float* lpp = lp.const_data_ptr<float>();
   const int64_t* tp = tok.const_data_ptr<int64_t>();
+  const auto capacity = static_cast<size_t>(tree_heap_capacity(s.d, s.k, budget));
   at::parallel_for(0, s.n, kTreeGrain, [&](int64_t begin, int64_t end) {
-    std::vector<TreeCandidate> heap(static_cast<size_t>(m));
+    std::vector<TreeCandidate> heap(capacity);
     for (int64_t n = begin; n < end; ++n)
       num_nodes.mutable_data_ptr<int64_t>()[n] =
           build_tree(lpp + n * s.d * s.k, tp + n * s.d * s.k, s.d, s.k, budget, heap.data(),

@@ -17,6 +17,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step_cuda(
     std::optional<double> threshold, double temperature, int64_t seed, int64_t offset,
     const std::optional<at::Tensor>& seed_tensor, const std::optional<at::Tensor>& offset_tensor) {
   const auto s = check_dllm_step(logits, block_tokens, num_unmask, threshold, temperature);
+  if (value_checks_enabled()) check_block_tokens(block_tokens, mask_id, s.v);
   const RngArgs rng = rng_args(seed, offset, seed_tensor, offset_tensor, logits.device());
   const c10::cuda::CUDAGuard guard(logits.device());
   const auto l = logits.contiguous();

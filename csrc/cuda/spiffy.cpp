@@ -16,8 +16,8 @@ namespace {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> spiffy_materialize_cuda(
     const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id, const at::Tensor& graph_ranks,
     const at::Tensor& graph_child_ptr, const at::Tensor& graph_children, int64_t keep, double temperature) {
-  const auto s = check_spiffy_materialize(logits, block_tokens, graph_ranks, graph_child_ptr, graph_children, keep,
-                                          temperature, value_checks_enabled());
+  const auto s = check_spiffy_materialize(logits, block_tokens, mask_id, graph_ranks, graph_child_ptr, graph_children,
+                                          keep, temperature, value_checks_enabled());
   const c10::cuda::CUDAGuard guard(logits.device());
   const float inv_t = inverse_temperature(temperature);
   const auto l = logits.contiguous(), block = block_tokens.contiguous();
@@ -47,6 +47,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> spiffy_ac
     const std::optional<at::Tensor>& seed_tensor, const std::optional<at::Tensor>& offset_tensor) {
   const auto s = check_spiffy_accept(root_logits, draft_logits, draft_blocks, node_ids, block_tokens, num_unmask,
                                      threshold, temperature);
+  if (value_checks_enabled()) check_block_tokens(block_tokens, mask_id, s.v);
   const RngArgs rng = rng_args(seed, offset, seed_tensor, offset_tensor, root_logits.device());
   const c10::cuda::CUDAGuard guard(root_logits.device());
   const auto root = root_logits.contiguous(), drafts = draft_logits.contiguous();
@@ -77,7 +78,7 @@ at::Tensor spiffy_attention_mask_cuda(const at::Tensor& prefix_lens, int64_t num
   const c10::cuda::CUDAGuard guard(prefix_lens.device());
   const auto lens = prefix_lens.contiguous();
   const int64_t n = lens.size(0), q = (1 + num_drafts) * block_size, k = max_prefix_len + q;
-  auto mask = at::empty({n, q, packed ? (k + 7) / 8 : k}, lens.options().dtype(packed ? at::kByte : at::kBool));
+  auto mask = spiffy_mask_output(lens, num_drafts, block_size, max_prefix_len, packed);
   const cuda::SpiffyMaskParams p{lens.const_data_ptr<int64_t>(), n, num_drafts, block_size, max_prefix_len, packed,
                                  static_cast<uint8_t*>(mask.mutable_data_ptr())};
   cuda::check_launch(cuda::launch_spiffy_attention_mask(p, cuda::stream()), "spiffy_attention_mask");

@@ -16,11 +16,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_draft_tree_cuda
                                                                                  const at::Tensor& topk_tokens,
                                                                                  int64_t budget) {
   const auto s = check_build_draft_tree(topk_logprobs, topk_tokens, budget);
+  if (value_checks_enabled()) check_token_ids(topk_tokens, kMaxVocab, "topk_tokens");  // else copied as they are
   const c10::cuda::CUDAGuard guard(topk_logprobs.device());
   const auto lp = topk_logprobs.contiguous(), tok = topk_tokens.contiguous();
-  const int64_t m = budget + 1;
-  auto tokens = at::empty({s.n, m}, tok.options()), parents = at::empty({s.n, m}, tok.options());
-  auto depth = at::empty({s.n, m}, tok.options()), num_nodes = at::empty({s.n}, tok.options());
+  auto [tokens, parents, num_nodes, depth] = draft_tree_outputs(tok, s);
   cuda::TreeBuildParams p{lp.const_data_ptr<float>(), tok.const_data_ptr<int64_t>(), s.n, s.d, s.k, budget,
                           tokens.mutable_data_ptr<int64_t>(), parents.mutable_data_ptr<int64_t>(),
                           depth.mutable_data_ptr<int64_t>(), num_nodes.mutable_data_ptr<int64_t>()};

@@ -1,6 +1,7 @@
 #include "checks.h"
 
 #include <ATen/ops/any.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/ge.h>
 #include <ATen/ops/logical_or.h>
 #include <ATen/ops/lt.h>
@@ -18,6 +19,16 @@ bool value_checks_enabled() {
     return v != nullptr && std::strcmp(v, "0") != 0 && v[0] != '\0';
   }();
   return enabled;
+}
+
+at::Tensor empty_output(at::IntArrayRef sizes, const at::TensorOptions& options, const std::string& sized_by) {
+  try {
+    return at::empty(sizes, options);
+  } catch (const c10::Error& e) {
+    C10_THROW_ERROR(OutOfMemoryError, c10::str(sized_by, " asks for an output of shape ", sizes, " (",
+                                               options.dtype(), ") that cannot be allocated: ",
+                                               e.what_without_backtrace()));
+  }
 }
 
 static const int64_t* rng_tensor_ptr(const std::optional<at::Tensor>& t, const char* name,

@@ -6,12 +6,20 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 namespace xkernels {
 
 // Whether XKERNELS_CHECK=1 asks the CUDA kernels for value checks that need a
 // host sync (token ids in range).
 bool value_checks_enabled();
+
+// at::empty for an output whose size the arguments in `sized_by` set (say "budget = 5"): an
+// allocation that fails raises an OutOfMemoryError naming them, not only the allocator's bytes.
+at::Tensor empty_output(at::IntArrayRef sizes, const at::TensorOptions& options, const std::string& sized_by);
+
+// No vocabulary reaches it (the ops take V < 2^31 - 1): ids at or past it, or negative, are no token's.
+constexpr int64_t kMaxVocab = 2147483647;
 
 // The Philox seed and offset of a call: the ints, or the tensors that override
 // them (checked: int64, one element, on `device`).
@@ -62,6 +70,12 @@ struct DraftTreeShape {
   int64_t n, d, k, budget;
 };
 DraftTreeShape check_build_draft_tree(const at::Tensor& topk_logprobs, const at::Tensor& topk_tokens, int64_t budget);
+// The outputs both kernels fill (tokens, parents, depth [N, budget + 1], num_nodes [N]); a budget
+// too large to allocate raises naming it.
+struct DraftTreeOutputs {
+  at::Tensor tokens, parents, num_nodes, depth;
+};
+DraftTreeOutputs draft_tree_outputs(const at::Tensor& topk_tokens, const DraftTreeShape& s);
 
 struct TreeShape {
   int64_t n, m;
@@ -79,16 +93,22 @@ int64_t check_tree_verify(const at::Tensor& tokens, const at::Tensor& parents, c
                           const std::optional<at::Tensor>& num_nodes);
 // The tokens of real nodes but the root lie in [0, vocab) (reads the values).
 void check_tree_tokens(const at::Tensor& tokens, const std::optional<at::Tensor>& num_nodes, int64_t vocab);
-// compact_kv_'s arguments (metadata only).
+// compact_kv_'s arguments (metadata only; a cache whose elements share memory, as an expanded
+// tensor's do, is refused like torch's in-place ops refuse it).
 void check_compact_kv(const at::Tensor& cache, const at::Tensor& path, const at::Tensor& accept_len,
                       int64_t prefix_len);
 
-// dllm_step's arguments: logits [N, L, V], block_tokens [N, L].
+// dllm_step's arguments (metadata): logits [N, L, V] (named logits_name in messages), block_tokens
+// [N, L]. The block's ids are values: check_block_tokens.
 struct DllmShape {
   int64_t n, l, v;
 };
 DllmShape check_dllm_step(const at::Tensor& logits, const at::Tensor& block_tokens, int64_t num_unmask,
-                          std::optional<double> threshold, double temperature);
+                          std::optional<double> threshold, double temperature, const char* logits_name = "logits");
+// The block's ids but mask_id lie in [0, V) (reads the values: a host sync on CUDA). mask_id may lie
+// outside (a head without the mask token). The kernels only compare ids with mask_id and copy
+// them, so unchecked ids are memory-safe.
+void check_block_tokens(const at::Tensor& block_tokens, int64_t mask_id, int64_t vocab);
 // The contiguous block and the outputs both kernels fill: new_block (a copy of the block),
 // positions and tokens (-1), confidence.
 struct DllmOutputs {
@@ -96,11 +116,12 @@ struct DllmOutputs {
 };
 DllmOutputs dllm_outputs(const at::Tensor& logits, const at::Tensor& block_tokens, const DllmShape& s);
 
-// spiffy_materialize's arguments (metadata; with check_values the graph's values too, a host read).
+// spiffy_materialize's arguments (metadata; with check_values the graph's and the block's values
+// too, a host read).
 struct SpiffyShape {
   int64_t n, l, v, g, k, e;
 };
-SpiffyShape check_spiffy_materialize(const at::Tensor& logits, const at::Tensor& block_tokens,
+SpiffyShape check_spiffy_materialize(const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id,
                                      const at::Tensor& graph_ranks, const at::Tensor& graph_child_ptr,
                                      const at::Tensor& graph_children, int64_t keep, double temperature,
                                      bool check_values);
@@ -125,6 +146,10 @@ struct SpiffyAcceptOutputs {
 SpiffyAcceptOutputs spiffy_accept_outputs(const at::Tensor& block_tokens);
 void check_spiffy_attention_mask(const at::Tensor& prefix_lens, int64_t num_drafts, int64_t block_size,
                                  int64_t max_prefix_len);
+// The mask both kernels fill, [N, Q, K] or packed [N, Q, ceil(K / 8)] (a size too large to
+// allocate raises naming the arguments).
+at::Tensor spiffy_mask_output(const at::Tensor& prefix_lens, int64_t num_drafts, int64_t block_size,
+                              int64_t max_prefix_len, bool packed);
 
 // Raises if any id of `tokens` lies outside [0, vocab) (reads the values).
 void check_token_ids(const at::Tensor& tokens, int64_t vocab, const char* name);

@@ -88,7 +88,8 @@ RefineShape check_refine(const at::Tensor& ctx, const at::Tensor& tokens, const 
   TORCH_CHECK(s.d >= 1 && s.d <= s.b, "base_logits must have between 1 and B=", s.b, " drafted slots, got D=", s.d);
   TORCH_CHECK(s.v > 0 && s.v < std::numeric_limits<int32_t>::max(), "base_logits vocabulary V=", s.v,
               " must be in [1, 2^31)");
-  TORCH_CHECK(s.r > 0 && s.h > 0, "the rank r and SwiGLU width H must be positive");
+  TORCH_CHECK(s.r > 0 && s.h > 0, "ctx's rank r (its last dimension) and w_gate's SwiGLU width H (its first) must be "
+              "positive, got r = ", s.r, ", H = ", s.h);
   check_weight(w_read, "w_read", {s.v, s.r}, "[V, r]", w_read, device);
   check_weight(emb, "emb", {s.v, s.r}, "[V, r]", w_read, device);
   check_weight(mix, "mix", {s.r, s.b, s.b}, "[r, B, B]", w_read, device);

@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "checks.h"
@@ -98,7 +99,7 @@ void check_graph_values(const at::Tensor& ranks_t, const at::Tensor& ptr_t, cons
 
 }  // namespace
 
-SpiffyShape check_spiffy_materialize(const at::Tensor& logits, const at::Tensor& block_tokens,
+SpiffyShape check_spiffy_materialize(const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id,
                                      const at::Tensor& graph_ranks, const at::Tensor& graph_child_ptr,
                                      const at::Tensor& graph_children, int64_t keep, double temperature,
                                      bool check_values) {
@@ -116,7 +117,10 @@ SpiffyShape check_spiffy_materialize(const at::Tensor& logits, const at::Tensor&
   TORCH_CHECK(keep >= 0 && keep <= g - 1, "keep must be in [0, ", g - 1, "] (the graph's nodes besides the root), got ",
               keep);
   const SpiffyShape s{d.n, d.l, d.v, g, graph_ranks.size(1), graph_children.size(0)};
-  if (check_values) check_graph_values(graph_ranks, graph_child_ptr, graph_children, s);
+  if (check_values) {
+    check_graph_values(graph_ranks, graph_child_ptr, graph_children, s);
+    check_block_tokens(block_tokens, mask_id, d.v);
+  }
   return s;
 }
 
@@ -124,7 +128,7 @@ SpiffyAcceptShape check_spiffy_accept(const at::Tensor& root_logits, const at::T
                                       const at::Tensor& draft_blocks, const at::Tensor& node_ids,
                                       const at::Tensor& block_tokens, int64_t num_unmask,
                                       std::optional<double> threshold, double temperature) {
-  const DllmShape d = check_dllm_step(root_logits, block_tokens, num_unmask, threshold, temperature);
+  const DllmShape d = check_dllm_step(root_logits, block_tokens, num_unmask, threshold, temperature, "root_logits");
   TORCH_CHECK(draft_blocks.scalar_type() == at::kLong && draft_blocks.dim() == 3 && draft_blocks.size(0) == d.n &&
                   draft_blocks.size(2) == d.l,
               "draft_blocks must be int64 [N, K, L] with N = ", d.n, ", L = ", d.l, ", got ", draft_blocks.scalar_type(),
@@ -140,9 +144,10 @@ SpiffyAcceptShape check_spiffy_accept(const at::Tensor& root_logits, const at::T
                   node_ids.size(1) == k,
               "node_ids must be int64 [N, K] = [", d.n, ", ", k, "], got ", node_ids.scalar_type(), " ",
               node_ids.sizes());
-  for (const auto* t : {&draft_logits, &draft_blocks, &node_ids})
-    TORCH_CHECK(t->device() == root_logits.device(), "draft_logits, draft_blocks and node_ids must be on ",
-                root_logits.device(), " like root_logits, got ", t->device());
+  for (const auto& [t, name] : {std::pair{&draft_logits, "draft_logits"}, std::pair{&draft_blocks, "draft_blocks"},
+                                std::pair{&node_ids, "node_ids"}})
+    TORCH_CHECK(t->device() == root_logits.device(), name, " must be on ", root_logits.device(),
+                " like root_logits, got ", t->device());
   return SpiffyAcceptShape{d.n, d.l, d.v, k};
 }
 
@@ -165,11 +170,25 @@ void check_spiffy_attention_mask(const at::Tensor& prefix_lens, int64_t num_draf
                                  int64_t max_prefix_len) {
   TORCH_CHECK(prefix_lens.scalar_type() == at::kLong && prefix_lens.dim() == 1,
               "prefix_lens must be int64 [N], got ", prefix_lens.scalar_type(), " ", prefix_lens.sizes());
-  TORCH_CHECK(num_drafts >= 0, "num_drafts must be >= 0, got ", num_drafts);
-  TORCH_CHECK(block_size >= 1, "block_size must be >= 1, got ", block_size);
-  TORCH_CHECK(max_prefix_len >= 0, "max_prefix_len must be >= 0, got ", max_prefix_len);
+  constexpr int64_t kLimit = int64_t{1} << 31;  // each bound keeps the products below in int64
+  TORCH_CHECK(num_drafts >= 0 && num_drafts < kLimit, "num_drafts must lie in [0, 2^31), got ", num_drafts);
+  TORCH_CHECK(block_size >= 1 && block_size < kLimit, "block_size must lie in [1, 2^31), got ", block_size);
+  TORCH_CHECK(max_prefix_len >= 0 && max_prefix_len < kLimit, "max_prefix_len must lie in [0, 2^31), got ",
+              max_prefix_len);
   const int64_t q = (1 + num_drafts) * block_size;
-  TORCH_CHECK(q < (int64_t{1} << 31) && max_prefix_len + q < (int64_t{1} << 31), "spiffy_attention_mask: too large");
+  TORCH_CHECK(q < kLimit, "(1 + num_drafts) * block_size = ", q, " queries (num_drafts = ", num_drafts,
+              ", block_size = ", block_size, ") must be below 2^31");
+  TORCH_CHECK(max_prefix_len + q < kLimit, "max_prefix_len + (1 + num_drafts) * block_size = ", max_prefix_len + q,
+              " keys (max_prefix_len = ", max_prefix_len, ") must be below 2^31");
+}
+
+at::Tensor spiffy_mask_output(const at::Tensor& prefix_lens, int64_t num_drafts, int64_t block_size,
+                              int64_t max_prefix_len, bool packed) {
+  const int64_t q = (1 + num_drafts) * block_size, k = max_prefix_len + q;
+  return empty_output({prefix_lens.size(0), q, packed ? (k + 7) / 8 : k},
+                      prefix_lens.options().dtype(packed ? at::kByte : at::kBool),
+                      c10::str("spiffy_attention_mask: num_drafts = ", num_drafts, ", block_size = ", block_size,
+                               ", max_prefix_len = ", max_prefix_len));
 }
 
 }  // namespace xkernels

@@ -1,4 +1,5 @@
 // The draft-tree ops: the C++ API (through the dispatcher) and the argument checks both kernels run.
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/any.h>
 #include <ATen/ops/arange.h>
@@ -11,6 +12,7 @@
 #include <c10/util/Exception.h>
 
 #include <limits>
+#include <utility>
 
 #include "checks.h"
 #include "xkernels/ops.h"
@@ -78,6 +80,14 @@ DraftTreeShape check_build_draft_tree(const T& topk_logprobs, const T& topk_toke
   return DraftTreeShape{topk_logprobs.size(0), topk_logprobs.size(1), topk_logprobs.size(2), budget};
 }
 
+DraftTreeOutputs draft_tree_outputs(const T& topk_tokens, const DraftTreeShape& s) {
+  const auto sized_by = c10::str("build_draft_tree: budget = ", s.budget, " (N = ", s.n, ")");
+  const auto opts = topk_tokens.options();
+  const int64_t m = s.budget + 1;
+  return DraftTreeOutputs{empty_output({s.n, m}, opts, sized_by), empty_output({s.n, m}, opts, sized_by),
+                          empty_output({s.n}, opts, sized_by), empty_output({s.n, m}, opts, sized_by)};
+}
+
 TreeShape check_tree(const T& parents, const Opt& num_nodes, const char* parents_name) {
   TORCH_CHECK(parents.dim() == 2, parents_name, " must have shape [N, M], got ", parents.sizes());
   check_int64(parents, parents_name);
@@ -135,8 +145,9 @@ int64_t check_tree_verify(const T& tokens, const T& parents, const T& target_log
               "target_logits must be float32, bfloat16 or float16, got ", dt);
   const int64_t v = target_logits.size(2);
   TORCH_CHECK(v > 0 && v < std::numeric_limits<int32_t>::max(), "target_logits vocabulary V must be in [1, 2^31)");
-  TORCH_CHECK(tokens.device() == target_logits.device() && parents.device() == target_logits.device(),
-              "tokens and parents must be on ", target_logits.device(), " like target_logits");
+  for (const auto& [t, name] : {std::pair{&tokens, "tokens"}, std::pair{&parents, "parents"}})
+    TORCH_CHECK(t->device() == target_logits.device(), name, " must be on ", target_logits.device(),
+                " like target_logits, got ", t->device());
   inverse_temperature(temperature);  // checks the range
   if (draft_probs.has_value()) {
     const auto& q = *draft_probs;
@@ -157,11 +168,14 @@ void check_compact_kv(const T& cache, const T& path, const T& accept_len, int64_
               cache.size(0), ", got ", path.sizes());
   TORCH_CHECK(accept_len.dim() == 1 && accept_len.size(0) == cache.size(0), "accept_len must have shape [N] = [",
               cache.size(0), "], got ", accept_len.sizes());
-  TORCH_CHECK(path.device() == cache.device() && accept_len.device() == cache.device(),
-              "path and accept_len must be on ", cache.device(), " like cache");
+  for (const auto& [t, name] : {std::pair{&path, "path"}, std::pair{&accept_len, "accept_len"}})
+    TORCH_CHECK(t->device() == cache.device(), name, " must be on ", cache.device(), " like cache, got ", t->device());
   TORCH_CHECK(prefix_len >= 0 && prefix_len < cache.size(2), "prefix_len must lie in [0, L) = [0, ", cache.size(2),
               "), got ", prefix_len);
   TORCH_CHECK(cache.stride(3) == 1, "cache must be contiguous in its last dimension");
+  TORCH_CHECK(at::has_internal_overlap(cache) != at::MemOverlap::Yes,
+              "cache must not be written in place where its elements share memory (an expanded, stride-0 "
+              "tensor, strides ", cache.strides(), "): clone() it first");
 }
 
 }  // namespace xkernels
