@@ -124,6 +124,7 @@ def spiffy_attention_mask(prefix_lens, num_drafts, block_size, max_prefix_len, p
     prefix = keys[None, None, :] < prefix_lens.cpu()[:, None, None]
     mask = own[None] | prefix
     if packed:
-        padded = torch.nn.functional.pad(mask, (0, (-mask.shape[-1]) % 8)).view(*mask.shape[:2], -1, 8)
+        padded = torch.nn.functional.pad(mask, (0, (-mask.shape[-1]) % 8))
+        padded = padded.view(*mask.shape[:2], padded.shape[-1] // 8, 8)  # not -1: N may be 0
         mask = (padded.to(torch.uint8) << torch.arange(8, dtype=torch.uint8)).sum(-1, dtype=torch.uint8)
     return mask.to(prefix_lens.device)

@@ -74,7 +74,7 @@ def tree_attention_mask(parents: torch.Tensor, num_nodes: Optional[torch.Tensor]
                 mask[s, i] |= mask[s, int(par[s, i])]
     if packed:
         pad = (-m) % 8
-        bits = torch.nn.functional.pad(mask, (0, pad)).view(n, m, -1, 8).to(torch.uint8)
+        bits = torch.nn.functional.pad(mask, (0, pad)).view(n, m, (m + pad) // 8, 8).to(torch.uint8)
         mask = (bits << torch.arange(8, dtype=torch.uint8)).sum(-1, dtype=torch.uint8)
     return mask.to(parents.device)
 
