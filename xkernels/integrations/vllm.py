@@ -97,31 +97,42 @@ class XKernelsRejectionSampler(RejectionSampler):
         sm = sampling_metadata
         device = logits.device
         n, t = len(metadata.num_draft_tokens), metadata.draft_token_ids.shape[0]
-        counts = torch.tensor(metadata.num_draft_tokens, dtype=torch.int64, device=device)
         # The op's layout: request n's K_n draft rows, then its bonus row, from row cu[n-1] + n.
-        bonus_rows = metadata.cu_num_draft_tokens.long() + torch.arange(n, device=device)
-        target_rows = torch.arange(t, device=device) + torch.repeat_interleave(torch.arange(n, device=device), counts)
+        # Built from the host's counts (torch's repeat_interleave costs milliseconds on a busy CPU).
+        target, bonus, owner, row = [], [], [], 0
+        for req, k in enumerate(metadata.num_draft_tokens):
+            target.extend(range(row, row + k))
+            bonus.append(row + k)
+            owner.extend([req] * (k + 1))
+            row += k + 1
+        target_rows, bonus_rows, request_of_row, first_rows = (
+            torch.tensor(x, dtype=torch.int64, device=device)
+            for x in (target, bonus, owner, [b - k for b, k in zip(bonus, metadata.num_draft_tokens)]))
         source = torch.empty(t + n, dtype=torch.int64, device=device)
         source[target_rows] = metadata.target_logits_indices.long()
         source[bonus_rows] = metadata.bonus_logits_indices.long()
-        scores = logits.index_select(0, source).to(torch.float32)
+        reported = None  # the logits whose log-probs are reported
+        if sm.max_num_logprobs is not None and not self.is_processed_logprobs_mode:
+            reported = (logits[metadata.target_logits_indices].to(torch.float32),
+                   logits[metadata.bonus_logits_indices].to(torch.float32))
+        # The model runner's rows are already in the op's layout: no copy then. The edits below
+        # may then change `logits` in place, which vLLM's RejectionSampler contract allows.
+        in_layout = logits.dtype == torch.float32 and logits.shape[0] == t + n and bool(
+            (source == torch.arange(t + n, device=device)).all())
+        scores = logits if in_layout else logits.index_select(0, source).to(torch.float32)
         self._process(scores, target_rows, bonus_rows, metadata, sm)
-        request_of_row = torch.repeat_interleave(torch.arange(n, device=device), counts + 1)
         temperature, top_k, top_p, min_p = self._params(scores, request_of_row, sm)
-        seed, offset = self._streams(requests, source[bonus_rows - counts], sm, n, device)
+        seed, offset = self._streams(requests, source[first_rows], sm, n, device)
         out, _, _ = xkernels.chain_verify_ragged(
             metadata.draft_token_ids, metadata.cu_num_draft_tokens, scores, max_spec_len=metadata.max_spec_len,
             draft_probs=draft_probs, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
             seed=seed, offset=offset, method=self.method)
         logprobs = None
         if sm.max_num_logprobs is not None:
-            if self.is_processed_logprobs_mode:
+            if reported is None:
                 processed = self._filtered(scores, request_of_row, sm)
-                target, bonus = processed[target_rows], processed[bonus_rows]
-            else:
-                target = logits[metadata.target_logits_indices].to(torch.float32)
-                bonus = logits[metadata.bonus_logits_indices].to(torch.float32)
-            logprobs = self._get_logprobs_tensors(sm.max_num_logprobs, metadata, logits, target, bonus, out)
+                reported = processed[target_rows], processed[bonus_rows]
+            logprobs = self._get_logprobs_tensors(sm.max_num_logprobs, metadata, logits, *reported, out)
         return SamplerOutput(sampled_token_ids=out, logprobs_tensors=logprobs)
 
     def _unsupported(self, logits, sm):

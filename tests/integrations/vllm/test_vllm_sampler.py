@@ -247,10 +247,13 @@ def test_logit_bias_reaches_draft_rows(calls):
     logits = torch.randn(5, V)
     logits[:, 7] = -5.0
     md = spec_metadata(drafts)
-    sm = sampling_metadata(2, V, logit_bias=[{7: 100.0}, None])
-    out = XKernelsRejectionSampler(Sampler())(md, None, logits.clone(), sm).sampled_token_ids
+    sm = sampling_metadata(2, V, logit_bias=[{7: 100.0}, None], max_num_logprobs=1)
+    got = XKernelsRejectionSampler(Sampler())(md, None, logits.clone(), sm)
+    out = got.sampled_token_ids
     assert out[0].tolist() == [7, 7, 7]
     assert out[1].tolist()[0] == int(logits[3].argmax())
+    # Log-probs (vLLM's default raw mode) are of the logits before any processing.
+    torch.testing.assert_close(got.logprobs_tensors.logprobs[:3, 0], logits[:3].log_softmax(-1)[:, 7])
 
 
 class _Custom(LogitsProcessor):
