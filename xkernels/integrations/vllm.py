@@ -47,9 +47,9 @@ class XKernelsRejectionSampler(RejectionSampler):
     call (:meth:`set_requests`, done by :func:`install`).
 
     Falls back to vLLM's own sampler, saying so in the log once per reason, for what it cannot do
-    exactly: a logits device without the op's kernel (there is no CUDA kernel yet),
-    ``rejection_sample_method="synthetic"``, and logits processors other than vLLM's min-p,
-    min-tokens and logit-bias ones. ``rejection_sample_method="block"`` selects block verification.
+    exactly: a logits device without the op's kernel, ``rejection_sample_method="synthetic"``, and
+    logits processors other than vLLM's min-p, min-tokens and logit-bias ones.
+    ``rejection_sample_method="block"`` selects block verification. Tested on the CPU only.
     """
 
     def __init__(self, sampler, spec_config=None, device=None):
