@@ -30,6 +30,7 @@ napoleon_custom_sections = ["Kernels"]
 # typing and the standard library in signatures stay unlinked instead of warning.
 nitpicky = True
 nitpick_ignore_regex = [("py:class", r"(torch|typing|collections|pathlib|dataclasses)\..*"),
+                        ("py:exc", r"torch\..*"),  # torch has no intersphinx inventory here
                         ("py:class", r"(Tensor|Path|optional|callable|NamedTuple)"),
                         ("py:class", r"\w+\[\w+")]  # a dataclass field's annotation, split at its commas
 

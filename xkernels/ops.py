@@ -124,7 +124,7 @@ def chain_verify(
     they are checked only with ``XKERNELS_CHECK=1`` (a host sync) and are otherwise
     rejected without being read. A call with per-sequence parameters, filters, streams,
     ``method="block"`` or ``return_logprobs`` runs :func:`chain_verify_ragged` over the
-    dense layout (CPU only for now).
+    dense layout.
 
     Raises:
         RuntimeError: a tensor of the wrong shape, dtype or device, a bad ``temperature``, or
@@ -235,14 +235,20 @@ def chain_verify_ragged(
             (0, 1], ``min_p`` outside [0, 1], ``top_k < 0``, per-row tensors of another length,
             dtype or device, ``cu_num_draft_tokens`` that decreases or does not end at T,
             ``max_spec_len`` below a request's drafts, draft ids outside [0, V), and buffers of
-            the wrong shape or dtype (values are checked on the CPU).
+            the wrong shape or dtype. Values are checked on the CPU, and on CUDA only with
+            ``XKERNELS_CHECK=1``; without it the kernel stays memory-safe: counts are clamped into
+            [0, T] and ``max_spec_len``, drafts outside [0, V) count as rejected, invalid per-row
+            values read as off (a temperature as greedy).
         ValueError: a ``method`` other than ``"token"`` or ``"block"``.
 
     Kernels:
         - CPU: requests in parallel; the cut is found by a streaming top-k selection (a heap of
           k, blocks of 16 skipped by one vectorised max) or, for top-p alone, mass bands of 1/8
           nat and one ranked band, never a sort of the vocabulary.
-        - CUDA: none yet.
+        - CUDA: one launch, a block per request walking its rows; a filtered row's cut by radix
+          selection over the scaled logits' order-preserving bits (count for top-k, 64-bit
+          fixed-point mass for top-p, an ordered pass splitting ties by id); no host sync,
+          CUDA-graph capturable, memory-safe on unchecked values.
     """
     block = _check_method(method)
     draft_tokens = _tensor(draft_tokens, "draft_tokens")
