@@ -202,7 +202,7 @@ def test_scalars_of_the_wrong_type_name_their_argument():
 
 
 def test_shard_row_stats_vocab_start_cannot_wrap_around():
-    with pytest.raises(RuntimeError, match=r"^vocab_start \+ V_local = 9223372036854775807 \+ 4 is too large"):
+    with pytest.raises(RuntimeError, match=r"^vocab_start \+ V_local \(logits. last size\) = 9223372036854775807 \+ 4 is too large"):
         xkernels.shard_row_stats(torch.randn(1, 2, 4), 2**63 - 1)
 
 

@@ -39,8 +39,8 @@ ShardRowShape check_shard_row_stats(const at::Tensor& logits, int64_t vocab_star
               "logits must be float32, bfloat16 or float16, got ", dt);
   ShardRowShape s{logits.size(0), logits.size(1), logits.size(2), logits.size(1), 0, 0};
   TORCH_CHECK(vocab_start >= 0, "vocab_start must be >= 0, got ", vocab_start);
-  TORCH_CHECK(vocab_start < std::numeric_limits<int32_t>::max() - s.v, "vocab_start + V_local = ", vocab_start,
-              " + ", s.v, " is too large (the global vocabulary must stay below 2^31)");
+  TORCH_CHECK(vocab_start < std::numeric_limits<int32_t>::max() - s.v, "vocab_start + V_local (logits' last size) = ",
+              vocab_start, " + ", s.v, " is too large (the global vocabulary must stay below 2^31)");
   const float inv_t = inverse_temperature(temperature);  // checks the range
   TORCH_CHECK(!sample || inv_t != 0.0f, "sample=True needs temperature > 0 (greedy rows need no sampling)");
   if (rows.has_value()) {
