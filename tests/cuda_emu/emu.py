@@ -116,6 +116,7 @@ class CudaEmu:
         h = weights.w_gate.shape[0]
         w = [_c(x) for x in (weights.emb, weights.mix, weights.w_gate, weights.w_up, weights.w_down, weights.w_read)]
         ctx, tokens, base = _c(ctx), _c(tokens), _c(base)
+        seed_tensor, offset_tensor = _c(seed_tensor), _c(offset_tensor)  # kept alive for the call
         out_tokens = torch.empty(n, d, dtype=torch.int64)
         out_logprobs = torch.empty(n, d, dtype=torch.float32)
         iters = torch.empty(n, dtype=torch.int32)
@@ -125,7 +126,7 @@ class CudaEmu:
             ctypes.c_int(REFINE_OPS[op]), _ptr(ctx), _ptr(tokens), i64(tokens.shape[1]), _ptr(base),
             LOGITS_TYPES[base.dtype], *[_ptr(x) for x in w], WEIGHT_TYPES[w[0].dtype], i64(n), i64(b), i64(d), i64(r),
             i64(h), i64(v), ctypes.c_float(_inv_t(temperature)), ctypes.c_uint64(seed), ctypes.c_uint64(offset),
-            _ptr(_c(seed_tensor)), _ptr(_c(offset_tensor)), i64(max_iters), ctypes.c_int(num_sms), i64(slice_bytes),
+            _ptr(seed_tensor), _ptr(offset_tensor), i64(max_iters), ctypes.c_int(num_sms), i64(slice_bytes),
             ctypes.c_int(READ_MODES[read]), _ptr(out_tokens), _ptr(out_logprobs), _ptr(iters), msg,
             ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
@@ -267,7 +268,8 @@ class CudaEmu:
         mask = torch.empty(n, q, (keys + 7) // 8 if packed else keys, dtype=torch.uint8)
         msg = ctypes.create_string_buffer(1024)
         i64 = ctypes.c_int64
-        rc = self.lib.xk_emu_spiffy_attention_mask(_ptr(_c(prefix_lens)), i64(n), i64(num_drafts), i64(block_size),
+        prefix_lens = _c(prefix_lens)  # a copy passed as _ptr(_c(x)) would be freed before the call reads it
+        rc = self.lib.xk_emu_spiffy_attention_mask(_ptr(prefix_lens), i64(n), i64(num_drafts), i64(block_size),
                                                    i64(max_prefix_len), ctypes.c_int(packed), _ptr(mask), msg,
                                                    ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
@@ -290,6 +292,7 @@ class CudaEmu:
                         seed_tensor=None, offset_tensor=None):
         n, r, v = logits.shape
         rows, exclude, q, rs = _c(rows), _c(exclude), _c(draft_probs), _c(residual_stats)
+        seed_tensor, offset_tensor = _c(seed_tensor), _c(offset_tensor)  # kept alive for the call
         s = r if rows is None else rows.shape[1]
         logits = _c(logits)
         outs = [torch.empty(n, s, dtype=dt) for dt in (torch.float32, torch.float32, torch.int64, torch.float32,
@@ -301,7 +304,7 @@ class CudaEmu:
             i64(v), i64(s), i64(0 if exclude is None else exclude.shape[2]), i64(0 if q is None else q.shape[1]),
             i64(vocab_start), i64(ignore_id), ctypes.c_int(sample), ctypes.c_int(raw_stats),
             ctypes.c_float(_inv_t(temperature)), ctypes.c_uint64(seed), ctypes.c_uint64(offset),
-            _ptr(_c(seed_tensor)), _ptr(_c(offset_tensor)), *[_ptr(t) for t in outs],
+            _ptr(seed_tensor), _ptr(offset_tensor), *[_ptr(t) for t in outs],
             msg, ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
         return tuple(outs)

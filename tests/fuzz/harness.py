@@ -35,8 +35,10 @@ from tests.fuzz.specs import EITHER, LOGITS, RAISE, SAME, SPECS, Gen
 ERRORS = (RuntimeError, ValueError, TypeError)
 DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64, torch.bool,
           torch.uint8)
-ACCEPTED = {"ids": (torch.int64,), "ids32": (torch.int64, torch.int32), "rng": (torch.int64,), "logits": LOGITS, "f32": (torch.float32,),
-            "i32": (torch.int32,), "out_i32": (torch.int32,), "out_f32": (torch.float32,), "weight": (), "logits_like_root": (), "cache": DTYPES}
+# The dtypes each kind of argument takes (a weight: only w_read's; draft_logits: only root_logits').
+ACCEPTED = {"ids": (torch.int64,), "ids32": (torch.int64, torch.int32), "rng": (torch.int64,), "logits": LOGITS,
+            "f32": (torch.float32,), "i32": (torch.int32,), "out_i32": (torch.int32,), "out_f32": (torch.float32,),
+            "weight": (), "logits_like_root": (), "cache": DTYPES}
 # Python arguments whose C++ name differs.
 ALIASES = {"prefix_len": {"prefix_lens"}, "seed": {"seed_tensor"}, "offset": {"offset_tensor"},
            "graph_ranks": {"graph"}, "graph_child_ptr": {"graph"}, "graph_children": {"graph"},
@@ -149,6 +151,7 @@ def _materialised(x):
 
 
 def all_meta(spec, args):
+    """Every tensor of args on the meta device (and the device of ops that make their own)."""
     out = {k: (v.to("meta") if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
     if "device" in inspect.signature(spec.fn).parameters:  # ops that make their tensors
         out["device"] = "meta"
@@ -359,15 +362,16 @@ def _check_same(spec, base, kind, out):
 # ---- batches in child processes ----
 
 
-def run_batch(op, seed, first, count, path):
-    """Runs cases first..first+count-1, one JSON line each; a line "start" before each case."""
+def run_batch(op, seed, first, count, path, runner=run_case):
+    """Runs cases first..first+count-1 through runner (op, seed, index) -> verdict, one JSON line
+    each; a line "start" before each case."""
     torch.set_num_threads(1)
     with open(path, "a") as f:
         for index in range(first, first + count):
             f.write(json.dumps({"start": index}) + "\n")
             f.flush()
             try:
-                verdict = run_case(op, seed, index)
+                verdict = runner(op, seed, index)
             except Exception:  # noqa: BLE001 - a bug of the campaign itself is a finding too
                 verdict = {"op": op, "index": index, "finding": "harness error: " + traceback.format_exc()[-1500:],
                            "mutations": [], "expect": "?", "outcome": "?"}
@@ -386,15 +390,15 @@ def _context():
     return _CONTEXT
 
 
-def campaign(op, seed, cases, timeout=120.0):
+def campaign(op, seed, cases, timeout=120.0, runner=run_case, batch=BATCH):
     """Every verdict of cases 0..cases-1 of op, each batch in a child; a crash or hang is a verdict too."""
     verdicts = []
     index = 0
     with tempfile.TemporaryDirectory() as tmp:
         while index < cases:
-            count = min(BATCH, cases - index)
+            count = min(batch, cases - index)
             path = os.path.join(tmp, f"{op}-{index}.jsonl")
-            child = _context().Process(target=run_batch, args=(op, seed, index, count, path))
+            child = _context().Process(target=run_batch, args=(op, seed, index, count, path, runner))
             child.start()
             child.join(timeout)
             hung = child.is_alive()
