@@ -179,7 +179,8 @@ def test_a_budget_too_large_to_allocate_names_budget():
      "spiffy_attention_mask: num_drafts = 0, block_size = 1073741823, max_prefix_len = 0 asks for an output"),
     ((2**40, 2**40, 0), {}, "num_drafts must lie in [0, 2^31), got 1099511627776"),
     ((1, 2**40, 0), {}, "block_size must lie in [1, 2^31), got 1099511627776"),
-    ((2**16, 2**16, 0), {}, "(1 + num_drafts) * block_size = 4295032832 queries (num_drafts = 65536, block_size = 65536)"),
+    ((2**16, 2**16, 0), {},
+     "(1 + num_drafts) * block_size = 4295032832 queries (num_drafts = 65536, block_size = 65536)"),
     ((1, 2, -3), {}, "prefix_len must lie in [0, 2^31), got -3"),
     ((1, 2, 2**40), {}, "prefix_len must lie in [0, 2^31), got 1099511627776"),
     ((1, 2, "7"), {}, "prefix_len must be an int, got str"),
@@ -202,7 +203,8 @@ def test_scalars_of_the_wrong_type_name_their_argument():
 
 
 def test_shard_row_stats_vocab_start_cannot_wrap_around():
-    with pytest.raises(RuntimeError, match=r"^vocab_start \+ V_local \(logits. last size\) = 9223372036854775807 \+ 4 is too large"):
+    message = r"^vocab_start \+ V_local \(logits. last size\) = 9223372036854775807 \+ 4 is too large"
+    with pytest.raises(RuntimeError, match=message):
         xkernels.shard_row_stats(torch.randn(1, 2, 4), 2**63 - 1)
 
 

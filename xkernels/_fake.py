@@ -12,7 +12,8 @@ def _same_device(like_name, like, **tensors):
     written would come back; the real kernels check the same on their own device."""
     for name, t in tensors.items():
         if t is not None:
-            torch._check(t.device == like.device, lambda: f"{name} must be on {like.device} like {like_name}, got {t.device}")
+            torch._check(t.device == like.device,
+                         lambda: f"{name} must be on {like.device} like {like_name}, got {t.device}")
 
 
 @torch.library.register_fake("xkernels::chain_verify")

@@ -139,7 +139,8 @@ def run_case(op, seed, index):
         verdict["finding"] = f"a CUDA rule broken: {str(e)[:300]}"
         return verdict
     except LaunchError as e:
-        verdict["finding"] = f"the launch failed where the CPU {'raised a value check' if unchecked else 'returned'}: {e}"
+        cpu_did = "raised a value check" if unchecked else "returned"
+        verdict["finding"] = f"the launch failed where the CPU {cpu_did}: {e}"
         return verdict
     verdict["outcome"] = "unchecked values, launched" if unchecked else "launched"
     bound = _bound(args)

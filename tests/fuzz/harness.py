@@ -83,8 +83,8 @@ def generic_mutations(spec, g, args, last, spare=()):
         t, kind = args[a], spec.tensors[a]
         blame = {a} | ALIASES.get(a, set())
         dt = g.pick([d for d in DTYPES if d != t.dtype])
-        out.append((f"{a} {dt}", {**args, a: t.to(dt)}, EITHER if dt in ACCEPTED[kind] else RAISE,
-                    blame | ({"w_read"} if kind == "weight" else set()) | ({spec.primary} if kind == "logits_like_root" else set())))
+        like = {"weight": {"w_read"}, "logits_like_root": {spec.primary}}.get(kind, set())  # whose dtype it must have
+        out.append((f"{a} {dt}", {**args, a: t.to(dt)}, EITHER if dt in ACCEPTED[kind] else RAISE, blame | like))
         rank_expect = EITHER if kind == "rng" else RAISE
         out.append((f"{a} unsqueezed", {**args, a: t.unsqueeze(0)}, rank_expect, blame))
         if t.dim():
@@ -205,7 +205,8 @@ def _close(got, want):
             return f"output {i} has shape {list(x.shape)}, the reference {list(y.shape)}"
         if x.is_floating_point():
             if not torch.allclose(x.float(), y.float(), rtol=1e-3, atol=1e-4, equal_nan=True):
-                return f"output {i} differs from the reference: {x.flatten()[:8].tolist()} vs {y.flatten()[:8].tolist()}"
+                return f"output {i} differs from the reference: {x.flatten()[:8].tolist()} vs " \
+                       f"{y.flatten()[:8].tolist()}"
         elif not torch.equal(x.long(), y.long()):
             return f"output {i} differs from the reference: {x.flatten()[:8].tolist()} vs {y.flatten()[:8].tolist()}"
     return None
@@ -423,7 +424,8 @@ def campaign(op, seed, cases, timeout=120.0, runner=run_case, batch=BATCH):
 
 def describe(v, seed):
     return (f"{v['op']} case {v['index']} (seed {seed}) {v['mutations']} expect {v['expect']}: {v['finding']}; "
-            f"got {v['outcome']}\n    rerun: python -m tests.fuzz.harness --op {v['op']} --seed {seed} --case {v['index']}")
+            f"got {v['outcome']}\n    rerun: python -m tests.fuzz.harness --op {v['op']} --seed {seed} "
+            f"--case {v['index']}")
 
 
 def summary(verdicts):

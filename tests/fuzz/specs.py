@@ -185,7 +185,8 @@ class ChainVerify(Spec):
         d, logits, q = args["draft_tokens"], args["target_logits"], args.get("draft_probs")
         n, k = d.shape
         v = logits.shape[-1]
-        assert logits.shape == (n, k + 1, v), f"accepted target_logits {list(logits.shape)} for draft_tokens {list(d.shape)}"
+        assert logits.shape == (n, k + 1, v), \
+            f"accepted target_logits {list(logits.shape)} for draft_tokens {list(d.shape)}"
         assert q is None or q.shape == (n, k, v), f"accepted draft_probs {list(q.shape)}"
         acc, toks = out[:2]
         assert len(out) == (3 if args.get("return_logprobs") else 2)
@@ -200,14 +201,15 @@ class ChainVerify(Spec):
         for s in range(n):
             a = int(acc[s])
             assert 0 <= a <= k, f"accept_len {a} outside [0, {k}]"
-            assert torch.equal(toks[s, :a], d[s, :a].to(toks.device)), "out_tokens do not start with the accepted drafts"
+            assert torch.equal(toks[s, :a], d[s, :a]), "out_tokens do not start with the accepted drafts"
             assert 0 <= int(toks[s, a]) < v, f"out_tokens[{s}, {a}] = {int(toks[s, a])} outside [0, {v})"
             assert bool((toks[s, a + 1:] == -1).all()), "out_tokens not -1 past the emitted tokens"
 
     def reference(self, args):
         extra = {k: args[k] for k in ("top_k", "top_p", "min_p", "method", "return_logprobs") if k in args}
         return reference.chain_verify(args["draft_tokens"], args["target_logits"], args.get("draft_probs"),
-                                      temperature=args["temperature"], seed=args["seed"], offset=args["offset"], **extra)
+                                      temperature=args["temperature"], seed=args["seed"], offset=args["offset"],
+                                      **extra)
 
 
 def sampling_params(g, n):
@@ -264,7 +266,8 @@ class ChainVerifyRagged(Spec):
         idt = g.pick((torch.int64, torch.int32))
         args = dict(draft_tokens=g.ids(t, hi=v).to(g.pick((torch.int64, torch.int32))),
                     cu_num_draft_tokens=torch.tensor(ks, dtype=torch.int64).cumsum(0).to(idt),
-                    target_logits=g.logits(t + n, v, dtype=g.pick(LOGITS)), max_spec_len=max(ks, default=0) + g.int(0, 1),
+                    target_logits=g.logits(t + n, v, dtype=g.pick(LOGITS)),
+                    max_spec_len=max(ks, default=0) + g.int(0, 1),
                     temperature=g.temperature(), seed=g.rng_value(), offset=g.rng_value())
         if g.coin():
             args["draft_probs"] = g.probs(t, v)
@@ -300,7 +303,8 @@ class ChainVerifyRagged(Spec):
         out += [("max_spec_len=-1", _set(args, max_spec_len=-1), RAISE, {"max_spec_len"}),
                 ("max_spec_len=2**40", _set(args, max_spec_len=2**40), RAISE, {"max_spec_len"})]
         width = args["max_spec_len"] + 1
-        out += [("out too narrow", _set(args, out=torch.zeros(n, max(width - 1, 0), dtype=torch.int32)), RAISE, {"out"}),
+        narrow = torch.zeros(n, max(width - 1, 0), dtype=torch.int32)
+        out += [("out too narrow", _set(args, out=narrow), RAISE, {"out"}),
                 ("out int64", _set(args, out=torch.zeros(n, width, dtype=torch.int64)), RAISE, {"out"}),
                 ("num_emitted [N+1]", _set(args, num_emitted=torch.zeros(n + 1, dtype=torch.int32)), RAISE,
                  {"num_emitted"}),
@@ -390,7 +394,8 @@ class _Refine(Spec):
         if len(out) == 3:
             iters = out[2]
             assert iters.shape == (n,) and iters.dtype == torch.int32
-            assert n == 0 or 0 <= int(iters.min()) <= int(iters.max()) <= args["max_iters"], "iters outside [0, max_iters]"
+            assert n == 0 or 0 <= int(iters.min()) <= int(iters.max()) <= args["max_iters"], \
+                "iters outside [0, max_iters]"
 
 
 class RefineStep(_Refine):
@@ -481,7 +486,8 @@ class BuildDraftTree(Spec):
         out = []
         if tok.numel():
             for bad in (-5, -1, 2**40, 2**31 - 1, 2**31):
-                out.append((f"topk_tokens {bad}", _set(args, topk_tokens=_poke(tok, bad, g=g.g)), RAISE, {"topk_tokens"}))
+                out.append((f"topk_tokens {bad}", _set(args, topk_tokens=_poke(tok, bad, g=g.g)), RAISE,
+                            {"topk_tokens"}))
             out += [("topk_logprobs NaN", _set(args, topk_logprobs=_poke(lp, math.nan, g=g.g)), EITHER, set()),
                     ("topk_logprobs -inf", _set(args, topk_logprobs=_poke(lp, -math.inf, g=g.g)), EITHER, set()),
                     ("topk_logprobs unsorted", _set(args, topk_logprobs=lp.flip(-1)), EITHER, set()),
@@ -752,7 +758,8 @@ class DllmStep(Spec):
     def valid(self, g):
         n, length, v = g.int(0, 3), g.int(0, 6), g.int(1, 30)
         mask_id = g.int(0, v - 1)
-        return dict(logits=g.logits(n, length, v, dtype=g.pick(LOGITS)), block_tokens=random_block(g, n, length, v, mask_id),
+        return dict(logits=g.logits(n, length, v, dtype=g.pick(LOGITS)),
+                    block_tokens=random_block(g, n, length, v, mask_id),
                     mask_id=mask_id, num_unmask=g.int(1, length + 1), threshold=g.pick((None, None, 0.1, 0.9)),
                     temperature=g.temperature(), seed=g.rng_value(), offset=g.rng_value())
 
@@ -778,7 +785,8 @@ class DllmStep(Spec):
             assert bool(masked[chosen].all()), "unmasked a position that was not masked"
             want = int(masked.sum()) if args["threshold"] is None else None
             if want is not None:
-                assert c == min(want, args["num_unmask"]), f"unmasked {c} positions, want {min(want, args['num_unmask'])}"
+                want = min(want, args["num_unmask"])
+                assert c == want, f"unmasked {c} positions, want {want}"
             elif int(masked.sum()):
                 assert c >= 1, "threshold unmasked nothing"
             assert _rows_of_ids(tokens[s, :c], v), "tokens outside [0, V)"
@@ -852,7 +860,8 @@ class SpiffyMaterialize(Spec):
         out += [(f"keep={bad}", _set(args, keep=bad), RAISE, {"keep"}) for bad in (-1, ranks.shape[0], 2**40)]
         graph = {"graph", "graph_ranks", "graph_child_ptr", "graph_children"}
         if ranks.shape[0] > 1:
-            for bad_i, bad_j, label in ((length, 0, "position rank L"), (0, min(v, reference.SPIFFY_MAX_RANK), "rank V"),
+            max_j = min(v, reference.SPIFFY_MAX_RANK)
+            for bad_i, bad_j, label in ((length, 0, "position rank L"), (0, max_j, "rank V"),
                                         (-2, 0, "position rank -2"), (2**30, 0, "position rank 2**30")):
                 r = ranks.clone()
                 r[1, 0, 0], r[1, 0, 1] = bad_i, bad_j
@@ -880,7 +889,8 @@ class SpiffyMaterialize(Spec):
         for s in range(n):
             for j in range(keep):
                 if int(node_ids[s, j]) < 0:
-                    assert torch.equal(drafts[s, j], block[s]) and float(scores[s, j]) == 0, "an unused slot is not the block"
+                    assert torch.equal(drafts[s, j], block[s]) and float(scores[s, j]) == 0, \
+                        "an unused slot is not the block"
                 else:
                     changed = drafts[s, j] != block[s]
                     assert bool((block[s][changed] == args["mask_id"]).all()), "a draft changed an unmasked position"
@@ -1009,7 +1019,8 @@ class SpiffyAttentionMask(Spec):
         single = isinstance(lens, int)
         t = torch.tensor([lens]) if single else lens
         mask = reference.spiffy_attention_mask(t, args["num_drafts"], args["block_size"],
-                                               lens if single else args["max_prefix_len"], args.get("layout") == "packed")
+                                               lens if single else args["max_prefix_len"],
+                                               args.get("layout") == "packed")
         return mask[0] if single else mask
 
 
@@ -1080,6 +1091,6 @@ class ShardRowStats(Spec):
         return reference.shard_row_stats(a.pop("logits"), a.pop("vocab_start"), **a)
 
 
-SPECS = {s.name: s for s in (ChainVerify(), ChainVerifyRagged(), RefineStep(), JacobiRefine(), SequentialRefine(), BuildDraftTree(),
-                             TreeAttentionMask(), TreePositions(), TreeVerify(), CompactKv(), DllmStep(),
-                             SpiffyMaterialize(), SpiffyAccept(), SpiffyAttentionMask(), ShardRowStats())}
+SPECS = {s.name: s for s in (ChainVerify(), ChainVerifyRagged(), RefineStep(), JacobiRefine(), SequentialRefine(),
+                             BuildDraftTree(), TreeAttentionMask(), TreePositions(), TreeVerify(), CompactKv(),
+                             DllmStep(), SpiffyMaterialize(), SpiffyAccept(), SpiffyAttentionMask(), ShardRowStats())}
