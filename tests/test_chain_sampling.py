@@ -167,7 +167,8 @@ def _decode_markov(transition_logits, q_table, kinds, rows_per_kind, length, k, 
             chain[:, j + 1] = torch.multinomial(q_table[chain[:, j]], 1, generator=g)[:, 0]
         drafts = chain[:, 1:]
         q = q_table[chain[:, :k]] if with_q else None
-        offset = torch.tensor([len(s) for s in seqs])  # the absolute position of the first slot
+        # per call its own slots: block verification reads every drafted slot's coin
+        offset = torch.tensor([len(s) * (k + 1) for s in seqs])
         acc, out = xkernels.chain_verify(drafts, transition_logits[chain], draft_probs=q, seed=seeds, offset=offset,
                                          method=method, **params)
         for s, a, o in zip(seqs, acc.tolist(), out.tolist()):

@@ -4,6 +4,8 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from .reference.sampling import is_per_row  # the one rule for a per-request seed or offset
+
 Seed = Union[int, torch.Tensor]
 
 
@@ -46,12 +48,6 @@ def _rng_args(seed: Seed, offset: Seed):
 
 
 Param = Union[None, int, float, torch.Tensor]
-
-
-def _is_per_row(value, n: int) -> bool:
-    """A seed or offset given per request: a 1-D tensor of N elements (a one-element 1-D tensor
-    with N > 1 is the scalar form, as before per-request streams existed)."""
-    return isinstance(value, torch.Tensor) and value.dim() == 1 and (value.numel() != 1 or n == 1)
 
 
 def _sampling_args(temperature, top_k: Param, top_p: Param, min_p: Param, seed: Seed, offset: Seed):
@@ -105,7 +101,7 @@ def chain_verify(
         seed, offset: the Philox stream: ints or one-element int64 tensors on the logits'
             device (a captured CUDA graph can advance them in place), keyed by the batch row;
             or int64 ``[N]`` tensors, a stream per sequence that does not depend on the batch
-            (``offset[n]``: the absolute position of the sequence's first verified slot).
+            (``offset[n]``: where the sequence's slots start; see :func:`chain_verify_ragged`).
         method: ``"token"`` (token-wise verification) or ``"block"`` (block verification).
         return_logprobs: also return the log-probabilities of the emitted tokens.
 
@@ -145,7 +141,7 @@ def chain_verify(
     draft_probs = _tensor(draft_probs, "draft_probs", optional=True)
     n = draft_tokens.shape[0] if draft_tokens.dim() else 0
     engine_form = (isinstance(temperature, torch.Tensor) or any(x is not None for x in (top_k, top_p, min_p))
-                   or _is_per_row(seed, n) or _is_per_row(offset, n) or method != "token" or return_logprobs)
+                   or is_per_row(seed, n) or is_per_row(offset, n) or method != "token" or return_logprobs)
     if not engine_form:
         return torch.ops.xkernels.chain_verify.default(
             draft_tokens, target_logits, draft_probs, _scalar(temperature, "temperature"), *_rng_args(seed, offset))
@@ -204,8 +200,10 @@ def chain_verify_ragged(
         seed, offset: ints or one-element int64 tensors: one stream for the batch, keyed by
             the request's row (as :func:`chain_verify`'s); or int64 ``[N]`` tensors: request
             ``n``'s noise at slot ``i`` is keyed by ``(seed[n], offset[n] + i)`` alone, so it gets
-            the same tokens at any row of any batch. ``offset[n]`` is meant to be the absolute
-            position of the request's first verified slot (what an engine should pass).
+            the same tokens at any row of any batch. Token-wise, ``offset[n]`` can be the absolute
+            position of the request's first verified slot (each position's noise is read only by
+            the call that emits it); block verification reads the coins of every drafted slot, so
+            the next call must start past them (e.g. position * (max_spec_len + 1)).
         method: ``"token"``: token-wise verification, stopping at the first rejection;
             ``"block"``: block verification (Sun et al., ICLR 2025), which judges the block
             jointly and in expectation accepts at least as many drafts.

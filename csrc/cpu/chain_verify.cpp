@@ -20,10 +20,12 @@
 namespace xkernels {
 namespace {
 
-// A thread's row buffers: the scaled (and filtered) row, the residual, the filter's scratch.
+// A thread's row buffers: the scaled (and filtered) row, the residual (with draft probabilities:
+// the only case that reads it), the filter's scratch. Left uninitialised: a zeroed V-float row
+// would cost a pass and page faults per call.
 struct RowScratch {
-  explicit RowScratch(int64_t v) : a(v), residual(v) {}
-  std::vector<float> a, residual;
+  RowScratch(int64_t v, bool with_q) : a(new float[v]), residual(with_q ? new float[v] : nullptr) {}
+  std::unique_ptr<float[]> a, residual;
   cpu::FilterScratch filter;
 };
 
@@ -115,12 +117,12 @@ class RequestVerifier {
     if (in_place_) {
       a = reinterpret_cast<const float*>(r_.logits) + i * r_.v;
     } else {
-      cpu::scale_row(r_.logits + i * r_.v, r_.v, greedy_ ? 1.0f : rs_.inv_t, scratch_.a.data());
-      a = scratch_.a.data();
+      cpu::scale_row(r_.logits + i * r_.v, r_.v, greedy_ ? 1.0f : rs_.inv_t, scratch_.a.get());
+      a = scratch_.a.get();
     }
     RowStats s = greedy_ ? RowStats{cpu::row_argmax(a, r_.v), 0.0f} : cpu::row_stats(a, r_.v);
     const bool point_mass = greedy_ || stats_degenerate(s);
-    if (filtered_ && !point_mass) s = cpu::filter_row(scratch_.a.data(), r_.v, s, rs_, scratch_.filter);
+    if (filtered_ && !point_mass) s = cpu::filter_row(scratch_.a.get(), r_.v, s, rs_, scratch_.filter);
     return Row{a, s, point_mass};
   }
 
@@ -132,7 +134,7 @@ class RequestVerifier {
       const float z = w - q_row[row.s.top.idx];
       return z > 0.0f ? z : 0.0f;
     }
-    float* e = scratch_.residual.data();
+    float* e = scratch_.residual.get();
     cpu::exp_row(row.a, r_.v, row.s.top.val, e);
     return static_cast<float>(cpu::residual_sum(e, q_row, r_.v, row.s.sum / w) * (w / row.s.sum));
   }
@@ -147,8 +149,8 @@ class RequestVerifier {
     SampleJob job{kSamplePlain, static_cast<int32_t>(i), exclude, row.s.top.idx, row.s};
     ArgMax best;
     if (residual) {
-      cpu::residual_row(row.a, r_.q + i * r_.v, r_.v, row.s.top.val, row.s.sum, scratch_.residual.data(), 1.0f / w);
-      best = cpu::sample_positive(st_.seed, offset, sequence, position, scratch_.residual.data(), r_.v);
+      cpu::residual_row(row.a, r_.q + i * r_.v, r_.v, row.s.top.val, row.s.sum, scratch_.residual.get(), 1.0f / w);
+      best = cpu::sample_positive(st_.seed, offset, sequence, position, scratch_.residual.get(), r_.v);
     } else {
       best = cpu::sample_logits(st_.seed, offset, sequence, position, row.a, r_.v, exclude);
     }
@@ -174,12 +176,11 @@ int64_t verify_request(const Request<T>& r, const RowSampling& rs, const RowStre
   return block && rs.inv_t != 0.0f ? verifier.block_wise(out, logprobs) : verifier.token_wise(out, logprobs);
 }
 
-// Scratch a thread allocates once for its requests; rows left uninitialised (a zeroed V-float
-// row would cost a pass and page faults per call).
+// Requests in parallel, each thread with its scratch, allocated once for its requests.
 template <typename F>
-void for_each_request(int64_t n, int64_t v, F&& f) {
+void for_each_request(int64_t n, int64_t v, bool with_q, F&& f) {
   at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
-    RowScratch scratch(v);
+    RowScratch scratch(v, with_q);
     for (int64_t i = begin; i < end; ++i) f(i, scratch);
   });
 }
@@ -211,7 +212,7 @@ std::tuple<at::Tensor, at::Tensor> chain_verify_cpu(const at::Tensor& draft_toke
     auto* acc = accept_len.mutable_data_ptr<int64_t>();
     auto* o = out.mutable_data_ptr<int64_t>();
     const int64_t k = shape.k, v = shape.v;
-    for_each_request(shape.n, v, [&](int64_t n, RowScratch& scratch) {
+    for_each_request(shape.n, v, qp != nullptr, [&](int64_t n, RowScratch& scratch) {
       const Request<T> r{k, v, l + n * (k + 1) * v, d + n * k, qp ? qp + n * k * v : nullptr};
       const RowStream st{seed_v, offset_v, static_cast<uint32_t>(n), false};
       int64_t* row_out = o + n * (k + 1);
@@ -247,12 +248,13 @@ void chain_verify_ragged_cpu(const at::Tensor& draft_tokens, const at::Tensor& c
     auto* o = output_token_ids.mutable_data_ptr<int32_t>();
     auto* e = num_emitted.mutable_data_ptr<int32_t>();
     auto* lp = logprobs.mutable_data_ptr<float>();
-    for_each_request(shape.n, v, [&](int64_t n, RowScratch& scratch) {
+    const SamplingView view = sampling_view(sampling);
+    for_each_request(shape.n, v, qp != nullptr, [&](int64_t n, RowScratch& scratch) {
       const int64_t start = n == 0 ? 0 : c[n - 1], k = c[n] - start;
       const Request<T> r{k, v, l + (start + n) * v, d + start, qp ? qp + start * v : nullptr};
       std::vector<int64_t> tokens(k + 1);
       float* row_lp = lp + n * width;
-      const int64_t emitted = verify_request(r, row_sampling(sampling, n), row_stream(sampling, n), block, scratch,
+      const int64_t emitted = verify_request(r, view.row(n), view.stream(n), block, scratch,
                                              tokens.data(), row_lp);
       for (int64_t j = 0; j < width; ++j) o[n * width + j] = j < emitted ? static_cast<int32_t>(tokens[j]) : -1;
       for (int64_t j = emitted; j < width; ++j) row_lp[j] = __builtin_nanf("");

@@ -35,17 +35,7 @@ void chain_verify_ragged_cuda(const at::Tensor& draft_tokens, const at::Tensor& 
   p.cu = cu.const_data_ptr<int64_t>();
   p.q = q.defined() ? q.const_data_ptr<float>() : nullptr;
   p.t = shape.t, p.n = shape.n, p.v = shape.v, p.max_spec_len = shape.max_spec_len;
-  p.scalar = s.scalar;
-  p.temperature = s.temperature.defined() ? s.temperature.const_data_ptr<float>() : nullptr;
-  p.top_k = s.top_k.defined() ? s.top_k.const_data_ptr<int32_t>() : nullptr;
-  p.top_p = s.top_p.defined() ? s.top_p.const_data_ptr<float>() : nullptr;
-  p.min_p = s.min_p.defined() ? s.min_p.const_data_ptr<float>() : nullptr;
-  p.seed = s.seed, p.offset = s.offset;
-  p.seed_ptr = s.seed_t.defined() ? s.seed_t.const_data_ptr<int64_t>() : nullptr;
-  p.offset_ptr = s.offset_t.defined() ? s.offset_t.const_data_ptr<int64_t>() : nullptr;
-  p.seed_per_row = s.seed_t.defined() && s.per_request && s.seed_t.dim() == 1 && s.seed_t.numel() == shape.n;
-  p.offset_per_row = s.offset_t.defined() && s.per_request && s.offset_t.dim() == 1 && s.offset_t.numel() == shape.n;
-  p.per_request = s.per_request;
+  p.s = sampling_view(s);
   p.block = block;
   p.out = output_token_ids.mutable_data_ptr<int32_t>();
   p.num_emitted = num_emitted.mutable_data_ptr<int32_t>();

@@ -363,20 +363,6 @@ class RequestWalk {
 
 __device__ int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
 
-// Row n's parameters as the kernel reads them: values the host did not check read as off.
-__device__ RowSampling row_params(const ChainRaggedParams& p, int64_t n) {
-  RowSampling r = p.scalar;
-  if (p.temperature) {
-    const float t = p.temperature[n];
-    const float inv = static_cast<float>(1.0 / static_cast<double>(t));  // as the host's inverse_temperature
-    r.inv_t = t > 0.0f && is_finite_f32(t) && is_finite_f32(inv) ? inv : 0.0f;
-  }
-  if (p.top_k) r.top_k = p.top_k[n] > 0 ? p.top_k[n] : 0;
-  if (p.top_p) r.top_p = p.top_p[n] > 0.0f && p.top_p[n] <= 1.0f ? p.top_p[n] : 1.0f;
-  if (p.min_p) r.min_p = p.min_p[n] >= 0.0f && p.min_p[n] <= 1.0f ? p.min_p[n] : 0.0f;
-  return r;
-}
-
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1) chain_ragged_kernel(ChainRaggedParams p, int mass_shift) {
   __shared__ Shared sh;
@@ -385,10 +371,8 @@ __global__ void __launch_bounds__(kThreads, 1) chain_ragged_kernel(ChainRaggedPa
   req.lo = n == 0 ? 0 : clamp64(p.cu[n - 1], 0, p.t);
   const int64_t hi = clamp64(p.cu[n], req.lo, p.t);
   req.k = hi - req.lo < p.max_spec_len ? hi - req.lo : p.max_spec_len;
-  req.rs = row_params(p, n);
-  const uint64_t seed = p.seed_ptr ? static_cast<uint64_t>(p.seed_ptr[p.seed_per_row ? n : 0]) : p.seed;
-  const uint64_t offset = p.offset_ptr ? static_cast<uint64_t>(p.offset_ptr[p.offset_per_row ? n : 0]) : p.offset;
-  req.st = RowStream{seed, offset, static_cast<uint32_t>(n), p.per_request};
+  req.rs = p.s.row(n);
+  req.st = p.s.stream(n);
   req.greedy = req.rs.inv_t == 0.0f;
   req.filtered = !req.greedy && filters_active(req.rs, p.v);
   const int64_t width = p.max_spec_len + 1;

@@ -17,16 +17,7 @@ struct ChainRaggedParams {
   const int64_t* cu;     // [n], inclusive cumsum of the drafts per request
   const float* q;        // [t, v] or null
   int64_t t, n, v, max_spec_len;
-  RowSampling scalar;       // where no per-row tensor is given
-  const float* temperature;  // [n] or null; likewise below
-  const int32_t* top_k;
-  const float* top_p;
-  const float* min_p;
-  uint64_t seed, offset;
-  const int64_t* seed_ptr;    // null, one element (the scalar form) or [n]
-  const int64_t* offset_ptr;
-  bool seed_per_row, offset_per_row;  // the pointer holds [n]
-  bool per_request;                   // the per-request stream form
+  SamplingView s;  // per-row parameters and streams
   bool block;                         // block verification
   int32_t* out;         // [n, max_spec_len + 1]
   int32_t* num_emitted;  // [n]

@@ -86,21 +86,24 @@ SamplingArgs sampling_args(int64_t n, const at::Device& device, XK_SAMPLING_ARGS
   return s;
 }
 
-RowSampling row_sampling(const SamplingArgs& s, int64_t r) {
-  RowSampling out = s.scalar;
-  if (s.temperature.defined()) out.inv_t = inverse_temperature(s.temperature.const_data_ptr<float>()[r]);
-  if (s.top_k.defined()) out.top_k = s.top_k.const_data_ptr<int32_t>()[r];
-  if (s.top_p.defined()) out.top_p = s.top_p.const_data_ptr<float>()[r];
-  if (s.min_p.defined()) out.min_p = s.min_p.const_data_ptr<float>()[r];
-  return out;
-}
-
-RowStream row_stream(const SamplingArgs& s, int64_t r) {
-  const auto at = [&](const at::Tensor& t, uint64_t scalar) {
-    if (!t.defined()) return scalar;
-    return static_cast<uint64_t>(t.const_data_ptr<int64_t>()[t.numel() == 1 ? 0 : r]);
+SamplingView sampling_view(const SamplingArgs& s) {
+  const auto ptr = [](const at::Tensor& t, auto* type) -> decltype(type) {
+    return t.defined() ? t.const_data_ptr<std::remove_const_t<std::remove_pointer_t<decltype(type)>>>() : nullptr;
   };
-  return RowStream{at(s.seed_t, s.seed), at(s.offset_t, s.offset), static_cast<uint32_t>(r), s.per_request};
+  SamplingView v{};
+  v.scalar = s.scalar;
+  v.temperature = ptr(s.temperature, static_cast<const float*>(nullptr));
+  v.top_k = ptr(s.top_k, static_cast<const int32_t*>(nullptr));
+  v.top_p = ptr(s.top_p, static_cast<const float*>(nullptr));
+  v.min_p = ptr(s.min_p, static_cast<const float*>(nullptr));
+  v.seed = s.seed, v.offset = s.offset;
+  v.seed_ptr = ptr(s.seed_t, static_cast<const int64_t*>(nullptr));
+  v.offset_ptr = ptr(s.offset_t, static_cast<const int64_t*>(nullptr));
+  // Otherwise one element, read at 0: the scalar form (or N = 1).
+  v.seed_per_row = s.seed_t.defined() && s.seed_t.dim() == 1 && s.seed_t.numel() == s.n;
+  v.offset_per_row = s.offset_t.defined() && s.offset_t.dim() == 1 && s.offset_t.numel() == s.n;
+  v.per_request = s.per_request;
+  return v;
 }
 
 }  // namespace xkernels

@@ -42,8 +42,7 @@ struct SamplingArgs {
 // temperature finite and >= 0, top_k >= 0, top_p in (0, 1], min_p in [0, 1]), naming the argument.
 SamplingArgs sampling_args(int64_t n, const at::Device& device, XK_SAMPLING_ARGS);
 
-// Row r's parameters and stream, read on the host (CPU tensors only).
-RowSampling row_sampling(const SamplingArgs& s, int64_t r);
-RowStream row_stream(const SamplingArgs& s, int64_t r);
+// The arguments as kernels read them (pointers into s's tensors, which must outlive the view).
+SamplingView sampling_view(const SamplingArgs& s);
 
 }  // namespace xkernels

@@ -123,25 +123,18 @@ def chain_verify(
     """Speculative verification of a chain of drafts; see xkernels.chain_verify. Returns
     (accept_len int64 [N], out_tokens int64 [N, K+1]), and logprobs float32 [N, K+1] (NaN
     padded) with return_logprobs."""
-    _check_method(method)
     n, k = draft_tokens.shape
     vocab = target_logits.shape[-1]
-    device = target_logits.device
     if draft_tokens.numel() and not ((draft_tokens >= 0) & (draft_tokens < vocab)).all():
         raise ValueError(f"draft_tokens holds ids outside [0, {vocab})")
-    params, streams = row_params(n, temperature, top_k, top_p, min_p), row_streams(n, seed, offset)
-    logits, draft = target_logits.detach().cpu(), draft_tokens.detach().cpu()
-    q = None if draft_probs is None else draft_probs.detach().cpu().float()
-    accept_len = torch.zeros(n, dtype=torch.int64)
-    out = torch.full((n, k + 1), -1, dtype=torch.int64)
-    logprobs = torch.full((n, k + 1), float("nan"))
-    for s in range(n):
-        tokens, lp = verify_request(draft[s], logits[s], None if q is None else q[s], params[s], streams[s], method)
-        accept_len[s] = len(tokens) - 1
-        out[s, :len(tokens)] = torch.tensor(tokens)
-        logprobs[s, :len(tokens)] = torch.tensor(lp)
-    result = (accept_len.to(device), out.to(device))
-    return result + (logprobs.to(device),) if return_logprobs else result
+    # The dense layout is the ragged one with K drafts a request.
+    cu = torch.arange(1, n + 1) * k
+    out, emitted, logprobs = chain_verify_ragged(
+        draft_tokens.reshape(-1), cu, target_logits.reshape(n * (k + 1), vocab), k,
+        None if draft_probs is None else draft_probs.reshape(n * k, vocab), temperature, top_k, top_p, min_p, seed,
+        offset, method)
+    result = (emitted.long() - 1, out.long())
+    return result + (logprobs,) if return_logprobs else result
 
 
 def chain_verify_ragged(

@@ -76,7 +76,7 @@ class RowStream:
 
     The scalar form (per_request False) keys slot i of batch row `sequence` by (seed, offset,
     sequence, i): today's stream, which depends on the row. The per-request form keys it by
-    (seed, offset + i) alone (sequence and position 0), `offset` being the absolute position of
+    (seed, offset + i) alone (sequence and position 0), `offset` being (token-wise) the absolute position of
     the request's first slot, so a request draws the same noise at any row of any batch."""
 
     seed: int

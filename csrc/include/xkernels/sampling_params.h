@@ -49,6 +49,42 @@ struct RowStream {
   }
 };
 
+// Every row's parameters and stream as a kernel reads them, from plain pointers (null where the
+// scalar applies), so any op's CPU or CUDA kernel takes per-request arguments the same way.
+struct SamplingView {
+  RowSampling scalar;
+  const float* temperature;  // [n] or null; likewise top_k, top_p and min_p
+  const int32_t* top_k;
+  const float* top_p;
+  const float* min_p;
+  uint64_t seed, offset;
+  const int64_t* seed_ptr;    // null, one element (the scalar form, read on the device) or [n]
+  const int64_t* offset_ptr;
+  bool seed_per_row, offset_per_row;  // the pointer holds [n]
+  bool per_request;                   // the per-request stream form
+
+  // Row n's parameters. Values the host did not check (CUDA without XKERNELS_CHECK=1) read as
+  // off: a temperature that is negative, NaN or infinite as greedy.
+  XK_HD RowSampling row(int64_t n) const {
+    RowSampling r = scalar;
+    if (temperature) {
+      const float t = temperature[n];
+      const float inv = static_cast<float>(1.0 / static_cast<double>(t));  // as the host's inverse_temperature
+      r.inv_t = t > 0.0f && is_finite_f32(t) && is_finite_f32(inv) ? inv : 0.0f;
+    }
+    if (top_k) r.top_k = top_k[n] > 0 ? top_k[n] : 0;
+    if (top_p) r.top_p = top_p[n] > 0.0f && top_p[n] <= 1.0f ? top_p[n] : 1.0f;
+    if (min_p) r.min_p = min_p[n] >= 0.0f && min_p[n] <= 1.0f ? min_p[n] : 0.0f;
+    return r;
+  }
+  // Row n's stream; n is also the batch row that keys the scalar form.
+  XK_HD RowStream stream(int64_t n) const {
+    const uint64_t s = seed_ptr ? static_cast<uint64_t>(seed_ptr[seed_per_row ? n : 0]) : seed;
+    const uint64_t o = offset_ptr ? static_cast<uint64_t>(offset_ptr[offset_per_row ? n : 0]) : offset;
+    return RowStream{s, o, static_cast<uint32_t>(n), per_request};
+  }
+};
+
 // Block verification (Sun et al., ICLR 2025). With w_0 = 1, the weight after draft x at a row
 // of filtered target probability p_x and draft probability q_x is min(w p_x / q_x, 1); a q_x of
 // 0 gives 1 when w p_x > 0 (the limit), else 0.
