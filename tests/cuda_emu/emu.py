@@ -289,6 +289,106 @@ class CudaEmu:
 
     def shard_row_stats(self, logits, vocab_start, rows=None, exclude=None, draft_probs=None, residual_stats=None,
                         ignore_id=-1, sample=False, raw_stats=False, temperature=0.0, seed=0, offset=0,
+                        seed_tensor=None, offset_tensor=None, temperature_tensor=None, cut_value=None, cut_id=None):
+        """seed_tensor / offset_tensor: 0-dim or one element (the scalar form) or [N] (per request)."""
+        from xkernels.reference.sampling import is_per_row
+
+        n, r, v = logits.shape
+        rows, exclude, q, rs = _c(rows), _c(exclude), _c(draft_probs), _c(residual_stats)
+        temps = None if temperature_tensor is None else _c(temperature_tensor.float())
+        cut_value = None if cut_value is None else _c(cut_value.float())
+        cut_id = None if cut_id is None else _c(cut_id.clamp(-(2**31), 2**31 - 1).to(torch.int32))
+        per_request = is_per_row(seed_tensor, n) or is_per_row(offset_tensor, n)
+        seed_tensor, offset_tensor = _c(seed_tensor), _c(offset_tensor)  # kept alive for the call
+        numel = lambda t: 0 if t is None else t.numel()  # noqa: E731
+        s = r if rows is None else rows.shape[1]
+        logits = _c(logits)
+        outs = [torch.empty(n, s, dtype=dt) for dt in (torch.float32, torch.float32, torch.int64, torch.float32,
+                                                       torch.int64, torch.float32)]
+        msg = ctypes.create_string_buffer(1024)
+        i64 = ctypes.c_int64
+        rc = self.lib.xk_emu_shard_row_stats(
+            _ptr(logits), LOGITS_TYPES[logits.dtype], _ptr(rows), _ptr(exclude), _ptr(q), _ptr(rs), i64(n), i64(r),
+            i64(v), i64(s), i64(0 if exclude is None else exclude.shape[2]), i64(0 if q is None else q.shape[1]),
+            i64(vocab_start), i64(ignore_id), ctypes.c_int(sample), ctypes.c_int(raw_stats),
+            ctypes.c_float(_inv_t(temperature)), _ptr(temps), ctypes.c_uint64(seed % 2**64),
+            ctypes.c_uint64(offset % 2**64), _ptr(seed_tensor), i64(numel(seed_tensor)), _ptr(offset_tensor),
+            i64(numel(offset_tensor)), ctypes.c_int(per_request), _ptr(cut_value), _ptr(cut_id),
+            *[_ptr(t) for t in outs], msg, ctypes.c_size_t(len(msg)))
+        self._check(rc, msg)
+        return tuple(outs)
+
+    def spiffy_materialize(self, logits, block, mask_id, graph, keep, temperature=0.0, num_sms=4):
+        n, length, v = logits.shape
+        logits, block = _c(logits), _c(block)
+        ranks, ptr, children = _c(graph.ranks), _c(graph.child_ptr), _c(graph.children)
+        drafts = torch.empty(n, keep, length, dtype=torch.int64)
+        node_ids = torch.empty(n, keep, dtype=torch.int64)
+        scores = torch.empty(n, keep)
+        msg = ctypes.create_string_buffer(1024)
+        i64 = ctypes.c_int64
+        rc = self.lib.xk_emu_spiffy_materialize(
+            _ptr(logits), LOGITS_TYPES[logits.dtype], _ptr(block), i64(n), i64(length), i64(v), i64(mask_id),
+            _ptr(ranks), _ptr(ptr), _ptr(children), i64(ranks.shape[0]), i64(ranks.shape[1]), i64(children.numel()),
+            i64(keep), ctypes.c_float(_inv_t(temperature) or 1.0), ctypes.c_int(num_sms), _ptr(drafts), _ptr(node_ids), _ptr(scores), msg,
+            ctypes.c_size_t(len(msg)))
+        self._check(rc, msg)
+        return drafts, node_ids, scores
+
+    def spiffy_accept(self, root, draft_logits, drafts, node_ids, block, mask_id, num_unmask=1, threshold=None,
+                      temperature=0.0, seed=0, offset=0, clusters=True):
+        """clusters: the device runs thread block clusters (the binding's test of sm_90+)."""
+        n, length, v = root.shape
+        k = drafts.shape[1]
+        root, draft_logits, drafts, node_ids, block = map(_c, (root, draft_logits, drafts, node_ids, block))
+        num_steps, continue_from = torch.empty(n, dtype=torch.int64), torch.empty(n, dtype=torch.int64)
+        positions, tokens, new_block = (torch.empty(n, length, dtype=torch.int64) for _ in range(3))
+        msg = ctypes.create_string_buffer(1024)
+        i64 = ctypes.c_int64
+        rc = self.lib.xk_emu_spiffy_accept(
+            _ptr(root), _ptr(draft_logits), LOGITS_TYPES[root.dtype], _ptr(drafts), _ptr(node_ids), _ptr(block),
+            i64(n), i64(length), i64(v), i64(k), i64(mask_id), i64(num_unmask), ctypes.c_int(threshold is not None),
+            ctypes.c_float(threshold or 0.0), ctypes.c_float(_inv_t(temperature)), ctypes.c_uint64(seed),
+            ctypes.c_uint64(offset), ctypes.c_int(clusters), _ptr(num_steps), _ptr(positions), _ptr(tokens), _ptr(new_block),
+            _ptr(continue_from), msg, ctypes.c_size_t(len(msg)))
+        self._check(rc, msg)
+        return num_steps, positions, tokens, new_block, continue_from
+
+    def spiffy_accept_plan(self, n, length, clusters=True):
+        """(blocks a sequence, workspace bytes) as the binding plans spiffy_accept."""
+        blocks, size = ctypes.c_uint(), ctypes.c_size_t()
+        self.lib.xk_emu_spiffy_accept_plan(ctypes.c_int64(n), ctypes.c_int64(length), ctypes.c_int(clusters),
+                                           ctypes.byref(blocks), ctypes.byref(size))
+        return blocks.value, size.value
+
+    def spiffy_attention_mask(self, prefix_lens, num_drafts, block_size, max_prefix_len, packed=False):
+        n = prefix_lens.shape[0]
+        q = (1 + num_drafts) * block_size
+        keys = max_prefix_len + q
+        mask = torch.empty(n, q, (keys + 7) // 8 if packed else keys, dtype=torch.uint8)
+        msg = ctypes.create_string_buffer(1024)
+        i64 = ctypes.c_int64
+        prefix_lens = _c(prefix_lens)  # a copy passed as _ptr(_c(x)) would be freed before the call reads it
+        rc = self.lib.xk_emu_spiffy_attention_mask(_ptr(prefix_lens), i64(n), i64(num_drafts), i64(block_size),
+                                                   i64(max_prefix_len), ctypes.c_int(packed), _ptr(mask), msg,
+                                                   ctypes.c_size_t(len(msg)))
+        self._check(rc, msg)
+        return mask if packed else mask.bool()
+
+    def gumbel_gate_check(self, w, best, words, linear=False):
+        """(skips, errors) of sampling.h's gumbel_cannot_win over words [pairs, per_pair] (int64 holding
+        uint32 values) for log weights w [pairs] (linear: weights, gumbel_cannot_win_linear) and best
+        scores best [pairs], float32."""
+        w, best = _c(w.float()), _c(best.float())
+        words = _c(words.to(torch.int64).to(torch.int32))  # the same 32 bits, read as uint32
+        skips, errors = ctypes.c_int64(), ctypes.c_int64()
+        self.lib.xk_emu_gumbel_gate_check(_ptr(w), _ptr(best), _ptr(words), ctypes.c_int64(words.shape[0]),
+                                          ctypes.c_int64(words.shape[1]), ctypes.c_int(int(linear)),
+                                          ctypes.byref(skips), ctypes.byref(errors))
+        return skips.value, errors.value
+
+    def shard_row_stats(self, logits, vocab_start, rows=None, exclude=None, draft_probs=None, residual_stats=None,
+                        ignore_id=-1, sample=False, raw_stats=False, temperature=0.0, seed=0, offset=0,
                         seed_tensor=None, offset_tensor=None):
         n, r, v = logits.shape
         rows, exclude, q, rs = _c(rows), _c(exclude), _c(draft_probs), _c(residual_stats)
