@@ -172,7 +172,13 @@ def test_merged_cut_shards_draw_the_unsharded_per_request_token(world):
     shards = [ops.shard_row_stats(logits[:, None, a:b].contiguous(), a, sample=True, temperature=temps, seed=seeds,
                                   offset=offsets, cut_value=cut_value, cut_id=cut_id) for a, b in split(v, world)]
     stacked = [torch.stack([s[i] for s in shards]) for i in range(6)]
-    _, _, top = distributed.merge_stats(*stacked[:3])
+    _, big_s, top = distributed.merge_stats(*stacked[:3])
+    from xkernels.reference.sampling import filtered_logits
+
+    for i in range(n):  # the merged sums are the filtered distribution's
+        if inv[i]:
+            a = filtered_logits(logits[i] * inv[i], int(top_k[i]), float(top_p[i]), float(min_p[i]))
+            torch.testing.assert_close(big_s[i, 0], torch.exp(a - a.max()).sum(), rtol=1e-5, atol=0)
     pick, _ = distributed.merge_picks(*stacked[3:])
     tokens = torch.where(inv[:, None] == 0, top, pick)[:, 0]
     out, emitted, _ = ops.chain_verify_ragged(

@@ -11,26 +11,6 @@
 namespace xkernels::cuda {
 namespace {
 
-// What the sampling pass keeps of a shard row: the cut, the exclusions, the residual's inputs.
-struct ShardRow {
-  int64_t e;
-  const int64_t* ex;  // [e] or null
-  const float* q;     // the draft row (residual draws) or null
-  RowStats global;    // the residual's global statistics (max, sum)
-  FilterCut cut;
-  bool has_cut;
-
-  // The log-weight of global id `id` (scaled logit a): -inf where it cannot be drawn.
-  __device__ __forceinline__ float log_weight(float a, int64_t x, int32_t id) const {
-    bool drawable = a != kNegInf && (!has_cut || filter_keeps(cut, a, id));
-    for (int64_t k = 0; drawable && k < e; ++k) drawable = ex[k] != id;
-    if (!drawable) return kNegInf;
-    if (!q) return a;
-    const float r = stats_prob(global, a) - q[x];
-    return r > 0.0f ? log_f32(r) : kNegInf;
-  }
-};
-
 // 3 blocks an SM (at most 85 registers) keep the statistics read's 16-byte loads, 4 a thread, at
 // ~6.5 MB in flight over the chip.
 template <typename T>
@@ -78,13 +58,19 @@ __global__ void __launch_bounds__(kThreads, 3) shard_row_stats_kernel(ShardRowSt
     return;
   }
   const bool residual = p.draft_probs && row < p.q;
-  const ShardRow sr{p.e,
-                    p.exclude ? p.exclude + entry * p.e : nullptr,
-                    residual ? p.draft_probs + (n * p.q + row) * p.v : nullptr,
-                    residual ? RowStats{ArgMax{p.residual_stats[2 * entry], 0}, p.residual_stats[2 * entry + 1]}
-                             : stats_empty(),
-                    cut,
-                    has_cut};
+  const int64_t* ex = p.exclude ? p.exclude + entry * p.e : nullptr;
+  const float* q = residual ? p.draft_probs + (n * p.q + row) * p.v : nullptr;
+  RowStats global = stats_empty();  // the residual's (max, sum) over the whole vocabulary
+  if (residual) global = RowStats{ArgMax{p.residual_stats[2 * entry], 0}, p.residual_stats[2 * entry + 1]};
+  // The log-weight of local id x (global id `id`, scaled logit a): -inf where it cannot be drawn.
+  const auto log_weight = [&](float a, int64_t x, int32_t id) {
+    bool drawable = a != kNegInf && (!has_cut || filter_keeps(cut, a, id));
+    for (int64_t k = 0; drawable && k < p.e; ++k) drawable = ex[k] != id;
+    if (!drawable) return kNegInf;
+    if (!q) return a;
+    const float r = stats_prob(global, a) - q[x];
+    return r > 0.0f ? log_f32(r) : kNegInf;
+  };
   const RowStream stream = p.s_args.stream(n);
   const auto slot = static_cast<uint32_t>(row);
   const uint64_t seed = stream.seed, offset = stream.offset_at(slot);
@@ -94,7 +80,7 @@ __global__ void __launch_bounds__(kThreads, 3) shard_row_stats_kernel(ShardRowSt
   ArgMax best = argmax_empty();
   const auto score = [&](float a, int64_t x) {
     const auto id = static_cast<int32_t>(first + x);
-    const float w = sr.log_weight(a, x, id);
+    const float w = log_weight(a, x, id);
     if (w == kNegInf || w + kGumbelBound < best.val) return;
     const ArgMax c = gumbel_score(w, id, seed, offset, sequence, position);
     if (argmax_before(c.val, c.idx, best.val, best.idx)) best = c;
