@@ -68,6 +68,7 @@ import torch
 import torch.distributed as dist
 
 from . import ops, reference
+from .reference.sampling import stream_coins
 from .refiner import RefinerWeights, refiner_hidden
 
 _NONE = torch.iinfo(torch.int64).max  # no id: loses every minimum
@@ -375,7 +376,7 @@ def chain_verify(draft_tokens: torch.Tensor, local_logits: torch.Tensor, *, voca
     accepted = valid & (draft_tokens == top[:, :k])
     if not all_greedy:
         p_x = torch.exp(a_x - big_m[:, :k]) / big_s[:, :k]
-        coins = reference.stream_coins(seed, offset, n, k, dev)
+        coins = stream_coins(seed, offset, n, k, dev)
         sampled = coins * q_x < p_x if draft_probs is not None else coins < p_x
         accepted = torch.where(point_mass[:, :k], accepted, valid & sampled)
     accept_len = accepted.long().cumprod(-1).sum(-1)
