@@ -392,7 +392,7 @@ def _check_bad_seeds(rank, bounds):
                                              **kw),
     ]
     bad = [(dict(seed=torch.tensor(1, dtype=torch.int32)), "seed must be an int64 tensor"),
-           (dict(offset=torch.tensor([1, 2])), "offset must hold exactly one element")]
+           (dict(offset=torch.tensor([1, 2, 3])), "offset must (hold exactly one element|be an int, a one-element)")]
     for call in calls:
         for temperature in (0.0, 1.0):
             for rng, message in bad:

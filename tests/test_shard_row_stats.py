@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from xkernels import distributed, ops, reference
-from tests.utils import DEVICES, LOGIT_DTYPES
+from tests.utils import DEVICES, LOGIT_DTYPES, chi_squared_pvalue
 
 
 def shard_case(n, r, v, dtype=torch.float32, seed=0):
@@ -186,6 +186,26 @@ def test_merged_cut_shards_draw_the_unsharded_per_request_token(world):
         temperature=temps, top_k=top_k, top_p=top_p, min_p=min_p, seed=seeds, offset=offsets)
     assert (emitted == 1).all()
     assert torch.equal(tokens, out[:, 0].long())
+
+
+def test_merged_cut_picks_follow_the_filtered_distribution():
+    """Chi-squared: 6000 requests of one row (per-request offsets 0, 1, ...), cut by top-k and top-p
+    over the whole vocabulary, drawn over 2 uneven shards with the cut's ties at the boundary: the
+    merged picks follow reference.filtered_probs (p-value > 1e-3), and no dropped id is drawn."""
+    from xkernels.reference.sampling import filtered_probs
+
+    m, v = 6000, 13
+    row = torch.tensor([2.0, 1.0, 1.5, 1.5, 0.2, 1.0, -1.0, 0.7, 1.5, 0.0, 0.3, 1.2, -0.5])
+    want = filtered_probs(row, 0.9, top_k=6, top_p=0.85)
+    value, last = _filter_cut(row / 0.9, 6, 0.85, 0.0)
+    logits = row.expand(m, 1, v).contiguous()
+    kw = dict(sample=True, temperature=torch.full((m,), 0.9), seed=torch.full((m,), 7), offset=torch.arange(m),
+              cut_value=torch.full((m, 1), float(value)), cut_id=torch.full((m, 1), last))
+    shards = [ops.shard_row_stats(logits[..., a:b].contiguous(), a, **kw) for a, b in [(0, 3), (3, v)]]
+    pick, _ = distributed.merge_picks(*[torch.stack([s[i] for s in shards]) for i in (3, 4, 5)])
+    counts = torch.bincount(pick[:, 0], minlength=v).double()
+    assert counts[want == 0].sum() == 0
+    assert chi_squared_pvalue(counts, want) > 1e-3
 
 
 def split(v, world):

@@ -403,17 +403,22 @@ def chain_verify(draft_tokens: torch.Tensor, local_logits: torch.Tensor, *, voca
     return accept_len, out
 
 
-def _scalar_stream(x):
+def _scalar_stream(x, name: str):
     """A seed or offset of the ops that take only the scalar stream so far (tree, refine, dllm): a
     one-element tensor as 0-dim, so that shard_row_stats keys it by the batch row as they do (it
-    would take a [1] tensor of one sequence as that request's stream)."""
-    return x.reshape(()) if isinstance(x, torch.Tensor) and x.numel() == 1 else x
+    would take a [1] tensor of one sequence as that request's stream, and [N] as per-request)."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    if x.numel() != 1:
+        raise RuntimeError(f"{name} must hold exactly one element (this op takes one stream per call), got shape "
+                           f"{list(x.shape)}")
+    return x.reshape(())
 
 
 def _sample_sharded(logits: torch.Tensor, vocab_start: int, group, temperature: float, seed, offset):
     """reference.sample_rows over a shard [N, D, V_local]: tokens = argmax(a + G) (the noise of
     (sequence, slot, id)), logprobs = log_softmax(a)[tokens]; one all-gather."""
-    seed, offset = _scalar_stream(seed), _scalar_stream(offset)
+    seed, offset = _scalar_stream(seed, "seed"), _scalar_stream(offset, "offset")
     greedy = reference.inverse_temperature(temperature) == 0
     traffic.read(logits)
     row_max, row_sum, top, score, pid, plogit = ops.shard_row_stats(
@@ -508,7 +513,7 @@ def dllm_step(local_logits: torch.Tensor, block_tokens: torch.Tensor, mask_id: i
     rule, computed alike on every rank. Returns (new_block, positions, tokens, confidence)."""
     if num_unmask < 1:
         raise ValueError("num_unmask must be >= 1")
-    seed, offset = _scalar_stream(seed), _scalar_stream(offset)
+    seed, offset = _scalar_stream(seed, "seed"), _scalar_stream(offset, "offset")
     inv_t = reference.inverse_temperature(temperature)
     n, length = block_tokens.shape
     dev = local_logits.device
@@ -695,7 +700,7 @@ def tree_verify(tokens: torch.Tensor, parents: torch.Tensor, local_logits: torch
     n, m = parents.shape
     v_local = local_logits.shape[-1]
     dev = local_logits.device
-    seed, offset = _scalar_stream(seed), _scalar_stream(offset)
+    seed, offset = _scalar_stream(seed, "seed"), _scalar_stream(offset, "offset")
     inv_t = reference.inverse_temperature(temperature)
     greedy = inv_t == 0
     residual = draft_probs is not None and not greedy  # at T = 0 q plays no part
