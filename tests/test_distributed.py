@@ -164,15 +164,22 @@ def _check_filter_cuts(rank, bounds):
     top_k = torch.tensor([3, 30, 1, 0, 10, 0, 2, 0])
     top_p = torch.tensor([1.0, 1.0, 1.0, 0.7, 0.5, 1.0, 0.9, 1.0])
     min_p = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.1, 0.2, 0.0, 0.0])
-    local, start = _shard(a, bounds, rank)
-    cut_value, cut_id = distributed.filter_cuts(local, a.amax(-1), start, None, torch.ones(8, dtype=torch.bool),
-                                                top_k, top_p, min_p)
-    ids = torch.arange(V)
-    kept = (a > cut_value[:, None]) | ((a == cut_value[:, None]) & (ids <= cut_id[:, None]))
-    for r in range(8):  # over the finite ids (filter_mask may count -inf ids into a top-k past the finite ones)
-        finite = torch.isfinite(a[r])
-        want = filter_mask(a[r], int(top_k[r]), float(top_p[r]), float(min_p[r])) & finite
-        assert torch.equal(kept[r] & finite, want), f"filter_cuts row {r}: {kept[r].nonzero().flatten()} != {want.nonzero()}"
+    with_empty = [(0, 0), (0, V)] if len(bounds) == 2 else [(0, 14), (14, 14), (14, V)]  # an empty shard too
+    for shards in (bounds, with_empty):
+        local, start = _shard(a, shards, rank)
+        cut_value, cut_id = distributed.filter_cuts(local, a.amax(-1), start, None, torch.ones(8, dtype=torch.bool),
+                                                    top_k, top_p, min_p)
+        ids = torch.arange(V)
+        kept = (a > cut_value[:, None]) | ((a == cut_value[:, None]) & (ids <= cut_id[:, None]))
+        for r in range(8):  # over the finite ids (filter_mask may count -inf ids into a top-k past the finite ones)
+            finite = torch.isfinite(a[r])
+            want = filter_mask(a[r], int(top_k[r]), float(top_p[r]), float(min_p[r])) & finite
+            assert torch.equal(kept[r] & finite, want), f"filter_cuts {shards} row {r}: {kept[r].nonzero()}"
+    drafts, logits = torch.tensor([[3, 30]]), a[None, :3]  # the sharded chain with an empty shard
+    local, start = _shard(logits, with_empty, rank)
+    kw = dict(temperature=torch.tensor([0.9]), top_k=4, top_p=0.8, seed=torch.tensor([5]), offset=torch.tensor([2]))
+    _same("chain_verify with an empty shard", distributed.chain_verify(drafts, local, vocab_start=start, **kw),
+          xkernels.chain_verify(drafts, logits, **kw))
 
 
 def _refiner_case(bounds, n=3, b=6, d=4, r=8, h=16):

@@ -197,34 +197,44 @@ def _gather_rows(x: torch.Tensor, group) -> torch.Tensor:
 def _select(key, ids, weight, target, vocab_start: int, group):
     """The first id of the ranking (key ascending, ties to the lower id) over the whole vocabulary at
     which the cumulative weight reaches target [R], by a radix select over the keys' four bytes (each
-    round a 256-bucket histogram of the candidates, all-reduced), then the ties at the found value
-    in id order (the shards ordered by their first ids). key, weight [R, V_local]. Returns (key [R],
-    id [R]); rows whose whole weight stays below target get the keep-all cut."""
-    rows = key.shape[0]
+    round a 256-bucket histogram of the candidates, all-reduced; after the first, the candidates are
+    compacted to the chosen bucket's), then the ties at the found value in id order (the shards
+    ordered by their first ids). key, weight [R, V_local]. Returns (key [R], id [R]); rows whose whole
+    weight stays below target get the keep-all cut."""
+    rows, v_local = key.shape
     dev = key.device
     prefix = torch.zeros(rows, dtype=torch.int64, device=dev)
     before = torch.zeros(rows, dtype=weight.dtype, device=dev)  # weight ranked before the prefix's bucket
     reached = None
+    row = torch.arange(rows, device=dev)[:, None]  # each candidate's row; then flat, compacted
     for shift in (24, 16, 8, 0):
-        live = (key >> (shift + 8)) == prefix[:, None]
-        hist = torch.zeros(rows, 256, dtype=weight.dtype, device=dev)
-        hist.scatter_add_(1, (key >> shift) & 255, torch.where(live, weight, 0))
+        digit = (key >> shift) & 255
+        hist = torch.zeros(rows * 256, dtype=weight.dtype, device=dev)
+        hist = hist.index_add_(0, (row * 256 + digit).reshape(-1), weight.reshape(-1)).view(rows, 256)
         cum = before[:, None] + _all_reduce(hist, group).cumsum(1)
         bucket = (cum < target[:, None]).sum(1)
         reached = bucket < 256 if reached is None else reached  # later rounds: rounding may miss by ulps
         bucket = bucket.clamp(max=255)[:, None]
         before = (cum.gather(1, bucket) - hist.gather(1, bucket))[:, 0]
         prefix = prefix * 256 + bucket[:, 0]
-    # The ties at the value: this shard's ids with it, after the weight of the shards before.
-    tie = key == prefix[:, None]
-    tie_weight = torch.where(tie, weight, 0)
-    mine = torch.cat([tie_weight.sum(1).double(), torch.tensor([float(vocab_start)], dtype=torch.float64,
-                                                               device=dev)])
+        live = (digit == bucket[row, 0]).reshape(-1)  # the next round's candidates, in (row, id) order
+        if shift == 24:  # flat from here on
+            flat = live.nonzero()[:, 0]
+            row, key, weight = flat // max(v_local, 1), key.reshape(-1)[flat], weight.reshape(-1)[flat]
+            ids = ids[flat % max(v_local, 1)] if v_local else ids
+        else:
+            row, key, weight, ids = row[live], key[live], weight[live], ids[live]
+    # The ties at the value (the candidates left), after the weight of the shards of lower ids.
+    tie_total = torch.zeros(rows, dtype=weight.dtype, device=dev).index_add_(0, row, weight)
+    mine = torch.cat([tie_total.double(), torch.tensor([float(vocab_start)], dtype=torch.float64, device=dev)])
     g = _gather_rows(mine, group)  # [W, R + 1]
-    earlier = g[:, -1] < vocab_start  # shards of lower ids (an empty shard's weight is 0)
+    earlier = g[:, -1] < vocab_start  # an empty shard's weight is 0
     before = before + torch.where(earlier[:, None], g[:, :-1], 0).sum(0).to(weight.dtype)
-    hit = tie & (before[:, None] + tie_weight.cumsum(1) >= target[:, None])
-    local = torch.where(hit.any(1), ids[hit.to(torch.int8).argmax(1)] if ids.numel() else _ID_MAX, _ID_MAX)
+    # Each candidate's weight up to itself within its row: a flat cumsum less the rows before.
+    within = weight.cumsum(0) - (tie_total.cumsum(0) - tie_total)[row]
+    hit = before[row] + within >= target[row]
+    local = torch.full((rows,), _ID_MAX, dtype=torch.int64, device=dev).scatter_reduce_(
+        0, row[hit], ids[hit], "amin")
     cut_id = _all_reduce_min(local, group)  # no shard reaching it (rounding): every tie
     return torch.where(reached, prefix, _KEEP_ALL_KEY), torch.where(reached, cut_id, _ID_MAX)
 
@@ -362,7 +372,7 @@ def chain_verify(draft_tokens: torch.Tensor, local_logits: torch.Tensor, *, voca
     if filtered:  # the cut of every row, then the filtered rows' sums (a second pass)
         rows = k + 1
         expand = lambda t: None if t is None else t[:, None].expand(n, rows).reshape(-1)  # noqa: E731
-        a = (local_logits.float() * inv_t[:, None, None]).reshape(n * rows, -1)
+        a = (local_logits.float() * inv_t[:, None, None]).reshape(n * rows, local_logits.shape[-1])
         cut_value, cut_id = filter_cuts(a, big_m.reshape(-1), vocab_start, group, ~point_mass.reshape(-1),
                                         expand(top_k), expand(top_p), expand(min_p))
         cut = cut_value.view(n, rows), cut_id.view(n, rows)
