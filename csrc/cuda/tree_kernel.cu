@@ -622,6 +622,7 @@ __global__ void __launch_bounds__(kVerifyThreads, 1)
 template <typename T, bool kDraft>
 __global__ void __launch_bounds__(kThreads) tree_sample_kernel(TreeVerifyParams p, VerifyWorkspace w, bool vector_ok) {
   __shared__ ArgMax start;
+  __shared__ FilterCut cut;  // thread 0's, kept out of the registers of the pass (it spilled there)
   const int64_t n = blockIdx.x / w.sample_slices, m = p.m, v = p.v;
   const int slice = static_cast<int>(blockIdx.x % w.sample_slices);
   const StopJob job = w.jobs[n];
@@ -631,7 +632,6 @@ __global__ void __launch_bounds__(kThreads) tree_sample_kernel(TreeVerifyParams 
   const uint64_t seed = st.seed, offset = st.offset_at(static_cast<uint32_t>(job.node));
   const uint32_t sequence = st.sequence_at(), node = st.position_at(static_cast<uint32_t>(job.node));
   const float scale = job.scale;
-  const FilterCut cut = node_cut(w.cuts, n * m + job.node);
   const T* row = static_cast<const T*>(p.logits) + (n * m + job.node) * v;
   const float* q = kDraft && job.residual ? p.q + (n * m + job.node) * v : nullptr;
   const int32_t* rejected = w.rejected + n * m;
@@ -640,6 +640,7 @@ __global__ void __launch_bounds__(kThreads) tree_sample_kernel(TreeVerifyParams 
     return tree_residual_weight(softmax_weight(a, job.top_log2), qx, job.coef);
   };
   if (threadIdx.x == 0) {
+    cut = node_cut(w.cuts, n * m + job.node);
     const int32_t x = job.top;
     float wt = kNegInf;
     if (q) {
@@ -655,11 +656,9 @@ __global__ void __launch_bounds__(kThreads) tree_sample_kernel(TreeVerifyParams 
   __syncthreads();
   ArgMax best = start;
   // Ids 4g .. 4g+cnt-1: scaled logits a (the cut's dropped ids as -inf) and (residual draws) q.
-  const auto observe = [&](int64_t g, const Four& raw, const Four& qs, int cnt) {
+  const auto observe = [&](int64_t g, Four a, const Four& qs, int cnt) {
     float wt[4];
-    Four a;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) a.x[j] = kept(cut, raw.x[j], static_cast<int32_t>(4 * g + j));
+    keep_chunk(cut, a.x, static_cast<int32_t>(4 * g));
     if (q) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) wt[j] = j < cnt ? residual(a.x[j], qs.x[j]) : 0.0f;
