@@ -37,7 +37,7 @@ ESTIMATE_US = {("chain_verify", 0.0, False): 88, ("chain_verify", 1.0, False): 1
                ("tree_verify", 1.0, False): 37, ("tree_verify", 1.0, True): 60,
                ("dllm_step T=0",): 38, ("dllm_step T=1",): 70, ("spiffy_materialize",): 70, ("spiffy_accept",): 75,
                ("spiffy_attention_mask",): 5, ("chain_verify_ragged",): 300, ("chain_verify_ragged block",): 330,
-               ("tree_verify mixed",): 300}
+               ("tree_verify mixed",): 600}
 
 
 def time_events(fn, warmup=25, iters=200):
