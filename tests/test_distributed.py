@@ -514,8 +514,9 @@ def test_coins_stay_on_the_logits_device():
     """The acceptance coins are computed where the counters live, with seed tensors there too
     (meta stands in for CUDA: it refuses CPU operands the same way)."""
     seed, offset = _as_tensors(3, 4, "meta")
-    coins = distributed._sharded_coins(seed, offset, 3, torch.arange(4, device="meta")[None, :], "meta")
-    assert coins.device.type == "meta" and coins.shape == (3, 4) and coins.dtype == torch.float32
+    for seed, offset in ((seed, offset), (torch.zeros(3, dtype=torch.int64, device="meta"), offset)):
+        coins = distributed.stream_coins(seed, offset, 3, 4, "meta")
+        assert coins.device.type == "meta" and coins.shape == (3, 4) and coins.dtype == torch.float32
 
 
 @pytest.mark.parametrize("world", [2, 3])

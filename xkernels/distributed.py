@@ -27,7 +27,11 @@ called with ``capturable=True``):
   reads on the host after each pass whether a sequence changed), or with ``capturable=True``
   min(max_iters, D + 1) passes and no host read.
 - ``dllm_step``: 1 all-gather.
-- ``tree_verify``: 2 all-gathers (1 at T = 0). With draft probabilities at T > 0, at most
+- ``tree_verify``: 2 all-gathers (1 at T = 0). It takes the same per-request arguments as
+  ``chain_verify`` (node i of sequence n draws slot offset[n] + i of its stream, as in
+  ``xkernels.tree_verify``); the filters cut every node row (``filter_cuts``, then 1 all-gather
+  more for the filtered sums), and every accept test, residual and draw reads the filtered
+  distribution. With draft probabilities at T > 0, at most
   max(M, 2) collectives for trees of M nodes: the all-gather, up to M - 2 all-reduces of N
   float64 sums, the all-gather of the draw. A test after a rejected sibling needs the sum over the
   whole vocabulary of the residual max(e - c q, 0) (xkernels/tree.h's closed form). The walk
@@ -57,7 +61,8 @@ torch (they materialize the local shard's logits, [N, D, V_local] float32), unli
 unsharded kernels, which never write them. The code uses only tensor ops and collectives, so it
 runs on any backend: gloo on CPUs (tested), NCCL on GPUs (not testable here: two ranks cannot
 share one GPU). ``seed`` and ``offset`` are ints or one-element int64 tensors on the logits'
-device (as for the unsharded ops); a tensor is never read on the host: the kernels read it on the
+device (as for the unsharded ops), or for ``chain_verify`` and ``tree_verify`` int64 [N] tensors
+(the per-request streams); a tensor is never read on the host: the kernels read it on the
 device and the acceptance coins are computed from it there. The first ``shard_row_stats`` call of
 each function checks them (a bad tensor raises naming ``seed`` or ``offset``).
 """
@@ -296,6 +301,30 @@ def filter_cuts(a: torch.Tensor, big_m: torch.Tensor, vocab_start: int, group, a
     return _key_value(cut_key), cut_id
 
 
+def _kept(a: torch.Tensor, ids: torch.Tensor, cut_value: torch.Tensor, cut_id: torch.Tensor) -> torch.Tensor:
+    """Whether the ids with scaled logits a are ranked at or before the cut (sampling_params.h's
+    filter_keeps: a higher value first, ties to the lower id)."""
+    return (a > cut_value) | ((a == cut_value) & (ids <= cut_id))
+
+
+def _row_cuts(local_logits, inv_t, big_m, big_s, point_mass, vocab_start: int, group, filters, rng):
+    """Every row's cut over the whole vocabulary (filter_cuts; point-mass rows keep everything) of a
+    shard [N, R, V_local], and the filtered rows' merged softmax sums (a second shard_row_stats pass
+    with the cut and 1 all-gather; the max and top stay, only the sums change). filters: (top_k,
+    top_p, min_p) [N] or None; rng: shard_row_stats' temperature, seed and offset. Returns
+    ((cut_value, cut_id) [N, R], big_s [N, R])."""
+    n, rows, v_local = local_logits.shape
+    expand = lambda t: None if t is None else t[:, None].expand(n, rows).reshape(-1)  # noqa: E731
+    a = (local_logits.float() * inv_t[:, None, None]).reshape(n * rows, v_local)
+    cut_value, cut_id = filter_cuts(a, big_m.reshape(-1), vocab_start, group, ~point_mass.reshape(-1),
+                                    *(expand(f) for f in filters))
+    cut = cut_value.view(n, rows), cut_id.view(n, rows)
+    kept_max, kept_sum, kept_top, _, _, _ = ops.shard_row_stats(local_logits, vocab_start, cut_value=cut[0],
+                                                               cut_id=cut[1], **rng)
+    g = _all_gather([kept_max, kept_sum, kept_top], group)
+    return cut, torch.where(point_mass, big_s, merge_stats(g[:, 0], g[:, 1], _ids(g[:, 2]))[1])
+
+
 def _row_params(n: int, dev, temperature, top_k, top_p, min_p):
     """Each sequence's inv_t [N] float32 (0: greedy) and its filters as [N] tensors (None: off), from
     scalars or [N] tensors, as the unsharded ops read them (values past the ranges read as off)."""
@@ -331,13 +360,6 @@ def _row_params(n: int, dev, temperature, top_k, top_p, min_p):
     return inv_t, k, p, m
 
 
-def _sharded_coins(seed, offset, n: int, rows, device) -> torch.Tensor:
-    """The acceptance uniforms of (sequence s, position rows[s, j]) on device (seed and offset:
-    ints or tensors on device, already checked by shard_row_stats)."""
-    seq = torch.arange(n, device=device)[:, None]
-    return reference.uniform_open(reference.philox_draw(seed, offset, seq, rows, reference.COIN_DRAW)[..., 0])
-
-
 def chain_verify(draft_tokens: torch.Tensor, local_logits: torch.Tensor, *, vocab_start: int, group=None,
                  draft_probs: Optional[torch.Tensor] = None, temperature=0.0, seed=0, offset=0, top_k=None,
                  top_p=None, min_p=None) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -369,19 +391,10 @@ def chain_verify(draft_tokens: torch.Tensor, local_logits: torch.Tensor, *, voca
     point_mass = greedy | ~torch.isfinite(big_m)
 
     cut = None
-    if filtered:  # the cut of every row, then the filtered rows' sums (a second pass)
-        rows = k + 1
-        expand = lambda t: None if t is None else t[:, None].expand(n, rows).reshape(-1)  # noqa: E731
-        a = (local_logits.float() * inv_t[:, None, None]).reshape(n * rows, local_logits.shape[-1])
-        cut_value, cut_id = filter_cuts(a, big_m.reshape(-1), vocab_start, group, ~point_mass.reshape(-1),
-                                        expand(top_k), expand(top_p), expand(min_p))
-        cut = cut_value.view(n, rows), cut_id.view(n, rows)
-        kept_max, kept_sum, kept_top, _, _, _ = ops.shard_row_stats(local_logits, vocab_start, cut_value=cut[0],
-                                                                   cut_id=cut[1], **rng)
-        g2 = _all_gather([kept_max, kept_sum, kept_top], group)  # the top stays: only the sums change
-        big_s = torch.where(point_mass, big_s, merge_stats(g2[:, 0], g2[:, 1], _ids(g2[:, 2]))[1])
-        valid_kept = (a_x > cut[0][:, :k]) | ((a_x == cut[0][:, :k]) & (draft_tokens <= cut[1][:, :k]))
-        a_x = torch.where(valid_kept, a_x, float("-inf"))
+    if filtered:
+        cut, big_s = _row_cuts(local_logits, inv_t, big_m, big_s, point_mass, vocab_start, group,
+                               (top_k, top_p, min_p), rng)
+        a_x = torch.where(_kept(a_x, draft_tokens, cut[0][:, :k], cut[1][:, :k]), a_x, float("-inf"))
 
     accepted = valid & (draft_tokens == top[:, :k])
     if not all_greedy:
@@ -414,7 +427,7 @@ def chain_verify(draft_tokens: torch.Tensor, local_logits: torch.Tensor, *, voca
 
 
 def _scalar_stream(x, name: str):
-    """A seed or offset of the ops that take only the scalar stream so far (tree, refine, dllm): a
+    """A seed or offset of the ops that take only the scalar stream so far (refine, dllm): a
     one-element tensor as 0-dim, so that shard_row_stats keys it by the batch row as they do (it
     would take a [1] tensor of one sequence as that request's stream, and [N] as per-request)."""
     if not isinstance(x, torch.Tensor):
@@ -590,34 +603,42 @@ def _merged_pick(score: torch.Tensor, pid: torch.Tensor, group) -> torch.Tensor:
     return merge_picks(g[:, 0], _ids(g[:, 1]), g[:, 0])[0]
 
 
-def _residual_sums(local_logits, draft_probs, node, coef, row_max, inv_t: float) -> torch.Tensor:
-    """This shard's part of sum_v max(e_v - coef q_v, 0), e = exp(a - row_max), of the rows
-    [n, node[n]] ([N] float64: e - coef q in double, as the unsharded kernels compute it)."""
+def _residual_sums(local_logits, draft_probs, node, coef, row_max, inv_t, cut, vocab_start: int) -> torch.Tensor:
+    """This shard's part of sum_v max(e_v - coef q_v, 0), e = exp(a - row_max) (0 past the row's cut
+    when cut = (cut_value, cut_id) [N] is given), of the rows [n, node[n]] ([N] float64: e - coef q
+    in double, as the unsharded kernels compute it). inv_t [N]."""
     seq = torch.arange(node.shape[0], device=node.device)
     # In place on the gathered copies (a quarter of the time of out-of-place ops on a CPU); a NaN
     # counts 0, as in the kernels.
-    e = local_logits[seq, node].float().mul_(inv_t).sub_(row_max[:, None]).exp_()
+    a = local_logits[seq, node].float().mul_(inv_t[:, None])
+    dropped = None
+    if cut is not None:
+        ids = torch.arange(vocab_start, vocab_start + a.shape[-1], device=a.device)
+        dropped = ~_kept(a, ids, cut[0][:, None], cut[1][:, None])
+    e = a.sub_(row_max[:, None]).exp_()
+    if dropped is not None:
+        e.masked_fill_(dropped, 0.0)
     d = draft_probs[seq, node].double().mul_(-coef[:, None]).add_(e)
     return d.clamp_(min=0).nansum(-1)
 
 
-def _residual_walk(local_logits, draft_probs, vocab_start, group, without_replacement, temperature, seed, offset,
-                   capturable, tok, par, child, valid, a_c, q_c, zq_row, big_m, big_s, top):
+def _residual_walk(local_logits, draft_probs, vocab_start, group, without_replacement, inv_t, rng, cut, capturable,
+                   tok, par, child, valid, a_c, q_c, zq_row, big_m, big_s, top, point_mass):
     """The walk of tree.h's sampled children (TreeResidual) over a shard: M - 1 steps, each
     testing at most one child of every sequence, each but the first after an all-reduce of the N
     residual sums that the previous step's rejections made stale (capturable=False, reading two
     flags on the host each step: only steps that need one, and the walk ends once no sequence has
-    a child left to test); then the draw where the walk stops (one all-gather). Returns
-    (accept_len, path, out_tokens)."""
+    a child left to test); then the draw where the walk stops (one all-gather). Every row is its
+    filtered p' (cut: each row's (cut_value, cut_id) [N, M], or None: no filter); point_mass [N, M]
+    the rows walked by the argmax. Returns (accept_len, path, out_tokens)."""
     n, m = par.shape
     dev = par.device
-    inv_t = reference.inverse_temperature(temperature)
     first, next_sibling, repeated = _siblings(par, tok, child)
-    coins = _sharded_coins(seed, offset, n, torch.arange(m, device=dev)[None, :], dev)
+    coins = stream_coins(rng["seed"], rng["offset"], n, m, dev)
     e_c = torch.exp(a_c - big_m.gather(1, par))  # each child's e under its parent's row
-    point_mass = ~torch.isfinite(big_m)
     argmax_child = valid & (tok == top.gather(1, par))  # the rule of a point-mass parent
     at = lambda t, i: t.gather(1, i[:, None])[:, 0]  # noqa: E731  t[n, i[n]]
+    cut_at = lambda i: None if cut is None else (at(cut[0], i), at(cut[1], i))  # noqa: E731
 
     node = torch.zeros(n, dtype=torch.int64, device=dev)
     nxt = first[:, 0]
@@ -639,8 +660,9 @@ def _residual_walk(local_logits, draft_probs, vocab_start, group, without_replac
             if finished:
                 break
         if need_sum:
-            fresh = _all_reduce(_residual_sums(local_logits, draft_probs, node, coef, at(big_m, node), inv_t),
-                                group).float()
+            part = _residual_sums(local_logits, draft_probs, node, coef, at(big_m, node), inv_t, cut_at(node),
+                                  vocab_start)
+            fresh = _all_reduce(part, group).float()
             rsum = torch.where(use, fresh, rsum)
             empty |= use & ~(fresh > 0)
             stale &= ~use
@@ -670,18 +692,18 @@ def _residual_walk(local_logits, draft_probs, vocab_start, group, without_replac
         stale &= ~accept
         rejected &= ~accept
 
-    # Where it stops: no rejection -> the tempered row's Gumbel-max; rejections -> the residual's,
-    # max(e - c q, 0) = c max(e / c - q, 0): residual_stats (max, c) (c = 0 only when q had no
-    # mass, where the residual is e itself: then 1); an empty residual or a point mass -> argmax.
-    # The kernel's float32 weights cost a little precision (the module's docstring); a torch draw
-    # in double would need the Philox noise of every id in torch, several hundred passes.
+    # Where it stops: no rejection -> the tempered (filtered) row's Gumbel-max; rejections -> the
+    # residual's, max(e - c q, 0) = c max(e / c - q, 0): residual_stats (max, c) (c = 0 only when q
+    # had no mass, where the residual is e itself: then 1); an empty residual or a point mass ->
+    # argmax. The kernel's float32 weights cost a little precision (the module's docstring); a
+    # torch draw in double would need the Philox noise of every id in torch, several hundred passes.
     rows = node[:, None]
-    rng = dict(sample=True, temperature=temperature, seed=seed, offset=offset)
-    _, _, _, score, pid, _ = ops.shard_row_stats(local_logits, vocab_start, rows=rows, **rng)
+    at_row = {} if cut is None else dict(cut_value=cut[0].gather(1, rows), cut_id=cut[1].gather(1, rows))
+    _, _, _, score, pid, _ = ops.shard_row_stats(local_logits, vocab_start, rows=rows, sample=True, **at_row, **rng)
     c32 = torch.where(coef > 0, coef.clamp(max=torch.finfo(torch.float32).max), 1.0).float()
     stats = torch.stack([at(big_m, node), c32], -1)[:, None, :]
     _, _, _, r_score, r_pid, _ = ops.shard_row_stats(local_logits, vocab_start, rows=rows, draft_probs=draft_probs,
-                                                     residual_stats=stats, **rng)
+                                                     residual_stats=stats, sample=True, **at_row, **rng)
     pick = _merged_pick(torch.where(rejected[:, None], r_score, score), torch.where(rejected[:, None], r_pid, pid),
                         group)[:, 0]
     emit = torch.where(at(point_mass, node) | empty | (pick < 0), at(top, node), pick)
@@ -691,17 +713,22 @@ def _residual_walk(local_logits, draft_probs, vocab_start, group, without_replac
 
 def tree_verify(tokens: torch.Tensor, parents: torch.Tensor, local_logits: torch.Tensor, *, vocab_start: int,
                 group=None, draft_probs: Optional[torch.Tensor] = None, without_replacement: bool = False,
-                temperature: float = 0.0, seed=0, offset=0, num_nodes: Optional[torch.Tensor] = None,
-                capturable: bool = False):
+                temperature=0.0, seed=0, offset=0, num_nodes: Optional[torch.Tensor] = None, top_k=None,
+                top_p=None, min_p=None, capturable: bool = False):
     """xkernels.tree_verify over a vocabulary shard [N, M, V_local] (draft_probs: the local
-    shard [N, M, V_local] of q). Returns (accept_len, path, out_tokens), the same on every rank.
+    shard [N, M, V_local] of q). temperature, top_k, top_p, min_p, seed and offset as for
+    xkernels.tree_verify (scalars or [N] tensors: a temperature per sequence, rows at 0 greedy;
+    [N] seeds or offsets are the per-request streams, node i of sequence n at slot offset[n] + i),
+    the filters over the whole vocabulary (filter_cuts on every node row, then a second
+    shard_row_stats pass for the filtered sums: 1 all-gather more). Returns (accept_len, path,
+    out_tokens), the same on every rank.
 
     The walk needs each node's global statistics and its children's logits (1 all-gather, with
     draft_probs also the children's q values and the local sums of q's rows), then the sample
-    where it stops (a second, at T > 0); it runs as M - 1 vectorized steps on every rank. With
-    draft_probs at T > 0, a test after a rejection needs the new residual's sum over the whole
-    vocabulary: a step that needs one all-reduces the N local partial sums, and the walk stops
-    once no sequence has a child left to test (flags read on the host each step);
+    where it stops (a second, unless every row is greedy); it runs as M - 1 vectorized steps on
+    every rank. With draft_probs at T > 0, a test after a rejection needs the new residual's sum
+    over the whole vocabulary: a step that needs one all-reduces the N local partial sums, and the
+    walk stops once no sequence has a child left to test (flags read on the host each step);
     capturable=True reads nothing on the host and runs all M - 1 steps (M - 2 all-reduces,
     whatever the data), the same outputs at the cost of the passes the flags skip."""
     if draft_probs is not None and (draft_probs.shape != local_logits.shape or draft_probs.dtype != torch.float32):
@@ -710,10 +737,11 @@ def tree_verify(tokens: torch.Tensor, parents: torch.Tensor, local_logits: torch
     n, m = parents.shape
     v_local = local_logits.shape[-1]
     dev = local_logits.device
-    seed, offset = _scalar_stream(seed, "seed"), _scalar_stream(offset, "offset")
-    inv_t = reference.inverse_temperature(temperature)
-    greedy = inv_t == 0
-    residual = draft_probs is not None and not greedy  # at T = 0 q plays no part
+    inv_t, top_k, top_p, min_p = _row_params(n, dev, temperature, top_k, top_p, min_p)
+    all_greedy = not isinstance(temperature, torch.Tensor) and reference.inverse_temperature(temperature) == 0
+    filtered = not all_greedy and any(x is not None for x in (top_k, top_p, min_p))
+    greedy = (inv_t == 0)[:, None]
+    residual = draft_probs is not None and not all_greedy  # at T = 0 q plays no part
     node_ids = torch.arange(m, device=dev)
     count = torch.full((n,), m, device=dev) if num_nodes is None else num_nodes.to(dev)
     child = (node_ids >= 1) & (node_ids < count[:, None])  # the real nodes but the root
@@ -731,30 +759,35 @@ def tree_verify(tokens: torch.Tensor, parents: torch.Tensor, local_logits: torch
         return torch.where(own, x[seq, par, local.clamp(0, v_local - 1)].float(), 0.0)
 
     a_c = at_child(local_logits)
-    a_c = a_c if greedy else a_c * inv_t
+    a_c = torch.where(greedy, a_c, a_c * inv_t[:, None])
     traffic.read(local_logits)
-    row_max, row_sum, top, _, _, _ = ops.shard_row_stats(local_logits, vocab_start, temperature=temperature,
-                                                         seed=seed, offset=offset)  # checks them
+    rng = dict(temperature=temperature, seed=seed, offset=offset)
+    row_max, row_sum, top, _, _, _ = ops.shard_row_stats(local_logits, vocab_start, **rng)  # checks seed, offset
     extra = [at_child(draft_probs), draft_probs.float().sum(-1)] if residual else []
     g = _all_gather([row_max, row_sum, top, a_c, own] + extra, group)
     big_m, big_s, top = merge_stats(g[:, 0], g[:, 1], _ids(g[:, 2]))
     held = g[:, 4] > 0
     a_c = torch.where(held, g[:, 3], 0.0).sum(0)
     valid = held.any(0)
+    point_mass = greedy | ~torch.isfinite(big_m)
+    cut = None
+    if filtered:  # a child outside its parent's cut has p'(x) = 0
+        cut, big_s = _row_cuts(local_logits, inv_t, big_m, big_s, point_mass, vocab_start, group,
+                               (top_k, top_p, min_p), rng)
+        a_c = torch.where(_kept(a_c, tok, cut[0].gather(1, par), cut[1].gather(1, par)), a_c, float("-inf"))
     if residual:
         q_c = torch.where(held, g[:, 5], 0.0).sum(0)
         zq_row = g[:, 6].double().sum(0).float()  # q's row sums: the shards' sums, rounded once
-        return _residual_walk(local_logits, draft_probs, vocab_start, group, without_replacement, temperature, seed,
-                              offset, capturable, tok, par, child, valid, a_c, q_c, zq_row, big_m, big_s, top)
-    point_mass = torch.full_like(big_m, greedy, dtype=torch.bool) | ~torch.isfinite(big_m)
+        return _residual_walk(local_logits, draft_probs, vocab_start, group, without_replacement, inv_t, rng, cut,
+                              capturable, tok, par, child, valid, a_c, q_c, zq_row, big_m, big_s, top, point_mass)
 
     # Acceptance of every child as if its earlier siblings were rejected (the walk only reads the
     # first accepted child of a node). Point mass: the token is the argmax. Otherwise u * remaining
-    # < p(x), remaining = 1 - the mass of the distinct tokens rejected before, in sibling order.
+    # < p'(x), remaining = 1 - the mass of the distinct tokens rejected before, in sibling order.
     accept = valid & (tok == top.gather(1, par))
-    if not greedy:
+    if not all_greedy:
         p_c = torch.exp(a_c - big_m.gather(1, par)) / big_s.gather(1, par)
-        coins = _sharded_coins(seed, offset, n, node_ids[None, :], dev)
+        coins = stream_coins(seed, offset, n, m, dev)
         dup = _siblings(par, tok, child)[2]
         remaining = torch.ones(n, m, device=dev)
         sampled = torch.zeros(n, m, dtype=torch.bool, device=dev)
@@ -785,10 +818,11 @@ def tree_verify(tokens: torch.Tensor, parents: torch.Tensor, local_logits: torch
         node = torch.where(go, nxt, node)
         done |= ~go
     emit = top.gather(1, node)
-    if not greedy:  # sample at the last node from p without its (rejected) children's tokens
+    if not all_greedy:  # sample at the last node from p' without its (rejected) children's tokens
         exclude = torch.where(child & (par == node), tok, -1)[:, None, :]
+        at_row = {} if cut is None else dict(cut_value=cut[0].gather(1, node), cut_id=cut[1].gather(1, node))
         _, _, _, score, pid, _ = ops.shard_row_stats(local_logits, vocab_start, rows=node, exclude=exclude,
-                                                     sample=True, temperature=temperature, seed=seed, offset=offset)
+                                                     sample=True, **at_row, **rng)
         pick = _merged_pick(score, pid, group)
         emit = torch.where(point_mass.gather(1, node) | (pick < 0), emit, pick)
     out.scatter_(1, acc, emit)

@@ -1,0 +1,181 @@
+"""xkernels.distributed's per-request sampling on gloo, world sizes 2 and 3 (uneven shards and an
+empty one): per-sequence temperatures (greedy rows among them), per-request streams and top-k /
+top-p / min-p over the whole vocabulary, against the unsharded ops. Kept apart from
+test_distributed.py (minutes) so that these run in seconds."""
+
+import contextlib
+import itertools
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import xkernels
+from xkernels import distributed
+from tests.test_distributed import BOUNDS, V, _as_tensors, _case_logits, _free_port, _same, _shard, _unread
+
+N, M = 6, 8
+TEMPS = torch.tensor([1.0, 0.0, 0.7, 1.3, 1.0, 0.9])
+TOP_K, TOP_P = torch.tensor([3, 0, 1, 2, 40, 1]), torch.tensor([0.9, 0.5, 1.0, 0.6, 0.3, 0.95])
+MIN_P = torch.tensor([0.1, 0.0, 0.3, 0.05, 0.0, 0.2])
+# Every parameter kind alone with per-sequence temperatures, all of them as scalars, all as mixed
+# tensors, none; and filters under an all-greedy call (they play no part there).
+CASES = [dict(temperature=TEMPS, top_k=TOP_K), dict(temperature=TEMPS, top_p=TOP_P),
+         dict(temperature=TEMPS, min_p=MIN_P), dict(temperature=0.8, top_k=6, top_p=0.8, min_p=0.02),
+         dict(temperature=TEMPS, top_k=TOP_K.flip(0), top_p=TOP_P, min_p=MIN_P.flip(0)), dict(temperature=TEMPS),
+         dict(temperature=0.0, top_k=2, top_p=0.5)]
+STREAMS = [(torch.tensor([3, 3, -5, 2**40, 7, 1]), torch.tensor([0, 11, 4, 2**62, 9, 1])), (4, 2)]
+
+
+def _tree_case(bounds):
+    """Trees [N, M] over rounded logits (ties at the cuts; _case_logits' NaN row, all -inf row and
+    maxima tied across every shard boundary): most children their parent's best or second-best
+    token (deep paths), some random (often outside the cut), duplicate siblings, the edges of
+    shard 1, and one sequence of 5 nodes."""
+    logits = _case_logits(N, M, 41, bounds).round(decimals=1)
+    g = torch.Generator().manual_seed(42)
+    parents = torch.stack([torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, M)])
+                           for _ in range(N)])
+    parents[3] = torch.tensor([-1, 0, 0, 0, 1, 1, 4, 4])
+    tokens = torch.randint(0, V, (N, M), generator=g)
+    for s in range(N):
+        for i in range(1, M):
+            if torch.rand(1, generator=g) < 0.6:
+                tokens[s, i] = logits[s, parents[s, i]].nan_to_num(-1e9).topk(2).indices[i % 2]
+    tokens[:, 0] = -1
+    tokens[3, 2] = tokens[3, 1]
+    tokens[4, 1:3] = torch.tensor([bounds[1][0] - 1, bounds[1][0]])
+    q = torch.softmax(torch.randn(N, M, V, generator=g), -1)
+    return tokens, parents, logits, q, torch.tensor([M, 5, M, M, M, M])
+
+
+def _call_tree(tokens, parents, local, start, local_q, capturable, kw, rng, num_nodes):
+    return distributed.tree_verify(tokens, parents, local, vocab_start=start, draft_probs=local_q,
+                                   capturable=capturable, num_nodes=num_nodes, **kw, **rng)
+
+
+def _check_tree_sampling(rank, bounds):
+    """The unsharded tree_verify's outputs for every case, stream form, kind of children and
+    capturable, at the shards given and with an empty shard; no tensor read on the host (the
+    residual walk's early stop reads its flags, but no seed tensor). The filters change some
+    unsharded result, so a sharded walk that ignored them would fail here."""
+    tokens, parents, logits, q, num_nodes = _tree_case(bounds)
+    empty = [(0, 0), (0, V)] if len(bounds) == 2 else [(0, 14), (14, 14), (14, V)]
+    filters_matter = False
+    for shards in (bounds, empty):
+        local, start = _shard(logits, shards, rank)
+        local_q = _shard(q, shards, rank)[0]
+        for i, case in enumerate(CASES):
+            for (probs, shard_q, without), (seed, offset) in itertools.product(
+                    ((None, None, False), (q, local_q, False), (q, local_q, True)), STREAMS):
+                kw = dict(without_replacement=without, **case)
+                want = xkernels.tree_verify(tokens, parents, logits, draft_probs=probs, seed=seed, offset=offset,
+                                            num_nodes=num_nodes, **kw)
+                plain = {k: v for k, v in kw.items() if k not in ("top_k", "top_p", "min_p")}
+                filters_matter |= not all(torch.equal(a, b) for a, b in zip(want, xkernels.tree_verify(
+                    tokens, parents, logits, draft_probs=probs, seed=seed, offset=offset, num_nodes=num_nodes,
+                    **plain)))
+                for capturable in (False, True) if probs is not None else (True,):
+                    reads = contextlib.nullcontext() if not torch.is_tensor(seed) else _unread(seed, offset)
+                    with reads if probs is not None and not capturable else _unread():
+                        got = _call_tree(tokens, parents, local, start, shard_q, capturable, kw,
+                                         dict(seed=seed, offset=offset), num_nodes)
+                    _same(f"tree_verify {shards} case {i} q={probs is not None} {without} "
+                          f"per-request={torch.is_tensor(seed)} capturable={capturable}", got, want)
+    assert filters_matter
+
+
+def _check_tree_alone(rank, bounds):
+    """With per-request streams each sequence verified alone gets its row of the batch, and a
+    permuted batch gives the permuted rows (sharded, filtered, with and without q)."""
+    tokens, parents, logits, q, num_nodes = _tree_case(bounds)
+    local, start = _shard(logits, bounds, rank)
+    local_q = _shard(q, bounds, rank)[0]
+    seed, offset = STREAMS[0]
+    case = CASES[4]
+    for shard_q in (None, local_q):
+        batch = _call_tree(tokens, parents, local, start, shard_q, True, case, dict(seed=seed, offset=offset),
+                           num_nodes)
+        for s in range(N):
+            one = slice(s, s + 1)
+            kw = {k: v[one] if torch.is_tensor(v) else v for k, v in case.items()}
+            alone = _call_tree(tokens[one], parents[one], local[one], start, None if shard_q is None else shard_q[one],
+                               True, kw, dict(seed=seed[one], offset=offset[one]), num_nodes[one])
+            _same(f"tree_verify sequence {s} alone q={shard_q is not None}", alone, [t[one] for t in batch])
+        perm = torch.tensor([4, 0, 5, 2, 1, 3])
+        kw = {k: v[perm] if torch.is_tensor(v) else v for k, v in case.items()}
+        got = _call_tree(tokens[perm], parents[perm], local[perm], start, None if shard_q is None else shard_q[perm],
+                         True, kw, dict(seed=seed[perm], offset=offset[perm]), num_nodes[perm])
+        _same(f"tree_verify permuted q={shard_q is not None}", got, [t[perm] for t in batch])
+
+
+def _check_tree_filter_traffic(rank, bounds):
+    """capturable=True with filters: the collectives do not depend on the data (two trees and
+    logits of one shape), one more all-gather and filter_cuts' (top-k 6, top-p 7, min-p none) than
+    without filters, and the bytes stay O(N M) far below the logits' (V = 4096)."""
+    world = len(bounds)
+    n, m, v = 4, 6, 4096
+    start, end = rank * v // world, (rank + 1) * v // world
+    seen = []
+    for data in range(2):
+        g = torch.Generator().manual_seed(50 + data)
+        logits = torch.randn(n, m, v, generator=g)[..., start:end].contiguous()
+        q = torch.softmax(torch.randn(n, m, v, generator=g), -1)[..., start:end].contiguous()
+        parents = torch.stack([torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, m)])
+                               for _ in range(n)])
+        tokens = torch.randint(0, v, (n, m), generator=g)
+        counts = []
+        for filters in ({}, dict(top_k=torch.tensor([5, 0, 50, 1]), top_p=0.9, min_p=torch.tensor([0.0, 0.1, 0, 0]))):
+            distributed.traffic.reset()
+            distributed.tree_verify(tokens, parents, logits, vocab_start=start, draft_probs=q,
+                                    temperature=torch.tensor([1.0, 0.5, 0.0, 2.0]), seed=torch.arange(n),
+                                    offset=torch.full((n,), 7), capturable=True, **filters)
+            t = distributed.traffic
+            counts.append(t.collectives)
+            seen.append((t.collectives, t.bytes))
+            assert 100 * t.bytes < t.logits_bytes, (t.bytes, t.logits_bytes)
+        assert counts == [m, m + 6 + 7 + 1], counts
+    assert seen[:2] == seen[2:], seen
+
+
+def _check_bad_parameters(rank, bounds):
+    """Per-row parameters of the wrong length or device, and scalars out of range, raise naming
+    the argument before any collective (every rank alike)."""
+    tokens, parents, logits, _, _ = _tree_case(bounds)
+    local, start = _shard(logits, bounds, rank)
+    call = lambda **kw: distributed.tree_verify(tokens, parents, local, vocab_start=start, **kw)  # noqa: E731
+    bad = [(dict(temperature=torch.ones(N + 1)), "temperature must be a scalar or have shape"),
+           (dict(temperature=1.0, top_k=torch.ones(N - 1, dtype=torch.int64)), "top_k must be a scalar or have shape"),
+           (dict(temperature=1.0, top_p=torch.ones(N, device="meta")), "top_p must be on"),
+           (dict(temperature=1.0, top_k=-1), "top_k must be >= 0"),
+           (dict(temperature=1.0, top_p=0.0), r"top_p must be in \(0, 1\]"),
+           (dict(temperature=1.0, min_p=1.5), r"min_p must be in \[0, 1\]")]
+    for kw, message in bad:
+        with pytest.raises(ValueError, match=message):
+            call(**kw)
+    with pytest.raises(RuntimeError, match="offset"):  # the per-request form of another length
+        call(temperature=TEMPS, seed=torch.arange(N), offset=torch.arange(N + 1))
+    seed, offset = _as_tensors(3, 4)  # the scalar stream as tensors still works, unread
+    with _unread():
+        got = call(temperature=TEMPS, top_k=TOP_K, seed=seed, offset=offset)
+    _same("tree_verify scalar tensor stream", got, xkernels.tree_verify(tokens, parents, logits, temperature=TEMPS,
+                                                                        top_k=TOP_K, seed=seed, offset=offset))
+
+
+def _worker(rank, world, port):
+    import os
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        for check in (_check_tree_sampling, _check_tree_alone, _check_tree_filter_traffic, _check_bad_parameters):
+            check(rank, BOUNDS[world])
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_sharded_tree_sampling_matches_the_unsharded_op(world):
+    mp.spawn(_worker, args=(world, _free_port()), nprocs=world, join=True)
