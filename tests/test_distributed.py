@@ -548,6 +548,7 @@ def _check_cuda_graph(rank, world, port):
         weights = RefinerWeights(*(w.cuda() for w in weights))
         seed, offset = _as_tensors(2**64 - 3, 4, "cuda")
         rng = dict(temperature=1.0, seed=seed, offset=offset)
+        filters = dict(top_k=torch.tensor([3, 0, 1, 5, 2]).cuda(), top_p=0.9, min_p=torch.full((n,), 0.05).cuda())
         steps = {
             "chain_verify": (lambda: distributed.chain_verify(drafts, logits[:, : k + 1], vocab_start=0, **rng),
                              lambda: xkernels.chain_verify(drafts, logits[:, : k + 1], **rng), None),
@@ -558,6 +559,14 @@ def _check_cuda_graph(rank, world, port):
                                                 without_replacement=True, capturable=True, **rng),
                 lambda: xkernels.tree_verify(tokens, parents, logits, draft_probs=q, without_replacement=True, **rng),
                 None),
+            # Filtered: the cut's rounds keep the whole shard on a GPU (no boolean indexing).
+            "chain_verify filtered": (
+                lambda: distributed.chain_verify(drafts, logits[:, : k + 1], vocab_start=0, **filters, **rng),
+                lambda: xkernels.chain_verify(drafts, logits[:, : k + 1], **filters, **rng), None),
+            "tree_verify filtered with q": (
+                lambda: distributed.tree_verify(tokens, parents, logits, vocab_start=0, draft_probs=q, capturable=True,
+                                                **filters, **rng),
+                lambda: xkernels.tree_verify(tokens, parents, logits, draft_probs=q, **filters, **rng), None),
             "dllm_step": (lambda: distributed.dllm_step(logits, block, 3, vocab_start=0, **rng),
                           lambda: xkernels.dllm_step(logits, block, 3, **rng), 3),
             "refine_step": (lambda: distributed.refine_step(ctx, prev, base, weights, vocab_start=0, **rng),

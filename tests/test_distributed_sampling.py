@@ -113,7 +113,9 @@ def _check_tree_alone(rank, bounds):
 def _check_tree_filter_traffic(rank, bounds):
     """capturable=True with filters: the collectives do not depend on the data (two trees and
     logits of one shape), one more all-gather and filter_cuts' (top-k 6, top-p 7, min-p none) than
-    without filters, and the bytes stay O(N M) far below the logits' (V = 4096)."""
+    without filters, and the bytes stay O(N M) (without filters far below the logits', V = 4096;
+    the cut's histograms are 16 KB a row, a fraction of a served row's 38 KB shard at V = 151936
+    over 8 ranks in bf16, but more than this test's 8 KB rows)."""
     world = len(bounds)
     n, m, v = 4, 6, 4096
     start, end = rank * v // world, (rank + 1) * v // world
@@ -134,9 +136,35 @@ def _check_tree_filter_traffic(rank, bounds):
             t = distributed.traffic
             counts.append(t.collectives)
             seen.append((t.collectives, t.bytes))
-            assert 100 * t.bytes < t.logits_bytes, (t.bytes, t.logits_bytes)
+            # Per row: the walk's few numbers; the cut's 256-bucket histograms (8,208 B top-k, 8,216 top-p).
+            per_row = 64 + (8208 + 8216 if filters else 0)
+            assert t.bytes <= per_row * n * m and (filters or 100 * t.bytes < t.logits_bytes), (t.bytes, t.logits_bytes)
         assert counts == [m, m + 6 + 7 + 1], counts
     assert seen[:2] == seen[2:], seen
+
+
+def _check_cuts_uncompacted(rank, bounds):
+    """filter_cuts without the compaction (the way on a GPU, where boolean indexing syncs with the
+    host) gives the compacted cuts: ties across shard boundaries, -inf ids, a top-k past the finite
+    ids, top-p alone and within top-k, min-p, an empty shard; on float32, bf16-valued and flat rows."""
+    g = torch.Generator().manual_seed(60)
+    a = (torch.randn(9, V, generator=g) * 2).round(decimals=1)
+    a[1, 5:20] = float("-inf")
+    a[2, bounds[0][1] - 1] = a[2, bounds[0][1]] = a[2].max() + 1
+    a[7] = a[7].bfloat16().float()
+    a[8] = 0.5  # one value: every cut falls among ties
+    top_k = torch.tensor([3, 30, 1, 0, 10, 0, 2, 4, 5])
+    top_p = torch.tensor([1.0, 1.0, 1.0, 0.7, 0.5, 1.0, 0.9, 0.8, 0.3])
+    min_p = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.1, 0.2, 0.0, 0.05, 0.0])
+    with_empty = [(0, 0), (0, V)] if len(bounds) == 2 else [(0, 14), (14, 14), (14, V)]
+    for shards in (bounds, with_empty):
+        local, start = _shard(a, shards, rank)
+        args = (local, a.amax(-1), start, None, torch.ones(9, dtype=torch.bool), top_k, top_p, min_p)
+        want = distributed.filter_cuts(*args, compact=True)
+        with _unread():
+            got = distributed.filter_cuts(*args, compact=False)
+        _same(f"filter_cuts uncompacted {shards}", got, want)
+        assert torch.equal(got[0], distributed.filter_cuts(*args)[0])  # the default on CPU tensors
 
 
 def _check_bad_parameters(rank, bounds):
@@ -170,7 +198,8 @@ def _worker(rank, world, port):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        for check in (_check_tree_sampling, _check_tree_alone, _check_tree_filter_traffic, _check_bad_parameters):
+        for check in (_check_tree_sampling, _check_tree_alone, _check_tree_filter_traffic, _check_cuts_uncompacted,
+                      _check_bad_parameters):
             check(rank, BOUNDS[world])
     finally:
         dist.destroy_process_group()

@@ -199,13 +199,14 @@ def _gather_rows(x: torch.Tensor, group) -> torch.Tensor:
     return torch.stack(out)
 
 
-def _select(key, ids, weight, target, vocab_start: int, group):
+def _select(key, ids, weight, target, vocab_start: int, group, compact: bool):
     """The first id of the ranking (key ascending, ties to the lower id) over the whole vocabulary at
     which the cumulative weight reaches target [R], by a radix select over the keys' four bytes (each
-    round a 256-bucket histogram of the candidates, all-reduced; after the first, the candidates are
-    compacted to the chosen bucket's), then the ties at the found value in id order (the shards
-    ordered by their first ids). key, weight [R, V_local]. Returns (key [R], id [R]); rows whose whole
-    weight stays below target get the keep-all cut."""
+    round a 256-bucket histogram of the candidates, all-reduced; after the first, with compact, the
+    candidates are compacted to the chosen bucket's, else the others' weights are zeroed), then the
+    ties at the found value in id order (the shards ordered by their first ids). key, weight [R,
+    V_local]. Returns (key [R], id [R]); rows whose whole weight stays below target get the keep-all
+    cut. Both ways add the same nonzero weights in the same order, so they give the same cut."""
     rows, v_local = key.shape
     dev = key.device
     prefix = torch.zeros(rows, dtype=torch.int64, device=dev)
@@ -222,24 +223,29 @@ def _select(key, ids, weight, target, vocab_start: int, group):
         bucket = bucket.clamp(max=255)[:, None]
         before = (cum.gather(1, bucket) - hist.gather(1, bucket))[:, 0]
         prefix = prefix * 256 + bucket[:, 0]
-        live = (digit == bucket[row, 0]).reshape(-1)  # the next round's candidates, in (row, id) order
-        if shift == 24:  # flat from here on
-            flat = live.nonzero()[:, 0]
+        live = digit == bucket[row, 0]  # the next round's candidates, in (row, id) order
+        if not compact:
+            weight = torch.where(live, weight, 0)
+        elif shift == 24:  # flat from here on
+            flat = live.reshape(-1).nonzero()[:, 0]
             row, key, weight = flat // max(v_local, 1), key.reshape(-1)[flat], weight.reshape(-1)[flat]
             ids = ids[flat % max(v_local, 1)] if v_local else ids
         else:
             row, key, weight, ids = row[live], key[live], weight[live], ids[live]
+    if not compact:  # flat, in the compacted candidates' order
+        row, ids = row.expand(rows, v_local).reshape(-1), ids.expand(rows, v_local).reshape(-1)
+        key, weight = key.reshape(-1), weight.reshape(-1)
     # The ties at the value (the candidates left), after the weight of the shards of lower ids.
     tie_total = torch.zeros(rows, dtype=weight.dtype, device=dev).index_add_(0, row, weight)
-    mine = torch.cat([tie_total.double(), torch.tensor([float(vocab_start)], dtype=torch.float64, device=dev)])
+    mine = torch.cat([tie_total.double(), torch.full((1,), float(vocab_start), dtype=torch.float64, device=dev)])
     g = _gather_rows(mine, group)  # [W, R + 1]
     earlier = g[:, -1] < vocab_start  # an empty shard's weight is 0
     before = before + torch.where(earlier[:, None], g[:, :-1], 0).sum(0).to(weight.dtype)
     # Each candidate's weight up to itself within its row: a flat cumsum less the rows before.
     within = weight.cumsum(0) - (tie_total.cumsum(0) - tie_total)[row]
-    hit = before[row] + within >= target[row]
+    hit = (key == prefix[row]) & (before[row] + within >= target[row])  # a zeroed non-candidate is no tie
     local = torch.full((rows,), _ID_MAX, dtype=torch.int64, device=dev).scatter_reduce_(
-        0, row[hit], ids[hit], "amin")
+        0, row, torch.where(hit, ids, _ID_MAX), "amin")
     cut_id = _all_reduce_min(local, group)  # no shard reaching it (rounding): every tie
     return torch.where(reached, prefix, _KEEP_ALL_KEY), torch.where(reached, cut_id, _ID_MAX)
 
@@ -257,7 +263,7 @@ def _min_p_key(big_m: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     monotonically, so the test is monotone in t."""
     gap = torch.log(min_p.float())
     t = big_m + gap
-    down, up = torch.tensor(float("-inf"), device=t.device), torch.tensor(float("inf"), device=t.device)
+    down, up = torch.full((), float("-inf"), device=t.device), torch.full((), float("inf"), device=t.device)
     for _ in range(4):  # t0 is within a few ulps of the flip
         lower = torch.nextafter(t, down)
         t = torch.where(lower - big_m >= gap, lower, t)
@@ -266,23 +272,26 @@ def _min_p_key(big_m: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 
 
 def filter_cuts(a: torch.Tensor, big_m: torch.Tensor, vocab_start: int, group, active: torch.Tensor,
-                top_k=None, top_p=None, min_p=None):
+                top_k=None, top_p=None, min_p=None, compact: Optional[bool] = None):
     """The cut of the filtered target distribution (xkernels.reference.sampling.filter_mask: top-k,
     then top-p renormalised over the top-k set, then min-p) of rows of a vocabulary sharded over
     group, without gathering the rows: a [R, V_local] this shard's scaled logits (float32), big_m
     [R] the global maxima, active [R] the rows to filter (sampled rows with a softmax), top_k /
     top_p / min_p [R] tensors or None (off). Returns (cut_value float32 [R], cut_id int64 [R]) for
     shard_row_stats: each row keeps the ids ranked at or before its cut (the keep-all cut where
-    inactive). Collectives: top-k 6, top-p 7, min-p none (it needs only the max)."""
+    inactive). Collectives: top-k 6, top-p 7, min-p none (it needs only the max). compact: shrink
+    the radix rounds' candidates by boolean indexing (default: on CPU tensors only; on a GPU it would
+    sync with the host for the count, so there the rounds keep the whole shard, zero-weighted)."""
     rows, v_local = a.shape
     dev = a.device
     key = _rank_key(a)
     ids = torch.arange(vocab_start, vocab_start + v_local, device=dev)
     cut_key = torch.full((rows,), _KEEP_ALL_KEY, dtype=torch.int64, device=dev)
     cut_id = torch.full((rows,), _ID_MAX, dtype=torch.int64, device=dev)
+    compact = dev.type == "cpu" if compact is None else compact
     if top_k is not None:
         k = top_k.long()
-        k_key, k_id = _select(key, ids, (key < _KEEP_ALL_KEY).long(), k, vocab_start, group)
+        k_key, k_id = _select(key, ids, (key < _KEEP_ALL_KEY).long(), k, vocab_start, group, compact)
         on = active & (k > 0)  # a k past the finite ids keeps them all (_select's unreached rows)
         cut_key, cut_id = torch.where(on, k_key, cut_key), torch.where(on, k_id, cut_id)
     if top_p is not None:
@@ -290,7 +299,7 @@ def filter_cuts(a: torch.Tensor, big_m: torch.Tensor, vocab_start: int, group, a
         mass = torch.where(kept, torch.exp(a - big_m[:, None]), 0.0).double()  # float32 exp, summed in double
         mass = torch.where(active[:, None], mass, 0.0)
         target = top_p.double() * _all_reduce(mass.sum(1), group)
-        p_key, p_id = _select(key, ids, mass, target, vocab_start, group)
+        p_key, p_id = _select(key, ids, mass, target, vocab_start, group, compact)
         on = active & (top_p < 1)
         cut_key, cut_id = _earlier(cut_key, cut_id, torch.where(on, p_key, _KEEP_ALL_KEY),
                                    torch.where(on, p_id, _ID_MAX))
