@@ -316,22 +316,28 @@ def _kept(a: torch.Tensor, ids: torch.Tensor, cut_value: torch.Tensor, cut_id: t
     return (a > cut_value) | ((a == cut_value) & (ids <= cut_id))
 
 
-def _row_cuts(local_logits, inv_t, big_m, big_s, point_mass, vocab_start: int, group, filters, rng):
+def _row_cuts(local_logits, inv_t, big_m, point_mass, vocab_start: int, group, filters, ignore_id: int = -1):
     """Every row's cut over the whole vocabulary (filter_cuts; point-mass rows keep everything) of a
-    shard [N, R, V_local], and the filtered rows' merged softmax sums (a second shard_row_stats pass
-    with the cut and 1 all-gather; the max and top stay, only the sums change). filters: (top_k,
-    top_p, min_p) [N] or None; rng: shard_row_stats' temperature, seed and offset. Returns
-    ((cut_value, cut_id) [N, R], big_s [N, R])."""
+    shard [N, R, V_local], of a = logits * inv_t with ignore_id's logit at -inf; big_m [N, R] the
+    global max of a. filters: (top_k, top_p, min_p) [N] or None. Returns (cut_value, cut_id) [N, R]."""
     n, rows, v_local = local_logits.shape
     expand = lambda t: None if t is None else t[:, None].expand(n, rows).reshape(-1)  # noqa: E731
-    a = (local_logits.float() * inv_t[:, None, None]).reshape(n * rows, v_local)
-    cut_value, cut_id = filter_cuts(a, big_m.reshape(-1), vocab_start, group, ~point_mass.reshape(-1),
-                                    *(expand(f) for f in filters))
-    cut = cut_value.view(n, rows), cut_id.view(n, rows)
+    a = local_logits.float() * inv_t[:, None, None]
+    if 0 <= ignore_id - vocab_start < v_local:
+        a[..., ignore_id - vocab_start] = float("-inf")
+    cut_value, cut_id = filter_cuts(a.reshape(n * rows, v_local), big_m.reshape(-1), vocab_start, group,
+                                    ~point_mass.reshape(-1), *(expand(f) for f in filters))
+    return cut_value.view(n, rows), cut_id.view(n, rows)
+
+
+def _filtered_sums(local_logits, vocab_start: int, group, cut, big_s, point_mass, rng):
+    """The rows' merged softmax sums within their cuts (a second shard_row_stats pass and 1
+    all-gather; the max and top stay), big_s where point_mass. rng: shard_row_stats' temperature,
+    seed and offset."""
     kept_max, kept_sum, kept_top, _, _, _ = ops.shard_row_stats(local_logits, vocab_start, cut_value=cut[0],
                                                                cut_id=cut[1], **rng)
     g = _all_gather([kept_max, kept_sum, kept_top], group)
-    return cut, torch.where(point_mass, big_s, merge_stats(g[:, 0], g[:, 1], _ids(g[:, 2]))[1])
+    return torch.where(point_mass, big_s, merge_stats(g[:, 0], g[:, 1], _ids(g[:, 2]))[1])
 
 
 def _row_params(n: int, dev, temperature, top_k, top_p, min_p):
@@ -401,8 +407,8 @@ def chain_verify(draft_tokens: torch.Tensor, local_logits: torch.Tensor, *, voca
 
     cut = None
     if filtered:
-        cut, big_s = _row_cuts(local_logits, inv_t, big_m, big_s, point_mass, vocab_start, group,
-                               (top_k, top_p, min_p), rng)
+        cut = _row_cuts(local_logits, inv_t, big_m, point_mass, vocab_start, group, (top_k, top_p, min_p))
+        big_s = _filtered_sums(local_logits, vocab_start, group, cut, big_s, point_mass, rng)
         a_x = torch.where(_kept(a_x, draft_tokens, cut[0][:, :k], cut[1][:, :k]), a_x, float("-inf"))
 
     accepted = valid & (draft_tokens == top[:, :k])
@@ -781,8 +787,8 @@ def tree_verify(tokens: torch.Tensor, parents: torch.Tensor, local_logits: torch
     point_mass = greedy | ~torch.isfinite(big_m)
     cut = None
     if filtered:  # a child outside its parent's cut has p'(x) = 0
-        cut, big_s = _row_cuts(local_logits, inv_t, big_m, big_s, point_mass, vocab_start, group,
-                               (top_k, top_p, min_p), rng)
+        cut = _row_cuts(local_logits, inv_t, big_m, point_mass, vocab_start, group, (top_k, top_p, min_p))
+        big_s = _filtered_sums(local_logits, vocab_start, group, cut, big_s, point_mass, rng)
         a_c = torch.where(_kept(a_c, tok, cut[0].gather(1, par), cut[1].gather(1, par)), a_c, float("-inf"))
     if residual:
         q_c = torch.where(held, g[:, 5], 0.0).sum(0)
