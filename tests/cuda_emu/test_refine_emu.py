@@ -109,8 +109,21 @@ def test_read_plan_covers_the_vocabulary(emu, num_sms, slice_bytes, mode, weight
                 assert slices == -(-chunks // per_slice) and (slices - 1) * slice_ < v <= slices * slice_
                 if not read:
                     assert slices == 1
-                elif per_slice > 1:  # a slice's products fit the budget
-                    assert max(rows, 1) * slice_ * 4 <= slice_bytes
+                elif per_slice > 1:  # a slice's working set, its products and w_read rows, fits the budget
+                    w_bytes = 4 if weight_dtype == torch.float32 else 2
+                    assert (max(rows, 1) * 4 + r * w_bytes) * min(slice_, v) <= slice_bytes
+                    if slices > 1:  # and takes as many ids as fit, to chunk rounding
+                        fit = slice_bytes // (max(rows, 1) * 4 + r * w_bytes) // 4 * 4
+                        assert fit - slice_ < 4 * per_slice
+
+
+def test_read_plan_slices_at_n32(emu):
+    """The shipped shape's GEMM read at N=32 (480 rows, bf16, r=256) on the binding's budget for the
+    H200 (7/16 of its 60 MB L2): 14 slices of 3 chunks of 3772 ids (products and w_read rows 26.2 MB),
+    where the products alone within a third of L2 took 19 slices of 8192 ids."""
+    plan, _ = emu.refine_plan(32, 16, 15, 256, 512, 151936, 480, True, torch.bfloat16, slice_bytes=(60 << 20) // 16 * 7,
+                              mode="gemm")
+    assert (plan.slices, plan.chunks_per_slice, plan.chunk, plan.chunks) == (14, 3, 3772, 41)
 
 
 @pytest.mark.parametrize("mode", ["auto", "fused"])
