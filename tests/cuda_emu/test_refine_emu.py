@@ -42,6 +42,21 @@ def test_refine_step(emu, shape, logits_dtype, weight_dtype, read, temperature, 
                       slice_bytes=SLICE_BYTES[slices], read=read)
 
 
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_gemm_read_slices_of_several_chunks(emu, shape, weight_dtype, temperature):
+    """Slices of several chunks each, as the budget makes them at large shapes (N=32: 14 slices of 3),
+    here about half the vocabulary a slice."""
+    n, b, d, v, r, h = shape
+    slice_bytes = (n * d * 4 + r * (4 if weight_dtype == torch.float32 else 2)) * (v // 2)
+    plan, _ = emu.refine_plan(n, b, d, r, h, v, n * d, True, weight_dtype, num_sms=132, slice_bytes=slice_bytes,
+                              mode="gemm")
+    assert plan.chunks_per_slice > 1 and plan.slices > 1
+    check_refine_step(emu, shape, torch.bfloat16, weight_dtype, temperature, num_sms=132, slice_bytes=slice_bytes,
+                      read="gemm")
+
+
 # The fused read's edge shapes (N, B, D, V, r, H): rows (N * D) 1, 15, 16, 17, 33 (a padded fourth
 # row tile), 64, 130 (three row groups); V below one tile of 64 ids, exactly one, not a multiple;
 # r = 8 and 24 (depth padded to 16), up to the largest rank, 256.
