@@ -127,6 +127,22 @@ class Bench:
             print(f"peer failed: {e!r}"[:400], flush=True)
             return None
 
+    def graphed(self, fn):
+        """fn captured in a CUDA graph, as its replay (the dry run: fn itself), to time a call without
+        the host's launches beside the eager timing."""
+        if self.dry_run:
+            return fn
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up off the capture (cuBLAS's workspace, lazy state)
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return graph.replay
+
     def cupy(self, fn, args):
         return None if self.dry_run else time_cupy(fn, args)
 
@@ -314,12 +330,18 @@ def bench_refine(results, bench):
             # Both reads side by side (pass_us above: the one the plan picks); at T=0 their tokens
             # differ only where two logits lie within float32 accumulation-order rounding.
             step_reads = refine_reads(step_fn, bench.time)
+            # The cuBLAS read's pass eager (a GEMM and an epilogue launch a slice from the host) and
+            # replayed from a CUDA graph (the GPU's time alone): their gap is the host's cost.
+            with refine_read("gemm"):
+                step_gemm_graph = bench.graphed(step_fn)
+            step_gemm_graph_us = round(bench.time(step_gemm_graph), 1)
             jacobi_reads = refine_reads(lambda: xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=4),
                                         bench.time, iters=50)
             floor_bytes = v * r * 2 + n * (b - 1) * v * 2  # w_read once, the base logits once
             row.update(pass_gemm_read_us=step_reads["gemm"][0], pass_fused_read_us=step_reads["fused"][0],
                        pass_reads_same_tokens=round((step_reads["gemm"][1][0] == step_reads["fused"][1][0])
                                                     .float().mean().item(), 4),
+                       pass_gemm_read_graph_us=step_gemm_graph_us,
                        jacobi4_gemm_read_us=jacobi_reads["gemm"][0], jacobi4_fused_read_us=jacobi_reads["fused"][0],
                        pass_h200_estimate_us=ESTIMATE_US.get(("refine_step", n)),
                        cublas_read_gemm_us=round(gemm, 1), cublas_read_gemm_fp32_out_us=gemm_fp32_out,
