@@ -1,0 +1,55 @@
+"""The whole-vocabulary cut of xkernels.distributed on one CPU thread (gloo, world size 1): the
+sharded tree_verify of N=8 trees of M=5 nodes over V_local=75968 bf16 logits (per-sequence
+temperatures, per-request streams), plain and with top_k=50, top_p=0.9, and filter_cuts of those
+40 rows compacted (the CPU default) and not (the GPU way). Best of 3 time.perf_counter runs.
+
+A standalone script: python bench/bench_distributed_cut.py (bench/floors.md, shard_row_stats)."""
+
+import os
+import socket
+import time
+
+import torch
+import torch.distributed as dist
+
+from xkernels import distributed
+
+
+def _best(call, reps=3):
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    n, m, v = 8, 5, 75968
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(n, m, v, generator=g) * 3).bfloat16()
+    parents = torch.tensor([[-1, 0, 0, 1, 1]]).repeat(n, 1)
+    tokens = logits.float().argmax(-1).gather(1, parents.clamp(min=0))  # each child its parent's argmax
+    tokens[:, 0] = -1
+    kw = dict(temperature=torch.ones(n), seed=torch.arange(n), offset=torch.zeros(n, dtype=torch.int64))
+    for name, extra in (("plain", {}), ("top_k=50, top_p=0.9", dict(top_k=50, top_p=0.9))):
+        t = _best(lambda: distributed.tree_verify(tokens, parents, logits, vocab_start=0, **kw, **extra))
+        print(f"tree_verify N={n} M={m} V_local={v} bf16 {name}: {t * 1e3:.1f} ms")
+    a = logits.float().reshape(n * m, v)
+    rows = n * m
+    for compact in (True, False):
+        t = _best(lambda: distributed.filter_cuts(a, a.amax(-1), 0, None, torch.ones(rows, dtype=torch.bool),
+                                                  torch.full((rows,), 50), torch.full((rows,), 0.9), None,
+                                                  compact=compact))
+        print(f"filter_cuts {rows} rows top_k=50 top_p=0.9 compact={compact}: {t * 1e3:.0f} ms")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
