@@ -207,12 +207,30 @@ __global__ void __launch_bounds__(kThreads) front_down_kernel(RefineParams p, Ro
   }
 }
 
+// How row (sequence n, drafted slot d) scales and draws: its sequence's temperature, and the
+// Philox key of its slot in its sequence's stream.
+struct RowNoise {
+  float scale;
+  bool greedy;
+  uint64_t seed, offset;
+  uint32_t sequence, position;
+};
+
+__device__ __forceinline__ RowNoise row_noise(const RefineParams& p, int64_t n, int64_t d) {
+  const float inv_t = p.s.row(n).inv_t;
+  const RowStream st = p.s.stream(n);
+  const auto slot = static_cast<uint32_t>(d);
+  return RowNoise{inv_t == 0.0f ? 1.0f : inv_t, inv_t == 0.0f, st.seed, st.offset_at(slot), st.sequence_at(),
+                  st.position_at(slot)};
+}
+
 // The epilogue of vocabulary ids 4q + j (j < 4; those below v) of one row, given their logits
 // x[j] = base logit + product: a = x * scale, then the Gumbel-max pick and softmax statistics.
 // The four ids share one Philox draw, drawn only if one of them can still win.
 __device__ __forceinline__ void observe_group(SampledRow& best, const float (&x)[4], int64_t q, int64_t v,
-                                              float scale, bool greedy, uint64_t seed, uint64_t offset, uint32_t n,
-                                              uint32_t d) {
+                                              const RowNoise& rn) {
+  const float scale = rn.scale;
+  const bool greedy = rn.greedy;
   float a[4];
   bool live = false;
 #pragma unroll
@@ -222,7 +240,7 @@ __device__ __forceinline__ void observe_group(SampledRow& best, const float (&x)
     live |= id < v && a[j] + kGumbelBound >= best.pick.val;
   }
   Philox4 r{{0, 0, 0, 0}};
-  if (!greedy && live) r = philox_draw(seed, offset, n, d, static_cast<uint32_t>(q));
+  if (!greedy && live) r = philox_draw(rn.seed, rn.offset, rn.sequence, rn.position, static_cast<uint32_t>(q));
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     if (4 * q + j >= v) continue;
@@ -248,9 +266,7 @@ __global__ void __launch_bounds__(kThreads) read_epilogue_kernel(RefineParams p,
   const int64_t id_end = id0 + plan.chunk < s.v0 + s.len ? id0 + plan.chunk : s.v0 + s.len;
   const TB* base = static_cast<const TB*>(p.base) + (n * p.d + d) * p.v;
   const float* dots = s.dots ? s.dots + m * s.len : nullptr;
-  const uint64_t seed = read_or(p.seed_ptr, p.seed), offset = read_or(p.offset_ptr, p.offset);
-  const bool greedy = p.inv_t == 0.0f;
-  const float scale = greedy ? 1.0f : p.inv_t;
+  const RowNoise rn = row_noise(p, n, d);
   SampledRow best = sampled_empty();
   for (int64_t q = id0 / 4 + threadIdx.x; 4 * q < id_end; q += kThreads) {
     float x[4];
@@ -259,7 +275,7 @@ __global__ void __launch_bounds__(kThreads) read_epilogue_kernel(RefineParams p,
       const int64_t id = 4 * q + j;
       x[j] = id < id_end ? to_float(base[id]) + (dots ? dots[id - s.v0] : 0.0f) : 0.0f;
     }
-    observe_group(best, x, q, id_end, scale, greedy, seed, offset, static_cast<uint32_t>(n), static_cast<uint32_t>(d));
+    observe_group(best, x, q, id_end, rn);
   }
   best = block_merge(best, sampled_empty());
   if (threadIdx.x == 0) w.partial[m * plan.partials + s.first_chunk + c] = best;
@@ -318,6 +334,7 @@ __global__ void __launch_bounds__(kThreads, kReadBlocksPerSm) read_fused_kernel(
   const uint32_t n = live ? static_cast<uint32_t>(m / rs.d_count) : 0;
   const uint32_t d = live ? static_cast<uint32_t>(rs.d_begin + m % rs.d_count) : 0;
   const TB* base = static_cast<const TB*>(p.base) + (static_cast<int64_t>(n) * p.d + d) * p.v;
+  const RowNoise rn = row_noise(p, n, d);
 
   // A tile's rows of w_read are contiguous: its 16-byte chunk c lies 8c elements past the tile's first id.
   uint4 loaded[kReadLoads];     // chunks threadIdx.x + i * kThreads of the next tile
@@ -377,9 +394,6 @@ __global__ void __launch_bounds__(kThreads, kReadBlocksPerSm) read_fused_kernel(
     __syncthreads();  // the products are in shared memory; the tile may be overwritten
 
     if (live) {
-      const uint64_t seed = read_or(p.seed_ptr, p.seed), offset = read_or(p.offset_ptr, p.offset);
-      const bool greedy = p.inv_t == 0.0f;
-      const float scale = greedy ? 1.0f : p.inv_t;
 #pragma unroll
       for (int i = 0; i < kGroups; ++i) {
         const int g = ej + i * kRowThreads;
@@ -388,7 +402,7 @@ __global__ void __launch_bounds__(kThreads, kReadBlocksPerSm) read_fused_kernel(
         const float4 b = *reinterpret_cast<const float4*>(base_s + em * kReadTile + 4 * g);
         float x[4] = {b.x + (kSplitK ? dot.x + dot2.x : dot.x), b.y + (kSplitK ? dot.y + dot2.y : dot.y),
                       b.z + (kSplitK ? dot.z + dot2.z : dot.z), b.w + (kSplitK ? dot.w + dot2.w : dot.w)};
-        observe_group(best, x, tile * kReadTileGroups + g, p.v, scale, greedy, seed, offset, n, d);
+        observe_group(best, x, tile * kReadTileGroups + g, p.v, rn);
       }
     }
   }

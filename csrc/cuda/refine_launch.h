@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "launch_types.h"
+#include "xkernels/sampling_params.h"
 
 namespace xkernels::cuda {
 
@@ -39,10 +40,10 @@ struct RefineParams {
   const void *emb, *mix, *w_gate, *w_up, *w_down, *w_read;
   WeightType weight_type;
   int64_t n, b, d, f, r, h, v;
-  float inv_t;  // 0: greedy
-  uint64_t seed, offset;
-  const int64_t* seed_ptr;
-  const int64_t* offset_ptr;
+  // Each sequence's temperature and stream (view.row(n), view.stream(n); slot d of sequence n
+  // draws at stream slot d). The kernels sample without a filter: the binding refuses top-k,
+  // top-p and min-p on CUDA.
+  SamplingView s;
   int num_sms;
   int cc_major;  // compute capability: the fused read's bfloat16 tensor cores need 8 or more
   RefineReadMode read_mode;
