@@ -372,6 +372,9 @@ def refine_step(
           chunk) while the products are in L2; a pass of up to 128 rows with bfloat16 weights (rank
           a multiple of 8 up to 256) instead streams ``w_read`` once through a fused tensor-core
           kernel that samples on the products (``XKERNELS_REFINE_READ=gemm|fused|auto`` forces one).
+          With a filter in the call the epilogue also writes filtered rows' logits to a workspace
+          (``N * D * V`` floats), a cut kernel finds each row's cut by radix selection (no sort)
+          and a block per filtered row samples its kept ids; no host sync.
     """
     return torch.ops.xkernels.refine_step.default(
         _tensor(ctx, "ctx"), _tensor(prev_tokens, "prev_tokens"), _tensor(base_logits, "base_logits"),

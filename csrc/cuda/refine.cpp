@@ -69,8 +69,6 @@ Prepared prepare(const at::Tensor& ctx, const at::Tensor& tokens, const char* to
 
   Prepared out;
   out.sampling = sampling_args(s.n, ctx.device(), XK_SAMPLING_FORWARD);
-  TORCH_CHECK(!out.sampling.any_filter(s.v), "top_k, top_p and min_p: the CUDA refine kernels do not filter yet "
-              "(the CPU kernels do); pass None");
   auto keep = [&](const at::Tensor& t) -> const void* {
     out.keep_alive.push_back(t.contiguous());
     return out.keep_alive.back().const_data_ptr();
@@ -86,6 +84,7 @@ Prepared prepare(const at::Tensor& ctx, const at::Tensor& tokens, const char* to
   p.weight_type = w_read.scalar_type() == at::kFloat ? cuda::WeightType::kFloat32 : cuda::WeightType::kBFloat16;
   p.n = s.n, p.b = s.b, p.d = s.d, p.f = s.f, p.r = s.r, p.h = s.h, p.v = s.v;
   p.s = sampling_view(out.sampling);
+  p.filter = out.sampling.may_sample() && out.sampling.any_filter(s.v);
   const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
   p.num_sms = props->multiProcessorCount;
   p.cc_major = props->major;

@@ -16,6 +16,9 @@
 //     The epilogue adds the base logits, scales by 1/T and keeps the Gumbel-max pick and the
 //     softmax statistics (observe_group; the logits are never written to HBM)
 //  5. merge:        a warp per row merges its partial results (a shuffle tree)
+//  6. with filters (RefineParams::filter): launch_row_cut over the logits the epilogue kept of rows
+//     that sample with top-k, top-p or min-p, then filtered_sample: a block per such row draws
+//     over its kept ids and overwrites the row's merged result
 // Jacobi adds an update launch per pass (convergence flags live on the device), so max_iters
 // passes are a fixed launch sequence a CUDA graph can capture; blocks of converged sequences,
 // and of slots before a sequence's first change (final), exit at once (the GEMMs run over every
@@ -27,6 +30,7 @@
 #include "device_utils.cuh"
 #include "per_device.h"
 #include "refine_launch.h"
+#include "row_cut_launch.h"
 
 namespace xkernels::cuda {
 namespace {
@@ -57,6 +61,8 @@ struct RefineWorkspace {
   float* new_logprobs;   // [n, d]
   int32_t* active;       // [n]
   int32_t* first_dirty;  // [n]: drafted slots before it read unchanged tokens (final)
+  float* logits;         // [rows, v] of a launch with filters: filtered rows' logits
+  FilterCut* cuts;       // [rows] of a launch with filters
 };
 
 // The rows one launch sequence works on: drafted slots [d_begin, d_begin + d_count) of the
@@ -224,6 +230,21 @@ __device__ __forceinline__ RowNoise row_noise(const RefineParams& p, int64_t n, 
                   st.position_at(slot)};
 }
 
+// Whether sequence n's rows sample with a filter (their logits are kept for the cut pass).
+__device__ __forceinline__ bool row_filtered(const RefineParams& p, int64_t n) {
+  if (!p.filter) return false;
+  const RowSampling r = p.s.row(n);
+  return r.inv_t != 0.0f && filters_active(r, p.v);
+}
+
+// Keeps logits x of ids 4q + j (those below v) of launch row m, a filtered row.
+__device__ __forceinline__ void keep_logits(const RefineParams& p, const RefineWorkspace& w, int64_t m, int64_t q,
+                                            const float (&x)[4], int64_t v) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    if (4 * q + j < v) w.logits[m * p.v + 4 * q + j] = x[j];
+}
+
 // The epilogue of vocabulary ids 4q + j (j < 4; those below v) of one row, given their logits
 // x[j] = base logit + product: a = x * scale, then the Gumbel-max pick and softmax statistics.
 // The four ids share one Philox draw, drawn only if one of them can still win.
@@ -267,6 +288,7 @@ __global__ void __launch_bounds__(kThreads) read_epilogue_kernel(RefineParams p,
   const TB* base = static_cast<const TB*>(p.base) + (n * p.d + d) * p.v;
   const float* dots = s.dots ? s.dots + m * s.len : nullptr;
   const RowNoise rn = row_noise(p, n, d);
+  const bool filtered = row_filtered(p, n);
   SampledRow best = sampled_empty();
   for (int64_t q = id0 / 4 + threadIdx.x; 4 * q < id_end; q += kThreads) {
     float x[4];
@@ -275,6 +297,7 @@ __global__ void __launch_bounds__(kThreads) read_epilogue_kernel(RefineParams p,
       const int64_t id = 4 * q + j;
       x[j] = id < id_end ? to_float(base[id]) + (dots ? dots[id - s.v0] : 0.0f) : 0.0f;
     }
+    if (filtered) keep_logits(p, w, m, q, x, id_end);
     observe_group(best, x, q, id_end, rn);
   }
   best = block_merge(best, sampled_empty());
@@ -335,6 +358,7 @@ __global__ void __launch_bounds__(kThreads, kReadBlocksPerSm) read_fused_kernel(
   const uint32_t d = live ? static_cast<uint32_t>(rs.d_begin + m % rs.d_count) : 0;
   const TB* base = static_cast<const TB*>(p.base) + (static_cast<int64_t>(n) * p.d + d) * p.v;
   const RowNoise rn = row_noise(p, n, d);
+  const bool filtered = live && row_filtered(p, n);
 
   // A tile's rows of w_read are contiguous: its 16-byte chunk c lies 8c elements past the tile's first id.
   uint4 loaded[kReadLoads];     // chunks threadIdx.x + i * kThreads of the next tile
@@ -402,6 +426,7 @@ __global__ void __launch_bounds__(kThreads, kReadBlocksPerSm) read_fused_kernel(
         const float4 b = *reinterpret_cast<const float4*>(base_s + em * kReadTile + 4 * g);
         float x[4] = {b.x + (kSplitK ? dot.x + dot2.x : dot.x), b.y + (kSplitK ? dot.y + dot2.y : dot.y),
                       b.z + (kSplitK ? dot.z + dot2.z : dot.z), b.w + (kSplitK ? dot.w + dot2.w : dot.w)};
+        if (filtered) keep_logits(p, w, m, tile * kReadTileGroups + g, x, p.v);
         observe_group(best, x, tile * kReadTileGroups + g, p.v, rn);
       }
     }
@@ -424,6 +449,38 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(RefineParams p, RowSet 
     const int64_t at = row_index(p, rs, m);
     tokens[at] = sampled_token(r);
     logprobs[at] = sampled_logprob(r);
+  }
+}
+
+// A block per filtered row of the launch: Gumbel-max and softmax statistics over the ids its cut
+// keeps (the same noise as the fused epilogue's), overwriting the row's token and log-probability.
+// NaN logits stay (a row with one has no softmax, and row_cut keeps every id of it).
+__global__ void __launch_bounds__(kThreads) filtered_sample_kernel(RefineParams p, RowSet rs, RefineWorkspace w,
+                                                                   int64_t* tokens, float* logprobs) {
+  const int64_t m = blockIdx.x;
+  if (!row_live(p, rs, m)) return;  // the whole block
+  const int64_t n = m / rs.d_count, d = rs.d_begin + m % rs.d_count;
+  if (!row_filtered(p, n)) return;
+  const RowNoise rn = row_noise(p, n, d);
+  const FilterCut cut = w.cuts[m];
+  const float* l = w.logits + m * p.v;
+  SampledRow best = sampled_empty();
+  for (int64_t q = threadIdx.x; 4 * q < p.v; q += kThreads) {
+    float x[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t id = 4 * q + j;
+      x[j] = id < p.v ? l[id] : 0.0f;
+      const bool dropped = !is_nan_f32(x[j]) && !filter_keeps(cut, x[j] * rn.scale, static_cast<int32_t>(id));
+      if (id < p.v && dropped) x[j] = kNegInf;
+    }
+    observe_group(best, x, q, p.v, rn);
+  }
+  best = block_merge(best, sampled_empty());
+  if (threadIdx.x == 0) {
+    const int64_t at = row_index(p, rs, m);
+    tokens[at] = sampled_token(best);
+    logprobs[at] = sampled_logprob(best);
   }
 }
 
@@ -474,7 +531,7 @@ ReadSizes read_sizes(const RefineParams& p) {
 }
 
 struct Layout {
-  size_t u, hid, z, dots, partial, tokens, logprobs, flags;
+  size_t u, hid, z, dots, partial, tokens, logprobs, flags, logits, cuts;
 };
 
 Layout layout(const RefineParams& p) {
@@ -486,7 +543,9 @@ Layout layout(const RefineParams& p) {
                 align_up(sizeof(SampledRow) * s.partial),
                 align_up(sizeof(int64_t) * p.n * p.d),
                 align_up(sizeof(float) * p.n * p.d),
-                align_up(sizeof(int32_t) * p.n)};
+                align_up(sizeof(int32_t) * p.n),
+                p.filter ? align_up(sizeof(float) * p.n * p.d * p.v) : 0,
+                p.filter ? align_up(sizeof(FilterCut) * p.n * p.d) : 0};
 }
 
 RefineWorkspace carve(const RefineParams& p, void* workspace) {
@@ -507,6 +566,8 @@ RefineWorkspace carve(const RefineParams& p, void* workspace) {
   w.new_logprobs = reinterpret_cast<float*>(take(l.logprobs));
   w.active = reinterpret_cast<int32_t*>(take(l.flags));
   w.first_dirty = reinterpret_cast<int32_t*>(take(l.flags));
+  w.logits = reinterpret_cast<float*>(take(l.logits));
+  w.cuts = reinterpret_cast<FilterCut*>(take(l.cuts));
   return w;
 }
 
@@ -575,6 +636,13 @@ cudaError_t pass(const RefineParams& p, const ReadGemmRunner& gemm, const RowSet
   }
   merge_kernel<<<ceil_div(rows, kWarps), kThreads, 0, stream>>>(p, rs, w, plan.partials, tokens, logprobs);
   XK_RETURN_IF_FAILED(cudaGetLastError());
+  if (p.filter) {
+    // Rows that are not filtered (or not live) get a keep-all cut or one of stale logits, unread.
+    const RowCutParams cut{w.logits, LogitsType::kFloat32, rows, p.v, p.v, rs.d_count, p.s, w.cuts};
+    XK_RETURN_IF_FAILED(launch_row_cut(cut, stream));
+    filtered_sample_kernel<<<rows, kThreads, 0, stream>>>(p, rs, w, tokens, logprobs);
+    XK_RETURN_IF_FAILED(cudaGetLastError());
+  }
   return cudaSuccess;
 }
 
@@ -672,7 +740,7 @@ RefineReadPlan refine_read_plan(const RefineParams& p, int64_t rows, bool read) 
 
 size_t refine_workspace_bytes(const RefineParams& p) {
   const Layout l = layout(p);
-  return l.u + l.hid + l.z + l.dots + l.partial + l.tokens + l.logprobs + 2 * l.flags;
+  return l.u + l.hid + l.z + l.dots + l.partial + l.tokens + l.logprobs + 2 * l.flags + l.logits + l.cuts;
 }
 
 cudaError_t launch_refine_step(const RefineParams& p, const ReadGemmRunner& gemm, void* workspace, int64_t* tokens,
