@@ -357,8 +357,6 @@ __global__ void __launch_bounds__(kThreads, kReadBlocksPerSm) read_fused_kernel(
   const uint32_t n = live ? static_cast<uint32_t>(m / rs.d_count) : 0;
   const uint32_t d = live ? static_cast<uint32_t>(rs.d_begin + m % rs.d_count) : 0;
   const TB* base = static_cast<const TB*>(p.base) + (static_cast<int64_t>(n) * p.d + d) * p.v;
-  const RowNoise rn = row_noise(p, n, d);
-  const bool filtered = live && row_filtered(p, n);
 
   // A tile's rows of w_read are contiguous: its 16-byte chunk c lies 8c elements past the tile's first id.
   uint4 loaded[kReadLoads];     // chunks threadIdx.x + i * kThreads of the next tile
@@ -418,6 +416,10 @@ __global__ void __launch_bounds__(kThreads, kReadBlocksPerSm) read_fused_kernel(
     __syncthreads();  // the products are in shared memory; the tile may be overwritten
 
     if (live) {
+      // Read a step at a time (cached loads) rather than held across the multiply: at 4 row tiles
+      // the kernel sits at its 128-register bound.
+      const RowNoise rn = row_noise(p, n, d);
+      const bool filtered = row_filtered(p, n);
 #pragma unroll
       for (int i = 0; i < kGroups; ++i) {
         const int g = ej + i * kRowThreads;
