@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "../ops/checks.h"
+#include "../ops/sampling_args.h"
 #include "dllm_launch.h"
 #include "launch_types.h"
 
@@ -31,10 +32,16 @@ inline at::Tensor workspace(size_t bytes, const at::Tensor& like) {
   return at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
 }
 
-inline DllmRule dllm_rule(int64_t mask_id, int64_t num_unmask, std::optional<double> threshold, double temperature,
-                          const RngArgs& rng) {
-  return DllmRule{mask_id,  num_unmask,         threshold.has_value(), static_cast<float>(threshold.value_or(0.0)),
-                  inverse_temperature(temperature), rng.seed, rng.offset, rng.seed_ptr, rng.offset_ptr};
+// The CUDA kernels of dllm_step and the Spiffy ops take no top-k, top-p or min-p yet (the row
+// cut pass is not wired in): a call asking for one raises rather than sampling unfiltered.
+inline void check_no_filter(const SamplingArgs& s, int64_t vocab, const char* op) {
+  TORCH_CHECK(!s.any_filter(vocab), op, ": top_k, top_p and min_p are not supported on CUDA yet (the CPU kernel "
+              "takes them)");
+}
+
+inline DllmRule dllm_rule(int64_t mask_id, int64_t num_unmask, std::optional<double> threshold,
+                          const SamplingView& s) {
+  return DllmRule{mask_id, num_unmask, threshold.has_value(), static_cast<float>(threshold.value_or(0.0)), s};
 }
 
 inline cudaStream_t stream() { return at::cuda::getCurrentCUDAStream().stream(); }

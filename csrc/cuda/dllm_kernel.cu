@@ -1,7 +1,8 @@
 // dllm_step on CUDA, three launches that never wait on the host:
 //  1. slices: every masked row split in slices over the grid; a block reduces its slice to the raw
-//             row's softmax statistics and, at T > 0, the tempered row's argmax and the Gumbel-max
-//             with the noise of (sequence, position), reading the slice from HBM once.
+//             row's softmax statistics and, at T > 0 (the sequence's temperature), the tempered
+//             row's argmax and the Gumbel-max with the noise of the position's slot of the
+//             sequence's stream, reading the slice from HBM once.
 //  2. merge:  a warp per position merges its row's slices into x0 (the raw argmax at T = 0; the
 //             draw, or the tempered argmax when that row has no softmax) and the confidence
 //             softmax(raw)[x0]. The rule is dllm_row.cuh's (spiffy_accept's warps run it whole).
@@ -49,7 +50,7 @@ __global__ void __launch_bounds__(kThreads) dllm_slices_kernel(DllmParams p, Dll
   if (p.block[row] != p.rule.mask_id) return;  // the same for the whole block
   const T* src = static_cast<const T*>(p.logits) + row * p.v;
   const int64_t mask = p.rule.mask_id;
-  const float inv_t = p.rule.inv_t;
+  const float inv_t = p.rule.s.row(row / p.l).inv_t;
   const SliceRange range = slice_range(p.v, kIds, slices, slice);
   DllmSlice d{block_merge(thread_row_stats<T, false, 4>(src, p.v, range.begin, range.end, vector_ok, 1.0f, mask,
                                                         threadIdx.x, kThreads),
@@ -66,8 +67,10 @@ __global__ void __launch_bounds__(kThreads) dllm_slices_kernel(DllmParams p, Dll
                                stats_empty())
                        .top;
     }
-    const uint64_t seed = read_or(p.rule.seed_ptr, p.rule.seed), offset = read_or(p.rule.offset_ptr, p.rule.offset);
-    const uint32_t sequence = static_cast<uint32_t>(row / p.l), position = static_cast<uint32_t>(row % p.l);
+    const RowStream st = p.rule.s.stream(row / p.l);
+    const auto slot = static_cast<uint32_t>(row % p.l);
+    const uint64_t seed = st.seed, offset = st.offset_at(slot);
+    const uint32_t sequence = st.sequence_at(), position = st.position_at(slot);
     // Every thread starts from the exact score of the slice's tempered argmax (its value is the weight
     // dllm_draw computes for that id), so that gumbel_group skips most ids' logs from the first one.
     if (threadIdx.x == 0) start = gumbel_score(d.tempered.val, d.tempered.idx, seed, offset, sequence, position);
@@ -99,7 +102,7 @@ __global__ void __launch_bounds__(kThreads) dllm_merge_kernel(DllmParams p, cons
   const RowStats raw = warp_merge(d.raw);
   const ArgMax tempered = warp_merge(d.tempered), drawn = warp_merge(d.drawn);
   int32_t pick = raw.top.idx;
-  if (p.rule.inv_t != 0.0f) {
+  if (p.rule.s.row(row / p.l).inv_t != 0.0f) {
     // A tempered row without a softmax is a point mass at its argmax; else the draw (dllm_row.cuh).
     pick = !is_finite_f32(tempered.val) || drawn.val == kNegInf ? tempered.idx : drawn.idx;
   }

@@ -7,16 +7,17 @@
 #include <cstdint>
 
 #include "launch_types.h"
+#include "xkernels/sampling_params.h"
 
 namespace xkernels::cuda {
 
-// dllm_step's rule and its randomness (spiffy_accept takes the same).
+// dllm_step's rule and its randomness (spiffy_accept takes the same): sequence n's temperature
+// s.row(n).inv_t (0: greedy) and stream s.stream(n), its position p at slot p.
 struct DllmRule {
   int64_t mask_id, num_unmask;
   bool use_threshold;
-  float threshold, inv_t;  // inv_t 0: greedy
-  uint64_t seed, offset;
-  const int64_t *seed_ptr, *offset_ptr;  // null: use seed, offset
+  float threshold;
+  SamplingView s;
 };
 
 struct DllmParams {

@@ -66,7 +66,8 @@ __global__ void __launch_bounds__(kThreads) spiffy_rows_kernel(SpiffyMaterialize
   if (p.block[row] != p.mask_id) return;  // the same for the whole block
   const T* src = static_cast<const T*>(p.logits) + row * p.v;
   const SliceRange range = slice_range(p.v, kIds, slices, slice);
-  const float scale_log2e = p.scale * kLog2e;
+  const float scale = spiffy_scale(p.s.row(row / p.l));
+  const float scale_log2e = scale * kLog2e;
   RowStats raw = stats_empty();
   float scaled = 0.0f;
   TopTokens top;
@@ -86,7 +87,7 @@ __global__ void __launch_bounds__(kThreads) spiffy_rows_kernel(SpiffyMaterialize
           for (int j = 0; j < kIds; ++j) top_observe(top, a[j], id + j);
         }
         if constexpr (kScaled) {
-          if (raw.top.val != before) scaled = scaled_sum_to(scaled, before, raw.top.val, p.scale);
+          if (raw.top.val != before) scaled = scaled_sum_to(scaled, before, raw.top.val, scale);
           const float off = raw.top.val == kNegInf ? 0.0f : raw.top.val * scale_log2e;
           float add = 0.0f;
 #pragma unroll
@@ -99,13 +100,13 @@ __global__ void __launch_bounds__(kThreads) spiffy_rows_kernel(SpiffyMaterialize
         stats_observe(raw, a, id);
         top_observe(top, a, id);
         if constexpr (kScaled) {
-          if (raw.top.val != before) scaled = scaled_sum_to(scaled, before, raw.top.val, p.scale);
-          if (a != kNegInf) scaled += exp_f32((a - raw.top.val) * p.scale);
+          if (raw.top.val != before) scaled = scaled_sum_to(scaled, before, raw.top.val, scale);
+          if (a != kNegInf) scaled += exp_f32((a - raw.top.val) * scale);
         }
       });
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const RowStats merged = block_merge_all(raw, stats_empty());
-  if constexpr (kScaled) scaled = block_sum(scaled_sum_to(scaled, raw.top.val, merged.top.val, p.scale));
+  if constexpr (kScaled) scaled = block_sum(scaled_sum_to(scaled, raw.top.val, merged.top.val, scale));
   top = warp_merge_top(top);
   if (lane == 0) warp_tops[warp] = top;
   __syncthreads();
@@ -128,15 +129,16 @@ __global__ void __launch_bounds__(kThreads) spiffy_materialize_kernel(SpiffyMate
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t* block = p.block + n * p.l;
   pos += n * p.l, order += n * p.l, score += n * p.graph.g, state += n * p.graph.g;
+  const float scale = spiffy_scale(p.s.row(n));
   for (int64_t q = warp; q < p.l; q += kWarps) {
     if (block[q] != p.mask_id) continue;  // the same for the whole warp
     RowSlice mine{stats_empty(), 0.0f, {}};
     top_clear(mine.top);
     if (lane < slices) mine = rows[(n * p.l + q) * slices + lane];
     const RowStats raw = warp_merge(mine.raw);
-    const float scaled_sum = warp_sum(scaled_sum_to(mine.scaled_sum, mine.raw.top.val, raw.top.val, p.scale));
+    const float scaled_sum = warp_sum(scaled_sum_to(mine.scaled_sum, mine.raw.top.val, raw.top.val, scale));
     const TopTokens top = warp_merge_top(mine.top);
-    if (lane == 0) position_top(top, raw, scaled_sum, p.scale, pos[q]);
+    if (lane == 0) position_top(top, raw, scaled_sum, scale, pos[q]);
   }
   __syncthreads();
   if (threadIdx.x == 0) masked_shared = spiffy_rank_positions(pos, block, p.l, p.mask_id, order);
@@ -261,7 +263,8 @@ __global__ void __launch_bounds__(kThreads, 1) spiffy_accept_kernel(SpiffyAccept
   float* conf = ws.conf + n * p.l;
   int64_t *x0 = ws.x0 + n * p.l, *rows = ws.rows + n * p.l;
   AcceptWalk* walk = ws.walk + n;
-  const uint64_t seed = read_or(p.rule.seed_ptr, p.rule.seed), offset = read_or(p.rule.offset_ptr, p.rule.offset);
+  const float inv_t = p.rule.s.row(n).inv_t;
+  const RowStream stream = p.rule.s.stream(n);
   int64_t committed = 0;  // the leader's
   if (leader) {
     walk->cur = -1;
@@ -273,11 +276,12 @@ __global__ void __launch_bounds__(kThreads, 1) spiffy_accept_kernel(SpiffyAccept
   for (; !w.done; ++steps) {
     const T* logits = w.cur < 0 ? static_cast<const T*>(p.root_logits) + n * p.l * p.v
                                 : static_cast<const T*>(p.draft_logits) + (n * p.k + w.cur) * p.l * p.v;
+    const RowStream st = dllm_step_stream(stream, steps, p.l);
     for (int64_t j = rank; j < w.count; j += blocks) {  // the same for the whole block
       const int64_t q = rows[j];
-      const DllmPick pick = dllm_row_pick(logits + q * p.v, p.v, p.rule.mask_id, p.rule.inv_t, seed,
-                                          offset + static_cast<uint64_t>(steps), static_cast<uint32_t>(n),
-                                          static_cast<uint32_t>(q), vector_ok, threadIdx.x, kThreads,
+      const auto slot = static_cast<uint32_t>(q);
+      const DllmPick pick = dllm_row_pick(logits + q * p.v, p.v, p.rule.mask_id, inv_t, st.seed, st.offset_at(slot),
+                                          st.sequence_at(), st.position_at(slot), vector_ok, threadIdx.x, kThreads,
                                           [](auto s, auto empty) { return block_merge_all(s, empty); });
       if (threadIdx.x == 0) x0[q] = pick.token, conf[q] = pick.confidence;
     }
@@ -341,7 +345,8 @@ cudaError_t materialize_typed(const SpiffyMaterializeParams& p, void* workspace,
   const int slices = masked_row_slices(p.n * p.l, p.v, p.num_sms, p.dtype);
   const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && reinterpret_cast<uintptr_t>(p.logits) % 16 == 0;
   if (p.l > 0) {  // an empty grid is a launch error
-    if (p.scale != 1.0f)
+    // The tempered sum's pass wherever a sequence may score at a scale other than 1.
+    if (p.s.temperature || spiffy_scale(p.s.scalar) != 1.0f)
       spiffy_rows_kernel<T, true><<<p.n * p.l * slices, kThreads, 0, stream>>>(p, rows, slices, vector_ok);
     else
       spiffy_rows_kernel<T, false><<<p.n * p.l * slices, kThreads, 0, stream>>>(p, rows, slices, vector_ok);

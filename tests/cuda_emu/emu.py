@@ -36,6 +36,28 @@ def _inv_t(temperature):
     return 0.0 if temperature == 0 else 1.0 / temperature
 
 
+def _stream_args(n, temperature, seed, offset):
+    """The shim's XK_EMU_STREAM_ARGS (a scalar or per-sequence temperature; the seed and offset
+    forms of xkernels.dllm_step), and the tensors they point into (keep them for the call)."""
+    from xkernels.reference.rng import inverse_temperature
+    from xkernels.reference.sampling import is_per_row
+
+    def stream(x):
+        if isinstance(x, torch.Tensor):
+            x = x.to(torch.int64).reshape(-1).contiguous()
+            return 0, x, x.numel()
+        return x % 2**64, None, 0
+
+    rows = temperature.float().contiguous() if isinstance(temperature, torch.Tensor) else None
+    inv_t = 0.0 if rows is not None else inverse_temperature(temperature)
+    seed_int, seed_t, seed_numel = stream(seed)
+    offset_int, offset_t, offset_numel = stream(offset)
+    per_request = is_per_row(seed, n) or is_per_row(offset, n)
+    args = (ctypes.c_float(inv_t), _ptr(rows), ctypes.c_uint64(seed_int), ctypes.c_uint64(offset_int), _ptr(seed_t),
+            ctypes.c_int64(seed_numel), _ptr(offset_t), ctypes.c_int64(offset_numel), ctypes.c_int(per_request))
+    return args, (rows, seed_t, offset_t)
+
+
 class CudaEmu:
     def __init__(self, path=None):
         self.lib = ctypes.CDLL(path or os.environ["XK_CUDA_EMU_LIB"])
@@ -205,16 +227,17 @@ class CudaEmu:
 
     def dllm_step(self, logits, block, mask_id, num_unmask=1, threshold=None, temperature=0.0, seed=0, offset=0,
                   num_sms=4):
+        """temperature: a float or [N]; seed, offset: ints or int64 tensors (one element or [N])."""
         n, length, v = logits.shape
         logits, block = _c(logits), _c(block)
         outs = [torch.empty(n, length, dtype=torch.int64) for _ in range(3)] + [torch.empty(n, length)]
         msg = ctypes.create_string_buffer(1024)
         i64 = ctypes.c_int64
+        stream, _alive = _stream_args(n, temperature, seed, offset)
         rc = self.lib.xk_emu_dllm_step(
             _ptr(logits), LOGITS_TYPES[logits.dtype], _ptr(block), i64(n), i64(length), i64(v), i64(mask_id),
-            i64(num_unmask), ctypes.c_int(threshold is not None), ctypes.c_float(threshold or 0.0),
-            ctypes.c_float(_inv_t(temperature)), ctypes.c_uint64(seed), ctypes.c_uint64(offset), ctypes.c_int(num_sms),
-            *[_ptr(t) for t in outs], msg, ctypes.c_size_t(len(msg)))
+            i64(num_unmask), ctypes.c_int(threshold is not None), ctypes.c_float(threshold or 0.0), *stream,
+            ctypes.c_int(num_sms), *[_ptr(t) for t in outs], msg, ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
         return tuple(outs)
 
@@ -227,10 +250,11 @@ class CudaEmu:
         scores = torch.empty(n, keep)
         msg = ctypes.create_string_buffer(1024)
         i64 = ctypes.c_int64
+        stream, _alive = _stream_args(n, temperature, 0, 0)
         rc = self.lib.xk_emu_spiffy_materialize(
             _ptr(logits), LOGITS_TYPES[logits.dtype], _ptr(block), i64(n), i64(length), i64(v), i64(mask_id),
             _ptr(ranks), _ptr(ptr), _ptr(children), i64(ranks.shape[0]), i64(ranks.shape[1]), i64(children.numel()),
-            i64(keep), ctypes.c_float(_inv_t(temperature) or 1.0), ctypes.c_int(num_sms), _ptr(drafts), _ptr(node_ids), _ptr(scores), msg,
+            i64(keep), *stream[:2], ctypes.c_int(num_sms), _ptr(drafts), _ptr(node_ids), _ptr(scores), msg,
             ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
         return drafts, node_ids, scores
@@ -245,12 +269,12 @@ class CudaEmu:
         positions, tokens, new_block = (torch.empty(n, length, dtype=torch.int64) for _ in range(3))
         msg = ctypes.create_string_buffer(1024)
         i64 = ctypes.c_int64
+        stream, _alive = _stream_args(n, temperature, seed, offset)
         rc = self.lib.xk_emu_spiffy_accept(
             _ptr(root), _ptr(draft_logits), LOGITS_TYPES[root.dtype], _ptr(drafts), _ptr(node_ids), _ptr(block),
             i64(n), i64(length), i64(v), i64(k), i64(mask_id), i64(num_unmask), ctypes.c_int(threshold is not None),
-            ctypes.c_float(threshold or 0.0), ctypes.c_float(_inv_t(temperature)), ctypes.c_uint64(seed),
-            ctypes.c_uint64(offset), ctypes.c_int(clusters), _ptr(num_steps), _ptr(positions), _ptr(tokens), _ptr(new_block),
-            _ptr(continue_from), msg, ctypes.c_size_t(len(msg)))
+            ctypes.c_float(threshold or 0.0), *stream, ctypes.c_int(clusters), _ptr(num_steps), _ptr(positions),
+            _ptr(tokens), _ptr(new_block), _ptr(continue_from), msg, ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
         return num_steps, positions, tokens, new_block, continue_from
 

@@ -174,3 +174,29 @@ def test_attention_mask_matches_reference(emu, packed, n, num_drafts, block_size
         assert got.numel() == 0
         return
     assert torch.equal(got, reference.spiffy_attention_mask(lens, num_drafts, block_size, max_prefix, packed))
+
+
+@pytest.mark.parametrize("clusters", [True, False])
+def test_accept_per_sequence_temperatures_and_streams(emu, clusters):
+    """spiffy_accept with per-sequence temperatures (0 among them) and per-request streams (step d
+    at offset[n] + d * L) against the reference."""
+    n = 6
+    args = accept_case(n, 6, 10, 41, torch.float32, seed=2)
+    g = torch.Generator().manual_seed(3)
+    params = dict(temperature=torch.tensor([0.0, 1.0, 0.7, 1.6, 0.0, 0.3]),
+                  seed=torch.randint(0, 2**40, (n,), generator=g), offset=torch.randint(0, 2**20, (n,), generator=g))
+    got = emu.spiffy_accept(*args, MASK, **params, clusters=clusters)
+    want = reference.spiffy_accept(*args, MASK, **params)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+def test_materialize_per_sequence_temperatures(emu):
+    logits, block = step_case(4, 12, 301, torch.bfloat16, seed=1)
+    temperature = torch.tensor([0.0, 0.7, 1.0, 2.0])
+    graph = hand_graph()
+    got = emu.spiffy_materialize(logits, block, MASK, graph, 3, temperature)
+    want = reference.spiffy_materialize(logits, block, MASK, graph.ranks, graph.child_ptr, graph.children, 3,
+                                        temperature)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    torch.testing.assert_close(got[2], want[2], atol=1e-5, rtol=1e-4)
