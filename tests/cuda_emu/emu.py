@@ -129,6 +129,36 @@ class CudaEmu:
         self._check(rc, msg)
         return out, emitted, logprobs
 
+    def row_cut(self, logits, temperature=0.0, top_k=None, top_p=None, min_p=None, rows_per_request=1):
+        """launch_row_cut over the rows of `logits` ([rows, V], rows of any stride), parameters as
+        chain_verify_ragged takes them (per-request values as [rows / rows_per_request] tensors).
+        Returns the cuts' values (float32 [rows]) and ids (int32 [rows])."""
+        from xkernels.reference.rng import inverse_temperature
+        rows, v = logits.shape
+        if logits.stride(-1) != 1:
+            logits = logits.contiguous()
+
+        def per_row(x, dtype):
+            return x.to(dtype).contiguous() if isinstance(x, torch.Tensor) else None
+
+        def scalar(x, default):
+            return default if x is None or isinstance(x, torch.Tensor) else x
+
+        arrays = [per_row(temperature, torch.float32), per_row(top_k, torch.int32), per_row(top_p, torch.float32),
+                  per_row(min_p, torch.float32)]
+        requests = max([x.numel() for x in arrays if x is not None], default=0)
+        cuts = torch.empty(rows, 2, dtype=torch.int32)
+        msg = ctypes.create_string_buffer(1024)
+        self.lib.xk_emu_row_cut.restype = ctypes.c_int
+        rc = self.lib.xk_emu_row_cut(
+            _ptr(logits), LOGITS_TYPES[logits.dtype], ctypes.c_int64(rows), ctypes.c_int64(v),
+            ctypes.c_int64(logits.stride(0) if rows > 1 else v), ctypes.c_int64(rows_per_request),
+            ctypes.c_int64(requests), ctypes.c_float(inverse_temperature(scalar(temperature, 0.0))),
+            ctypes.c_int32(min(scalar(top_k, 0), 2**31 - 1)), ctypes.c_float(scalar(top_p, 1.0)),
+            ctypes.c_float(scalar(min_p, 0.0)), *[_ptr(x) for x in arrays], _ptr(cuts), msg, ctypes.c_size_t(len(msg)))
+        self._check(rc, msg)
+        return cuts[:, 0].view(torch.float32), cuts[:, 1].clone()
+
     def refine(self, op, ctx, tokens, base, weights, temperature=0.0, seed=0, offset=0, max_iters=0, num_sms=4,
                slice_bytes=1 << 20, read="auto", seed_tensor=None, offset_tensor=None):
         """slice_bytes: the L2 budget of one GEMM slice of the read (small values: many slices);

@@ -13,6 +13,7 @@
 #include "dllm_launch.h"
 #include "cuda_emu.h"
 #include "refine_launch.h"
+#include "row_cut_launch.h"
 #include "shard_row_stats_launch.h"
 #include "spiffy_launch.h"
 #include "tree_launch.h"
@@ -162,6 +163,30 @@ int xk_emu_chain_ragged(const void* logits, int logits_type, const int64_t* draf
   copy_out(out, p.out, sizeof(int32_t) * n * width);
   copy_out(num_emitted, p.num_emitted, sizeof(int32_t) * n);
   copy_out(logprobs, p.logprobs, sizeof(float) * n * width);
+  return finish(err, message, message_len);
+}
+
+// launch_row_cut over `rows` rows of `row_stride` elements (the last one only v of them); per-row
+// parameter arrays are null or [requests]. cuts: [rows] FilterCut, as {val, idx} pairs.
+int xk_emu_row_cut(const void* logits, int logits_type, int64_t rows, int64_t v, int64_t row_stride,
+                   int64_t rows_per_request, int64_t requests, float inv_t, int32_t top_k, float top_p, float min_p,
+                   const float* temperature, const int32_t* top_k_rows, const float* top_p_rows,
+                   const float* min_p_rows, xkernels::FilterCut* cuts, char* message, size_t message_len) {
+  using namespace xkernels::cuda;
+  Device dev;
+  RowCutParams p{};
+  p.logits = dev.copy(static_cast<const char*>(logits), (rows > 0 ? (rows - 1) * row_stride + v : 0) *
+                                                           logits_bytes(logits_type));
+  p.dtype = static_cast<LogitsType>(logits_type);
+  p.rows = rows, p.v = v, p.row_stride = row_stride, p.rows_per_request = rows_per_request;
+  p.s.scalar = xkernels::RowSampling{inv_t, top_k, top_p, min_p};
+  p.s.temperature = dev.copy(temperature, sizeof(float) * requests);
+  p.s.top_k = dev.copy(top_k_rows, sizeof(int32_t) * requests);
+  p.s.top_p = dev.copy(top_p_rows, sizeof(float) * requests);
+  p.s.min_p = dev.copy(min_p_rows, sizeof(float) * requests);
+  p.cuts = dev.alloc<xkernels::FilterCut>(sizeof(xkernels::FilterCut) * rows, 0xA5);
+  const cudaError_t err = launch_row_cut(p, nullptr);
+  copy_out(cuts, p.cuts, sizeof(xkernels::FilterCut) * rows);
   return finish(err, message, message_len);
 }
 
