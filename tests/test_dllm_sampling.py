@@ -55,7 +55,7 @@ def test_drawn_tokens_follow_the_filtered_distribution(variant):
     filtered rows with the unfiltered tempered softmax and must fail."""
     n, length, v, calls = 8, 16, 10, 250
     g = torch.Generator().manual_seed(3)
-    rows = torch.randn(n, v, generator=g) * 1.5
+    rows = torch.randn(n, v, generator=g) * 0.8  # every sampled row's p' keeps 2 to 9 ids
     rows[:, MASK] = rows.max() + 2
     params = mixed_params(n, 1)
     logits = rows[:, None].expand(n, length, v).contiguous()
@@ -164,15 +164,18 @@ def test_spiffy_accept_is_lossless_against_dllm_step(per_request):
     for a, b in zip(got, want):
         assert torch.equal(a, b)
     assert (got[0] > 1).any()
+    steps, state = [], block.clone()  # one-step-per-call decoding of the whole batch
+    for d in range(int(got[0].max())):
+        state, positions, tokens, _ = dllm_step_at(root if d == 0 else draft_logits[:, d - 1], state, params, d,
+                                                   length)
+        steps.append((state, positions, tokens))
     for s in range(n):
-        state, committed = block[s:s + 1].clone(), []
-        for d in range(int(got[0][s])):
-            logits = root[s:s + 1] if d == 0 else draft_logits[s:s + 1, d - 1]
-            state, positions, tokens, _ = dllm_step_at(logits, state, take(params, slice(s, s + 1)), d, length)
-            committed += [(p, t) for p, t in zip(positions[0].tolist(), tokens[0].tolist()) if p >= 0]
-        assert torch.equal(state[0], got[3][s])
-        count = len(committed)
-        assert sorted(committed) == sorted(zip(got[1][s, :count].tolist(), got[2][s, :count].tolist()))
+        taken = int(got[0][s])
+        assert torch.equal(steps[taken - 1][0][s], got[3][s])
+        committed = [(p, t) for _, positions, tokens in steps[:taken]
+                     for p, t in zip(positions[s].tolist(), tokens[s].tolist()) if p >= 0]
+        assert sorted(committed) == sorted(zip(got[1][s, :len(committed)].tolist(),
+                                               got[2][s, :len(committed)].tolist()))
 
 
 def dllm_step_at(logits, block, params, step, length):
