@@ -719,7 +719,10 @@ def dllm_step(
         - CPU: masked rows in parallel (a filtered row's cut as :func:`chain_verify_ragged`'s CPU
           kernel finds it, no sort), then the selection per sequence (the rule shared in
           ``csrc/include/xkernels/dllm.h``).
-        - CUDA: a block per masked row, then a thread per sequence.
+        - CUDA: with filters, first a block per row finds its cut (``launch_row_cut``: radix
+          selection over the scaled logits' order-preserving bits, the mask token ranked as -inf);
+          then blocks over slices of each masked row, then a thread per sequence. No host sync,
+          per-sequence tensors read on the device.
     """
     return torch.ops.xkernels.dllm_step.default(
         _tensor(logits, "logits"), _tensor(block_tokens, "block_tokens"), int(mask_id), int(num_unmask),
@@ -780,8 +783,9 @@ def spiffy_materialize(
     Kernels:
         - CPU: rows in parallel (statistics and top 8 tokens), then ranking, scores and selection per
           sequence (``csrc/include/xkernels/spiffy.h``).
-        - CUDA: one launch, a block per sequence: warps over the rows, then one block-wide argmax
-          per kept node.
+        - CUDA: with filters, a block per row finds its cut (``launch_row_cut``); blocks over slices
+          of the masked rows (statistics, the tempered sum over the kept ids, top 8 tokens); then a
+          block per sequence: warps merge the rows, then one block-wide argmax per kept node.
     """
     return torch.ops.xkernels.spiffy_materialize.default(
         _tensor(logits, "logits"), _tensor(block_tokens, "block_tokens"), int(mask_id),
@@ -848,8 +852,10 @@ def spiffy_accept(
 
     Kernels:
         - CPU: sequences in parallel, each step's rows with :func:`dllm_step`'s row rule.
-        - CUDA: one launch, a thread block cluster of 8 blocks per sequence (sm_90+; a block below)
-          walks the steps, a block a masked row, two cluster barriers a step.
+        - CUDA: with filters, first the cut of every row of the root's and the drafts' logits
+          (``launch_row_cut``; a walk may read any of them); then one launch, a thread block cluster
+          of 8 blocks per sequence (sm_90+; a block below) walks the steps, a block a masked row, two
+          cluster barriers a step.
     """
     return torch.ops.xkernels.spiffy_accept.default(
         _tensor(root_logits, "root_logits"), _tensor(draft_logits, "draft_logits"),

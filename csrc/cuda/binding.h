@@ -32,16 +32,11 @@ inline at::Tensor workspace(size_t bytes, const at::Tensor& like) {
   return at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
 }
 
-// The CUDA kernels of dllm_step and the Spiffy ops take no top-k, top-p or min-p yet (the row
-// cut pass is not wired in): a call asking for one raises rather than sampling unfiltered.
-inline void check_no_filter(const SamplingArgs& s, int64_t vocab, const char* op) {
-  TORCH_CHECK(!s.any_filter(vocab), op, ": top_k, top_p and min_p are not supported on CUDA yet (the CPU kernel "
-              "takes them)");
-}
-
+// dllm_step's rule (spiffy_accept's too) over rows of `vocab` ids; the view points into `s`.
 inline DllmRule dllm_rule(int64_t mask_id, int64_t num_unmask, std::optional<double> threshold,
-                          const SamplingView& s) {
-  return DllmRule{mask_id, num_unmask, threshold.has_value(), static_cast<float>(threshold.value_or(0.0)), s};
+                          const SamplingArgs& s, int64_t vocab) {
+  return DllmRule{mask_id,         num_unmask, threshold.has_value(), static_cast<float>(threshold.value_or(0.0)),
+                  sampling_view(s), s.may_sample() && s.any_filter(vocab)};
 }
 
 inline cudaStream_t stream() { return at::cuda::getCurrentCUDAStream().stream(); }

@@ -18,7 +18,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step_cuda(
   const auto s = check_dllm_step(logits, block_tokens, num_unmask, threshold);
   if (value_checks_enabled()) check_block_tokens(block_tokens, mask_id, s.v);
   const SamplingArgs sampling = sampling_args(s.n, logits.device(), XK_SAMPLING_FORWARD);
-  cuda::check_no_filter(sampling, s.v, "dllm_step");
   const c10::cuda::CUDAGuard guard(logits.device());
   const auto l = logits.contiguous();
   auto [block, new_block, positions, tokens, confidence] = dllm_outputs(logits, block_tokens, s);
@@ -27,7 +26,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step_cuda(
   p.dtype = cuda::logits_type(l);
   p.block = block.const_data_ptr<int64_t>();
   p.n = s.n, p.l = s.l, p.v = s.v;
-  p.rule = cuda::dllm_rule(mask_id, num_unmask, threshold, sampling_view(sampling));
+  p.rule = cuda::dllm_rule(mask_id, num_unmask, threshold, sampling, s.v);
   p.new_block = new_block.mutable_data_ptr<int64_t>();
   p.positions = positions.mutable_data_ptr<int64_t>();
   p.tokens = tokens.mutable_data_ptr<int64_t>();

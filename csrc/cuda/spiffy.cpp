@@ -20,7 +20,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> spiffy_materialize_cuda(
   const auto s = check_spiffy_materialize(logits, block_tokens, mask_id, graph_ranks, graph_child_ptr, graph_children,
                                           keep, value_checks_enabled());
   const SamplingArgs sampling = spiffy_filter_args(s.n, logits.device(), XK_SPIFFY_FILTER_FORWARD);
-  cuda::check_no_filter(sampling, s.v, "spiffy_materialize");
   const c10::cuda::CUDAGuard guard(logits.device());
   const auto l = logits.contiguous(), block = block_tokens.contiguous();
   const auto ranks = graph_ranks.contiguous(), ptr = graph_child_ptr.contiguous(), children = graph_children.contiguous();
@@ -33,6 +32,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> spiffy_materialize_cuda(
                       children.const_data_ptr<int32_t>(), s.g, s.k, s.e};
   p.n = s.n, p.l = s.l, p.v = s.v, p.mask_id = mask_id, p.keep = keep;
   p.s = sampling_view(sampling);
+  p.filtered = sampling.may_sample() && sampling.any_filter(s.v);
   p.drafts = drafts.mutable_data_ptr<int64_t>();
   p.node_ids = node_ids.mutable_data_ptr<int64_t>();
   p.scores = scores.mutable_data_ptr<float>();
@@ -50,7 +50,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> spiffy_ac
                                      threshold);
   if (value_checks_enabled()) check_block_tokens(block_tokens, mask_id, s.v);
   const SamplingArgs sampling = sampling_args(s.n, root_logits.device(), XK_SAMPLING_FORWARD);
-  cuda::check_no_filter(sampling, s.v, "spiffy_accept");
   const c10::cuda::CUDAGuard guard(root_logits.device());
   const auto root = root_logits.contiguous(), drafts = draft_logits.contiguous();
   const auto blocks = draft_blocks.contiguous(), ids = node_ids.contiguous();
@@ -62,7 +61,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> spiffy_ac
   p.drafts = blocks.const_data_ptr<int64_t>();
   p.node_ids = ids.const_data_ptr<int64_t>();
   p.n = s.n, p.l = s.l, p.v = s.v, p.k = s.k;
-  p.rule = cuda::dllm_rule(mask_id, num_unmask, threshold, sampling_view(sampling));
+  p.rule = cuda::dllm_rule(mask_id, num_unmask, threshold, sampling, s.v);
   p.new_block = new_block.mutable_data_ptr<int64_t>();
   p.positions = positions.mutable_data_ptr<int64_t>();
   p.tokens = tokens.mutable_data_ptr<int64_t>();

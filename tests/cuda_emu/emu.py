@@ -36,11 +36,17 @@ def _inv_t(temperature):
     return 0.0 if temperature == 0 else 1.0 / temperature
 
 
-def _stream_args(n, temperature, seed, offset):
-    """The shim's XK_EMU_STREAM_ARGS (a scalar or per-sequence temperature; the seed and offset
-    forms of xkernels.dllm_step), and the tensors they point into (keep them for the call)."""
+def _stream_args(n, temperature, seed, offset, top_k=None, top_p=None, min_p=None):
+    """The shim's XK_EMU_STREAM_ARGS (each parameter a scalar or [N]; the seed and offset forms of
+    xkernels.dllm_step), and the tensors they point into (keep them for the call)."""
     from xkernels.reference.rng import inverse_temperature
     from xkernels.reference.sampling import is_per_row
+
+    def rows(x, dtype):
+        return x.to(dtype).contiguous() if isinstance(x, torch.Tensor) else None
+
+    def scalar(x, default):
+        return default if x is None or isinstance(x, torch.Tensor) else x
 
     def stream(x):
         if isinstance(x, torch.Tensor):
@@ -48,14 +54,17 @@ def _stream_args(n, temperature, seed, offset):
             return 0, x, x.numel()
         return x % 2**64, None, 0
 
-    rows = temperature.float().contiguous() if isinstance(temperature, torch.Tensor) else None
-    inv_t = 0.0 if rows is not None else inverse_temperature(temperature)
+    alive = (rows(temperature, torch.float32), rows(top_k, torch.int32), rows(top_p, torch.float32),
+             rows(min_p, torch.float32))
     seed_int, seed_t, seed_numel = stream(seed)
     offset_int, offset_t, offset_numel = stream(offset)
     per_request = is_per_row(seed, n) or is_per_row(offset, n)
-    args = (ctypes.c_float(inv_t), _ptr(rows), ctypes.c_uint64(seed_int), ctypes.c_uint64(offset_int), _ptr(seed_t),
-            ctypes.c_int64(seed_numel), _ptr(offset_t), ctypes.c_int64(offset_numel), ctypes.c_int(per_request))
-    return args, (rows, seed_t, offset_t)
+    args = (ctypes.c_float(inverse_temperature(scalar(temperature, 0.0))),
+            ctypes.c_int32(min(scalar(top_k, 0), 2**31 - 1)), ctypes.c_float(scalar(top_p, 1.0)),
+            ctypes.c_float(scalar(min_p, 0.0)), *[_ptr(t) for t in alive], ctypes.c_uint64(seed_int),
+            ctypes.c_uint64(offset_int), _ptr(seed_t), ctypes.c_int64(seed_numel), _ptr(offset_t),
+            ctypes.c_int64(offset_numel), ctypes.c_int(per_request))
+    return args, alive + (seed_t, offset_t)
 
 
 class CudaEmu:
@@ -256,14 +265,15 @@ class CudaEmu:
         return cache
 
     def dllm_step(self, logits, block, mask_id, num_unmask=1, threshold=None, temperature=0.0, seed=0, offset=0,
-                  num_sms=4):
-        """temperature: a float or [N]; seed, offset: ints or int64 tensors (one element or [N])."""
+                  num_sms=4, top_k=None, top_p=None, min_p=None):
+        """temperature, top_k, top_p, min_p: scalars or [N]; seed, offset: ints or int64 tensors (one
+        element or [N])."""
         n, length, v = logits.shape
         logits, block = _c(logits), _c(block)
         outs = [torch.empty(n, length, dtype=torch.int64) for _ in range(3)] + [torch.empty(n, length)]
         msg = ctypes.create_string_buffer(1024)
         i64 = ctypes.c_int64
-        stream, _alive = _stream_args(n, temperature, seed, offset)
+        stream, _alive = _stream_args(n, temperature, seed, offset, top_k, top_p, min_p)
         rc = self.lib.xk_emu_dllm_step(
             _ptr(logits), LOGITS_TYPES[logits.dtype], _ptr(block), i64(n), i64(length), i64(v), i64(mask_id),
             i64(num_unmask), ctypes.c_int(threshold is not None), ctypes.c_float(threshold or 0.0), *stream,
@@ -271,7 +281,8 @@ class CudaEmu:
         self._check(rc, msg)
         return tuple(outs)
 
-    def spiffy_materialize(self, logits, block, mask_id, graph, keep, temperature=0.0, num_sms=4):
+    def spiffy_materialize(self, logits, block, mask_id, graph, keep, temperature=0.0, num_sms=4, top_k=None,
+                           top_p=None, min_p=None):
         n, length, v = logits.shape
         logits, block = _c(logits), _c(block)
         ranks, ptr, children = _c(graph.ranks), _c(graph.child_ptr), _c(graph.children)
@@ -280,17 +291,17 @@ class CudaEmu:
         scores = torch.empty(n, keep)
         msg = ctypes.create_string_buffer(1024)
         i64 = ctypes.c_int64
-        stream, _alive = _stream_args(n, temperature, 0, 0)
+        stream, _alive = _stream_args(n, temperature, 0, 0, top_k, top_p, min_p)
         rc = self.lib.xk_emu_spiffy_materialize(
             _ptr(logits), LOGITS_TYPES[logits.dtype], _ptr(block), i64(n), i64(length), i64(v), i64(mask_id),
             _ptr(ranks), _ptr(ptr), _ptr(children), i64(ranks.shape[0]), i64(ranks.shape[1]), i64(children.numel()),
-            i64(keep), *stream[:2], ctypes.c_int(num_sms), _ptr(drafts), _ptr(node_ids), _ptr(scores), msg,
+            i64(keep), *stream, ctypes.c_int(num_sms), _ptr(drafts), _ptr(node_ids), _ptr(scores), msg,
             ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
         return drafts, node_ids, scores
 
     def spiffy_accept(self, root, draft_logits, drafts, node_ids, block, mask_id, num_unmask=1, threshold=None,
-                      temperature=0.0, seed=0, offset=0, clusters=True):
+                      temperature=0.0, seed=0, offset=0, clusters=True, top_k=None, top_p=None, min_p=None):
         """clusters: the device runs thread block clusters (the binding's test of sm_90+)."""
         n, length, v = root.shape
         k = drafts.shape[1]
@@ -299,7 +310,7 @@ class CudaEmu:
         positions, tokens, new_block = (torch.empty(n, length, dtype=torch.int64) for _ in range(3))
         msg = ctypes.create_string_buffer(1024)
         i64 = ctypes.c_int64
-        stream, _alive = _stream_args(n, temperature, seed, offset)
+        stream, _alive = _stream_args(n, temperature, seed, offset, top_k, top_p, min_p)
         rc = self.lib.xk_emu_spiffy_accept(
             _ptr(root), _ptr(draft_logits), LOGITS_TYPES[root.dtype], _ptr(drafts), _ptr(node_ids), _ptr(block),
             i64(n), i64(length), i64(v), i64(k), i64(mask_id), i64(num_unmask), ctypes.c_int(threshold is not None),

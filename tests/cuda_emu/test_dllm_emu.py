@@ -4,6 +4,7 @@ import torch
 
 from xkernels import reference
 from tests.test_dllm import MASK, near_tie_case, step_case
+from tests.test_dllm_sampling import mixed_params, take
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -60,32 +61,29 @@ def test_draws_at_near_ties_match_the_reference(emu, level):
         assert torch.equal(got[2], want[2])
 
 
-def _per_request(n, seed):
-    g = torch.Generator().manual_seed(seed)
-    temperature = torch.tensor([0.0, 1.0, 0.7, 1.6])[torch.arange(n) % 4]  # greedy rows in the same launch
-    return dict(temperature=temperature, seed=torch.randint(0, 2**40, (n,), generator=g),
-                offset=torch.randint(0, 2**20, (n,), generator=g))
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("v", [301, 65544])  # 65544: rows split over slices
-def test_per_sequence_temperatures_and_streams(emu, dtype, v):
-    """Per-sequence temperatures (0 among them) and per-request streams against the reference, and
-    a sequence alone gets what it gets in the batch."""
-    n = 5
+@pytest.mark.parametrize("per_request", [True, False])
+def test_per_sequence_parameters_and_streams(emu, dtype, v, per_request):
+    """Every parameter kind mixed in one batch (greedy rows, top-k, top-p, min-p; the row cut pass,
+    the mask token holding the largest logit so that a cut counting it would differ) against the
+    reference; with per-request streams a sequence alone gets what it gets in the batch."""
+    n = 8
     logits, block = step_case(n, 6, v, dtype, seed=4)
-    params = _per_request(n, 1)
-    got = emu.dllm_step(logits, block, MASK, 2, None, **params, num_sms=132)
+    logits[:, :, MASK] = 30.0
+    params = mixed_params(n, 1, per_request)
+    got = emu.dllm_step(logits, block, MASK, 2, None, num_sms=132, **params)
     want = reference.dllm_step(logits, block, MASK, 2, None, **params)
     for a, b in zip(got[:3], want[:3]):
         assert torch.equal(a, b)
     torch.testing.assert_close(got[3], want[3], atol=1e-5, rtol=1e-4, equal_nan=True)
-    for s in (1, 3):
-        alone = emu.dllm_step(logits[s:s + 1], block[s:s + 1], MASK, 2, None,
-                              **{k: t[s:s + 1] for k, t in params.items()}, num_sms=132)
-        for a, b in zip(alone, got):
-            assert torch.equal(a[0], b[s])
-    scalar_seed = emu.dllm_step(logits, block, MASK, 2, None, params["temperature"], torch.tensor([9]),
-                                torch.tensor([4]))
-    want = reference.dllm_step(logits, block, MASK, 2, None, params["temperature"], 9, 4)
-    assert torch.equal(scalar_seed[2], want[2])  # one-element tensors: the scalar form, read on the device
+    if per_request:
+        for s in (2, 5):
+            alone = emu.dllm_step(logits[s:s + 1], block[s:s + 1], MASK, 2, None, num_sms=132,
+                                  **take(params, slice(s, s + 1)))
+            for a, b in zip(alone, got):
+                assert torch.equal(a[0], b[s])
+    one_element = emu.dllm_step(logits, block, MASK, 2, None, temperature=0.7, seed=torch.tensor([9]),
+                                offset=torch.tensor([4]))
+    want = reference.dllm_step(logits, block, MASK, 2, None, 0.7, 9, 4)
+    assert torch.equal(one_element[2], want[2])  # one-element tensors: the scalar form, read on the device
