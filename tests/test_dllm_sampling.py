@@ -24,7 +24,8 @@ def mixed_params(n, seed, per_request=True):
                   top_p=torch.tensor([1.0, 1.0, 1.0, 0.7, 1.0, 0.8, 0.9, 0.5])[rows % 8],
                   min_p=torch.tensor([0.0, 0.0, 0.0, 0.0, 0.2, 0.05, 0.1, 0.3])[rows % 8])
     if per_request:
-        params.update(seed=torch.randint(0, 2**40, (n,), generator=g), offset=torch.randint(0, 2**20, (n,), generator=g))
+        params.update(seed=torch.randint(0, 2**40, (n,), generator=g),
+                      offset=torch.randint(0, 2**20, (n,), generator=g))
     else:
         params.update(seed=int(torch.randint(0, 2**40, (), generator=g)), offset=7)
     return params

@@ -775,8 +775,8 @@ def spiffy_materialize(
 
     Raises:
         RuntimeError: a tensor of the wrong shape, dtype or device, bad sampling parameters (as
-            :func:`dllm_step`), or (on the CPU) graph values out of range (ranks beyond the block or past rank 8, ``keep`` beyond the graph) or
-            ``block_tokens`` ids outside ``[0, V)`` other than ``mask_id``, naming the argument; the
+            :func:`dllm_step`), or (on the CPU) graph values out of range (ranks beyond the block
+            or past rank 8, ``keep`` beyond the graph) or ``block_tokens`` ids outside ``[0, V)`` other than ``mask_id``, naming the argument; the
             CUDA kernels skip out-of-range graph values instead and copy the block's ids as they are
             (both are checked there with ``XKERNELS_CHECK=1``).
 

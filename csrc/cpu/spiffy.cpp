@@ -141,7 +141,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> spiffy_ac
           for (int64_t p = 0; p < s.l; ++p) {
             conf[p] = kNegInf;
             if (state[p] != mask_id) continue;
-            const auto r = cpu::dllm_row(lp + p * s.v, s.v, mask_id, rs, step_stream, static_cast<uint32_t>(p), scratch);
+            const auto r =
+                cpu::dllm_row(lp + p * s.v, s.v, mask_id, rs, step_stream, static_cast<uint32_t>(p), scratch);
             x0[p] = r.x0, conf[p] = r.confidence;
           }
           int64_t* pos_out = positions.mutable_data_ptr<int64_t>() + n * s.l + committed;

@@ -125,9 +125,9 @@ __global__ void __launch_bounds__(kThreads) spiffy_rows_kernel(SpiffyMaterialize
 }
 
 // Pass 2: a block per sequence. Its warps merge the slices of each masked row (a lane a slice).
-__global__ void __launch_bounds__(kThreads) spiffy_materialize_kernel(SpiffyMaterializeParams p, const FilterCut* cuts,
-                                                                      const RowSlice* rows, int slices, PositionTop* pos,
-                                                                      int32_t* order, float* score, uint8_t* state) {
+__global__ void __launch_bounds__(kThreads)
+    spiffy_materialize_kernel(SpiffyMaterializeParams p, const FilterCut* cuts, const RowSlice* rows, int slices,
+                              PositionTop* pos, int32_t* order, float* score, uint8_t* state) {
   __shared__ int64_t masked_shared;
   const int64_t n = blockIdx.x;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
