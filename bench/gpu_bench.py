@@ -36,7 +36,8 @@ ESTIMATE_US = {("chain_verify", 0.0, False): 88, ("chain_verify", 1.0, False): 1
                ("build_draft_tree",): 15, ("tree_attention_mask",): 5, ("tree_verify", 0.0, False): 20,
                ("tree_verify", 1.0, False): 37, ("tree_verify", 1.0, True): 60,
                ("dllm_step T=0",): 38, ("dllm_step T=1",): 70, ("spiffy_materialize",): 70, ("spiffy_accept",): 75,
-               ("spiffy_attention_mask",): 5, ("chain_verify_ragged",): 300, ("chain_verify_ragged block",): 330}
+               ("spiffy_attention_mask",): 5, ("chain_verify_ragged",): 300, ("chain_verify_ragged block",): 330,
+               ("tree_verify mixed",): 600}
 
 
 def time_events(fn, warmup=25, iters=200):
@@ -379,6 +380,20 @@ def bench_tree(results, bench):
                    h200_estimate_us=ESTIMATE_US[("tree_verify", temperature, with_q)])
         bench.bandwidth(row, read, us)
         bench.emit(results, row, op)
+    # Per-request parameters mixed in the batch (greedy rows, each filter), per-request streams: the
+    # cut pass reads every node row once (bench/floors.md), then the walk.
+    kinds = torch.arange(n, device=bench.device) % 4
+    mixed = dict(temperature=torch.tensor([0.0, 1.0, 0.7, 1.0], device=bench.device)[kinds],
+                 top_k=torch.tensor([0, 50, 0, 20], device=bench.device)[kinds],
+                 top_p=torch.tensor([1.0, 1.0, 0.9, 0.8], device=bench.device)[kinds],
+                 min_p=torch.tensor([0.0, 0.0, 0.0, 0.05], device=bench.device)[kinds],
+                 seed=torch.arange(n, device=bench.device), offset=torch.zeros(n, dtype=torch.int64, device=bench.device))
+    op = lambda: xkernels.tree_verify(tokens, parents, logits, draft_probs=q, **mixed)  # noqa: E731
+    us = bench.time(op, iters=50)
+    row = dict(op="tree_verify mixed", shape=f"N={n} M={m} V={v} bf16", draft_probs=True, us=round(us, 1),
+               h200_estimate_us=ESTIMATE_US[("tree_verify mixed",)])
+    bench.bandwidth(row, n * m * v * 2, us)
+    bench.emit(results, row, op)
 
 
 def spiffy_inputs(n, length, v, dtype, masked=24, seed=0, device="cuda"):
