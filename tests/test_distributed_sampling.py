@@ -1,6 +1,7 @@
 """xkernels.distributed's per-request sampling on gloo, world sizes 2 and 3 (uneven shards and an
 empty one): per-sequence temperatures (greedy rows among them), per-request streams and top-k /
-top-p / min-p over the whole vocabulary, against the unsharded ops. Kept apart from
+top-p / min-p over the whole vocabulary, against the unsharded ops (tree_verify, the refine ops,
+dllm_step). Kept apart from
 test_distributed.py (minutes) so that these run in seconds."""
 
 import contextlib
@@ -13,18 +14,13 @@ import torch.multiprocessing as mp
 
 import xkernels
 from xkernels import distributed
-from tests.test_distributed import BOUNDS, V, _as_tensors, _case_logits, _free_port, _same, _shard, _unread
+from tests.test_distributed import (BOUNDS, V, _as_tensors, _case_logits, _free_port, _refiner_case, _same, _shard,
+                                    _unread)
 
 N, M = 6, 8
 TEMPS = torch.tensor([1.0, 0.0, 0.7, 1.3, 1.0, 0.9])
 TOP_K, TOP_P = torch.tensor([3, 0, 1, 2, 40, 1]), torch.tensor([0.9, 0.5, 1.0, 0.6, 0.3, 0.95])
 MIN_P = torch.tensor([0.1, 0.0, 0.3, 0.05, 0.0, 0.2])
-# Every parameter kind alone with per-sequence temperatures, all of them as scalars, all as mixed
-# tensors, none; and filters under an all-greedy call (they play no part there).
-CASES = [dict(temperature=TEMPS, top_k=TOP_K), dict(temperature=TEMPS, top_p=TOP_P),
-         dict(temperature=TEMPS, min_p=MIN_P), dict(temperature=0.8, top_k=6, top_p=0.8, min_p=0.02),
-         dict(temperature=TEMPS, top_k=TOP_K.flip(0), top_p=TOP_P, min_p=MIN_P.flip(0)), dict(temperature=TEMPS),
-         dict(temperature=0.0, top_k=2, top_p=0.5)]
 STREAMS = [(torch.tensor([3, 3, -5, 2**40, 7, 1]), torch.tensor([0, 11, 4, 2**62, 9, 1])), (4, 2)]
 
 
@@ -61,21 +57,21 @@ def _check_tree_sampling(rank, bounds):
     residual walk's early stop reads its flags, but no seed tensor). The filters change some
     unsharded result, so a sharded walk that ignored them would fail here."""
     tokens, parents, logits, q, num_nodes = _tree_case(bounds)
+    cases = _cases(TEMPS, TOP_K, TOP_P, MIN_P)
     empty = [(0, 0), (0, V)] if len(bounds) == 2 else [(0, 14), (14, 14), (14, V)]
     filters_matter = False
     for shards in (bounds, empty):
         local, start = _shard(logits, shards, rank)
         local_q = _shard(q, shards, rank)[0]
-        for i, case in enumerate(CASES):
+        for i, case in enumerate(cases):
             for (probs, shard_q, without), (seed, offset) in itertools.product(
                     ((None, None, False), (q, local_q, False), (q, local_q, True)), STREAMS):
                 kw = dict(without_replacement=without, **case)
                 want = xkernels.tree_verify(tokens, parents, logits, draft_probs=probs, seed=seed, offset=offset,
                                             num_nodes=num_nodes, **kw)
-                plain = {k: v for k, v in kw.items() if k not in ("top_k", "top_p", "min_p")}
                 filters_matter |= not all(torch.equal(a, b) for a, b in zip(want, xkernels.tree_verify(
                     tokens, parents, logits, draft_probs=probs, seed=seed, offset=offset, num_nodes=num_nodes,
-                    **plain)))
+                    **_unfiltered(kw))))
                 for capturable in (False, True) if probs is not None else (True,):
                     reads = contextlib.nullcontext() if not torch.is_tensor(seed) else _unread(seed, offset)
                     with reads if probs is not None and not capturable else _unread():
@@ -93,7 +89,7 @@ def _check_tree_alone(rank, bounds):
     local, start = _shard(logits, bounds, rank)
     local_q = _shard(q, bounds, rank)[0]
     seed, offset = STREAMS[0]
-    case = CASES[4]
+    case = _cases(TEMPS, TOP_K, TOP_P, MIN_P)[4]
     for shard_q in (None, local_q):
         batch = _call_tree(tokens, parents, local, start, shard_q, True, case, dict(seed=seed, offset=offset),
                            num_nodes)
@@ -167,6 +163,82 @@ def _check_cuts_uncompacted(rank, bounds):
         assert torch.equal(got[0], distributed.filter_cuts(*args)[0])  # the default on CPU tensors
 
 
+def _cases(temps, top_k, top_p, min_p):
+    """Every parameter kind alone with per-sequence temperatures, all as scalars, all as mixed
+    tensors, none, and filters under an all-greedy call."""
+    return [dict(temperature=temps, top_k=top_k), dict(temperature=temps, top_p=top_p),
+            dict(temperature=temps, min_p=min_p), dict(temperature=0.8, top_k=6, top_p=0.8, min_p=0.02),
+            dict(temperature=temps, top_k=top_k.flip(0), top_p=top_p, min_p=min_p.flip(0)), dict(temperature=temps),
+            dict(temperature=0.0, top_k=2, top_p=0.5)]
+
+
+def _unfiltered(case):
+    return {k: v for k, v in case.items() if k not in ("top_k", "top_p", "min_p")}
+
+
+def _check_refine_sampling(rank, bounds):
+    """refine_step, jacobi_refine (early stop and capturable) and sequential_refine with
+    per-sequence parameters and both stream forms: the unsharded ops' tokens, log-probabilities
+    within 1e-5; no tensor read on the host but jacobi_refine's stopping flag."""
+    ctx, prev, prefix, base, weights = _refiner_case(bounds)
+    base = base.round(decimals=1)  # ties at the cuts
+    local_base, start = _shard(base, bounds, rank)
+    a, b = bounds[rank]
+    local_w = weights._replace(emb=weights.emb[a:b].contiguous(), w_read=weights.w_read[a:b].contiguous())
+    cases = _cases(torch.tensor([0.9, 0.0, 1.2]), torch.tensor([3, 0, 1]), torch.tensor([0.8, 1.0, 0.5]),
+                   torch.tensor([0.05, 0.0, 0.2]))
+    streams = [(torch.tensor([5, -2, 2**40]), torch.tensor([3, 0, 2**50])), (4, 2)]
+    filters_matter = False
+    for i, case in enumerate(cases):
+        for seed, offset in streams:
+            kw = dict(seed=seed, offset=offset, **case)
+            name = f"case {i} per-request={torch.is_tensor(seed)}"
+            want = xkernels.refine_step(ctx, prev, base, weights, **kw)
+            filters_matter |= not torch.equal(want[0], xkernels.refine_step(ctx, prev, base, weights,
+                                                                            **_unfiltered(kw))[0])
+            with _unread():
+                got = distributed.refine_step(ctx, prev, local_base, local_w, vocab_start=start, **kw)
+            _same(f"refine_step {name}", got, want, 1)
+            want = xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=3, **kw)
+            with _unread(seed, offset) if torch.is_tensor(seed) else contextlib.nullcontext():
+                got = distributed.jacobi_refine(ctx, prefix, local_base, local_w, max_iters=3, vocab_start=start, **kw)
+            _same(f"jacobi_refine {name}", got, want, 1)
+            with _unread():
+                got = distributed.jacobi_refine(ctx, prefix, local_base, local_w, max_iters=3, vocab_start=start,
+                                                capturable=True, **kw)
+            _same(f"jacobi_refine capturable {name}", got, want, 1)
+            with _unread():
+                got = distributed.sequential_refine(ctx, prefix, local_base, local_w, vocab_start=start, **kw)
+            _same(f"sequential_refine {name}", got, xkernels.sequential_refine(ctx, prefix, base, weights, **kw), 1)
+    assert filters_matter
+
+
+def _check_dllm_sampling(rank, bounds):
+    """dllm_step with per-sequence parameters and both stream forms (the mask token, the first id
+    of shard 1, ties the top of sequence 2 across the boundary: the filters must rank it -inf), at
+    several unmasking rules: the unsharded op's outputs, reading no tensor on the host."""
+    n, length, mask = 4, 9, bounds[1][0]
+    logits = _case_logits(n, length, 61, bounds).round(decimals=1)
+    g = torch.Generator().manual_seed(62)
+    block = torch.randint(0, V, (n, length), generator=g)
+    block[torch.rand(n, length, generator=g) < 0.6] = mask
+    block[:, 0] = mask
+    local, start = _shard(logits, bounds, rank)
+    cases = _cases(torch.tensor([1.0, 0.0, 0.7, 1.3]), torch.tensor([2, 0, 1, 5]), torch.tensor([0.8, 1.0, 0.6, 0.9]),
+                   torch.tensor([0.1, 0.0, 0.2, 0.0]))
+    streams = [(torch.tensor([3, 9, -4, 2**41]), torch.tensor([0, 18, 5, 2**45])), (4, 2)]
+    filters_matter = False
+    for i, case in enumerate(cases):
+        for (num_unmask, threshold), (seed, offset) in itertools.product(((3, None), (1, 0.2)), streams):
+            kw = dict(num_unmask=num_unmask, threshold=threshold, seed=seed, offset=offset, **case)
+            want = xkernels.dllm_step(logits, block, mask, **kw)
+            filters_matter |= not torch.equal(want[0], xkernels.dllm_step(logits, block, mask, **_unfiltered(kw))[0])
+            with _unread():
+                got = distributed.dllm_step(local, block, mask, vocab_start=start, **kw)
+            _same(f"dllm_step case {i} {num_unmask} {threshold} per-request={torch.is_tensor(seed)}", got, want, 3)
+    assert filters_matter
+
+
 def _check_bad_parameters(rank, bounds):
     """Per-row parameters of the wrong length or device, and scalars out of range, raise naming
     the argument before any collective (every rank alike)."""
@@ -199,7 +271,7 @@ def _worker(rank, world, port):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         for check in (_check_tree_sampling, _check_tree_alone, _check_tree_filter_traffic, _check_cuts_uncompacted,
-                      _check_bad_parameters):
+                      _check_refine_sampling, _check_dllm_sampling, _check_bad_parameters):
             check(rank, BOUNDS[world])
     finally:
         dist.destroy_process_group()

@@ -25,8 +25,11 @@ called with ``capturable=True``):
   lookup) and 1 all-gather; ``jacobi_refine`` / ``sequential_refine`` run passes of it (plus one
   all-gather for the drafter's own sample), as many as the unsharded op runs (``jacobi_refine``
   reads on the host after each pass whether a sequence changed), or with ``capturable=True``
-  min(max_iters, D + 1) passes and no host read.
-- ``dllm_step``: 1 all-gather.
+  min(max_iters, D + 1) passes and no host read. They take the per-request arguments too (slot d
+  of sequence n at offset[n] + d); with filters a pass adds the cut's collectives and 1 all-gather
+  (the pick and the sums within the cut, one more ``shard_row_stats`` pass).
+- ``dllm_step``: 1 all-gather; the per-request arguments (position l at slot offset[n] + l), the
+  filters ranking the mask token -inf: the cut's collectives and 1 all-gather more (the pick).
 - ``tree_verify``: 2 all-gathers (1 at T = 0). It takes the same per-request arguments as
   ``chain_verify`` (node i of sequence n draws slot offset[n] + i of its stream, as in
   ``xkernels.tree_verify``); the filters cut every node row (``filter_cuts``, then 1 all-gather
@@ -61,8 +64,7 @@ torch (they materialize the local shard's logits, [N, D, V_local] float32), unli
 unsharded kernels, which never write them. The code uses only tensor ops and collectives, so it
 runs on any backend: gloo on CPUs (tested), NCCL on GPUs (not testable here: two ranks cannot
 share one GPU). ``seed`` and ``offset`` are ints or one-element int64 tensors on the logits'
-device (as for the unsharded ops), or for ``chain_verify`` and ``tree_verify`` int64 [N] tensors
-(the per-request streams); a tensor is never read on the host: the kernels read it on the
+device (as for the unsharded ops), or int64 [N] tensors (the per-request streams); a tensor is never read on the host: the kernels read it on the
 device and the acceptance coins are computed from it there. The first ``shard_row_stats`` call of
 each function checks them (a bad tensor raises naming ``seed`` or ``offset``).
 """
@@ -441,35 +443,35 @@ def chain_verify(draft_tokens: torch.Tensor, local_logits: torch.Tensor, *, voca
     return accept_len, out
 
 
-def _scalar_stream(x, name: str):
-    """A seed or offset of the ops that take only the scalar stream so far (refine, dllm): a
-    one-element tensor as 0-dim, so that shard_row_stats keys it by the batch row as they do (it
-    would take a [1] tensor of one sequence as that request's stream, and [N] as per-request)."""
-    if not isinstance(x, torch.Tensor):
-        return x
-    if x.numel() != 1:
-        raise RuntimeError(f"{name} must hold exactly one element (this op takes one stream per call), got shape "
-                           f"{list(x.shape)}")
-    return x.reshape(())
-
-
-def _sample_sharded(logits: torch.Tensor, vocab_start: int, group, temperature: float, seed, offset):
-    """reference.sample_rows over a shard [N, D, V_local]: tokens = argmax(a + G) (the noise of
-    (sequence, slot, id)), logprobs = log_softmax(a)[tokens]; one all-gather."""
-    seed, offset = _scalar_stream(seed, "seed"), _scalar_stream(offset, "offset")
-    greedy = reference.inverse_temperature(temperature) == 0
+def _sample_sharded(logits: torch.Tensor, vocab_start: int, group, temperature=0.0, seed=0, offset=0, top_k=None,
+                    top_p=None, min_p=None):
+    """reference.sample_rows over a shard [N, D, V_local]: tokens = argmax(a' + G) (a = logits / T of
+    the sequence's temperature, a' = a within the row's whole-vocabulary cut, G the noise of slot d
+    of the sequence's stream), logprobs = log_softmax(a')[tokens]; greedy rows: the argmax and
+    log_softmax(logits). One all-gather; with filters the cut's collectives and 1 more (the pick
+    and the filtered sums, from one more shard_row_stats pass with the cut)."""
+    n = logits.shape[0]
+    dev = logits.device
+    inv_t, top_k, top_p, min_p = _row_params(n, dev, temperature, top_k, top_p, min_p)
+    all_greedy = not isinstance(temperature, torch.Tensor) and reference.inverse_temperature(temperature) == 0
+    filtered = not all_greedy and any(x is not None for x in (top_k, top_p, min_p))
+    rng = dict(temperature=temperature, seed=seed, offset=offset)
     traffic.read(logits)
-    row_max, row_sum, top, score, pid, plogit = ops.shard_row_stats(
-        logits, vocab_start, sample=not greedy, temperature=temperature, seed=seed, offset=offset)
-    g = _all_gather([row_max, row_sum, top, score, pid, plogit], group)
+    stats = ops.shard_row_stats(logits, vocab_start, sample=not (all_greedy or filtered), **rng)
+    g = _all_gather(list(stats), group)
     big_m, big_s, top = merge_stats(g[:, 0], g[:, 1], _ids(g[:, 2]))
-    degenerate = ~torch.isfinite(big_m)
-    if greedy:
-        tokens, pick_a = top, big_m
-    else:
-        pick, pick_a = merge_picks(g[:, 3], _ids(g[:, 4]), g[:, 5])
-        tokens = torch.where(degenerate | (pick < 0), top, pick)
-    logprobs = torch.where(degenerate, float("nan"), pick_a - big_m - torch.log(big_s))
+    point_mass = (inv_t == 0)[:, None] | ~torch.isfinite(big_m)
+    if filtered:  # the picks and sums within the cut
+        cut = _row_cuts(logits, inv_t, big_m, point_mass, vocab_start, group, (top_k, top_p, min_p))
+        stats = ops.shard_row_stats(logits, vocab_start, sample=True, cut_value=cut[0], cut_id=cut[1], **rng)
+        g = _all_gather(list(stats), group)
+        big_s = torch.where(point_mass, big_s, merge_stats(g[:, 0], g[:, 1], _ids(g[:, 2]))[1])
+    tokens, pick_a = top, big_m
+    if not all_greedy:
+        pick, pick_logit = merge_picks(g[:, 3], _ids(g[:, 4]), g[:, 5])
+        use = ~point_mass & (pick >= 0)
+        tokens, pick_a = torch.where(use, pick, top), torch.where(use, pick_logit, big_m)
+    logprobs = torch.where(torch.isfinite(big_m), pick_a - big_m - torch.log(big_s), float("nan"))
     return tokens, logprobs
 
 
@@ -498,18 +500,22 @@ def local_refined_logits(ctx, prev_tokens, local_base_logits, local_weights: Ref
 
 
 def refine_step(ctx, prev_tokens, local_base_logits, local_weights: RefinerWeights, *, vocab_start: int, group=None,
-                temperature: float = 0.0, seed=0, offset=0):
+                temperature=0.0, seed=0, offset=0, top_k=None, top_p=None, min_p=None):
     """xkernels.refine_step with the base logits' and the refiner's emb / w_read rows sharded by
-    vocabulary. Materializes the local shard of the refined logits. Returns (tokens, logprobs)."""
+    vocabulary; temperature, top_k, top_p, min_p, seed and offset as there (scalars or [N]; per
+    request: slot d of sequence n at offset[n] + d), the filters over the whole vocabulary.
+    Materializes the local shard of the refined logits. Returns (tokens, logprobs)."""
     logits = local_refined_logits(ctx, prev_tokens, local_base_logits, local_weights, vocab_start=vocab_start,
                                   group=group)
-    return _sample_sharded(logits, vocab_start, group, temperature, seed, offset)
+    return _sample_sharded(logits, vocab_start, group, temperature, seed, offset, top_k, top_p, min_p)
 
 
 def jacobi_refine(ctx, prefix_tokens, local_base_logits, local_weights: RefinerWeights, *, max_iters: int,
-                  vocab_start: int, group=None, temperature: float = 0.0, seed=0, offset=0, capturable: bool = False):
+                  vocab_start: int, group=None, temperature=0.0, seed=0, offset=0, top_k=None, top_p=None, min_p=None,
+                  capturable: bool = False):
     """xkernels.jacobi_refine over vocabulary shards (the iteration of reference.jacobi_refine,
-    each pass a sharded refine_step). Returns (tokens, logprobs, iters int32).
+    each pass a sharded refine_step; the drafter's own sample filtered alike). Returns (tokens,
+    logprobs, iters int32).
 
     By default the loop stops once no sequence changed in a pass, which reads a flag on the host
     after every pass. capturable=True never reads the host (CUDA-graph capturable): it runs
@@ -518,17 +524,18 @@ def jacobi_refine(ctx, prefix_tokens, local_base_logits, local_weights: RefinerW
     the early stop would have skipped."""
     if max_iters < 0:
         raise ValueError("max_iters must be >= 0")
-    tokens, logprobs = _sample_sharded(local_base_logits, vocab_start, group, temperature, seed, offset)
+    sampling = dict(temperature=temperature, seed=seed, offset=offset, top_k=top_k, top_p=top_p, min_p=min_p)
+    tokens, logprobs = _sample_sharded(local_base_logits, vocab_start, group, **sampling)
     # The stopping test reads tokens every rank holds alike: every rank runs the same collectives.
     passes = min(max_iters, local_base_logits.shape[1] + 1) if capturable else max_iters
     return reference.jacobi_iterate(
         tokens, logprobs, prefix_tokens, passes,
         lambda prev: refine_step(ctx, prev, local_base_logits, local_weights, vocab_start=vocab_start, group=group,
-                                 temperature=temperature, seed=seed, offset=offset), early_exit=not capturable)
+                                 **sampling), early_exit=not capturable)
 
 
 def sequential_refine(ctx, prefix_tokens, local_base_logits, local_weights: RefinerWeights, *, vocab_start: int,
-                      group=None, temperature: float = 0.0, seed=0, offset=0):
+                      group=None, temperature=0.0, seed=0, offset=0, top_k=None, top_p=None, min_p=None):
     """xkernels.sequential_refine over vocabulary shards: D sharded passes, slot d decided by
     pass d. Returns (tokens, logprobs)."""
     n, d = local_base_logits.shape[:2]
@@ -538,34 +545,49 @@ def sequential_refine(ctx, prefix_tokens, local_base_logits, local_weights: Refi
     for slot in range(d):
         step_tokens, step_logprobs = refine_step(ctx, reference._prev_tokens(prefix_tokens, tokens), local_base_logits,
                                                  local_weights, vocab_start=vocab_start, group=group,
-                                                 temperature=temperature, seed=seed, offset=offset)
+                                                 temperature=temperature, seed=seed, offset=offset, top_k=top_k,
+                                                 top_p=top_p, min_p=min_p)
         tokens[:, slot] = step_tokens[:, slot]
         logprobs[:, slot] = step_logprobs[:, slot]
     return tokens, logprobs
 
 
 def dllm_step(local_logits: torch.Tensor, block_tokens: torch.Tensor, mask_id: int, *, vocab_start: int, group=None,
-              num_unmask: int = 1, threshold: Optional[float] = None, temperature: float = 0.0, seed=0, offset=0):
+              num_unmask: int = 1, threshold: Optional[float] = None, temperature=0.0, seed=0, offset=0, top_k=None,
+              top_p=None, min_p=None):
     """xkernels.dllm_step over a vocabulary shard [N, L, V_local] (one all-gather): x0 by the
     merged Gumbel-max, its confidence from the merged untempered statistics, then the unmasking
-    rule, computed alike on every rank. Returns (new_block, positions, tokens, confidence)."""
+    rule, computed alike on every rank. temperature, top_k, top_p, min_p, seed and offset as for
+    xkernels.dllm_step (scalars or [N]; per request: position l of sequence n at slot offset[n] +
+    l); with filters, the cut of every position's row over the whole vocabulary (the mask token
+    ranked as -inf; filter_cuts' collectives), then the pick within it (1 all-gather more).
+    Returns (new_block, positions, tokens, confidence)."""
     if num_unmask < 1:
         raise ValueError("num_unmask must be >= 1")
-    seed, offset = _scalar_stream(seed, "seed"), _scalar_stream(offset, "offset")
-    inv_t = reference.inverse_temperature(temperature)
     n, length = block_tokens.shape
     dev = local_logits.device
+    inv_t, top_k, top_p, min_p = _row_params(n, dev, temperature, top_k, top_p, min_p)
+    all_greedy = not isinstance(temperature, torch.Tensor) and reference.inverse_temperature(temperature) == 0
+    filtered = not all_greedy and any(x is not None for x in (top_k, top_p, min_p))
+    rng = dict(ignore_id=mask_id, raw_stats=True, temperature=temperature, seed=seed, offset=offset)
     traffic.read(local_logits)
-    row_max, row_sum, top, score, pid, plogit = ops.shard_row_stats(
-        local_logits, vocab_start, ignore_id=mask_id, sample=inv_t != 0, raw_stats=True, temperature=temperature,
-        seed=seed, offset=offset)
-    g = _all_gather([row_max, row_sum, top, score, pid, plogit], group)
+    stats = ops.shard_row_stats(local_logits, vocab_start, sample=not (all_greedy or filtered), **rng)
+    g = _all_gather(list(stats), group)
     big_m, big_s, top = merge_stats(g[:, 0], g[:, 1], _ids(g[:, 2]))
+    # The tempered row has no softmax when the raw one has none or its max overflows at 1 / T; its
+    # max is the raw max times 1 / T (rounding is monotone).
+    tempered_max = big_m * inv_t[:, None]
+    sampled = (inv_t > 0)[:, None] & torch.isfinite(tempered_max)
+    picks = g[:, 3:]
+    if filtered:
+        cut = _row_cuts(local_logits, inv_t, tempered_max, ~sampled, vocab_start, group, (top_k, top_p, min_p),
+                        ignore_id=mask_id)
+        picks = _all_gather(list(ops.shard_row_stats(local_logits, vocab_start, sample=True, cut_value=cut[0],
+                                                     cut_id=cut[1], **rng)[3:]), group)
     x0, raw_pick = top, big_m
-    if inv_t != 0:
-        pick, pick_logit = merge_picks(g[:, 3], _ids(g[:, 4]), g[:, 5])
-        # The tempered row has no softmax when the raw one has none or its max overflows at 1 / T.
-        use_pick = torch.isfinite(big_m * inv_t) & (pick >= 0)
+    if not all_greedy:
+        pick, pick_logit = merge_picks(picks[:, 0], _ids(picks[:, 1]), picks[:, 2])
+        use_pick = sampled & (pick >= 0)
         x0, raw_pick = torch.where(use_pick, pick, top), torch.where(use_pick, pick_logit, big_m)
     masked = block_tokens == mask_id
     conf = torch.where(torch.isfinite(big_m), torch.exp(raw_pick - big_m) / big_s, float("nan"))
