@@ -101,9 +101,11 @@ def test_sampled_token_follows_the_tempered_target(variant):
 def test_opcheck(device):
     logits, block = step_case(3, 8, 20)
     torch.library.opcheck(torch.ops.xkernels.dllm_step.default,
-                          (logits.to(device), block.to(device), MASK, 2, None, 1.0, 3, 1, None, None))
+                          (logits.to(device), block.to(device), MASK, 2, None, 1.0, None, 0, None, 1.0, None, 0.0,
+                           None, 3, None, 1, None))
     torch.library.opcheck(torch.ops.xkernels.dllm_step.default,
-                          (logits.to(device), block.to(device), MASK, 1, 0.5, 0.0, 0, 0, None, None))
+                          (logits.to(device), block.to(device), MASK, 1, 0.5, 0.0, None, 0, None, 1.0, None, 0.0,
+                           None, 0, None, 0, None))
 
 
 def test_bad_inputs_name_the_argument():

@@ -143,11 +143,15 @@ def test_opcheck(device):
     g = hand_graph(device)
     d = lambda t: t.to(device)  # noqa: E731
     torch.library.opcheck(torch.ops.xkernels.spiffy_materialize.default,
-                          (d(logits), d(block), MASK, g.ranks, g.child_ptr, g.children, 3, 0.5))
+                          (d(logits), d(block), MASK, g.ranks, g.child_ptr, g.children, 3, 0.5, None, 0, None, 1.0,
+                           None, 0.0, None))
     torch.library.opcheck(torch.ops.xkernels.spiffy_accept.default,
-                          (d(logits), d(draft_logits), d(drafts), d(node_ids), d(block), MASK, 1, None, 1.0, 3, 2,
-                           None, None))
+                          (d(logits), d(draft_logits), d(drafts), d(node_ids), d(block), MASK, 1, None, 1.0, None, 0,
+                           None, 1.0, None, 0.0, None, 3, None, 2, None))
     torch.library.opcheck(torch.ops.xkernels.spiffy_attention_mask.default, (d(torch.tensor([2, 4])), 2, 3, 4, True))
+
+
+FILTER_OFF = (0.0, None, 0, None, 1.0, None, 0.0, None)  # the schema's sampling arguments, greedy
 
 
 def _raw_graph(ranks, ptr, children):
@@ -164,16 +168,16 @@ def test_bad_inputs_name_the_argument():
         (lambda: xkernels.spiffy_materialize(logits, block, MASK, g, keep=9), "keep must be in"),
         (lambda: xkernels.spiffy_materialize(logits[0], block, MASK, g, keep=1), "logits must have shape"),
         (lambda: xkernels.spiffy_materialize(logits, block[:, :3], MASK, g, keep=1), "block_tokens must have shape"),
-        (lambda: op(logits, block, MASK, *_raw_graph([[[-1, -1]], [[8, 0]]], ok[1], ok[2]), 1, 0.0),
+        (lambda: op(logits, block, MASK, *_raw_graph([[[-1, -1]], [[8, 0]]], ok[1], ok[2]), 1, *FILTER_OFF),
          "position rank 8 outside the block"),
-        (lambda: op(logits, block, MASK, *_raw_graph([[[-1, -1]], [[0, 8]]], ok[1], ok[2]), 1, 0.0),
+        (lambda: op(logits, block, MASK, *_raw_graph([[[-1, -1]], [[0, 8]]], ok[1], ok[2]), 1, *FILTER_OFF),
          "vocabulary rank 8"),
-        (lambda: op(logits, block, MASK, *_raw_graph(ok[0], [0, 1, 2], [1, 0]), 1, 0.0), "no cycles"),
-        (lambda: op(logits, block, MASK, *_raw_graph(ok[0], [0, 1, 1], [1]), 1, 0.0) and
+        (lambda: op(logits, block, MASK, *_raw_graph(ok[0], [0, 1, 2], [1, 0]), 1, *FILTER_OFF), "no cycles"),
+        (lambda: op(logits, block, MASK, *_raw_graph(ok[0], [0, 1, 1], [1]), 1, *FILTER_OFF) and
          op(logits, block, MASK, _raw_graph(ok[0], ok[1], ok[2])[0].long(), *_raw_graph(ok[0], ok[1], ok[2])[1:], 1,
-            0.0), "graph_ranks must be int32"),
+            *FILTER_OFF), "graph_ranks must be int32"),
         (lambda: op(logits, block, MASK, _raw_graph(ok[0], ok[1], ok[2])[0], torch.tensor([0, 1], dtype=torch.int32),
-                    torch.tensor([1], dtype=torch.int32), 1, 0.0), "graph_child_ptr must have G \\+ 1"),
+                    torch.tensor([1], dtype=torch.int32), 1, *FILTER_OFF), "graph_child_ptr must have G \\+ 1"),
         (lambda: xkernels.spiffy_accept(logits, draft_logits[:, :2], drafts, node_ids, block, MASK),
          "draft_logits must have shape"),
         (lambda: xkernels.spiffy_accept(logits, draft_logits.half(), drafts, node_ids, block, MASK),

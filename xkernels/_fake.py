@@ -123,9 +123,10 @@ def _compact_kv_fake(cache, path, accept_len, prefix_len):
 
 
 @torch.library.register_fake("xkernels::dllm_step")
-def _dllm_step_fake(logits, block_tokens, mask_id, num_unmask=1, threshold=None, temperature=0.0, seed=0, offset=0,
-                    seed_tensor=None, offset_tensor=None):
-    _same_device("logits", logits, block_tokens=block_tokens, seed=seed_tensor, offset=offset_tensor)
+def _dllm_step_fake(logits, block_tokens, mask_id, num_unmask, threshold, temperature, temperature_tensor, top_k,
+                    top_k_tensor, top_p, top_p_tensor, min_p, min_p_tensor, seed, seed_tensor, offset, offset_tensor):
+    _same_device("logits", logits, block_tokens=block_tokens, temperature=temperature_tensor, top_k=top_k_tensor,
+                 top_p=top_p_tensor, min_p=min_p_tensor, seed=seed_tensor, offset=offset_tensor)
     torch._check(logits.dim() == 3, lambda: "logits must have shape [N, L, V]")
     n, length = logits.shape[0], logits.shape[1]
     return (block_tokens.new_empty((n, length)), block_tokens.new_empty((n, length)),
@@ -134,9 +135,11 @@ def _dllm_step_fake(logits, block_tokens, mask_id, num_unmask=1, threshold=None,
 
 @torch.library.register_fake("xkernels::spiffy_materialize")
 def _spiffy_materialize_fake(logits, block_tokens, mask_id, graph_ranks, graph_child_ptr, graph_children, keep,
-                             temperature=0.0):
+                             temperature, temperature_tensor, top_k, top_k_tensor, top_p, top_p_tensor, min_p,
+                             min_p_tensor):
     _same_device("logits", logits, block_tokens=block_tokens, graph_ranks=graph_ranks, graph_child_ptr=graph_child_ptr,
-                 graph_children=graph_children)
+                 graph_children=graph_children, temperature=temperature_tensor, top_k=top_k_tensor,
+                 top_p=top_p_tensor, min_p=min_p_tensor)
     torch._check(logits.dim() == 3, lambda: "logits must have shape [N, L, V]")
     n, length = logits.shape[0], logits.shape[1]
     return (block_tokens.new_empty((n, keep, length)), block_tokens.new_empty((n, keep)),
@@ -144,10 +147,12 @@ def _spiffy_materialize_fake(logits, block_tokens, mask_id, graph_ranks, graph_c
 
 
 @torch.library.register_fake("xkernels::spiffy_accept")
-def _spiffy_accept_fake(root_logits, draft_logits, draft_blocks, node_ids, block_tokens, mask_id, num_unmask=1,
-                        threshold=None, temperature=0.0, seed=0, offset=0, seed_tensor=None, offset_tensor=None):
+def _spiffy_accept_fake(root_logits, draft_logits, draft_blocks, node_ids, block_tokens, mask_id, num_unmask,
+                        threshold, temperature, temperature_tensor, top_k, top_k_tensor, top_p, top_p_tensor, min_p,
+                        min_p_tensor, seed, seed_tensor, offset, offset_tensor):
     _same_device("root_logits", root_logits, draft_logits=draft_logits, draft_blocks=draft_blocks, node_ids=node_ids,
-                 block_tokens=block_tokens, seed=seed_tensor, offset=offset_tensor)
+                 block_tokens=block_tokens, temperature=temperature_tensor, top_k=top_k_tensor, top_p=top_p_tensor,
+                 min_p=min_p_tensor, seed=seed_tensor, offset=offset_tensor)
     torch._check(root_logits.dim() == 3, lambda: "root_logits must have shape [N, L, V]")
     n, length = root_logits.shape[0], root_logits.shape[1]
     return (block_tokens.new_empty((n,)), block_tokens.new_empty((n, length)), block_tokens.new_empty((n, length)),

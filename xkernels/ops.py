@@ -681,17 +681,23 @@ def dllm_step(
     *,
     num_unmask: int = 1,
     threshold: Optional[float] = None,
-    temperature: float = 0.0,
+    temperature: Union[float, torch.Tensor] = 0.0,
+    top_k: Param = None,
+    top_p: Param = None,
+    min_p: Param = None,
     seed: Seed = 0,
     offset: Seed = 0,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One step of a masked diffusion LM's block decoding: LLaDA's low-confidence unmasking.
 
-    At each masked position ``x0 = argmax(logits / T + G)`` (the mask token is never picked: its
-    logit counts as -inf, so every step unmasks for real) and ``confidence = softmax(logits)[x0]``
-    (the untempered softmax, as LLaDA and Fast-dLLM score it). The ``num_unmask`` most confident
-    masked positions are unmasked (ties to the lower position), or with ``threshold`` every one
-    above it and at least the best.
+    At each masked position of sequence ``n``, ``x0`` is drawn from the step distribution p' of
+    the sequence's parameters: ``softmax(logits / T)`` with the mask token's logit at -inf (it is
+    never picked, so every step unmasks for real), filtered by ``top_k``, ``top_p`` and ``min_p``
+    as :func:`chain_verify_ragged` states, renormalised (Gumbel-max: ``x0 = argmax(filtered(logits
+    / T) + G)``; the argmax at ``T = 0``). ``confidence = softmax(logits)[x0]`` (the untempered,
+    unfiltered softmax, as LLaDA and Fast-dLLM score it). The ``num_unmask`` most confident masked
+    positions are unmasked (ties to the lower position), or with ``threshold`` every one above it
+    and at least the best.
 
     Args:
         logits: float32, bfloat16 or float16 ``[N, L, V]``, the model's logits at the block's ``L``
@@ -703,11 +709,18 @@ def dllm_step(
         num_unmask: how many masked positions to unmask (all if fewer are masked).
         threshold: instead, unmask every masked position whose confidence exceeds it, and at
             least the most confident one (Fast-dLLM's parallel decoding).
-        temperature: ``T >= 0``, finite: ``x0 = argmax(logits / T + G)``, no noise at ``T = 0``.
-        seed, offset: the Philox stream (:doc:`/concepts/random_streams`): ints (64 bits), or
-            one-element int64 tensors on the logits' device, read on the device (a captured CUDA
-            graph reads them at replay). The noise is keyed by (sequence, position, id); a loop passes an
-            offset fixed by (block, step).
+        temperature: a float ``T >= 0``, or a float32 ``[N]`` tensor (a temperature per
+            sequence); sequences at 0 are greedy, in the same launch.
+        top_k: None, an int or an int32/int64 ``[N]`` tensor; 0 is off.
+        top_p: None, a float or a float32 ``[N]`` tensor in (0, 1]; 1 is off.
+        min_p: None, a float or a float32 ``[N]`` tensor in [0, 1]; 0 is off.
+        seed, offset: the Philox stream (:doc:`/concepts/random_streams`). Ints (64 bits) or
+            one-element int64 tensors, read on the device (a captured CUDA graph reads them at
+            replay): one stream for the batch, keyed by (sequence row, position, id); a loop passes
+            an offset fixed by (block, step). Or int64 ``[N]`` tensors (a stream per request):
+            sequence ``n``'s noise at position ``l`` is keyed by ``(seed[n], offset[n] + l)``
+            alone, so it is the same at any row of any batch; the next call must advance
+            ``offset[n]`` by at least ``L``, as :func:`spiffy_accept` advances it between its steps.
 
     Returns:
         tuple: ``(new_block, positions, tokens, confidence)``: the block with the chosen positions
@@ -716,20 +729,26 @@ def dllm_step(
         for a row without a softmax, which ranks last).
 
     Raises:
-        RuntimeError: a tensor of the wrong shape, dtype or device, ``num_unmask < 1``, or a bad
-            ``temperature``, naming the argument; ``block_tokens`` holding ids outside ``[0, V)``
-            other than ``mask_id`` on the CPU, and on CUDA with ``XKERNELS_CHECK=1`` (a host sync;
-            unchecked, the kernels only compare and copy them).
+        RuntimeError: a tensor of the wrong shape, dtype or device, ``num_unmask < 1``, a negative
+            or NaN temperature, ``top_p`` outside (0, 1], ``min_p`` outside [0, 1], ``top_k < 0``,
+            per-sequence tensors of another length, dtype or device, naming the argument;
+            ``block_tokens`` holding ids outside ``[0, V)`` other than ``mask_id`` on the CPU, and
+            on CUDA with ``XKERNELS_CHECK=1`` (a host sync; unchecked, the kernels only compare and
+            copy them, and invalid per-sequence values read as off, a temperature as greedy).
 
     Kernels:
-        - CPU: masked rows in parallel, then the selection per sequence (the rule shared in
+        - CPU: masked rows in parallel (a filtered row's cut as :func:`chain_verify_ragged`'s CPU
+          kernel finds it, no sort), then the selection per sequence (the rule shared in
           ``csrc/include/xkernels/dllm.h``).
-        - CUDA: a block per masked row, then a thread per sequence.
+        - CUDA: with filters, first a block per row finds its cut (``launch_row_cut``: radix
+          selection over the scaled logits' order-preserving bits, the mask token ranked as -inf);
+          then blocks over slices of each masked row, then a thread per sequence. No host sync,
+          per-sequence tensors read on the device.
     """
     return torch.ops.xkernels.dllm_step.default(
         _tensor(logits, "logits"), _tensor(block_tokens, "block_tokens"), int(mask_id), int(num_unmask),
-        None if threshold is None else _scalar(threshold, "threshold"), _scalar(temperature, "temperature"),
-        *_rng_args(seed, offset))
+        None if threshold is None else _scalar(threshold, "threshold"),
+        *_sampling_args(temperature, top_k, top_p, min_p, seed, offset))
 
 
 # ---- Spiffy ----
@@ -742,7 +761,10 @@ def spiffy_materialize(
     graph,
     *,
     keep: int,
-    temperature: float = 0.0,
+    temperature: Union[float, torch.Tensor] = 0.0,
+    top_k: Param = None,
+    top_p: Param = None,
+    min_p: Param = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fills a Spiffy draft graph with concrete drafts and keeps the most promising.
 
@@ -762,7 +784,10 @@ def spiffy_materialize(
         mask_id: the mask token's id (as in :func:`dllm_step`, it may lie outside ``[0, V)``).
         graph: an :class:`xkernels.spiffy.DraftGraph` on the logits' device.
         keep: how many drafts to keep (at most the graph's nodes besides the root).
-        temperature: scores use ``softmax(logits / T)`` (``softmax(logits)`` at ``T = 0``).
+        temperature, top_k, top_p, min_p: the step distribution p' the scores use, as
+            :func:`dllm_step` takes them (scalars or ``[N]`` tensors): ``softmax(logits / T)``
+            filtered (a token the filters drop has probability 0, so a node holding it is
+            unusable); ``softmax(logits)``, unfiltered, at ``T = 0``.
 
     Returns:
         tuple: ``(draft_blocks [N, keep, L], node_ids [N, keep], scores [N, keep])``, int64, int64
@@ -770,22 +795,24 @@ def spiffy_materialize(
         holds the block itself, node -1 and score 0.
 
     Raises:
-        RuntimeError: a tensor of the wrong shape, dtype or device, or (on the CPU) graph values out
-            of range (ranks beyond the block or past rank 8, ``keep`` beyond the graph) or
-            ``block_tokens`` ids outside ``[0, V)`` other than ``mask_id``, naming the argument; the
+        RuntimeError: a tensor of the wrong shape, dtype or device, bad sampling parameters (as
+            :func:`dllm_step`), or (on the CPU) graph values out of range (ranks beyond the block
+            or past rank 8, ``keep`` beyond the graph) or ``block_tokens`` ids outside ``[0, V)`` other than ``mask_id``, naming the argument; the
             CUDA kernels skip out-of-range graph values instead and copy the block's ids as they are
             (both are checked there with ``XKERNELS_CHECK=1``).
 
     Kernels:
         - CPU: rows in parallel (statistics and top 8 tokens), then ranking, scores and selection per
           sequence (``csrc/include/xkernels/spiffy.h``).
-        - CUDA: one launch, a block per sequence: warps over the rows, then one block-wide argmax
-          per kept node.
+        - CUDA: with filters, a block per row finds its cut (``launch_row_cut``); blocks over slices
+          of the masked rows (statistics, the tempered sum over the kept ids, top 8 tokens); then a
+          block per sequence: warps merge the rows, then one block-wide argmax per kept node.
     """
     return torch.ops.xkernels.spiffy_materialize.default(
         _tensor(logits, "logits"), _tensor(block_tokens, "block_tokens"), int(mask_id),
         _tensor(graph.ranks, "graph.ranks"), _tensor(graph.child_ptr, "graph.child_ptr"),
-        _tensor(graph.children, "graph.children"), int(keep), _scalar(temperature, "temperature"))
+        _tensor(graph.children, "graph.children"), int(keep),
+        *_sampling_args(temperature, top_k, top_p, min_p, 0, 0)[:8])
 
 
 def spiffy_accept(
@@ -798,17 +825,21 @@ def spiffy_accept(
     *,
     num_unmask: int = 1,
     threshold: Optional[float] = None,
-    temperature: float = 0.0,
+    temperature: Union[float, torch.Tensor] = 0.0,
+    top_k: Param = None,
+    top_p: Param = None,
+    min_p: Param = None,
     seed: Seed = 0,
     offset: Seed = 0,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Spiffy's verification: commits every step that one-step-per-call decoding would take and
     whose logits the forward already computed.
 
-    Takes :func:`dllm_step`'s step (offset ``offset + d`` at the ``d``-th step) from the root's
-    logits; while the new block equals a kept draft, takes the next step from that draft's logits,
-    computed in the same forward for exactly that block. Lossless at any temperature: each
-    committed step is :func:`dllm_step`'s on the true logits of the block reached.
+    Takes :func:`dllm_step`'s step, with the same parameters, from the root's logits; while the
+    new block equals a kept draft, takes the next step from that draft's logits, computed in the
+    same forward for exactly that block. Lossless at any temperature and filter: each committed
+    step is :func:`dllm_step`'s (x0 drawn from its filtered p') on the true logits of the block
+    reached, with the stream :func:`dllm_step` would get at that step.
 
     Args:
         root_logits: float32, bfloat16 or float16 ``[N, L, V]``, the logits of the block as it is.
@@ -821,11 +852,13 @@ def spiffy_accept(
         num_unmask: how many masked positions to unmask (all if fewer are masked).
         threshold: instead, unmask every masked position whose confidence exceeds it, and at
             least the most confident one (Fast-dLLM's parallel decoding).
-        temperature: ``T >= 0``, finite: ``x0 = argmax(logits / T + G)``, no noise at ``T = 0``.
-        seed, offset: the Philox stream (:doc:`/concepts/random_streams`): ints (64 bits), or
-            one-element int64 tensors on the logits' device, read on the device (a captured CUDA
-            graph reads them at replay). The noise is keyed by (sequence, position, id); a loop passes an
-            offset fixed by (block, step).
+        temperature, top_k, top_p, min_p: as :func:`dllm_step` takes them (scalars or ``[N]``
+            tensors).
+        seed, offset: the stream, in either of :func:`dllm_step`'s forms. The ``d``-th step
+            (from 0) draws what :func:`dllm_step` draws at offset ``offset + d`` in the scalar form,
+            and at ``offset[n] + d * L`` per request; so the next call passes ``offset +
+            num_steps`` (scalar form; a loop usually passes an offset fixed by (block, step) and
+            counts the steps taken) or ``offset + num_steps * L`` per request.
 
     Returns:
         tuple: ``(num_steps [N], positions [N, L], tokens [N, L], new_block [N, L], continue_from
@@ -834,21 +867,22 @@ def spiffy_accept(
         the root).
 
     Raises:
-        RuntimeError: a tensor of the wrong shape, dtype or device, ``num_unmask < 1``, or a bad
-            ``temperature``, naming the argument; ``block_tokens`` as in :func:`dllm_step` (draft
-            blocks and node ids are only compared: any values are safe).
+        RuntimeError: a tensor of the wrong shape, dtype or device, ``num_unmask < 1``, or bad
+            sampling parameters (as :func:`dllm_step`), naming the argument; ``block_tokens`` as in
+            :func:`dllm_step` (draft blocks and node ids are only compared: any values are safe).
 
     Kernels:
         - CPU: sequences in parallel, each step's rows with :func:`dllm_step`'s row rule.
-        - CUDA: one launch, a thread block cluster of 8 blocks per sequence (sm_90+; a block below)
-          walks the steps, a block a masked row, two cluster barriers a step.
+        - CUDA: with filters, first the cut of every row of the root's and the drafts' logits
+          (``launch_row_cut``; a walk may read any of them); then one launch, a thread block cluster
+          of 8 blocks per sequence (sm_90+; a block below) walks the steps, a block a masked row, two
+          cluster barriers a step.
     """
     return torch.ops.xkernels.spiffy_accept.default(
         _tensor(root_logits, "root_logits"), _tensor(draft_logits, "draft_logits"),
         _tensor(draft_blocks, "draft_blocks"), _tensor(node_ids, "node_ids"), _tensor(block_tokens, "block_tokens"),
         int(mask_id), int(num_unmask), None if threshold is None else _scalar(threshold, "threshold"),
-        _scalar(temperature, "temperature"),
-        *_rng_args(seed, offset))
+        *_sampling_args(temperature, top_k, top_p, min_p, seed, offset))
 
 
 def spiffy_attention_mask(

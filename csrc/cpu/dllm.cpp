@@ -1,5 +1,6 @@
 // dllm_step on the CPU: the masked positions' rows in parallel (each: a Gumbel-max pick over the
-// tempered logits and the softmax statistics of the raw ones), then each sequence's selection.
+// tempered, filtered logits and the softmax statistics of the raw ones), then each sequence's
+// selection.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "../ops/checks.h"
+#include "../ops/sampling_args.h"
 #include "dispatch.h"
 #include "dllm_row.h"
 #include "xkernels/dllm.h"
@@ -17,14 +19,11 @@ namespace {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step_cpu(
     const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id, int64_t num_unmask,
-    std::optional<double> threshold, double temperature, int64_t seed, int64_t offset,
-    const std::optional<at::Tensor>& seed_tensor, const std::optional<at::Tensor>& offset_tensor) {
-  const auto s = check_dllm_step(logits, block_tokens, num_unmask, threshold, temperature);
+    std::optional<double> threshold, XK_SAMPLING_ARGS) {
+  const auto s = check_dllm_step(logits, block_tokens, num_unmask, threshold);
   check_block_tokens(block_tokens, mask_id, s.v);
-  const RngArgs rng = rng_args(seed, offset, seed_tensor, offset_tensor, logits.device());
-  const uint64_t sd = rng.seed_ptr ? static_cast<uint64_t>(*rng.seed_ptr) : rng.seed;
-  const uint64_t off = rng.offset_ptr ? static_cast<uint64_t>(*rng.offset_ptr) : rng.offset;
-  const float inv_t = inverse_temperature(temperature);
+  const SamplingArgs sampling = sampling_args(s.n, logits.device(), XK_SAMPLING_FORWARD);
+  const SamplingView view = sampling_view(sampling);
   const auto l = logits.contiguous();
   auto [block, new_block, positions, tokens, confidence] = dllm_outputs(logits, block_tokens, s);
   std::vector<int64_t> x0(static_cast<size_t>(s.n * s.l), -1);
@@ -34,14 +33,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step_cpu(
     using T = decltype(tag);
     const T* lp = l.const_data_ptr<T>();
     at::parallel_for(0, s.n * s.l, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> raw(static_cast<size_t>(s.v)), scaled(static_cast<size_t>(s.v));
+      cpu::DllmScratch scratch(s.v);
       for (int64_t row = begin; row < end; ++row) {
         if (b[row] != mask_id) {
           conf[row] = kNegInf;
           continue;
         }
-        const auto r = cpu::dllm_row(lp + row * s.v, s.v, mask_id, inv_t, sd, off, static_cast<uint32_t>(row / s.l),
-                                     static_cast<uint32_t>(row % s.l), raw.data(), scaled.data());
+        const int64_t n = row / s.l;
+        const auto r = cpu::dllm_row(lp + row * s.v, s.v, mask_id, view.row(n), view.stream(n),
+                                     static_cast<uint32_t>(row % s.l), scratch);
         x0[row] = r.x0;
         conf[row] = r.confidence;
       }

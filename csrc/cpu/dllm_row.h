@@ -1,6 +1,6 @@
 // One masked position's row of dllm_step's rule on the CPU (also spiffy_accept's steps): x0 (the
-// argmax at T = 0, else Gumbel-max over the tempered row with the noise of (sequence, position))
-// and its confidence softmax(raw)[x0], the mask token excluded (dllm_logit).
+// argmax at T = 0, else Gumbel-max over the tempered, filtered row with the noise of the row's
+// slot) and its confidence softmax(raw)[x0], the mask token excluded (dllm_logit).
 #pragma once
 
 #include <algorithm>
@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "row_reduce.h"
+#include "top_filter.h"
 #include "xkernels/dllm.h"
+#include "xkernels/sampling_params.h"
 
 namespace xkernels::cpu {
 
@@ -46,22 +48,33 @@ const float* masked_row_stats(const T* row, int64_t v, int64_t mask_id, float* r
   return raw;
 }
 
-// raw, scaled: scratch of v floats each.
+// A thread's buffers for dllm_row, reused across rows.
+struct DllmScratch {
+  explicit DllmScratch(int64_t v) : raw(static_cast<size_t>(v)), scaled(static_cast<size_t>(v)) {}
+  std::vector<float> raw, scaled;
+  FilterScratch filter;
+};
+
+// The pick is drawn from the row's step distribution p' (the tempered row, the mask token at -inf,
+// filtered by rs: xkernels/reference/sampling.py) with the noise of slot `slot` of stream st.
 template <typename T>
-DllmRow dllm_row(const T* row, int64_t v, int64_t mask_id, float inv_t, uint64_t seed, uint64_t offset,
-                 uint32_t sequence, uint32_t position, float* raw, float* scaled) {
+DllmRow dllm_row(const T* row, int64_t v, int64_t mask_id, const RowSampling& rs, const RowStream& st,
+                 uint32_t slot, DllmScratch& scratch) {
   RowStats raw_stats;
-  const float* stats_of = masked_row_stats(row, v, mask_id, raw, raw_stats);
+  const float* stats_of = masked_row_stats(row, v, mask_id, scratch.raw.data(), raw_stats);
   int32_t pick = raw_stats.top.idx;
-  if (inv_t != 0.0f) {
-    const RowStats st = masked_scaled_row(row, v, mask_id, inv_t, scaled);
-    pick = st.top.idx;
-    if (!stats_degenerate(st)) {
-      const SampleJob job{kSamplePlain, static_cast<int32_t>(position), -1, st.top.idx, st};
+  if (rs.inv_t != 0.0f) {
+    float* scaled = scratch.scaled.data();
+    RowStats s = masked_scaled_row(row, v, mask_id, rs.inv_t, scaled);
+    pick = s.top.idx;
+    if (!stats_degenerate(s)) {
+      if (filters_active(rs, v)) s = filter_row(scaled, v, s, rs, scratch.filter);
+      const uint32_t position = st.position_at(slot);
+      const SampleJob job{kSamplePlain, static_cast<int32_t>(position), -1, s.top.idx, s};
       ArgMax best = argmax_empty();
       for (int64_t g = 0; 4 * g < v; ++g)
-        sample_group(best, job, seed, offset, sequence, static_cast<uint32_t>(g), scaled + 4 * g, nullptr,
-                     static_cast<int>(std::min<int64_t>(4, v - 4 * g)));
+        sample_group(best, job, st.seed, st.offset_at(slot), st.sequence_at(), static_cast<uint32_t>(g),
+                     scaled + 4 * g, nullptr, static_cast<int>(std::min<int64_t>(4, v - 4 * g)));
       pick = sample_result(job, best);
     }
   }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../ops/checks.h"
+#include "../ops/spiffy_args.h"
 #include "dispatch.h"
 #include "dllm_row.h"
 #include "xkernels/spiffy.h"
@@ -20,34 +21,46 @@
 namespace xkernels {
 namespace {
 
-// The per-position summary of every masked row (others untouched).
+// The per-position summary of every masked row (others untouched): the log probabilities are
+// under the sequence's step distribution p' (tempered and filtered; softmax(raw) when greedy), a
+// token the filters drop at -inf.
 template <typename T>
-void position_tops(const T* logits, const int64_t* block, int64_t rows, int64_t v, int64_t mask_id, float scale,
-                   PositionTop* out) {
+void position_tops(const T* logits, const int64_t* block, int64_t rows, int64_t l, int64_t v, int64_t mask_id,
+                   const SamplingView& view, PositionTop* out) {
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> raw(static_cast<size_t>(v)), scaled(static_cast<size_t>(v));
+    cpu::DllmScratch scratch(v);
     for (int64_t row = begin; row < end; ++row) {
       if (block[row] != mask_id) continue;
       RowStats raw_stats;
-      const float* a = cpu::masked_row_stats(logits + row * v, v, mask_id, raw.data(), raw_stats);
+      const float* a = cpu::masked_row_stats(logits + row * v, v, mask_id, scratch.raw.data(), raw_stats);
       TopTokens top;
       top_clear(top);
       for (int64_t x = 0; x < v; ++x) top_observe(top, dllm_logit(a[x], x, mask_id), static_cast<int32_t>(x));
-      const float scaled_sum = scale == 1.0f ? raw_stats.sum
-                                             : cpu::masked_scaled_row(logits + row * v, v, mask_id, scale,
-                                                                      scaled.data()).sum;
+      const RowSampling rs = view.row(row / l);
+      const float scale = spiffy_scale(rs);
+      const bool filtered = rs.inv_t != 0.0f && filters_active(rs, v) && !stats_degenerate(raw_stats);
+      float scaled_sum = raw_stats.sum;
+      if (scale != 1.0f || filtered) {
+        float* scaled = scratch.scaled.data();
+        RowStats st = cpu::masked_scaled_row(logits + row * v, v, mask_id, scale, scaled);
+        if (filtered && !stats_degenerate(st)) st = cpu::filter_row(scaled, v, st, rs, scratch.filter);
+        scaled_sum = st.sum;
+      }
       position_top(top, raw_stats, scaled_sum, scale, out[row]);
+      if (filtered)
+        for (int j = 0; j < kSpiffyMaxRank; ++j)
+          if (out[row].token[j] >= 0 && scratch.scaled[out[row].token[j]] == kNegInf) out[row].logp[j] = kNegInf;
     }
   });
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> spiffy_materialize_cpu(
     const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id, const at::Tensor& graph_ranks,
-    const at::Tensor& graph_child_ptr, const at::Tensor& graph_children, int64_t keep, double temperature) {
+    const at::Tensor& graph_child_ptr, const at::Tensor& graph_children, int64_t keep, XK_SPIFFY_FILTER_ARGS) {
   const auto s = check_spiffy_materialize(logits, block_tokens, mask_id, graph_ranks, graph_child_ptr, graph_children,
-                                          keep, temperature, /*check_values=*/true);
-  const float inv_t = inverse_temperature(temperature);
-  const float scale = inv_t == 0.0f ? 1.0f : inv_t;
+                                          keep, /*check_values=*/true);
+  const SamplingArgs sampling = spiffy_filter_args(s.n, logits.device(), XK_SPIFFY_FILTER_FORWARD);
+  const SamplingView view = sampling_view(sampling);
   const auto l = logits.contiguous();
   const auto block = block_tokens.contiguous();
   const auto ranks = graph_ranks.contiguous(), ptr = graph_child_ptr.contiguous(), children = graph_children.contiguous();
@@ -58,7 +71,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> spiffy_materialize_cpu(
   std::vector<PositionTop> pos(static_cast<size_t>(s.n * s.l));
   cpu::dispatch_logits(l.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
-    position_tops(l.const_data_ptr<T>(), b, s.n * s.l, s.v, mask_id, scale, pos.data());
+    position_tops(l.const_data_ptr<T>(), b, s.n * s.l, s.l, s.v, mask_id, view, pos.data());
   });
   at::parallel_for(0, s.n, 1, [&](int64_t begin, int64_t end) {
     std::vector<int32_t> order(static_cast<size_t>(s.l));
@@ -96,15 +109,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> spiffy_materialize_cpu(
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> spiffy_accept_cpu(
     const at::Tensor& root_logits, const at::Tensor& draft_logits, const at::Tensor& draft_blocks,
     const at::Tensor& node_ids, const at::Tensor& block_tokens, int64_t mask_id, int64_t num_unmask,
-    std::optional<double> threshold, double temperature, int64_t seed, int64_t offset,
-    const std::optional<at::Tensor>& seed_tensor, const std::optional<at::Tensor>& offset_tensor) {
+    std::optional<double> threshold, XK_SAMPLING_ARGS) {
   const auto s = check_spiffy_accept(root_logits, draft_logits, draft_blocks, node_ids, block_tokens, num_unmask,
-                                     threshold, temperature);
+                                     threshold);
   check_block_tokens(block_tokens, mask_id, s.v);
-  const RngArgs rng = rng_args(seed, offset, seed_tensor, offset_tensor, root_logits.device());
-  const uint64_t sd = rng.seed_ptr ? static_cast<uint64_t>(*rng.seed_ptr) : rng.seed;
-  const uint64_t off = rng.offset_ptr ? static_cast<uint64_t>(*rng.offset_ptr) : rng.offset;
-  const float inv_t = inverse_temperature(temperature);
+  const SamplingArgs sampling = sampling_args(s.n, root_logits.device(), XK_SAMPLING_FORWARD);
+  const SamplingView view = sampling_view(sampling);
   const float thr = static_cast<float>(threshold.value_or(0.0));
   const auto root = root_logits.contiguous(), drafts = draft_logits.contiguous();
   const auto blocks = draft_blocks.contiguous(), ids = node_ids.contiguous();
@@ -112,11 +122,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> spiffy_ac
   cpu::dispatch_logits(root.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     at::parallel_for(0, s.n, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> raw(static_cast<size_t>(s.v)), scaled(static_cast<size_t>(s.v)), conf(static_cast<size_t>(s.l));
+      cpu::DllmScratch scratch(s.v);
+      std::vector<float> conf(static_cast<size_t>(s.l));
       std::vector<int64_t> x0(static_cast<size_t>(s.l));
       std::vector<uint8_t> chosen(static_cast<size_t>(s.l));
       for (int64_t n = begin; n < end; ++n) {
         int64_t* state = new_block.mutable_data_ptr<int64_t>() + n * s.l;
+        const RowSampling rs = view.row(n);
+        const RowStream stream = view.stream(n);
         int64_t committed = 0, cur = -1, steps = 0;
         for (;;) {
           const int64_t masked = std::count(state, state + s.l, mask_id);
@@ -124,11 +137,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> spiffy_ac
           if (masked == 0 || committed + masked > s.l) break;
           const T* lp = cur < 0 ? root.const_data_ptr<T>() + n * s.l * s.v
                                 : drafts.const_data_ptr<T>() + (n * s.k + cur) * s.l * s.v;
+          const RowStream step_stream = dllm_step_stream(stream, steps, s.l);
           for (int64_t p = 0; p < s.l; ++p) {
             conf[p] = kNegInf;
             if (state[p] != mask_id) continue;
-            const auto r = cpu::dllm_row(lp + p * s.v, s.v, mask_id, inv_t, sd, off + static_cast<uint64_t>(steps),
-                                         static_cast<uint32_t>(n), static_cast<uint32_t>(p), raw.data(), scaled.data());
+            const auto r =
+                cpu::dllm_row(lp + p * s.v, s.v, mask_id, rs, step_stream, static_cast<uint32_t>(p), scratch);
             x0[p] = r.x0, conf[p] = r.confidence;
           }
           int64_t* pos_out = positions.mutable_data_ptr<int64_t>() + n * s.l + committed;

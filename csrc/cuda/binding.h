@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "../ops/checks.h"
+#include "../ops/sampling_args.h"
 #include "dllm_launch.h"
 #include "launch_types.h"
 
@@ -31,10 +32,11 @@ inline at::Tensor workspace(size_t bytes, const at::Tensor& like) {
   return at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
 }
 
-inline DllmRule dllm_rule(int64_t mask_id, int64_t num_unmask, std::optional<double> threshold, double temperature,
-                          const RngArgs& rng) {
-  return DllmRule{mask_id,  num_unmask,         threshold.has_value(), static_cast<float>(threshold.value_or(0.0)),
-                  inverse_temperature(temperature), rng.seed, rng.offset, rng.seed_ptr, rng.offset_ptr};
+// dllm_step's rule (spiffy_accept's too) over rows of `vocab` ids; the view points into `s`.
+inline DllmRule dllm_rule(int64_t mask_id, int64_t num_unmask, std::optional<double> threshold,
+                          const SamplingArgs& s, int64_t vocab) {
+  return DllmRule{mask_id,         num_unmask, threshold.has_value(), static_cast<float>(threshold.value_or(0.0)),
+                  sampling_view(s), s.may_sample() && s.any_filter(vocab)};
 }
 
 inline cudaStream_t stream() { return at::cuda::getCurrentCUDAStream().stream(); }

@@ -14,11 +14,10 @@ namespace {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step_cuda(
     const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id, int64_t num_unmask,
-    std::optional<double> threshold, double temperature, int64_t seed, int64_t offset,
-    const std::optional<at::Tensor>& seed_tensor, const std::optional<at::Tensor>& offset_tensor) {
-  const auto s = check_dllm_step(logits, block_tokens, num_unmask, threshold, temperature);
+    std::optional<double> threshold, XK_SAMPLING_ARGS) {
+  const auto s = check_dllm_step(logits, block_tokens, num_unmask, threshold);
   if (value_checks_enabled()) check_block_tokens(block_tokens, mask_id, s.v);
-  const RngArgs rng = rng_args(seed, offset, seed_tensor, offset_tensor, logits.device());
+  const SamplingArgs sampling = sampling_args(s.n, logits.device(), XK_SAMPLING_FORWARD);
   const c10::cuda::CUDAGuard guard(logits.device());
   const auto l = logits.contiguous();
   auto [block, new_block, positions, tokens, confidence] = dllm_outputs(logits, block_tokens, s);
@@ -27,7 +26,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step_cuda(
   p.dtype = cuda::logits_type(l);
   p.block = block.const_data_ptr<int64_t>();
   p.n = s.n, p.l = s.l, p.v = s.v;
-  p.rule = cuda::dllm_rule(mask_id, num_unmask, threshold, temperature, rng);
+  p.rule = cuda::dllm_rule(mask_id, num_unmask, threshold, sampling, s.v);
   p.new_block = new_block.mutable_data_ptr<int64_t>();
   p.positions = positions.mutable_data_ptr<int64_t>();
   p.tokens = tokens.mutable_data_ptr<int64_t>();

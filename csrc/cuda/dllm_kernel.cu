@@ -1,7 +1,10 @@
 // dllm_step on CUDA, three launches that never wait on the host:
+//  0. cuts:   with filters, each row's FilterCut (launch_row_cut, the mask token ranked as -inf;
+//             it reads the unmasked rows too).
 //  1. slices: every masked row split in slices over the grid; a block reduces its slice to the raw
-//             row's softmax statistics and, at T > 0, the tempered row's argmax and the Gumbel-max
-//             with the noise of (sequence, position), reading the slice from HBM once.
+//             row's softmax statistics and, at T > 0 (the sequence's temperature), the tempered
+//             row's argmax and the Gumbel-max with the noise of the position's slot of the
+//             sequence's stream, reading the slice from HBM once.
 //  2. merge:  a warp per position merges its row's slices into x0 (the raw argmax at T = 0; the
 //             draw, or the tempered argmax when that row has no softmax) and the confidence
 //             softmax(raw)[x0]. The rule is dllm_row.cuh's (spiffy_accept's warps run it whole).
@@ -9,6 +12,7 @@
 #include "device_utils.cuh"
 #include "dllm_launch.h"
 #include "dllm_row.cuh"
+#include "row_cut_launch.h"
 #include "xkernels/dllm.h"
 
 namespace xkernels::cuda {
@@ -23,10 +27,11 @@ struct DllmSlice {
 
 size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
 
-// Slices per row (row_reduce.cuh's plan), and the workspace: x0, chosen, the slices.
+// Slices per row (row_reduce.cuh's plan), and the workspace: x0, chosen, the slices, and with
+// filters each row's cut.
 struct DllmLayout {
   int slices;
-  size_t x0_bytes, chosen_bytes, slice_bytes;
+  size_t x0_bytes, chosen_bytes, slice_bytes, cut_bytes;
 };
 
 DllmLayout dllm_layout(const DllmParams& p) {
@@ -35,21 +40,22 @@ DllmLayout dllm_layout(const DllmParams& p) {
   d.x0_bytes = align_up(sizeof(int64_t) * p.n * p.l);
   d.chosen_bytes = align_up(static_cast<size_t>(p.n * p.l));
   d.slice_bytes = align_up(sizeof(DllmSlice) * p.n * p.l * d.slices);
+  d.cut_bytes = p.rule.filtered ? align_up(sizeof(FilterCut) * p.n * p.l) : 0;
   return d;
 }
 
 // vector_ok: every row starts 16-byte aligned (row_reduce.cuh's vector loads). The second and third
 // reads of the slice (a few KB a block) come from L2.
 template <typename T>
-__global__ void __launch_bounds__(kThreads) dllm_slices_kernel(DllmParams p, DllmSlice* out, int slices,
-                                                               bool vector_ok) {
+__global__ void __launch_bounds__(kThreads) dllm_slices_kernel(DllmParams p, const FilterCut* cuts, DllmSlice* out,
+                                                               int slices, bool vector_ok) {
   constexpr int kIds = 16 / sizeof(T);
   const int64_t row = blockIdx.x / slices;
   const int slice = static_cast<int>(blockIdx.x % slices);
   if (p.block[row] != p.rule.mask_id) return;  // the same for the whole block
   const T* src = static_cast<const T*>(p.logits) + row * p.v;
   const int64_t mask = p.rule.mask_id;
-  const float inv_t = p.rule.inv_t;
+  const float inv_t = p.rule.s.row(row / p.l).inv_t;
   const SliceRange range = slice_range(p.v, kIds, slices, slice);
   DllmSlice d{block_merge(thread_row_stats<T, false, 4>(src, p.v, range.begin, range.end, vector_ok, 1.0f, mask,
                                                         threadIdx.x, kThreads),
@@ -66,17 +72,24 @@ __global__ void __launch_bounds__(kThreads) dllm_slices_kernel(DllmParams p, Dll
                                stats_empty())
                        .top;
     }
-    const uint64_t seed = read_or(p.rule.seed_ptr, p.rule.seed), offset = read_or(p.rule.offset_ptr, p.rule.offset);
-    const uint32_t sequence = static_cast<uint32_t>(row / p.l), position = static_cast<uint32_t>(row % p.l);
+    const RowStream st = p.rule.s.stream(row / p.l);
+    const auto slot = static_cast<uint32_t>(row % p.l);
+    const uint64_t seed = st.seed, offset = st.offset_at(slot);
+    const uint32_t sequence = st.sequence_at(), position = st.position_at(slot);
     // Every thread starts from the exact score of the slice's tempered argmax (its value is the weight
-    // dllm_draw computes for that id), so that gumbel_group skips most ids' logs from the first one.
-    if (threadIdx.x == 0) start = gumbel_score(d.tempered.val, d.tempered.idx, seed, offset, sequence, position);
+    // dllm_draw computes for that id), so that gumbel_group skips most ids' logs from the first one;
+    // from nothing where the row's cut drops that id.
+    const FilterCut cut = row_cut_or_all(cuts, row);
+    if (threadIdx.x == 0)
+      start = filter_keeps(cut, d.tempered.val, d.tempered.idx)
+                  ? gumbel_score(d.tempered.val, d.tempered.idx, seed, offset, sequence, position)
+                  : argmax_empty();
     __syncthreads();
     // The slice's chunks of kIds ids as groups of 4 (kIds is a multiple of 4).
     const int64_t groups = (p.v + 3) / 4, g_begin = range.begin * (kIds / 4);
     const int64_t g_end = range.end * (kIds / 4) < groups ? range.end * (kIds / 4) : groups;
     ArgMax best = start;
-    dllm_draw(src, p.v, mask, inv_t, seed, offset, sequence, position, vector_ok, g_begin, g_end, threadIdx.x,
+    dllm_draw(src, p.v, mask, inv_t, cut, seed, offset, sequence, position, vector_ok, g_begin, g_end, threadIdx.x,
               kThreads, best);
     __syncthreads();  // block_merge's buffer is reused
     d.drawn = block_merge(best, argmax_empty());
@@ -99,7 +112,7 @@ __global__ void __launch_bounds__(kThreads) dllm_merge_kernel(DllmParams p, cons
   const RowStats raw = warp_merge(d.raw);
   const ArgMax tempered = warp_merge(d.tempered), drawn = warp_merge(d.drawn);
   int32_t pick = raw.top.idx;
-  if (p.rule.inv_t != 0.0f) {
+  if (p.rule.s.row(row / p.l).inv_t != 0.0f) {
     // A tempered row without a softmax is a point mass at its argmax; else the draw (dllm_row.cuh).
     pick = !is_finite_f32(tempered.val) || drawn.val == kNegInf ? tempered.idx : drawn.idx;
   }
@@ -125,9 +138,16 @@ cudaError_t launch_typed(const DllmParams& p, void* workspace, cudaStream_t stre
   int64_t* x0 = reinterpret_cast<int64_t*>(at);
   uint8_t* chosen = reinterpret_cast<uint8_t*>(at + d.x0_bytes);
   DllmSlice* slices = reinterpret_cast<DllmSlice*>(at + d.x0_bytes + d.chosen_bytes);
+  FilterCut* cuts = p.rule.filtered ? reinterpret_cast<FilterCut*>(at + d.x0_bytes + d.chosen_bytes + d.slice_bytes)
+                                    : nullptr;
   const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && reinterpret_cast<uintptr_t>(p.logits) % 16 == 0;
   const int64_t rows = p.n * p.l;
-  dllm_slices_kernel<T><<<rows * d.slices, kThreads, 0, stream>>>(p, slices, d.slices, vector_ok);
+  if (cuts) {
+    const cudaError_t err =
+        launch_row_cut(dllm_cut_params(p.logits, p.dtype, rows, p.v, p.l, p.rule.s, p.rule.mask_id, cuts), stream);
+    if (err != cudaSuccess) return err;
+  }
+  dllm_slices_kernel<T><<<rows * d.slices, kThreads, 0, stream>>>(p, cuts, slices, d.slices, vector_ok);
   dllm_merge_kernel<T><<<(rows + kWarps - 1) / kWarps, kThreads, 0, stream>>>(p, slices, d.slices, x0);
   dllm_select_kernel<<<(p.n + 63) / 64, 64, 0, stream>>>(p, x0, chosen);
   return cudaGetLastError();
@@ -135,9 +155,18 @@ cudaError_t launch_typed(const DllmParams& p, void* workspace, cudaStream_t stre
 
 }  // namespace
 
+RowCutParams dllm_cut_params(const void* logits, LogitsType dtype, int64_t rows, int64_t v,
+                             int64_t rows_per_sequence, const SamplingView& s, int64_t mask_id, FilterCut* cuts) {
+  RowCutParams c{};
+  c.logits = logits, c.dtype = dtype;
+  c.rows = rows, c.v = v, c.row_stride = v, c.rows_per_request = rows_per_sequence;
+  c.s = s, c.cuts = cuts, c.exclude = mask_id;
+  return c;
+}
+
 size_t dllm_workspace_bytes(const DllmParams& p) {
   const DllmLayout d = dllm_layout(p);
-  return d.x0_bytes + d.chosen_bytes + d.slice_bytes;
+  return d.x0_bytes + d.chosen_bytes + d.slice_bytes + d.cut_bytes;
 }
 
 cudaError_t launch_dllm_step(const DllmParams& p, void* workspace, cudaStream_t stream) {

@@ -7,16 +7,19 @@
 #include <cstdint>
 
 #include "launch_types.h"
+#include "row_cut_launch.h"
+#include "xkernels/sampling_params.h"
 
 namespace xkernels::cuda {
 
-// dllm_step's rule and its randomness (spiffy_accept takes the same).
+// dllm_step's rule and its randomness (spiffy_accept takes the same): sequence n's parameters
+// s.row(n) (inv_t 0: greedy) and stream s.stream(n), its position p at slot p.
 struct DllmRule {
   int64_t mask_id, num_unmask;
   bool use_threshold;
-  float threshold, inv_t;  // inv_t 0: greedy
-  uint64_t seed, offset;
-  const int64_t *seed_ptr, *offset_ptr;  // null: use seed, offset
+  float threshold;
+  SamplingView s;
+  bool filtered;  // some sequence may filter: the launcher finds each row's cut first (launch_row_cut)
 };
 
 struct DllmParams {
@@ -30,6 +33,11 @@ struct DllmParams {
   float* confidence;  // [n, l]
   int num_sms;        // sizes the split of the rows over the grid
 };
+
+// The row cut pass over `rows` rows of v ids (rows_per_sequence a sequence), the mask token
+// ranked as -inf (dllm_step's and the Spiffy ops').
+RowCutParams dllm_cut_params(const void* logits, LogitsType dtype, int64_t rows, int64_t v,
+                             int64_t rows_per_sequence, const SamplingView& s, int64_t mask_id, FilterCut* cuts);
 
 size_t dllm_workspace_bytes(const DllmParams& p);
 cudaError_t launch_dllm_step(const DllmParams& p, void* workspace, cudaStream_t stream);

@@ -7,6 +7,7 @@
 
 #include "device_utils.cuh"
 #include "launch_types.h"
+#include "xkernels/sampling_params.h"
 #include "row_reduce.cuh"
 #include "xkernels/dllm.h"
 
@@ -24,20 +25,34 @@ inline int masked_row_slices(int64_t rows, int64_t v, int num_sms, LogitsType dt
   return row_slice_count(rows, v, num_sms, 8, kMaskedSliceBytes / (dtype == LogitsType::kFloat32 ? 4 : 2));
 }
 
-// Gumbel-max of the tempered row (plain sampling, the mask token never drawn) over groups
-// [g_begin, g_end) of 4 ids, groups g_begin + first, + stride, ... by this thread (vector loads of
-// 4 ids, 4 in flight, when vector_ok), into best.
+// Whether a row's cut drops anything (launch_row_cut leaves keep-all cuts at {-inf, ...}).
+__device__ __forceinline__ bool cut_active(const FilterCut& cut) { return cut.val > kNegInf; }
+
+// The cut of a row, or one that keeps every id where no cuts were computed.
+__device__ __forceinline__ FilterCut row_cut_or_all(const FilterCut* cuts, int64_t row) {
+  return cuts ? cuts[row] : FilterCut{kNegInf, 0x7FFFFFFF};
+}
+
+// Gumbel-max of the tempered row (plain sampling over the ids `cut` keeps, the mask token never
+// drawn) over groups [g_begin, g_end) of 4 ids, groups g_begin + first, + stride, ... by this
+// thread (vector loads of 4 ids, 4 in flight, when vector_ok), into best.
 template <typename T>
-__device__ __forceinline__ void dllm_draw(const T* src, int64_t v, int64_t mask, float inv_t, uint64_t seed,
-                                          uint64_t offset, uint32_t sequence, uint32_t position, bool vector_ok,
-                                          int64_t g_begin, int64_t g_end, int64_t first, int64_t stride,
-                                          ArgMax& best) {
+__device__ __forceinline__ void dllm_draw(const T* src, int64_t v, int64_t mask, float inv_t, const FilterCut& cut,
+                                          uint64_t seed, uint64_t offset, uint32_t sequence, uint32_t position,
+                                          bool vector_ok, int64_t g_begin, int64_t g_end, int64_t first,
+                                          int64_t stride, ArgMax& best) {
   const SampleJob job{kSamplePlain, static_cast<int32_t>(position), -1, 0, stats_empty()};  // no stats read
+  const bool filtered = cut_active(cut);
   const auto observe = [&](int64_t g, float (&a)[4], int count) {
     if (static_cast<uint64_t>(mask - 4 * g) < 4) {
 #pragma unroll
       for (int j = 0; j < 4; ++j)
         if (4 * g + j == mask) a[j] = kNegInf;
+    }
+    if (filtered) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (!filter_keeps(cut, a[j], static_cast<int32_t>(4 * g + j))) a[j] = kNegInf;
     }
     sample_group(best, job, seed, offset, sequence, static_cast<uint32_t>(g), a, nullptr, count);
   };
@@ -67,12 +82,14 @@ struct DllmPick {
 // The threads first, first + stride, ... of a group read the row `src` (merge(state, empty) merges
 // a state over the group and returns it to every thread of it); every thread gets the pick: the
 // argmax of the raw row at T = 0, else Gumbel-max over the tempered row with the noise of
-// (sequence, position), and its confidence softmax(raw)[pick]. The mask token never counts.
+// (sequence, position) over the ids `cut` keeps (the row's argmax among them), and its confidence
+// softmax(raw)[pick]. The mask token never counts.
 // vector_ok: src starts 16-byte aligned.
 template <typename T, typename Merge>
-__device__ __forceinline__ DllmPick dllm_row_pick(const T* src, int64_t v, int64_t mask, float inv_t, uint64_t seed,
-                                                  uint64_t offset, uint32_t sequence, uint32_t position,
-                                                  bool vector_ok, int64_t first, int64_t stride, Merge merge) {
+__device__ __forceinline__ DllmPick dllm_row_pick(const T* src, int64_t v, int64_t mask, float inv_t,
+                                                  const FilterCut& cut, uint64_t seed, uint64_t offset,
+                                                  uint32_t sequence, uint32_t position, bool vector_ok, int64_t first,
+                                                  int64_t stride, Merge merge) {
   constexpr int kIds = 16 / sizeof(T);
   // 16 loads of 16 bytes in flight a thread: a block of 256 keeps 64 KB in flight, what one SM needs
   // for its share of HBM bandwidth.
@@ -93,7 +110,8 @@ __device__ __forceinline__ DllmPick dllm_row_pick(const T* src, int64_t v, int64
     if (!stats_degenerate(st)) {
       // Each thread starts from the score of the tempered argmax (one Philox draw; see gumbel_score).
       ArgMax best = gumbel_score(logit(pick) * inv_t, pick, seed, offset, sequence, position);
-      dllm_draw(src, v, mask, inv_t, seed, offset, sequence, position, vector_ok, 0, (v + 3) / 4, first, stride, best);
+      dllm_draw(src, v, mask, inv_t, cut, seed, offset, sequence, position, vector_ok, 0, (v + 3) / 4, first, stride,
+                best);
       best = merge(best, argmax_empty());
       pick = best.val == kNegInf ? st.top.idx : best.idx;  // nothing drawable: the argmax
     }

@@ -25,7 +25,7 @@ __global__ void __launch_bounds__(kThreads) row_cut_kernel(RowCutParams p, int m
     if (threadIdx.x == 0) p.cuts[row] = keep_all();
     return;
   }
-  const RowView<T> r{static_cast<const T*>(p.logits) + row * p.row_stride, p.v, rs.inv_t};
+  const RowView<T> r{static_cast<const T*>(p.logits) + row * p.row_stride, p.v, rs.inv_t, p.exclude};
   ArgMax top = argmax_empty();
   for (int64_t i = threadIdx.x; i < r.v; i += kThreads) argmax_observe(top, r.a(i), static_cast<int32_t>(i));
   top = block_merge(top, argmax_empty());

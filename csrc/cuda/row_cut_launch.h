@@ -20,6 +20,7 @@ struct RowCutParams {
   int64_t rows_per_request;  // row r takes the parameters s.row(r / rows_per_request)
   SamplingView s;
   FilterCut* cuts;  // [rows]; rows that are greedy or have no active filter keep every id
+  int64_t exclude = -1;  // an id never kept, ranked as -inf (dllm_step's mask token); -1: none
 };
 
 // Launches on `stream`; returns the launch error, if any.

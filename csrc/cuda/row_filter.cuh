@@ -43,7 +43,8 @@ struct RowView {
   const T* row;
   int64_t v;
   float scale;
-  __device__ __forceinline__ float a(int64_t i) const { return to_float(row[i]) * scale; }
+  int64_t exclude = -1;  // an id whose logit counts as -inf (dllm_step's mask token); -1: none
+  __device__ __forceinline__ float a(int64_t i) const { return i == exclude ? kNegInf : to_float(row[i]) * scale; }
 };
 
 // The shared memory of one block's selection.

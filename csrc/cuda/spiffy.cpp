@@ -7,6 +7,7 @@
 #include <torch/library.h>
 
 #include "../ops/checks.h"
+#include "../ops/spiffy_args.h"
 #include "binding.h"
 #include "spiffy_launch.h"
 
@@ -15,11 +16,11 @@ namespace {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> spiffy_materialize_cuda(
     const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id, const at::Tensor& graph_ranks,
-    const at::Tensor& graph_child_ptr, const at::Tensor& graph_children, int64_t keep, double temperature) {
+    const at::Tensor& graph_child_ptr, const at::Tensor& graph_children, int64_t keep, XK_SPIFFY_FILTER_ARGS) {
   const auto s = check_spiffy_materialize(logits, block_tokens, mask_id, graph_ranks, graph_child_ptr, graph_children,
-                                          keep, temperature, value_checks_enabled());
+                                          keep, value_checks_enabled());
+  const SamplingArgs sampling = spiffy_filter_args(s.n, logits.device(), XK_SPIFFY_FILTER_FORWARD);
   const c10::cuda::CUDAGuard guard(logits.device());
-  const float inv_t = inverse_temperature(temperature);
   const auto l = logits.contiguous(), block = block_tokens.contiguous();
   const auto ranks = graph_ranks.contiguous(), ptr = graph_child_ptr.contiguous(), children = graph_children.contiguous();
   auto [drafts, node_ids, scores] = spiffy_materialize_outputs(l, block, keep);
@@ -30,7 +31,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> spiffy_materialize_cuda(
   p.graph = GraphView{ranks.const_data_ptr<int32_t>(), ptr.const_data_ptr<int32_t>(),
                       children.const_data_ptr<int32_t>(), s.g, s.k, s.e};
   p.n = s.n, p.l = s.l, p.v = s.v, p.mask_id = mask_id, p.keep = keep;
-  p.scale = inv_t == 0.0f ? 1.0f : inv_t;
+  p.s = sampling_view(sampling);
+  p.filtered = sampling.may_sample() && sampling.any_filter(s.v);
   p.drafts = drafts.mutable_data_ptr<int64_t>();
   p.node_ids = node_ids.mutable_data_ptr<int64_t>();
   p.scores = scores.mutable_data_ptr<float>();
@@ -43,12 +45,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> spiffy_materialize_cuda(
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> spiffy_accept_cuda(
     const at::Tensor& root_logits, const at::Tensor& draft_logits, const at::Tensor& draft_blocks,
     const at::Tensor& node_ids, const at::Tensor& block_tokens, int64_t mask_id, int64_t num_unmask,
-    std::optional<double> threshold, double temperature, int64_t seed, int64_t offset,
-    const std::optional<at::Tensor>& seed_tensor, const std::optional<at::Tensor>& offset_tensor) {
+    std::optional<double> threshold, XK_SAMPLING_ARGS) {
   const auto s = check_spiffy_accept(root_logits, draft_logits, draft_blocks, node_ids, block_tokens, num_unmask,
-                                     threshold, temperature);
+                                     threshold);
   if (value_checks_enabled()) check_block_tokens(block_tokens, mask_id, s.v);
-  const RngArgs rng = rng_args(seed, offset, seed_tensor, offset_tensor, root_logits.device());
+  const SamplingArgs sampling = sampling_args(s.n, root_logits.device(), XK_SAMPLING_FORWARD);
   const c10::cuda::CUDAGuard guard(root_logits.device());
   const auto root = root_logits.contiguous(), drafts = draft_logits.contiguous();
   const auto blocks = draft_blocks.contiguous(), ids = node_ids.contiguous();
@@ -60,7 +61,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> spiffy_ac
   p.drafts = blocks.const_data_ptr<int64_t>();
   p.node_ids = ids.const_data_ptr<int64_t>();
   p.n = s.n, p.l = s.l, p.v = s.v, p.k = s.k;
-  p.rule = cuda::dllm_rule(mask_id, num_unmask, threshold, temperature, rng);
+  p.rule = cuda::dllm_rule(mask_id, num_unmask, threshold, sampling, s.v);
   p.new_block = new_block.mutable_data_ptr<int64_t>();
   p.positions = positions.mutable_data_ptr<int64_t>();
   p.tokens = tokens.mutable_data_ptr<int64_t>();

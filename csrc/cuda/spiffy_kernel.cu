@@ -57,8 +57,8 @@ __device__ __forceinline__ float scaled_sum_to(float sum, float from, float to, 
 // Pass 1 of materialize: every row split in `slices` slices over the grid (row_reduce.cuh reads
 // them; at kScaled the tempered sum comes in the same pass). Rows that are not masked are skipped.
 template <typename T, bool kScaled>
-__global__ void __launch_bounds__(kThreads) spiffy_rows_kernel(SpiffyMaterializeParams p, RowSlice* out, int slices,
-                                                               bool vector_ok) {
+__global__ void __launch_bounds__(kThreads) spiffy_rows_kernel(SpiffyMaterializeParams p, const FilterCut* cuts,
+                                                               RowSlice* out, int slices, bool vector_ok) {
   __shared__ TopTokens warp_tops[kWarps];
   constexpr int kIds = 16 / sizeof(T);
   const int64_t row = blockIdx.x / slices;  // n * l + position
@@ -66,7 +66,10 @@ __global__ void __launch_bounds__(kThreads) spiffy_rows_kernel(SpiffyMaterialize
   if (p.block[row] != p.mask_id) return;  // the same for the whole block
   const T* src = static_cast<const T*>(p.logits) + row * p.v;
   const SliceRange range = slice_range(p.v, kIds, slices, slice);
-  const float scale_log2e = p.scale * kLog2e;
+  const float scale = spiffy_scale(p.s.row(row / p.l));
+  const float scale_log2e = scale * kLog2e;
+  const FilterCut cut = row_cut_or_all(cuts, row);  // the tempered sum is over the ids it keeps
+  const bool filtered = cut_active(cut);
   RowStats raw = stats_empty();
   float scaled = 0.0f;
   TopTokens top;
@@ -86,11 +89,12 @@ __global__ void __launch_bounds__(kThreads) spiffy_rows_kernel(SpiffyMaterialize
           for (int j = 0; j < kIds; ++j) top_observe(top, a[j], id + j);
         }
         if constexpr (kScaled) {
-          if (raw.top.val != before) scaled = scaled_sum_to(scaled, before, raw.top.val, p.scale);
+          if (raw.top.val != before) scaled = scaled_sum_to(scaled, before, raw.top.val, scale);
           const float off = raw.top.val == kNegInf ? 0.0f : raw.top.val * scale_log2e;
           float add = 0.0f;
 #pragma unroll
-          for (int j = 0; j < kIds; ++j) add += exp2f(fmaf(a[j], scale_log2e, -off));
+          for (int j = 0; j < kIds; ++j)
+            if (!filtered || filter_keeps(cut, a[j] * scale, id + j)) add += exp2f(fmaf(a[j], scale_log2e, -off));
           scaled += add;
         }
       },
@@ -99,13 +103,14 @@ __global__ void __launch_bounds__(kThreads) spiffy_rows_kernel(SpiffyMaterialize
         stats_observe(raw, a, id);
         top_observe(top, a, id);
         if constexpr (kScaled) {
-          if (raw.top.val != before) scaled = scaled_sum_to(scaled, before, raw.top.val, p.scale);
-          if (a != kNegInf) scaled += exp_f32((a - raw.top.val) * p.scale);
+          if (raw.top.val != before) scaled = scaled_sum_to(scaled, before, raw.top.val, scale);
+          if (a != kNegInf && (!filtered || filter_keeps(cut, a * scale, id)))
+            scaled += exp_f32((a - raw.top.val) * scale);
         }
       });
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const RowStats merged = block_merge_all(raw, stats_empty());
-  if constexpr (kScaled) scaled = block_sum(scaled_sum_to(scaled, raw.top.val, merged.top.val, p.scale));
+  if constexpr (kScaled) scaled = block_sum(scaled_sum_to(scaled, raw.top.val, merged.top.val, scale));
   top = warp_merge_top(top);
   if (lane == 0) warp_tops[warp] = top;
   __syncthreads();
@@ -120,23 +125,29 @@ __global__ void __launch_bounds__(kThreads) spiffy_rows_kernel(SpiffyMaterialize
 }
 
 // Pass 2: a block per sequence. Its warps merge the slices of each masked row (a lane a slice).
-__global__ void __launch_bounds__(kThreads) spiffy_materialize_kernel(SpiffyMaterializeParams p, const RowSlice* rows,
-                                                                      int slices, PositionTop* pos, int32_t* order,
-                                                                      float* score, uint8_t* state) {
+__global__ void __launch_bounds__(kThreads)
+    spiffy_materialize_kernel(SpiffyMaterializeParams p, const FilterCut* cuts, const RowSlice* rows, int slices,
+                              PositionTop* pos, int32_t* order, float* score, uint8_t* state) {
   __shared__ int64_t masked_shared;
   const int64_t n = blockIdx.x;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t* block = p.block + n * p.l;
   pos += n * p.l, order += n * p.l, score += n * p.graph.g, state += n * p.graph.g;
+  const float scale = spiffy_scale(p.s.row(n));
   for (int64_t q = warp; q < p.l; q += kWarps) {
     if (block[q] != p.mask_id) continue;  // the same for the whole warp
     RowSlice mine{stats_empty(), 0.0f, {}};
     top_clear(mine.top);
     if (lane < slices) mine = rows[(n * p.l + q) * slices + lane];
     const RowStats raw = warp_merge(mine.raw);
-    const float scaled_sum = warp_sum(scaled_sum_to(mine.scaled_sum, mine.raw.top.val, raw.top.val, p.scale));
+    const float scaled_sum = warp_sum(scaled_sum_to(mine.scaled_sum, mine.raw.top.val, raw.top.val, scale));
     const TopTokens top = warp_merge_top(mine.top);
-    if (lane == 0) position_top(top, raw, scaled_sum, p.scale, pos[q]);
+    if (lane == 0) {
+      position_top(top, raw, scaled_sum, scale, pos[q]);
+      const FilterCut cut = row_cut_or_all(cuts, n * p.l + q);  // a token it drops has probability 0
+      for (int j = 0; j < kSpiffyMaxRank && cut_active(cut); ++j)
+        if (pos[q].token[j] >= 0 && !filter_keeps(cut, top.val[j] * scale, pos[q].token[j])) pos[q].logp[j] = kNegInf;
+    }
   }
   __syncthreads();
   if (threadIdx.x == 0) masked_shared = spiffy_rank_positions(pos, block, p.l, p.mask_id, order);
@@ -187,6 +198,7 @@ struct AcceptWorkspace {
   uint8_t* chosen;  // [n, l], dllm_select's scratch
   int64_t* rows;    // [n, l], the masked rows of the step, ascending
   AcceptWalk* walk;  // [n]
+  FilterCut *root_cuts, *draft_cuts;  // [n, l] and [n, k, l] with filters (launch_row_cut), else null
 };
 
 // The workspace of spiffy_accept carved from `base` (null: only sized); *bytes is its size.
@@ -205,6 +217,11 @@ AcceptWorkspace accept_workspace(const SpiffyAcceptParams& p, void* base, size_t
   ws.chosen = static_cast<uint8_t*>(take(nl));
   ws.rows = static_cast<int64_t*>(take(sizeof(int64_t) * nl));
   ws.walk = static_cast<AcceptWalk*>(take(sizeof(AcceptWalk) * static_cast<size_t>(p.n)));
+  ws.root_cuts = ws.draft_cuts = nullptr;
+  if (p.rule.filtered) {  // every row the walk may read: the cut pass reads each draft row once more
+    ws.root_cuts = static_cast<FilterCut*>(take(sizeof(FilterCut) * nl));
+    ws.draft_cuts = static_cast<FilterCut*>(take(sizeof(FilterCut) * nl * static_cast<size_t>(p.k)));
+  }
   *bytes = used;
   return ws;
 }
@@ -261,7 +278,8 @@ __global__ void __launch_bounds__(kThreads, 1) spiffy_accept_kernel(SpiffyAccept
   float* conf = ws.conf + n * p.l;
   int64_t *x0 = ws.x0 + n * p.l, *rows = ws.rows + n * p.l;
   AcceptWalk* walk = ws.walk + n;
-  const uint64_t seed = read_or(p.rule.seed_ptr, p.rule.seed), offset = read_or(p.rule.offset_ptr, p.rule.offset);
+  const float inv_t = p.rule.s.row(n).inv_t;
+  const RowStream stream = p.rule.s.stream(n);
   int64_t committed = 0;  // the leader's
   if (leader) {
     walk->cur = -1;
@@ -273,11 +291,15 @@ __global__ void __launch_bounds__(kThreads, 1) spiffy_accept_kernel(SpiffyAccept
   for (; !w.done; ++steps) {
     const T* logits = w.cur < 0 ? static_cast<const T*>(p.root_logits) + n * p.l * p.v
                                 : static_cast<const T*>(p.draft_logits) + (n * p.k + w.cur) * p.l * p.v;
+    const RowStream st = dllm_step_stream(stream, steps, p.l);
     for (int64_t j = rank; j < w.count; j += blocks) {  // the same for the whole block
       const int64_t q = rows[j];
-      const DllmPick pick = dllm_row_pick(logits + q * p.v, p.v, p.rule.mask_id, p.rule.inv_t, seed,
-                                          offset + static_cast<uint64_t>(steps), static_cast<uint32_t>(n),
-                                          static_cast<uint32_t>(q), vector_ok, threadIdx.x, kThreads,
+      const auto slot = static_cast<uint32_t>(q);
+      const FilterCut cut = w.cur < 0 ? row_cut_or_all(ws.root_cuts, n * p.l + q)
+                                      : row_cut_or_all(ws.draft_cuts, (n * p.k + w.cur) * p.l + q);
+      const DllmPick pick = dllm_row_pick(logits + q * p.v, p.v, p.rule.mask_id, inv_t, cut, st.seed,
+                                          st.offset_at(slot), st.sequence_at(), st.position_at(slot), vector_ok,
+                                          threadIdx.x, kThreads,
                                           [](auto s, auto empty) { return block_merge_all(s, empty); });
       if (threadIdx.x == 0) x0[q] = pick.token, conf[q] = pick.confidence;
     }
@@ -339,16 +361,24 @@ cudaError_t materialize_typed(const SpiffyMaterializeParams& p, void* workspace,
   at += align_up(static_cast<size_t>(p.n * p.graph.g));
   auto* rows = reinterpret_cast<RowSlice*>(at);
   const int slices = masked_row_slices(p.n * p.l, p.v, p.num_sms, p.dtype);
+  at += align_up(sizeof(RowSlice) * p.n * p.l * slices);
+  FilterCut* cuts = p.filtered ? reinterpret_cast<FilterCut*>(at) : nullptr;
   const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && reinterpret_cast<uintptr_t>(p.logits) % 16 == 0;
   if (p.l > 0) {  // an empty grid is a launch error
-    if (p.scale != 1.0f)
-      spiffy_rows_kernel<T, true><<<p.n * p.l * slices, kThreads, 0, stream>>>(p, rows, slices, vector_ok);
+    if (cuts) {
+      const cudaError_t err =
+          launch_row_cut(dllm_cut_params(p.logits, p.dtype, p.n * p.l, p.v, p.l, p.s, p.mask_id, cuts), stream);
+      if (err != cudaSuccess) return err;
+    }
+    // The tempered sum's pass wherever a sequence may score at a scale other than 1 or filter.
+    if (p.s.temperature || spiffy_scale(p.s.scalar) != 1.0f || cuts)
+      spiffy_rows_kernel<T, true><<<p.n * p.l * slices, kThreads, 0, stream>>>(p, cuts, rows, slices, vector_ok);
     else
-      spiffy_rows_kernel<T, false><<<p.n * p.l * slices, kThreads, 0, stream>>>(p, rows, slices, vector_ok);
+      spiffy_rows_kernel<T, false><<<p.n * p.l * slices, kThreads, 0, stream>>>(p, cuts, rows, slices, vector_ok);
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
-  spiffy_materialize_kernel<<<p.n, kThreads, 0, stream>>>(p, rows, slices, pos, order, score, state);
+  spiffy_materialize_kernel<<<p.n, kThreads, 0, stream>>>(p, cuts, rows, slices, pos, order, score, state);
   return cudaGetLastError();
 }
 
@@ -369,6 +399,16 @@ cudaError_t accept_typed(const SpiffyAcceptParams& p, void* workspace, cudaStrea
   // Every row of both logits tensors starts 16-byte aligned (the vector loads of dllm_row.cuh).
   const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && reinterpret_cast<uintptr_t>(p.root_logits) % 16 == 0 &&
                          reinterpret_cast<uintptr_t>(p.draft_logits) % 16 == 0;
+  if (p.rule.filtered) {
+    const int64_t mask = p.rule.mask_id;
+    cudaError_t err = launch_row_cut(
+        dllm_cut_params(p.root_logits, p.dtype, p.n * p.l, p.v, p.l, p.rule.s, mask, ws.root_cuts), stream);
+    if (err == cudaSuccess)
+      err = launch_row_cut(
+          dllm_cut_params(p.draft_logits, p.dtype, p.n * p.k * p.l, p.v, p.k * p.l, p.rule.s, mask, ws.draft_cuts),
+          stream);
+    if (err != cudaSuccess) return err;
+  }
   const unsigned blocks = spiffy_accept_blocks(p);
   if (blocks == 1) {
     spiffy_accept_kernel<T, false><<<p.n, kThreads, 0, stream>>>(p, ws, 1u, vector_ok);
@@ -424,7 +464,8 @@ cudaError_t by_dtype(LogitsType dtype, Launch&& launch) {
 size_t spiffy_materialize_workspace_bytes(const SpiffyMaterializeParams& p) {
   return align_up(sizeof(PositionTop) * p.n * p.l) + align_up(sizeof(int32_t) * p.n * p.l) +
          align_up(sizeof(float) * p.n * p.graph.g) + align_up(static_cast<size_t>(p.n * p.graph.g)) +
-         align_up(sizeof(RowSlice) * p.n * p.l * masked_row_slices(p.n * p.l, p.v, p.num_sms, p.dtype));
+         align_up(sizeof(RowSlice) * p.n * p.l * masked_row_slices(p.n * p.l, p.v, p.num_sms, p.dtype)) +
+         (p.filtered ? align_up(sizeof(FilterCut) * p.n * p.l) : 0);
 }
 
 cudaError_t launch_spiffy_materialize(const SpiffyMaterializeParams& p, void* workspace, cudaStream_t stream) {

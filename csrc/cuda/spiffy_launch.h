@@ -18,7 +18,8 @@ struct SpiffyMaterializeParams {
   const int64_t* block;  // [n, l]
   GraphView graph;
   int64_t n, l, v, mask_id, keep;
-  float scale;                // the scoring temperature's 1/T (1 at T = 0)
+  SamplingView s;             // sequence n scores with spiffy_scale(s.row(n)) under its filters
+  bool filtered;              // some sequence may filter: a cut a row first (launch_row_cut)
   int64_t* drafts;            // [n, keep, l]
   int64_t* node_ids;          // [n, keep], filled with -1 by the caller
   float* scores;              // [n, keep], filled with 0 by the caller

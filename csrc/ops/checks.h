@@ -104,7 +104,7 @@ struct DllmShape {
   int64_t n, l, v;
 };
 DllmShape check_dllm_step(const at::Tensor& logits, const at::Tensor& block_tokens, int64_t num_unmask,
-                          std::optional<double> threshold, double temperature, const char* logits_name = "logits");
+                          std::optional<double> threshold, const char* logits_name = "logits");
 // The block's ids but mask_id lie in [0, V) (reads the values: a host sync on CUDA). mask_id may lie
 // outside (a head without the mask token). The kernels only compare ids with mask_id and copy
 // them, so unchecked ids are memory-safe.
@@ -123,8 +123,7 @@ struct SpiffyShape {
 };
 SpiffyShape check_spiffy_materialize(const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id,
                                      const at::Tensor& graph_ranks, const at::Tensor& graph_child_ptr,
-                                     const at::Tensor& graph_children, int64_t keep, double temperature,
-                                     bool check_values);
+                                     const at::Tensor& graph_children, int64_t keep, bool check_values);
 // spiffy_accept's arguments (metadata only): N, L, V, and K drafts.
 struct SpiffyAcceptShape {
   int64_t n, l, v, k;
@@ -132,7 +131,7 @@ struct SpiffyAcceptShape {
 SpiffyAcceptShape check_spiffy_accept(const at::Tensor& root_logits, const at::Tensor& draft_logits,
                                       const at::Tensor& draft_blocks, const at::Tensor& node_ids,
                                       const at::Tensor& block_tokens, int64_t num_unmask,
-                                      std::optional<double> threshold, double temperature);
+                                      std::optional<double> threshold);
 // The outputs both kernels fill, as spiffy_materialize leaves unused slots (node -1, score 0; the
 // drafts are written in full) and as spiffy_accept starts (the block, 0 steps, -1 elsewhere).
 struct SpiffyMaterializeOutputs {

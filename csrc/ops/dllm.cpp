@@ -14,26 +14,26 @@
 #include <limits>
 
 #include "checks.h"
+#include "sampling_args.h"
 #include "xkernels/ops.h"
 
 namespace xkernels {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step(
     const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id, int64_t num_unmask,
-    std::optional<double> threshold, double temperature, int64_t seed, int64_t offset,
-    const std::optional<at::Tensor>& seed_tensor, const std::optional<at::Tensor>& offset_tensor) {
+    std::optional<double> threshold, XK_SAMPLING_ARGS) {
   using T = at::Tensor;
   using Opt = std::optional<at::Tensor>;
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("xkernels::dllm_step", "")
                        .typed<std::tuple<T, T, T, T>(const T&, const T&, int64_t, int64_t, std::optional<double>,
-                                                     double, int64_t, int64_t, const Opt&, const Opt&)>();
-  return op.call(logits, block_tokens, mask_id, num_unmask, threshold, temperature, seed, offset, seed_tensor,
-                 offset_tensor);
+                                                     double, const Opt&, int64_t, const Opt&, double, const Opt&,
+                                                     double, const Opt&, int64_t, const Opt&, int64_t, const Opt&)>();
+  return op.call(logits, block_tokens, mask_id, num_unmask, threshold, XK_SAMPLING_FORWARD);
 }
 
 DllmShape check_dllm_step(const at::Tensor& logits, const at::Tensor& block_tokens, int64_t num_unmask,
-                          std::optional<double> threshold, double temperature, const char* logits_name) {
+                          std::optional<double> threshold, const char* logits_name) {
   TORCH_CHECK(logits.dim() == 3, logits_name, " must have shape [N, L, V], got ", logits.sizes());
   const auto dt = logits.scalar_type();
   TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf, logits_name,
@@ -51,7 +51,6 @@ DllmShape check_dllm_step(const at::Tensor& logits, const at::Tensor& block_toke
   TORCH_CHECK(num_unmask >= 1, "num_unmask must be >= 1, got ", num_unmask);
   TORCH_CHECK(!threshold.has_value() || std::isfinite(*threshold), "threshold must be finite, got ",
               threshold.value_or(0.0));
-  inverse_temperature(temperature);  // checks the range
   return DllmShape{logits.size(0), logits.size(1), v};
 }
 

@@ -70,17 +70,20 @@ TORCH_LIBRARY(xkernels, m) {
       "int offset=0, Tensor? offset_tensor=None) -> (Tensor accept_len, Tensor path, Tensor out_tokens)");
   m.def("compact_kv_(Tensor(a!) cache, Tensor path, Tensor accept_len, int prefix_len) -> ()");
   m.def(
-      "dllm_step(Tensor logits, Tensor block_tokens, int mask_id, int num_unmask=1, float? threshold=None, "
-      "float temperature=0.0, int seed=0, int offset=0, Tensor? seed_tensor=None, Tensor? offset_tensor=None) "
-      "-> (Tensor new_block, Tensor positions, Tensor tokens, Tensor confidence)");
+      "dllm_step(Tensor logits, Tensor block_tokens, int mask_id, int num_unmask, float? threshold, "
+      "float temperature, Tensor? temperature_tensor, int top_k, Tensor? top_k_tensor, float top_p, "
+      "Tensor? top_p_tensor, float min_p, Tensor? min_p_tensor, int seed, Tensor? seed_tensor, int offset, "
+      "Tensor? offset_tensor) -> (Tensor new_block, Tensor positions, Tensor tokens, Tensor confidence)");
   m.def(
       "spiffy_materialize(Tensor logits, Tensor block_tokens, int mask_id, Tensor graph_ranks, "
-      "Tensor graph_child_ptr, Tensor graph_children, int keep, float temperature=0.0) "
+      "Tensor graph_child_ptr, Tensor graph_children, int keep, float temperature, Tensor? temperature_tensor, "
+      "int top_k, Tensor? top_k_tensor, float top_p, Tensor? top_p_tensor, float min_p, Tensor? min_p_tensor) "
       "-> (Tensor draft_blocks, Tensor node_ids, Tensor scores)");
   m.def(
       "spiffy_accept(Tensor root_logits, Tensor draft_logits, Tensor draft_blocks, Tensor node_ids, "
-      "Tensor block_tokens, int mask_id, int num_unmask=1, float? threshold=None, float temperature=0.0, "
-      "int seed=0, int offset=0, Tensor? seed_tensor=None, Tensor? offset_tensor=None) "
+      "Tensor block_tokens, int mask_id, int num_unmask, float? threshold, float temperature, "
+      "Tensor? temperature_tensor, int top_k, Tensor? top_k_tensor, float top_p, Tensor? top_p_tensor, "
+      "float min_p, Tensor? min_p_tensor, int seed, Tensor? seed_tensor, int offset, Tensor? offset_tensor) "
       "-> (Tensor num_steps, Tensor positions, Tensor tokens, Tensor new_block, Tensor continue_from)");
   m.def(
       "spiffy_attention_mask(Tensor prefix_lens, int num_drafts, int block_size, int max_prefix_len, "

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "spiffy_args.h"
 #include "xkernels/ops.h"
 #include "xkernels/spiffy.h"
 
@@ -17,29 +18,37 @@ namespace xkernels {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> spiffy_materialize(
     const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id, const at::Tensor& graph_ranks,
-    const at::Tensor& graph_child_ptr, const at::Tensor& graph_children, int64_t keep, double temperature) {
+    const at::Tensor& graph_child_ptr, const at::Tensor& graph_children, int64_t keep, XK_SPIFFY_FILTER_ARGS) {
   using T = at::Tensor;
+  using Opt = std::optional<at::Tensor>;
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("xkernels::spiffy_materialize", "")
                        .typed<std::tuple<T, T, T>(const T&, const T&, int64_t, const T&, const T&, const T&, int64_t,
-                                                  double)>();
-  return op.call(logits, block_tokens, mask_id, graph_ranks, graph_child_ptr, graph_children, keep, temperature);
+                                                  double, const Opt&, int64_t, const Opt&, double, const Opt&,
+                                                  double, const Opt&)>();
+  return op.call(logits, block_tokens, mask_id, graph_ranks, graph_child_ptr, graph_children, keep,
+                 XK_SPIFFY_FILTER_FORWARD);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> spiffy_accept(
     const at::Tensor& root_logits, const at::Tensor& draft_logits, const at::Tensor& draft_blocks,
     const at::Tensor& node_ids, const at::Tensor& block_tokens, int64_t mask_id, int64_t num_unmask,
-    std::optional<double> threshold, double temperature, int64_t seed, int64_t offset,
-    const std::optional<at::Tensor>& seed_tensor, const std::optional<at::Tensor>& offset_tensor) {
+    std::optional<double> threshold, XK_SAMPLING_ARGS) {
   using T = at::Tensor;
   using Opt = std::optional<at::Tensor>;
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("xkernels::spiffy_accept", "")
                        .typed<std::tuple<T, T, T, T, T>(const T&, const T&, const T&, const T&, const T&, int64_t,
-                                                        int64_t, std::optional<double>, double, int64_t, int64_t,
-                                                        const Opt&, const Opt&)>();
+                                                        int64_t, std::optional<double>, double, const Opt&, int64_t,
+                                                        const Opt&, double, const Opt&, double, const Opt&, int64_t,
+                                                        const Opt&, int64_t, const Opt&)>();
   return op.call(root_logits, draft_logits, draft_blocks, node_ids, block_tokens, mask_id, num_unmask, threshold,
-                 temperature, seed, offset, seed_tensor, offset_tensor);
+                 XK_SAMPLING_FORWARD);
+}
+
+SamplingArgs spiffy_filter_args(int64_t n, const at::Device& device, XK_SPIFFY_FILTER_ARGS) {
+  return sampling_args(n, device, temperature, temperature_tensor, top_k, top_k_tensor, top_p, top_p_tensor, min_p,
+                       min_p_tensor, 0, std::nullopt, 0, std::nullopt);
 }
 
 at::Tensor spiffy_attention_mask(const at::Tensor& prefix_lens, int64_t num_drafts, int64_t block_size,
@@ -101,9 +110,8 @@ void check_graph_values(const at::Tensor& ranks_t, const at::Tensor& ptr_t, cons
 
 SpiffyShape check_spiffy_materialize(const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id,
                                      const at::Tensor& graph_ranks, const at::Tensor& graph_child_ptr,
-                                     const at::Tensor& graph_children, int64_t keep, double temperature,
-                                     bool check_values) {
-  const DllmShape d = check_dllm_step(logits, block_tokens, 1, std::nullopt, temperature);
+                                     const at::Tensor& graph_children, int64_t keep, bool check_values) {
+  const DllmShape d = check_dllm_step(logits, block_tokens, 1, std::nullopt);
   check_int32(graph_ranks, "graph_ranks", 3, logits.device());
   TORCH_CHECK(graph_ranks.size(0) >= 1 && graph_ranks.size(2) == 2,
               "graph_ranks must have shape [G, K, 2] with G >= 1, got ", graph_ranks.sizes());
@@ -127,8 +135,8 @@ SpiffyShape check_spiffy_materialize(const at::Tensor& logits, const at::Tensor&
 SpiffyAcceptShape check_spiffy_accept(const at::Tensor& root_logits, const at::Tensor& draft_logits,
                                       const at::Tensor& draft_blocks, const at::Tensor& node_ids,
                                       const at::Tensor& block_tokens, int64_t num_unmask,
-                                      std::optional<double> threshold, double temperature) {
-  const DllmShape d = check_dllm_step(root_logits, block_tokens, num_unmask, threshold, temperature, "root_logits");
+                                      std::optional<double> threshold) {
+  const DllmShape d = check_dllm_step(root_logits, block_tokens, num_unmask, threshold, "root_logits");
   TORCH_CHECK(draft_blocks.scalar_type() == at::kLong && draft_blocks.dim() == 3 && draft_blocks.size(0) == d.n &&
                   draft_blocks.size(2) == d.l,
               "draft_blocks must be int64 [N, K, L] with N = ", d.n, ", L = ", d.l, ", got ", draft_blocks.scalar_type(),

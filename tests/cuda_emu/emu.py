@@ -249,21 +249,24 @@ class CudaEmu:
         return cache
 
     def dllm_step(self, logits, block, mask_id, num_unmask=1, threshold=None, temperature=0.0, seed=0, offset=0,
-                  num_sms=4):
+                  num_sms=4, top_k=None, top_p=None, min_p=None):
+        """temperature, top_k, top_p, min_p: scalars or [N]; seed, offset: ints or int64 tensors (one
+        element or [N])."""
         n, length, v = logits.shape
         logits, block = _c(logits), _c(block)
         outs = [torch.empty(n, length, dtype=torch.int64) for _ in range(3)] + [torch.empty(n, length)]
         msg = ctypes.create_string_buffer(1024)
         i64 = ctypes.c_int64
+        stream, _alive = _sampling_args(n, v, temperature, top_k, top_p, min_p, seed, offset)
         rc = self.lib.xk_emu_dllm_step(
             _ptr(logits), LOGITS_TYPES[logits.dtype], _ptr(block), i64(n), i64(length), i64(v), i64(mask_id),
-            i64(num_unmask), ctypes.c_int(threshold is not None), ctypes.c_float(threshold or 0.0),
-            ctypes.c_float(_inv_t(temperature)), ctypes.c_uint64(seed), ctypes.c_uint64(offset), ctypes.c_int(num_sms),
-            *[_ptr(t) for t in outs], msg, ctypes.c_size_t(len(msg)))
+            i64(num_unmask), ctypes.c_int(threshold is not None), ctypes.c_float(threshold or 0.0), *stream,
+            ctypes.c_int(num_sms), *[_ptr(t) for t in outs], msg, ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
         return tuple(outs)
 
-    def spiffy_materialize(self, logits, block, mask_id, graph, keep, temperature=0.0, num_sms=4):
+    def spiffy_materialize(self, logits, block, mask_id, graph, keep, temperature=0.0, num_sms=4, top_k=None,
+                           top_p=None, min_p=None):
         n, length, v = logits.shape
         logits, block = _c(logits), _c(block)
         ranks, ptr, children = _c(graph.ranks), _c(graph.child_ptr), _c(graph.children)
@@ -272,16 +275,17 @@ class CudaEmu:
         scores = torch.empty(n, keep)
         msg = ctypes.create_string_buffer(1024)
         i64 = ctypes.c_int64
+        stream, _alive = _sampling_args(n, v, temperature, top_k, top_p, min_p, 0, 0)
         rc = self.lib.xk_emu_spiffy_materialize(
             _ptr(logits), LOGITS_TYPES[logits.dtype], _ptr(block), i64(n), i64(length), i64(v), i64(mask_id),
             _ptr(ranks), _ptr(ptr), _ptr(children), i64(ranks.shape[0]), i64(ranks.shape[1]), i64(children.numel()),
-            i64(keep), ctypes.c_float(_inv_t(temperature) or 1.0), ctypes.c_int(num_sms), _ptr(drafts), _ptr(node_ids), _ptr(scores), msg,
+            i64(keep), *stream, ctypes.c_int(num_sms), _ptr(drafts), _ptr(node_ids), _ptr(scores), msg,
             ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
         return drafts, node_ids, scores
 
     def spiffy_accept(self, root, draft_logits, drafts, node_ids, block, mask_id, num_unmask=1, threshold=None,
-                      temperature=0.0, seed=0, offset=0, clusters=True):
+                      temperature=0.0, seed=0, offset=0, clusters=True, top_k=None, top_p=None, min_p=None):
         """clusters: the device runs thread block clusters (the binding's test of sm_90+)."""
         n, length, v = root.shape
         k = drafts.shape[1]
@@ -290,12 +294,12 @@ class CudaEmu:
         positions, tokens, new_block = (torch.empty(n, length, dtype=torch.int64) for _ in range(3))
         msg = ctypes.create_string_buffer(1024)
         i64 = ctypes.c_int64
+        stream, _alive = _sampling_args(n, v, temperature, top_k, top_p, min_p, seed, offset)
         rc = self.lib.xk_emu_spiffy_accept(
             _ptr(root), _ptr(draft_logits), LOGITS_TYPES[root.dtype], _ptr(drafts), _ptr(node_ids), _ptr(block),
             i64(n), i64(length), i64(v), i64(k), i64(mask_id), i64(num_unmask), ctypes.c_int(threshold is not None),
-            ctypes.c_float(threshold or 0.0), ctypes.c_float(_inv_t(temperature)), ctypes.c_uint64(seed),
-            ctypes.c_uint64(offset), ctypes.c_int(clusters), _ptr(num_steps), _ptr(positions), _ptr(tokens), _ptr(new_block),
-            _ptr(continue_from), msg, ctypes.c_size_t(len(msg)))
+            ctypes.c_float(threshold or 0.0), *stream, ctypes.c_int(clusters), _ptr(num_steps), _ptr(positions),
+            _ptr(tokens), _ptr(new_block), _ptr(continue_from), msg, ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
         return num_steps, positions, tokens, new_block, continue_from
 

@@ -80,6 +80,34 @@ cudaError_t emu_read_gemm(void*, const xkernels::cuda::ReadGemm& g, cudaStream_t
   return cudaSuccess;
 }
 
+// The SamplingView of dllm_step and the Spiffy ops, from the arrays xk_emu_chain_ragged takes
+// (null or [n]; seeds and offsets: `*_numel` elements, one for the scalar form).
+xkernels::SamplingView dllm_view(Device& dev, int64_t n, float inv_t, int32_t top_k, float top_p, float min_p,
+                                 const float* temperature, const int32_t* top_k_rows, const float* top_p_rows,
+                                 const float* min_p_rows, uint64_t seed, uint64_t offset, const int64_t* seed_tensor,
+                                 int64_t seed_numel, const int64_t* offset_tensor, int64_t offset_numel,
+                                 int per_request) {
+  xkernels::SamplingView s{};
+  s.scalar = xkernels::RowSampling{inv_t, top_k, top_p, min_p};
+  s.temperature = dev.copy(temperature, sizeof(float) * n);
+  s.top_k = dev.copy(top_k_rows, sizeof(int32_t) * n);
+  s.top_p = dev.copy(top_p_rows, sizeof(float) * n);
+  s.min_p = dev.copy(min_p_rows, sizeof(float) * n);
+  s.seed = seed, s.offset = offset;
+  s.seed_ptr = dev.copy(seed_tensor, sizeof(int64_t) * seed_numel);
+  s.offset_ptr = dev.copy(offset_tensor, sizeof(int64_t) * offset_numel);
+  s.seed_per_row = seed_tensor && seed_numel == n;
+  s.offset_per_row = offset_tensor && offset_numel == n;
+  s.per_request = per_request != 0;
+  return s;
+}
+
+// Whether some row may sample with a filter (the bindings' SamplingArgs::any_filter).
+bool may_filter(const xkernels::SamplingView& s, int64_t v) {
+  return (s.temperature || s.scalar.inv_t != 0.0f) &&
+         (s.top_k || s.top_p || s.min_p || xkernels::filters_active(s.scalar, v));
+}
+
 }  // namespace
 
 extern "C" {
@@ -329,10 +357,19 @@ int xk_emu_compact_kv(void* cache, int64_t n, int64_t heads, int64_t len, int64_
   return finish(err, message, message_len);
 }
 
+#define XK_EMU_STREAM_ARGS                                                                                  \
+  float inv_t, int32_t top_k, float top_p, float min_p, const float *temperature, const int32_t *top_k_rows, \
+      const float *top_p_rows, const float *min_p_rows, uint64_t seed, uint64_t offset,                        \
+      const int64_t *seed_tensor, int64_t seed_numel, const int64_t *offset_tensor, int64_t offset_numel,      \
+      int per_request
+#define XK_EMU_STREAM_FORWARD                                                                                \
+  inv_t, top_k, top_p, min_p, temperature, top_k_rows, top_p_rows, min_p_rows, seed, offset, seed_tensor,    \
+      seed_numel, offset_tensor, offset_numel, per_request
+
 int xk_emu_dllm_step(const void* logits, int logits_type, const int64_t* block, int64_t n, int64_t l, int64_t v,
-                     int64_t mask_id, int64_t num_unmask, int use_threshold, float threshold, float inv_t,
-                     uint64_t seed, uint64_t offset, int num_sms, int64_t* new_block, int64_t* positions,
-                     int64_t* tokens, float* confidence, char* message, size_t message_len) {
+                     int64_t mask_id, int64_t num_unmask, int use_threshold, float threshold, XK_EMU_STREAM_ARGS,
+                     int num_sms, int64_t* new_block, int64_t* positions, int64_t* tokens, float* confidence,
+                     char* message, size_t message_len) {
   using namespace xkernels::cuda;
   Device dev;
   DllmParams p{};
@@ -340,7 +377,8 @@ int xk_emu_dllm_step(const void* logits, int logits_type, const int64_t* block, 
   p.dtype = static_cast<LogitsType>(logits_type);
   p.block = dev.copy(block, sizeof(int64_t) * n * l);
   p.n = n, p.l = l, p.v = v, p.num_sms = num_sms;
-  p.rule = DllmRule{mask_id, num_unmask, use_threshold != 0, threshold, inv_t, seed, offset, nullptr, nullptr};
+  const xkernels::SamplingView view = dllm_view(dev, n, XK_EMU_STREAM_FORWARD);
+  p.rule = DllmRule{mask_id, num_unmask, use_threshold != 0, threshold, view, may_filter(view, v)};
   p.new_block = const_cast<int64_t*>(dev.copy(block, sizeof(int64_t) * n * l));  // the caller's copy of block
   p.positions = dev.alloc<int64_t>(sizeof(int64_t) * n * l, 0xFF);  // -1, as the caller fills them
   p.tokens = dev.alloc<int64_t>(sizeof(int64_t) * n * l, 0xFF);
@@ -353,10 +391,12 @@ int xk_emu_dllm_step(const void* logits, int logits_type, const int64_t* block, 
   return finish(err, message, message_len);
 }
 
+// The stream arguments are not read (materialize draws nothing).
 int xk_emu_spiffy_materialize(const void* logits, int logits_type, const int64_t* block, int64_t n, int64_t l,
                               int64_t v, int64_t mask_id, const int32_t* ranks, const int32_t* child_ptr,
-                              const int32_t* children, int64_t g, int64_t k, int64_t e, int64_t keep, float scale,
-                              int num_sms, int64_t* drafts, int64_t* node_ids, float* scores, char* message, size_t message_len) {
+                              const int32_t* children, int64_t g, int64_t k, int64_t e, int64_t keep,
+                              XK_EMU_STREAM_ARGS, int num_sms, int64_t* drafts, int64_t* node_ids, float* scores,
+                              char* message, size_t message_len) {
   using namespace xkernels::cuda;
   Device dev;
   SpiffyMaterializeParams p{};
@@ -365,7 +405,9 @@ int xk_emu_spiffy_materialize(const void* logits, int logits_type, const int64_t
   p.block = dev.copy(block, sizeof(int64_t) * n * l);
   p.graph = xkernels::GraphView{dev.copy(ranks, sizeof(int32_t) * g * k * 2), dev.copy(child_ptr, sizeof(int32_t) * (g + 1)),
                                 dev.copy(children, sizeof(int32_t) * e), g, k, e};
-  p.n = n, p.l = l, p.v = v, p.mask_id = mask_id, p.keep = keep, p.scale = scale, p.num_sms = num_sms;
+  p.n = n, p.l = l, p.v = v, p.mask_id = mask_id, p.keep = keep, p.num_sms = num_sms;
+  p.s = dllm_view(dev, n, XK_EMU_STREAM_FORWARD);
+  p.filtered = may_filter(p.s, v);
   p.drafts = dev.alloc<int64_t>(sizeof(int64_t) * n * keep * l, 0xA5);
   p.node_ids = dev.alloc<int64_t>(sizeof(int64_t) * n * keep, 0xFF);  // -1 and 0, as the caller fills them
   p.scores = dev.alloc<float>(sizeof(float) * n * keep, 0);
@@ -378,10 +420,9 @@ int xk_emu_spiffy_materialize(const void* logits, int logits_type, const int64_t
 
 int xk_emu_spiffy_accept(const void* root, const void* draft_logits, int logits_type, const int64_t* drafts,
                          const int64_t* node_ids, const int64_t* block, int64_t n, int64_t l, int64_t v, int64_t k,
-                         int64_t mask_id, int64_t num_unmask, int use_threshold, float threshold, float inv_t,
-                         uint64_t seed, uint64_t offset, int clusters, int64_t* num_steps, int64_t* positions,
-                         int64_t* tokens, int64_t* new_block, int64_t* continue_from, char* message,
-                         size_t message_len) {
+                         int64_t mask_id, int64_t num_unmask, int use_threshold, float threshold, XK_EMU_STREAM_ARGS,
+                         int clusters, int64_t* num_steps, int64_t* positions, int64_t* tokens, int64_t* new_block,
+                         int64_t* continue_from, char* message, size_t message_len) {
   using namespace xkernels::cuda;
   Device dev;
   SpiffyAcceptParams p{};
@@ -392,7 +433,8 @@ int xk_emu_spiffy_accept(const void* root, const void* draft_logits, int logits_
   p.drafts = dev.copy(drafts, sizeof(int64_t) * n * k * l);
   p.node_ids = dev.copy(node_ids, sizeof(int64_t) * n * k);
   p.n = n, p.l = l, p.v = v, p.k = k;
-  p.rule = DllmRule{mask_id, num_unmask, use_threshold != 0, threshold, inv_t, seed, offset, nullptr, nullptr};
+  const xkernels::SamplingView view = dllm_view(dev, n, XK_EMU_STREAM_FORWARD);
+  p.rule = DllmRule{mask_id, num_unmask, use_threshold != 0, threshold, view, may_filter(view, v)};
   p.new_block = const_cast<int64_t*>(dev.copy(block, sizeof(int64_t) * n * l));
   p.positions = dev.alloc<int64_t>(sizeof(int64_t) * n * l, 0xFF);
   p.tokens = dev.alloc<int64_t>(sizeof(int64_t) * n * l, 0xFF);

@@ -4,6 +4,7 @@ import torch
 
 from xkernels import reference
 from tests.test_dllm import MASK, near_tie_case, step_case
+from tests.test_dllm_sampling import mixed_params, take
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -58,3 +59,31 @@ def test_draws_at_near_ties_match_the_reference(emu, level):
         got = emu.dllm_step(logits, block, MASK, 3, None, 1.0, seed, 0, num_sms=132)
         want = reference.dllm_step(logits, block, MASK, 3, None, 1.0, seed, 0)
         assert torch.equal(got[2], want[2])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("v", [301, 65544])  # 65544: rows split over slices
+@pytest.mark.parametrize("per_request", [True, False])
+def test_per_sequence_parameters_and_streams(emu, dtype, v, per_request):
+    """Every parameter kind mixed in one batch (greedy rows, top-k, top-p, min-p; the row cut pass,
+    the mask token holding the largest logit so that a cut counting it would differ) against the
+    reference; with per-request streams a sequence alone gets what it gets in the batch."""
+    n = 8
+    logits, block = step_case(n, 6, v, dtype, seed=4)
+    logits[:, :, MASK] = 30.0
+    params = mixed_params(n, 1, per_request)
+    got = emu.dllm_step(logits, block, MASK, 2, None, num_sms=132, **params)
+    want = reference.dllm_step(logits, block, MASK, 2, None, **params)
+    for a, b in zip(got[:3], want[:3]):
+        assert torch.equal(a, b)
+    torch.testing.assert_close(got[3], want[3], atol=1e-5, rtol=1e-4, equal_nan=True)
+    if per_request:
+        for s in (2, 5):
+            alone = emu.dllm_step(logits[s:s + 1], block[s:s + 1], MASK, 2, None, num_sms=132,
+                                  **take(params, slice(s, s + 1)))
+            for a, b in zip(alone, got):
+                assert torch.equal(a[0], b[s])
+    one_element = emu.dllm_step(logits, block, MASK, 2, None, temperature=0.7, seed=torch.tensor([9]),
+                                offset=torch.tensor([4]))
+    want = reference.dllm_step(logits, block, MASK, 2, None, 0.7, 9, 4)
+    assert torch.equal(one_element[2], want[2])  # one-element tensors: the scalar form, read on the device

@@ -6,6 +6,7 @@ from xkernels import reference
 from xkernels.spiffy import DraftGraph
 from tests.test_dllm import MASK, step_case
 from tests.test_spiffy import accept_case, hand_graph
+from tests.test_dllm_sampling import dllm_step_at, mixed_params
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -174,3 +175,37 @@ def test_attention_mask_matches_reference(emu, packed, n, num_drafts, block_size
         assert got.numel() == 0
         return
     assert torch.equal(got, reference.spiffy_attention_mask(lens, num_drafts, block_size, max_prefix, packed))
+
+
+@pytest.mark.parametrize("clusters", [True, False])
+@pytest.mark.parametrize("per_request", [True, False])
+def test_accept_per_sequence_parameters_and_streams(emu, clusters, per_request):
+    """spiffy_accept with every parameter kind mixed in one batch (the row cut of the root's and
+    the drafts' rows) and either stream form (per request: step d at offset[n] + d * L) against the
+    reference, on drafts that are the steps the batch takes, so that walks go deep."""
+    n, length = 8, 10
+    root, draft_logits, drafts, node_ids, block = accept_case(n, 3, length, 41, torch.float32, seed=2)
+    root[:, :, MASK] = 30.0
+    params = mixed_params(n, 3, per_request)
+    state, logits = block.clone(), root
+    for d in range(3):
+        state = dllm_step_at(logits, state, params, d, length)[0]
+        drafts[:, d], node_ids[:, d], logits = state, d + 1, draft_logits[:, d]
+    got = emu.spiffy_accept(root, draft_logits, drafts, node_ids, block, MASK, clusters=clusters, **params)
+    want = reference.spiffy_accept(root, draft_logits, drafts, node_ids, block, MASK, **params)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    assert (got[0] > 2).any()
+
+
+@pytest.mark.parametrize("v", [301, 49160])  # 49160: rows split over slices
+def test_materialize_per_sequence_parameters(emu, v):
+    logits, block = step_case(8, 12, v, torch.bfloat16, seed=1)
+    params = mixed_params(8, 2)
+    del params["seed"], params["offset"]
+    graph = hand_graph()
+    got = emu.spiffy_materialize(logits, block, MASK, graph, 3, num_sms=132, **params)
+    want = reference.spiffy_materialize(logits, block, MASK, graph.ranks, graph.child_ptr, graph.children, 3,
+                                        **params)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    torch.testing.assert_close(got[2], want[2], atol=1e-5, rtol=1e-4)

@@ -1,10 +1,11 @@
 """Reference of dllm_step, the LLaDA low-confidence unmasking step of diffusion LLM decoding."""
 
 import math
+from dataclasses import replace
 
 import torch
 
-from .rng import _as_int, gumbel_noise, inverse_temperature
+from .sampling import filtered_logits, row_params, row_streams
 
 
 def _without_mask_token(logits, mask_id):
@@ -15,16 +16,18 @@ def _without_mask_token(logits, mask_id):
     return logits
 
 
-def _dllm_step_one(logits, block, sequence, mask_id, num_unmask, threshold, temperature, seed, offset):
-    """dllm_step for one sequence: logits [L, V] float32 and block [L] on the CPU; `sequence` keys
-    the noise. Returns (new_block, chosen positions ascending, x0 [L], confidence [L])."""
+def _dllm_step_one(logits, block, params, stream, mask_id, num_unmask, threshold):
+    """dllm_step for one sequence: logits [L, V] float32 and block [L] on the CPU, its RowParams and
+    the RowStream of the step (slot p: position p). Returns (new_block, chosen positions ascending,
+    x0 [L], confidence [L])."""
     length, v = logits.shape
-    inv_t = inverse_temperature(temperature)
     logits = _without_mask_token(logits, mask_id)
     masked = block == mask_id
     score = logits
-    if inv_t and length:
-        score = logits * inv_t + torch.stack([gumbel_noise(seed, offset, sequence, p, v) for p in range(length)])
+    if params.inv_t and length:
+        scaled = torch.stack([filtered_logits(row * params.inv_t, params.top_k, params.top_p, params.min_p)
+                              for row in logits])
+        score = scaled + torch.stack([stream.gumbel(p, v) for p in range(length)])
     x0 = score.argmax(-1)
     conf = torch.softmax(logits, -1).gather(-1, x0[:, None])[:, 0]
     conf = torch.where(masked, conf, torch.tensor(-math.inf))
@@ -46,17 +49,31 @@ def _dllm_step_one(logits, block, sequence, mask_id, num_unmask, threshold, temp
     return new_block, chosen, x0, conf
 
 
-def dllm_step(logits, block_tokens, mask_id, num_unmask=1, threshold=None, temperature=0.0, seed=0, offset=0):
+def step_stream(stream, step: int, length: int):
+    """The stream of step `step` of a call over a block of `length` positions: the scalar form
+    advances the offset by 1 a step, the per-request form by `length` (step d's position p takes
+    slot offset + d * length + p), so that spiffy_accept's steps draw what dllm_step calls draw
+    when the offset advances so between calls."""
+    return replace(stream, offset=stream.offset + (step * length if stream.per_request else step))
+
+
+def dllm_step(logits, block_tokens, mask_id, num_unmask=1, threshold=None, temperature=0.0, seed=0, offset=0,
+              top_k=None, top_p=None, min_p=None):
     """One step of the LLaDA low-confidence rule over a block. For every masked position l of
-    sequence n: x0 = argmax(logits / T + G) (G: the Gumbel noise of (sequence n, position l); none at
-    T = 0) and confidence = softmax(logits)[x0] (the untempered softmax, as LLaDA and Fast-dLLM
-    score it). Unmasked positions have confidence -inf. Then unmask the num_unmask most confident
-    masked positions (ties to the lowest position), or, with threshold, every masked position whose
-    confidence exceeds it and at least the most confident one. Returns new_block [N, L],
-    positions [N, L] (the unmasked positions ascending, -1 padded), tokens [N, L] (theirs, -1
-    padded) and confidence [N, L] float32."""
+    sequence n: x0 is drawn from the step distribution p' of sequence n's parameters
+    (sampling.filtered_probs of logits with the mask token at -inf) by Gumbel-max:
+    x0 = argmax(filtered(logits / T) + G), G the noise of slot l of sequence n's stream
+    (sampling.row_streams; none at T = 0, where x0 is the argmax) and confidence = softmax(logits)[x0]
+    (the untempered softmax, as LLaDA and Fast-dLLM score it). Unmasked positions have confidence
+    -inf. Then unmask the num_unmask most confident masked positions (ties to the lowest position),
+    or, with threshold, every masked position whose confidence exceeds it and at least the most
+    confident one. temperature, top_k, top_p, min_p: scalars or [N] tensors; seed, offset: the
+    scalar form or [N] tensors (per request: slot l keyed by (seed[n], offset[n] + l)). Returns
+    new_block [N, L], positions [N, L] (the unmasked positions ascending, -1 padded), tokens [N, L]
+    (theirs, -1 padded) and confidence [N, L] float32."""
     n, length, _ = logits.shape
-    seed, offset = _as_int(seed), _as_int(offset)
+    params = row_params(n, temperature, top_k, top_p, min_p)
+    streams = row_streams(n, seed, offset)
     l = logits.detach().cpu().float()
     block = block_tokens.detach().cpu()
     new_block = block.clone()
@@ -64,8 +81,8 @@ def dllm_step(logits, block_tokens, mask_id, num_unmask=1, threshold=None, tempe
     tokens = torch.full((n, length), -1, dtype=torch.int64)
     conf = torch.empty(n, length)
     for s in range(n):
-        new_block[s], chosen, x0, conf[s] = _dllm_step_one(l[s], block[s], s, mask_id, num_unmask, threshold,
-                                                           temperature, seed, offset)
+        new_block[s], chosen, x0, conf[s] = _dllm_step_one(l[s], block[s], params[s], streams[s], mask_id, num_unmask,
+                                                           threshold)
         positions[s, : len(chosen)] = torch.tensor(chosen, dtype=torch.int64)
         tokens[s, : len(chosen)] = x0[chosen]
     dev = logits.device

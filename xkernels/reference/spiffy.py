@@ -5,23 +5,25 @@ import math
 
 import torch
 
-from .dllm import _dllm_step_one, _without_mask_token
-from .rng import _as_int, inverse_temperature
+from .dllm import _dllm_step_one, _without_mask_token, step_stream
+from .sampling import filtered_logits, row_params, row_streams
 
 
 SPIFFY_MAX_RANK = 8  # vocabulary ranks a graph may use (kSpiffyMaxRank)
 
 
 def spiffy_materialize(logits, block_tokens, mask_id, graph_ranks, graph_child_ptr, graph_children, keep,
-                       temperature=0.0):
+                       temperature=0.0, top_k=None, top_p=None, min_p=None):
     """Fills the draft graph from the step distribution at the root and keeps the best `keep` nodes.
 
     Per sequence: the masked positions in confidence order (the untempered top-1 probability,
     higher first, NaN last, ties to the lower position) give position ranks i; a position's tokens
     by logit (ties to the lower id; the mask token's logit counts as -inf) give vocabulary ranks j. Node g's draft is the block with each
     of its operations (i, j) applied. Its local score is the mean log probability of those tokens
-    under softmax(logits / T) (softmax(logits) at T = 0); a node is unusable when a rank falls
-    outside the masked positions or the row has no softmax or a token has probability 0. Children
+    under sequence n's step distribution p' (dllm_step's: softmax(logits / T) filtered by top_k,
+    top_p and min_p, scalars or [N] tensors; softmax(logits) unfiltered at T = 0); a node is
+    unusable when a rank falls outside the masked positions or the row has no softmax or a token
+    has probability 0 (the filters' dropped tokens among them). Children
     first, a usable node's score is the mean of its local score and its best usable child's score
     (the geometric mean of the two probabilities). Then, starting from the root's usable children, the best
     node of the frontier (ties to the lower id) is kept and its usable children join the frontier,
@@ -29,10 +31,10 @@ def spiffy_materialize(logits, block_tokens, mask_id, graph_ranks, graph_child_p
     when the frontier ran out; such a slot holds the block itself and score 0) and scores
     [N, keep] float32, exp(score)."""
     n, length, v = logits.shape
-    scale = inverse_temperature(temperature) or 1.0
+    params = row_params(n, temperature, top_k, top_p, min_p)
     raw = _without_mask_token(logits.detach().cpu().float(), mask_id)
     block = block_tokens.detach().cpu()
-    logp = torch.log_softmax(raw * scale, -1)
+    logp = torch.stack([torch.log_softmax(_step_logits(raw[s], params[s]), -1) for s in range(n)]) if n else raw
     conf = torch.softmax(raw, -1).max(-1).values
     top = torch.sort(raw, dim=-1, descending=True, stable=True).indices[..., :SPIFFY_MAX_RANK]
     ranks = graph_ranks.cpu().tolist()
@@ -76,17 +78,26 @@ def spiffy_materialize(logits, block_tokens, mask_id, graph_ranks, graph_child_p
     return drafts.to(dev), node_ids.to(dev), scores.to(dev)
 
 
+def _step_logits(raw, params):
+    """The logits [L, V] whose softmax spiffy_materialize scores by: raw / T filtered, raw at T = 0."""
+    if not params.inv_t:
+        return raw
+    return torch.stack([filtered_logits(row * params.inv_t, params.top_k, params.top_p, params.min_p) for row in raw])
+
+
 def spiffy_accept(root_logits, draft_logits, draft_blocks, node_ids, block_tokens, mask_id, num_unmask=1,
-                  threshold=None, temperature=0.0, seed=0, offset=0):
-    """Spiffy's acceptance: take dllm_step's step from the root's logits (the noise of offset + 0);
-    while the new block equals a kept draft (node_ids >= 0), take the next step (offset + 1, ...)
-    from that draft's logits, which the same forward computed for exactly that block. Every step
-    is dllm_step's on the true logits of the block reached, so the result is what one-step-per-call
-    decoding gives. Returns num_steps [N], positions and tokens [N, L] (in the order committed,
+                  threshold=None, temperature=0.0, seed=0, offset=0, top_k=None, top_p=None, min_p=None):
+    """Spiffy's acceptance: take dllm_step's step from the root's logits (step 0 of the stream);
+    while the new block equals a kept draft (node_ids >= 0), take the next step (step 1, ...; the
+    stream of step d as dllm.step_stream gives it) from that draft's logits, which the same forward
+    computed for exactly that block. Every step is dllm_step's, with the same parameters, on the
+    true logits of the block reached, so the result is what one-step-per-call decoding gives.
+    Returns num_steps [N], positions and tokens [N, L] (in the order committed,
     -1 padded), new_block [N, L], continue_from [N] (the draft whose logits gave the last step, -1:
     the root)."""
     n, length, _ = root_logits.shape
-    seed, offset = _as_int(seed), _as_int(offset)
+    params = row_params(n, temperature, top_k, top_p, min_p)
+    streams = row_streams(n, seed, offset)
     root, drafts_l = root_logits.detach().cpu().float(), draft_logits.detach().cpu().float()
     blocks, ids = draft_blocks.cpu(), node_ids.cpu()
     new_block = block_tokens.detach().cpu().clone()
@@ -98,8 +109,9 @@ def spiffy_accept(root_logits, draft_logits, draft_blocks, node_ids, block_token
         cur, committed = -1, 0
         while (new_block[s] == mask_id).any():
             logits = root[s] if cur < 0 else drafts_l[s, cur]
-            new_block[s], chosen, x0, _ = _dllm_step_one(logits, new_block[s], s, mask_id, num_unmask, threshold,
-                                                         temperature, seed, offset + int(num_steps[s]))
+            stream = step_stream(streams[s], int(num_steps[s]), length)
+            new_block[s], chosen, x0, _ = _dllm_step_one(logits, new_block[s], params[s], stream, mask_id, num_unmask,
+                                                         threshold)
             positions[s, committed:committed + len(chosen)] = torch.tensor(chosen, dtype=torch.int64)
             tokens[s, committed:committed + len(chosen)] = x0[chosen]
             committed += len(chosen)

@@ -6,12 +6,22 @@
 
 #include "xkernels/host_device.h"
 #include "xkernels/sampling.h"
+#include "xkernels/sampling_params.h"
 
 namespace xkernels {
 
 // The logit of id x as the rule sees it: the mask token is never a candidate (its logit counts as
 // -inf), so every step unmasks for real.
 XK_HD float dllm_logit(float a, int64_t x, int64_t mask_id) { return x == mask_id ? kNegInf : a; }
+
+// The stream of a sequence's step `step` of a call (spiffy_accept takes several; dllm_step is step
+// 0), position p at slot p. The scalar form keys step d by offset + d (then sequence, position);
+// the per-request form gives step d the slots offset + d * l + p, so a call reading steps 0..d
+// draws what d + 1 dllm_step calls draw with the offset advanced by l each.
+XK_HD RowStream dllm_step_stream(RowStream s, int64_t step, int64_t l) {
+  s.offset += static_cast<uint64_t>(s.per_request ? step * l : step);
+  return s;
+}
 
 // softmax(raw)[pick] from the raw row's statistics: NaN when the row has no softmax.
 XK_HD float dllm_confidence(const RowStats& raw, float raw_pick) {

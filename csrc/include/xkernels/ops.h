@@ -140,28 +140,38 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify(
 void compact_kv_(const at::Tensor& cache, const at::Tensor& path, const at::Tensor& accept_len, int64_t prefix_len);
 
 // One step of a masked diffusion LM's block decoding (LLaDA's low-confidence rule): for each
-// masked position of block_tokens [N, L], x0 = argmax(logits / T + Gumbel) (argmax at T = 0) and
+// masked position of block_tokens [N, L], x0 drawn from the row's filtered distribution p' (the
+// arguments of chain_verify_ragged_, per sequence; argmax at T = 0) and
 // confidence = softmax(logits)[x0]; unmask the num_unmask most confident (ties to the lower
 // position), or with a threshold every one above it and at least the best. Returns (new_block,
 // positions, tokens: int64 [N, L], -1 padded, confidence float32 [N, L], -inf where unmasked).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step(
     const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id, int64_t num_unmask = 1,
-    std::optional<double> threshold = std::nullopt, double temperature = 0.0, int64_t seed = 0, int64_t offset = 0,
-    const std::optional<at::Tensor>& seed_tensor = std::nullopt,
+    std::optional<double> threshold = std::nullopt, double temperature = 0.0,
+    const std::optional<at::Tensor>& temperature_tensor = std::nullopt, int64_t top_k = 0,
+    const std::optional<at::Tensor>& top_k_tensor = std::nullopt, double top_p = 1.0,
+    const std::optional<at::Tensor>& top_p_tensor = std::nullopt, double min_p = 0.0,
+    const std::optional<at::Tensor>& min_p_tensor = std::nullopt, int64_t seed = 0,
+    const std::optional<at::Tensor>& seed_tensor = std::nullopt, int64_t offset = 0,
     const std::optional<at::Tensor>& offset_tensor = std::nullopt);
 
 // Spiffy (xkernels/spiffy.h has the graph format). Fills the draft graph (graph_ranks int32
 // [G, K, 2], graph_child_ptr int32 [G + 1], graph_children int32 [E]) from the step distribution
 // logits [N, L, V] of block_tokens [N, L], scores every node (the geometric mean of its tokens'
-// probabilities under softmax(logits / T), softmax(logits) at T = 0, combined with its best
+// probabilities under the filtered p' of sequence n's parameters, softmax(logits) at T = 0, combined with its best
 // child's score by geometric mean) and keeps the best `keep` nodes such that every kept node is a child of
 // the root or of a kept node. Returns (draft_blocks int64 [N, keep, L], node_ids int64 [N, keep] in
 // the order kept, scores float32 [N, keep]); unused slots: the block itself, node -1, score 0.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> spiffy_materialize(
     const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id, const at::Tensor& graph_ranks,
-    const at::Tensor& graph_child_ptr, const at::Tensor& graph_children, int64_t keep, double temperature = 0.0);
+    const at::Tensor& graph_child_ptr, const at::Tensor& graph_children, int64_t keep, double temperature = 0.0,
+    const std::optional<at::Tensor>& temperature_tensor = std::nullopt, int64_t top_k = 0,
+    const std::optional<at::Tensor>& top_k_tensor = std::nullopt, double top_p = 1.0,
+    const std::optional<at::Tensor>& top_p_tensor = std::nullopt, double min_p = 0.0,
+    const std::optional<at::Tensor>& min_p_tensor = std::nullopt);
 
-// Samples dllm_step's step (num_unmask / threshold, temperature, the noise of offset + d at depth d)
+// Samples dllm_step's step (num_unmask / threshold, the sampling arguments, the stream of step d as
+// xkernels/dllm.h's dllm_step_stream advances it)
 // from root_logits [N, L, V]; while the new block equals a kept draft (draft_blocks [N, K, L],
 // node_ids [N, K] >= 0) samples the next step from that draft's logits (draft_logits [N, K, L, V]).
 // Returns (num_steps [N], positions and tokens [N, L]: the unmasked positions and their tokens in
@@ -170,8 +180,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> spiffy_materialize(
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> spiffy_accept(
     const at::Tensor& root_logits, const at::Tensor& draft_logits, const at::Tensor& draft_blocks,
     const at::Tensor& node_ids, const at::Tensor& block_tokens, int64_t mask_id, int64_t num_unmask = 1,
-    std::optional<double> threshold = std::nullopt, double temperature = 0.0, int64_t seed = 0, int64_t offset = 0,
-    const std::optional<at::Tensor>& seed_tensor = std::nullopt,
+    std::optional<double> threshold = std::nullopt, double temperature = 0.0,
+    const std::optional<at::Tensor>& temperature_tensor = std::nullopt, int64_t top_k = 0,
+    const std::optional<at::Tensor>& top_k_tensor = std::nullopt, double top_p = 1.0,
+    const std::optional<at::Tensor>& top_p_tensor = std::nullopt, double min_p = 0.0,
+    const std::optional<at::Tensor>& min_p_tensor = std::nullopt, int64_t seed = 0,
+    const std::optional<at::Tensor>& seed_tensor = std::nullopt, int64_t offset = 0,
     const std::optional<at::Tensor>& offset_tensor = std::nullopt);
 
 // The attention mask of a forward over [prefix (max_prefix_len keys), real block, num_drafts draft

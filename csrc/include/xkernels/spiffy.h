@@ -14,6 +14,7 @@
 #include "xkernels/dllm.h"
 #include "xkernels/host_device.h"
 #include "xkernels/sampling.h"
+#include "xkernels/sampling_params.h"
 
 namespace xkernels {
 
@@ -62,6 +63,10 @@ XK_HD void top_observe(TopTokens& t, float v, int32_t i) {
     t.val[j - 1] = fv, t.idx[j - 1] = fi;
   }
 }
+
+// The scale of the logits spiffy_materialize scores a sequence by: 1/T, or 1 when greedy (the
+// untempered softmax).
+XK_HD float spiffy_scale(const RowSampling& r) { return r.inv_t == 0.0f ? 1.0f : r.inv_t; }
 
 // What spiffy_materialize keeps of a masked position's row: the untempered probability of its best
 // token (the position's confidence, as dllm_step scores it) and the top tokens with their log
