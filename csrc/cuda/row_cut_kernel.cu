@@ -16,7 +16,7 @@ namespace xkernels::cuda {
 namespace {
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) row_cut_kernel(RowCutParams p, int mass_shift) {
+__global__ void __launch_bounds__(kThreads, 1) row_cut_kernel(RowCutParams p, int mass_shift) {
   __shared__ CutShared sh;
   __shared__ float top_value;
   const int64_t row = blockIdx.x;
