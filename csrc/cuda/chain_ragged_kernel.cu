@@ -49,8 +49,15 @@ struct Shared {
 template <typename T>
 __device__ void prepare(Shared& sh, const RowView<T>& r, const RowSampling& rs, bool greedy, bool filtered,
                         int mass_shift) {
+  const bool count = filtered && counts_top_bits(rs, r.v);
+  if (count) clear_top_bits(sh.cut);
+  __syncthreads();
   RowStats local = stats_empty();
-  for (int64_t i = threadIdx.x; i < r.v; i += kThreads) stats_observe(local, r.a(i), static_cast<int32_t>(i));
+  for (int64_t i = threadIdx.x; i < r.v; i += kThreads) {
+    const float a = r.a(i);
+    stats_observe(local, a, static_cast<int32_t>(i));
+    if (count) count_top_bits(sh.cut, a);
+  }
   local = block_merge(local, stats_empty());
   if (threadIdx.x == 0) sh.row = RowState{local, keep_all(), greedy || stats_degenerate(local)};
   __syncthreads();

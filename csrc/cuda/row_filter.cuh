@@ -155,9 +155,10 @@ __device__ __forceinline__ void rank_candidates(CutShared& sh, int n2) {
 // the target; once that bin holds at most kCutCandidates ids, one more pass gathers them and they
 // are ranked in shared memory. So a cut usually costs 2 passes, at most 4 (3 levels, then an
 // ordered pass over more than kCutCandidates ids of one value).
+// counted: the first level's counts are already in sh (count_top_bits, for top-k over the row).
 template <typename T>
 __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, const FilterCut& within, bool by_mass,
-                               uint32_t k, float top_p, int mass_shift) {
+                               uint32_t k, float top_p, int mass_shift, bool counted) {
   uint32_t mask = 0, prefix = 0, count = 0;
   unsigned long long before = 0;
   double target = 0.0;
@@ -170,19 +171,21 @@ __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, co
   for (int level = 0; level < 3; ++level) {
     const int shift = level == 0 ? 21 : (level == 1 ? 10 : 0);
     const uint32_t bins = level == 2 ? 1024u : 2048u;
-    for (int d = threadIdx.x; d < kCutBins; d += kThreads) {
-      sh.u.hist.count[d] = 0;
-      sh.u.hist.mass[d] = 0;
+    if (level > 0 || !counted) {
+      for (int d = threadIdx.x; d < kCutBins; d += kThreads) {
+        sh.u.hist.count[d] = 0;
+        sh.u.hist.mass[d] = 0;
+      }
+      __syncthreads();
+      for (int64_t i = threadIdx.x; i < r.v; i += kThreads) {
+        uint32_t key;
+        if (!in_bins(i, key)) continue;
+        const uint32_t d = (key >> shift) & (bins - 1);
+        atomicAdd(&sh.u.hist.count[d], 1u);
+        if (by_mass) atomicAdd(&sh.u.hist.mass[d], fixed_mass(key_value(key) - top, mass_shift));  // key_value: a
+      }
+      __syncthreads();
     }
-    __syncthreads();
-    for (int64_t i = threadIdx.x; i < r.v; i += kThreads) {
-      uint32_t key;
-      if (!in_bins(i, key)) continue;
-      const uint32_t d = (key >> shift) & (bins - 1);
-      atomicAdd(&sh.u.hist.count[d], 1u);
-      if (by_mass) atomicAdd(&sh.u.hist.mass[d], fixed_mass(key_value(key) - top, mass_shift));  // key_value: a
-    }
-    __syncthreads();
     const auto bin_sum = [&](int pos) -> unsigned long long {  // bins in ranking order: the highest first
       const uint32_t d = bins - 1 - static_cast<uint32_t>(pos);
       return by_mass ? sh.u.hist.mass[d] : sh.u.hist.count[d];
@@ -275,14 +278,30 @@ __device__ __forceinline__ FilterCut with_min_p(const FilterCut& cut, float top,
   return floor > cut.val ? FilterCut{floor, 0x7FFFFFFF} : cut;
 }
 
+// Whether the statistics pass of a row with these parameters counts the ids' top key bits for the
+// top-k cut (count_top_bits), which saves top-k its first pass.
+__device__ __forceinline__ bool counts_top_bits(const RowSampling& rs, int64_t v) { return rs.top_k > 0 && rs.top_k < v; }
+
+// Zeroes the first level's counts; a __syncthreads must follow before count_top_bits.
+__device__ __forceinline__ void clear_top_bits(CutShared& sh) {
+  for (int d = threadIdx.x; d < kCutBins; d += kThreads) sh.u.hist.count[d] = 0;
+}
+
+// Counts one scaled logit of the row into the first level (what radix_cut's first pass over the
+// whole row would count for top-k).
+__device__ __forceinline__ void count_top_bits(CutShared& sh, float a) {
+  if (a != kNegInf) atomicAdd(&sh.u.hist.count[order_key(a) >> 21], 1u);
+}
+
 // The cut of all three filters (top-k, then top-p within it, then min-p) of a row whose largest
-// scaled logit `top` is finite.
+// scaled logit `top` is finite; the statistics pass has counted the top key bits where
+// counts_top_bits says so.
 template <typename T>
 __device__ FilterCut filter_cut(CutShared& sh, const RowView<T>& r, float top, const RowSampling& rs, int mass_shift) {
   FilterCut cut = keep_all();
-  if (rs.top_k > 0 && rs.top_k < r.v)
-    cut = radix_cut(sh, r, top, keep_all(), false, static_cast<uint32_t>(rs.top_k), 1.0f, mass_shift);
-  if (rs.top_p < 1.0f) cut = radix_cut(sh, r, top, cut, true, 0u, rs.top_p, mass_shift);
+  if (counts_top_bits(rs, r.v))
+    cut = radix_cut(sh, r, top, keep_all(), false, static_cast<uint32_t>(rs.top_k), 1.0f, mass_shift, true);
+  if (rs.top_p < 1.0f) cut = radix_cut(sh, r, top, cut, true, 0u, rs.top_p, mass_shift, false);
   if (rs.min_p > 0.0f) cut = with_min_p(cut, top, log_f32(rs.min_p));
   return cut;
 }
