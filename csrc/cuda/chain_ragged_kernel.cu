@@ -1,7 +1,7 @@
 // chain_verify_ragged_ on CUDA: one launch, a block per request, which walks the request's rows in
 // order (token-wise: up to the first rejection; block verification: every drafted row). Each row
 // takes a pass for its statistics; a row with filters then finds its cut (row_filter.cuh: radix
-// selection, up to 9 passes) and takes a pass for the kept ids' sum. Draft ids outside [0, V) and
+// selection, 1-3 more passes) and takes a pass for the kept ids' sum. Draft ids outside [0, V) and
 // any values of cu_num_draft_tokens or of the per-row parameters stay memory-safe: ids count as
 // rejected, counts are clamped into [0, T] and max_spec_len, invalid parameters read as off (greedy
 // for a temperature).

@@ -1,7 +1,7 @@
 // The filtered target distribution's cut on CUDA, by one block of kThreads threads per row: radix
-// selection over the order-preserving bits of the scaled logits (4 passes of 8 bits for top-k by
-// count, 4 for top-p by mass, one ordered pass when ties at the cut must be split by id). Masses
-// are summed in 64-bit fixed point, so the cut does not depend on the order of the atomics.
+// selection over the order-preserving bits of the scaled logits (radix_cut: about 2 passes a cut,
+// top-k's first one fused into the statistics pass; min-p without a pass). Masses are summed in
+// 64-bit fixed point, so the cut does not depend on the order of the atomics.
 // chain_ragged_kernel.cu and row_cut_kernel.cu (launch_row_cut, for the other ops) share it.
 #pragma once
 
