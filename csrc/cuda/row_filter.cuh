@@ -49,7 +49,7 @@ struct RowView {
 constexpr int kCutBins = 2048;        // 11 bits a level: key bits 31-21, 20-10, then 9-0
 constexpr int kCutCandidates = 2048;  // the ids one bin may hold to be ranked in shared memory
 
-// The shared memory of one block's selection: a level's histogram, or the ids of the chosen bin.
+// The shared memory of one block's selection: a level's histogram and the ids of a chosen bin.
 struct CutShared {
   struct Histogram {
     uint32_t count[kCutBins];
@@ -59,15 +59,21 @@ struct CutShared {
     uint32_t key[kCutCandidates];
     int32_t id[kCutCandidates];
   };
-  union {
-    Histogram hist;
-    Candidates cand;
-  } u;
+  Histogram hist;
+  Candidates cand;
   unsigned long long warp_sums[kWarps];
   uint32_t warp_counts[kWarps];
   unsigned long long found_before;
-  uint32_t n_cand;
-  int32_t found;
+  uint32_t n_cand, ranked_bin;
+  int32_t found, ranked_n;
+};
+
+// What radix_cut finds of its first level in CutShared when it starts.
+enum class FirstLevel {
+  kNone,    // nothing: it takes a pass
+  kCounts,  // the counts of every finite id (count_top_bits: top-k over the whole row)
+  kFed,     // the counts and masses of the ids `within` keeps, and those of first-level bin ranked_bin
+            // ranked in cand[0, ranked_n) (top-k's gather fed them to top-p)
 };
 
 // The block's exclusive prefix sum of one value a thread, in thread order; *total gets the sum.
@@ -126,8 +132,8 @@ __device__ int first_reaching(CutShared& sh, int n, unsigned long long base, dou
 // Sorts the first n2 (a power of two, <= kCutCandidates) candidates into ranking order (a higher key
 // first, ties to the lower id): a bitonic sort in shared memory.
 __device__ __forceinline__ void rank_candidates(CutShared& sh, int n2) {
-  uint32_t* key = sh.u.cand.key;
-  int32_t* id = sh.u.cand.id;
+  uint32_t* key = sh.cand.key;
+  int32_t* id = sh.cand.id;
   for (int size = 2; size <= n2; size <<= 1) {
     for (int stride = size >> 1; stride > 0; stride >>= 1) {
       for (int i = threadIdx.x; i < n2; i += kThreads) {
@@ -155,10 +161,12 @@ __device__ __forceinline__ void rank_candidates(CutShared& sh, int n2) {
 // the target; once that bin holds at most kCutCandidates ids, one more pass gathers them and they
 // are ranked in shared memory. So a cut usually costs 2 passes, at most 4 (3 levels, then an
 // ordered pass over more than kCutCandidates ids of one value).
-// counted: the first level's counts are already in sh (count_top_bits, for top-k over the row).
+// first: what the first level finds in sh. feed (top-k followed by top-p): when the cut is found
+// from the first level's gather, that pass also histograms the first level of the top-p cut within
+// it, and leaves the kept ids of the gathered bin ranked (FirstLevel::kFed, ranked_n >= 0).
 template <typename T>
 __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, const FilterCut& within, bool by_mass,
-                               uint32_t k, float top_p, int mass_shift, bool counted) {
+                               uint32_t k, float top_p, int mass_shift, FirstLevel first, bool feed) {
   uint32_t mask = 0, prefix = 0, count = 0;
   unsigned long long before = 0;
   double target = 0.0;
@@ -171,24 +179,24 @@ __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, co
   for (int level = 0; level < 3; ++level) {
     const int shift = level == 0 ? 21 : (level == 1 ? 10 : 0);
     const uint32_t bins = level == 2 ? 1024u : 2048u;
-    if (level > 0 || !counted) {
+    if (level > 0 || first == FirstLevel::kNone) {
       for (int d = threadIdx.x; d < kCutBins; d += kThreads) {
-        sh.u.hist.count[d] = 0;
-        sh.u.hist.mass[d] = 0;
+        sh.hist.count[d] = 0;
+        sh.hist.mass[d] = 0;
       }
       __syncthreads();
       for (int64_t i = threadIdx.x; i < r.v; i += kThreads) {
         uint32_t key;
         if (!in_bins(i, key)) continue;
         const uint32_t d = (key >> shift) & (bins - 1);
-        atomicAdd(&sh.u.hist.count[d], 1u);
-        if (by_mass) atomicAdd(&sh.u.hist.mass[d], fixed_mass(key_value(key) - top, mass_shift));  // key_value: a
+        atomicAdd(&sh.hist.count[d], 1u);
+        if (by_mass) atomicAdd(&sh.hist.mass[d], fixed_mass(key_value(key) - top, mass_shift));  // key_value: a
       }
       __syncthreads();
     }
     const auto bin_sum = [&](int pos) -> unsigned long long {  // bins in ranking order: the highest first
       const uint32_t d = bins - 1 - static_cast<uint32_t>(pos);
-      return by_mass ? sh.u.hist.mass[d] : sh.u.hist.count[d];
+      return by_mass ? sh.hist.mass[d] : sh.hist.count[d];
     };
     if (level == 0) {
       unsigned long long local = 0, total = 0;
@@ -200,36 +208,61 @@ __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, co
     const int pos = first_reaching(sh, static_cast<int>(bins), before, target, bin_sum, &before);
     if (pos < 0) return keep_all();  // fewer ids than k, or only by rounding
     const uint32_t d = bins - 1 - static_cast<uint32_t>(pos);
-    count = sh.u.hist.count[d];
+    count = sh.hist.count[d];
     prefix |= d << shift;
     mask |= (bins - 1) << shift;
-    __syncthreads();  // the bin is read before the candidates overwrite the histogram
-    if (count <= static_cast<uint32_t>(kCutCandidates)) {
-      if (threadIdx.x == 0) sh.n_cand = 0;
-      __syncthreads();
-      for (int64_t i = threadIdx.x; i < r.v; i += kThreads) {
-        uint32_t key;
-        if (!in_bins(i, key)) continue;
-        const uint32_t slot = atomicAdd(&sh.n_cand, 1u);
-        if (slot < static_cast<uint32_t>(kCutCandidates)) {
-          sh.u.cand.key[slot] = key;
-          sh.u.cand.id[slot] = static_cast<int32_t>(i);
+    const bool ranked = level == 0 && first == FirstLevel::kFed && d == sh.ranked_bin;
+    const bool fed = level == 0 && feed;
+    __syncthreads();  // the bin is read before a fed histogram is cleared
+    if (ranked || count <= static_cast<uint32_t>(kCutCandidates)) {
+      const auto mass_of = [&](uint32_t key) { return fixed_mass(key_value(key) - top, mass_shift); };
+      if (!ranked) {
+        if (threadIdx.x == 0) sh.n_cand = 0;
+        if (fed)
+          for (int b = threadIdx.x; b < kCutBins; b += kThreads) {
+            sh.hist.count[b] = 0;
+            sh.hist.mass[b] = 0;
+          }
+        __syncthreads();
+        for (int64_t i = threadIdx.x; i < r.v; i += kThreads) {
+          const float a = r.a(i);
+          if (a == kNegInf) continue;
+          const uint32_t key = order_key(a);
+          if (fed && (key >> 21) >= d) {  // these rank within the cut, but those of bin d after it
+            atomicAdd(&sh.hist.count[key >> 21], 1u);
+            atomicAdd(&sh.hist.mass[key >> 21], mass_of(key));
+          }
+          if (!filter_keeps(within, a, static_cast<int32_t>(i)) || (key & mask) != prefix) continue;
+          const uint32_t slot = atomicAdd(&sh.n_cand, 1u);
+          if (slot < static_cast<uint32_t>(kCutCandidates)) {
+            sh.cand.key[slot] = key;
+            sh.cand.id[slot] = static_cast<int32_t>(i);
+          }
         }
+        int n2 = 1;
+        while (n2 < static_cast<int>(count)) n2 <<= 1;
+        for (int j = static_cast<int>(count) + threadIdx.x; j < n2; j += kThreads) {  // rank last
+          sh.cand.key[j] = 0;
+          sh.cand.id[j] = 0x7FFFFFFF;
+        }
+        __syncthreads();
+        rank_candidates(sh, n2);
       }
-      int n2 = 1;
-      while (n2 < static_cast<int>(count)) n2 <<= 1;
-      for (int j = static_cast<int>(count) + threadIdx.x; j < n2; j += kThreads) {  // rank last
-        sh.u.cand.key[j] = 0;
-        sh.u.cand.id[j] = 0x7FFFFFFF;
-      }
-      __syncthreads();
-      rank_candidates(sh, n2);
-      const auto id_sum = [&](int j) -> unsigned long long {
-        return by_mass ? fixed_mass(key_value(sh.u.cand.key[j]) - top, mass_shift) : 1ull;
-      };
+      const auto id_sum = [&](int j) -> unsigned long long { return by_mass ? mass_of(sh.cand.key[j]) : 1ull; };
       unsigned long long unused;
       const int j = first_reaching(sh, static_cast<int>(count), before, target, id_sum, &unused);
-      const FilterCut cut = j < 0 ? keep_all() : FilterCut{key_value(sh.u.cand.key[j]), sh.u.cand.id[j]};
+      const FilterCut cut = j < 0 ? keep_all() : FilterCut{key_value(sh.cand.key[j]), sh.cand.id[j]};
+      if (fed && j >= 0) {  // bin d keeps its ids ranked up to j
+        unsigned long long dropped = 0, total = 0;
+        for (int x = j + 1 + threadIdx.x; x < static_cast<int>(count); x += kThreads) dropped += mass_of(sh.cand.key[x]);
+        block_exclusive_scan(sh, dropped, &total);
+        if (threadIdx.x == 0) {
+          sh.hist.count[d] = static_cast<uint32_t>(j + 1);
+          sh.hist.mass[d] -= total;
+          sh.ranked_bin = d;
+          sh.ranked_n = j + 1;
+        }
+      }
       __syncthreads();  // read before a next cut writes the histogram
       return cut;
     }
@@ -284,13 +317,13 @@ __device__ __forceinline__ bool counts_top_bits(const RowSampling& rs, int64_t v
 
 // Zeroes the first level's counts; a __syncthreads must follow before count_top_bits.
 __device__ __forceinline__ void clear_top_bits(CutShared& sh) {
-  for (int d = threadIdx.x; d < kCutBins; d += kThreads) sh.u.hist.count[d] = 0;
+  for (int d = threadIdx.x; d < kCutBins; d += kThreads) sh.hist.count[d] = 0;
 }
 
 // Counts one scaled logit of the row into the first level (what radix_cut's first pass over the
 // whole row would count for top-k).
 __device__ __forceinline__ void count_top_bits(CutShared& sh, float a) {
-  if (a != kNegInf) atomicAdd(&sh.u.hist.count[order_key(a) >> 21], 1u);
+  if (a != kNegInf) atomicAdd(&sh.hist.count[order_key(a) >> 21], 1u);
 }
 
 // The cut of all three filters (top-k, then top-p within it, then min-p) of a row whose largest
@@ -299,9 +332,15 @@ __device__ __forceinline__ void count_top_bits(CutShared& sh, float a) {
 template <typename T>
 __device__ FilterCut filter_cut(CutShared& sh, const RowView<T>& r, float top, const RowSampling& rs, int mass_shift) {
   FilterCut cut = keep_all();
+  const bool top_p = rs.top_p < 1.0f;
+  if (threadIdx.x == 0) sh.ranked_n = -1;
+  __syncthreads();
   if (counts_top_bits(rs, r.v))
-    cut = radix_cut(sh, r, top, keep_all(), false, static_cast<uint32_t>(rs.top_k), 1.0f, mass_shift, true);
-  if (rs.top_p < 1.0f) cut = radix_cut(sh, r, top, cut, true, 0u, rs.top_p, mass_shift, false);
+    cut = radix_cut(sh, r, top, keep_all(), false, static_cast<uint32_t>(rs.top_k), 1.0f, mass_shift,
+                    FirstLevel::kCounts, top_p);
+  if (top_p)
+    cut = radix_cut(sh, r, top, cut, true, 0u, rs.top_p, mass_shift,
+                    sh.ranked_n >= 0 ? FirstLevel::kFed : FirstLevel::kNone, false);
   if (rs.min_p > 0.0f) cut = with_min_p(cut, top, log_f32(rs.min_p));
   return cut;
 }
