@@ -902,27 +902,34 @@ def shard_row_stats(
     ignore_id: int = -1,
     sample: bool = False,
     raw_stats: bool = False,
-    temperature: float = 0.0,
+    temperature: Union[float, torch.Tensor] = 0.0,
     seed: Seed = 0,
     offset: Seed = 0,
+    cut_value: Optional[torch.Tensor] = None,
+    cut_id: Optional[torch.Tensor] = None,
 ):
     """The per-shard pass of vocabulary-parallel verification and sampling (:doc:`/guides/tensor_parallel`).
 
-    For each selected row, with ``a = logits / T`` (the logits at ``T = 0``) and ``ignore_id``'s
-    logit counted as -inf:
+    For each selected row, with ``a = logits / T`` (the logits at ``T = 0``; ``T`` the sequence's
+    temperature), ``ignore_id``'s logit counted as -inf, and, with a cut, every id ranked after the
+    row's cut (``(cut_value, cut_id)``: ids rank by ``a``, a higher one first, ties to the lower id)
+    counted as -inf too:
 
     - ``row_max``, ``row_sum = sum exp(s - row_max)`` (0 when ``row_max`` is not finite) and
       ``top_id`` (torch.argmax's global id: NaN first, ties to the lowest id; -1 for an empty
       shard) of ``s = a``, or of the raw logits with ``raw_stats``;
     - with ``sample``: the Gumbel-max ``(pick_score, pick_id)`` over the shard of ``log w + G``,
-      ``G`` the package's noise of (sequence ``n``, position = the row, global id), ``w = exp(a)``
+      ``G`` the package's noise of (sequence ``n``, position = the row, global id) or, with
+      per-request streams, of (``seed[n]``, ``offset[n] +`` the row, global id), ``w = exp(a)``
       but the ids of ``exclude``; with ``draft_probs`` and ``residual_stats``, rows below ``Q``
       draw from the residual ``w = max(softmax(a) - q, 0)``. ``pick_logit`` is ``s`` at the pick.
       No pick: ``-inf, -1, -inf``. On a row without a softmax the pick is meaningless (the ops use
       the argmax there).
 
     The maximum over shards of ``(pick_score, -pick_id)`` is the unsharded ops' token, and the
-    shards' ``(row_max, row_sum)`` combine by log-sum-exp.
+    shards' ``(row_max, row_sum)`` combine by log-sum-exp. With the whole vocabulary's top-k / top-p
+    / min-p cut of each row (:mod:`xkernels.distributed` finds it from the shards), the statistics
+    and picks are those of the filtered distribution.
 
     Args:
         logits: float32, bfloat16 or float16 ``[N, R, V_local]``, the global ids ``[vocab_start,
@@ -935,12 +942,19 @@ def shard_row_stats(
         draft_probs: optional float32 ``[N, Q, V_local]``, the drafts' distributions of the shard.
         residual_stats: float32 ``[N, S, 2]``, the global max and sum of ``a`` (with ``draft_probs``).
         ignore_id: a global id whose logit counts as -inf (-1: none).
-        sample: also draw the Gumbel-max pick (needs ``T > 0``).
-        raw_stats: the statistics of the raw logits instead of ``a``.
-        temperature: ``T >= 0``, finite.
+        sample: also draw the Gumbel-max pick (needs ``T > 0``; with a per-sequence temperature the
+            rows at 0 get no pick).
+        raw_stats: the statistics of the raw logits instead of ``a`` (the cut then acts on the pick only).
+        temperature: ``T >= 0``, finite: a float, or a float32 ``[N]`` tensor, a temperature per
+            sequence (rows at 0 are greedy: their statistics are of the logits, without the cut).
         seed, offset: the Philox stream (:doc:`/concepts/random_streams`): ints (64 bits), or
             one-element int64 tensors on the logits' device, read on the device (a captured CUDA
-            graph reads them at replay).
+            graph reads them at replay); or int64 ``[N]`` tensors, a stream per request that does not
+            depend on the batch (row ``r`` of sequence ``n`` draws the noise of ``(seed[n], offset[n] +
+            r)``, as :func:`chain_verify_ragged` draws slot ``r``).
+        cut_value, cut_id: optional float32 and int64 (or int32) ``[N, S]``, together: each selected
+            row keeps the ids ``x`` with ``a_x > cut_value`` or ``a_x == cut_value`` and ``x <= cut_id``
+            (global ids; ``sampling_params.h`` ``filter_keeps``).
 
     Returns:
         tuple: ``(row_max, row_sum, top_id, pick_score, pick_id, pick_logit)``, each ``[N, S]``
@@ -948,17 +962,26 @@ def shard_row_stats(
 
     Raises:
         RuntimeError: a tensor of the wrong shape, dtype or device, ``sample`` at ``T = 0``, a
-            missing ``residual_stats``, or a bad ``temperature``, naming the argument.
+            missing ``residual_stats``, a ``cut_value`` without ``cut_id``, or a bad ``temperature``
+            (per-row values checked on the CPU, and on CUDA with ``XKERNELS_CHECK=1``), naming the
+            argument.
+        ValueError: a ``seed`` or ``offset`` int that does not fit in 64 bits.
+        TypeError: an argument that is neither a tensor nor a DLPack array.
 
     Kernels:
         - CPU: the selected rows in parallel, each a scaled copy of the shard's row (aligned to a
-          multiple of 4 global ids, so the Philox draws are the global ids' draws), its statistics,
-          then the Gumbel-max pick.
+          multiple of 4 global ids, so the Philox draws are the global ids' draws) with the ids past
+          the cut at -inf, its statistics, then the Gumbel-max pick.
         - CUDA: one launch, a block per selected row: the row's softmax statistics, then the
-          Gumbel-max over groups of 4 global ids (one Philox draw each); no host reads.
+          Gumbel-max, both passes by 16-byte loads (row_reduce.cuh's reader), each id scored with
+          its global id's Philox word only if its weight plus the largest noise can reach the best
+          score so far; no host reads.
     """
+    temperature, temperature_tensor, *_, seed_int, seed_tensor, offset_int, offset_tensor = _sampling_args(
+        temperature, None, None, None, seed, offset)
     return torch.ops.xkernels.shard_row_stats.default(
         _tensor(logits, "logits"), int(vocab_start), _tensor(rows, "rows", optional=True),
         _tensor(exclude, "exclude", optional=True), _tensor(draft_probs, "draft_probs", optional=True),
         _tensor(residual_stats, "residual_stats", optional=True), int(ignore_id), bool(sample), bool(raw_stats),
-        _scalar(temperature, "temperature"), *_rng_args(seed, offset))
+        temperature, seed_int, offset_int, seed_tensor, offset_tensor, temperature_tensor,
+        _tensor(cut_value, "cut_value", optional=True), _tensor(cut_id, "cut_id", optional=True))

@@ -319,10 +319,18 @@ class CudaEmu:
 
     def shard_row_stats(self, logits, vocab_start, rows=None, exclude=None, draft_probs=None, residual_stats=None,
                         ignore_id=-1, sample=False, raw_stats=False, temperature=0.0, seed=0, offset=0,
-                        seed_tensor=None, offset_tensor=None):
+                        seed_tensor=None, offset_tensor=None, temperature_tensor=None, cut_value=None, cut_id=None):
+        """seed_tensor / offset_tensor: 0-dim or one element (the scalar form) or [N] (per request)."""
+        from xkernels.reference.sampling import is_per_row
+
         n, r, v = logits.shape
         rows, exclude, q, rs = _c(rows), _c(exclude), _c(draft_probs), _c(residual_stats)
+        temps = None if temperature_tensor is None else _c(temperature_tensor.float())
+        cut_value = None if cut_value is None else _c(cut_value.float())
+        cut_id = None if cut_id is None else _c(cut_id.clamp(-(2**31), 2**31 - 1).to(torch.int32))
+        per_request = is_per_row(seed_tensor, n) or is_per_row(offset_tensor, n)
         seed_tensor, offset_tensor = _c(seed_tensor), _c(offset_tensor)  # kept alive for the call
+        numel = lambda t: 0 if t is None else t.numel()  # noqa: E731
         s = r if rows is None else rows.shape[1]
         logits = _c(logits)
         outs = [torch.empty(n, s, dtype=dt) for dt in (torch.float32, torch.float32, torch.int64, torch.float32,
@@ -333,8 +341,9 @@ class CudaEmu:
             _ptr(logits), LOGITS_TYPES[logits.dtype], _ptr(rows), _ptr(exclude), _ptr(q), _ptr(rs), i64(n), i64(r),
             i64(v), i64(s), i64(0 if exclude is None else exclude.shape[2]), i64(0 if q is None else q.shape[1]),
             i64(vocab_start), i64(ignore_id), ctypes.c_int(sample), ctypes.c_int(raw_stats),
-            ctypes.c_float(_inv_t(temperature)), ctypes.c_uint64(seed), ctypes.c_uint64(offset),
-            _ptr(seed_tensor), _ptr(offset_tensor), *[_ptr(t) for t in outs],
-            msg, ctypes.c_size_t(len(msg)))
+            ctypes.c_float(_inv_t(temperature)), _ptr(temps), ctypes.c_uint64(seed % 2**64),
+            ctypes.c_uint64(offset % 2**64), _ptr(seed_tensor), i64(numel(seed_tensor)), _ptr(offset_tensor),
+            i64(numel(offset_tensor)), ctypes.c_int(per_request), _ptr(cut_value), _ptr(cut_id),
+            *[_ptr(t) for t in outs], msg, ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
         return tuple(outs)

@@ -416,8 +416,10 @@ int xk_emu_spiffy_attention_mask(const int64_t* prefix_lens, int64_t n, int64_t 
 int xk_emu_shard_row_stats(const void* logits, int logits_type, const int64_t* rows, const int64_t* exclude,
                            const float* draft_probs, const float* residual_stats, int64_t n, int64_t r, int64_t v,
                            int64_t s, int64_t e, int64_t q, int64_t vocab_start, int64_t ignore_id, int sample,
-                           int raw_stats, float inv_t, uint64_t seed, uint64_t offset, const int64_t* seed_tensor,
-                           const int64_t* offset_tensor, float* row_max,
+                           int raw_stats, float inv_t, const float* temperature, uint64_t seed, uint64_t offset,
+                           const int64_t* seed_tensor, int64_t seed_numel, const int64_t* offset_tensor,
+                           int64_t offset_numel, int per_request, const float* cut_value, const int32_t* cut_id,
+                           float* row_max,
                            float* row_sum, int64_t* top_id, float* pick_score, int64_t* pick_id, float* pick_logit,
                            char* message, size_t message_len) {
   using namespace xkernels::cuda;
@@ -432,8 +434,16 @@ int xk_emu_shard_row_stats(const void* logits, int logits_type, const int64_t* r
   p.draft_probs = dev.copy(draft_probs, sizeof(float) * n * q * v);
   p.residual_stats = dev.copy(residual_stats, sizeof(float) * n * s * 2);
   p.sample = sample != 0, p.raw_stats = raw_stats != 0;
-  p.inv_t = inv_t, p.seed = seed, p.offset = offset;
-  p.seed_ptr = dev.copy(seed_tensor, sizeof(int64_t)), p.offset_ptr = dev.copy(offset_tensor, sizeof(int64_t));
+  p.s_args.scalar = xkernels::RowSampling{inv_t, 0, 1.0f, 0.0f};
+  p.s_args.temperature = dev.copy(temperature, sizeof(float) * n);
+  p.s_args.seed = seed, p.s_args.offset = offset;
+  p.s_args.seed_ptr = dev.copy(seed_tensor, sizeof(int64_t) * seed_numel);
+  p.s_args.offset_ptr = dev.copy(offset_tensor, sizeof(int64_t) * offset_numel);
+  p.s_args.seed_per_row = seed_tensor && seed_numel == n;
+  p.s_args.offset_per_row = offset_tensor && offset_numel == n;
+  p.s_args.per_request = per_request != 0;
+  p.cut_value = dev.copy(cut_value, sizeof(float) * n * s);
+  p.cut_id = dev.copy(cut_id, sizeof(int32_t) * n * s);
   const size_t f = sizeof(float) * n * s, i = sizeof(int64_t) * n * s;
   p.row_max = dev.alloc<float>(f, 0xA5), p.row_sum = dev.alloc<float>(f, 0xA5);
   p.pick_score = dev.alloc<float>(f, 0xA5), p.pick_logit = dev.alloc<float>(f, 0xA5);

@@ -186,13 +186,20 @@ at::Tensor spiffy_attention_mask(const at::Tensor& prefix_lens, int64_t num_draf
 // and sum of a), rows below Q draw from w = max(softmax(a) - q, 0) instead. Returns (row_max,
 // row_sum, top_id, pick_score, pick_id, pick_logit: s at the pick), all [N, S]; no pick: -inf, -1,
 // -inf. Merged over shards (max score, ties to the lowest id) these give the unsharded ops' tokens.
+// temperature_tensor: float32 [N], a temperature per sequence (rows at 0: greedy, no pick); seed and
+// offset tensors of [N]: the per-request streams (sampling_params.h RowStream, slot = the row).
+// cut_value float32 [N, S] and cut_id [N, S]: each selected row keeps only the ids x with
+// filter_keeps({cut_value, cut_id}, a_x, x) (global ids) in its statistics (unless raw_stats) and
+// its pick: the whole vocabulary's top-k / top-p / min-p cut, found by xkernels/distributed.py.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> shard_row_stats(
     const at::Tensor& logits, int64_t vocab_start, const std::optional<at::Tensor>& rows = std::nullopt,
     const std::optional<at::Tensor>& exclude = std::nullopt, const std::optional<at::Tensor>& draft_probs = std::nullopt,
     const std::optional<at::Tensor>& residual_stats = std::nullopt, int64_t ignore_id = -1, bool sample = false,
     bool raw_stats = false, double temperature = 0.0, int64_t seed = 0, int64_t offset = 0,
     const std::optional<at::Tensor>& seed_tensor = std::nullopt,
-    const std::optional<at::Tensor>& offset_tensor = std::nullopt);
+    const std::optional<at::Tensor>& offset_tensor = std::nullopt,
+    const std::optional<at::Tensor>& temperature_tensor = std::nullopt,
+    const std::optional<at::Tensor>& cut_value = std::nullopt, const std::optional<at::Tensor>& cut_id = std::nullopt);
 
 // How the library was built: version, whether CUDA kernels are compiled and
 // for which architectures.
