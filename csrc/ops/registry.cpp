@@ -64,8 +64,10 @@ TORCH_LIBRARY(xkernels, m) {
   m.def("tree_positions(Tensor parents, Tensor? num_nodes=None) -> Tensor");
   m.def(
       "tree_verify(Tensor tokens, Tensor parents, Tensor target_logits, Tensor? draft_probs=None, "
-      "bool without_replacement=False, float temperature=0.0, int seed=0, int offset=0, Tensor? num_nodes=None, "
-      "Tensor? seed_tensor=None, Tensor? offset_tensor=None) -> (Tensor accept_len, Tensor path, Tensor out_tokens)");
+      "bool without_replacement=False, Tensor? num_nodes=None, float temperature=0.0, "
+      "Tensor? temperature_tensor=None, int top_k=0, Tensor? top_k_tensor=None, float top_p=1.0, "
+      "Tensor? top_p_tensor=None, float min_p=0.0, Tensor? min_p_tensor=None, int seed=0, Tensor? seed_tensor=None, "
+      "int offset=0, Tensor? offset_tensor=None) -> (Tensor accept_len, Tensor path, Tensor out_tokens)");
   m.def("compact_kv_(Tensor(a!) cache, Tensor path, Tensor accept_len, int prefix_len) -> ()");
   m.def(
       "dllm_step(Tensor logits, Tensor block_tokens, int mask_id, int num_unmask=1, float? threshold=None, "

@@ -272,10 +272,14 @@ int xk_emu_tree_mask(const int64_t* parents, const int64_t* num_nodes, int64_t n
   return finish(err, message, message_len);
 }
 
+// Per-row parameter and stream arrays as for xk_emu_chain_ragged.
 int xk_emu_tree_verify(const int64_t* tokens, const int64_t* parents, const int64_t* num_nodes, const void* logits,
                        int logits_type, const float* q, int without_replacement, int64_t n, int64_t m, int64_t v,
-                       float inv_t, uint64_t seed, uint64_t offset, int num_sms, int max_smem, int64_t* accept_len,
-                       int64_t* path, int64_t* out_tokens, char* message, size_t message_len) {
+                       float inv_t, int32_t top_k, float top_p, float min_p, const float* temperature,
+                       const int32_t* top_k_rows, const float* top_p_rows, const float* min_p_rows, uint64_t seed,
+                       uint64_t offset, const int64_t* seed_tensor, int64_t seed_numel, const int64_t* offset_tensor,
+                       int64_t offset_numel, int per_request, int may_sample, int filtered, int num_sms, int max_smem,
+                       int64_t* accept_len, int64_t* path, int64_t* out_tokens, char* message, size_t message_len) {
   using namespace xkernels::cuda;
   Device dev;
   TreeVerifyParams p{};
@@ -286,7 +290,19 @@ int xk_emu_tree_verify(const int64_t* tokens, const int64_t* parents, const int6
   p.dtype = static_cast<LogitsType>(logits_type);
   p.q = dev.copy(q, sizeof(float) * n * m * v);
   p.without_replacement = without_replacement != 0;
-  p.n = n, p.m = m, p.v = v, p.inv_t = inv_t, p.seed = seed, p.offset = offset, p.num_sms = num_sms;
+  p.n = n, p.m = m, p.v = v, p.num_sms = num_sms;
+  p.s.scalar = xkernels::RowSampling{inv_t, top_k, top_p, min_p};
+  p.s.temperature = dev.copy(temperature, sizeof(float) * n);
+  p.s.top_k = dev.copy(top_k_rows, sizeof(int32_t) * n);
+  p.s.top_p = dev.copy(top_p_rows, sizeof(float) * n);
+  p.s.min_p = dev.copy(min_p_rows, sizeof(float) * n);
+  p.s.seed = seed, p.s.offset = offset;
+  p.s.seed_ptr = dev.copy(seed_tensor, sizeof(int64_t) * seed_numel);
+  p.s.offset_ptr = dev.copy(offset_tensor, sizeof(int64_t) * offset_numel);
+  p.s.seed_per_row = seed_tensor && seed_numel == n;
+  p.s.offset_per_row = offset_tensor && offset_numel == n;
+  p.s.per_request = per_request != 0;
+  p.may_sample = may_sample != 0, p.filtered = filtered != 0;
   p.max_smem = max_smem;
   p.accept_len = dev.alloc<int64_t>(sizeof(int64_t) * n, 0xA5);
   p.path = dev.alloc<int64_t>(sizeof(int64_t) * n * m, 0xA5);

@@ -118,15 +118,21 @@ at::Tensor tree_positions(const at::Tensor& parents, const std::optional<at::Ten
 // Lossless verification of a draft tree. target_logits [N, M, V]: the target's next-token logits
 // after each node's path. Greedy at T = 0; at T > 0 deterministic children (no draft_probs), or
 // children drawn i.i.d. (or without_replacement) from draft_probs float32 [N, M, V] (row i: the
-// distribution node i's children were drawn from). Returns (accept_len [N], path [N, M]: the
-// accepted nodes from the root, -1 padded, out_tokens [N, M]: the accepted drafts, then the
+// distribution node i's children were drawn from), verified against each row's filtered
+// distribution p' (top_k, top_p, min_p). temperature ... offset as for chain_verify_ragged_, a
+// scalar or an [N] tensor each; with per-request streams node i of sequence n uses slot
+// offset[n] + i (a call reads slots offset .. offset + M - 1). Returns (accept_len [N], path [N, M]:
+// the accepted nodes from the root, -1 padded, out_tokens [N, M]: the accepted drafts, then the
 // correction or bonus token, -1 padded).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify(
     const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& target_logits,
     const std::optional<at::Tensor>& draft_probs = std::nullopt, bool without_replacement = false,
-    double temperature = 0.0, int64_t seed = 0, int64_t offset = 0,
-    const std::optional<at::Tensor>& num_nodes = std::nullopt,
-    const std::optional<at::Tensor>& seed_tensor = std::nullopt,
+    const std::optional<at::Tensor>& num_nodes = std::nullopt, double temperature = 0.0,
+    const std::optional<at::Tensor>& temperature_tensor = std::nullopt, int64_t top_k = 0,
+    const std::optional<at::Tensor>& top_k_tensor = std::nullopt, double top_p = 1.0,
+    const std::optional<at::Tensor>& top_p_tensor = std::nullopt, double min_p = 0.0,
+    const std::optional<at::Tensor>& min_p_tensor = std::nullopt, int64_t seed = 0,
+    const std::optional<at::Tensor>& seed_tensor = std::nullopt, int64_t offset = 0,
     const std::optional<at::Tensor>& offset_tensor = std::nullopt);
 
 // In place: the K/V entries prefix_len + path[n, j] of cache [N, H, L, d] move to prefix_len + j,
