@@ -14,16 +14,16 @@ from xkernels.refiner import RefinerWeights
 V, R, B, D, H = 32768, 256, 16, 15, 512
 
 
-def make_inputs(n, dtype):
+def make_inputs(n, dtype, vocab=V):
     g = torch.Generator().manual_seed(0)
     weights = RefinerWeights(
-        emb=torch.randn(V, R, generator=g) * 0.5, mix=torch.randn(R, B, B, generator=g).tril() * 0.1 + torch.eye(B),
+        emb=torch.randn(vocab, R, generator=g) * 0.5, mix=torch.randn(R, B, B, generator=g).tril() * 0.1 + torch.eye(B),
         w_gate=torch.randn(H, R, generator=g) * R**-0.5, w_up=torch.randn(H, R, generator=g) * R**-0.5,
-        w_down=torch.randn(R, H, generator=g) * H**-0.5, w_read=torch.randn(V, R, generator=g) * R**-0.5,
+        w_down=torch.randn(R, H, generator=g) * H**-0.5, w_read=torch.randn(vocab, R, generator=g) * R**-0.5,
     ).to(dtype)
     ctx = torch.randn(n, B, R, generator=g)
-    base = (torch.randn(n, D, V, generator=g) * 3).to(dtype)
-    prev = torch.randint(0, V, (n, B), generator=g)
+    base = (torch.randn(n, D, vocab, generator=g) * 3).to(dtype)
+    prev = torch.randint(0, vocab, (n, B), generator=g)
     return ctx, prev, base, weights
 
 
@@ -141,6 +141,37 @@ def orientation(rows=(15, 60, 120), rounds=21):
                   f"{lo[1]:>7.2f}/{med[1]:<8.2f} {lo[0] / lo[1]:>12.2f}x")
 
 
+def sampling(n=2, rounds=7, vocab=151936):
+    """refine_step's per-sequence sampling forms side by side in interleaved rounds (bfloat16, V =
+    151936 by default): the scalar form, per-row temperatures (equal and differing) with
+    per-request streams, and per-row top_k=50 + top_p=0.9 and top_p=0.9 alone (filtered rows
+    leave the fused read); minimum and median thread CPU time in ms."""
+    import time
+
+    ctx, prev, base, weights = make_inputs(n, torch.bfloat16, vocab)
+    rows = dict(seed=torch.arange(n), offset=torch.zeros(n, dtype=torch.int64))
+    forms = {"scalar T=1": dict(temperature=1.0, seed=3),
+             "per-row T=1": dict(temperature=torch.ones(n), **rows),
+             "per-row T differing": dict(temperature=torch.linspace(0.7, 1.3, n), **rows),
+             "top_k=50 top_p=0.9": dict(temperature=torch.ones(n), top_k=torch.full((n,), 50),
+                                        top_p=torch.full((n,), 0.9), **rows),
+             "top_p=0.9": dict(temperature=torch.ones(n), top_p=torch.full((n,), 0.9), **rows)}
+    fns = {name: (lambda kw=kw: xkernels.refine_step(ctx, prev, base, weights, **kw)) for name, kw in forms.items()}
+    times = {name: [] for name in fns}
+    for fn in fns.values():
+        fn()
+    order = list(fns.items())
+    for r in range(rounds):
+        for name, fn in order[r % len(order):] + order[:r % len(order)]:
+            start = time.thread_time()
+            fn()
+            times[name].append(time.thread_time() - start)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, N={n} D={D} V={vocab} r={R} bfloat16, "
+          f"{rounds} interleaved rounds (ms of thread CPU time)")
+    for name, t in times.items():
+        print(f"{name:<22} min {min(t) * 1e3:>9.1f}  median {sorted(t)[len(t) // 2] * 1e3:>9.1f}")
+
+
 if __name__ == "__main__":
     import argparse
 
@@ -148,10 +179,13 @@ if __name__ == "__main__":
     parser.add_argument("--threads", type=int, help="torch's intra-op threads (default: torch's choice)")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--orientation", action="store_true", help=orientation.__doc__.split(",")[0])
+    parser.add_argument("--sampling", action="store_true", help=sampling.__doc__.split(":")[0])
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.orientation:
         orientation(rounds=args.rounds)
+    elif args.sampling:
+        sampling(rounds=args.rounds)
     else:
         interleaved(rounds=args.rounds)

@@ -278,10 +278,12 @@ def test_sampled_blocks_follow_the_refined_model(device, op):
 def test_opcheck(device):
     ctx, prev, base, weights = to(device, *make_case(2, 5, 4, 70, 8, 16)[:3]) + [make_case(2, 5, 4, 70, 8, 16)[3].to(device)]
     w = tuple(weights)
-    torch.library.opcheck(torch.ops.xkernels.refine_step.default, (ctx, prev, base, *w, 1.0, 3, 1, None, None))
+    torch.library.opcheck(torch.ops.xkernels.refine_step.default, (ctx, prev, base, *w),
+                          dict(temperature=1.0, seed=3, offset=1))
     prefix = prev[:, :2].contiguous()
-    torch.library.opcheck(torch.ops.xkernels.jacobi_refine.default, (ctx, prefix, base, *w, 3, 0.0, 0, 0, None, None))
-    torch.library.opcheck(torch.ops.xkernels.sequential_refine.default, (ctx, prefix, base, *w, 1.0, 1, 0, None, None))
+    torch.library.opcheck(torch.ops.xkernels.jacobi_refine.default, (ctx, prefix, base, *w, 3), dict(temperature=0.0))
+    torch.library.opcheck(torch.ops.xkernels.sequential_refine.default, (ctx, prefix, base, *w),
+                          dict(temperature=1.0, seed=1))
 
 
 def test_bad_inputs_name_the_argument():

@@ -47,8 +47,10 @@ def _chain_verify_ragged_fake(draft_tokens, cu_num_draft_tokens, target_logits, 
 _WEIGHTS = ("emb", "mix", "w_gate", "w_up", "w_down", "w_read")
 
 
-def _refine_outputs(ctx, base_logits, tokens_like, tokens_name, weights, seed_tensor, offset_tensor):
+def _refine_outputs(ctx, base_logits, tokens_like, tokens_name, weights, temperature_tensor, top_k_tensor,
+                    top_p_tensor, min_p_tensor, seed_tensor, offset_tensor):
     _same_device("ctx", ctx, base_logits=base_logits, **{tokens_name: tokens_like}, **dict(zip(_WEIGHTS, weights)),
+                 temperature=temperature_tensor, top_k=top_k_tensor, top_p=top_p_tensor, min_p=min_p_tensor,
                  seed=seed_tensor, offset=offset_tensor)
     torch._check(ctx.dim() == 3 and base_logits.dim() == 3, lambda: "ctx and base_logits must be 3-D")
     n, d = base_logits.shape[0], base_logits.shape[1]
@@ -57,24 +59,30 @@ def _refine_outputs(ctx, base_logits, tokens_like, tokens_name, weights, seed_te
 
 @torch.library.register_fake("xkernels::refine_step")
 def _refine_step_fake(ctx, prev_tokens, base_logits, emb, mix, w_gate, w_up, w_down, w_read, temperature=0.0,
-                      seed=0, offset=0, seed_tensor=None, offset_tensor=None):
+                      temperature_tensor=None, top_k=0, top_k_tensor=None, top_p=1.0, top_p_tensor=None, min_p=0.0,
+                      min_p_tensor=None, seed=0, seed_tensor=None, offset=0, offset_tensor=None):
     return _refine_outputs(ctx, base_logits, prev_tokens, "prev_tokens", (emb, mix, w_gate, w_up, w_down, w_read),
-                           seed_tensor, offset_tensor)
+                           temperature_tensor, top_k_tensor, top_p_tensor, min_p_tensor, seed_tensor, offset_tensor)
 
 
 @torch.library.register_fake("xkernels::jacobi_refine")
 def _jacobi_refine_fake(ctx, prefix_tokens, base_logits, emb, mix, w_gate, w_up, w_down, w_read, max_iters,
-                        temperature=0.0, seed=0, offset=0, seed_tensor=None, offset_tensor=None):
+                        temperature=0.0, temperature_tensor=None, top_k=0, top_k_tensor=None, top_p=1.0,
+                        top_p_tensor=None, min_p=0.0, min_p_tensor=None, seed=0, seed_tensor=None, offset=0,
+                        offset_tensor=None):
     tokens, logprobs = _refine_outputs(ctx, base_logits, prefix_tokens, "prefix_tokens",
-                                       (emb, mix, w_gate, w_up, w_down, w_read), seed_tensor, offset_tensor)
+                                       (emb, mix, w_gate, w_up, w_down, w_read), temperature_tensor, top_k_tensor,
+                                       top_p_tensor, min_p_tensor, seed_tensor, offset_tensor)
     return tokens, logprobs, prefix_tokens.new_empty((ctx.shape[0],), dtype=torch.int32)
 
 
 @torch.library.register_fake("xkernels::sequential_refine")
 def _sequential_refine_fake(ctx, prefix_tokens, base_logits, emb, mix, w_gate, w_up, w_down, w_read,
-                            temperature=0.0, seed=0, offset=0, seed_tensor=None, offset_tensor=None):
+                            temperature=0.0, temperature_tensor=None, top_k=0, top_k_tensor=None, top_p=1.0,
+                            top_p_tensor=None, min_p=0.0, min_p_tensor=None, seed=0, seed_tensor=None, offset=0,
+                            offset_tensor=None):
     return _refine_outputs(ctx, base_logits, prefix_tokens, "prefix_tokens", (emb, mix, w_gate, w_up, w_down, w_read),
-                           seed_tensor, offset_tensor)
+                           temperature_tensor, top_k_tensor, top_p_tensor, min_p_tensor, seed_tensor, offset_tensor)
 
 
 @torch.library.register_fake("xkernels::build_draft_tree")

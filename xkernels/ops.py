@@ -299,9 +299,12 @@ def refine_step(
     base_logits: torch.Tensor,
     weights,
     *,
-    temperature: float = 0.0,
+    temperature: Union[float, torch.Tensor] = 0.0,
     seed: Seed = 0,
     offset: Seed = 0,
+    top_k: Param = None,
+    top_p: Param = None,
+    min_p: Param = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """One xPress refinement pass over a block of ``B`` slots whose last ``D`` are drafted.
 
@@ -319,21 +322,38 @@ def refine_step(
             ``D <= B`` slots (the drafted ones).
         weights: ``xkernels.RefinerWeights`` (``XPressRefiner.fold()``), float32 or bfloat16, on the
             same device; ``emb`` and ``w_read`` hold ``V`` rows.
-        temperature: ``T >= 0``, finite; 0 (or a ``T`` whose float32 reciprocal overflows) is greedy.
-        seed, offset: the Philox stream (:doc:`/concepts/random_streams`): ints (64 bits), or
-            one-element int64 tensors on the logits' device, read on the device (a captured CUDA
-            graph reads them at replay). The Gumbel noise is keyed by (sequence, drafted slot, id), the same
-            for every pass.
+        temperature: ``T >= 0``, finite: a float, or a float32 ``[N]`` tensor (one a sequence);
+            0 (or a ``T`` whose float32 reciprocal overflows) is greedy, in the same launch as
+            sampled rows.
+        seed, offset: the Philox stream (:doc:`/concepts/random_streams`). Ints (64 bits) or
+            one-element int64 tensors (read on the device: a captured CUDA graph reads them at
+            replay): one stream for the batch, the noise keyed by (sequence row, drafted slot, id).
+            Or int64 ``[N]`` tensors (the per-request form): sequence ``n``'s noise at drafted slot
+            ``d`` is keyed by ``(seed[n], offset[n] + d)`` alone, so a sequence gets the same tokens
+            at any row of any batch. Every pass (Jacobi iterations, sequential steps) reads the
+            same noise of a slot; ``offset[n]`` is the absolute position of the block's first
+            drafted slot, and the next call starts ``D`` further (the next block's position).
+        top_k: None, an int or an int32/int64 ``[N]`` tensor; 0 is off.
+        top_p: None, a float or a float32 ``[N]`` tensor in (0, 1]; 1 is off.
+        min_p: None, a float or a float32 ``[N]`` tensor in [0, 1]; 0 is off. A sampled row with
+            a filter draws from the filtered distribution p' (:func:`chain_verify_ragged` states
+            it; ``reference.sampling.filtered_probs``), and its log-prob is ``log p'(token)``.
+            Greedy rows ignore the filters (the argmax is always kept).
 
     Returns:
         tuple: ``tokens`` int64 ``[N, D]`` and ``logprobs`` float32 ``[N, D]`` =
-        ``log_softmax(l / T)[token]`` (``log_softmax(l)`` at ``T = 0``).
+        ``log_softmax(l / T)[token]`` (``log_softmax(l)`` at ``T = 0``; ``log p'(token)`` for a
+        filtered row).
 
     Raises:
         RuntimeError: a tensor of the wrong shape, dtype or device, a token id outside ``[0, V)``
             (on the CPU; on CUDA, unless ``XKERNELS_CHECK=1``, such an id reads a zero embedding
-            row), a block beyond the CUDA kernels' 64 slots or a rank beyond 1024, or a bad
-            ``temperature``: each message names the argument.
+            row), a block beyond the CUDA kernels' 64 slots or a rank beyond 1024, a bad
+            ``temperature`` (negative, NaN or infinite), ``top_k < 0``, ``top_p`` outside (0, 1],
+            ``min_p`` outside [0, 1], or per-sequence tensors of another length, dtype or device:
+            each message names the argument. Per-sequence values are checked on the CPU, and on
+            CUDA only with ``XKERNELS_CHECK=1``; without it invalid values read as off (a
+            temperature as greedy).
         TypeError: ``weights`` is not a ``RefinerWeights``, or an argument is neither a tensor nor
             a DLPack array.
 
@@ -343,16 +363,22 @@ def refine_step(
           a row, vocabulary chunks in parallel; ``XKERNELS_REFINE_READ=gemm`` forces the sliced
           read instead); otherwise the read in cache-sized vocabulary
           slices, one vendor GEMM each (oneDNN's bf16 GEMM for bfloat16 weights), then a parallel
-          fused epilogue (bias, scale, Gumbel-max, online log-sum-exp).
+          fused epilogue (bias, scale, Gumbel-max, online log-sum-exp). A sampled row with a
+          filter is the exception: the epilogue copies its scaled logits to a V-float row, cut by
+          a streaming top-k selection or top-p mass bands (no sort of the vocabulary), then
+          sampled: two more passes over that row (bench/floors.md).
         - CUDA: three front kernels in rank space, then per L2-sized vocabulary slice the cuBLAS GEMM
           of the read (bf16 in, fp32 out for bfloat16 weights) and a fused epilogue over (row,
           chunk) while the products are in L2; a pass of up to 128 rows with bfloat16 weights (rank
           a multiple of 8 up to 256) instead streams ``w_read`` once through a fused tensor-core
           kernel that samples on the products (``XKERNELS_REFINE_READ=gemm|fused|auto`` forces one).
+          With a filter in the call the epilogue also writes filtered rows' logits to a workspace
+          (``N * D * V`` floats), a cut kernel finds each row's cut by radix selection (no sort)
+          and a block per filtered row samples its kept ids; no host sync.
     """
     return torch.ops.xkernels.refine_step.default(
         _tensor(ctx, "ctx"), _tensor(prev_tokens, "prev_tokens"), _tensor(base_logits, "base_logits"),
-        *_weights(weights), _scalar(temperature, "temperature"), *_rng_args(seed, offset))
+        *_weights(weights), *_sampling_args(temperature, top_k, top_p, min_p, seed, offset))
 
 
 def jacobi_refine(
@@ -362,9 +388,12 @@ def jacobi_refine(
     weights,
     *,
     max_iters: int,
-    temperature: float = 0.0,
+    temperature: Union[float, torch.Tensor] = 0.0,
     seed: Seed = 0,
     offset: Seed = 0,
+    top_k: Param = None,
+    top_p: Param = None,
+    min_p: Param = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Jacobi iteration of :func:`refine_step` over a batch, with a per-sequence early stop.
 
@@ -383,11 +412,23 @@ def jacobi_refine(
         weights: ``xkernels.RefinerWeights`` (``XPressRefiner.fold()``), float32 or bfloat16, on the
             same device; ``emb`` and ``w_read`` hold ``V`` rows.
         max_iters: passes at most (``>= 0``; 0 returns the drafter's own sample).
-        temperature: ``T >= 0``, finite; 0 (or a ``T`` whose float32 reciprocal overflows) is greedy.
-        seed, offset: the Philox stream (:doc:`/concepts/random_streams`): ints (64 bits), or
-            one-element int64 tensors on the logits' device, read on the device (a captured CUDA
-            graph reads them at replay). The Gumbel noise is keyed by (sequence, drafted slot, id), the same
-            for every pass.
+        temperature: ``T >= 0``, finite: a float, or a float32 ``[N]`` tensor (one a sequence);
+            0 (or a ``T`` whose float32 reciprocal overflows) is greedy, in the same launch as
+            sampled rows.
+        seed, offset: the Philox stream (:doc:`/concepts/random_streams`). Ints (64 bits) or
+            one-element int64 tensors (read on the device: a captured CUDA graph reads them at
+            replay): one stream for the batch, the noise keyed by (sequence row, drafted slot, id).
+            Or int64 ``[N]`` tensors (the per-request form): sequence ``n``'s noise at drafted slot
+            ``d`` is keyed by ``(seed[n], offset[n] + d)`` alone, so a sequence gets the same tokens
+            at any row of any batch. Every pass (Jacobi iterations, sequential steps) reads the
+            same noise of a slot; ``offset[n]`` is the absolute position of the block's first
+            drafted slot, and the next call starts ``D`` further (the next block's position).
+        top_k: None, an int or an int32/int64 ``[N]`` tensor; 0 is off.
+        top_p: None, a float or a float32 ``[N]`` tensor in (0, 1]; 1 is off.
+        min_p: None, a float or a float32 ``[N]`` tensor in [0, 1]; 0 is off. A sampled row with
+            a filter draws from the filtered distribution p' (:func:`chain_verify_ragged` states
+            it; ``reference.sampling.filtered_probs``), and its log-prob is ``log p'(token)``.
+            Greedy rows ignore the filters (the argmax is always kept).
 
     Returns:
         tuple: ``tokens`` int64 ``[N, D]``, ``logprobs`` float32 ``[N, D]`` (of the last pass each
@@ -397,8 +438,12 @@ def jacobi_refine(
     Raises:
         RuntimeError: a tensor of the wrong shape, dtype or device, a token id outside ``[0, V)``
             (on the CPU; on CUDA, unless ``XKERNELS_CHECK=1``, such an id reads a zero embedding
-            row), a block beyond the CUDA kernels' 64 slots or a rank beyond 1024, or a bad
-            ``temperature``: each message names the argument.
+            row), a block beyond the CUDA kernels' 64 slots or a rank beyond 1024, a bad
+            ``temperature`` (negative, NaN or infinite), ``top_k < 0``, ``top_p`` outside (0, 1],
+            ``min_p`` outside [0, 1], or per-sequence tensors of another length, dtype or device:
+            each message names the argument. Per-sequence values are checked on the CPU, and on
+            CUDA only with ``XKERNELS_CHECK=1``; without it invalid values read as off (a
+            temperature as greedy).
         TypeError: ``weights`` is not a ``RefinerWeights``, or an argument is neither a tensor nor
             a DLPack array.
 
@@ -411,8 +456,7 @@ def jacobi_refine(
     """
     return torch.ops.xkernels.jacobi_refine.default(
         _tensor(ctx, "ctx"), _tensor(prefix_tokens, "prefix_tokens"), _tensor(base_logits, "base_logits"),
-        *_weights(weights), int(max_iters), _scalar(temperature, "temperature"),
-        *_rng_args(seed, offset))
+        *_weights(weights), int(max_iters), *_sampling_args(temperature, top_k, top_p, min_p, seed, offset))
 
 
 def sequential_refine(
@@ -421,9 +465,12 @@ def sequential_refine(
     base_logits: torch.Tensor,
     weights,
     *,
-    temperature: float = 0.0,
+    temperature: Union[float, torch.Tensor] = 0.0,
     seed: Seed = 0,
     offset: Seed = 0,
+    top_k: Param = None,
+    top_p: Param = None,
+    min_p: Param = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Left-to-right refinement, one drafted slot per step: slot ``d`` is decided from the
     decided slots before it (the DSpark Markov-head decode, which :func:`jacobi_refine` converges
@@ -438,11 +485,23 @@ def sequential_refine(
             ``D <= B`` slots (the drafted ones).
         weights: ``xkernels.RefinerWeights`` (``XPressRefiner.fold()``), float32 or bfloat16, on the
             same device; ``emb`` and ``w_read`` hold ``V`` rows.
-        temperature: ``T >= 0``, finite; 0 (or a ``T`` whose float32 reciprocal overflows) is greedy.
-        seed, offset: the Philox stream (:doc:`/concepts/random_streams`): ints (64 bits), or
-            one-element int64 tensors on the logits' device, read on the device (a captured CUDA
-            graph reads them at replay). The Gumbel noise is keyed by (sequence, drafted slot, id), the same
-            for every pass.
+        temperature: ``T >= 0``, finite: a float, or a float32 ``[N]`` tensor (one a sequence);
+            0 (or a ``T`` whose float32 reciprocal overflows) is greedy, in the same launch as
+            sampled rows.
+        seed, offset: the Philox stream (:doc:`/concepts/random_streams`). Ints (64 bits) or
+            one-element int64 tensors (read on the device: a captured CUDA graph reads them at
+            replay): one stream for the batch, the noise keyed by (sequence row, drafted slot, id).
+            Or int64 ``[N]`` tensors (the per-request form): sequence ``n``'s noise at drafted slot
+            ``d`` is keyed by ``(seed[n], offset[n] + d)`` alone, so a sequence gets the same tokens
+            at any row of any batch. Every pass (Jacobi iterations, sequential steps) reads the
+            same noise of a slot; ``offset[n]`` is the absolute position of the block's first
+            drafted slot, and the next call starts ``D`` further (the next block's position).
+        top_k: None, an int or an int32/int64 ``[N]`` tensor; 0 is off.
+        top_p: None, a float or a float32 ``[N]`` tensor in (0, 1]; 1 is off.
+        min_p: None, a float or a float32 ``[N]`` tensor in [0, 1]; 0 is off. A sampled row with
+            a filter draws from the filtered distribution p' (:func:`chain_verify_ragged` states
+            it; ``reference.sampling.filtered_probs``), and its log-prob is ``log p'(token)``.
+            Greedy rows ignore the filters (the argmax is always kept).
 
     Returns:
         tuple: ``tokens`` int64 ``[N, D]`` and ``logprobs`` float32 ``[N, D]``.
@@ -450,8 +509,12 @@ def sequential_refine(
     Raises:
         RuntimeError: a tensor of the wrong shape, dtype or device, a token id outside ``[0, V)``
             (on the CPU; on CUDA, unless ``XKERNELS_CHECK=1``, such an id reads a zero embedding
-            row), a block beyond the CUDA kernels' 64 slots or a rank beyond 1024, or a bad
-            ``temperature``: each message names the argument.
+            row), a block beyond the CUDA kernels' 64 slots or a rank beyond 1024, a bad
+            ``temperature`` (negative, NaN or infinite), ``top_k < 0``, ``top_p`` outside (0, 1],
+            ``min_p`` outside [0, 1], or per-sequence tensors of another length, dtype or device:
+            each message names the argument. Per-sequence values are checked on the CPU, and on
+            CUDA only with ``XKERNELS_CHECK=1``; without it invalid values read as off (a
+            temperature as greedy).
         TypeError: ``weights`` is not a ``RefinerWeights``, or an argument is neither a tensor nor
             a DLPack array.
 
@@ -461,7 +524,7 @@ def sequential_refine(
     """
     return torch.ops.xkernels.sequential_refine.default(
         _tensor(ctx, "ctx"), _tensor(prefix_tokens, "prefix_tokens"), _tensor(base_logits, "base_logits"),
-        *_weights(weights), _scalar(temperature, "temperature"), *_rng_args(seed, offset))
+        *_weights(weights), *_sampling_args(temperature, top_k, top_p, min_p, seed, offset))
 
 
 # ---- draft trees (format: xkernels/tree.py) ----

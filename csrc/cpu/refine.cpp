@@ -2,7 +2,9 @@
 // pass (gather, mix, SwiGLU over B slots in rank space) uses ATen; the read is
 // fused: vocabulary chunks that stay in cache run in parallel, each one vendor GEMM
 // (at::mm: MKL/oneDNN) for all rows then one epilogue (bias add, scale, Gumbel-max,
-// softmax statistics), so the [rows, V] logits are never materialised.
+// softmax statistics), so the [rows, V] logits are never materialised. Rows whose request
+// samples with top-k, top-p or min-p are the exception: the epilogue copies their scaled
+// logits to a V-float row each, which filter_row (top_filter.h) cuts before they are sampled.
 #include <ATen/Parallel.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
@@ -14,16 +16,21 @@
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <atomic>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
 #include "../ops/checks.h"
 #include "../ops/refine_read.h"
 #include "dispatch.h"
+#include "../ops/sampling_args.h"
 #include "read_stats.h"
 #include "row_reduce.h"
+#include "top_filter.h"
 #include "xkernels/sampling.h"
+#include "xkernels/sampling_params.h"
 
 namespace xkernels {
 namespace {
@@ -42,11 +49,6 @@ constexpr int64_t kChunk = 1024;  // a multiple of 4: a Philox draw covers 4 ids
 
 struct Weights {
   at::Tensor emb, mix, w_gate, w_up, w_down, w_read;
-};
-
-struct Rng {
-  float inv_t;  // 0: greedy
-  uint64_t seed, offset;
 };
 
 // The Mix step, channel-major: x [N, B, r] (float32) -> u^T [r, N * B] with
@@ -84,29 +86,73 @@ at::Tensor hidden_states(const at::Tensor& ctx, const at::Tensor& prev, const We
   return (ut + at::mm(w.w_down.to(at::kFloat), act)).t().reshape({n, b, r});
 }
 
-// One row of the read: base logits s, its sequence and drafted slot (the noise key).
+// One row of the read: base logits s, its request's parameters and stream, its drafted slot
+// (the noise of id v: draw v / 4 of st at that slot).
 template <typename T>
 struct ReadRow {
   const T* s;
-  uint32_t sequence, slot;
+  RowSampling rs;
+  RowStream st;
+  uint32_t slot;
+
+  bool greedy() const { return rs.inv_t == 0.0f; }
+  float scale() const { return greedy() ? 1.0f : rs.inv_t; }
+  // Sampled with a filter: the row's logits are materialised (filtered_row below).
+  bool filtered(int64_t v) const { return !greedy() && filters_active(rs, v); }
 };
 
 // Rows of the epilogue's buffer are kRowStride floats apart, not a power of two: kChunk-float rows
 // would all map to the same L1 sets and evict each other while a chunk is transposed.
 constexpr int64_t kRowStride = kChunk + 16;
 
-// out[m * kRowStride + i] = (s_m[u0 + i] + products[i * rows + m]) * scale (no products: s * scale):
+// out[m * kRowStride + i] = (s_m[u0 + i] + products[i * rows + m]) * scale_m (no products: s * scale_m):
 // a chunk's scaled logits as rows, the id-major products transposed 8 x 8 in registers on the way.
-// bias: scratch for the rows' pointers.
+// scale: the rows' common scale, or 0 when they differ; then the sums are scaled row by row after
+// (x * 1 is exact, so the result is the same). bias: scratch for the rows' pointers.
 template <typename T, typename P>
 void chunk_logits(const std::vector<ReadRow<T>>& rows, int64_t u0, const P* products, int64_t n_ids, float scale,
                   std::vector<const T*>& bias, float* out) {
   const int64_t m_rows = static_cast<int64_t>(rows.size());
   for (int64_t m = 0; m < m_rows; ++m) bias[m] = rows[m].s + u0;
   if (products)
-    cpu::transpose_add_scale(products, n_ids, m_rows, bias.data(), scale, out, kRowStride);
-  else
-    for (int64_t m = 0; m < m_rows; ++m) cpu::scale_row(bias[m], n_ids, scale, out + m * kRowStride);
+    cpu::transpose_add_scale(products, n_ids, m_rows, bias.data(), scale == 0.0f ? 1.0f : scale, out, kRowStride);
+  for (int64_t m = 0; m < m_rows; ++m) {
+    float* a = out + m * kRowStride;
+    if (!products) {
+      cpu::scale_row(bias[m], n_ids, scale == 0.0f ? rows[m].scale() : scale, a);
+    } else if (scale == 0.0f && rows[m].scale() != 1.0f) {
+      const float row_scale = rows[m].scale();
+      for (int64_t i = 0; i < n_ids; ++i) a[i] *= row_scale;
+    }
+  }
+}
+
+// The rows' common scale, or 0 when they differ.
+template <typename T>
+float common_scale(const std::vector<ReadRow<T>>& rows) {
+  for (const auto& row : rows)
+    if (row.scale() != rows[0].scale()) return 0.0f;
+  return rows[0].scale();
+}
+
+// The token and log-probability of a filtered row from its V scaled logits a (cut in place):
+// Gumbel-max over p' with the row's noise (the draws the chunked epilogue makes), log p'(token).
+// A row without a softmax is a point mass at its argmax (log-prob NaN), as sampled_token says.
+template <typename T>
+void filtered_row(const ReadRow<T>& row, float* a, int64_t v, cpu::FilterScratch& scratch, int64_t* token,
+                  float* logprob) {
+  RowStats s = cpu::row_stats(a, v);
+  if (stats_degenerate(s)) {
+    *token = s.top.idx == kNoIndex ? 0 : s.top.idx;
+    *logprob = __builtin_nanf("");
+    return;
+  }
+  s = cpu::filter_row(a, v, s, row.rs, scratch);
+  const ArgMax best = cpu::sample_logits(row.st.seed, row.st.offset_at(row.slot), row.st.sequence_at(),
+                                         row.st.position_at(row.slot), a, v, -1);
+  const int32_t x = best.idx == kNoIndex ? s.top.idx : best.idx;
+  *token = x;
+  *logprob = a[x] - s.top.val - log_f32(s.sum);
 }
 
 // Each row's token and log-prob from its chunks' partial results (partial[m * chunks + c]).
@@ -146,16 +192,25 @@ void fused_greedy_read(const std::vector<ReadRow<float>>& rows, const at::Tensor
 }
 
 // For each row m: l = s + w_read z_m (z undefined: l = s), then token = argmax(l/T + G)
-// and logprob = log_softmax(l/T)[token]. fused: the greedy float32 read may take read_stats.
+// and logprob = log_softmax(l/T)[token], T the row's temperature; a filtered row samples from
+// p' and scores under it. fused: the greedy float32 read may take read_stats.
 template <typename T>
 void read_and_sample(const std::vector<ReadRow<T>>& rows, const at::Tensor& z, const at::Tensor& w_read,
-                     int64_t v, const Rng& rng, bool fused, int64_t* tokens, float* logprobs) {
+                     int64_t v, bool fused, int64_t* tokens, float* logprobs) {
   const int64_t m_rows = static_cast<int64_t>(rows.size());
   if (m_rows == 0) return;
   const int64_t chunks = (v + kChunk - 1) / kChunk;
   const int64_t slice = std::max(kMinSlice, kSliceBytes / static_cast<int64_t>(sizeof(float)) / m_rows) / kChunk * kChunk;
-  const bool greedy = rng.inv_t == 0.0f;
-  const float scale = greedy ? 1.0f : rng.inv_t;
+  bool greedy = true;
+  std::vector<int64_t> full_at(static_cast<size_t>(m_rows), -1);  // the row's place in `full`, or -1
+  int64_t filtered = 0;
+  for (int64_t m = 0; m < m_rows; ++m) {
+    greedy &= rows[m].greedy();
+    if (rows[m].filtered(v)) full_at[m] = filtered++;
+  }
+  const float scale = common_scale(rows);
+  // The filtered rows' scaled logits, V floats each: left uninitialised, every id is written.
+  std::unique_ptr<float[]> full(filtered > 0 ? new float[filtered * v] : nullptr);
   // bfloat16 weights: a bfloat16 GEMM, as eager PyTorch runs it: z and each product are rounded
   // to bfloat16.
   const at::Tensor zr = z.defined() ? z.to(w_read.scalar_type()) : z;
@@ -184,11 +239,17 @@ void read_and_sample(const std::vector<ReadRow<T>>& rows, const at::Tensor& z, c
                        bias, buffer.data());
         for (int64_t m = 0; m < m_rows; ++m) {
           const float* a = buffer.data() + m * kRowStride;
+          if (full_at[m] >= 0) {
+            std::copy(a, a + n_ids, full.get() + full_at[m] * v + u0);
+            continue;
+          }
           RowStats st = cpu::row_stats(a, n_ids);
           st.top.idx += static_cast<int32_t>(u0);
           SampledRow out{st.top, st.top.val, st};
-          if (!greedy) {
-            const ArgMax best = cpu::sample_logits(rng.seed, rng.offset, rows[m].sequence, rows[m].slot, a, n_ids, -1,
+          if (!rows[m].greedy()) {
+            const ReadRow<T>& row = rows[m];
+            const ArgMax best = cpu::sample_logits(row.st.seed, row.st.offset_at(row.slot), row.st.sequence_at(),
+                                                   row.st.position_at(row.slot), a, n_ids, -1,
                                                    static_cast<uint32_t>(u0 / 4));
             out.pick = best.idx == kNoIndex ? best : ArgMax{best.val, best.idx + static_cast<int32_t>(u0)};
             out.pick_a = best.idx == kNoIndex ? kNegInf : a[best.idx];
@@ -199,29 +260,31 @@ void read_and_sample(const std::vector<ReadRow<T>>& rows, const at::Tensor& z, c
     });
   }
   merge_rows(partial, m_rows, chunks, tokens, logprobs);
+  if (filtered == 0) return;
+  at::parallel_for(0, m_rows, 1, [&](int64_t begin, int64_t end) {
+    cpu::FilterScratch scratch;
+    for (int64_t m = begin; m < end; ++m)
+      if (full_at[m] >= 0) filtered_row(rows[m], full.get() + full_at[m] * v, v, scratch, tokens + m, logprobs + m);
+  });
 }
 
-// A checked call: its shape, RNG, weights, contiguous base logits and whether its greedy float32
-// read runs fused (cpu_read_fused, read once a call).
+// A checked call: its shape, sampling arguments, weights, contiguous base logits and whether its
+// greedy float32 read runs fused (cpu_read_fused, read once a call).
 struct Call {
   RefineShape s;
-  Rng rng;
+  SamplingArgs sampling;
   Weights w;
   at::Tensor logits;
   bool fused;
 };
 
 Call prepare(const at::Tensor& ctx, const at::Tensor& tokens, const char* tokens_name, bool tokens_are_prefix,
-             const at::Tensor& base_logits, XK_REFINE_WEIGHT_ARGS, XK_RNG_ARGS) {
+             const at::Tensor& base_logits, XK_REFINE_WEIGHT_ARGS, XK_SAMPLING_ARGS) {
   const auto s = check_refine(ctx, tokens, tokens_name, tokens_are_prefix, base_logits, emb, mix, w_gate, w_up,
                               w_down, w_read, temperature);
   check_token_ids(tokens, s.v, tokens_name);
-  const RngArgs a = rng_args(seed, offset, seed_tensor, offset_tensor, ctx.device());
-  const Rng rng{inverse_temperature(temperature),
-                a.seed_ptr ? static_cast<uint64_t>(*a.seed_ptr) : a.seed,
-                a.offset_ptr ? static_cast<uint64_t>(*a.offset_ptr) : a.offset};
-  return Call{s, rng, Weights{emb, mix, w_gate, w_up, w_down, w_read.contiguous()}, base_logits.contiguous(),
-              cpu_read_fused()};
+  return Call{s, sampling_args(s.n, ctx.device(), XK_SAMPLING_FORWARD),
+              Weights{emb, mix, w_gate, w_up, w_down, w_read.contiguous()}, base_logits.contiguous(), cpu_read_fused()};
 }
 
 using Rows = std::vector<std::pair<int64_t, int64_t>>;  // (sequence, drafted slot)
@@ -229,16 +292,17 @@ using Rows = std::vector<std::pair<int64_t, int64_t>>;  // (sequence, drafted sl
 // Samples the given rows; z [rows, r] holds their hidden states (undefined: the drafter's
 // own sample, s alone). Writes tokens[i] and logprobs[i] for row i.
 void sample_rows(const at::Tensor& base_logits, const Rows& rows, const at::Tensor& z, const at::Tensor& w_read,
-                 const Rng& rng, bool fused, int64_t* tokens, float* logprobs) {
+                 const SamplingArgs& sampling, bool fused, int64_t* tokens, float* logprobs) {
   const int64_t d = base_logits.size(1), v = base_logits.size(2);
   if (rows.empty()) return;
   cpu::dispatch_logits(base_logits.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     const T* base = base_logits.const_data_ptr<T>();
+    const SamplingView view = sampling_view(sampling);
     std::vector<ReadRow<T>> read;
     for (const auto& [n, slot] : rows)
-      read.push_back({base + (n * d + slot) * v, static_cast<uint32_t>(n), static_cast<uint32_t>(slot)});
-    read_and_sample(read, z.defined() ? z.contiguous() : z, w_read, v, rng, fused, tokens, logprobs);
+      read.push_back({base + (n * d + slot) * v, view.row(n), view.stream(n), static_cast<uint32_t>(slot)});
+    read_and_sample(read, z.defined() ? z.contiguous() : z, w_read, v, fused, tokens, logprobs);
   });
 }
 
@@ -251,14 +315,13 @@ Rows all_rows(int64_t n, int64_t d) {
 
 std::tuple<at::Tensor, at::Tensor> refine_step_cpu(const at::Tensor& ctx, const at::Tensor& prev_tokens,
                                                    const at::Tensor& base_logits, XK_REFINE_WEIGHT_ARGS,
-                                                   XK_RNG_ARGS) {
-  const auto [s, rng, w, logits, fused] = prepare(ctx, prev_tokens, "prev_tokens", false, base_logits, emb, mix,
-                                                  w_gate, w_up, w_down, w_read, temperature, seed, offset,
-                                                  seed_tensor, offset_tensor);
+                                                   XK_SAMPLING_ARGS) {
+  const auto [s, sampling, w, logits, fused] = prepare(ctx, prev_tokens, "prev_tokens", false, base_logits, emb, mix,
+                                                       w_gate, w_up, w_down, w_read, XK_SAMPLING_FORWARD);
   auto tokens = at::empty({s.n, s.d}, prev_tokens.options());
   auto logprobs = at::empty({s.n, s.d}, ctx.options());
   const auto z = hidden_states(ctx, prev_tokens, w).narrow(1, s.f, s.d).reshape({s.n * s.d, s.r});
-  sample_rows(logits, all_rows(s.n, s.d), z, w.w_read, rng, fused, tokens.mutable_data_ptr<int64_t>(),
+  sample_rows(logits, all_rows(s.n, s.d), z, w.w_read, sampling, fused, tokens.mutable_data_ptr<int64_t>(),
               logprobs.mutable_data_ptr<float>());
   return {tokens, logprobs};
 }
@@ -267,18 +330,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> jacobi_refine_cpu(const at::Tenso
                                                                  const at::Tensor& prefix_tokens,
                                                                  const at::Tensor& base_logits,
                                                                  XK_REFINE_WEIGHT_ARGS, int64_t max_iters,
-                                                                 XK_RNG_ARGS) {
+                                                                 XK_SAMPLING_ARGS) {
   TORCH_CHECK(max_iters >= 0, "max_iters must be >= 0, got ", max_iters);
-  const auto [s, rng, w, logits, fused] = prepare(ctx, prefix_tokens, "prefix_tokens", true, base_logits, emb, mix,
-                                                  w_gate, w_up, w_down, w_read, temperature, seed, offset,
-                                                  seed_tensor, offset_tensor);
+  const auto [s, sampling, w, logits, fused] = prepare(ctx, prefix_tokens, "prefix_tokens", true, base_logits, emb, mix,
+                                                       w_gate, w_up, w_down, w_read, XK_SAMPLING_FORWARD);
   auto tokens = at::empty({s.n, s.d}, prefix_tokens.options());
   auto logprobs = at::empty({s.n, s.d}, ctx.options());
   auto iters = at::zeros({s.n}, prefix_tokens.options().dtype(at::kInt));
   int64_t* tok = tokens.mutable_data_ptr<int64_t>();
   float* lp = logprobs.mutable_data_ptr<float>();
   int32_t* it = iters.mutable_data_ptr<int32_t>();
-  sample_rows(logits, all_rows(s.n, s.d), at::Tensor(), w.w_read, rng, fused, tok, lp);  // x0: the drafter's sample
+  // x0: the drafter's sample
+  sample_rows(logits, all_rows(s.n, s.d), at::Tensor(), w.w_read, sampling, fused, tok, lp);
 
   // Slots before first_dirty[n] read unchanged tokens, so they are final and are not recomputed.
   std::vector<int64_t> active(static_cast<size_t>(s.n)), first_dirty(static_cast<size_t>(s.n), 0);
@@ -301,7 +364,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> jacobi_refine_cpu(const at::Tenso
       const auto hidden = hidden_states(ctx.index_select(0, index), prev, w).reshape({-1, s.r});
       const auto z = hidden.index_select(
           0, at::from_blob(z_rows.data(), {static_cast<int64_t>(z_rows.size())}, prefix_tokens.options()));
-      sample_rows(logits, rows, z, w.w_read, rng, fused, new_tok.data(), new_lp.data());
+      sample_rows(logits, rows, z, w.w_read, sampling, fused, new_tok.data(), new_lp.data());
     }
     std::vector<int64_t> changed_first(static_cast<size_t>(s.n), -1);  // first changed slot per sequence
     for (size_t i = 0; i < rows.size(); ++i) {
@@ -325,10 +388,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> jacobi_refine_cpu(const at::Tenso
 
 std::tuple<at::Tensor, at::Tensor> sequential_refine_cpu(const at::Tensor& ctx, const at::Tensor& prefix_tokens,
                                                          const at::Tensor& base_logits, XK_REFINE_WEIGHT_ARGS,
-                                                         XK_RNG_ARGS) {
-  const auto [s, rng, w, logits, fused] = prepare(ctx, prefix_tokens, "prefix_tokens", true, base_logits, emb, mix,
-                                                  w_gate, w_up, w_down, w_read, temperature, seed, offset,
-                                                  seed_tensor, offset_tensor);
+                                                         XK_SAMPLING_ARGS) {
+  const auto [s, sampling, w, logits, fused] = prepare(ctx, prefix_tokens, "prefix_tokens", true, base_logits, emb, mix,
+                                                       w_gate, w_up, w_down, w_read, XK_SAMPLING_FORWARD);
   auto tokens = at::zeros({s.n, s.d}, prefix_tokens.options());
   auto logprobs = at::empty({s.n, s.d}, ctx.options());
   std::vector<int64_t> step_tok(static_cast<size_t>(s.n));
@@ -341,7 +403,7 @@ std::tuple<at::Tensor, at::Tensor> sequential_refine_cpu(const at::Tensor& ctx, 
     const auto z = hidden_states(ctx, prev, w).select(1, s.f + slot);
     Rows rows;
     for (int64_t n = 0; n < s.n; ++n) rows.emplace_back(n, slot);
-    sample_rows(logits, rows, z, w.w_read, rng, fused, step_tok.data(), step_lp.data());
+    sample_rows(logits, rows, z, w.w_read, sampling, fused, step_tok.data(), step_lp.data());
     for (int64_t n = 0; n < s.n; ++n) tok[n][slot] = step_tok[n], lp[n][slot] = step_lp[n];
   }
   return {tokens, logprobs};

@@ -11,6 +11,7 @@
 
 #include "../ops/checks.h"
 #include "../ops/refine_read.h"
+#include "../ops/sampling_args.h"
 #include "binding.h"
 #include "refine_launch.h"
 
@@ -55,21 +56,21 @@ struct Prepared {
   cuda::ReadGemmRunner gemm() { return {read_gemm, &device}; }
   at::Tensor workspace;
   std::vector<at::Tensor> keep_alive;  // contiguous copies the params point into
+  SamplingArgs sampling;               // the per-sequence tensors params.s points into
 };
 
 Prepared prepare(const at::Tensor& ctx, const at::Tensor& tokens, const char* tokens_name, bool tokens_are_prefix,
                  const at::Tensor& base_logits, const at::Tensor& emb, const at::Tensor& mix,
                  const at::Tensor& w_gate, const at::Tensor& w_up, const at::Tensor& w_down,
-                 const at::Tensor& w_read, double temperature, int64_t seed, int64_t offset,
-                 const std::optional<at::Tensor>& seed_tensor, const std::optional<at::Tensor>& offset_tensor) {
+                 const at::Tensor& w_read, XK_SAMPLING_ARGS) {
   const auto s = check_refine(ctx, tokens, tokens_name, tokens_are_prefix, base_logits, emb, mix, w_gate, w_up,
                               w_down, w_read, temperature);
   TORCH_CHECK(s.b <= cuda::kRefineMaxSlots, "ctx: the CUDA kernels take blocks of at most ",
               cuda::kRefineMaxSlots, " slots, got B=", s.b);
   if (value_checks_enabled()) check_token_ids(tokens, s.v, tokens_name);
-  const RngArgs rng = rng_args(seed, offset, seed_tensor, offset_tensor, ctx.device());
 
   Prepared out;
+  out.sampling = sampling_args(s.n, ctx.device(), XK_SAMPLING_FORWARD);
   auto keep = [&](const at::Tensor& t) -> const void* {
     out.keep_alive.push_back(t.contiguous());
     return out.keep_alive.back().const_data_ptr();
@@ -84,8 +85,8 @@ Prepared prepare(const at::Tensor& ctx, const at::Tensor& tokens, const char* to
   p.w_down = keep(w_down), p.w_read = keep(w_read);
   p.weight_type = w_read.scalar_type() == at::kFloat ? cuda::WeightType::kFloat32 : cuda::WeightType::kBFloat16;
   p.n = s.n, p.b = s.b, p.d = s.d, p.f = s.f, p.r = s.r, p.h = s.h, p.v = s.v;
-  p.inv_t = inverse_temperature(temperature);
-  p.seed = rng.seed, p.offset = rng.offset, p.seed_ptr = rng.seed_ptr, p.offset_ptr = rng.offset_ptr;
+  p.s = sampling_view(out.sampling);
+  p.filter = out.sampling.may_sample() && out.sampling.any_filter(s.v);
   const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
   p.num_sms = props->multiProcessorCount;
   p.cc_major = props->major;
@@ -101,10 +102,10 @@ Prepared prepare(const at::Tensor& ctx, const at::Tensor& tokens, const char* to
 
 std::tuple<at::Tensor, at::Tensor> refine_step_cuda(const at::Tensor& ctx, const at::Tensor& prev_tokens,
                                                     const at::Tensor& base_logits, XK_REFINE_WEIGHT_ARGS,
-                                                    XK_RNG_ARGS) {
+                                                    XK_SAMPLING_ARGS) {
   const c10::cuda::CUDAGuard guard(ctx.device());
   auto prep = prepare(ctx, prev_tokens, "prev_tokens", false, base_logits, emb, mix, w_gate, w_up, w_down, w_read,
-                      temperature, seed, offset, seed_tensor, offset_tensor);
+                      XK_SAMPLING_FORWARD);
   const auto& p = prep.params;
   auto tokens = at::empty({p.n, p.d}, prev_tokens.options());
   auto logprobs = at::empty({p.n, p.d}, ctx.options());
@@ -118,11 +119,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> jacobi_refine_cuda(const at::Tens
                                                                   const at::Tensor& prefix_tokens,
                                                                   const at::Tensor& base_logits,
                                                                   XK_REFINE_WEIGHT_ARGS, int64_t max_iters,
-                                                                  XK_RNG_ARGS) {
+                                                                  XK_SAMPLING_ARGS) {
   TORCH_CHECK(max_iters >= 0, "max_iters must be >= 0, got ", max_iters);
   const c10::cuda::CUDAGuard guard(ctx.device());
   auto prep = prepare(ctx, prefix_tokens, "prefix_tokens", true, base_logits, emb, mix, w_gate, w_up, w_down, w_read,
-                      temperature, seed, offset, seed_tensor, offset_tensor);
+                      XK_SAMPLING_FORWARD);
   const auto& p = prep.params;
   auto tokens = at::empty({p.n, p.d}, prefix_tokens.options());
   auto logprobs = at::empty({p.n, p.d}, ctx.options());
@@ -136,10 +137,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> jacobi_refine_cuda(const at::Tens
 
 std::tuple<at::Tensor, at::Tensor> sequential_refine_cuda(const at::Tensor& ctx, const at::Tensor& prefix_tokens,
                                                           const at::Tensor& base_logits, XK_REFINE_WEIGHT_ARGS,
-                                                          XK_RNG_ARGS) {
+                                                          XK_SAMPLING_ARGS) {
   const c10::cuda::CUDAGuard guard(ctx.device());
   auto prep = prepare(ctx, prefix_tokens, "prefix_tokens", true, base_logits, emb, mix, w_gate, w_up, w_down, w_read,
-                      temperature, seed, offset, seed_tensor, offset_tensor);
+                      XK_SAMPLING_FORWARD);
   const auto& p = prep.params;
   auto tokens = at::zeros({p.n, p.d}, prefix_tokens.options());
   auto logprobs = at::empty({p.n, p.d}, ctx.options());

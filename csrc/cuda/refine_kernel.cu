@@ -16,6 +16,9 @@
 //     The epilogue adds the base logits, scales by 1/T and keeps the Gumbel-max pick and the
 //     softmax statistics (observe_group; the logits are never written to HBM)
 //  5. merge:        a warp per row merges its partial results (a shuffle tree)
+//  6. with filters (RefineParams::filter): launch_row_cut over the logits the epilogue kept of rows
+//     that sample with top-k, top-p or min-p, then filtered_sample: a block per such row draws
+//     over its kept ids and overwrites the row's merged result
 // Jacobi adds an update launch per pass (convergence flags live on the device), so max_iters
 // passes are a fixed launch sequence a CUDA graph can capture; blocks of converged sequences,
 // and of slots before a sequence's first change (final), exit at once (the GEMMs run over every
@@ -27,6 +30,7 @@
 #include "device_utils.cuh"
 #include "per_device.h"
 #include "refine_launch.h"
+#include "row_cut_launch.h"
 
 namespace xkernels::cuda {
 namespace {
@@ -57,6 +61,8 @@ struct RefineWorkspace {
   float* new_logprobs;   // [n, d]
   int32_t* active;       // [n]
   int32_t* first_dirty;  // [n]: drafted slots before it read unchanged tokens (final)
+  float* logits;         // [rows, v] of a launch with filters: filtered rows' logits
+  FilterCut* cuts;       // [rows] of a launch with filters
 };
 
 // The rows one launch sequence works on: drafted slots [d_begin, d_begin + d_count) of the
@@ -207,12 +213,45 @@ __global__ void __launch_bounds__(kThreads) front_down_kernel(RefineParams p, Ro
   }
 }
 
+// How row (sequence n, drafted slot d) scales and draws: its sequence's temperature, and the
+// Philox key of its slot in its sequence's stream.
+struct RowNoise {
+  float scale;
+  bool greedy;
+  uint64_t seed, offset;
+  uint32_t sequence, position;
+};
+
+__device__ __forceinline__ RowNoise row_noise(const RefineParams& p, int64_t n, int64_t d) {
+  const float inv_t = p.s.row(n).inv_t;
+  const RowStream st = p.s.stream(n);
+  const auto slot = static_cast<uint32_t>(d);
+  return RowNoise{inv_t == 0.0f ? 1.0f : inv_t, inv_t == 0.0f, st.seed, st.offset_at(slot), st.sequence_at(),
+                  st.position_at(slot)};
+}
+
+// Whether sequence n's rows sample with a filter (their logits are kept for the cut pass).
+__device__ __forceinline__ bool row_filtered(const RefineParams& p, int64_t n) {
+  if (!p.filter) return false;
+  const RowSampling r = p.s.row(n);
+  return r.inv_t != 0.0f && filters_active(r, p.v);
+}
+
+// Keeps logits x of ids 4q + j (those below v) of launch row m, a filtered row.
+__device__ __forceinline__ void keep_logits(const RefineParams& p, const RefineWorkspace& w, int64_t m, int64_t q,
+                                            const float (&x)[4], int64_t v) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    if (4 * q + j < v) w.logits[m * p.v + 4 * q + j] = x[j];
+}
+
 // The epilogue of vocabulary ids 4q + j (j < 4; those below v) of one row, given their logits
 // x[j] = base logit + product: a = x * scale, then the Gumbel-max pick and softmax statistics.
 // The four ids share one Philox draw, drawn only if one of them can still win.
 __device__ __forceinline__ void observe_group(SampledRow& best, const float (&x)[4], int64_t q, int64_t v,
-                                              float scale, bool greedy, uint64_t seed, uint64_t offset, uint32_t n,
-                                              uint32_t d) {
+                                              const RowNoise& rn) {
+  const float scale = rn.scale;
+  const bool greedy = rn.greedy;
   float a[4];
   bool live = false;
 #pragma unroll
@@ -222,7 +261,7 @@ __device__ __forceinline__ void observe_group(SampledRow& best, const float (&x)
     live |= id < v && a[j] + kGumbelBound >= best.pick.val;
   }
   Philox4 r{{0, 0, 0, 0}};
-  if (!greedy && live) r = philox_draw(seed, offset, n, d, static_cast<uint32_t>(q));
+  if (!greedy && live) r = philox_draw(rn.seed, rn.offset, rn.sequence, rn.position, static_cast<uint32_t>(q));
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     if (4 * q + j >= v) continue;
@@ -248,9 +287,8 @@ __global__ void __launch_bounds__(kThreads) read_epilogue_kernel(RefineParams p,
   const int64_t id_end = id0 + plan.chunk < s.v0 + s.len ? id0 + plan.chunk : s.v0 + s.len;
   const TB* base = static_cast<const TB*>(p.base) + (n * p.d + d) * p.v;
   const float* dots = s.dots ? s.dots + m * s.len : nullptr;
-  const uint64_t seed = read_or(p.seed_ptr, p.seed), offset = read_or(p.offset_ptr, p.offset);
-  const bool greedy = p.inv_t == 0.0f;
-  const float scale = greedy ? 1.0f : p.inv_t;
+  const RowNoise rn = row_noise(p, n, d);
+  const bool filtered = row_filtered(p, n);
   SampledRow best = sampled_empty();
   for (int64_t q = id0 / 4 + threadIdx.x; 4 * q < id_end; q += kThreads) {
     float x[4];
@@ -261,7 +299,8 @@ __global__ void __launch_bounds__(kThreads) read_epilogue_kernel(RefineParams p,
       // displacing the slice's products and w_read rows (refine_read_plan's budget).
       x[j] = id < id_end ? to_float(__ldcs(base + id)) + (dots ? dots[id - s.v0] : 0.0f) : 0.0f;
     }
-    observe_group(best, x, q, id_end, scale, greedy, seed, offset, static_cast<uint32_t>(n), static_cast<uint32_t>(d));
+    if (filtered) keep_logits(p, w, m, q, x, id_end);
+    observe_group(best, x, q, id_end, rn);
   }
   best = block_merge(best, sampled_empty());
   if (threadIdx.x == 0) w.partial[m * plan.partials + s.first_chunk + c] = best;
@@ -379,9 +418,10 @@ __global__ void __launch_bounds__(kThreads, kReadBlocksPerSm) read_fused_kernel(
     __syncthreads();  // the products are in shared memory; the tile may be overwritten
 
     if (live) {
-      const uint64_t seed = read_or(p.seed_ptr, p.seed), offset = read_or(p.offset_ptr, p.offset);
-      const bool greedy = p.inv_t == 0.0f;
-      const float scale = greedy ? 1.0f : p.inv_t;
+      // Read a step at a time (cached loads) rather than held across the multiply: at 4 row tiles
+      // the kernel sits at its 128-register bound.
+      const RowNoise rn = row_noise(p, n, d);
+      const bool filtered = row_filtered(p, n);
 #pragma unroll
       for (int i = 0; i < kGroups; ++i) {
         const int g = ej + i * kRowThreads;
@@ -390,7 +430,8 @@ __global__ void __launch_bounds__(kThreads, kReadBlocksPerSm) read_fused_kernel(
         const float4 b = *reinterpret_cast<const float4*>(base_s + em * kReadTile + 4 * g);
         float x[4] = {b.x + (kSplitK ? dot.x + dot2.x : dot.x), b.y + (kSplitK ? dot.y + dot2.y : dot.y),
                       b.z + (kSplitK ? dot.z + dot2.z : dot.z), b.w + (kSplitK ? dot.w + dot2.w : dot.w)};
-        observe_group(best, x, tile * kReadTileGroups + g, p.v, scale, greedy, seed, offset, n, d);
+        if (filtered) keep_logits(p, w, m, tile * kReadTileGroups + g, x, p.v);
+        observe_group(best, x, tile * kReadTileGroups + g, p.v, rn);
       }
     }
   }
@@ -412,6 +453,38 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(RefineParams p, RowSet 
     const int64_t at = row_index(p, rs, m);
     tokens[at] = sampled_token(r);
     logprobs[at] = sampled_logprob(r);
+  }
+}
+
+// A block per filtered row of the launch: Gumbel-max and softmax statistics over the ids its cut
+// keeps (the same noise as the fused epilogue's), overwriting the row's token and log-probability.
+// NaN logits stay (a row with one has no softmax, and row_cut keeps every id of it).
+__global__ void __launch_bounds__(kThreads) filtered_sample_kernel(RefineParams p, RowSet rs, RefineWorkspace w,
+                                                                   int64_t* tokens, float* logprobs) {
+  const int64_t m = blockIdx.x;
+  if (!row_live(p, rs, m)) return;  // the whole block
+  const int64_t n = m / rs.d_count, d = rs.d_begin + m % rs.d_count;
+  if (!row_filtered(p, n)) return;
+  const RowNoise rn = row_noise(p, n, d);
+  const FilterCut cut = w.cuts[m];
+  const float* l = w.logits + m * p.v;
+  SampledRow best = sampled_empty();
+  for (int64_t q = threadIdx.x; 4 * q < p.v; q += kThreads) {
+    float x[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t id = 4 * q + j;
+      x[j] = id < p.v ? l[id] : 0.0f;
+      const bool dropped = !is_nan_f32(x[j]) && !filter_keeps(cut, x[j] * rn.scale, static_cast<int32_t>(id));
+      if (id < p.v && dropped) x[j] = kNegInf;
+    }
+    observe_group(best, x, q, p.v, rn);
+  }
+  best = block_merge(best, sampled_empty());
+  if (threadIdx.x == 0) {
+    const int64_t at = row_index(p, rs, m);
+    tokens[at] = sampled_token(best);
+    logprobs[at] = sampled_logprob(best);
   }
 }
 
@@ -462,7 +535,7 @@ ReadSizes read_sizes(const RefineParams& p) {
 }
 
 struct Layout {
-  size_t u, hid, z, dots, partial, tokens, logprobs, flags;
+  size_t u, hid, z, dots, partial, tokens, logprobs, flags, logits, cuts;
 };
 
 Layout layout(const RefineParams& p) {
@@ -474,7 +547,9 @@ Layout layout(const RefineParams& p) {
                 align_up(sizeof(SampledRow) * s.partial),
                 align_up(sizeof(int64_t) * p.n * p.d),
                 align_up(sizeof(float) * p.n * p.d),
-                align_up(sizeof(int32_t) * p.n)};
+                align_up(sizeof(int32_t) * p.n),
+                p.filter ? align_up(sizeof(float) * p.n * p.d * p.v) : 0,
+                p.filter ? align_up(sizeof(FilterCut) * p.n * p.d) : 0};
 }
 
 RefineWorkspace carve(const RefineParams& p, void* workspace) {
@@ -495,6 +570,8 @@ RefineWorkspace carve(const RefineParams& p, void* workspace) {
   w.new_logprobs = reinterpret_cast<float*>(take(l.logprobs));
   w.active = reinterpret_cast<int32_t*>(take(l.flags));
   w.first_dirty = reinterpret_cast<int32_t*>(take(l.flags));
+  w.logits = reinterpret_cast<float*>(take(l.logits));
+  w.cuts = reinterpret_cast<FilterCut*>(take(l.cuts));
   return w;
 }
 
@@ -563,6 +640,13 @@ cudaError_t pass(const RefineParams& p, const ReadGemmRunner& gemm, const RowSet
   }
   merge_kernel<<<ceil_div(rows, kWarps), kThreads, 0, stream>>>(p, rs, w, plan.partials, tokens, logprobs);
   XK_RETURN_IF_FAILED(cudaGetLastError());
+  if (p.filter) {
+    // Rows that are not filtered (or not live) get a keep-all cut or one of stale logits, unread.
+    const RowCutParams cut{w.logits, LogitsType::kFloat32, rows, p.v, p.v, rs.d_count, p.s, w.cuts};
+    XK_RETURN_IF_FAILED(launch_row_cut(cut, stream));
+    filtered_sample_kernel<<<rows, kThreads, 0, stream>>>(p, rs, w, tokens, logprobs);
+    XK_RETURN_IF_FAILED(cudaGetLastError());
+  }
   return cudaSuccess;
 }
 
@@ -673,7 +757,7 @@ RefineReadPlan refine_read_plan(const RefineParams& p, int64_t rows, bool read) 
 
 size_t refine_workspace_bytes(const RefineParams& p) {
   const Layout l = layout(p);
-  return l.u + l.hid + l.z + l.dots + l.partial + l.tokens + l.logprobs + 2 * l.flags;
+  return l.u + l.hid + l.z + l.dots + l.partial + l.tokens + l.logprobs + 2 * l.flags + l.logits + l.cuts;
 }
 
 cudaError_t launch_refine_step(const RefineParams& p, const ReadGemmRunner& gemm, void* workspace, int64_t* tokens,

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "launch_types.h"
+#include "xkernels/sampling_params.h"
 
 namespace xkernels::cuda {
 
@@ -39,10 +40,13 @@ struct RefineParams {
   const void *emb, *mix, *w_gate, *w_up, *w_down, *w_read;
   WeightType weight_type;
   int64_t n, b, d, f, r, h, v;
-  float inv_t;  // 0: greedy
-  uint64_t seed, offset;
-  const int64_t* seed_ptr;
-  const int64_t* offset_ptr;
+  // Each sequence's parameters and stream (view.row(n), view.stream(n); slot d of sequence n
+  // draws at stream slot d).
+  SamplingView s;
+  // Some sequence may sample with top-k, top-p or min-p: the epilogue then keeps such rows'
+  // logits in the workspace ([rows, v] float32), launch_row_cut finds their cuts and
+  // filtered_sample_kernel samples them over the kept ids, in place of the fused result.
+  bool filter;
   int num_sms;
   int cc_major;  // compute capability: the fused read's bfloat16 tensor cores need 8 or more
   RefineReadMode read_mode;

@@ -39,13 +39,11 @@ ChainVerifyShape check_chain_verify(const at::Tensor& draft_tokens, const at::Te
                                     const std::optional<at::Tensor>& draft_probs, double temperature);
 
 
-// The weight and RNG arguments of the refine kernels' signatures (as in the schemas).
+// The weight arguments of the refine kernels' signatures (as in the schemas; their sampling
+// arguments are XK_SAMPLING_ARGS, ops/sampling_args.h).
 #define XK_REFINE_WEIGHT_ARGS                                                                              \
   const at::Tensor &emb, const at::Tensor &mix, const at::Tensor &w_gate, const at::Tensor &w_up,          \
       const at::Tensor &w_down, const at::Tensor &w_read
-#define XK_RNG_ARGS                                                                                        \
-  double temperature, int64_t seed, int64_t offset, const std::optional<at::Tensor>&seed_tensor,           \
-      const std::optional<at::Tensor>&offset_tensor
 
 // The refine ops: N sequences, B slots (the last D drafted, F = B - D fixed),
 // rank r, SwiGLU hidden H, vocabulary V.

@@ -46,17 +46,23 @@ TORCH_LIBRARY(xkernels, m) {
       "Tensor(b!) num_emitted, Tensor(c!) logprobs) -> ()");
   m.def(
       "refine_step(Tensor ctx, Tensor prev_tokens, Tensor base_logits, Tensor emb, Tensor mix, Tensor w_gate, "
-      "Tensor w_up, Tensor w_down, Tensor w_read, float temperature=0.0, int seed=0, int offset=0, "
-      "Tensor? seed_tensor=None, Tensor? offset_tensor=None) -> (Tensor tokens, Tensor logprobs)");
+      "Tensor w_up, Tensor w_down, Tensor w_read, "
+      "float temperature=0.0, Tensor? temperature_tensor=None, int top_k=0, Tensor? top_k_tensor=None, "
+      "float top_p=1.0, Tensor? top_p_tensor=None, float min_p=0.0, Tensor? min_p_tensor=None, int seed=0, "
+      "Tensor? seed_tensor=None, int offset=0, Tensor? offset_tensor=None) -> (Tensor tokens, Tensor logprobs)");
   m.def(
       "jacobi_refine(Tensor ctx, Tensor prefix_tokens, Tensor base_logits, Tensor emb, Tensor mix, "
-      "Tensor w_gate, Tensor w_up, Tensor w_down, Tensor w_read, int max_iters, float temperature=0.0, "
-      "int seed=0, int offset=0, Tensor? seed_tensor=None, Tensor? offset_tensor=None) "
+      "Tensor w_gate, Tensor w_up, Tensor w_down, Tensor w_read, int max_iters, "
+      "float temperature=0.0, Tensor? temperature_tensor=None, int top_k=0, Tensor? top_k_tensor=None, "
+      "float top_p=1.0, Tensor? top_p_tensor=None, float min_p=0.0, Tensor? min_p_tensor=None, int seed=0, "
+      "Tensor? seed_tensor=None, int offset=0, Tensor? offset_tensor=None) "
       "-> (Tensor tokens, Tensor logprobs, Tensor iters)");
   m.def(
       "sequential_refine(Tensor ctx, Tensor prefix_tokens, Tensor base_logits, Tensor emb, Tensor mix, "
-      "Tensor w_gate, Tensor w_up, Tensor w_down, Tensor w_read, float temperature=0.0, int seed=0, "
-      "int offset=0, Tensor? seed_tensor=None, Tensor? offset_tensor=None) -> (Tensor tokens, Tensor logprobs)");
+      "Tensor w_gate, Tensor w_up, Tensor w_down, Tensor w_read, "
+      "float temperature=0.0, Tensor? temperature_tensor=None, int top_k=0, Tensor? top_k_tensor=None, "
+      "float top_p=1.0, Tensor? top_p_tensor=None, float min_p=0.0, Tensor? min_p_tensor=None, int seed=0, "
+      "Tensor? seed_tensor=None, int offset=0, Tensor? offset_tensor=None) -> (Tensor tokens, Tensor logprobs)");
   m.def(
       "build_draft_tree(Tensor topk_logprobs, Tensor topk_tokens, int budget) "
       "-> (Tensor tokens, Tensor parents, Tensor num_nodes, Tensor depth)");

@@ -204,11 +204,15 @@ int xk_emu_row_cut(const void* logits, int logits_type, int64_t rows, int64_t v,
 // op: 0 refine_step (tokens = prev_tokens [n, b]), 1 jacobi_refine, 2 sequential_refine
 // (tokens = prefix_tokens [n, f + 1]). Weights are float32 (weight_type 0) or bfloat16 (1).
 // read_mode: RefineReadMode (0 auto, 1 GEMM, 2 fused), on a device of compute capability 9.
+// Per-sequence parameters and streams as xk_emu_chain_ragged takes them.
 int xk_emu_refine(int op, const float* ctx, const int64_t* tokens, int64_t tokens_len, const void* base,
                   int base_type, const void* emb, const void* mix, const void* w_gate, const void* w_up,
                   const void* w_down, const void* w_read, int weight_type, int64_t n, int64_t b, int64_t d, int64_t r,
-                  int64_t h, int64_t v, float inv_t, uint64_t seed, uint64_t offset, const int64_t* seed_tensor,
-                  const int64_t* offset_tensor, int64_t max_iters, int num_sms, int64_t slice_bytes, int read_mode,
+                  int64_t h, int64_t v, float inv_t, int32_t top_k, float top_p, float min_p, const float* temperature,
+                  const int32_t* top_k_rows, const float* top_p_rows, const float* min_p_rows, uint64_t seed,
+                  uint64_t offset,
+                  const int64_t* seed_tensor, int64_t seed_numel, const int64_t* offset_tensor, int64_t offset_numel,
+                  int per_request, int64_t max_iters, int num_sms, int64_t slice_bytes, int read_mode,
                   int64_t* out_tokens, float* out_logprobs, int32_t* out_iters, char* message, size_t message_len) {
   using namespace xkernels::cuda;
   Device dev;
@@ -228,9 +232,21 @@ int xk_emu_refine(int op, const float* ctx, const int64_t* tokens, int64_t token
   p.w_read = dev.copy(static_cast<const char*>(w_read), v * r * wb);
   p.weight_type = static_cast<WeightType>(weight_type);
   p.n = n, p.b = b, p.d = d, p.f = f, p.r = r, p.h = h, p.v = v;
-  p.inv_t = inv_t, p.seed = seed, p.offset = offset, p.num_sms = num_sms, p.slice_bytes = slice_bytes;
-  p.seed_ptr = dev.copy(seed_tensor, sizeof(int64_t));
-  p.offset_ptr = dev.copy(offset_tensor, sizeof(int64_t));
+  p.num_sms = num_sms, p.slice_bytes = slice_bytes;
+  p.s.scalar = xkernels::RowSampling{inv_t, top_k, top_p, min_p};
+  p.s.temperature = dev.copy(temperature, sizeof(float) * n);
+  p.s.top_k = dev.copy(top_k_rows, sizeof(int32_t) * n);
+  p.s.top_p = dev.copy(top_p_rows, sizeof(float) * n);
+  p.s.min_p = dev.copy(min_p_rows, sizeof(float) * n);
+  // As the binding decides it (SamplingArgs::may_sample and any_filter).
+  p.filter = (temperature || inv_t != 0.0f) &&
+             (top_k_rows || top_p_rows || min_p_rows || xkernels::filters_active(p.s.scalar, v));
+  p.s.seed = seed, p.s.offset = offset;
+  p.s.seed_ptr = dev.copy(seed_tensor, sizeof(int64_t) * seed_numel);
+  p.s.offset_ptr = dev.copy(offset_tensor, sizeof(int64_t) * offset_numel);
+  p.s.seed_per_row = seed_tensor && seed_numel == n;
+  p.s.offset_per_row = offset_tensor && offset_numel == n;
+  p.s.per_request = per_request != 0;
   p.cc_major = 9, p.read_mode = static_cast<RefineReadMode>(read_mode);
   const ReadGemmRunner gemm{emu_read_gemm, nullptr};
   void* workspace = dev.alloc(refine_workspace_bytes(p), 0xA5);

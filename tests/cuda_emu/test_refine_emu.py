@@ -234,3 +234,31 @@ def test_a_row_with_nan_is_a_point_mass_at_its_argmax(emu, temperature, weight_d
     tokens, logprobs, _ = emu.refine("refine_step", ctx, prev, base, weights, temperature, 3)
     assert torch.equal(tokens, reference.refine_step(ctx, prev, base, weights, temperature, 3)[0])
     assert logprobs[0, 1].isnan() and logprobs[1, 0].isnan()
+
+
+@pytest.mark.parametrize("weight_dtype,read", READS)
+@pytest.mark.parametrize("slices", list(SLICE_BYTES))
+def test_per_sequence_sampling_and_per_request_streams(emu, weight_dtype, read, slices):
+    """Greedy, plain sampled and top-k / top-p / min-p sequences in one launch, each with its own
+    seed and offset: every op equals the reference (float32 weights; bfloat16 ones round the
+    read), and a sequence alone equals it in the batch."""
+    from tests.test_refine_sampling import mixed_params, reference_call
+
+    if read == "fused" and slices != "one slice":
+        pytest.skip("the fused read has no GEMM slices")
+    n = 6
+    ctx, prev, base, weights = make_case(n, 5, 4, 130, 16, 24, weight_dtype=weight_dtype, seed=13)
+    prefix = prev[:, :2]
+    params = mixed_params(n, 6)
+    kw = dict(num_sms=8, slice_bytes=SLICE_BYTES[slices], read=read, max_iters=5)
+    for op, tokens in [("refine_step", prev), ("jacobi_refine", prefix), ("sequential_refine", prefix)]:
+        got_tokens, got_logprobs, _ = emu.refine(op, ctx, tokens, base, weights, **params, **kw)
+        if weight_dtype == torch.float32:
+            want_tokens, want_logprobs = reference_call(op, ctx, prev, base, weights, **params)
+            assert torch.equal(got_tokens, want_tokens), op
+            torch.testing.assert_close(got_logprobs, want_logprobs, atol=1e-4, rtol=1e-4)
+        for i in (0, 2, 5):  # greedy, top_k, every filter
+            alone = emu.refine(op, ctx[i:i + 1], tokens[i:i + 1], base[i:i + 1], weights,
+                               **{k: v[i:i + 1] for k, v in params.items()}, **kw)
+            assert torch.equal(alone[0][0], got_tokens[i]), (op, i)
+            torch.testing.assert_close(alone[1][0], got_logprobs[i], atol=1e-5, rtol=1e-5)

@@ -2,7 +2,8 @@
 
 import torch
 
-from .rng import _as_int, gumbel_noise, inverse_temperature
+from .rng import gumbel_noise, inverse_temperature
+from .sampling import filtered_logits, row_params, row_streams
 
 
 def _drafted_slots(ctx, base_logits) -> int:
@@ -27,12 +28,27 @@ def perturbed_scores(logits: torch.Tensor, temperature: float, seed: int, offset
     return a, a + noise.to(a.device)
 
 
-def sample_rows(logits: torch.Tensor, temperature: float, seed: int, offset: int):
-    """tokens = argmax(l / T + G), logprobs = log_softmax(l / T)[tokens] for logits [N, D, V];
-    at T = 0: argmax(l) and log_softmax(l)."""
-    a, score = perturbed_scores(logits, temperature, seed, offset)
-    tokens = score.argmax(-1)
-    logprobs = a.log_softmax(-1).gather(-1, tokens[..., None])[..., 0]
+def sample_rows(logits: torch.Tensor, temperature=0.0, seed=0, offset=0, top_k=None, top_p=None, min_p=None):
+    """tokens = argmax(a' + G), logprobs = log_softmax(a')[tokens] for logits [N, D, V], with
+    a = l / T and a' = a filtered (reference.sampling.filtered_logits: -inf at the ids top_k, top_p
+    and min_p drop; a' = a without a filter); at T = 0: argmax(l) and log_softmax(l), unfiltered.
+    Parameters are scalars or [N] (one a sequence); so are seed and offset (sampling.row_streams:
+    the per-request form keys sequence n's slot d by (seed[n], offset[n] + d) alone)."""
+    n, d, v = logits.shape
+    params = row_params(n, temperature, top_k, top_p, min_p)
+    streams = row_streams(n, seed, offset)
+    a = logits.float()
+    tokens = torch.zeros(n, d, dtype=torch.int64, device=logits.device)
+    logprobs = torch.zeros(n, d, dtype=torch.float32, device=logits.device)
+    for i, (rp, st) in enumerate(zip(params, streams)):
+        if rp.inv_t == 0:
+            tokens[i] = a[i].argmax(-1)
+            logprobs[i] = a[i].log_softmax(-1).gather(-1, tokens[i, :, None])[:, 0]
+            continue
+        for j in range(d):
+            row = filtered_logits(a[i, j] * rp.inv_t, rp.top_k, rp.top_p, rp.min_p)
+            tokens[i, j] = (row + st.gumbel(j, v).to(row.device)).argmax()
+            logprobs[i, j] = row.log_softmax(-1)[tokens[i, j]]
     return tokens, logprobs
 
 
@@ -46,10 +62,11 @@ def refine_logits(ctx, prev_tokens, base_logits, weights) -> torch.Tensor:
     return base_logits.float() + z @ weights.w_read.float().T
 
 
-def refine_step(ctx, prev_tokens, base_logits, weights, temperature=0.0, seed=0, offset=0):
-    """One refinement pass: tokens and log-probabilities of every drafted slot."""
-    return sample_rows(refine_logits(ctx, prev_tokens, base_logits, weights), temperature, _as_int(seed),
-                       _as_int(offset))
+def refine_step(ctx, prev_tokens, base_logits, weights, temperature=0.0, seed=0, offset=0, top_k=None, top_p=None,
+                min_p=None):
+    """One refinement pass: tokens and log-probabilities of every drafted slot (sample_rows)."""
+    return sample_rows(refine_logits(ctx, prev_tokens, base_logits, weights), temperature, seed, offset, top_k, top_p,
+                       min_p)
 
 
 def _prev_tokens(prefix_tokens, tokens):
@@ -57,15 +74,17 @@ def _prev_tokens(prefix_tokens, tokens):
     return torch.cat([prefix_tokens, tokens[:, :-1]], dim=1)
 
 
-def jacobi_refine(ctx, prefix_tokens, base_logits, weights, max_iters, temperature=0.0, seed=0, offset=0):
-    """Jacobi iteration from the drafter's own sample; a sequence stops after a pass that changes none
-    of its tokens. Returns tokens, logprobs (of the last pass run) and iters (passes run, int32)."""
+def jacobi_refine(ctx, prefix_tokens, base_logits, weights, max_iters, temperature=0.0, seed=0, offset=0, top_k=None,
+                  top_p=None, min_p=None):
+    """Jacobi iteration from the drafter's own sample (its base logits, filtered alike); a sequence
+    stops after a pass that changes none of its tokens. Every pass reads the same noise. Returns
+    tokens, logprobs (of the last pass run) and iters (passes run, int32)."""
     if max_iters < 0:
         raise ValueError("max_iters must be >= 0")
-    seed, offset = _as_int(seed), _as_int(offset)
-    tokens, logprobs = sample_rows(base_logits, temperature, seed, offset)
+    sampling = (temperature, seed, offset, top_k, top_p, min_p)
+    tokens, logprobs = sample_rows(base_logits, *sampling)
     return jacobi_iterate(tokens, logprobs, prefix_tokens, max_iters,
-                          lambda prev: refine_step(ctx, prev, base_logits, weights, temperature, seed, offset))
+                          lambda prev: refine_step(ctx, prev, base_logits, weights, *sampling))
 
 
 def jacobi_iterate(tokens, logprobs, prefix_tokens, max_iters, step, early_exit=True):
@@ -87,15 +106,15 @@ def jacobi_iterate(tokens, logprobs, prefix_tokens, max_iters, step, early_exit=
     return tokens, logprobs, iters
 
 
-def sequential_refine(ctx, prefix_tokens, base_logits, weights, temperature=0.0, seed=0, offset=0):
+def sequential_refine(ctx, prefix_tokens, base_logits, weights, temperature=0.0, seed=0, offset=0, top_k=None,
+                      top_p=None, min_p=None):
     """Left-to-right decoding: drafted slot d is decided from the decided slots before it."""
-    seed, offset = _as_int(seed), _as_int(offset)
     n, d = base_logits.shape[:2]
     tokens = torch.zeros(n, d, dtype=torch.int64, device=base_logits.device)
     logprobs = torch.zeros(n, d, dtype=torch.float32, device=base_logits.device)
     for slot in range(d):
         step_tokens, step_logprobs = refine_step(ctx, _prev_tokens(prefix_tokens, tokens), base_logits, weights,
-                                                 temperature, seed, offset)
+                                                 temperature, seed, offset, top_k, top_p, min_p)
         tokens[:, slot] = step_tokens[:, slot]
         logprobs[:, slot] = step_logprobs[:, slot]
     return tokens, logprobs
