@@ -1,7 +1,7 @@
 // chain_verify_ragged_ on CUDA: one launch, a block per request, which walks the request's rows in
 // order (token-wise: up to the first rejection; block verification: every drafted row). Each row
 // takes a pass for its statistics; a row with filters then finds its cut (row_filter.cuh: radix
-// selection, up to 9 passes) and takes a pass for the kept ids' sum. Draft ids outside [0, V) and
+// selection, 1-3 more passes) and takes a pass for the kept ids' sum. Draft ids outside [0, V) and
 // any values of cu_num_draft_tokens or of the per-row parameters stay memory-safe: ids count as
 // rejected, counts are clamped into [0, T] and max_spec_len, invalid parameters read as off (greedy
 // for a temperature).
@@ -49,8 +49,15 @@ struct Shared {
 template <typename T>
 __device__ void prepare(Shared& sh, const RowView<T>& r, const RowSampling& rs, bool greedy, bool filtered,
                         int mass_shift) {
+  const bool count = filtered && counts_top_bits(rs, r.v);
+  if (count) clear_top_bits(sh.cut);
+  __syncthreads();
   RowStats local = stats_empty();
-  for (int64_t i = threadIdx.x; i < r.v; i += kThreads) stats_observe(local, r.a(i), static_cast<int32_t>(i));
+  for (int64_t i = threadIdx.x; i < r.v; i += kThreads) {
+    const float a = r.a(i);
+    stats_observe(local, a, static_cast<int32_t>(i));
+    if (count) count_top_bits(sh.cut, a);
+  }
   local = block_merge(local, stats_empty());
   if (threadIdx.x == 0) sh.row = RowState{local, keep_all(), greedy || stats_degenerate(local)};
   __syncthreads();

@@ -16,7 +16,7 @@ namespace xkernels::cuda {
 namespace {
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) row_cut_kernel(RowCutParams p, int mass_shift) {
+__global__ void __launch_bounds__(kThreads, 1) row_cut_kernel(RowCutParams p, int mass_shift) {
   __shared__ CutShared sh;
   __shared__ float top_value;
   const int64_t row = blockIdx.x;
@@ -26,8 +26,15 @@ __global__ void __launch_bounds__(kThreads) row_cut_kernel(RowCutParams p, int m
     return;
   }
   const RowView<T> r{static_cast<const T*>(p.logits) + row * p.row_stride, p.v, rs.inv_t, p.exclude};
+  const bool count = counts_top_bits(rs, p.v);
+  if (count) clear_top_bits(sh);
+  __syncthreads();
   ArgMax top = argmax_empty();
-  for (int64_t i = threadIdx.x; i < r.v; i += kThreads) argmax_observe(top, r.a(i), static_cast<int32_t>(i));
+  for (int64_t i = threadIdx.x; i < r.v; i += kThreads) {
+    const float a = r.a(i);
+    argmax_observe(top, a, static_cast<int32_t>(i));
+    if (count) count_top_bits(sh, a);
+  }
   top = block_merge(top, argmax_empty());
   if (threadIdx.x == 0) top_value = top.val;
   __syncthreads();

@@ -1,7 +1,7 @@
 // The filtered target distribution's cut on CUDA, by one block of kThreads threads per row: radix
-// selection over the order-preserving bits of the scaled logits (4 passes of 8 bits for top-k by
-// count, 4 for top-p by mass, one ordered pass when ties at the cut must be split by id). Masses
-// are summed in 64-bit fixed point, so the cut does not depend on the order of the atomics.
+// selection over the order-preserving bits of the scaled logits (radix_cut: about 2 passes a cut,
+// top-k's first one fused into the statistics pass; min-p without a pass). Masses are summed in
+// 64-bit fixed point, so the cut does not depend on the order of the atomics.
 // chain_ragged_kernel.cu and row_cut_kernel.cu (launch_row_cut, for the other ops) share it.
 #pragma once
 
@@ -47,105 +47,258 @@ struct RowView {
   __device__ __forceinline__ float a(int64_t i) const { return i == exclude ? kNegInf : to_float(row[i]) * scale; }
 };
 
-// The shared memory of one block's selection.
+constexpr int kCutBins = 2048;        // 11 bits a level: key bits 31-21, 20-10, then 9-0
+constexpr int kCutCandidates = 2048;  // the ids one bin may hold to be ranked in shared memory
+
+// The shared memory of one block's selection: a level's histogram and the ids of a chosen bin.
 struct CutShared {
-  uint32_t count[256];
-  unsigned long long mass[256];
+  struct Histogram {
+    uint32_t count[kCutBins];
+    unsigned long long mass[kCutBins];
+  };
+  struct Candidates {
+    uint32_t key[kCutCandidates];
+    int32_t id[kCutCandidates];
+  };
+  Histogram hist;
+  Candidates cand;
+  unsigned long long warp_sums[kWarps];
   uint32_t warp_counts[kWarps];
-  double target, before;
-  uint32_t prefix, tie_count, need;
-  unsigned long long tie_mass;
-  int32_t found;
-  bool keep_all;
+  unsigned long long found_before;
+  uint32_t n_cand, ranked_bin;
+  int32_t found, ranked_n;
 };
+
+// What radix_cut finds of its first level in CutShared when it starts.
+enum class FirstLevel {
+  kNone,    // nothing: it takes a pass
+  kCounts,  // the counts of every finite id (count_top_bits: top-k over the whole row)
+  kFed,     // the counts and masses of the ids `within` keeps, and those of first-level bin ranked_bin
+            // ranked in cand[0, ranked_n) (top-k's gather fed them to top-p)
+};
+
+// The block's exclusive prefix sum of one value a thread, in thread order; *total gets the sum.
+__device__ __forceinline__ unsigned long long block_exclusive_scan(CutShared& sh, unsigned long long x,
+                                                                   unsigned long long* total) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  unsigned long long inclusive = x;
+  for (int d = 1; d < 32; d <<= 1) {
+    const unsigned long long y = __shfl_up_sync(kFullMask, inclusive, d);
+    if (lane >= d) inclusive += y;
+  }
+  if (lane == 31) sh.warp_sums[warp] = inclusive;
+  __syncthreads();
+  unsigned long long before = 0, sum = 0;
+  for (int w = 0; w < kWarps; ++w) {
+    if (w < warp) before += sh.warp_sums[w];
+    sum += sh.warp_sums[w];
+  }
+  __syncthreads();  // warp_sums are read before a next scan writes them
+  *total = sum;
+  return before + inclusive - x;
+}
+
+// The first position i < n (n <= kThreads * 8) of a sequence in ranking order at which the running
+// sum base + value(0) + ... + value(i) reaches target (compared in double; the sums themselves are
+// exact integers), or -1; *before gets the running sum before it. Threads take consecutive runs.
+template <typename F>
+__device__ int first_reaching(CutShared& sh, int n, unsigned long long base, double target, const F& value,
+                              unsigned long long* before) {
+  const int per = (n + kThreads - 1) / kThreads;
+  const int lo = threadIdx.x * per, hi = lo + per < n ? lo + per : n;
+  unsigned long long local = 0;
+  for (int i = lo; i < hi; ++i) local += value(i);
+  if (threadIdx.x == 0) sh.found = 0x7FFFFFFF;
+  unsigned long long total;
+  unsigned long long running = base + block_exclusive_scan(sh, local, &total);
+  int hit = -1;
+  for (int i = lo; i < hi; ++i) {
+    const unsigned long long v = value(i);
+    if (static_cast<double>(running + v) >= target) {
+      hit = i;
+      break;
+    }
+    running += v;
+  }
+  if (hit >= 0) atomicMin(&sh.found, hit);
+  __syncthreads();
+  if (hit >= 0 && hit == sh.found) sh.found_before = running;
+  __syncthreads();
+  const int pos = sh.found;
+  *before = sh.found_before;
+  __syncthreads();  // read before a next call resets them
+  return pos == 0x7FFFFFFF ? -1 : pos;
+}
+
+// Sorts the first n2 (a power of two, <= kCutCandidates) candidates into ranking order (a higher key
+// first, ties to the lower id): a bitonic sort in shared memory.
+__device__ __forceinline__ void rank_candidates(CutShared& sh, int n2) {
+  uint32_t* key = sh.cand.key;
+  int32_t* id = sh.cand.id;
+  for (int size = 2; size <= n2; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int i = threadIdx.x; i < n2; i += kThreads) {
+        const int j = i ^ stride;
+        if (j <= i) continue;
+        const bool j_first = key[j] > key[i] || (key[j] == key[i] && id[j] < id[i]);
+        if (((i & size) == 0) == j_first) {
+          const uint32_t k = key[i];
+          key[i] = key[j];
+          key[j] = k;
+          const int32_t x = id[i];
+          id[i] = id[j];
+          id[j] = x;
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
 
 // The cut of the smallest prefix of the ranking, among the ids `within` keeps, whose count reaches
 // k (by_mass false) or whose mass reaches top_p of theirs (by_mass true). keep_all() when no prefix
-// reaches it (fewer finite ids than k).
+// reaches it (fewer finite ids than k). Each level is a pass over the row that histograms the next
+// key bits of the ids in the bins chosen so far and chooses the bin where the running sum reaches
+// the target; once that bin holds at most kCutCandidates ids, one more pass gathers them and they
+// are ranked in shared memory. So a cut usually costs 2 passes, at most 4 (3 levels, then an
+// ordered pass over more than kCutCandidates ids of one value).
+// first: what the first level finds in sh. feed (top-k followed by top-p): when the cut is found
+// from the first level's gather, that pass also histograms the first level of the top-p cut within
+// it, and leaves the kept ids of the gathered bin ranked (FirstLevel::kFed, ranked_n >= 0).
 template <typename T>
 __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, const FilterCut& within, bool by_mass,
-                               uint32_t k, float top_p, int mass_shift) {
-  uint32_t mask = 0;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int d = threadIdx.x; d < 256; d += kThreads) {
-      sh.count[d] = 0;
-      sh.mass[d] = 0;
-    }
-    __syncthreads();
-    const uint32_t prefix = shift == 24 ? 0u : sh.prefix;
-    for (int64_t i = threadIdx.x; i < r.v; i += kThreads) {
-      const float a = r.a(i);
-      if (a == kNegInf || !filter_keeps(within, a, static_cast<int32_t>(i))) continue;
-      const uint32_t key = order_key(a);
-      if ((key & mask) != prefix) continue;
-      const uint32_t d = (key >> shift) & 255u;
-      atomicAdd(&sh.count[d], 1u);
-      if (by_mass) atomicAdd(&sh.mass[d], fixed_mass(a - top, mass_shift));
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      if (shift == 24) {
-        double total = 0.0;
-        for (int d = 0; d < 256; ++d) total += by_mass ? static_cast<double>(sh.mass[d]) : sh.count[d];
-        sh.target = by_mass ? static_cast<double>(top_p) * total : static_cast<double>(k);
-        sh.before = 0.0;
-        sh.prefix = 0;
-        sh.keep_all = !(total >= sh.target);
+                               uint32_t k, float top_p, int mass_shift, FirstLevel first, bool feed) {
+  uint32_t mask = 0, prefix = 0, count = 0;
+  unsigned long long before = 0;
+  double target = 0.0;
+  const auto in_bins = [&](int64_t i, uint32_t& key) {
+    const float a = r.a(i);
+    if (a == kNegInf || !filter_keeps(within, a, static_cast<int32_t>(i))) return false;
+    key = order_key(a);
+    return (key & mask) == prefix;
+  };
+  for (int level = 0; level < 3; ++level) {
+    const int shift = level == 0 ? 21 : (level == 1 ? 10 : 0);
+    const uint32_t bins = level == 2 ? 1024u : 2048u;
+    if (level > 0 || first == FirstLevel::kNone) {
+      for (int d = threadIdx.x; d < kCutBins; d += kThreads) {
+        sh.hist.count[d] = 0;
+        sh.hist.mass[d] = 0;
       }
-      if (!sh.keep_all) {
-        int d = 255;
-        for (; d >= 0; --d) {
-          const double m = by_mass ? static_cast<double>(sh.mass[d]) : sh.count[d];
-          if (sh.before + m >= sh.target) break;
-          sh.before += m;
+      __syncthreads();
+      for (int64_t i = threadIdx.x; i < r.v; i += kThreads) {
+        uint32_t key;
+        if (!in_bins(i, key)) continue;
+        const uint32_t d = (key >> shift) & (bins - 1);
+        atomicAdd(&sh.hist.count[d], 1u);
+        if (by_mass) atomicAdd(&sh.hist.mass[d], fixed_mass(key_value(key) - top, mass_shift));  // key_value: a
+      }
+      __syncthreads();
+    }
+    const auto bin_sum = [&](int pos) -> unsigned long long {  // bins in ranking order: the highest first
+      const uint32_t d = bins - 1 - static_cast<uint32_t>(pos);
+      return by_mass ? sh.hist.mass[d] : sh.hist.count[d];
+    };
+    if (level == 0) {
+      unsigned long long local = 0, total = 0;
+      for (int pos = threadIdx.x * (kCutBins / kThreads); pos < (threadIdx.x + 1) * (kCutBins / kThreads); ++pos)
+        local += bin_sum(pos);
+      block_exclusive_scan(sh, local, &total);
+      target = by_mass ? static_cast<double>(top_p) * static_cast<double>(total) : static_cast<double>(k);
+    }
+    const int pos = first_reaching(sh, static_cast<int>(bins), before, target, bin_sum, &before);
+    if (pos < 0) return keep_all();  // fewer ids than k, or only by rounding
+    const uint32_t d = bins - 1 - static_cast<uint32_t>(pos);
+    count = sh.hist.count[d];
+    prefix |= d << shift;
+    mask |= (bins - 1) << shift;
+    const bool ranked = level == 0 && first == FirstLevel::kFed && d == sh.ranked_bin;
+    const bool fed = level == 0 && feed;
+    __syncthreads();  // the bin is read before a fed histogram is cleared
+    if (ranked || count <= static_cast<uint32_t>(kCutCandidates)) {
+      const auto mass_of = [&](uint32_t key) { return fixed_mass(key_value(key) - top, mass_shift); };
+      if (!ranked) {
+        if (threadIdx.x == 0) sh.n_cand = 0;
+        if (fed)
+          for (int b = threadIdx.x; b < kCutBins; b += kThreads) {
+            sh.hist.count[b] = 0;
+            sh.hist.mass[b] = 0;
+          }
+        __syncthreads();
+        for (int64_t i = threadIdx.x; i < r.v; i += kThreads) {
+          const float a = r.a(i);
+          if (a == kNegInf) continue;
+          const uint32_t key = order_key(a);
+          if (fed && (key >> 21) >= d) {  // these rank within the cut, but those of bin d after it
+            atomicAdd(&sh.hist.count[key >> 21], 1u);
+            atomicAdd(&sh.hist.mass[key >> 21], mass_of(key));
+          }
+          if (!filter_keeps(within, a, static_cast<int32_t>(i)) || (key & mask) != prefix) continue;
+          const uint32_t slot = atomicAdd(&sh.n_cand, 1u);
+          if (slot < static_cast<uint32_t>(kCutCandidates)) {
+            sh.cand.key[slot] = key;
+            sh.cand.id[slot] = static_cast<int32_t>(i);
+          }
         }
-        if (d < 0) {
-          sh.keep_all = true;  // only by rounding
-        } else {
-          sh.prefix |= static_cast<uint32_t>(d) << shift;
-          sh.tie_count = sh.count[d];
-          sh.tie_mass = sh.mass[d];
+        int n2 = 1;
+        while (n2 < static_cast<int>(count)) n2 <<= 1;
+        for (int j = static_cast<int>(count) + threadIdx.x; j < n2; j += kThreads) {  // rank last
+          sh.cand.key[j] = 0;
+          sh.cand.id[j] = 0x7FFFFFFF;
+        }
+        __syncthreads();
+        rank_candidates(sh, n2);
+      }
+      const auto id_sum = [&](int j) -> unsigned long long { return by_mass ? mass_of(sh.cand.key[j]) : 1ull; };
+      unsigned long long unused;
+      const int j = first_reaching(sh, static_cast<int>(count), before, target, id_sum, &unused);
+      const FilterCut cut = j < 0 ? keep_all() : FilterCut{key_value(sh.cand.key[j]), sh.cand.id[j]};
+      if (fed && j >= 0) {  // bin d keeps its ids ranked up to j
+        unsigned long long dropped = 0, total = 0;
+        for (int x = j + 1 + threadIdx.x; x < static_cast<int>(count); x += kThreads) dropped += mass_of(sh.cand.key[x]);
+        block_exclusive_scan(sh, dropped, &total);
+        if (threadIdx.x == 0) {
+          sh.hist.count[d] = static_cast<uint32_t>(j + 1);
+          sh.hist.mass[d] -= total;
+          sh.ranked_bin = d;
+          sh.ranked_n = j + 1;
         }
       }
+      __syncthreads();  // read before a next cut writes the histogram
+      return cut;
     }
-    __syncthreads();
-    if (sh.keep_all) return keep_all();
-    mask |= 255u << shift;
   }
-  // The ids at the cut's value all carry the same mass; the lower ids are kept first.
-  if (threadIdx.x == 0) {
-    const double missing = sh.target - sh.before;
-    double need = missing;
-    if (by_mass) need = missing / static_cast<double>(sh.tie_mass / sh.tie_count);
-    uint32_t n = need <= 1.0 ? 1u : static_cast<uint32_t>(ceil(need));
-    sh.need = n < sh.tie_count ? n : sh.tie_count;
-    sh.found = -1;
-  }
+  // Every key bit fixed, more than kCutCandidates ids of one value: the lower ids are kept first.
+  const float value = key_value(prefix);
+  const unsigned long long each = by_mass ? fixed_mass(value - top, mass_shift) : 1ull;
+  const auto reaches = [&](uint32_t n) { return static_cast<double>(before + n * each) >= target; };
+  const double guess = ceil((target - static_cast<double>(before)) / static_cast<double>(each));
+  uint32_t need = guess < 1.0 ? 1u : (guess > static_cast<double>(count) ? count : static_cast<uint32_t>(guess));
+  while (need > 1u && reaches(need - 1u)) --need;
+  while (need < count && !reaches(need)) ++need;
+  if (need == count) return FilterCut{value, 0x7FFFFFFF};
+  if (threadIdx.x == 0) sh.found = -1;
   __syncthreads();
-  const uint32_t key = sh.prefix, need = sh.need;
-  const float value = key_value(key);
-  if (need == sh.tie_count) return FilterCut{value, 0x7FFFFFFF};
   uint32_t running = 0;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int64_t base = 0; base < r.v; base += kThreads) {
     const int64_t i = base + threadIdx.x;
-    bool hit = false;
-    if (i < r.v) {
-      const float a = r.a(i);
-      hit = a != kNegInf && filter_keeps(within, a, static_cast<int32_t>(i)) && order_key(a) == key;
-    }
+    uint32_t key;
+    const bool hit = i < r.v && in_bins(i, key);
     const unsigned ballot = __ballot_sync(kFullMask, hit);
     if (lane == 0) sh.warp_counts[warp] = __popc(ballot);
     __syncthreads();
-    uint32_t before = running;
-    for (int w = 0; w < warp; ++w) before += sh.warp_counts[w];
-    before += __popc(ballot & ((1u << lane) - 1u));
-    if (hit && before + 1 == need) sh.found = static_cast<int32_t>(i);
+    uint32_t ahead = running;
+    for (int w = 0; w < warp; ++w) ahead += sh.warp_counts[w];
+    ahead += __popc(ballot & ((1u << lane) - 1u));
+    if (hit && ahead + 1 == need) sh.found = static_cast<int32_t>(i);
     for (int w = 0; w < kWarps; ++w) running += sh.warp_counts[w];
     __syncthreads();
     if (sh.found >= 0) break;
   }
-  return FilterCut{value, sh.found};
+  const FilterCut cut{value, sh.found};
+  __syncthreads();
+  return cut;
 }
 
 // `cut` narrowed by min-p (a - top >= min_gap, in float, as the filters test it), without a pass
@@ -159,14 +312,36 @@ __device__ __forceinline__ FilterCut with_min_p(const FilterCut& cut, float top,
   return floor > cut.val ? FilterCut{floor, 0x7FFFFFFF} : cut;
 }
 
+// Whether the statistics pass of a row with these parameters counts the ids' top key bits for the
+// top-k cut (count_top_bits), which saves top-k its first pass.
+__device__ __forceinline__ bool counts_top_bits(const RowSampling& rs, int64_t v) { return rs.top_k > 0 && rs.top_k < v; }
+
+// Zeroes the first level's counts; a __syncthreads must follow before count_top_bits.
+__device__ __forceinline__ void clear_top_bits(CutShared& sh) {
+  for (int d = threadIdx.x; d < kCutBins; d += kThreads) sh.hist.count[d] = 0;
+}
+
+// Counts one scaled logit of the row into the first level (what radix_cut's first pass over the
+// whole row would count for top-k).
+__device__ __forceinline__ void count_top_bits(CutShared& sh, float a) {
+  if (a != kNegInf) atomicAdd(&sh.hist.count[order_key(a) >> 21], 1u);
+}
+
 // The cut of all three filters (top-k, then top-p within it, then min-p) of a row whose largest
-// scaled logit `top` is finite.
+// scaled logit `top` is finite; the statistics pass has counted the top key bits where
+// counts_top_bits says so.
 template <typename T>
 __device__ FilterCut filter_cut(CutShared& sh, const RowView<T>& r, float top, const RowSampling& rs, int mass_shift) {
   FilterCut cut = keep_all();
-  if (rs.top_k > 0 && rs.top_k < r.v)
-    cut = radix_cut(sh, r, top, keep_all(), false, static_cast<uint32_t>(rs.top_k), 1.0f, mass_shift);
-  if (rs.top_p < 1.0f) cut = radix_cut(sh, r, top, cut, true, 0u, rs.top_p, mass_shift);
+  const bool top_p = rs.top_p < 1.0f;
+  if (threadIdx.x == 0) sh.ranked_n = -1;
+  __syncthreads();
+  if (counts_top_bits(rs, r.v))
+    cut = radix_cut(sh, r, top, keep_all(), false, static_cast<uint32_t>(rs.top_k), 1.0f, mass_shift,
+                    FirstLevel::kCounts, top_p);
+  if (top_p)
+    cut = radix_cut(sh, r, top, cut, true, 0u, rs.top_p, mass_shift,
+                    sh.ranked_n >= 0 ? FirstLevel::kFed : FirstLevel::kNone, false);
   if (rs.min_p > 0.0f) cut = with_min_p(cut, top, log_f32(rs.min_p));
   return cut;
 }

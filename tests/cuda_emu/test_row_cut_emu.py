@@ -102,3 +102,16 @@ def test_scalar_parameters(emu):
 def test_no_rows(emu):
     cut_val, cut_idx = emu.row_cut(torch.empty(0, 16), temperature=1.0, top_k=3)
     assert cut_val.shape == (0,) and cut_idx.shape == (0,)
+
+
+def test_bins_over_the_candidate_buffer(emu):
+    """More ids in a chosen bin than shared memory ranks (2048): the selection refines on the next
+    key bits, and over 2048 ids of one value it takes the ordered pass."""
+    g = torch.Generator().manual_seed(11)
+    spread = 1.0 + torch.rand(3000, generator=g) * 0.2  # one 11-bit bin: [1, 1.25)
+    equal = torch.cat([torch.full((100,), 1.0), torch.zeros(3000)])  # 3000 ids of one value
+    params = [(1.0, 1500, 1.0, 0.0), (1.0, 0, 0.5, 0.0), (1.0, 2500, 0.7, 0.0)]
+    _run(emu, spread.repeat(len(params), 1), params)
+    params = [(1.0, 2000, 1.0, 0.0), (1.0, 0, 0.9, 0.0), (1.0, 3000, 0.95, 0.0), (1.0, 3100, 1.0, 0.0)]
+    cut_val, cut_idx = _run(emu, equal.repeat(len(params), 1), params)
+    assert (cut_val[0].item(), cut_idx[0].item()) == (0.0, 100 + 1899)
