@@ -384,8 +384,9 @@ def _check_tree_traffic(rank, bounds):
 
 
 def _check_bad_seeds(rank, bounds):
-    """A seed or offset tensor of the wrong dtype or size raises naming it, at T = 0 too (every
-    rank alike, so the ranks' collectives stay matched)."""
+    """A seed or offset tensor of the wrong dtype or size (5 elements: neither 1 nor N, N being 2 or
+    3 here) raises naming it, at T = 0 too (every rank alike, so the ranks' collectives stay
+    matched)."""
     local, start = _shard(torch.randn(2, 2, V), bounds, rank)
     tree = torch.tensor([[-1, 3], [-1, 4]]), torch.tensor([[-1, 0], [-1, 0]])
     ctx, prev, _, base, weights = _refiner_case(bounds)
@@ -399,7 +400,7 @@ def _check_bad_seeds(rank, bounds):
                                              **kw),
     ]
     bad = [(dict(seed=torch.tensor(1, dtype=torch.int32)), "seed must be an int64 tensor"),
-           (dict(offset=torch.tensor([1, 2, 3])), "offset must (hold exactly one element|be an int, a one-element)")]
+           (dict(offset=torch.arange(5)), "offset must (hold exactly one element|be an int, a one-element)")]
     for call in calls:
         for temperature in (0.0, 1.0):
             for rng, message in bad:
