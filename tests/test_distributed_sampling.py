@@ -14,8 +14,8 @@ import torch.multiprocessing as mp
 
 import xkernels
 from xkernels import distributed
-from tests.test_distributed import (BOUNDS, V, _as_tensors, _case_logits, _free_port, _refiner_case, _same, _shard,
-                                    _unread)
+from tests.test_distributed import (BOUNDS, V, _as_tensors, _case_logits, _free_port, _refiner_case, _residual_case,
+                                    _same, _shard, _unread)
 
 N, M = 6, 8
 TEMPS = torch.tensor([1.0, 0.0, 0.7, 1.3, 1.0, 0.9])
@@ -80,6 +80,42 @@ def _check_tree_sampling(rank, bounds):
                     _same(f"tree_verify {shards} case {i} q={probs is not None} {without} "
                           f"per-request={torch.is_tensor(seed)} capturable={capturable}", got, want)
     assert filters_matter
+
+
+def _flat_case(seed):
+    """A flat target and a sharp q, children drawn from q: the ids a filter drops hold much of the
+    target's mass where q has little, so the residual's sum over the kept ids differs much from the
+    whole row's."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(N, M, V, generator=g) * 0.5
+    q = torch.softmax(torch.randn(N, M, V, generator=g) * 4, -1)
+    parents = torch.tensor([-1, 0, 0, 0, 0, 1, 1, 2]).repeat(N, 1)
+    tokens = torch.multinomial(q[torch.arange(N)[:, None], parents.clamp(min=0)].reshape(-1, V), 1,
+                               generator=g).view(N, M)
+    tokens[:, 0] = -1
+    return tokens, parents, logits, q, torch.full((N,), M)
+
+
+def _check_tree_residual_filtered(rank, bounds):
+    """Children drawn from q under filters, on test_distributed's planted residual cases (long runs
+    of rejected siblings, repeated tokens, q rows without mass, a residual that empties, a NaN row)
+    and on flat targets with a sharp q (_flat_case): after each rejection the next test needs the residual's sum over the kept ids only, so a sum
+    over the whole row, or a draw outside the cut, shows here."""
+    seed, offset = STREAMS[0]
+    for data in range(5):
+        tokens, parents, logits, q, num_nodes = _residual_case(20 + data) if data < 3 else _flat_case(data)
+        local, start = _shard(logits, bounds, rank)
+        local_q = _shard(q, bounds, rank)[0]
+        for i, case in enumerate([dict(temperature=1.0, top_k=12), dict(temperature=TEMPS, top_p=TOP_P.clamp(min=0.6)),
+                                  dict(temperature=0.9, min_p=0.02), dict(temperature=TEMPS, top_k=TOP_K + 8,
+                                                                          top_p=0.9, min_p=MIN_P / 4)]):
+            for without in (False, True):
+                kw = dict(without_replacement=without, seed=seed + data, offset=offset, num_nodes=num_nodes, **case)
+                want = xkernels.tree_verify(tokens, parents, logits, draft_probs=q, **kw)
+                with _unread():
+                    got = distributed.tree_verify(tokens, parents, local, vocab_start=start, draft_probs=local_q,
+                                                  capturable=True, **kw)
+                _same(f"tree_verify residual case {data} filters {i} {without}", got, want)
 
 
 def _check_tree_alone(rank, bounds):
@@ -270,7 +306,7 @@ def _worker(rank, world, port):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        for check in (_check_tree_sampling, _check_tree_alone, _check_tree_filter_traffic, _check_cuts_uncompacted,
+        for check in (_check_tree_sampling, _check_tree_residual_filtered, _check_tree_alone, _check_tree_filter_traffic, _check_cuts_uncompacted,
                       _check_refine_sampling, _check_dllm_sampling, _check_bad_parameters):
             check(rank, BOUNDS[world])
     finally:
