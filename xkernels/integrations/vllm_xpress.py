@@ -146,16 +146,32 @@ class XPressProposer:
                     state.context.append(layer, k, v)
         return state
 
-    @torch.inference_mode()
     def _propose(self, state, anchor, prev, anchor_pos, temperature):
         """(drafts, their q [k, V] or None at T = 0) of the block after ``anchor``."""
         ctx = state.context
-        base_logits, h = draft_block(self.drafter, self.target, torch.tensor([anchor]), list(zip(ctx.k, ctx.v)),
-                                     torch.float32, start=anchor_pos)
-        p = self.proposer.propose(base_logits, h, torch.tensor([[prev, anchor]]),
-                                  Streams(temperature, state.seed, anchor_pos))
+        p = self.block(list(zip(ctx.k, ctx.v)), torch.tensor([anchor]), torch.tensor([prev]), anchor_pos,
+                       temperature, state.seed)
         k = self.num_drafts if p.limit is None else min(self.num_drafts, int(p.limit[0]))
         return p.drafts[0, :k].tolist(), None if p.q is None else p.q[0, :k]
+
+    @torch.inference_mode()
+    def block(self, ctx_kv, anchors, prevs, anchor_pos, temperature, seed):
+        """The :class:`xkernels.decoding.modes.Proposal` of N blocks after one context.
+
+        Args:
+            ctx_kv: the drafter's keys and values of the positions before the anchors, per layer.
+            anchors, prevs: int64 ``[N]``, the anchors and the tokens before them.
+            anchor_pos: the anchors' position.
+            temperature: 0 (greedy) or the requests' temperature.
+            seed: of the drafts' noise, keyed by (seed, 3 * anchor_pos + 1, row, slot, id).
+
+        Returns:
+            drafts ``[N, B-1]``, q ``[N, B-1, V]`` (None at T = 0), and at T > 0 ``limit`` ``[N]``:
+            only the first ``limit[n]`` drafts of row n are samples of q.
+        """
+        base_logits, h = draft_block(self.drafter, self.target, anchors, ctx_kv, torch.float32, start=anchor_pos)
+        return self.proposer.propose(base_logits, h, torch.stack([prevs, anchors], 1),
+                                     Streams(temperature, seed, anchor_pos))
 
     def _probs(self, drafts, probs):
         if all(q is None for q in probs):

@@ -61,14 +61,14 @@ def test_sampled_tokens_follow_the_filtered_target():
         _, hidden = target(torch.tensor([prompt]), hidden_layers=proposer.drafter.cfg.target_layers)
     cached = SimpleNamespace(sampling_params=SimpleNamespace(seed=0))
     state = proposer._commit("r", cached, torch.cat(hidden, -1)[0], 0)
-    drafts, probs = [], []
-    for trial in range(TRIALS):
-        state.seed = trial
-        d, q = proposer._propose(state, anchor, prompt[-1], pos, T)
-        drafts.append(d)
-        probs.append(q)
-    assert all(q is not None and len(d) == q.shape[0] for d, q in zip(drafts, probs))
-    assert sum(len(d) == 2 for d in drafts) > TRIALS // 2
+    # The trials as rows of batches (each row its own noise), cut where Jacobi had not settled.
+    ctx, drafts, probs, chunk = state.context, [], [], 250
+    kv = [(k.expand(chunk, -1, -1, -1), v.expand(chunk, -1, -1, -1)) for k, v in zip(ctx.k, ctx.v)]
+    for seed in range(TRIALS // chunk):
+        p = proposer.block(kv, torch.full((chunk,), anchor), torch.full((chunk,), prompt[-1]), pos, T, seed)
+        for i, c in enumerate(p.limit.clamp(max=2).tolist()):
+            drafts.append(p.drafts[i, :c].tolist())
+            probs.append(p.q[i, :c].clone())
     # The target's rows over [anchor, drafts] of every trial, in the runner's layout.
     k = max(map(len, drafts))
     padded = torch.tensor([d + [0] * (k - len(d)) for d in drafts])
@@ -133,7 +133,8 @@ def test_engine_greedy_equals_no_speculation_and_sampled_verifies_draft_probs(ta
                  SamplingParams(max_tokens=TOKENS, temperature=1.0, top_k=20),
                  SamplingParams(max_tokens=TOKENS, temperature=0.6)]
         run(llm, PROMPTS, mixed)
-        assert verified and all(with_probs for _, _, with_probs in verified), "xPress's q reached the op"
+        assert any(t for t, _, _ in verified)
+        assert all(with_probs for t, _, with_probs in verified if t), "xPress's q reached the op"
         assert sum(max(n - 1, 0) for _, emitted, _ in verified for n in emitted) > 0
     finally:
         close(llm)
