@@ -36,7 +36,8 @@ ESTIMATE_US = {("chain_verify", 0.0, False): 88, ("chain_verify", 1.0, False): 1
                ("build_draft_tree",): 15, ("tree_attention_mask",): 5, ("tree_verify", 0.0, False): 20,
                ("tree_verify", 1.0, False): 37, ("tree_verify", 1.0, True): 60,
                ("dllm_step T=0",): 38, ("dllm_step T=1",): 70, ("spiffy_materialize",): 70, ("spiffy_accept",): 75,
-               ("spiffy_attention_mask",): 5, ("chain_verify_ragged",): 300, ("chain_verify_ragged block",): 330}
+               ("spiffy_attention_mask",): 5, ("chain_verify_ragged",): 300, ("chain_verify_ragged block",): 330,
+               ("tree_verify mixed",): 600}
 
 
 def time_events(fn, warmup=25, iters=200):
@@ -125,6 +126,22 @@ class Bench:
         except Exception as e:  # noqa: BLE001
             print(f"peer failed: {e!r}"[:400], flush=True)
             return None
+
+    def graphed(self, fn):
+        """fn captured in a CUDA graph, as its replay (the dry run: fn itself), to time a call without
+        the host's launches beside the eager timing."""
+        if self.dry_run:
+            return fn
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up off the capture (cuBLAS's workspace, lazy state)
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return graph.replay
 
     def cupy(self, fn, args):
         return None if self.dry_run else time_cupy(fn, args)
@@ -313,12 +330,18 @@ def bench_refine(results, bench):
             # Both reads side by side (pass_us above: the one the plan picks); at T=0 their tokens
             # differ only where two logits lie within float32 accumulation-order rounding.
             step_reads = refine_reads(step_fn, bench.time)
+            # The cuBLAS read's pass eager (a GEMM and an epilogue launch a slice from the host) and
+            # replayed from a CUDA graph (the GPU's time alone): their gap is the host's cost.
+            with refine_read("gemm"):
+                step_gemm_graph = bench.graphed(step_fn)
+            step_gemm_graph_us = round(bench.time(step_gemm_graph), 1)
             jacobi_reads = refine_reads(lambda: xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=4),
                                         bench.time, iters=50)
             floor_bytes = v * r * 2 + n * (b - 1) * v * 2  # w_read once, the base logits once
             row.update(pass_gemm_read_us=step_reads["gemm"][0], pass_fused_read_us=step_reads["fused"][0],
                        pass_reads_same_tokens=round((step_reads["gemm"][1][0] == step_reads["fused"][1][0])
                                                     .float().mean().item(), 4),
+                       pass_gemm_read_graph_us=step_gemm_graph_us,
                        jacobi4_gemm_read_us=jacobi_reads["gemm"][0], jacobi4_fused_read_us=jacobi_reads["fused"][0],
                        pass_h200_estimate_us=ESTIMATE_US.get(("refine_step", n)),
                        cublas_read_gemm_us=round(gemm, 1), cublas_read_gemm_fp32_out_us=gemm_fp32_out,
@@ -379,6 +402,20 @@ def bench_tree(results, bench):
                    h200_estimate_us=ESTIMATE_US[("tree_verify", temperature, with_q)])
         bench.bandwidth(row, read, us)
         bench.emit(results, row, op)
+    # Per-request parameters mixed in the batch (greedy rows, each filter), per-request streams: the
+    # cut pass reads every node row once (bench/floors.md), then the walk.
+    kinds = torch.arange(n, device=bench.device) % 4
+    mixed = dict(temperature=torch.tensor([0.0, 1.0, 0.7, 1.0], device=bench.device)[kinds],
+                 top_k=torch.tensor([0, 50, 0, 20], device=bench.device)[kinds],
+                 top_p=torch.tensor([1.0, 1.0, 0.9, 0.8], device=bench.device)[kinds],
+                 min_p=torch.tensor([0.0, 0.0, 0.0, 0.05], device=bench.device)[kinds],
+                 seed=torch.arange(n, device=bench.device), offset=torch.zeros(n, dtype=torch.int64, device=bench.device))
+    op = lambda: xkernels.tree_verify(tokens, parents, logits, draft_probs=q, **mixed)  # noqa: E731
+    us = bench.time(op, iters=50)
+    row = dict(op="tree_verify mixed", shape=f"N={n} M={m} V={v} bf16", draft_probs=True, us=round(us, 1),
+               h200_estimate_us=ESTIMATE_US[("tree_verify mixed",)])
+    bench.bandwidth(row, n * m * v * 2, us)
+    bench.emit(results, row, op)
 
 
 def spiffy_inputs(n, length, v, dtype, masked=24, seed=0, device="cuda"):

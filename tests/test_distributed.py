@@ -121,6 +121,67 @@ def _check_chain(rank, bounds):
                                                            temperature=temperature, **rng), want, seed, offset)
 
 
+def _check_chain_sampling(rank, bounds):
+    """Per-sequence temperatures (a greedy row among them), top-k / top-p / min-p over the whole
+    vocabulary (scalars and [N] tensors, mixed in one batch; a top-k of 1 at a tie across a shard
+    boundary), per-request streams and the scalar stream, with and without draft probabilities:
+    the unsharded chain_verify's tokens, reading no tensor on the host."""
+    n, k = 6, 3
+    logits = _case_logits(n, k + 1, 7, bounds)
+    g = torch.Generator().manual_seed(8)
+    drafts = torch.randint(0, V, (n, k), generator=g)
+    drafts[:, 0] = logits[:, 0].argmax(-1)  # the likeliest draft: accepted often, so later rows are read
+    q = torch.softmax(torch.randn(n, k, V, generator=g), -1)
+    local, start = _shard(logits, bounds, rank)
+    local_q = _shard(q, bounds, rank)[0]
+    temps = torch.tensor([1.0, 0.0, 0.7, 1.3, 1.0, 0.9])
+    top_k, top_p = torch.tensor([3, 0, 1, 2, 40, 1]), torch.tensor([0.9, 0.5, 1.0, 0.6, 0.3, 0.95])
+    min_p = torch.tensor([0.1, 0.0, 0.3, 0.05, 0.0, 0.2])
+    cases = [dict(temperature=temps, top_k=top_k), dict(temperature=temps, top_p=top_p),
+             dict(temperature=temps, min_p=min_p), dict(temperature=0.8, top_k=6, top_p=0.8, min_p=0.02),
+             dict(temperature=temps, top_k=top_k.flip(0), top_p=top_p, min_p=min_p.flip(0)), dict(temperature=temps)]
+    streams = [(torch.tensor([3, 3, -5, 2**40, 7, 1]), torch.tensor([0, 11, 4, 2**62, 9, 1])), (4, 2)]
+    for i, case in enumerate(cases):
+        for probs, shard_q in ((None, None), (q, local_q)):
+            for seed, offset in streams:
+                want = xkernels.chain_verify(drafts, logits, draft_probs=probs, seed=seed, offset=offset, **case)
+                with _unread():
+                    got = distributed.chain_verify(drafts, local, vocab_start=start, draft_probs=shard_q, seed=seed,
+                                                   offset=offset, **case)
+                _same(f"chain_verify case {i} q={probs is not None} per-request={torch.is_tensor(seed)}", got, want)
+
+
+def _check_filter_cuts(rank, bounds):
+    """filter_cuts keeps, on every rank, exactly reference.sampling.filter_mask's ids of each row:
+    ties at the cut across a shard boundary (the lower id first), a top-k past the finite ids, -inf
+    ids, top-p alone and within top-k, min-p, every filter off."""
+    from xkernels.reference.sampling import filter_mask
+
+    g = torch.Generator().manual_seed(9)
+    a = (torch.randn(8, V, generator=g) * 2).round(decimals=1)  # rounded: many ties
+    a[1, 5:20] = float("-inf")
+    a[2, bounds[0][1] - 1] = a[2, bounds[0][1]] = a[2].max() + 1  # the top ties across the first boundary
+    top_k = torch.tensor([3, 30, 1, 0, 10, 0, 2, 0])
+    top_p = torch.tensor([1.0, 1.0, 1.0, 0.7, 0.5, 1.0, 0.9, 1.0])
+    min_p = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.1, 0.2, 0.0, 0.0])
+    with_empty = [(0, 0), (0, V)] if len(bounds) == 2 else [(0, 14), (14, 14), (14, V)]  # an empty shard too
+    for shards in (bounds, with_empty):
+        local, start = _shard(a, shards, rank)
+        cut_value, cut_id = distributed.filter_cuts(local, a.amax(-1), start, None, torch.ones(8, dtype=torch.bool),
+                                                    top_k, top_p, min_p)
+        ids = torch.arange(V)
+        kept = (a > cut_value[:, None]) | ((a == cut_value[:, None]) & (ids <= cut_id[:, None]))
+        for r in range(8):  # over the finite ids (filter_mask may count -inf ids into a top-k past the finite ones)
+            finite = torch.isfinite(a[r])
+            want = filter_mask(a[r], int(top_k[r]), float(top_p[r]), float(min_p[r])) & finite
+            assert torch.equal(kept[r] & finite, want), f"filter_cuts {shards} row {r}: {kept[r].nonzero()}"
+    drafts, logits = torch.tensor([[3, 30]]), a[None, :3]  # the sharded chain with an empty shard
+    local, start = _shard(logits, with_empty, rank)
+    kw = dict(temperature=torch.tensor([0.9]), top_k=4, top_p=0.8, seed=torch.tensor([5]), offset=torch.tensor([2]))
+    _same("chain_verify with an empty shard", distributed.chain_verify(drafts, local, vocab_start=start, **kw),
+          xkernels.chain_verify(drafts, logits, **kw))
+
+
 def _refiner_case(bounds, n=3, b=6, d=4, r=8, h=16):
     g = torch.Generator().manual_seed(3)
     weights = RefinerWeights(emb=torch.randn(V, r, generator=g), mix=torch.randn(r, b, b, generator=g) * 0.3,
@@ -338,7 +399,7 @@ def _check_bad_seeds(rank, bounds):
                                              **kw),
     ]
     bad = [(dict(seed=torch.tensor(1, dtype=torch.int32)), "seed must be an int64 tensor"),
-           (dict(offset=torch.tensor([1, 2])), "offset must hold exactly one element")]
+           (dict(offset=torch.tensor([1, 2, 3])), "offset must (hold exactly one element|be an int, a one-element)")]
     for call in calls:
         for temperature in (0.0, 1.0):
             for rng, message in bad:
@@ -435,7 +496,7 @@ def _worker(rank, world, port):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        checks = (_check_chain, _check_tree, _check_tree_residual, _check_tree_traffic, _check_tree_candidates,
+        checks = (_check_chain, _check_filter_cuts, _check_chain_sampling, _check_tree, _check_tree_residual, _check_tree_traffic, _check_tree_candidates,
                   _check_refine, _check_dllm, _check_bad_seeds, _check_empty)
         for check in checks + ((_check_generate,) if world == 2 else ()):
             check(rank, BOUNDS[world])

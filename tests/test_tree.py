@@ -363,7 +363,7 @@ def test_opcheck(device):
     torch.library.opcheck(torch.ops.xkernels.tree_positions.default, (parents, nn))
     tokens, parents, logits, q = [t.to(device) for t in verify_case(3, 9, 20, "bushy")]
     torch.library.opcheck(torch.ops.xkernels.tree_verify.default,
-                          (tokens, parents, logits, q, True, 1.0, 1, 2, None, None, None))
+                          (tokens, parents, logits, q, True, None, 1.0, None, 0, None, 1.0, None, 0.0, None, 1, None, 2, None))
     accept_len, path, _ = xkernels.tree_verify(tokens, parents, logits)
     torch.library.opcheck(torch.ops.xkernels.compact_kv_.default,
                           (torch.randn(3, 2, 12, 4, device=device), path, accept_len, 2))

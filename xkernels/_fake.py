@@ -104,10 +104,13 @@ def _tree_positions_fake(parents, num_nodes=None):
 
 
 @torch.library.register_fake("xkernels::tree_verify")
-def _tree_verify_fake(tokens, parents, target_logits, draft_probs=None, without_replacement=False, temperature=0.0,
-                      seed=0, offset=0, num_nodes=None, seed_tensor=None, offset_tensor=None):
+def _tree_verify_fake(tokens, parents, target_logits, draft_probs=None, without_replacement=False, num_nodes=None,
+                      temperature=0.0, temperature_tensor=None, top_k=0, top_k_tensor=None, top_p=1.0,
+                      top_p_tensor=None, min_p=0.0, min_p_tensor=None, seed=0, seed_tensor=None, offset=0,
+                      offset_tensor=None):
     _same_device("target_logits", target_logits, tokens=tokens, parents=parents, draft_probs=draft_probs,
-                 num_nodes=num_nodes, seed=seed_tensor, offset=offset_tensor)
+                 num_nodes=num_nodes, temperature=temperature_tensor, top_k=top_k_tensor, top_p=top_p_tensor,
+                 min_p=min_p_tensor, seed=seed_tensor, offset=offset_tensor)
     torch._check(parents.dim() == 2, lambda: "parents must have shape [N, M]")
     n, m = parents.shape
     return tokens.new_empty((n,)), tokens.new_empty((n, m)), tokens.new_empty((n, m))
@@ -162,9 +165,10 @@ def _spiffy_attention_mask_fake(prefix_lens, num_drafts, block_size, max_prefix_
 @torch.library.register_fake("xkernels::shard_row_stats")
 def _shard_row_stats_fake(logits, vocab_start, rows=None, exclude=None, draft_probs=None, residual_stats=None,
                           ignore_id=-1, sample=False, raw_stats=False, temperature=0.0, seed=0, offset=0,
-                          seed_tensor=None, offset_tensor=None):
+                          seed_tensor=None, offset_tensor=None, temperature_tensor=None, cut_value=None, cut_id=None):
     _same_device("logits", logits, rows=rows, exclude=exclude, draft_probs=draft_probs, residual_stats=residual_stats,
-                 seed=seed_tensor, offset=offset_tensor)
+                 seed=seed_tensor, offset=offset_tensor, temperature=temperature_tensor, cut_value=cut_value,
+                 cut_id=cut_id)
     torch._check(logits.dim() == 3, lambda: "logits must have shape [N, R, V_local]")
     shape = (logits.shape[0], logits.shape[1] if rows is None else rows.shape[1])
     f = lambda: logits.new_empty(shape, dtype=torch.float32)  # noqa: E731

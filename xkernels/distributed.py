@@ -12,7 +12,15 @@ argmaxes, the drafts' logits, the best (score, id) pairs), never logits, in a nu
 collectives fixed by the shapes (the two loops that stop early read a flag on the host unless
 called with ``capturable=True``):
 
-- ``chain_verify``: 1 all-gather at T = 0, 2 at T > 0.
+- ``chain_verify``: 1 all-gather at T = 0, 2 at T > 0. It takes the unsharded op's per-request
+  arguments: a temperature per sequence ([N], rows at 0 greedy in the same call), per-request
+  streams (seed / offset [N]: row i of request n draws the noise of (seed[n], offset[n] + i), the
+  same at any world size and as ``xkernels.chain_verify``), and top_k / top_p / min_p over the
+  whole vocabulary: ``filter_cuts`` finds each row's cut from the shards (a radix select over
+  all-reduced 256-bucket histograms: 6 collectives for top-k, 7 for top-p, none for min-p), then a
+  second ``shard_row_stats`` pass with the cut gives the filtered sums (1 all-gather more).
+  Per-row filter tensors are not value-checked here (that would read them on the host): values
+  outside their ranges read as off, as the CUDA kernels read them without ``XKERNELS_CHECK=1``.
 - ``refine_step``: an all-reduce of the embedded rows [N, B, r] (a vocabulary-parallel embedding
   lookup) and 1 all-gather; ``jacobi_refine`` / ``sequential_refine`` run passes of it (plus one
   all-gather for the drafter's own sample), as many as the unsharded op runs (``jacobi_refine``
@@ -60,6 +68,7 @@ import torch
 import torch.distributed as dist
 
 from . import ops, reference
+from .reference.sampling import stream_coins
 from .refiner import RefinerWeights, refiner_hidden
 
 _NONE = torch.iinfo(torch.int64).max  # no id: loses every minimum
@@ -148,6 +157,180 @@ def _local_values(x: torch.Tensor, ids: torch.Tensor, vocab_start: int):
     return torch.where(own, got, 0.0), own
 
 
+_KEY_MASK = 0xFFFFFFFF
+_ID_MAX = 2**31 - 1  # an id past every vocabulary's: a cut at it keeps every tie of its value
+
+
+def _rank_key(a: torch.Tensor) -> torch.Tensor:
+    """int64 keys in [0, 2^32) of float32 values, ascending in the ranking (a higher value first):
+    the order-preserving bits of a, complemented. -0 is taken as +0 first: they tie, as values."""
+    bits = (a + 0.0).contiguous().view(torch.int32).long() & _KEY_MASK
+    ascending = torch.where(bits >= 2**31, bits ^ _KEY_MASK, bits | 2**31)
+    return _KEY_MASK - ascending
+
+
+def _key_value(key: torch.Tensor) -> torch.Tensor:
+    """The float32 value of _rank_key's keys."""
+    ascending = _KEY_MASK - key
+    bits = torch.where(ascending >= 2**31, ascending & 0x7FFFFFFF, ascending ^ _KEY_MASK)
+    return torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32).view(torch.float32)
+
+
+_KEEP_ALL_KEY = int(_rank_key(torch.tensor(float("-inf"))))  # ranks last with -inf itself: keeps everything
+
+
+def _earlier(key1, id1, key2, id2):
+    """Per row, the cut (key, id) ranked earlier: the stricter of two prefixes of one ranking."""
+    first = (key1 < key2) | ((key1 == key2) & (id1 <= id2))
+    return torch.where(first, key1, key2), torch.where(first, id1, id2)
+
+
+def _gather_rows(x: torch.Tensor, group) -> torch.Tensor:
+    """All-gathers x [F] (float64: ids and counts below 2^53 travel exactly) into [W, F]."""
+    out = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, x, group=group)
+    traffic.bytes += x.numel() * x.element_size()
+    traffic.collectives += 1
+    return torch.stack(out)
+
+
+def _select(key, ids, weight, target, vocab_start: int, group):
+    """The first id of the ranking (key ascending, ties to the lower id) over the whole vocabulary at
+    which the cumulative weight reaches target [R], by a radix select over the keys' four bytes (each
+    round a 256-bucket histogram of the candidates, all-reduced; after the first, the candidates are
+    compacted to the chosen bucket's), then the ties at the found value in id order (the shards
+    ordered by their first ids). key, weight [R, V_local]. Returns (key [R], id [R]); rows whose whole
+    weight stays below target get the keep-all cut."""
+    rows, v_local = key.shape
+    dev = key.device
+    prefix = torch.zeros(rows, dtype=torch.int64, device=dev)
+    before = torch.zeros(rows, dtype=weight.dtype, device=dev)  # weight ranked before the prefix's bucket
+    reached = None
+    row = torch.arange(rows, device=dev)[:, None]  # each candidate's row; then flat, compacted
+    for shift in (24, 16, 8, 0):
+        digit = (key >> shift) & 255
+        hist = torch.zeros(rows * 256, dtype=weight.dtype, device=dev)
+        hist = hist.index_add_(0, (row * 256 + digit).reshape(-1), weight.reshape(-1)).view(rows, 256)
+        cum = before[:, None] + _all_reduce(hist, group).cumsum(1)
+        bucket = (cum < target[:, None]).sum(1)
+        reached = bucket < 256 if reached is None else reached  # later rounds: rounding may miss by ulps
+        bucket = bucket.clamp(max=255)[:, None]
+        before = (cum.gather(1, bucket) - hist.gather(1, bucket))[:, 0]
+        prefix = prefix * 256 + bucket[:, 0]
+        live = (digit == bucket[row, 0]).reshape(-1)  # the next round's candidates, in (row, id) order
+        if shift == 24:  # flat from here on
+            flat = live.nonzero()[:, 0]
+            row, key, weight = flat // max(v_local, 1), key.reshape(-1)[flat], weight.reshape(-1)[flat]
+            ids = ids[flat % max(v_local, 1)] if v_local else ids
+        else:
+            row, key, weight, ids = row[live], key[live], weight[live], ids[live]
+    # The ties at the value (the candidates left), after the weight of the shards of lower ids.
+    tie_total = torch.zeros(rows, dtype=weight.dtype, device=dev).index_add_(0, row, weight)
+    mine = torch.cat([tie_total.double(), torch.tensor([float(vocab_start)], dtype=torch.float64, device=dev)])
+    g = _gather_rows(mine, group)  # [W, R + 1]
+    earlier = g[:, -1] < vocab_start  # an empty shard's weight is 0
+    before = before + torch.where(earlier[:, None], g[:, :-1], 0).sum(0).to(weight.dtype)
+    # Each candidate's weight up to itself within its row: a flat cumsum less the rows before.
+    within = weight.cumsum(0) - (tie_total.cumsum(0) - tie_total)[row]
+    hit = before[row] + within >= target[row]
+    local = torch.full((rows,), _ID_MAX, dtype=torch.int64, device=dev).scatter_reduce_(
+        0, row[hit], ids[hit], "amin")
+    cut_id = _all_reduce_min(local, group)  # no shard reaching it (rounding): every tie
+    return torch.where(reached, prefix, _KEEP_ALL_KEY), torch.where(reached, cut_id, _ID_MAX)
+
+
+def _all_reduce_min(x: torch.Tensor, group) -> torch.Tensor:
+    dist.all_reduce(x, op=dist.ReduceOp.MIN, group=group)
+    traffic.bytes += x.numel() * x.element_size()
+    traffic.collectives += 1
+    return x
+
+
+def _min_p_key(big_m: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """The key of the least float32 t with t - max >= log(min_p) (the kept ids are a >= t), from
+    t0 = max + log(min_p) moved by ulps until the float32 test flips: subtraction rounds
+    monotonically, so the test is monotone in t."""
+    gap = torch.log(min_p.float())
+    t = big_m + gap
+    down, up = torch.tensor(float("-inf"), device=t.device), torch.tensor(float("inf"), device=t.device)
+    for _ in range(4):  # t0 is within a few ulps of the flip
+        lower = torch.nextafter(t, down)
+        t = torch.where(lower - big_m >= gap, lower, t)
+        t = torch.where(t - big_m >= gap, t, torch.nextafter(t, up))
+    return _rank_key(t)
+
+
+def filter_cuts(a: torch.Tensor, big_m: torch.Tensor, vocab_start: int, group, active: torch.Tensor,
+                top_k=None, top_p=None, min_p=None):
+    """The cut of the filtered target distribution (xkernels.reference.sampling.filter_mask: top-k,
+    then top-p renormalised over the top-k set, then min-p) of rows of a vocabulary sharded over
+    group, without gathering the rows: a [R, V_local] this shard's scaled logits (float32), big_m
+    [R] the global maxima, active [R] the rows to filter (sampled rows with a softmax), top_k /
+    top_p / min_p [R] tensors or None (off). Returns (cut_value float32 [R], cut_id int64 [R]) for
+    shard_row_stats: each row keeps the ids ranked at or before its cut (the keep-all cut where
+    inactive). Collectives: top-k 6, top-p 7, min-p none (it needs only the max)."""
+    rows, v_local = a.shape
+    dev = a.device
+    key = _rank_key(a)
+    ids = torch.arange(vocab_start, vocab_start + v_local, device=dev)
+    cut_key = torch.full((rows,), _KEEP_ALL_KEY, dtype=torch.int64, device=dev)
+    cut_id = torch.full((rows,), _ID_MAX, dtype=torch.int64, device=dev)
+    if top_k is not None:
+        k = top_k.long()
+        k_key, k_id = _select(key, ids, (key < _KEEP_ALL_KEY).long(), k, vocab_start, group)
+        on = active & (k > 0)  # a k past the finite ids keeps them all (_select's unreached rows)
+        cut_key, cut_id = torch.where(on, k_key, cut_key), torch.where(on, k_id, cut_id)
+    if top_p is not None:
+        kept = (key < cut_key[:, None]) | ((key == cut_key[:, None]) & (ids <= cut_id[:, None]))
+        mass = torch.where(kept, torch.exp(a - big_m[:, None]), 0.0).double()  # float32 exp, summed in double
+        mass = torch.where(active[:, None], mass, 0.0)
+        target = top_p.double() * _all_reduce(mass.sum(1), group)
+        p_key, p_id = _select(key, ids, mass, target, vocab_start, group)
+        on = active & (top_p < 1)
+        cut_key, cut_id = _earlier(cut_key, cut_id, torch.where(on, p_key, _KEEP_ALL_KEY),
+                                   torch.where(on, p_id, _ID_MAX))
+    if min_p is not None:
+        on = active & (min_p > 0)
+        m_key = torch.where(on, _min_p_key(big_m, torch.where(on, min_p, 1.0)), _KEEP_ALL_KEY)
+        cut_key, cut_id = _earlier(cut_key, cut_id, m_key, torch.full_like(cut_id, _ID_MAX))
+    return _key_value(cut_key), cut_id
+
+
+def _row_params(n: int, dev, temperature, top_k, top_p, min_p):
+    """Each sequence's inv_t [N] float32 (0: greedy) and its filters as [N] tensors (None: off), from
+    scalars or [N] tensors, as the unsharded ops read them (values past the ranges read as off)."""
+    def column(value, name, dtype, default):
+        if value is None:
+            return None
+        if isinstance(value, torch.Tensor):
+            if value.dim() != 1 or value.shape[0] != n:
+                raise ValueError(f"{name} must be a scalar or have shape [N] = [{n}], got {list(value.shape)}")
+            if value.device != torch.device(dev):
+                raise ValueError(f"{name} must be on {dev} like the logits, got {value.device}")
+            return value.to(dtype)
+        return torch.full((n,), value, dtype=dtype, device=dev)
+
+    if isinstance(temperature, torch.Tensor):
+        t = column(temperature, "temperature", torch.float32, 0.0)
+        inv = (1.0 / t.double()).float()
+        inv_t = torch.where((t > 0) & torch.isfinite(t) & torch.isfinite(inv), inv, 0.0)
+    else:
+        inv_t = torch.full((n,), reference.inverse_temperature(temperature), device=dev)
+    if top_k is not None and not isinstance(top_k, torch.Tensor) and (int(top_k) < 0):
+        raise ValueError(f"top_k must be >= 0 (0: off), got {top_k}")
+    if top_p is not None and not isinstance(top_p, torch.Tensor) and not 0 < float(top_p) <= 1:
+        raise ValueError(f"top_p must be in (0, 1] (1: off), got {top_p}")
+    if min_p is not None and not isinstance(min_p, torch.Tensor) and not 0 <= float(min_p) <= 1:
+        raise ValueError(f"min_p must be in [0, 1] (0: off), got {min_p}")
+    k = column(top_k, "top_k", torch.int64, 0)
+    p = column(top_p, "top_p", torch.float32, 1.0)
+    m = column(min_p, "min_p", torch.float32, 0.0)
+    k = None if k is None else k.clamp(min=0)
+    p = None if p is None else torch.where((p > 0) & (p <= 1), p, 1.0)
+    m = None if m is None else torch.where((m >= 0) & (m <= 1), m, 0.0)
+    return inv_t, k, p, m
+
+
 def _sharded_coins(seed, offset, n: int, rows, device) -> torch.Tensor:
     """The acceptance uniforms of (sequence s, position rows[s, j]) on device (seed and offset:
     ints or tensors on device, already checked by shard_row_stats)."""
@@ -156,21 +339,25 @@ def _sharded_coins(seed, offset, n: int, rows, device) -> torch.Tensor:
 
 
 def chain_verify(draft_tokens: torch.Tensor, local_logits: torch.Tensor, *, vocab_start: int, group=None,
-                 draft_probs: Optional[torch.Tensor] = None, temperature: float = 0.0, seed=0,
-                 offset=0) -> Tuple[torch.Tensor, torch.Tensor]:
+                 draft_probs: Optional[torch.Tensor] = None, temperature=0.0, seed=0, offset=0, top_k=None,
+                 top_p=None, min_p=None) -> Tuple[torch.Tensor, torch.Tensor]:
     """xkernels.chain_verify over a vocabulary shard: draft_tokens [N, K] global ids,
-    local_logits [N, K+1, V_local], draft_probs the local shard [N, K, V_local] of q. Returns
-    (accept_len [N], out_tokens [N, K+1]), the same on every rank."""
+    local_logits [N, K+1, V_local], draft_probs the local shard [N, K, V_local] of q. temperature,
+    top_k, top_p, min_p, seed and offset as for xkernels.chain_verify (scalars or [N] tensors; [N]
+    seeds or offsets are the per-request streams), the filters over the whole vocabulary
+    (filter_cuts). Returns (accept_len [N], out_tokens [N, K+1]), the same on every rank."""
     n, k = draft_tokens.shape
     dev = local_logits.device
-    inv_t = reference.inverse_temperature(temperature)
-    greedy = inv_t == 0
+    inv_t, top_k, top_p, min_p = _row_params(n, dev, temperature, top_k, top_p, min_p)
+    all_greedy = not isinstance(temperature, torch.Tensor) and reference.inverse_temperature(temperature) == 0
+    filtered = not all_greedy and any(x is not None for x in (top_k, top_p, min_p))
+    greedy = (inv_t == 0)[:, None]
     traffic.read(local_logits)
+    rng = dict(temperature=temperature, seed=seed, offset=offset)
     # seed and offset go in to be checked: this first call would not read them otherwise.
-    row_max, row_sum, top, _, _, _ = ops.shard_row_stats(local_logits, vocab_start, temperature=temperature,
-                                                         seed=seed, offset=offset)
+    row_max, row_sum, top, _, _, _ = ops.shard_row_stats(local_logits, vocab_start, **rng)
     a_x, own = _local_values(local_logits[:, :k], draft_tokens, vocab_start)
-    a_x = a_x if greedy else a_x * inv_t
+    a_x = torch.where(greedy, a_x, a_x * inv_t[:, None])
     q_x = _local_values(draft_probs, draft_tokens, vocab_start)[0] if draft_probs is not None else torch.zeros_like(a_x)
     pad = lambda t: torch.cat([t.float(), torch.zeros(n, 1, device=dev)], 1)  # noqa: E731  [N, K] -> [N, K+1]
     g = _all_gather([row_max, row_sum, top, pad(a_x), pad(q_x), pad(own)], group)
@@ -179,12 +366,27 @@ def chain_verify(draft_tokens: torch.Tensor, local_logits: torch.Tensor, *, voca
     a_x = torch.where(held, g[:, 3], 0.0).sum(0)[:, :k]  # the owner's value (one shard holds each id)
     q_x = torch.where(held, g[:, 4], 0.0).sum(0)[:, :k]
     valid = held.any(0)[:, :k]
+    point_mass = greedy | ~torch.isfinite(big_m)
 
-    point_mass = torch.full_like(big_m, greedy, dtype=torch.bool) | ~torch.isfinite(big_m)
+    cut = None
+    if filtered:  # the cut of every row, then the filtered rows' sums (a second pass)
+        rows = k + 1
+        expand = lambda t: None if t is None else t[:, None].expand(n, rows).reshape(-1)  # noqa: E731
+        a = (local_logits.float() * inv_t[:, None, None]).reshape(n * rows, local_logits.shape[-1])
+        cut_value, cut_id = filter_cuts(a, big_m.reshape(-1), vocab_start, group, ~point_mass.reshape(-1),
+                                        expand(top_k), expand(top_p), expand(min_p))
+        cut = cut_value.view(n, rows), cut_id.view(n, rows)
+        kept_max, kept_sum, kept_top, _, _, _ = ops.shard_row_stats(local_logits, vocab_start, cut_value=cut[0],
+                                                                   cut_id=cut[1], **rng)
+        g2 = _all_gather([kept_max, kept_sum, kept_top], group)  # the top stays: only the sums change
+        big_s = torch.where(point_mass, big_s, merge_stats(g2[:, 0], g2[:, 1], _ids(g2[:, 2]))[1])
+        valid_kept = (a_x > cut[0][:, :k]) | ((a_x == cut[0][:, :k]) & (draft_tokens <= cut[1][:, :k]))
+        a_x = torch.where(valid_kept, a_x, float("-inf"))
+
     accepted = valid & (draft_tokens == top[:, :k])
-    if not greedy:
+    if not all_greedy:
         p_x = torch.exp(a_x - big_m[:, :k]) / big_s[:, :k]
-        coins = _sharded_coins(seed, offset, n, torch.arange(k, device=dev)[None, :], dev)
+        coins = stream_coins(seed, offset, n, k, dev)
         sampled = coins * q_x < p_x if draft_probs is not None else coins < p_x
         accepted = torch.where(point_mass[:, :k], accepted, valid & sampled)
     accept_len = accepted.long().cumprod(-1).sum(-1)
@@ -192,7 +394,7 @@ def chain_verify(draft_tokens: torch.Tensor, local_logits: torch.Tensor, *, voca
     out = torch.cat([out, torch.full((n, 1), -1, dtype=torch.int64, device=dev)], 1)
     row = accept_len[:, None]
     token = top.gather(1, row)
-    if not greedy:  # Gumbel-max at the stopping row: the correction (or the bonus at row K)
+    if not all_greedy:  # Gumbel-max at the stopping row: the correction (or the bonus at row K)
         stop_draft = torch.cat([draft_tokens, torch.full((n, 1), -1, dtype=torch.int64, device=dev)], 1).gather(1, row)
         stop_valid = torch.cat([valid, torch.zeros(n, 1, dtype=torch.bool, device=dev)], 1).gather(1, row)
         residual = None
@@ -200,9 +402,10 @@ def chain_verify(draft_tokens: torch.Tensor, local_logits: torch.Tensor, *, voca
         if draft_probs is not None:
             residual = torch.stack([big_m.gather(1, row), big_s.gather(1, row)], -1)
             exclude = None
+        at_row = {} if cut is None else dict(cut_value=cut[0].gather(1, row), cut_id=cut[1].gather(1, row))
         _, _, _, score, pid, plogit = ops.shard_row_stats(
             local_logits, vocab_start, rows=row, exclude=exclude, draft_probs=draft_probs, residual_stats=residual,
-            sample=True, temperature=temperature, seed=seed, offset=offset)
+            sample=True, **at_row, **rng)
         g = _all_gather([score, pid], group)
         pick, _ = merge_picks(g[:, 0], _ids(g[:, 1]), g[:, 0])
         token = torch.where(point_mass.gather(1, row) | (pick < 0), token, pick)
@@ -210,9 +413,22 @@ def chain_verify(draft_tokens: torch.Tensor, local_logits: torch.Tensor, *, voca
     return accept_len, out
 
 
+def _scalar_stream(x, name: str):
+    """A seed or offset of the ops that take only the scalar stream so far (tree, refine, dllm): a
+    one-element tensor as 0-dim, so that shard_row_stats keys it by the batch row as they do (it
+    would take a [1] tensor of one sequence as that request's stream, and [N] as per-request)."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    if x.numel() != 1:
+        raise RuntimeError(f"{name} must hold exactly one element (this op takes one stream per call), got shape "
+                           f"{list(x.shape)}")
+    return x.reshape(())
+
+
 def _sample_sharded(logits: torch.Tensor, vocab_start: int, group, temperature: float, seed, offset):
     """reference.sample_rows over a shard [N, D, V_local]: tokens = argmax(a + G) (the noise of
     (sequence, slot, id)), logprobs = log_softmax(a)[tokens]; one all-gather."""
+    seed, offset = _scalar_stream(seed, "seed"), _scalar_stream(offset, "offset")
     greedy = reference.inverse_temperature(temperature) == 0
     traffic.read(logits)
     row_max, row_sum, top, score, pid, plogit = ops.shard_row_stats(
@@ -307,6 +523,7 @@ def dllm_step(local_logits: torch.Tensor, block_tokens: torch.Tensor, mask_id: i
     rule, computed alike on every rank. Returns (new_block, positions, tokens, confidence)."""
     if num_unmask < 1:
         raise ValueError("num_unmask must be >= 1")
+    seed, offset = _scalar_stream(seed, "seed"), _scalar_stream(offset, "offset")
     inv_t = reference.inverse_temperature(temperature)
     n, length = block_tokens.shape
     dev = local_logits.device
@@ -493,6 +710,7 @@ def tree_verify(tokens: torch.Tensor, parents: torch.Tensor, local_logits: torch
     n, m = parents.shape
     v_local = local_logits.shape[-1]
     dev = local_logits.device
+    seed, offset = _scalar_stream(seed, "seed"), _scalar_stream(offset, "offset")
     inv_t = reference.inverse_temperature(temperature)
     greedy = inv_t == 0
     residual = draft_probs is not None and not greedy  # at T = 0 q plays no part

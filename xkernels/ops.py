@@ -562,20 +562,27 @@ def tree_verify(
     *,
     draft_probs: Optional[torch.Tensor] = None,
     without_replacement: bool = False,
-    temperature: float = 0.0,
+    temperature: Union[float, torch.Tensor] = 0.0,
     seed: Seed = 0,
     offset: Seed = 0,
     num_nodes: Optional[torch.Tensor] = None,
+    top_k: Param = None,
+    top_p: Param = None,
+    min_p: Param = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Lossless verification of a draft tree in one pass over the rows it visits.
 
-    At ``T = 0`` the walk follows the first child whose token is the target's argmax. At ``T > 0``
-    the emitted tokens follow the target's distribution exactly: deterministic children (without
-    ``draft_probs``: ``r = p``, child ``x`` accepted with probability ``r(x) / sum(r)``, else
-    ``r(x) = 0``, so a duplicate cannot count twice), or children drawn from ``draft_probs``
-    (SpecInfer / SpecTr recursive rejection, optionally without replacement); the rules are in
-    ``csrc/include/xkernels/tree.h``. Child ``c``'s coin is the acceptance coin of position ``c``;
-    the sample at node ``i`` uses the Gumbel noise of position ``i``.
+    Each sequence ``n`` follows the filtered distribution p' of each row (its temperature, then
+    ``top_k``, ``top_p`` and ``min_p``, as :func:`chain_verify_ragged` states them; ties at a cut go
+    to the lower id). A greedy row (temperature 0, or a row without a softmax) walks to the first
+    child whose token is the row's argmax. Otherwise the emitted tokens follow p' exactly:
+    deterministic children (without ``draft_probs``: ``r = p'``, child ``x`` accepted with
+    probability ``r(x) / sum(r)``, else ``r(x) = 0``, so a duplicate cannot count twice), or children
+    drawn from ``draft_probs`` (SpecInfer / SpecTr recursive rejection, ``r <- normalize(max(r - q,
+    0))`` from ``r = p'``, optionally without replacement); a correction or bonus token is drawn from
+    the last ``r`` (from p' where nothing was rejected). The rules are in
+    ``csrc/include/xkernels/tree.h``. Node ``i`` owns slot ``i`` of the sequence's stream: child
+    ``c``'s acceptance coin is slot ``c``'s, the sample at node ``i`` uses slot ``i``'s Gumbel noise.
 
     Args:
         tokens: int64 ``[N, M]``, each node's token (:doc:`/concepts/formats`); tokens of real
@@ -588,11 +595,19 @@ def tree_verify(
             divided by its sum (a row summing to 0 proposes nothing: its children are rejected).
             Without it the children are deterministic proposals (top-k, a best-first tree).
         without_replacement: the children of a node were drawn without replacement from its row.
-        temperature: ``T >= 0``, finite; 0 is greedy.
-        seed, offset: the Philox stream (:doc:`/concepts/random_streams`): ints (64 bits), or
-            one-element int64 tensors on the logits' device, read on the device (a captured CUDA
-            graph reads them at replay).
+        temperature: a float ``T >= 0``, finite, or a float32 ``[N]`` tensor (a temperature per
+            sequence; rows at 0 are greedy in the same call). 0 is greedy.
+        seed, offset: ints (64 bits) or one-element int64 tensors on the logits' device, read on
+            the device (a captured CUDA graph reads them at replay): one stream for the batch,
+            keyed by the sequence's row (:doc:`/concepts/random_streams`); or int64 ``[N]`` tensors:
+            sequence ``n``'s node ``i`` uses slot ``offset[n] + i`` of the stream of ``seed[n]``
+            alone, so it gets the same tokens at any row of any batch. A call reads slots
+            ``offset[n]`` to ``offset[n] + M - 1``: the next call's offset must advance by at least
+            ``M`` (e.g. ``offset = step * M``).
         num_nodes: optional int64 ``[N]``; nodes at or past it are padding.
+        top_k: None, an int or an int32/int64 ``[N]`` tensor; 0 is off.
+        top_p: None, a float or a float32 ``[N]`` tensor in (0, 1]; 1 is off.
+        min_p: None, a float or a float32 ``[N]`` tensor in [0, 1]; 0 is off.
 
     Returns:
         tuple: ``(accept_len [N], path [N, M], out_tokens [N, M])``, int64: the accepted drafts'
@@ -600,23 +615,29 @@ def tree_verify(
         correction or bonus token (-1 padded). Sequence ``n`` emits ``accept_len[n] + 1`` tokens.
 
     Raises:
-        RuntimeError: a tensor of the wrong shape, dtype or device, or (on the CPU, or on CUDA with
-            ``XKERNELS_CHECK=1``) an invalid tree: ``parents[:, 0] != -1``, a parent not below its
-            node, ``num_nodes`` outside ``[1, M]``; each message names the argument.
-            A token outside ``[0, V)`` raises on the CPU; on CUDA such a token is never accepted and
-            an invalid parent ends a walk (memory-safe on any values), unless ``XKERNELS_CHECK=1``.
+        RuntimeError: a tensor of the wrong shape, dtype or device; a negative or NaN temperature,
+            ``top_p`` outside (0, 1], ``min_p`` outside [0, 1], ``top_k < 0``, per-row tensors of
+            another length, dtype or device; or (on the CPU, or on CUDA with ``XKERNELS_CHECK=1``)
+            an invalid tree: ``parents[:, 0] != -1``, a parent not below its node, ``num_nodes``
+            outside ``[1, M]``; each message names the argument. A token outside ``[0, V)`` raises
+            on the CPU; on CUDA such a token is never accepted and an invalid parent ends a walk
+            (memory-safe on any values), and invalid per-row values read as off (a temperature as
+            greedy), unless ``XKERNELS_CHECK=1``.
+        TypeError: an argument that is neither a tensor nor a DLPack array, or a scalar of the
+            wrong kind.
+        ValueError: a ``seed`` or ``offset`` int that does not fit in 64 bits.
 
     Kernels:
-        - CPU: sequences in parallel, reading only the visited rows.
+        - CPU: sequences in parallel, reading only the visited rows; a filtered row's cut by a
+          streaming top-k selection or mass bands (as :func:`chain_verify_ragged`), never a sort.
         - CUDA: a block per sequence walks the tree, reading only the visited rows; the residual
-          stays on the device (``draft_probs`` staged by ``cp.async``); never syncs the host.
+          stays on the device (``draft_probs`` staged by ``cp.async``); with filters, one cut pass
+          first finds every node row's cut (radix selection, no sort); never syncs the host.
     """
-    seed_int, offset_int, seed_tensor, offset_tensor = _rng_args(seed, offset)
     return torch.ops.xkernels.tree_verify.default(
         _tensor(tokens, "tokens"), _tensor(parents, "parents"), _tensor(target_logits, "target_logits"),
         _tensor(draft_probs, "draft_probs", optional=True), bool(without_replacement),
-        _scalar(temperature, "temperature"), seed_int, offset_int, _tensor(num_nodes, "num_nodes", optional=True),
-        seed_tensor, offset_tensor)
+        _tensor(num_nodes, "num_nodes", optional=True), *_sampling_args(temperature, top_k, top_p, min_p, seed, offset))
 
 
 def compact_kv_(cache: torch.Tensor, path: torch.Tensor, accept_len: torch.Tensor, prefix_len: int) -> torch.Tensor:
@@ -902,27 +923,34 @@ def shard_row_stats(
     ignore_id: int = -1,
     sample: bool = False,
     raw_stats: bool = False,
-    temperature: float = 0.0,
+    temperature: Union[float, torch.Tensor] = 0.0,
     seed: Seed = 0,
     offset: Seed = 0,
+    cut_value: Optional[torch.Tensor] = None,
+    cut_id: Optional[torch.Tensor] = None,
 ):
     """The per-shard pass of vocabulary-parallel verification and sampling (:doc:`/guides/tensor_parallel`).
 
-    For each selected row, with ``a = logits / T`` (the logits at ``T = 0``) and ``ignore_id``'s
-    logit counted as -inf:
+    For each selected row, with ``a = logits / T`` (the logits at ``T = 0``; ``T`` the sequence's
+    temperature), ``ignore_id``'s logit counted as -inf, and, with a cut, every id ranked after the
+    row's cut (``(cut_value, cut_id)``: ids rank by ``a``, a higher one first, ties to the lower id)
+    counted as -inf too:
 
     - ``row_max``, ``row_sum = sum exp(s - row_max)`` (0 when ``row_max`` is not finite) and
       ``top_id`` (torch.argmax's global id: NaN first, ties to the lowest id; -1 for an empty
       shard) of ``s = a``, or of the raw logits with ``raw_stats``;
     - with ``sample``: the Gumbel-max ``(pick_score, pick_id)`` over the shard of ``log w + G``,
-      ``G`` the package's noise of (sequence ``n``, position = the row, global id), ``w = exp(a)``
+      ``G`` the package's noise of (sequence ``n``, position = the row, global id) or, with
+      per-request streams, of (``seed[n]``, ``offset[n] +`` the row, global id), ``w = exp(a)``
       but the ids of ``exclude``; with ``draft_probs`` and ``residual_stats``, rows below ``Q``
       draw from the residual ``w = max(softmax(a) - q, 0)``. ``pick_logit`` is ``s`` at the pick.
       No pick: ``-inf, -1, -inf``. On a row without a softmax the pick is meaningless (the ops use
       the argmax there).
 
     The maximum over shards of ``(pick_score, -pick_id)`` is the unsharded ops' token, and the
-    shards' ``(row_max, row_sum)`` combine by log-sum-exp.
+    shards' ``(row_max, row_sum)`` combine by log-sum-exp. With the whole vocabulary's top-k / top-p
+    / min-p cut of each row (:mod:`xkernels.distributed` finds it from the shards), the statistics
+    and picks are those of the filtered distribution.
 
     Args:
         logits: float32, bfloat16 or float16 ``[N, R, V_local]``, the global ids ``[vocab_start,
@@ -935,12 +963,19 @@ def shard_row_stats(
         draft_probs: optional float32 ``[N, Q, V_local]``, the drafts' distributions of the shard.
         residual_stats: float32 ``[N, S, 2]``, the global max and sum of ``a`` (with ``draft_probs``).
         ignore_id: a global id whose logit counts as -inf (-1: none).
-        sample: also draw the Gumbel-max pick (needs ``T > 0``).
-        raw_stats: the statistics of the raw logits instead of ``a``.
-        temperature: ``T >= 0``, finite.
+        sample: also draw the Gumbel-max pick (needs ``T > 0``; with a per-sequence temperature the
+            rows at 0 get no pick).
+        raw_stats: the statistics of the raw logits instead of ``a`` (the cut then acts on the pick only).
+        temperature: ``T >= 0``, finite: a float, or a float32 ``[N]`` tensor, a temperature per
+            sequence (rows at 0 are greedy: their statistics are of the logits, without the cut).
         seed, offset: the Philox stream (:doc:`/concepts/random_streams`): ints (64 bits), or
             one-element int64 tensors on the logits' device, read on the device (a captured CUDA
-            graph reads them at replay).
+            graph reads them at replay); or int64 ``[N]`` tensors, a stream per request that does not
+            depend on the batch (row ``r`` of sequence ``n`` draws the noise of ``(seed[n], offset[n] +
+            r)``, as :func:`chain_verify_ragged` draws slot ``r``).
+        cut_value, cut_id: optional float32 and int64 (or int32) ``[N, S]``, together: each selected
+            row keeps the ids ``x`` with ``a_x > cut_value`` or ``a_x == cut_value`` and ``x <= cut_id``
+            (global ids; ``sampling_params.h`` ``filter_keeps``).
 
     Returns:
         tuple: ``(row_max, row_sum, top_id, pick_score, pick_id, pick_logit)``, each ``[N, S]``
@@ -948,17 +983,26 @@ def shard_row_stats(
 
     Raises:
         RuntimeError: a tensor of the wrong shape, dtype or device, ``sample`` at ``T = 0``, a
-            missing ``residual_stats``, or a bad ``temperature``, naming the argument.
+            missing ``residual_stats``, a ``cut_value`` without ``cut_id``, or a bad ``temperature``
+            (per-row values checked on the CPU, and on CUDA with ``XKERNELS_CHECK=1``), naming the
+            argument.
+        ValueError: a ``seed`` or ``offset`` int that does not fit in 64 bits.
+        TypeError: an argument that is neither a tensor nor a DLPack array.
 
     Kernels:
         - CPU: the selected rows in parallel, each a scaled copy of the shard's row (aligned to a
-          multiple of 4 global ids, so the Philox draws are the global ids' draws), its statistics,
-          then the Gumbel-max pick.
+          multiple of 4 global ids, so the Philox draws are the global ids' draws) with the ids past
+          the cut at -inf, its statistics, then the Gumbel-max pick.
         - CUDA: one launch, a block per selected row: the row's softmax statistics, then the
-          Gumbel-max over groups of 4 global ids (one Philox draw each); no host reads.
+          Gumbel-max, both passes by 16-byte loads (row_reduce.cuh's reader), each id scored with
+          its global id's Philox word only if its weight plus the largest noise can reach the best
+          score so far; no host reads.
     """
+    temperature, temperature_tensor, *_, seed_int, seed_tensor, offset_int, offset_tensor = _sampling_args(
+        temperature, None, None, None, seed, offset)
     return torch.ops.xkernels.shard_row_stats.default(
         _tensor(logits, "logits"), int(vocab_start), _tensor(rows, "rows", optional=True),
         _tensor(exclude, "exclude", optional=True), _tensor(draft_probs, "draft_probs", optional=True),
         _tensor(residual_stats, "residual_stats", optional=True), int(ignore_id), bool(sample), bool(raw_stats),
-        _scalar(temperature, "temperature"), *_rng_args(seed, offset))
+        temperature, seed_int, offset_int, seed_tensor, offset_tensor, temperature_tensor,
+        _tensor(cut_value, "cut_value", optional=True), _tensor(cut_id, "cut_id", optional=True))

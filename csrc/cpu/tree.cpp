@@ -12,8 +12,10 @@
 #include <vector>
 
 #include "../ops/checks.h"
+#include "../ops/sampling_args.h"
 #include "dispatch.h"
 #include "row_reduce.h"
+#include "top_filter.h"
 #include "xkernels/tree.h"
 
 namespace xkernels {
@@ -110,30 +112,42 @@ at::Tensor tree_positions_cpu(const at::Tensor& parents, const std::optional<at:
 
 struct VerifyArgs {
   int64_t m, v;
-  float inv_t;
-  uint64_t seed, offset;
   bool without_replacement;
 };
 
-// Gumbel-max over log w(v) for v < len, w given per id; -inf ids cannot be drawn.
+// A thread's row buffers, reused across sequences: the scaled (and filtered) row, the residual,
+// the filter's scratch.
+struct VerifyScratch {
+  explicit VerifyScratch(int64_t v) : a(static_cast<size_t>(v)), e(static_cast<size_t>(v)) {}
+  std::vector<float> a, e;
+  cpu::FilterScratch filter;
+};
+
+// Gumbel-max over log w(v) for v < len, w given per id; -inf ids cannot be drawn. The noise of
+// `node`'s slot of the sequence's stream.
 template <typename W>
-int32_t sample_weights(const VerifyArgs& c, int64_t n, int64_t node, W&& log_weight) {
+int32_t sample_weights(const VerifyArgs& c, const RowStream& st, int64_t node, W&& log_weight) {
+  const auto slot = static_cast<uint32_t>(node);
   ArgMax best = argmax_empty();
   float w[4];
   for (int64_t g = 0; 4 * g < c.v; ++g) {
     const int count = static_cast<int>(std::min<int64_t>(4, c.v - 4 * g));
     for (int j = 0; j < count; ++j) w[j] = log_weight(4 * g + j);
-    tree_sample_group(best, c.seed, c.offset, static_cast<uint32_t>(n), static_cast<uint32_t>(node),
+    tree_sample_group(best, st.seed, st.offset_at(slot), st.sequence_at(), st.position_at(slot),
                       static_cast<uint32_t>(g), w, count);
   }
   return best.idx;
 }
 
-// Walks sequence n's tree. a, e: scratch rows of V floats.
+// Walks sequence n's tree with its parameters rs and stream st; every rule reads the node's
+// filtered row p' (xkernels/reference/sampling.py): dropped ids have a = -inf, so p'(x) = 0 and
+// they leave every residual.
 template <typename TL>
-void verify_tree(const VerifyArgs& c, int64_t n, int64_t count, const int64_t* tokens, const int64_t* parents,
-                 const TL* logits, const float* draft_probs, int64_t* accept_len, int64_t* path, int64_t* out,
-                 float* a, float* e) {
+void verify_tree(const VerifyArgs& c, const RowSampling& rs, const RowStream& st, int64_t count,
+                 const int64_t* tokens, const int64_t* parents, const TL* logits, const float* draft_probs,
+                 int64_t* accept_len, int64_t* path, int64_t* out, VerifyScratch& scratch) {
+  float* a = scratch.a.data();
+  float* e = scratch.e.data();
   // children in node order: first_child / next_sibling lists
   std::vector<int64_t> first(static_cast<size_t>(c.m), -1), next(static_cast<size_t>(c.m), -1),
       last(static_cast<size_t>(c.m), -1);
@@ -142,15 +156,18 @@ void verify_tree(const VerifyArgs& c, int64_t n, int64_t count, const int64_t* t
     (last[p] < 0 ? first[p] : next[last[p]]) = i;
     last[p] = i;
   }
-  const bool greedy = c.inv_t == 0.0f;
+  const bool greedy = rs.inv_t == 0.0f;
+  const bool filtered = !greedy && filters_active(rs, c.v);
   int64_t node = 0, acc = 0;
   path[0] = 0;
   for (;;) {
-    cpu::scale_row(logits + node * c.v, c.v, greedy ? 1.0f : c.inv_t, a);
-    const RowStats s = greedy ? RowStats{cpu::row_argmax(a, c.v), 0.0f} : cpu::row_stats(a, c.v);
+    cpu::scale_row(logits + node * c.v, c.v, greedy ? 1.0f : rs.inv_t, a);
+    RowStats s = greedy ? RowStats{cpu::row_argmax(a, c.v), 0.0f} : cpu::row_stats(a, c.v);
+    const bool point_mass = greedy || stats_degenerate(s);
+    if (filtered && !point_mass) s = cpu::filter_row(a, c.v, s, rs, scratch.filter);
     int64_t chosen = -1;
     int32_t emit = s.top.idx;
-    if (greedy || stats_degenerate(s)) {
+    if (point_mass) {
       for (int64_t ch = first[node]; ch >= 0 && chosen < 0; ch = next[ch])
         if (tokens[ch] == s.top.idx) chosen = ch;
     } else if (draft_probs == nullptr) {
@@ -161,8 +178,7 @@ void verify_tree(const VerifyArgs& c, int64_t n, int64_t count, const int64_t* t
         const auto x = static_cast<int32_t>(tokens[ch]);
         if (std::find(rejected.begin(), rejected.end(), x) != rejected.end()) continue;  // r(x) = 0
         const float p_x = stats_prob(s, a[x]);
-        if (tree_accept_plain(acceptance_coin(c.seed, c.offset, static_cast<uint32_t>(n), static_cast<uint32_t>(ch)),
-                              p_x, remaining)) {
+        if (tree_accept_plain(st.coin(static_cast<uint32_t>(ch)), p_x, remaining)) {
           chosen = ch;
         } else {
           rejected.push_back(x);
@@ -170,7 +186,7 @@ void verify_tree(const VerifyArgs& c, int64_t n, int64_t count, const int64_t* t
         }
       }
       if (chosen < 0)
-        emit = sample_weights(c, n, node, [&](int64_t v) {
+        emit = sample_weights(c, st, node, [&](int64_t v) {
           return std::find(rejected.begin(), rejected.end(), static_cast<int32_t>(v)) != rejected.end() ? kNegInf
                                                                                                          : a[v];
         });
@@ -193,9 +209,7 @@ void verify_tree(const VerifyArgs& c, int64_t n, int64_t count, const int64_t* t
         }
         const bool repeated = std::find(rejected.begin(), rejected.end(), x) != rejected.end();
         const float e_x = rejected.empty() ? exp_f32(a[x] - s.top.val) : e[x];
-        if (tree_residual_accepts(res,
-                                  acceptance_coin(c.seed, c.offset, static_cast<uint32_t>(n), static_cast<uint32_t>(ch)),
-                                  e_x, q_row[x], repeated)) {
+        if (tree_residual_accepts(res, st.coin(static_cast<uint32_t>(ch)), e_x, q_row[x], repeated)) {
           chosen = ch;
           break;
         }
@@ -206,11 +220,11 @@ void verify_tree(const VerifyArgs& c, int64_t n, int64_t count, const int64_t* t
       }
       if (chosen < 0 && !empty) {
         if (rejected.empty()) {
-          emit = sample_weights(c, n, node, [&](int64_t v) { return a[v]; });
+          emit = sample_weights(c, st, node, [&](int64_t v) { return a[v]; });
         } else {  // an empty residual draws nothing: the argmax below
           cpu::residual_fill(e, q_row, c.v, res.coef);
-          emit = cpu::sample_positive(c.seed, c.offset, static_cast<uint32_t>(n), static_cast<uint32_t>(node), e,
-                                      c.v).idx;
+          const auto slot = static_cast<uint32_t>(node);
+          emit = cpu::sample_positive(st.seed, st.offset_at(slot), st.sequence_at(), st.position_at(slot), e, c.v).idx;
         }
       }
       if (chosen < 0 && emit == kNoIndex) emit = s.top.idx;
@@ -228,18 +242,17 @@ void verify_tree(const VerifyArgs& c, int64_t n, int64_t count, const int64_t* t
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_cpu(
     const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& target_logits,
-    const std::optional<at::Tensor>& draft_probs, bool without_replacement, double temperature, int64_t seed,
-    int64_t offset, const std::optional<at::Tensor>& num_nodes, const std::optional<at::Tensor>& seed_tensor,
-    const std::optional<at::Tensor>& offset_tensor) {
-  const int64_t v = check_tree_verify(tokens, parents, target_logits, draft_probs, temperature, num_nodes);
-  check_tree_values(parents, num_nodes, "parents");
+    const std::optional<at::Tensor>& draft_probs, bool without_replacement,
+    const std::optional<at::Tensor>& num_nodes, XK_SAMPLING_ARGS) {
+  const int64_t v = check_tree_verify(tokens, parents, target_logits, draft_probs, num_nodes);
   const int64_t n = parents.size(0), m = parents.size(1);
+  const SamplingArgs sampling = sampling_args(n, target_logits.device(), XK_SAMPLING_FORWARD);
+  check_tree_values(parents, num_nodes, "parents");
   const auto tok = tokens.contiguous(), par = parents.contiguous(), logits = target_logits.contiguous();
   const auto counts = node_counts(num_nodes.value_or(at::Tensor()), n, m);
   check_tree_tokens(tok, num_nodes, v);
-  const RngArgs rng = rng_args(seed, offset, seed_tensor, offset_tensor, target_logits.device());
-  const VerifyArgs c{m, v, inverse_temperature(temperature), rng.seed_ptr ? static_cast<uint64_t>(*rng.seed_ptr) : rng.seed,
-                     rng.offset_ptr ? static_cast<uint64_t>(*rng.offset_ptr) : rng.offset, without_replacement};
+  const VerifyArgs c{m, v, without_replacement};
+  const SamplingView view = sampling_view(sampling);
   const auto q = draft_probs.has_value() ? draft_probs->contiguous() : at::Tensor();
   auto accept_len = at::empty({n}, tokens.options());
   auto path = at::full({n, m}, -1, tokens.options());
@@ -248,12 +261,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_cpu(
     using TL = decltype(tag);
     const TL* l = logits.const_data_ptr<TL>();
     at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> a(static_cast<size_t>(v)), e(static_cast<size_t>(v));
+      VerifyScratch scratch(v);
       for (int64_t s = begin; s < end; ++s)
-        verify_tree(c, s, counts[s], tok.const_data_ptr<int64_t>() + s * m, par.const_data_ptr<int64_t>() + s * m,
-                    l + s * m * v, q.defined() ? q.const_data_ptr<float>() + s * m * v : nullptr,
+        verify_tree(c, view.row(s), view.stream(s), counts[s], tok.const_data_ptr<int64_t>() + s * m,
+                    par.const_data_ptr<int64_t>() + s * m, l + s * m * v,
+                    q.defined() ? q.const_data_ptr<float>() + s * m * v : nullptr,
                     accept_len.mutable_data_ptr<int64_t>() + s, path.mutable_data_ptr<int64_t>() + s * m,
-                    out.mutable_data_ptr<int64_t>() + s * m, a.data(), e.data());
+                    out.mutable_data_ptr<int64_t>() + s * m, scratch);
     });
   });
   return {accept_len, path, out};

@@ -1,12 +1,10 @@
 // chain_verify_ragged_ on CUDA: one launch, a block per request, which walks the request's rows in
 // order (token-wise: up to the first rejection; block verification: every drafted row). Each row
-// takes a pass for its statistics; a row with filters then finds its cut by radix selection over
-// the order-preserving bits of the scaled logits (4 passes of 8 bits for top-k by count, 4 for
-// top-p by mass, one ordered pass when ties at the cut must be split by id) and a pass for the
-// kept ids' sum. Masses are summed in 64-bit fixed point, so the cut does not depend on the order
-// of the atomics. Draft ids outside [0, V) and any values of cu_num_draft_tokens or of the per-row
-// parameters stay memory-safe: ids count as rejected, counts are clamped into [0, T] and
-// max_spec_len, invalid parameters read as off (greedy for a temperature).
+// takes a pass for its statistics; a row with filters then finds its cut (row_filter.cuh: radix
+// selection, up to 9 passes) and takes a pass for the kept ids' sum. Draft ids outside [0, V) and
+// any values of cu_num_draft_tokens or of the per-row parameters stay memory-safe: ids count as
+// rejected, counts are clamped into [0, T] and max_spec_len, invalid parameters read as off (greedy
+// for a temperature).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -14,46 +12,20 @@
 
 #include "chain_ragged_launch.h"
 #include "device_utils.cuh"
+#include "row_filter.cuh"
 #include "xkernels/sampling.h"
 #include "xkernels/sampling_params.h"
 
 namespace xkernels::cuda {
 namespace {
 
-// Keeps every id.
-__device__ __forceinline__ FilterCut keep_all() { return FilterCut{kNegInf, 0x7FFFFFFF}; }
-
-// Larger keys for larger floats (NaN aside, which rows with a softmax do not hold).
-__device__ __forceinline__ uint32_t order_key(float a) {
-  const uint32_t bits = __float_as_uint(a);
-  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-}
-
-__device__ __forceinline__ float key_value(uint32_t key) {
-  return __uint_as_float((key & 0x80000000u) ? (key & 0x7FFFFFFFu) : ~key);
-}
-
-// exp(gap) (<= 1) in fixed point with `shift` fractional bits, truncated: exact in double.
-__device__ __forceinline__ unsigned long long fixed_mass(float gap, int shift) {
-  return static_cast<unsigned long long>(static_cast<double>(exp_f32(gap)) * static_cast<double>(1ull << shift));
-}
-
-template <typename T>
-struct RowView {
-  const T* row;
-  int64_t v;
-  float scale;
-  __device__ __forceinline__ float a(int64_t i) const { return to_float(row[i]) * scale; }
-};
-
 struct RowState {
   RowStats s;  // of the filtered row
-  FilterCut cut;
-  float min_gap;  // keep a - top >= min_gap (min-p)
+  FilterCut cut;  // all three filters
   bool point_mass;
 
   __device__ __forceinline__ bool keeps(float a, int64_t v) const {
-    return filter_keeps(cut, a, static_cast<int32_t>(v)) && a - s.top.val >= min_gap;
+    return filter_keeps(cut, a, static_cast<int32_t>(v));
   }
   __device__ __forceinline__ float prob(float a, int64_t v) const {
     if (point_mass) return v == s.top.idx ? 1.0f : 0.0f;
@@ -65,108 +37,13 @@ struct RowState {
 };
 
 struct Shared {
-  uint32_t count[256];
-  unsigned long long mass[256];
-  uint32_t warp_counts[kWarps];
+  CutShared cut;
   RowState row;
-  double target, before;
-  uint32_t prefix, tie_count, need;
-  unsigned long long tie_mass;
-  int32_t found;
-  bool keep_all, flag;
+  bool flag;
   int32_t exclude;
   float value;
   ArgMax best;
 };
-
-// The cut of the smallest prefix of the ranking, among the ids `within` keeps, whose count reaches
-// k (by_mass false) or whose mass reaches top_p of theirs (by_mass true). keep_all() when no prefix
-// reaches it (fewer finite ids than k).
-template <typename T>
-__device__ FilterCut radix_cut(Shared& sh, const RowView<T>& r, float top, const FilterCut& within, bool by_mass,
-                               uint32_t k, float top_p, int mass_shift) {
-  uint32_t mask = 0;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int d = threadIdx.x; d < 256; d += kThreads) {
-      sh.count[d] = 0;
-      sh.mass[d] = 0;
-    }
-    __syncthreads();
-    const uint32_t prefix = shift == 24 ? 0u : sh.prefix;
-    for (int64_t i = threadIdx.x; i < r.v; i += kThreads) {
-      const float a = r.a(i);
-      if (a == kNegInf || !filter_keeps(within, a, static_cast<int32_t>(i))) continue;
-      const uint32_t key = order_key(a);
-      if ((key & mask) != prefix) continue;
-      const uint32_t d = (key >> shift) & 255u;
-      atomicAdd(&sh.count[d], 1u);
-      if (by_mass) atomicAdd(&sh.mass[d], fixed_mass(a - top, mass_shift));
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      if (shift == 24) {
-        double total = 0.0;
-        for (int d = 0; d < 256; ++d) total += by_mass ? static_cast<double>(sh.mass[d]) : sh.count[d];
-        sh.target = by_mass ? static_cast<double>(top_p) * total : static_cast<double>(k);
-        sh.before = 0.0;
-        sh.prefix = 0;
-        sh.keep_all = !(total >= sh.target);
-      }
-      if (!sh.keep_all) {
-        int d = 255;
-        for (; d >= 0; --d) {
-          const double m = by_mass ? static_cast<double>(sh.mass[d]) : sh.count[d];
-          if (sh.before + m >= sh.target) break;
-          sh.before += m;
-        }
-        if (d < 0) {
-          sh.keep_all = true;  // only by rounding
-        } else {
-          sh.prefix |= static_cast<uint32_t>(d) << shift;
-          sh.tie_count = sh.count[d];
-          sh.tie_mass = sh.mass[d];
-        }
-      }
-    }
-    __syncthreads();
-    if (sh.keep_all) return keep_all();
-    mask |= 255u << shift;
-  }
-  // The ids at the cut's value all carry the same mass; the lower ids are kept first.
-  if (threadIdx.x == 0) {
-    const double missing = sh.target - sh.before;
-    double need = missing;
-    if (by_mass) need = missing / static_cast<double>(sh.tie_mass / sh.tie_count);
-    uint32_t n = need <= 1.0 ? 1u : static_cast<uint32_t>(ceil(need));
-    sh.need = n < sh.tie_count ? n : sh.tie_count;
-    sh.found = -1;
-  }
-  __syncthreads();
-  const uint32_t key = sh.prefix, need = sh.need;
-  const float value = key_value(key);
-  if (need == sh.tie_count) return FilterCut{value, 0x7FFFFFFF};
-  uint32_t running = 0;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int64_t base = 0; base < r.v; base += kThreads) {
-    const int64_t i = base + threadIdx.x;
-    bool hit = false;
-    if (i < r.v) {
-      const float a = r.a(i);
-      hit = a != kNegInf && filter_keeps(within, a, static_cast<int32_t>(i)) && order_key(a) == key;
-    }
-    const unsigned ballot = __ballot_sync(kFullMask, hit);
-    if (lane == 0) sh.warp_counts[warp] = __popc(ballot);
-    __syncthreads();
-    uint32_t before = running;
-    for (int w = 0; w < warp; ++w) before += sh.warp_counts[w];
-    before += __popc(ballot & ((1u << lane) - 1u));
-    if (hit && before + 1 == need) sh.found = static_cast<int32_t>(i);
-    for (int w = 0; w < kWarps; ++w) running += sh.warp_counts[w];
-    __syncthreads();
-    if (sh.found >= 0) break;
-  }
-  return FilterCut{value, sh.found};
-}
 
 // Row i's statistics and, with filters, its cut and the kept ids' sum, into sh.row.
 template <typename T>
@@ -175,23 +52,19 @@ __device__ void prepare(Shared& sh, const RowView<T>& r, const RowSampling& rs, 
   RowStats local = stats_empty();
   for (int64_t i = threadIdx.x; i < r.v; i += kThreads) stats_observe(local, r.a(i), static_cast<int32_t>(i));
   local = block_merge(local, stats_empty());
-  if (threadIdx.x == 0) sh.row = RowState{local, keep_all(), kNegInf, greedy || stats_degenerate(local)};
+  if (threadIdx.x == 0) sh.row = RowState{local, keep_all(), greedy || stats_degenerate(local)};
   __syncthreads();
   if (!filtered || sh.row.point_mass) return;
   const float top = sh.row.s.top.val;
-  FilterCut cut = keep_all();
-  if (rs.top_k > 0 && rs.top_k < r.v)
-    cut = radix_cut(sh, r, top, keep_all(), false, static_cast<uint32_t>(rs.top_k), 1.0f, mass_shift);
-  if (rs.top_p < 1.0f) cut = radix_cut(sh, r, top, cut, true, 0u, rs.top_p, mass_shift);
-  const float min_gap = rs.min_p > 0.0f ? log_f32(rs.min_p) : kNegInf;
-  const RowState state{sh.row.s, cut, min_gap, false};
+  const FilterCut cut = filter_cut(sh.cut, r, top, rs, mass_shift);
+  const RowState state{sh.row.s, cut, false};
   float sum = 0.0f;
   for (int64_t i = threadIdx.x; i < r.v; i += kThreads) {
     const float a = r.a(i);
     if (a != kNegInf && state.keeps(a, i)) sum += exp_f32(a - top);
   }
   sum = block_sum(sum);
-  if (threadIdx.x == 0) sh.row = RowState{RowStats{state.s.top, sum}, cut, min_gap, false};
+  if (threadIdx.x == 0) sh.row = RowState{RowStats{state.s.top, sum}, cut, false};
   __syncthreads();
 }
 
@@ -391,9 +264,7 @@ __global__ void __launch_bounds__(kThreads, 1) chain_ragged_kernel(ChainRaggedPa
 
 cudaError_t launch_chain_ragged(const ChainRaggedParams& p, cudaStream_t stream) {
   if (p.n == 0) return cudaSuccess;
-  int bits = 0;
-  for (int64_t v = p.v; v > 0; v >>= 1) ++bits;
-  const int mass_shift = 62 - bits;  // V ids of mass <= 1 sum below 2^62
+  const int mass_shift = cut_mass_shift(p.v);
   switch (p.dtype) {
     case LogitsType::kFloat32: chain_ragged_kernel<float><<<p.n, kThreads, 0, stream>>>(p, mass_shift); break;
     case LogitsType::kBFloat16: chain_ragged_kernel<__nv_bfloat16><<<p.n, kThreads, 0, stream>>>(p, mass_shift); break;

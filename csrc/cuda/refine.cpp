@@ -23,13 +23,15 @@ namespace {
 cudaError_t read_gemm(void* context, const cuda::ReadGemm& g, cudaStream_t) {
   const at::TensorOptions& device = *static_cast<const at::TensorOptions*>(context);
   const auto in = device.dtype(g.type == cuda::WeightType::kFloat32 ? at::kFloat : at::kBFloat16);
+  // A pass makes one call a slice (refine_read_plan), each host time the GPU may wait on: b is
+  // made as w_read^T's [r, len] view directly (no t() through the dispatcher).
   const auto a = at::from_blob(const_cast<void*>(g.a), {g.rows, g.r}, {g.lda, 1}, in);
-  const auto b = at::from_blob(const_cast<void*>(g.b), {g.len, g.r}, in);
+  const auto b_t = at::from_blob(const_cast<void*>(g.b), {g.r, g.len}, {1, g.r}, in);
   auto out = at::from_blob(g.out, {g.rows, g.len}, device.dtype(at::kFloat));
   if (g.type == cuda::WeightType::kFloat32) {
-    at::mm_out(out, a, b.t());
+    at::mm_out(out, a, b_t);
   } else {
-    at::mm_out(out, a, b.t(), at::kFloat);
+    at::mm_out(out, a, b_t, at::kFloat);
   }
   return cudaGetLastError();
 }
@@ -88,7 +90,10 @@ Prepared prepare(const at::Tensor& ctx, const at::Tensor& tokens, const char* to
   p.num_sms = props->multiProcessorCount;
   p.cc_major = props->major;
   p.read_mode = refine_read_mode();
-  p.slice_bytes = props->l2CacheSize / 3;  // the rest of L2 serves w_read's slice and the base logits
+  // A slice's products and w_read rows within one of L2's two partitions (data all SMs read may be
+  // held in both: 30 MB of the H200's 60), less an eighth of that for the base logits' evict-first
+  // lines in flight, z and the rest: 14 slices at N=32 (refine_read_plan).
+  p.slice_bytes = props->l2CacheSize / 16 * 7;
   out.device = ctx.options();
   out.workspace = cuda::workspace(cuda::refine_workspace_bytes(p), ctx);
   return out;

@@ -257,7 +257,9 @@ __global__ void __launch_bounds__(kThreads) read_epilogue_kernel(RefineParams p,
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int64_t id = 4 * q + j;
-      x[j] = id < id_end ? to_float(base[id]) + (dots ? dots[id - s.v0] : 0.0f) : 0.0f;
+      // The base logits are read once: evict-first (__ldcs), so that they pass through L2 without
+      // displacing the slice's products and w_read rows (refine_read_plan's budget).
+      x[j] = id < id_end ? to_float(__ldcs(base + id)) + (dots ? dots[id - s.v0] : 0.0f) : 0.0f;
     }
     observe_group(best, x, q, id_end, scale, greedy, seed, offset, static_cast<uint32_t>(n), static_cast<uint32_t>(d));
   }
@@ -645,11 +647,24 @@ RefineReadPlan refine_read_plan(const RefineParams& p, int64_t rows, bool read) 
   int64_t groups = ceil_div(ceil_div(v, 4), want);
   groups = groups < kMaxChunkGroups ? groups : kMaxChunkGroups;
   plan.chunk = 4 * groups;
+  // A slice's L2 working set, its float32 products and its rows of w_read (which the GEMM re-reads
+  // for each of its row tiles), fits slice_bytes: ids of `fit` (the base logits are read past L2,
+  // read_epilogue_kernel). Slices take as many ids as fit, in chunks no larger than the one above,
+  // so that the slices (a GEMM and an epilogue launch each, host-bound when many) are as few as the
+  // budget allows; below one chunk a slice is one chunk. Without a read there are no products and
+  // one slice covers the vocabulary.
+  const int64_t id_bytes = rows * static_cast<int64_t>(sizeof(float)) + p.r * static_cast<int64_t>(weight_bytes(p));
+  const int64_t fit = p.slice_bytes / (id_bytes < 1 ? 1 : id_bytes) / 4 * 4;
+  if (!read || fit >= v) {
+    plan.chunks_per_slice = ceil_div(v, plan.chunk);
+  } else if (fit <= plan.chunk) {
+    plan.chunks_per_slice = 1;
+  } else {
+    plan.chunks_per_slice = ceil_div(fit, plan.chunk);
+    plan.chunk = fit / plan.chunks_per_slice / 4 * 4;  // >= 4: fit > the old chunk >= 4
+  }
   plan.chunks = ceil_div(v, plan.chunk);
-  // A slice's products, rows * slice floats, fit slice_bytes (at least one chunk); without a
-  // read there are no products and one slice covers the vocabulary.
-  const int64_t fit = p.slice_bytes / static_cast<int64_t>(sizeof(float)) / rows / plan.chunk;
-  plan.chunks_per_slice = !read ? plan.chunks : fit < 1 ? 1 : fit < plan.chunks ? fit : plan.chunks;
+  plan.chunks_per_slice = plan.chunks_per_slice < plan.chunks ? plan.chunks_per_slice : plan.chunks;
   plan.slice = plan.chunks_per_slice * plan.chunk;
   plan.slices = ceil_div(plan.chunks, plan.chunks_per_slice);
   plan.partials = plan.chunks;

@@ -15,12 +15,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const at::Tensor& logits, int64_t vocab_start, const std::optional<at::Tensor>& rows,
     const std::optional<at::Tensor>& exclude, const std::optional<at::Tensor>& draft_probs,
     const std::optional<at::Tensor>& residual_stats, int64_t ignore_id, bool sample, bool raw_stats,
-    double temperature, int64_t seed, int64_t offset, const std::optional<at::Tensor>& seed_tensor,
-    const std::optional<at::Tensor>& offset_tensor) {
-  const auto s = check_shard_row_stats(logits, vocab_start, rows, exclude, draft_probs, residual_stats, sample,
-                                       temperature);
-  const RngArgs rng = rng_args(seed, offset, seed_tensor, offset_tensor, logits.device());
+    XK_SHARD_SAMPLING_ARGS) {
+  const auto s = check_shard_row_stats(logits, vocab_start, rows, exclude, draft_probs, residual_stats, sample);
   const c10::cuda::CUDAGuard guard(logits.device());
+  const ShardSampling sampling = shard_sampling(s, logits, sample, XK_SHARD_SAMPLING_FORWARD);
   const auto l = logits.contiguous();
   const auto r = rows.has_value() ? rows->contiguous() : at::Tensor();
   if (r.defined() && value_checks_enabled()) check_shard_rows(r, s.r);  // else bad rows get empty results
@@ -38,8 +36,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   p.draft_probs = q.defined() ? q.const_data_ptr<float>() : nullptr;
   p.residual_stats = rs.defined() ? rs.const_data_ptr<float>() : nullptr;
   p.sample = sample, p.raw_stats = raw_stats;
-  p.inv_t = inverse_temperature(temperature);
-  p.seed = rng.seed, p.offset = rng.offset, p.seed_ptr = rng.seed_ptr, p.offset_ptr = rng.offset_ptr;
+  p.s_args = sampling_view(sampling.args);
+  p.cut_value = sampling.cut_value.defined() ? sampling.cut_value.const_data_ptr<float>() : nullptr;
+  p.cut_id = sampling.cut_id.defined() ? sampling.cut_id.const_data_ptr<int32_t>() : nullptr;
   p.row_max = out.row_max.mutable_data_ptr<float>();
   p.row_sum = out.row_sum.mutable_data_ptr<float>();
   p.pick_score = out.pick_score.mutable_data_ptr<float>();

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "launch_types.h"
+#include "xkernels/sampling_params.h"
 
 namespace xkernels::cuda {
 
@@ -19,9 +20,9 @@ struct ShardRowStatsParams {
   const float* draft_probs;       // [n, q, v] or null
   const float* residual_stats;    // [n, s, 2] (with draft_probs)
   bool sample, raw_stats;
-  float inv_t;  // 0: greedy
-  uint64_t seed, offset;
-  const int64_t *seed_ptr, *offset_ptr;  // null: use seed, offset
+  SamplingView s_args;   // each sequence's temperature (inv_t 0: greedy) and stream; no filters
+  const float* cut_value;  // [n, s] or null: the rows' cuts (filter_keeps), of the scaled logits
+  const int32_t* cut_id;
   // outputs [n, s]
   float *row_max, *row_sum, *pick_score, *pick_logit;
   int64_t *top_id, *pick_id;

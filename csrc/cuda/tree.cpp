@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include "../ops/checks.h"
+#include "../ops/sampling_args.h"
 #include "binding.h"
 #include "tree_launch.h"
 
@@ -61,17 +62,16 @@ at::Tensor tree_positions_cuda(const at::Tensor& parents, const std::optional<at
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_cuda(
     const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& target_logits,
-    const std::optional<at::Tensor>& draft_probs, bool without_replacement, double temperature, int64_t seed,
-    int64_t offset, const std::optional<at::Tensor>& num_nodes, const std::optional<at::Tensor>& seed_tensor,
-    const std::optional<at::Tensor>& offset_tensor) {
-  const int64_t v = check_tree_verify(tokens, parents, target_logits, draft_probs, temperature, num_nodes);
+    const std::optional<at::Tensor>& draft_probs, bool without_replacement,
+    const std::optional<at::Tensor>& num_nodes, XK_SAMPLING_ARGS) {
+  const int64_t v = check_tree_verify(tokens, parents, target_logits, draft_probs, num_nodes);
+  const int64_t n = parents.size(0), m = parents.size(1);
+  const c10::cuda::CUDAGuard guard(target_logits.device());
+  const SamplingArgs sampling = sampling_args(n, target_logits.device(), XK_SAMPLING_FORWARD);
   if (value_checks_enabled()) {
     check_tree_values(parents, num_nodes, "parents");
     check_tree_tokens(tokens, num_nodes, v);
   }
-  const RngArgs rng = rng_args(seed, offset, seed_tensor, offset_tensor, target_logits.device());
-  const c10::cuda::CUDAGuard guard(target_logits.device());
-  const int64_t n = parents.size(0), m = parents.size(1);
   const auto tok = tokens.contiguous(), par = parents.contiguous(), logits = target_logits.contiguous();
   const auto nn = num_nodes.has_value() ? num_nodes->contiguous() : at::Tensor();
   const auto q = draft_probs.has_value() ? draft_probs->contiguous() : at::Tensor();
@@ -85,8 +85,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_cuda(
   p.q = q.defined() ? q.const_data_ptr<float>() : nullptr;
   p.without_replacement = without_replacement;
   p.n = n, p.m = m, p.v = v;
-  p.inv_t = inverse_temperature(temperature);
-  p.seed = rng.seed, p.offset = rng.offset, p.seed_ptr = rng.seed_ptr, p.offset_ptr = rng.offset_ptr;
+  p.s = sampling_view(sampling);
+  p.may_sample = sampling.may_sample();
+  p.filtered = p.may_sample && sampling.any_filter(v);
   p.accept_len = accept_len.mutable_data_ptr<int64_t>(), p.path = path.mutable_data_ptr<int64_t>();
   p.out_tokens = out.mutable_data_ptr<int64_t>();
   p.num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;

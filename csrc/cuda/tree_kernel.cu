@@ -10,7 +10,8 @@
 //                       order, and with draft_probs the block sums the residual (read-only, from the
 //                       row and q) when a test needs it. Only visited rows are read. At T > 0 two
 //                       more launches draw the token at the stop node (Gumbel-max, each row split
-//                       over many blocks) and merge.
+//                       over many blocks) and merge. With filters a cut pass (launch_row_cut) first
+//                       finds every node row's cut; the walk and the draw read p' through it.
 //  compact_kv_:         a block per (sequence, head) moves the accepted entries in path order.
 // Values the host cannot check without a sync (parents, num_nodes, token ids, path) are handled
 // memory-safely: an invalid parent ends a walk, a child whose token lies outside [0, V) is never
@@ -19,6 +20,7 @@
 
 #include "device_utils.cuh"
 #include "per_device.h"
+#include "row_cut_launch.h"
 #include "row_reduce.cuh"
 #include "tree_launch.h"
 #include "xkernels/tree.h"
@@ -66,9 +68,27 @@ __device__ __forceinline__ uint64_t candidate_key(float score, uint32_t order) {
   return static_cast<uint64_t>(monotone) << 32 | ~order;
 }
 
+// The warp's largest candidate_key. From sm_80 two redux.sync maxima: of the high words (scores),
+// then of the low words (push orders) of the lanes holding that score, instead of five rounds of a
+// 64-bit shuffle and compare on the pop's critical path (~80-100 cycles instead of ~200).
+__device__ __forceinline__ uint64_t warp_max_key(uint64_t key) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  const uint32_t hi = static_cast<uint32_t>(key >> 32), top = __reduce_max_sync(kFullMask, hi);
+  const uint32_t lo = __reduce_max_sync(kFullMask, hi == top ? static_cast<uint32_t>(key) : 0u);
+  return static_cast<uint64_t>(top) << 32 | lo;
+#else
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) {
+    const uint64_t other = __shfl_xor_sync(kFullMask, key, d);
+    key = other > key ? other : key;
+  }
+  return key;
+#endif
+}
+
 // A warp per sequence runs the best-first search of xkernels/tree.h with the frontier spread over
 // its lanes: lane j holds the candidates of push order j mod 32 and keeps the key of its best live
-// one, so a pop is a warp-wide max of 32 keys (five shuffle rounds) instead of a heap's chain of
+// one, so a pop is a warp-wide max of 32 keys (warp_max_key) instead of a heap's chain of
 // dependent loads in one lane. Every lane computes the popped entry's successors (broadcast reads);
 // their owners store them, and the popped entry's owner rescans its own candidates.
 __global__ void __launch_bounds__(32) build_tree_kernel(TreeBuildParams p, uint8_t* scratch, bool staged) {
@@ -109,12 +129,7 @@ __global__ void __launch_bounds__(32) build_tree_kernel(TreeBuildParams p, uint8
   int64_t nodes = 1;
   while (nodes <= p.budget) {
     __syncwarp();  // the entries stored last round
-    uint64_t best = mine;
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) {
-      const uint64_t other = __shfl_xor_sync(kFullMask, best, d);
-      best = other > best ? other : best;
-    }
+    const uint64_t best = warp_max_key(mine);
     if (best == 0) break;  // the frontier is empty
     const uint32_t popped = ~static_cast<uint32_t>(best);
     const TreeCandidate c = entries[popped];
@@ -199,12 +214,14 @@ struct StopJob {
   bool residual;  // draw from max(e - coef q, 0) instead (xkernels/tree.h's TreeResidual)
   int32_t top;    // the stop row's argmax: the token if nothing can be drawn
   float top_log2;  // the row's max times log2(e)
+  float scale;     // the sequence's 1 / T
   TreeCoef coef;   // the residual's
 };
 
 struct VerifyWorkspace {
   int32_t* kids;      // [n, m] the children of the node being tested
   int32_t* rejected;  // [n, m] tokens rejected at it (with draft_probs each once)
+  FilterCut* cuts;    // [n, m] every node row's cut (launch_row_cut), or null: no filter
   StopJob* jobs;      // [n]
   ArgMax* slices;     // [n, sample_slices]: each slice's Gumbel-max
   int sample_slices;
@@ -224,6 +241,22 @@ struct NodeState {
 template <typename T>
 __device__ __forceinline__ float scaled(const T* row, int64_t x, float scale) {
   return to_float(row[x]) * scale;
+}
+
+// A scaled logit as the node's filtered row p' holds it: -inf where the cut drops id x. A NaN
+// stays: its row has no softmax and is the point mass at torch.argmax it is unfiltered.
+__device__ __forceinline__ float kept(const FilterCut& cut, float a, int32_t x) {
+  return filter_keeps(cut, a, x) || is_nan_f32(a) ? a : kNegInf;
+}
+
+__device__ __forceinline__ FilterCut node_cut(const FilterCut* cuts, int64_t row) {
+  return cuts ? cuts[row] : FilterCut{kNegInf, 0x7FFFFFFF};  // the second keeps every id
+}
+
+template <int kIds>
+__device__ __forceinline__ void keep_chunk(const FilterCut& cut, float (&a)[kIds], int32_t first_id) {
+#pragma unroll
+  for (int j = 0; j < kIds; ++j) a[j] = kept(cut, a[j], first_id + j);
 }
 
 // Four consecutive ids of a row as floats.
@@ -332,18 +365,22 @@ __device__ __forceinline__ void for_each_row_and_q(const T* row, const float* q,
 // thread 0): read-only, from the logits and q, nothing stored.
 template <typename T>
 __device__ __forceinline__ float residual_sum(const T* row, const float* q, int64_t v, bool vector_ok, float scale,
-                                              float4* stage, int depth, float top_log2, TreeCoef coef) {
+                                              float4* stage, int depth, float top_log2, TreeCoef coef,
+                                              const FilterCut& cut) {
   constexpr int kIds = 16 / sizeof(T);
   float total = 0.0f;
   for_each_row_and_q(
       row, q, v, vector_ok, scale, stage, depth,
-      [&](const float (&a)[kIds], const float (&qs)[kIds], int32_t) {
+      [&](const float (&a)[kIds], const float (&qs)[kIds], int32_t id) {
         float add = 0.0f;
 #pragma unroll
-        for (int k = 0; k < kIds; ++k) add += tree_residual_weight(softmax_weight(a[k], top_log2), qs[k], coef);
+        for (int k = 0; k < kIds; ++k)
+          add += tree_residual_weight(softmax_weight(kept(cut, a[k], id + k), top_log2), qs[k], coef);
         total += add;
       },
-      [&](float a, float qx, int32_t) { total += tree_residual_weight(softmax_weight(a, top_log2), qx, coef); });
+      [&](float a, float qx, int32_t id) {
+        total += tree_residual_weight(softmax_weight(kept(cut, a, id), top_log2), qx, coef);
+      });
   return block_sum<kVerifyThreads>(total);
 }
 
@@ -352,22 +389,46 @@ __device__ __forceinline__ float residual_sum(const T* row, const float* q, int6
 template <typename T>
 __device__ __forceinline__ RowStats thread_row_stats_and_q_sum(const T* row, const float* q, int64_t v,
                                                                bool vector_ok, float scale, float4* stage, int depth,
-                                                               float& zq) {
+                                                               const FilterCut& cut, float& zq) {
   constexpr int kIds = 16 / sizeof(T);
   RowStats s = stats_empty();
   for_each_row_and_q(
       row, q, v, vector_ok, scale, stage, depth,
       [&](const float (&a)[kIds], const float (&qs)[kIds], int32_t id) {
-        observe_chunk_in_order<false>(s, a, id);
+        float b[kIds];
+#pragma unroll
+        for (int k = 0; k < kIds; ++k) b[k] = a[k];
+        keep_chunk(cut, b, id);
+        observe_chunk_in_order<false>(s, b, id);
         float add = 0.0f;
 #pragma unroll
         for (int k = 0; k < kIds; k += 4) add += (qs[k] + qs[k + 1]) + (qs[k + 2] + qs[k + 3]);
         zq += add;
       },
       [&](float a, float qx, int32_t id) {
-        stats_observe(s, a, id);
+        stats_observe(s, kept(cut, a, id), id);
         zq += qx;
       });
+  return s;
+}
+
+// One thread's share of the softmax statistics of a row filtered by `cut` (thread_row_stats's
+// pass, the dropped ids as -inf).
+template <typename T, int kDepth>
+__device__ __forceinline__ RowStats thread_filtered_row_stats(const T* row, int64_t v, int64_t chunks, bool vector_ok,
+                                                              float scale, const FilterCut& cut) {
+  constexpr int kIds = 16 / sizeof(T);
+  RowStats s = stats_empty();
+  for_each_row_value<T, kDepth>(
+      row, v, 0, chunks, vector_ok, scale, -1, threadIdx.x, kVerifyThreads,
+      [&](const float (&a)[kIds], int32_t id) {
+        float b[kIds];
+#pragma unroll
+        for (int k = 0; k < kIds; ++k) b[k] = a[k];
+        keep_chunk(cut, b, id);
+        observe_chunk_in_order<false>(s, b, id);
+      },
+      [&](float a, int32_t id) { stats_observe(s, kept(cut, a, id), id); });
   return s;
 }
 
@@ -377,9 +438,9 @@ __device__ __forceinline__ RowStats thread_row_stats_and_q_sum(const T* row, con
 // `remaining` lane by lane. Writes sh.chosen and the rejected tokens (sh.rejected of them).
 template <typename T>
 __device__ __forceinline__ void test_children(NodeState& sh, const RowStats& s, bool point_mass, const T* row,
-                                              float scale, const int64_t* tokens, const int64_t* parents,
-                                              int64_t node, int64_t count, int64_t v, int32_t* rejected,
-                                              uint64_t seed, uint64_t offset, uint32_t sequence) {
+                                              float scale, const FilterCut& cut, const int64_t* tokens,
+                                              const int64_t* parents, int64_t node, int64_t count, int64_t v,
+                                              int32_t* rejected, const RowStream& st) {
   const int lane = threadIdx.x;
   int64_t chosen = -1;
   int32_t nrej = 0;
@@ -403,8 +464,8 @@ __device__ __forceinline__ void test_children(NodeState& sh, const RowStats& s, 
     for (int32_t k = 0; k < nrej && live; ++k) live = rejected[k] != x;
     float p_x = 0.0f, u = 0.0f;
     if (live) {
-      p_x = stats_prob(s, scaled(row, x, scale));
-      u = acceptance_coin(seed, offset, sequence, static_cast<uint32_t>(c));
+      p_x = stats_prob(s, kept(cut, scaled(row, x, scale), static_cast<int32_t>(x)));
+      u = st.coin(static_cast<uint32_t>(c));
     }
     for (unsigned tested = __ballot_sync(kFullMask, live); tested; tested &= tested - 1) {
       const int j = __ffs(static_cast<int>(tested)) - 1;
@@ -447,16 +508,17 @@ __global__ void __launch_bounds__(kVerifyThreads, 1)
   constexpr int kIds = 16 / sizeof(T);
   __shared__ NodeState sh;
   extern __shared__ __align__(16) float4 q_stage[];  // the draft kernel's: w.q_depth chunks a thread
-  __shared__ uint64_t rng[2];  // seed, offset: thread 0's, kept out of the registers of the row passes
+  __shared__ RowStream st;  // thread 0's, kept out of the registers of the row passes
   const int64_t n = blockIdx.x, m = p.m, v = p.v;
   const int64_t count = node_count(p.num_nodes, n, m);
   const int64_t* tokens = p.tokens + n * m;
   const int64_t* parents = p.parents + n * m;
   int32_t* kids = w.kids + n * m;
   int32_t* rejected = w.rejected + n * m;
-  if (threadIdx.x == 0) rng[0] = read_or(p.seed_ptr, p.seed), rng[1] = read_or(p.offset_ptr, p.offset);
-  const bool greedy = !kDraft && p.inv_t == 0.0f;  // draft_probs at T = 0 take the plain kernel
-  const float scale = greedy ? 1.0f : p.inv_t;
+  if (threadIdx.x == 0) st = p.s.stream(n);
+  const float inv_t = p.s.row(n).inv_t;
+  const bool greedy = inv_t == 0.0f;  // a greedy row of the draft kernel reads no q
+  const float scale = greedy ? 1.0f : inv_t;
   int64_t node = 0, acc = 0;
   for (;;) {
     const T* row = static_cast<const T*>(p.logits) + (n * m + node) * v;
@@ -467,7 +529,8 @@ __global__ void __launch_bounds__(kVerifyThreads, 1)
       if (threadIdx.x < 32) list_children(sh, parents, node, count, kids);
       __syncthreads();
     }
-    const bool with_q = kDraft && sh.kids > 0;  // read before block_merge's barrier, then rewritten
+    const bool with_q = kDraft && !greedy && sh.kids > 0;  // read before block_merge's barrier, then rewritten
+    const FilterCut cut = node_cut(greedy ? nullptr : w.cuts, n * m + node);
     // One block reads the row, 128 KB in flight (64 KB with draft_probs, and 128 KB of q beside it
     // at a node with children): 64 blocks then keep 4-12 MB in flight, about HBM's bandwidth times
     // its latency or more.
@@ -476,9 +539,8 @@ __global__ void __launch_bounds__(kVerifyThreads, 1)
     RowStats s =
         greedy ? thread_row_stats<T, true, kRowDepth<kDraft>>(row, v, 0, chunks, vector_ok, 1.0f, -1, threadIdx.x,
                                                               kBlock)
-        : with_q ? thread_row_stats_and_q_sum(row, sh.q, v, vector_ok, scale, q_stage, w.q_depth, zq)
-                 : thread_row_stats<T, false, kRowDepth<kDraft>>(row, v, 0, chunks, vector_ok, scale, -1, threadIdx.x,
-                                                                 kBlock);
+        : with_q ? thread_row_stats_and_q_sum(row, sh.q, v, vector_ok, scale, q_stage, w.q_depth, cut, zq)
+                 : thread_filtered_row_stats<T, kRowDepth<kDraft>>(row, v, chunks, vector_ok, scale, cut);
     s = block_merge<kBlock>(s, stats_empty());
     if (with_q) zq = block_sum<kBlock>(zq);  // block_merge's buffer is another: no barrier between
     if (threadIdx.x == 0)
@@ -490,8 +552,7 @@ __global__ void __launch_bounds__(kVerifyThreads, 1)
     const float top_log2 = s.top.val * kLog2e;
     if (point_mass || !kDraft) {
       if (threadIdx.x < 32)
-        test_children(sh, s, point_mass, row, scale, tokens, parents, node, count, v, rejected, rng[0], rng[1],
-                      static_cast<uint32_t>(n));
+        test_children(sh, s, point_mass, row, scale, cut, tokens, parents, node, count, v, rejected, st);
       __syncthreads();
     }
     if (kDraft && !point_mass && sh.kids > 0) {
@@ -509,7 +570,7 @@ __global__ void __launch_bounds__(kVerifyThreads, 1)
         if (sh.x < 0) continue;  // a token outside [0, V): never accepted, no residual step
         if (sh.pass) {
           const float total = residual_sum(row, sh.q, v, vector_ok, scale, q_stage, w.q_depth, top_log2,
-                                           tree_coef(sh.res.coef));
+                                           tree_coef(sh.res.coef), cut);
           if (threadIdx.x == 0) {
             sh.res.sum = total;
             sh.empty = !(total > 0.0f);
@@ -523,10 +584,8 @@ __global__ void __launch_bounds__(kVerifyThreads, 1)
           bool repeated = false;
           for (int32_t k = 0; k < sh.rejected; ++k) repeated |= rejected[k] == x;
           const float q_x = sh.q[x];
-          const float e_x = softmax_weight(scaled(row, x, scale), top_log2);
-          if (tree_residual_accepts(sh.res,
-                                    acceptance_coin(rng[0], rng[1], static_cast<uint32_t>(n), static_cast<uint32_t>(kids[i])),
-                                    e_x, q_x, repeated)) {
+          const float e_x = softmax_weight(kept(cut, scaled(row, x, scale), x), top_log2);
+          if (tree_residual_accepts(sh.res, st.coin(static_cast<uint32_t>(kids[i])), e_x, q_x, repeated)) {
             sh.chosen = kids[i];
           } else {
             tree_residual_reject(sh.res, q_x, p.without_replacement && !repeated);
@@ -548,7 +607,8 @@ __global__ void __launch_bounds__(kVerifyThreads, 1)
         p.out_tokens[n * m + acc] = top.idx;
         p.accept_len[n] = acc;
         w.jobs[n] = StopJob{draw ? static_cast<int32_t>(node) : -1, static_cast<int32_t>(acc),
-                            residual ? 0 : sh.rejected, residual, top.idx, top.val * kLog2e, tree_coef(sh.res.coef)};
+                            residual ? 0 : sh.rejected, residual, top.idx, top.val * kLog2e, scale,
+                            tree_coef(sh.res.coef)};
       }
       break;
     }
@@ -575,12 +635,16 @@ __global__ void __launch_bounds__(kVerifyThreads, 1)
 template <typename T, bool kDraft>
 __global__ void __launch_bounds__(kThreads) tree_sample_kernel(TreeVerifyParams p, VerifyWorkspace w, bool vector_ok) {
   __shared__ ArgMax start;
+  __shared__ FilterCut cut;  // thread 0's, kept out of the registers of the pass (it spilled there)
   const int64_t n = blockIdx.x / w.sample_slices, m = p.m, v = p.v;
   const int slice = static_cast<int>(blockIdx.x % w.sample_slices);
   const StopJob job = w.jobs[n];
   if (job.node < 0) return;  // the same for the whole block
-  const uint64_t seed = read_or(p.seed_ptr, p.seed), offset = read_or(p.offset_ptr, p.offset);
-  const uint32_t sequence = static_cast<uint32_t>(n), node = static_cast<uint32_t>(job.node);
+  // The noise of the stop node's slot of the sequence's stream.
+  const RowStream st = p.s.stream(n);
+  const uint64_t seed = st.seed, offset = st.offset_at(static_cast<uint32_t>(job.node));
+  const uint32_t sequence = st.sequence_at(), node = st.position_at(static_cast<uint32_t>(job.node));
+  const float scale = job.scale;
   const T* row = static_cast<const T*>(p.logits) + (n * m + job.node) * v;
   const float* q = kDraft && job.residual ? p.q + (n * m + job.node) * v : nullptr;
   const int32_t* rejected = w.rejected + n * m;
@@ -589,23 +653,25 @@ __global__ void __launch_bounds__(kThreads) tree_sample_kernel(TreeVerifyParams 
     return tree_residual_weight(softmax_weight(a, job.top_log2), qx, job.coef);
   };
   if (threadIdx.x == 0) {
+    cut = node_cut(w.cuts, n * m + job.node);
     const int32_t x = job.top;
     float wt = kNegInf;
     if (q) {
-      const float r = residual(scaled(row, x, p.inv_t), q[x]);
+      const float r = residual(scaled(row, x, scale), q[x]);  // the argmax: always kept
       wt = r > 0.0f ? log_f32(r) : kNegInf;
     } else {
       bool seen = false;
       for (int32_t k = 0; k < job.nrej; ++k) seen |= rejected[k] == x;
-      if (!seen) wt = scaled(row, x, p.inv_t);
+      if (!seen) wt = scaled(row, x, scale);
     }
     start = gumbel_score(wt, x, seed, offset, sequence, node);
   }
   __syncthreads();
   ArgMax best = start;
-  // Ids 4g .. 4g+cnt-1: scaled logits a and (residual draws) q.
-  const auto observe = [&](int64_t g, const Four& a, const Four& qs, int cnt) {
+  // Ids 4g .. 4g+cnt-1: scaled logits a (the cut's dropped ids as -inf) and (residual draws) q.
+  const auto observe = [&](int64_t g, Four a, const Four& qs, int cnt) {
     float wt[4];
+    keep_chunk(cut, a.x, static_cast<int32_t>(4 * g));
     if (q) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) wt[j] = j < cnt ? residual(a.x[j], qs.x[j]) : 0.0f;
@@ -624,7 +690,7 @@ __global__ void __launch_bounds__(kThreads) tree_sample_kernel(TreeVerifyParams 
       range.begin + threadIdx.x, vector_end, kThreads,
       [&](int64_t g) {
         Group x{};
-        unpack<T>(reinterpret_cast<const typename Quad<T>::type*>(row)[g], p.inv_t, x.a.x);
+        unpack<T>(reinterpret_cast<const typename Quad<T>::type*>(row)[g], scale, x.a.x);
         if (q) unpack<float>(reinterpret_cast<const float4*>(q)[g], 1.0f, x.q.x);
         return x;
       },
@@ -634,7 +700,7 @@ __global__ void __launch_bounds__(kThreads) tree_sample_kernel(TreeVerifyParams 
     Group x;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      x.a.x[j] = j < cnt ? scaled(row, 4 * g + j, p.inv_t) : 0.0f;
+      x.a.x[j] = j < cnt ? scaled(row, 4 * g + j, scale) : 0.0f;
       x.q.x[j] = j < cnt && q ? q[4 * g + j] : 0.0f;
     }
     observe(g, x.a, x.q, cnt);
@@ -683,7 +749,12 @@ cudaError_t launch_verify_typed(const TreeVerifyParams& p, const VerifyWorkspace
   const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && p.v % 4 == 0 &&
                          reinterpret_cast<uintptr_t>(p.logits) % 16 == 0 &&
                          (p.q == nullptr || reinterpret_cast<uintptr_t>(p.q) % 16 == 0);
-  if (p.q && p.inv_t != 0.0f) {  // at T = 0 draft_probs play no part
+  if (p.filtered) {
+    const RowCutParams c{p.logits, p.dtype, p.n * p.m, p.v, p.v, p.m, p.s, w.cuts};
+    const cudaError_t err = launch_row_cut(c, stream);
+    if (err != cudaSuccess) return err;
+  }
+  if (p.q && p.may_sample) {  // at T = 0 draft_probs play no part
     // Above 48 KB of dynamic shared memory a kernel must opt in: once a device, to the device's limit.
     const size_t stage = sizeof(float) * (16 / sizeof(T)) * kVerifyThreads * w.q_depth;
     static PerDevice opted_in;
@@ -693,7 +764,7 @@ cudaError_t launch_verify_typed(const TreeVerifyParams& p, const VerifyWorkspace
   } else {
     tree_verify_kernel<T, false><<<p.n, kVerifyThreads, 0, stream>>>(p, w, vector_ok);
   }
-  if (p.inv_t != 0.0f) {  // greedy walks write every token themselves
+  if (p.may_sample) {  // greedy walks write every token themselves
     if (p.q)
       tree_sample_kernel<T, true><<<p.n * w.sample_slices, kThreads, 0, stream>>>(p, w, vector_ok);
     else
@@ -724,7 +795,7 @@ cudaError_t launch_tree_mask(const TreeMaskParams& p, cudaStream_t stream) {
 }
 
 size_t tree_verify_workspace_bytes(const TreeVerifyParams& p) {
-  const size_t lists = 2 * align_up(sizeof(int32_t) * p.n * p.m);
+  const size_t lists = 2 * align_up(sizeof(int32_t) * p.n * p.m) + (p.filtered ? align_up(sizeof(FilterCut) * p.n * p.m) : 0);
   const size_t draws = align_up(sizeof(StopJob) * p.n) +
                        align_up(sizeof(ArgMax) * p.n * row_slice_count(p.n, p.v, p.num_sms));
   return lists + draws;
@@ -738,6 +809,10 @@ cudaError_t launch_tree_verify(const TreeVerifyParams& p, void* workspace, cudaS
   at += align_up(sizeof(int32_t) * p.n * p.m);
   w.rejected = reinterpret_cast<int32_t*>(at);
   at += align_up(sizeof(int32_t) * p.n * p.m);
+  if (p.filtered) {
+    w.cuts = reinterpret_cast<FilterCut*>(at);
+    at += align_up(sizeof(FilterCut) * p.n * p.m);
+  }
   w.jobs = reinterpret_cast<StopJob*>(at);
   at += align_up(sizeof(StopJob) * p.n);
   w.slices = reinterpret_cast<ArgMax*>(at);

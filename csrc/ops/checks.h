@@ -89,7 +89,7 @@ void check_tree_values(const at::Tensor& parents, const std::optional<at::Tensor
 
 // tree_verify's arguments (metadata only); returns V.
 int64_t check_tree_verify(const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& target_logits,
-                          const std::optional<at::Tensor>& draft_probs, double temperature,
+                          const std::optional<at::Tensor>& draft_probs,
                           const std::optional<at::Tensor>& num_nodes);
 // The tokens of real nodes but the root lie in [0, vocab) (reads the values).
 void check_tree_tokens(const at::Tensor& tokens, const std::optional<at::Tensor>& num_nodes, int64_t vocab);

@@ -64,8 +64,10 @@ TORCH_LIBRARY(xkernels, m) {
   m.def("tree_positions(Tensor parents, Tensor? num_nodes=None) -> Tensor");
   m.def(
       "tree_verify(Tensor tokens, Tensor parents, Tensor target_logits, Tensor? draft_probs=None, "
-      "bool without_replacement=False, float temperature=0.0, int seed=0, int offset=0, Tensor? num_nodes=None, "
-      "Tensor? seed_tensor=None, Tensor? offset_tensor=None) -> (Tensor accept_len, Tensor path, Tensor out_tokens)");
+      "bool without_replacement=False, Tensor? num_nodes=None, float temperature=0.0, "
+      "Tensor? temperature_tensor=None, int top_k=0, Tensor? top_k_tensor=None, float top_p=1.0, "
+      "Tensor? top_p_tensor=None, float min_p=0.0, Tensor? min_p_tensor=None, int seed=0, Tensor? seed_tensor=None, "
+      "int offset=0, Tensor? offset_tensor=None) -> (Tensor accept_len, Tensor path, Tensor out_tokens)");
   m.def("compact_kv_(Tensor(a!) cache, Tensor path, Tensor accept_len, int prefix_len) -> ()");
   m.def(
       "dllm_step(Tensor logits, Tensor block_tokens, int mask_id, int num_unmask=1, float? threshold=None, "
@@ -87,7 +89,8 @@ TORCH_LIBRARY(xkernels, m) {
       "shard_row_stats(Tensor logits, int vocab_start, Tensor? rows=None, Tensor? exclude=None, "
       "Tensor? draft_probs=None, Tensor? residual_stats=None, int ignore_id=-1, bool sample=False, "
       "bool raw_stats=False, float temperature=0.0, int seed=0, int offset=0, Tensor? seed_tensor=None, "
-      "Tensor? offset_tensor=None) -> (Tensor row_max, Tensor row_sum, Tensor top_id, Tensor pick_score, "
+      "Tensor? offset_tensor=None, Tensor? temperature_tensor=None, Tensor? cut_value=None, Tensor? cut_id=None) "
+      "-> (Tensor row_max, Tensor row_sum, Tensor top_id, Tensor pick_score, "
       "Tensor pick_id, Tensor pick_logit)");
 }
 

@@ -2,6 +2,7 @@
 #include "shard_row_stats.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/clamp.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
@@ -16,13 +17,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const at::Tensor& logits, int64_t vocab_start, const std::optional<at::Tensor>& rows,
     const std::optional<at::Tensor>& exclude, const std::optional<at::Tensor>& draft_probs,
     const std::optional<at::Tensor>& residual_stats, int64_t ignore_id, bool sample, bool raw_stats,
-    double temperature, int64_t seed, int64_t offset, const std::optional<at::Tensor>& seed_tensor,
-    const std::optional<at::Tensor>& offset_tensor) {
+    XK_SHARD_SAMPLING_ARGS) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("xkernels::shard_row_stats", "")
                        .typed<decltype(shard_row_stats)>();
   return op.call(logits, vocab_start, rows, exclude, draft_probs, residual_stats, ignore_id, sample, raw_stats,
-                 temperature, seed, offset, seed_tensor, offset_tensor);
+                 XK_SHARD_SAMPLING_FORWARD);
 }
 
 static void check_same_device(const at::Tensor& t, const at::Tensor& logits, const char* name) {
@@ -32,7 +32,7 @@ static void check_same_device(const at::Tensor& t, const at::Tensor& logits, con
 ShardRowShape check_shard_row_stats(const at::Tensor& logits, int64_t vocab_start,
                                     const std::optional<at::Tensor>& rows, const std::optional<at::Tensor>& exclude,
                                     const std::optional<at::Tensor>& draft_probs,
-                                    const std::optional<at::Tensor>& residual_stats, bool sample, double temperature) {
+                                    const std::optional<at::Tensor>& residual_stats, bool sample) {
   TORCH_CHECK(logits.dim() == 3, "logits must have shape [N, R, V_local], got ", logits.sizes());
   const auto dt = logits.scalar_type();
   TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf,
@@ -41,8 +41,6 @@ ShardRowShape check_shard_row_stats(const at::Tensor& logits, int64_t vocab_star
   TORCH_CHECK(vocab_start >= 0, "vocab_start must be >= 0, got ", vocab_start);
   TORCH_CHECK(vocab_start < std::numeric_limits<int32_t>::max() - s.v, "vocab_start + V_local (logits' last size) = ",
               vocab_start, " + ", s.v, " is too large (the global vocabulary must stay below 2^31)");
-  const float inv_t = inverse_temperature(temperature);  // checks the range
-  TORCH_CHECK(!sample || inv_t != 0.0f, "sample=True needs temperature > 0 (greedy rows need no sampling)");
   if (rows.has_value()) {
     TORCH_CHECK(rows->scalar_type() == at::kLong, "rows must be int64, got ", rows->scalar_type());
     TORCH_CHECK(rows->dim() == 2 && rows->size(0) == s.n, "rows must have shape [N, S] with N = ", s.n, ", got ",
@@ -75,6 +73,31 @@ ShardRowShape check_shard_row_stats(const at::Tensor& logits, int64_t vocab_star
     check_same_device(st, logits, "residual_stats");
   }
   return s;
+}
+
+ShardSampling shard_sampling(const ShardRowShape& s, const at::Tensor& logits, bool sample, XK_SHARD_SAMPLING_ARGS) {
+  ShardSampling out{sampling_args(s.n, logits.device(), temperature, temperature_tensor, 0, std::nullopt, 1.0,
+                                  std::nullopt, 0.0, std::nullopt, seed, seed_tensor, offset, offset_tensor),
+                    at::Tensor(), at::Tensor()};
+  TORCH_CHECK(!sample || out.args.may_sample(),
+              "sample=True needs temperature > 0 (greedy rows need no sampling); a per-row temperature may hold 0s");
+  TORCH_CHECK(cut_value.has_value() == cut_id.has_value(), "cut_value and cut_id go together (a cut is a value and an id)");
+  if (cut_value.has_value()) {
+    TORCH_CHECK(cut_value->scalar_type() == at::kFloat, "cut_value must be float32, got ", cut_value->scalar_type());
+    TORCH_CHECK(cut_id->scalar_type() == at::kLong || cut_id->scalar_type() == at::kInt,
+                "cut_id must be int64 or int32, got ", cut_id->scalar_type());
+    for (const auto* t : {&*cut_value, &*cut_id}) {
+      const char* name = t == &*cut_value ? "cut_value" : "cut_id";
+      TORCH_CHECK(t->dim() == 2 && t->size(0) == s.n && t->size(1) == s.s, name, " must have shape [N, S] = [", s.n,
+                  ", ", s.s, "], got ", t->sizes());
+      check_same_device(*t, logits, name);
+    }
+    out.cut_value = cut_value->contiguous();
+    out.cut_id = cut_id->clamp(std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max())
+                     .to(at::kInt)
+                     .contiguous();
+  }
+  return out;
 }
 
 void check_shard_rows(const at::Tensor& rows, int64_t r) {

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <optional>
 
+#include "sampling_args.h"
+
 namespace xkernels {
 
 // logits [N, R, V] (a vocabulary shard of V ids from vocab_start), S selected rows per sequence,
@@ -14,11 +16,28 @@ struct ShardRowShape {
   int64_t n, r, v, s, e, q;
 };
 
-// Metadata only (no values read, no host sync).
+// The arguments after raw_stats, as the schema lists them.
+#define XK_SHARD_SAMPLING_ARGS                                                                              \
+  double temperature, int64_t seed, int64_t offset, const std::optional<at::Tensor>&seed_tensor,            \
+      const std::optional<at::Tensor>&offset_tensor, const std::optional<at::Tensor>&temperature_tensor,    \
+      const std::optional<at::Tensor>&cut_value, const std::optional<at::Tensor>&cut_id
+#define XK_SHARD_SAMPLING_FORWARD \
+  temperature, seed, offset, seed_tensor, offset_tensor, temperature_tensor, cut_value, cut_id
+
+// The checked sampling arguments: the per-sequence temperatures and streams (sampling_args, no
+// filters: the cut stands for them), and each selected row's cut (cut_value float32 [N, S] and
+// cut_id [N, S], held as int32: an id past int32 keeps every tie).
+struct ShardSampling {
+  SamplingArgs args;
+  at::Tensor cut_value, cut_id;  // undefined: keep every id
+};
+
+// Shapes, dtypes and devices (and the sampling values where sampling_args checks them).
 ShardRowShape check_shard_row_stats(const at::Tensor& logits, int64_t vocab_start,
                                     const std::optional<at::Tensor>& rows, const std::optional<at::Tensor>& exclude,
                                     const std::optional<at::Tensor>& draft_probs,
-                                    const std::optional<at::Tensor>& residual_stats, bool sample, double temperature);
+                                    const std::optional<at::Tensor>& residual_stats, bool sample);
+ShardSampling shard_sampling(const ShardRowShape& s, const at::Tensor& logits, bool sample, XK_SHARD_SAMPLING_ARGS);
 
 // Raises if rows holds an index outside [0, r) (reads the values: a host sync on CUDA).
 void check_shard_rows(const at::Tensor& rows, int64_t r);

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "checks.h"
+#include "sampling_args.h"
 #include "xkernels/ops.h"
 
 namespace xkernels {
@@ -50,12 +51,12 @@ T tree_positions(const T& parents, const Opt& num_nodes) {
 }
 
 std::tuple<T, T, T> tree_verify(const T& tokens, const T& parents, const T& target_logits, const Opt& draft_probs,
-                                bool without_replacement, double temperature, int64_t seed, int64_t offset,
-                                const Opt& num_nodes, const Opt& seed_tensor, const Opt& offset_tensor) {
-  static auto op = typed_op<std::tuple<T, T, T>(const T&, const T&, const T&, const Opt&, bool, double, int64_t,
-                                                int64_t, const Opt&, const Opt&, const Opt&)>("xkernels::tree_verify");
-  return op.call(tokens, parents, target_logits, draft_probs, without_replacement, temperature, seed, offset,
-                 num_nodes, seed_tensor, offset_tensor);
+                                bool without_replacement, const Opt& num_nodes, XK_SAMPLING_ARGS) {
+  static auto op = typed_op<std::tuple<T, T, T>(const T&, const T&, const T&, const Opt&, bool, const Opt&, double,
+                                                const Opt&, int64_t, const Opt&, double, const Opt&, double,
+                                                const Opt&, int64_t, const Opt&, int64_t, const Opt&)>(
+      "xkernels::tree_verify");
+  return op.call(tokens, parents, target_logits, draft_probs, without_replacement, num_nodes, XK_SAMPLING_FORWARD);
 }
 
 void compact_kv_(const T& cache, const T& path, const T& accept_len, int64_t prefix_len) {
@@ -132,7 +133,7 @@ void check_tree_tokens(const T& tokens, const Opt& num_nodes, int64_t vocab) {
 }
 
 int64_t check_tree_verify(const T& tokens, const T& parents, const T& target_logits, const Opt& draft_probs,
-                          double temperature, const Opt& num_nodes) {
+                          const Opt& num_nodes) {
   const auto shape = check_tree(parents, num_nodes, "parents");
   check_int64(tokens, "tokens");
   TORCH_CHECK(tokens.sizes() == parents.sizes(), "tokens must have the shape of parents ", parents.sizes(), ", got ",
@@ -148,7 +149,6 @@ int64_t check_tree_verify(const T& tokens, const T& parents, const T& target_log
   for (const auto& [t, name] : {std::pair{&tokens, "tokens"}, std::pair{&parents, "parents"}})
     TORCH_CHECK(t->device() == target_logits.device(), name, " must be on ", target_logits.device(),
                 " like target_logits, got ", t->device());
-  inverse_temperature(temperature);  // checks the range
   if (draft_probs.has_value()) {
     const auto& q = *draft_probs;
     TORCH_CHECK(q.scalar_type() == at::kFloat, "draft_probs must be float32, got ", q.scalar_type());

@@ -85,6 +85,7 @@ const char* op_name(Op op) {
     case Op::kBallot: return "__ballot_sync";
     case Op::kAny: return "__any_sync";
     case Op::kAll: return "__all_sync";
+    case Op::kReduceMax: return "__reduce_max_sync";
     case Op::kSyncWarp: return "__syncwarp";
     case Op::kWmma: return "a wmma operation";
   }
@@ -266,6 +267,13 @@ void complete_collective(std::array<Fiber*, 32>& lanes, Op op) {
         for (int j = 0; j < 32; ++j)
           if (lanes[j]) members |= 1u << j, bits |= (lanes[j]->in ? 1u : 0u) << j;
         f->out = op == Op::kBallot ? bits : op == Op::kAny ? bits != 0 : bits == members;
+        break;
+      }
+      case Op::kReduceMax: {
+        uint64_t top = 0;
+        for (int j = 0; j < 32; ++j)
+          if (lanes[j]) top = lanes[j]->in > top ? lanes[j]->in : top;
+        f->out = top;
         break;
       }
       case Op::kSyncWarp:

@@ -75,7 +75,7 @@ const Coords& coords();  // of the running fiber
 
 // Rendezvous of the lanes of `mask` in the caller's warp. `value` is this lane's 8-byte input;
 // returns this lane's result. Kinds: see cuda_emu.cpp.
-enum class Op { kShflIdx, kShflXor, kShflDown, kShflUp, kBallot, kAny, kAll, kSyncWarp, kWmma };
+enum class Op { kShflIdx, kShflXor, kShflDown, kShflUp, kBallot, kAny, kAll, kReduceMax, kSyncWarp, kWmma };
 uint64_t warp_collective(Op op, unsigned mask, uint64_t value, int arg, int width);
 void block_barrier();
 
@@ -329,6 +329,9 @@ inline int __any_sync(unsigned mask, int pred) {
 inline int __all_sync(unsigned mask, int pred) {
   return static_cast<int>(xk_emu::warp_collective(xk_emu::Op::kAll, mask, pred != 0, 0, 32));
 }
+inline unsigned __reduce_max_sync(unsigned mask, unsigned value) {
+  return static_cast<unsigned>(xk_emu::warp_collective(xk_emu::Op::kReduceMax, mask, value, 0, 32));
+}
 
 // ---- atomics (fibers never interleave inside one) -------------------------------------------
 template <typename T>
@@ -380,6 +383,10 @@ inline int __float_as_int(float x) { return xk_emu::from_bits<int>(xk_emu::to_bi
 inline float __int_as_float(int x) { return xk_emu::from_bits<float>(static_cast<uint32_t>(x)); }
 template <typename T>
 T __ldg(const T* p) {
+  return *p;
+}
+template <typename T>
+T __ldcs(const T* p) {  // a streaming (evict-first) load: a plain one here
   return *p;
 }
 inline float __expf(float x) { return std::exp(x); }

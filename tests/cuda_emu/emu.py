@@ -36,6 +36,42 @@ def _inv_t(temperature):
     return 0.0 if temperature == 0 else 1.0 / temperature
 
 
+def _sampling_args(n, v, temperature, top_k, top_p, min_p, seed, offset):
+    """The shims' sampling arguments (scalars, per-row arrays, the stream) as xkernels' wrappers
+    take them (per-row values as [N] tensors, per-row seeds and offsets as int64 [N] tensors),
+    and whether some row may sample and some may filter (the host's view of them)."""
+    from xkernels.reference.rng import inverse_temperature
+    from xkernels.reference.sampling import is_per_row
+
+    def rows(x, dtype):
+        return x.to(dtype).contiguous() if isinstance(x, torch.Tensor) else None
+
+    def scalar(x, default):
+        return default if x is None or isinstance(x, torch.Tensor) else x
+
+    def stream(x):
+        if isinstance(x, torch.Tensor):
+            x = x.to(torch.int64).reshape(-1).contiguous()
+            return 0, x, x.numel()
+        return x % 2**64, None, 0
+
+    temp_rows, k_rows, p_rows, m_rows = (rows(temperature, torch.float32), rows(top_k, torch.int32),
+                                         rows(top_p, torch.float32), rows(min_p, torch.float32))
+    seed_int, seed_t, seed_numel = stream(seed)
+    offset_int, offset_t, offset_numel = stream(offset)
+    per_request = is_per_row(seed, n) or is_per_row(offset, n)
+    inv_t, k, p, mp = (inverse_temperature(scalar(temperature, 0.0)), min(scalar(top_k, 0), 2**31 - 1),
+                       scalar(top_p, 1.0), scalar(min_p, 0.0))
+    may_sample = temp_rows is not None or inv_t != 0
+    filtered = may_sample and (any(x is not None for x in (k_rows, p_rows, m_rows)) or 0 < k < v or p < 1 or mp > 0)
+    args = (ctypes.c_float(inv_t), ctypes.c_int32(k), ctypes.c_float(p), ctypes.c_float(mp), _ptr(temp_rows),
+            _ptr(k_rows), _ptr(p_rows), _ptr(m_rows), ctypes.c_uint64(seed_int), ctypes.c_uint64(offset_int),
+            _ptr(seed_t), ctypes.c_int64(seed_numel), _ptr(offset_t), ctypes.c_int64(offset_numel),
+            ctypes.c_int(per_request))
+    # the arrays must live through the call: the tuple holds them
+    return args, (temp_rows, k_rows, p_rows, m_rows, seed_t, offset_t, may_sample, filtered)
+
+
 class CudaEmu:
     def __init__(self, path=None):
         self.lib = ctypes.CDLL(path or os.environ["XK_CUDA_EMU_LIB"])
@@ -68,28 +104,9 @@ class CudaEmu:
                             min_p=None, seed=0, offset=0, method="token"):
         """chain_verify_ragged_'s kernel, with the arguments as xkernels.chain_verify_ragged takes
         them (per-row values as [N] tensors, per-row seeds and offsets as int64 [N] tensors)."""
-        from xkernels.reference.sampling import is_per_row
-        from xkernels.reference.rng import inverse_temperature
         n, v = cu.shape[0], logits.shape[-1]
         t = drafts.shape[0]
-
-        def rows(x, dtype):
-            return x.to(dtype).contiguous() if isinstance(x, torch.Tensor) else None
-
-        def scalar(x, default):
-            return default if x is None or isinstance(x, torch.Tensor) else x
-
-        def stream(x):
-            if isinstance(x, torch.Tensor):
-                x = x.to(torch.int64).reshape(-1).contiguous()
-                return 0, x, x.numel()
-            return x % 2**64, None, 0
-
-        temp_rows, k_rows, p_rows, m_rows = (rows(temperature, torch.float32), rows(top_k, torch.int32),
-                                             rows(top_p, torch.float32), rows(min_p, torch.float32))
-        seed_int, seed_t, seed_numel = stream(seed)
-        offset_int, offset_t, offset_numel = stream(offset)
-        per_request = is_per_row(seed, n) or is_per_row(offset, n)
+        sampling, _held = _sampling_args(n, v, temperature, top_k, top_p, min_p, seed, offset)
         drafts, cu, logits, q = _c(drafts.to(torch.int64)), _c(cu.to(torch.int64)), _c(logits), _c(q)
         out = torch.empty(n, max_spec_len + 1, dtype=torch.int32)
         emitted = torch.empty(n, dtype=torch.int32)
@@ -98,14 +115,40 @@ class CudaEmu:
         self.lib.xk_emu_chain_ragged.restype = ctypes.c_int
         rc = self.lib.xk_emu_chain_ragged(
             _ptr(logits), LOGITS_TYPES[logits.dtype], _ptr(drafts), _ptr(cu), _ptr(q), ctypes.c_int64(t),
-            ctypes.c_int64(n), ctypes.c_int64(v), ctypes.c_int64(max_spec_len),
-            ctypes.c_float(inverse_temperature(scalar(temperature, 0.0))), ctypes.c_int32(min(scalar(top_k, 0), 2**31 - 1)),
-            ctypes.c_float(scalar(top_p, 1.0)), ctypes.c_float(scalar(min_p, 0.0)), _ptr(temp_rows), _ptr(k_rows),
-            _ptr(p_rows), _ptr(m_rows), ctypes.c_uint64(seed_int), ctypes.c_uint64(offset_int), _ptr(seed_t),
-            ctypes.c_int64(seed_numel), _ptr(offset_t), ctypes.c_int64(offset_numel), ctypes.c_int(per_request),
+            ctypes.c_int64(n), ctypes.c_int64(v), ctypes.c_int64(max_spec_len), *sampling,
             ctypes.c_int(method == "block"), _ptr(out), _ptr(emitted), _ptr(logprobs), msg, ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
         return out, emitted, logprobs
+
+    def row_cut(self, logits, temperature=0.0, top_k=None, top_p=None, min_p=None, rows_per_request=1):
+        """launch_row_cut over the rows of `logits` ([rows, V], rows of any stride), parameters as
+        chain_verify_ragged takes them (per-request values as [rows / rows_per_request] tensors).
+        Returns the cuts' values (float32 [rows]) and ids (int32 [rows])."""
+        from xkernels.reference.rng import inverse_temperature
+        rows, v = logits.shape
+        if logits.stride(-1) != 1:
+            logits = logits.contiguous()
+
+        def per_row(x, dtype):
+            return x.to(dtype).contiguous() if isinstance(x, torch.Tensor) else None
+
+        def scalar(x, default):
+            return default if x is None or isinstance(x, torch.Tensor) else x
+
+        arrays = [per_row(temperature, torch.float32), per_row(top_k, torch.int32), per_row(top_p, torch.float32),
+                  per_row(min_p, torch.float32)]
+        requests = max([x.numel() for x in arrays if x is not None], default=0)
+        cuts = torch.empty(rows, 2, dtype=torch.int32)
+        msg = ctypes.create_string_buffer(1024)
+        self.lib.xk_emu_row_cut.restype = ctypes.c_int
+        rc = self.lib.xk_emu_row_cut(
+            _ptr(logits), LOGITS_TYPES[logits.dtype], ctypes.c_int64(rows), ctypes.c_int64(v),
+            ctypes.c_int64(logits.stride(0) if rows > 1 else v), ctypes.c_int64(rows_per_request),
+            ctypes.c_int64(requests), ctypes.c_float(inverse_temperature(scalar(temperature, 0.0))),
+            ctypes.c_int32(min(scalar(top_k, 0), 2**31 - 1)), ctypes.c_float(scalar(top_p, 1.0)),
+            ctypes.c_float(scalar(min_p, 0.0)), *[_ptr(x) for x in arrays], _ptr(cuts), msg, ctypes.c_size_t(len(msg)))
+        self._check(rc, msg)
+        return cuts[:, 0].view(torch.float32), cuts[:, 1].clone()
 
     def refine(self, op, ctx, tokens, base, weights, temperature=0.0, seed=0, offset=0, max_iters=0, num_sms=4,
                slice_bytes=1 << 20, read="auto", seed_tensor=None, offset_tensor=None):
@@ -173,9 +216,12 @@ class CudaEmu:
         return out
 
     def tree_verify(self, tokens, parents, logits, q=None, without_replacement=False, temperature=0.0, seed=0,
-                    offset=0, num_nodes=None, num_sms=4, max_smem=227 * 1024):
-        """max_smem: the shared memory a block may opt into (an H100's by default; 0: 48 KB)."""
+                    offset=0, num_nodes=None, num_sms=4, max_smem=227 * 1024, top_k=None, top_p=None, min_p=None):
+        """max_smem: the shared memory a block may opt into (an H100's by default; 0: 48 KB). The
+        sampling arguments as xkernels.tree_verify takes them."""
         n, m, v = logits.shape
+        sampling, held = _sampling_args(n, v, temperature, top_k, top_p, min_p, seed, offset)
+        may_sample, filtered = held[-2:]
         tokens, parents, logits, q, num_nodes = _c(tokens), _c(parents), _c(logits), _c(q), _c(num_nodes)
         accept_len = torch.empty(n, dtype=torch.int64)
         path = torch.empty(n, m, dtype=torch.int64)
@@ -184,10 +230,9 @@ class CudaEmu:
         i64 = ctypes.c_int64
         rc = self.lib.xk_emu_tree_verify(
             _ptr(tokens), _ptr(parents), _ptr(num_nodes), _ptr(logits), LOGITS_TYPES[logits.dtype], _ptr(q),
-            ctypes.c_int(without_replacement), i64(n), i64(m), i64(v), ctypes.c_float(_inv_t(temperature)),
-            ctypes.c_uint64(seed), ctypes.c_uint64(offset), ctypes.c_int(num_sms), ctypes.c_int(max_smem),
-            _ptr(accept_len), _ptr(path), _ptr(out), msg,
-            ctypes.c_size_t(len(msg)))
+            ctypes.c_int(without_replacement), i64(n), i64(m), i64(v), *sampling, ctypes.c_int(may_sample),
+            ctypes.c_int(filtered), ctypes.c_int(num_sms), ctypes.c_int(max_smem), _ptr(accept_len), _ptr(path),
+            _ptr(out), msg, ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
         return accept_len, path, out
 
@@ -289,10 +334,18 @@ class CudaEmu:
 
     def shard_row_stats(self, logits, vocab_start, rows=None, exclude=None, draft_probs=None, residual_stats=None,
                         ignore_id=-1, sample=False, raw_stats=False, temperature=0.0, seed=0, offset=0,
-                        seed_tensor=None, offset_tensor=None):
+                        seed_tensor=None, offset_tensor=None, temperature_tensor=None, cut_value=None, cut_id=None):
+        """seed_tensor / offset_tensor: 0-dim or one element (the scalar form) or [N] (per request)."""
+        from xkernels.reference.sampling import is_per_row
+
         n, r, v = logits.shape
         rows, exclude, q, rs = _c(rows), _c(exclude), _c(draft_probs), _c(residual_stats)
+        temps = None if temperature_tensor is None else _c(temperature_tensor.float())
+        cut_value = None if cut_value is None else _c(cut_value.float())
+        cut_id = None if cut_id is None else _c(cut_id.clamp(-(2**31), 2**31 - 1).to(torch.int32))
+        per_request = is_per_row(seed_tensor, n) or is_per_row(offset_tensor, n)
         seed_tensor, offset_tensor = _c(seed_tensor), _c(offset_tensor)  # kept alive for the call
+        numel = lambda t: 0 if t is None else t.numel()  # noqa: E731
         s = r if rows is None else rows.shape[1]
         logits = _c(logits)
         outs = [torch.empty(n, s, dtype=dt) for dt in (torch.float32, torch.float32, torch.int64, torch.float32,
@@ -303,8 +356,9 @@ class CudaEmu:
             _ptr(logits), LOGITS_TYPES[logits.dtype], _ptr(rows), _ptr(exclude), _ptr(q), _ptr(rs), i64(n), i64(r),
             i64(v), i64(s), i64(0 if exclude is None else exclude.shape[2]), i64(0 if q is None else q.shape[1]),
             i64(vocab_start), i64(ignore_id), ctypes.c_int(sample), ctypes.c_int(raw_stats),
-            ctypes.c_float(_inv_t(temperature)), ctypes.c_uint64(seed), ctypes.c_uint64(offset),
-            _ptr(seed_tensor), _ptr(offset_tensor), *[_ptr(t) for t in outs],
-            msg, ctypes.c_size_t(len(msg)))
+            ctypes.c_float(_inv_t(temperature)), _ptr(temps), ctypes.c_uint64(seed % 2**64),
+            ctypes.c_uint64(offset % 2**64), _ptr(seed_tensor), i64(numel(seed_tensor)), _ptr(offset_tensor),
+            i64(numel(offset_tensor)), ctypes.c_int(per_request), _ptr(cut_value), _ptr(cut_id),
+            *[_ptr(t) for t in outs], msg, ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
         return tuple(outs)

@@ -89,7 +89,12 @@ LAUNCHES = {
     "spiffy_attention_mask": (_spiffy_mask, True),
     "shard_row_stats": (lambda emu, a: emu.shard_row_stats(
         a["logits"], a["vocab_start"], a.get("rows"), a.get("exclude"), a.get("draft_probs"), a.get("residual_stats"),
-        a["ignore_id"], a["sample"], a["raw_stats"], a["temperature"], _int(a["seed"]), _int(a["offset"])), False),
+        a["ignore_id"], a["sample"], a["raw_stats"], a["temperature"],
+        seed_tensor=a["seed"] if torch.is_tensor(a["seed"]) else None,
+        offset_tensor=a["offset"] if torch.is_tensor(a["offset"]) else None,
+        seed=0 if torch.is_tensor(a["seed"]) else _int(a["seed"]),
+        offset=0 if torch.is_tensor(a["offset"]) else _int(a["offset"]),
+        cut_value=a.get("cut_value"), cut_id=a.get("cut_id")), False),
 }
 
 

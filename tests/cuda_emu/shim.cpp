@@ -13,6 +13,7 @@
 #include "dllm_launch.h"
 #include "cuda_emu.h"
 #include "refine_launch.h"
+#include "row_cut_launch.h"
 #include "shard_row_stats_launch.h"
 #include "spiffy_launch.h"
 #include "tree_launch.h"
@@ -148,6 +149,30 @@ int xk_emu_chain_ragged(const void* logits, int logits_type, const int64_t* draf
   return finish(err, message, message_len);
 }
 
+// launch_row_cut over `rows` rows of `row_stride` elements (the last one only v of them); per-row
+// parameter arrays are null or [requests]. cuts: [rows] FilterCut, as {val, idx} pairs.
+int xk_emu_row_cut(const void* logits, int logits_type, int64_t rows, int64_t v, int64_t row_stride,
+                   int64_t rows_per_request, int64_t requests, float inv_t, int32_t top_k, float top_p, float min_p,
+                   const float* temperature, const int32_t* top_k_rows, const float* top_p_rows,
+                   const float* min_p_rows, xkernels::FilterCut* cuts, char* message, size_t message_len) {
+  using namespace xkernels::cuda;
+  Device dev;
+  RowCutParams p{};
+  p.logits = dev.copy(static_cast<const char*>(logits), (rows > 0 ? (rows - 1) * row_stride + v : 0) *
+                                                           logits_bytes(logits_type));
+  p.dtype = static_cast<LogitsType>(logits_type);
+  p.rows = rows, p.v = v, p.row_stride = row_stride, p.rows_per_request = rows_per_request;
+  p.s.scalar = xkernels::RowSampling{inv_t, top_k, top_p, min_p};
+  p.s.temperature = dev.copy(temperature, sizeof(float) * requests);
+  p.s.top_k = dev.copy(top_k_rows, sizeof(int32_t) * requests);
+  p.s.top_p = dev.copy(top_p_rows, sizeof(float) * requests);
+  p.s.min_p = dev.copy(min_p_rows, sizeof(float) * requests);
+  p.cuts = dev.alloc<xkernels::FilterCut>(sizeof(xkernels::FilterCut) * rows, 0xA5);
+  const cudaError_t err = launch_row_cut(p, nullptr);
+  copy_out(cuts, p.cuts, sizeof(xkernels::FilterCut) * rows);
+  return finish(err, message, message_len);
+}
+
 // op: 0 refine_step (tokens = prev_tokens [n, b]), 1 jacobi_refine, 2 sequential_refine
 // (tokens = prefix_tokens [n, f + 1]). Weights are float32 (weight_type 0) or bfloat16 (1).
 // read_mode: RefineReadMode (0 auto, 1 GEMM, 2 fused), on a device of compute capability 9.
@@ -247,10 +272,14 @@ int xk_emu_tree_mask(const int64_t* parents, const int64_t* num_nodes, int64_t n
   return finish(err, message, message_len);
 }
 
+// Per-row parameter and stream arrays as for xk_emu_chain_ragged.
 int xk_emu_tree_verify(const int64_t* tokens, const int64_t* parents, const int64_t* num_nodes, const void* logits,
                        int logits_type, const float* q, int without_replacement, int64_t n, int64_t m, int64_t v,
-                       float inv_t, uint64_t seed, uint64_t offset, int num_sms, int max_smem, int64_t* accept_len,
-                       int64_t* path, int64_t* out_tokens, char* message, size_t message_len) {
+                       float inv_t, int32_t top_k, float top_p, float min_p, const float* temperature,
+                       const int32_t* top_k_rows, const float* top_p_rows, const float* min_p_rows, uint64_t seed,
+                       uint64_t offset, const int64_t* seed_tensor, int64_t seed_numel, const int64_t* offset_tensor,
+                       int64_t offset_numel, int per_request, int may_sample, int filtered, int num_sms, int max_smem,
+                       int64_t* accept_len, int64_t* path, int64_t* out_tokens, char* message, size_t message_len) {
   using namespace xkernels::cuda;
   Device dev;
   TreeVerifyParams p{};
@@ -261,7 +290,19 @@ int xk_emu_tree_verify(const int64_t* tokens, const int64_t* parents, const int6
   p.dtype = static_cast<LogitsType>(logits_type);
   p.q = dev.copy(q, sizeof(float) * n * m * v);
   p.without_replacement = without_replacement != 0;
-  p.n = n, p.m = m, p.v = v, p.inv_t = inv_t, p.seed = seed, p.offset = offset, p.num_sms = num_sms;
+  p.n = n, p.m = m, p.v = v, p.num_sms = num_sms;
+  p.s.scalar = xkernels::RowSampling{inv_t, top_k, top_p, min_p};
+  p.s.temperature = dev.copy(temperature, sizeof(float) * n);
+  p.s.top_k = dev.copy(top_k_rows, sizeof(int32_t) * n);
+  p.s.top_p = dev.copy(top_p_rows, sizeof(float) * n);
+  p.s.min_p = dev.copy(min_p_rows, sizeof(float) * n);
+  p.s.seed = seed, p.s.offset = offset;
+  p.s.seed_ptr = dev.copy(seed_tensor, sizeof(int64_t) * seed_numel);
+  p.s.offset_ptr = dev.copy(offset_tensor, sizeof(int64_t) * offset_numel);
+  p.s.seed_per_row = seed_tensor && seed_numel == n;
+  p.s.offset_per_row = offset_tensor && offset_numel == n;
+  p.s.per_request = per_request != 0;
+  p.may_sample = may_sample != 0, p.filtered = filtered != 0;
   p.max_smem = max_smem;
   p.accept_len = dev.alloc<int64_t>(sizeof(int64_t) * n, 0xA5);
   p.path = dev.alloc<int64_t>(sizeof(int64_t) * n * m, 0xA5);
@@ -391,8 +432,10 @@ int xk_emu_spiffy_attention_mask(const int64_t* prefix_lens, int64_t n, int64_t 
 int xk_emu_shard_row_stats(const void* logits, int logits_type, const int64_t* rows, const int64_t* exclude,
                            const float* draft_probs, const float* residual_stats, int64_t n, int64_t r, int64_t v,
                            int64_t s, int64_t e, int64_t q, int64_t vocab_start, int64_t ignore_id, int sample,
-                           int raw_stats, float inv_t, uint64_t seed, uint64_t offset, const int64_t* seed_tensor,
-                           const int64_t* offset_tensor, float* row_max,
+                           int raw_stats, float inv_t, const float* temperature, uint64_t seed, uint64_t offset,
+                           const int64_t* seed_tensor, int64_t seed_numel, const int64_t* offset_tensor,
+                           int64_t offset_numel, int per_request, const float* cut_value, const int32_t* cut_id,
+                           float* row_max,
                            float* row_sum, int64_t* top_id, float* pick_score, int64_t* pick_id, float* pick_logit,
                            char* message, size_t message_len) {
   using namespace xkernels::cuda;
@@ -407,8 +450,16 @@ int xk_emu_shard_row_stats(const void* logits, int logits_type, const int64_t* r
   p.draft_probs = dev.copy(draft_probs, sizeof(float) * n * q * v);
   p.residual_stats = dev.copy(residual_stats, sizeof(float) * n * s * 2);
   p.sample = sample != 0, p.raw_stats = raw_stats != 0;
-  p.inv_t = inv_t, p.seed = seed, p.offset = offset;
-  p.seed_ptr = dev.copy(seed_tensor, sizeof(int64_t)), p.offset_ptr = dev.copy(offset_tensor, sizeof(int64_t));
+  p.s_args.scalar = xkernels::RowSampling{inv_t, 0, 1.0f, 0.0f};
+  p.s_args.temperature = dev.copy(temperature, sizeof(float) * n);
+  p.s_args.seed = seed, p.s_args.offset = offset;
+  p.s_args.seed_ptr = dev.copy(seed_tensor, sizeof(int64_t) * seed_numel);
+  p.s_args.offset_ptr = dev.copy(offset_tensor, sizeof(int64_t) * offset_numel);
+  p.s_args.seed_per_row = seed_tensor && seed_numel == n;
+  p.s_args.offset_per_row = offset_tensor && offset_numel == n;
+  p.s_args.per_request = per_request != 0;
+  p.cut_value = dev.copy(cut_value, sizeof(float) * n * s);
+  p.cut_id = dev.copy(cut_id, sizeof(int32_t) * n * s);
   const size_t f = sizeof(float) * n * s, i = sizeof(int64_t) * n * s;
   p.row_max = dev.alloc<float>(f, 0xA5), p.row_sum = dev.alloc<float>(f, 0xA5);
   p.pick_score = dev.alloc<float>(f, 0xA5), p.pick_logit = dev.alloc<float>(f, 0xA5);

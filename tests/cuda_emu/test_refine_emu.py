@@ -42,6 +42,21 @@ def test_refine_step(emu, shape, logits_dtype, weight_dtype, read, temperature, 
                       slice_bytes=SLICE_BYTES[slices], read=read)
 
 
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_gemm_read_slices_of_several_chunks(emu, shape, weight_dtype, temperature):
+    """Slices of several chunks each, as the budget makes them at large shapes (N=32: 14 slices of 3),
+    here about half the vocabulary a slice."""
+    n, b, d, v, r, h = shape
+    slice_bytes = (n * d * 4 + r * (4 if weight_dtype == torch.float32 else 2)) * (v // 2)
+    plan, _ = emu.refine_plan(n, b, d, r, h, v, n * d, True, weight_dtype, num_sms=132, slice_bytes=slice_bytes,
+                              mode="gemm")
+    assert plan.chunks_per_slice > 1 and plan.slices > 1
+    check_refine_step(emu, shape, torch.bfloat16, weight_dtype, temperature, num_sms=132, slice_bytes=slice_bytes,
+                      read="gemm")
+
+
 # The fused read's edge shapes (N, B, D, V, r, H): rows (N * D) 1, 15, 16, 17, 33 (a padded fourth
 # row tile), 64, 130 (three row groups); V below one tile of 64 ids, exactly one, not a multiple;
 # r = 8 and 24 (depth padded to 16), up to the largest rank, 256.
@@ -109,8 +124,21 @@ def test_read_plan_covers_the_vocabulary(emu, num_sms, slice_bytes, mode, weight
                 assert slices == -(-chunks // per_slice) and (slices - 1) * slice_ < v <= slices * slice_
                 if not read:
                     assert slices == 1
-                elif per_slice > 1:  # a slice's products fit the budget
-                    assert max(rows, 1) * slice_ * 4 <= slice_bytes
+                elif per_slice > 1:  # a slice's working set, its products and w_read rows, fits the budget
+                    w_bytes = 4 if weight_dtype == torch.float32 else 2
+                    assert (max(rows, 1) * 4 + r * w_bytes) * min(slice_, v) <= slice_bytes
+                    if slices > 1:  # and takes as many ids as fit, to chunk rounding
+                        fit = slice_bytes // (max(rows, 1) * 4 + r * w_bytes) // 4 * 4
+                        assert fit - slice_ < 4 * per_slice
+
+
+def test_read_plan_slices_at_n32(emu):
+    """The shipped shape's GEMM read at N=32 (480 rows, bf16, r=256) on the binding's budget for the
+    H200 (7/16 of its 60 MB L2): 14 slices of 3 chunks of 3772 ids (products and w_read rows 26.2 MB),
+    where the products alone within a third of L2 took 19 slices of 8192 ids."""
+    plan, _ = emu.refine_plan(32, 16, 15, 256, 512, 151936, 480, True, torch.bfloat16, slice_bytes=(60 << 20) // 16 * 7,
+                              mode="gemm")
+    assert (plan.slices, plan.chunks_per_slice, plan.chunk, plan.chunks) == (14, 3, 3772, 41)
 
 
 @pytest.mark.parametrize("mode", ["auto", "fused"])

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from xkernels import reference
-from tests.test_shard_row_stats import assert_outputs_match, shard_case
+from tests.test_shard_row_stats import assert_outputs_match, per_row_case, shard_case
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -55,3 +55,30 @@ def test_seed_and_offset_read_from_device_memory(emu):
         assert_outputs_match(got, want, True)
     other = emu.shard_row_stats(logits, 12, seed_tensor=torch.tensor(6), offset_tensor=torch.tensor(9), **kw)
     assert not torch.equal(other[4], emu.shard_row_stats(logits, 12, seed=5, offset=9, **kw)[4])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("vocab_start,v", [(0, 41), (6, 41), (8, 1032)])  # 1032: 16-byte loads on both passes
+@pytest.mark.parametrize("raw_stats", [False, True])
+def test_per_row_sampling_matches_reference(emu, dtype, vocab_start, v, raw_stats):
+    """Per-sequence temperatures (one greedy), per-request streams read from device memory, per-row
+    cuts, selected rows with exclusions and residual rows: the kernel's SamplingView and cut."""
+    logits, temps, seeds, offsets, cut_value, cut_id = per_row_case(v=v, dtype=dtype, seed=vocab_start)
+    cut_id = cut_id + vocab_start
+    rows = torch.tensor([[2, 0], [1, 1], [0, 2], [2, 1]])
+    q = torch.softmax(shard_case(4, 1, v, seed=5), -1)
+    stats = torch.stack([logits.float().amax(-1) + 0.5, torch.full((4, 3), 40.0)], -1).gather(
+        1, rows[..., None].expand(4, 2, 2)).contiguous()
+    kw = dict(temperature=temps, seed=seeds, offset=offsets, sample=True, raw_stats=raw_stats,
+              ignore_id=vocab_start + 5)
+    for r, e, dq in [(None, None, None), (rows, cut_id.gather(1, rows)[..., None], None), (rows, None, q)]:
+        cv, ci = (cut_value, cut_id) if r is None else (cut_value.gather(1, r), cut_id.gather(1, r))
+        extra = {} if dq is None else dict(draft_probs=dq, residual_stats=stats)
+        want = reference.shard_row_stats(logits, vocab_start, rows=r, exclude=e, cut_value=cv, cut_id=ci, **kw,
+                                         **extra)
+        got = emu.shard_row_stats(logits, vocab_start, rows=r, exclude=e, draft_probs=extra.get("draft_probs"),
+                                  residual_stats=extra.get("residual_stats"), ignore_id=kw["ignore_id"], sample=True,
+                                  raw_stats=raw_stats, temperature_tensor=temps, seed_tensor=seeds,
+                                  offset_tensor=offsets, cut_value=cv, cut_id=ci)
+        assert_outputs_match(got, want, True)
+        assert (got[4][1] == -1).all()  # the greedy sequence draws nothing

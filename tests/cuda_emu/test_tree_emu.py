@@ -229,3 +229,58 @@ def test_tree_verify_draft_mass_in_one_chunk(emu, dtype, v, max_smem, where):
             want = reference.tree_verify(tokens, parents, logits, q, without_replacement, 1.0, seed, 1)
             for a, b in zip(got, want):
                 assert torch.equal(a, b)
+
+
+def _sampling_params(n, seed):
+    """Every parameter kind in one batch (greedy rows too), per-request streams."""
+    g = torch.Generator().manual_seed(seed)
+    return dict(temperature=torch.tensor([0.0, 0.7, 1.0, 1.3, 1.0, 0.9])[torch.arange(n) % 6],
+                top_k=torch.tensor([0, 3, 0, 7, 1, 0])[torch.arange(n) % 6],
+                top_p=torch.tensor([1.0, 0.8, 0.5, 1.0, 1.0, 0.9])[torch.arange(n) % 6],
+                min_p=torch.tensor([0.0, 0.0, 0.1, 0.05, 0.0, 0.2])[torch.arange(n) % 6],
+                seed=torch.randint(0, 2**40, (n,), generator=g), offset=torch.randint(0, 1000, (n,), generator=g))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_q,without_replacement", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("v", [37, 304])
+def test_tree_verify_per_request_sampling(emu, dtype, with_q, without_replacement, v):
+    """Mixed per-row temperature, top_k, top_p and min_p with per-request streams: the cut pass,
+    then the walk, the child tests, the residual passes and the draw read p' through the cuts."""
+    tokens, parents, logits, q = verify_case(12, 11, v, "bushy", dtype, seed=v)
+    params = _sampling_params(12, v)
+    num_nodes = torch.tensor([11, 5, 1, 9] * 3)
+    qq = q if with_q else None
+    got = emu.tree_verify(tokens, parents, logits, qq, without_replacement, num_nodes=num_nodes, **params)
+    want = reference.tree_verify(tokens, parents, logits, qq, without_replacement, num_nodes=num_nodes, **params)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("with_q", [False, True])
+def test_tree_verify_scalar_filters_and_streams(emu, with_q):
+    """Scalar filters (one cut per node row from the scalar parameters), the scalar stream as ints
+    and as one-element tensors, and per-request streams with scalar parameters."""
+    tokens, parents, logits, q = verify_case(6, 9, 64, "bushy", torch.float32, seed=4)
+    qq = q if with_q else None
+    for seed, offset in [(7, 2), (torch.tensor([11]), torch.tensor(4)), (torch.arange(6), torch.zeros(6, dtype=torch.int64))]:
+        kw = dict(temperature=0.8, top_k=5, top_p=0.9, min_p=0.05, seed=seed, offset=offset)
+        got = emu.tree_verify(tokens, parents, logits, qq, False, **kw)
+        want = reference.tree_verify(tokens, parents, logits, qq, False, **kw)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+
+
+def test_tree_verify_unchecked_sampling_values_stay_memory_safe(emu):
+    """Without XKERNELS_CHECK the binding reads no per-row values: invalid ones read as off (a bad
+    temperature as greedy) and the kernels stay in bounds."""
+    tokens, parents, logits, q = verify_case(4, 9, 40, "bushy", torch.float32, seed=6)
+    bad = dict(temperature=torch.tensor([-1.0, float("nan"), float("inf"), 1.0]),
+               top_k=torch.tensor([-3, 2**31 - 1, 0, 5], dtype=torch.int32),
+               top_p=torch.tensor([0.0, 2.0, float("nan"), 0.5]), min_p=torch.tensor([-1.0, 3.0, float("nan"), 0.1]),
+               seed=torch.arange(4), offset=torch.arange(4))
+    for qq in (None, q):
+        accept_len, path, out = emu.tree_verify(tokens, parents, logits, qq, True, **bad)
+        assert ((out >= -1) & (out < 40)).all() and ((path >= -1) & (path < 9)).all()
+        greedy = reference.tree_verify(tokens[:3], parents[:3], logits[:3], qq, True)
+        assert torch.equal(out[:3], greedy[2])

@@ -1030,9 +1030,9 @@ class SpiffyAttentionMask(Spec):
 class ShardRowStats(Spec):
     name = "shard_row_stats"
     tensors = {"logits": "logits", "rows": "ids", "exclude": "ids", "draft_probs": "f32", "residual_stats": "f32",
-               "seed": "rng", "offset": "rng"}
+               "seed": "rng", "offset": "rng", "temperature": "f32", "cut_value": "f32", "cut_id": "ids32"}
     primary = "logits"
-    optional = ("rows", "exclude", "draft_probs", "residual_stats")
+    optional = ("rows", "exclude", "draft_probs", "residual_stats", "cut_value", "cut_id")
     huge_dims = {"logits": (2,)}
 
     def valid(self, g):
@@ -1052,6 +1052,12 @@ class ShardRowStats(Spec):
             q = g.int(0, r)
             args["draft_probs"] = g.probs(n, q, v) if v else torch.zeros(n, q, 0)
             args["residual_stats"] = torch.stack([torch.full((n, s), 2.0), torch.full((n, s), float(max(v, 1)))], -1)
+        if g.coin(0.3):  # per sequence: temperatures (0s among them) and the per-request streams
+            args["temperature"] = torch.tensor([g.temperature() for _ in range(n)])
+            args["seed"], args["offset"] = (torch.randint(-2**62, 2**62, (n,), generator=g.g) for _ in range(2))
+        if sample and g.coin(0.3):  # any cut: the ids it keeps are what the filters would keep
+            args["cut_value"] = torch.randn(n, s, generator=g.g)
+            args["cut_id"] = torch.randint(-1, args["vocab_start"] + v + 1, (n, s), generator=g.g)
         return args
 
     def value_mutations(self, g, args):
@@ -1060,7 +1066,7 @@ class ShardRowStats(Spec):
                ("vocab_start=2**31", _set(args, vocab_start=2**31), RAISE, {"vocab_start"}),
                ("vocab_start=2**63-1", _set(args, vocab_start=2**63 - 1), RAISE, {"vocab_start"}),
                ("ignore_id=2**40", _set(args, ignore_id=2**40), EITHER, set())]
-        if args["temperature"] == 0:
+        if not torch.is_tensor(args["temperature"]) and args["temperature"] == 0:
             out.append(("sample at T=0", _set(args, sample=True), RAISE, {"sample", "temperature"}))
         if args.get("rows") is not None and args["rows"].numel():
             for bad in (r, -1, 2**40):

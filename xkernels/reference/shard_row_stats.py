@@ -5,17 +5,21 @@ import math
 
 import torch
 
-from .rng import _as_int, gumbel_noise_of_ids, inverse_temperature
+from .rng import gumbel_noise_of_ids, inverse_temperature
+from .sampling import row_params, row_streams
 
 
 def shard_row_stats(logits, vocab_start, rows=None, exclude=None, draft_probs=None, residual_stats=None, ignore_id=-1,
-                    sample=False, raw_stats=False, temperature=0.0, seed=0, offset=0):
-    """The per-shard pass of vocabulary-parallel sampling; see xkernels.ops.shard_row_stats."""
+                    sample=False, raw_stats=False, temperature=0.0, seed=0, offset=0, cut_value=None, cut_id=None):
+    """The per-shard pass of vocabulary-parallel sampling; see xkernels.ops.shard_row_stats.
+    temperature: a float or an [N] tensor; seed, offset: ints, one-element tensors or [N] tensors (the
+    per-request streams, sampling.RowStream); cut_value, cut_id [N, S]: each row keeps the ids ranked
+    at or before its cut (filter_keeps) in its statistics (unless raw_stats) and its pick."""
     n, r, v = logits.shape
-    inv_t = inverse_temperature(temperature)
-    if sample and inv_t == 0:
+    params = row_params(n, temperature)
+    if sample and not isinstance(temperature, torch.Tensor) and inverse_temperature(temperature) == 0:
         raise ValueError("sample=True needs temperature > 0")
-    seed, offset = _as_int(seed), _as_int(offset)
+    streams = row_streams(n, seed, offset)
     l = logits.detach().cpu().float()
     rows = torch.arange(r).expand(n, r) if rows is None else rows.cpu()
     ids = torch.arange(vocab_start, vocab_start + v)
@@ -24,10 +28,14 @@ def shard_row_stats(logits, vocab_start, rows=None, exclude=None, draft_probs=No
     top_id, pick_id = torch.full(shape, -1, dtype=torch.int64), torch.full(shape, -1, dtype=torch.int64)
     pick_score, pick_logit = torch.full(shape, -math.inf), torch.full(shape, -math.inf)
     for s in range(n):
+        inv_t = params[s].inv_t
         for j in range(shape[1]):
             row = int(rows[s, j])
             raw = torch.where(ids == ignore_id, -math.inf, l[s, row])
             a = raw * inv_t if inv_t else raw
+            if cut_value is not None and inv_t:  # ranked at or before (value, id): a higher value, ties to the lower id
+                c_val, c_id = float(cut_value[s, j]), int(cut_id[s, j])
+                a = torch.where((a > c_val) | ((a == c_val) & (ids <= c_id)), a, -math.inf)
             stat = raw if raw_stats else a
             if v == 0:
                 continue
@@ -35,7 +43,7 @@ def shard_row_stats(logits, vocab_start, rows=None, exclude=None, draft_probs=No
             row_max[s, j], top_id[s, j] = stat[top], vocab_start + top
             if math.isfinite(float(stat[top])):
                 row_sum[s, j] = torch.exp(stat - stat[top]).sum()
-            if not sample:
+            if not sample or not inv_t:
                 continue
             if draft_probs is not None and row < draft_probs.shape[1]:
                 big_m, big_s = (float(x) for x in residual_stats[s, j])
@@ -48,7 +56,8 @@ def shard_row_stats(logits, vocab_start, rows=None, exclude=None, draft_probs=No
             drawable = ~torch.isneginf(log_w)
             if not drawable.any():
                 continue
-            score = torch.where(drawable, log_w + gumbel_noise_of_ids(seed, offset, s, row, ids), -math.inf)
+            noise = gumbel_noise_of_ids(*streams[s]._at(row), ids)
+            score = torch.where(drawable, log_w + noise, -math.inf)
             best = int(score.argmax())
             pick_score[s, j], pick_id[s, j], pick_logit[s, j] = score[best], vocab_start + best, stat[best]
     dev = logits.device

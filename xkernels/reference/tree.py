@@ -6,7 +6,7 @@ from typing import Optional
 
 import torch
 
-from .rng import _as_int, acceptance_coins_at, gumbel_noise, inverse_temperature
+from .sampling import filtered_logits, row_params, row_streams
 
 
 def build_draft_tree(topk_logprobs: torch.Tensor, topk_tokens: torch.Tensor, budget: int):
@@ -91,13 +91,16 @@ def tree_positions(parents: torch.Tensor, num_nodes: Optional[torch.Tensor] = No
 
 
 def tree_verify(tokens, parents, target_logits, draft_probs=None, without_replacement=False, temperature=0.0,
-                seed=0, offset=0, num_nodes=None):
-    """Walks each tree from the root, accepting children by the rules of csrc/include/xkernels/tree.h.
-    Returns accept_len [N], path [N, M] (accepted nodes from the root, -1 padded) and out_tokens
-    [N, M] (accepted draft tokens, then the correction or bonus token, -1 padded)."""
+                seed=0, offset=0, num_nodes=None, top_k=None, top_p=None, min_p=None):
+    """Walks each tree from the root, accepting children by the rules of csrc/include/xkernels/tree.h,
+    against each row's filtered distribution p' (reference/sampling.py's filtered_logits of the
+    sequence's parameters: temperature, top_k, top_p, min_p, each a scalar or an [N] tensor). Node i
+    owns slot i of the sequence's stream (sampling.RowStream): child c's coin is slot c's, the sample
+    at node i uses slot i's Gumbel noise. Returns accept_len [N], path [N, M] (accepted nodes from the
+    root, -1 padded) and out_tokens [N, M] (accepted draft tokens, then the correction or bonus
+    token, -1 padded)."""
     n, m, v = target_logits.shape
-    inv_t = inverse_temperature(temperature)
-    seed, offset = _as_int(seed), _as_int(offset)
+    params, streams = row_params(n, temperature, top_k, top_p, min_p), row_streams(n, seed, offset)
     logits = target_logits.detach().cpu().float()
     toks, par = tokens.detach().cpu(), parents.detach().cpu()
     q_all = None if draft_probs is None else draft_probs.detach().cpu().float()
@@ -105,27 +108,27 @@ def tree_verify(tokens, parents, target_logits, draft_probs=None, without_replac
     path = torch.full((n, m), -1, dtype=torch.int64)
     out = torch.full((n, m), -1, dtype=torch.int64)
     for s, count in enumerate(_num_nodes(parents, num_nodes)):
+        rp, stream = params[s], streams[s]
         children = [[] for _ in range(m)]
         for i in range(1, count):
             children[int(par[s, i])].append(i)
         node, acc = 0, 0
         path[s, 0] = 0
         while True:
-            a = logits[s, node] * (inv_t if inv_t else 1.0)
+            a = logits[s, node] * (rp.inv_t if rp.inv_t else 1.0)
             top = int(a.argmax())
             emit = None
-            if inv_t == 0 or not torch.isfinite(a.max()):
+            if rp.inv_t == 0 or not torch.isfinite(a.max()):
                 nxt = next((c for c in children[node] if int(toks[s, c]) == top), None)
                 emit = top if nxt is None else None
             else:
-                p = torch.softmax(a, -1)
+                p = torch.softmax(filtered_logits(a, rp.top_k, rp.top_p, rp.min_p), -1)
                 nxt = None
                 if q_all is None:
                     r = p.clone()
                     for c in children[node]:
                         x = int(toks[s, c])
-                        u = float(acceptance_coins_at(seed, offset, s, c))
-                        if u * float(r.sum()) < float(r[x]):
+                        if stream.coin(c) * float(r.sum()) < float(r[x]):
                             nxt = c
                             break
                         r[x] = 0.0
@@ -133,7 +136,7 @@ def tree_verify(tokens, parents, target_logits, draft_probs=None, without_replac
                     r, q = p.clone(), q_all[s, node].clone()
                     for c in children[node]:
                         x = int(toks[s, c])
-                        u = float(acceptance_coins_at(seed, offset, s, c))
+                        u = stream.coin(c)
                         # A draft row without mass proposes nothing: its children are rejected.
                         q_norm = q / q.sum() if float(q.sum()) > 0 else torch.zeros_like(q)
                         if float(q.sum()) > 0 and u * float(q_norm[x]) < float(r[x] / r.sum()):
@@ -148,8 +151,7 @@ def tree_verify(tokens, parents, target_logits, draft_probs=None, without_replac
                     if float(r.sum()) <= 0:
                         emit = top
                     else:
-                        score = r.log() + gumbel_noise(seed, offset, s, node, v)
-                        emit = int(score.argmax())
+                        emit = int((r.log() + stream.gumbel(node, v)).argmax())
             if nxt is None:
                 out[s, acc] = emit
                 break

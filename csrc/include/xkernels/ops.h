@@ -118,15 +118,21 @@ at::Tensor tree_positions(const at::Tensor& parents, const std::optional<at::Ten
 // Lossless verification of a draft tree. target_logits [N, M, V]: the target's next-token logits
 // after each node's path. Greedy at T = 0; at T > 0 deterministic children (no draft_probs), or
 // children drawn i.i.d. (or without_replacement) from draft_probs float32 [N, M, V] (row i: the
-// distribution node i's children were drawn from). Returns (accept_len [N], path [N, M]: the
-// accepted nodes from the root, -1 padded, out_tokens [N, M]: the accepted drafts, then the
+// distribution node i's children were drawn from), verified against each row's filtered
+// distribution p' (top_k, top_p, min_p). temperature ... offset as for chain_verify_ragged_, a
+// scalar or an [N] tensor each; with per-request streams node i of sequence n uses slot
+// offset[n] + i (a call reads slots offset .. offset + M - 1). Returns (accept_len [N], path [N, M]:
+// the accepted nodes from the root, -1 padded, out_tokens [N, M]: the accepted drafts, then the
 // correction or bonus token, -1 padded).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify(
     const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& target_logits,
     const std::optional<at::Tensor>& draft_probs = std::nullopt, bool without_replacement = false,
-    double temperature = 0.0, int64_t seed = 0, int64_t offset = 0,
-    const std::optional<at::Tensor>& num_nodes = std::nullopt,
-    const std::optional<at::Tensor>& seed_tensor = std::nullopt,
+    const std::optional<at::Tensor>& num_nodes = std::nullopt, double temperature = 0.0,
+    const std::optional<at::Tensor>& temperature_tensor = std::nullopt, int64_t top_k = 0,
+    const std::optional<at::Tensor>& top_k_tensor = std::nullopt, double top_p = 1.0,
+    const std::optional<at::Tensor>& top_p_tensor = std::nullopt, double min_p = 0.0,
+    const std::optional<at::Tensor>& min_p_tensor = std::nullopt, int64_t seed = 0,
+    const std::optional<at::Tensor>& seed_tensor = std::nullopt, int64_t offset = 0,
     const std::optional<at::Tensor>& offset_tensor = std::nullopt);
 
 // In place: the K/V entries prefix_len + path[n, j] of cache [N, H, L, d] move to prefix_len + j,
@@ -186,13 +192,20 @@ at::Tensor spiffy_attention_mask(const at::Tensor& prefix_lens, int64_t num_draf
 // and sum of a), rows below Q draw from w = max(softmax(a) - q, 0) instead. Returns (row_max,
 // row_sum, top_id, pick_score, pick_id, pick_logit: s at the pick), all [N, S]; no pick: -inf, -1,
 // -inf. Merged over shards (max score, ties to the lowest id) these give the unsharded ops' tokens.
+// temperature_tensor: float32 [N], a temperature per sequence (rows at 0: greedy, no pick); seed and
+// offset tensors of [N]: the per-request streams (sampling_params.h RowStream, slot = the row).
+// cut_value float32 [N, S] and cut_id [N, S]: each selected row keeps only the ids x with
+// filter_keeps({cut_value, cut_id}, a_x, x) (global ids) in its statistics (unless raw_stats) and
+// its pick: the whole vocabulary's top-k / top-p / min-p cut, found by xkernels/distributed.py.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> shard_row_stats(
     const at::Tensor& logits, int64_t vocab_start, const std::optional<at::Tensor>& rows = std::nullopt,
     const std::optional<at::Tensor>& exclude = std::nullopt, const std::optional<at::Tensor>& draft_probs = std::nullopt,
     const std::optional<at::Tensor>& residual_stats = std::nullopt, int64_t ignore_id = -1, bool sample = false,
     bool raw_stats = false, double temperature = 0.0, int64_t seed = 0, int64_t offset = 0,
     const std::optional<at::Tensor>& seed_tensor = std::nullopt,
-    const std::optional<at::Tensor>& offset_tensor = std::nullopt);
+    const std::optional<at::Tensor>& offset_tensor = std::nullopt,
+    const std::optional<at::Tensor>& temperature_tensor = std::nullopt,
+    const std::optional<at::Tensor>& cut_value = std::nullopt, const std::optional<at::Tensor>& cut_id = std::nullopt);
 
 // How the library was built: version, whether CUDA kernels are compiled and
 // for which architectures.

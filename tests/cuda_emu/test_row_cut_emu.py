@@ -1,0 +1,104 @@
+"""launch_row_cut's kernel, run by the emulation: each row's cut keeps exactly the ids the
+reference's filter_mask keeps."""
+import math
+
+import pytest
+import torch
+
+from xkernels.reference.rng import inverse_temperature
+from xkernels.reference.sampling import filter_mask
+
+INT_MAX = 2**31 - 1
+
+
+def _as_read(t, k, p, m):
+    """A row's parameters as SamplingView.row reads them: invalid values are off (greedy for t)."""
+    inv = inverse_temperature(t) if math.isfinite(t) and t > 0 else 0.0
+    return inv, (k if k > 0 else 0), (p if 0 < p <= 1 else 1.0), (m if 0 <= m <= 1 else 0.0)
+
+
+def _check(logits, cut_val, cut_idx, params, rows_per_request=1):
+    """params: one (temperature, top_k, top_p, min_p) a request."""
+    v = logits.shape[1]
+    ids = torch.arange(v)
+    for r in range(logits.shape[0]):
+        inv, k, p, m = _as_read(*params[r // rows_per_request])
+        a = logits[r].float() * torch.tensor(inv, dtype=torch.float32)
+        if inv == 0 or not torch.isfinite(a.max()) or not (0 < k < v or p < 1 or m > 0):
+            assert cut_val[r] == float("-inf") and cut_idx[r] == INT_MAX, f"row {r} keeps every id"
+            continue
+        finite = a > float("-inf")
+        got = (a > cut_val[r]) | ((a == cut_val[r]) & (ids <= cut_idx[r]))
+        want = filter_mask(a, k, p, m)
+        assert torch.equal(got & finite, want & finite), f"row {r}: {(k, p, m)}"
+
+
+def _run(emu, logits, params, rows_per_request=1):
+    t, k, p, m = (torch.tensor(c) for c in zip(*params)) if params else [torch.empty(0)] * 4
+    cut_val, cut_idx = emu.row_cut(logits, temperature=t.float(), top_k=k.to(torch.int32), top_p=p.float(),
+                                   min_p=m.float(), rows_per_request=rows_per_request)
+    _check(logits, cut_val, cut_idx, params, rows_per_request)
+    return cut_val, cut_idx
+
+
+# (temperature, top_k, top_p, min_p): greedy, unfiltered, each filter alone and mixed
+PARAMS = [(0.0, 5, 0.5, 0.1), (1.0, 0, 1.0, 0.0), (0.7, 3, 1.0, 0.0), (1.0, 0, 0.8, 0.0), (1.3, 0, 1.0, 0.05),
+          (0.9, 7, 0.5, 0.0), (1.0, 20, 0.9, 0.2), (1.1, 1, 0.3, 0.0), (0.5, 0, 0.95, 0.5), (1.0, 4, 1.0, 1.0)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("vocab", [37, 300, 1])
+def test_matches_reference(emu, dtype, vocab):
+    g = torch.Generator().manual_seed(vocab)
+    logits = (torch.randn(len(PARAMS), vocab, generator=g) * 3).to(dtype)
+    _run(emu, logits, PARAMS)
+
+
+def test_planted_ties_at_the_cuts(emu):
+    """Equal logits at a top-k, a top-p and a min-p cut: the lower ids are kept first."""
+    row = torch.tensor([0.0, 2.0, 1.0, 2.0, 2.0, 1.0, 2.0, 1.0, -1.0, 1.0, 0.5, 1.0] * 30)  # V = 360: 120 twos
+    params = [(1.0, 3, 1.0, 0.0), (1.0, 130, 1.0, 0.0), (1.0, 0, 0.3, 0.0), (1.0, 200, 0.6, 0.0), (1.0, 0, 1.0, 0.5),
+              (1.0, 121, 0.99, 0.3), (1.0, 120, 1.0, 0.0), (1.0, 0, 0.6, 0.4)]
+    for dtype in (torch.float32, torch.bfloat16):
+        cut_val, cut_idx = _run(emu, row.repeat(len(params), 1).to(dtype), params)
+        # top_k = 3 keeps the first three 2.0s (ids 1, 3, 4); top_p = 0.3 cuts inside the 2.0s
+        assert (cut_val[0].item(), cut_idx[0].item()) == (2.0, 4)
+        assert cut_val[2] == 2.0 and cut_idx[2] < INT_MAX
+
+
+def test_garbage_per_row_values_read_as_off(emu):
+    """Without XKERNELS_CHECK the binding reads no values: the kernel must take any of them."""
+    g = torch.Generator().manual_seed(5)
+    params = [(float("nan"), 3, 0.5, 0.1), (-1.0, 2, 0.5, 0.0), (float("inf"), 2, 1.0, 0.0), (1e-40, 2, 1.0, 0.0),
+              (1.0, -3, 0.0, -1.0), (1.0, INT_MAX, 2.0, 3.0), (1.0, 0, float("nan"), float("nan")),
+              (1.0, 5, -0.5, float("inf")), (1.0, -(2**31), float("-inf"), 0.5)]
+    _run(emu, torch.randn(len(params), 50, generator=g), params)
+
+
+def test_rows_without_a_softmax_keep_every_id(emu):
+    logits = torch.randn(5, 40)
+    logits[0, 7] = float("nan")
+    logits[1, 3] = float("inf")
+    logits[2] = float("-inf")
+    logits[3, 10:] = float("-inf")  # 10 finite ids, top_k 20: fewer than k
+    logits[4, ::2] = float("-inf")
+    _run(emu, logits, [(1.0, 3, 0.5, 0.1)] * 3 + [(1.0, 20, 1.0, 0.0), (1.0, 5, 0.7, 0.0)])
+
+
+def test_rows_per_request_and_strided_rows(emu):
+    g = torch.Generator().manual_seed(9)
+    wide = (torch.randn(12, 300, generator=g) * 2).to(torch.bfloat16)
+    params = [(1.0, 10, 0.9, 0.0), (0.0, 3, 1.0, 0.0), (0.8, 0, 0.7, 0.05), (1.2, 50, 1.0, 0.3)]
+    _run(emu, wide[:, :257], params, rows_per_request=3)  # rows of 257 ids, 300 apart
+
+
+def test_scalar_parameters(emu):
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, 90, generator=g) * 2
+    cut_val, cut_idx = emu.row_cut(logits, temperature=0.9, top_k=12, top_p=0.8, min_p=0.02)
+    _check(logits, cut_val, cut_idx, [(0.9, 12, 0.8, 0.02)] * 4)
+
+
+def test_no_rows(emu):
+    cut_val, cut_idx = emu.row_cut(torch.empty(0, 16), temperature=1.0, top_k=3)
+    assert cut_val.shape == (0,) and cut_idx.shape == (0,)
