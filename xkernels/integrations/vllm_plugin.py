@@ -5,6 +5,7 @@ With ``XKERNELS_VLLM=1`` it arranges for the V1 model runner module, when it is 
 :class:`xkernels.integrations.vllm.XKernelsRejectionSampler`, and, where that sampler's op has a
 kernel for the platform's device, for vLLM to accept ``min_p`` and ``logit_bias`` under
 speculative decoding (which vLLM refuses because its own rejection sampler cannot honour them).
+It also lets that runner run the xPress proposer (:mod:`xkernels.integrations.vllm_xpress`).
 Otherwise it does nothing. It imports nothing from vLLM's model runner itself, so that the
 processes that never build one (the front end) stay as they are.
 """
@@ -70,10 +71,13 @@ def register() -> None:
 
 
 def _install_v1(module, logger):
+    from . import vllm_xpress
     from .vllm import install
 
     install(module)
-    logger.info("xkernels: %s.RejectionSampler is now XKernelsRejectionSampler", module.__name__)
+    vllm_xpress.install(module)
+    logger.info("xkernels: %s.RejectionSampler is now XKernelsRejectionSampler (and the runner can run "
+                "xkernels.integrations.vllm_xpress.XPressProposer)", module.__name__)
 
 
 def _warn_v2(module, logger):
