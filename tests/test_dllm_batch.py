@@ -44,3 +44,23 @@ def test_sampled_first_token_follows_the_model():
         for tokens in out[:48]:
             counts[int(tokens[0])] += 1
     assert chi_squared_pvalue(counts, p) > 1e-3
+
+
+@pytest.mark.parametrize("threshold", [None, 0.3])
+def test_a_sampled_sequence_decodes_what_it_decodes_alone(threshold):
+    """T = 1: sequence i of seed seeds[i] gets dllm_generate's tokens for that prompt and seed
+    (ragged blocks: each sequence's noise is keyed by its seed, block and step), and permuting the
+    batch permutes the outputs."""
+    model = tiny_model()
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(2, 64, (n,), generator=g) for n in (5, 1, 13, 8)]
+    max_new, seeds = [20, 9, 16, 3], [4, 40, -1, 2**63 - 1]
+    got, _ = dllm_generate_batch(model, prompts, max_new, block_size=8, threshold=threshold, temperature=1.0,
+                                 seed=seeds)
+    for prompt, n, seed, tokens in zip(prompts, max_new, seeds, got):
+        want, _ = dllm_generate(model, prompt, n, block_size=8, threshold=threshold, temperature=1.0, seed=seed)
+        assert torch.equal(tokens, want)
+    perm = [3, 1, 0, 2]
+    permuted, _ = dllm_generate_batch(model, [prompts[i] for i in perm], [max_new[i] for i in perm], block_size=8,
+                                      threshold=threshold, temperature=1.0, seed=[seeds[i] for i in perm])
+    assert all(torch.equal(a, got[i]) for a, i in zip(permuted, perm))

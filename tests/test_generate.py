@@ -160,7 +160,7 @@ def test_refined_proposals_follow_the_distributions_they_report(mode):
     """At T>0 a refined draft must be a sample of the q the loop hands to chain_verify: here
     x1 | x0 against q1(. | x0) recomputed from the refiner (chi-squared), with a refiner whose
     bias depends strongly on the previous token, and Jacobi stopped after one pass (unsettled)."""
-    from xkernels.decoding.modes import PROPOSERS, Streams
+    from xkernels.decoding.modes import PROPOSERS, Streams, request_seeds
 
     vocab, block, samples = 6, 4, 3000
     _, _, refiner = tiny_models(vocab, block=block, seed=2)
@@ -178,7 +178,7 @@ def test_refined_proposals_follow_the_distributions_they_report(mode):
     counts = torch.zeros(vocab, vocab)
     for seed in range(samples):
         with torch.inference_mode():
-            p = proposer.propose(base, h, torch.tensor([tokens]), Streams(1.0, seed, 0))
+            p = proposer.propose(base, h, torch.tensor([tokens]), Streams(1.0, request_seeds(seed, 1), 0))
         if p.limit is not None and int(p.limit[0]) < 2:
             continue  # x1 is not verified: the loop never hands it to chain_verify
         x0, x1 = int(p.drafts[0, 0]), int(p.drafts[0, 1])

@@ -78,7 +78,7 @@ at::Tensor spiffy_attention_mask_cuda(const at::Tensor& prefix_lens, int64_t num
   check_spiffy_attention_mask(prefix_lens, num_drafts, block_size, max_prefix_len);
   const c10::cuda::CUDAGuard guard(prefix_lens.device());
   const auto lens = prefix_lens.contiguous();
-  const int64_t n = lens.size(0), q = (1 + num_drafts) * block_size, k = max_prefix_len + q;
+  const int64_t n = lens.size(0);
   auto mask = spiffy_mask_output(lens, num_drafts, block_size, max_prefix_len, packed);
   const cuda::SpiffyMaskParams p{lens.const_data_ptr<int64_t>(), n, num_drafts, block_size, max_prefix_len, packed,
                                  static_cast<uint8_t*>(mask.mutable_data_ptr())};

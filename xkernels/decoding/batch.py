@@ -10,8 +10,9 @@ inactive (they still run, in fixed shapes, but commit nothing). On CUDA the step
 as a CUDA graph and replayed; on the CPU the same step runs eagerly.
 
 At T = 0 sequence i's tokens are generate(target, prompts[i], ...)'s (ar's); at T > 0 each follows
-the target's distribution (the noise is keyed by the sequence's row in the batch, so the samples of
-a seed differ from generate's).
+the target's distribution, its noise keyed by its own seed and block (the ops' per-request form), so
+with a fixed draft_len it gets generate(target, prompts[i], ..., seed=seed of sequence i)'s tokens
+whatever the rest of the batch holds (up to the rounding of the batched forward).
 """
 
 import time
@@ -25,7 +26,7 @@ from ..models.target import TargetLM
 from . import tensor_parallel
 from .draft_length import CostModel, DraftLengthRule, MeasuredChoice, measured_cost_model
 from .generate import MODES, _intra_op_threads, decode_threads, default_draft_dtype
-from .modes import Proposal, Streams, WholeVocab, draft_block, make_mode
+from .modes import Proposal, Streams, WholeVocab, draft_block, make_mode, request_seeds
 
 
 CHAIN_MODES = ("drafter", "sequential", "jacobi")
@@ -61,12 +62,13 @@ class BatchDecoder:
     its length; commit keeps the accepted ones."""
 
     def __init__(self, target: TargetLM, prompts: List[List[int]], max_new_tokens: int, mode: str, drafter=None,
-                 refiner=None, iters: int = 4, temperature: float = 0.0, seed: int = 0,
+                 refiner=None, iters: int = 4, temperature: float = 0.0, seed: Union[int, Sequence[int]] = 0,
                  draft_len: Optional[int] = None, tree_budget: int = 15, tree_topk: int = 8,
                  draft_dtype: Optional[torch.dtype] = None, vocab=WholeVocab):
         device = target.lm_head.weight.device
         n = len(prompts)
-        self.target, self.drafter, self.temperature, self.seed, self.vocab = target, drafter, temperature, seed, vocab
+        self.target, self.drafter, self.temperature, self.vocab = target, drafter, temperature, vocab
+        self.seeds = request_seeds(seed, n, device)
         self.spec = None if mode == "ar" else make_mode(mode, refiner, iters, drafter.cfg.block_size - 1
                                                           if draft_len is None else draft_len, tree_budget, tree_topk,
                                                           vocab)
@@ -91,7 +93,7 @@ class BatchDecoder:
             self.context.lengths.copy_(lengths)
         self.anchor = torch.tensor([p[-1] for p in prompts], device=device)
         self.before = torch.tensor([p[-2] if len(p) > 1 else p[-1] for p in prompts], device=device)
-        self.step_index = torch.zeros((), dtype=torch.int64, device=device)  # the block counter (0-dim: the scalar stream)
+        self.step_index = torch.zeros((), dtype=torch.int64, device=device)  # the block counter
 
     def caches(self) -> List[StaticKVCache]:
         return [self.cache] if self.spec is None else [self.cache, self.context]
@@ -122,8 +124,8 @@ class BatchDecoder:
         features also join the drafter's context)."""
         logits, hidden = self.target(self.anchor[:, None], self.cache, hidden_layers=self.layers)
         no_drafts = torch.empty(self.anchor.shape[0], 0, dtype=torch.int64, device=logits.device)
-        accept_len, out = self.vocab.chain_verify(no_drafts, logits.float(), temperature=self.temperature,
-                                                  seed=self.seed, offset=rng.verify)
+        accept_len, out = self.vocab.chain_verify(no_drafts, logits.float(), temperature=rng.temperature,
+                                                  seed=rng.seed, offset=rng.verify)
         self.cache.commit(accept_len, 1)
         if self.spec is not None:
             self._extend_context(torch.cat(hidden, dim=-1))
@@ -160,7 +162,7 @@ class BatchDecoder:
         return accept_len, out
 
     def _streams(self) -> Streams:
-        return Streams(self.temperature, self.seed, self.step_index)
+        return Streams(self.temperature, self.seeds, self.step_index)
 
     def step(self, draft: bool = True):
         """One block for every sequence, in fixed shapes: (accept_len [N], out_tokens [N, width]);
@@ -207,8 +209,8 @@ class CapturedStep:
     """step() run eagerly once (a real step, and the warm-up lazy initialisation needs), then captured
     once as a CUDA graph and replayed: every later call is one replay, its outputs the captured ones."""
 
-    def __init__(self, step, generators=()):
-        self.step, self.generators = step, generators
+    def __init__(self, step):
+        self.step = step
         self.graph, self.outputs, self.calls = None, None, 0
 
     def __call__(self):
@@ -217,8 +219,6 @@ class CapturedStep:
             return self.step()
         if self.graph is None:
             self.graph = torch.cuda.CUDAGraph()
-            for g in self.generators():
-                self.graph.register_generator_state(g)
             with torch.cuda.graph(self.graph):
                 self.outputs = self.step()
         self.graph.replay()
@@ -247,15 +247,21 @@ def _check(target, prompts, max_new, mode, drafter, refiner, draft_len, tree_bud
 @torch.inference_mode()
 def generate_batch(target, prompts: Sequence[Sequence[int]], max_new_tokens: Union[int, Sequence[int]], *,
                    mode: str = "ar", drafter=None, refiner=None, iters: int = 4, temperature: float = 0.0,
-                   seed: int = 0, draft_len: Union[int, str, None] = "auto", tree_budget: int = 15,
-                   tree_topk: int = 8, num_threads: Optional[int] = None, draft_dtype: Optional[torch.dtype] = None,
-                   cost_model: Optional[CostModel] = None, cuda_graph: Optional[bool] = None, tp_group=None):
+                   seed: Union[int, Sequence[int]] = 0, draft_len: Union[int, str, None] = "auto",
+                   tree_budget: int = 15, tree_topk: int = 8, num_threads: Optional[int] = None,
+                   draft_dtype: Optional[torch.dtype] = None, cost_model: Optional[CostModel] = None,
+                   cuda_graph: Optional[bool] = None, tp_group=None):
     """Continue every prompt (token lists of any lengths) by its max_new_tokens (an int, or one per
     prompt). Returns (a list of token lists, BatchStats).
 
-    Modes and their arguments as in generate. draft_len: an int verifies the first draft_len drafts
-    of every block, None all B-1, in one fixed shape. "auto" (the default): in the chain modes
-    without a CUDA graph, the draft length rule (xkernels.decoding.draft_length, with cost_model or
+    Modes and their arguments as in generate. seed: one per prompt, or an int s that gives prompt i
+    the seed request_seeds(s, N)[i] (s itself for prompt 0; xkernels.decoding.modes.request_seeds).
+    Each sequence's noise is keyed by its seed and its own block counter only, so with a fixed
+    draft_len (an int or None) sequence i gets generate(target, prompts[i], ..., seed=its seed)'s
+    tokens in any batch, on CPU and CUDA; "auto" chooses draft lengths for the whole batch (and by
+    timing), which changes the tokens a seed gives at T > 0.
+    draft_len: an int verifies the first draft_len drafts of every block, None all B-1, in one
+    fixed shape. "auto" (the default): in the chain modes without a CUDA graph, the draft length rule (xkernels.decoding.draft_length, with cost_model or
     one measured for this batch size) chooses per block how many drafts every sequence verifies,
     for the batch's throughput, and runs ar steps while drafting does not pay; with a graph and in
     the tree modes, each step is a block of all B-1 drafts (or the whole tree) or an ar step, the
@@ -268,6 +274,7 @@ def generate_batch(target, prompts: Sequence[Sequence[int]], max_new_tokens: Uni
     prompts = [[int(t) for t in p] for p in prompts]
     max_new = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
     _check(target, prompts, max_new, mode, drafter, refiner, draft_len, tree_budget)
+    seed = request_seeds(seed, len(prompts)).tolist()  # checked before any work
     vocab = WholeVocab
     if tp_group is not None:
         if cuda_graph:
@@ -296,9 +303,7 @@ def generate_batch(target, prompts: Sequence[Sequence[int]], max_new_tokens: Uni
                                None if draft_len == "auto" else draft_len, tree_budget, tree_topk, draft_dtype, vocab)
         steps = {kind: (lambda kind=kind: decoder.step(kind)) for kind in (True, False)}
         if graphed:
-            proposer = decoder.spec.proposer if decoder.spec is not None else None
-            generators = lambda: [g for g in [getattr(proposer, "_generator", None)] if g is not None]  # noqa: E731
-            steps = {kind: CapturedStep(step, generators) for kind, step in steps.items()}
+            steps = {kind: CapturedStep(step) for kind, step in steps.items()}
         lengths = [len(p) - 1 for p in prompts]  # each cache's entries, as the host knows them
         active = [True] * len(prompts)
         while any(active):

@@ -11,8 +11,10 @@ logits of the real block and of every draft (each copy attends to the prefix and
 the batch rows of BlockDiffusionLM.forward); spiffy_accept then takes the real step and, for as
 long as the block reached is a draft, that draft's step from its own logits. Every step is the
 vanilla step on the exact logits of the block it starts from, and step t of block b draws the
-noise of offset b * block_size + t in both loops, so the tokens are identical to vanilla
-decoding at any temperature, with and without a threshold.
+noise of offset (b * block_size + t) * block_size in both loops (the ops' per-request form: position
+p at that offset + p; spiffy_accept's later steps at block_size more each), so the tokens are
+identical to vanilla decoding at any temperature, with and without a threshold, and
+dllm_generate_batch gives a sequence of the same seed the same tokens.
 """
 
 import time
@@ -24,6 +26,7 @@ import torch
 from ..models.block_diffusion import BlockDiffusionLM
 from ..ops import dllm_step, spiffy_accept, spiffy_materialize
 from ..spiffy import SpiffyConfig
+from .modes import request_seeds
 
 
 @dataclass
@@ -56,6 +59,7 @@ def dllm_generate(model: BlockDiffusionLM, prompt_ids, max_new_tokens: int, *, b
     cache = model.new_cache()
     model.commit(prompt, cache)
     stats.model_calls += 1
+    seeds = request_seeds(seed, 1, prompt.device)
     out: List[torch.Tensor] = []
     blocks = -(-max_new_tokens // block_size)
     for b in range(blocks):
@@ -64,7 +68,7 @@ def dllm_generate(model: BlockDiffusionLM, prompt_ids, max_new_tokens: int, *, b
         stale = None  # the logits of the last step taken: they fill the next call's drafts
         t, masked = 0, block_size
         while masked:
-            offset = b * block_size + t
+            offset = (b * block_size + t) * block_size
             drafts, node_ids = None, None
             if spiffy is not None and stale is not None:
                 drafts, node_ids, _ = spiffy_materialize(stale, block, mask_id, spiffy.graph, keep=spiffy.keep,
@@ -77,7 +81,7 @@ def dllm_generate(model: BlockDiffusionLM, prompt_ids, max_new_tokens: int, *, b
             stats.model_calls += 1
             if drafts is None:
                 new_block, _, _, _ = dllm_step(logits[:1], block, mask_id, threshold=threshold,
-                                               temperature=temperature, seed=seed, offset=offset)
+                                               temperature=temperature, seed=seeds, offset=offset)
                 taken, last = 1, -1
                 masked = int((new_block == mask_id).sum())  # the step's one host read
                 if trace is not None:
@@ -86,7 +90,7 @@ def dllm_generate(model: BlockDiffusionLM, prompt_ids, max_new_tokens: int, *, b
                 stats.drafts += drafts.shape[1]
                 taken, _, _, new_block, last = spiffy_accept(
                     logits[:1], logits[1:][None], drafts, node_ids, block, mask_id, threshold=threshold,
-                    temperature=temperature, seed=seed, offset=offset)
+                    temperature=temperature, seed=seeds, offset=offset)
                 # the call's one host read: steps taken, the draft they ended on, positions left
                 taken, last, masked = torch.stack([taken[0], last[0], (new_block == mask_id).sum()]).tolist()
             stale = logits[last + 1 : last + 2]

@@ -8,9 +8,10 @@ by L: the commit call of dllm_generate, in a row of a shared call) and starts a 
 while the others take their dllm_step. Sequences therefore finish blocks at their own steps (with
 a threshold, ragged), and the host reads once per step which blocks completed and their tokens.
 
-At T = 0 each sequence's tokens are dllm_generate's; at T > 0 each step draws fresh noise per row
-(the offset is the step counter), so the samples follow the same distributions but differ from
-dllm_generate's for a seed.
+Each sequence's noise is dllm_generate's: its own seed, and the offset of its block and step within
+it (the ops' per-request form), so at any temperature sequence i gets dllm_generate(model,
+prompts[i], ..., seed=its seed)'s tokens whatever the rest of the batch holds (up to the rounding of
+the batched forward).
 """
 
 import time
@@ -22,14 +23,16 @@ from ..models.block_diffusion import BlockDiffusionLM
 from ..models.static_cache import StaticKVCache
 from ..ops import dllm_step
 from .dllm import DllmStats
+from .modes import request_seeds
 
 
 class DllmBatchDecoder:
     def __init__(self, model: BlockDiffusionLM, prompts: List[torch.Tensor], max_new_tokens: int, block_size: int,
-                 temperature: float, seed: int, threshold: Optional[float]):
+                 temperature: float, seed: Union[int, Sequence[int]], threshold: Optional[float]):
         device = model.lm_head.weight.device
         self.model, self.block_size = model, block_size
-        self.temperature, self.seed, self.threshold = temperature, seed, threshold
+        self.temperature, self.threshold = temperature, threshold
+        self.seeds = request_seeds(seed, len(prompts), device)
         self.mask_id = model.cfg.mask_id
         lengths = [p.numel() for p in prompts]
         capacity = max(lengths) + -(-max_new_tokens // block_size) * block_size + block_size
@@ -40,7 +43,9 @@ class DllmBatchDecoder:
             self.cache.load(i, alone.k, alone.v)
         self.cache.lengths.copy_(torch.tensor(lengths))
         self.block = torch.full((len(prompts), block_size), self.mask_id, dtype=torch.int64, device=device)
-        self.step_index = torch.zeros(1, dtype=torch.int64, device=device)
+        # Each sequence's block and step within it: the offset of its noise, as in dllm_generate.
+        self.block_index = torch.zeros(len(prompts), dtype=torch.int64, device=device)
+        self.block_step = torch.zeros(len(prompts), dtype=torch.int64, device=device)
 
     def step(self):
         """One call for every sequence: (completed [N] bool: the block this step completed,
@@ -55,22 +60,25 @@ class DllmBatchDecoder:
             x = x + block.mlp(block.mlp_norm(x))
         logits = model.lm_head(model.norm(x))
         committing = (self.block != self.mask_id).all(1)  # complete before this call: it wrote their cache entries
+        offset = (self.block_index * length + self.block_step) * length
         stepped, _, _, _ = dllm_step(logits, self.block, self.mask_id, threshold=self.threshold,
-                                     temperature=self.temperature, seed=self.seed, offset=self.step_index)
+                                     temperature=self.temperature, seed=self.seeds, offset=offset)
         completed = (stepped != self.mask_id).all(1) & ~committing
         cache.lengths += length * (committing & cache.active.bool())
         self.block.copy_(torch.where(committing[:, None], self.mask_id, stepped))
-        self.step_index += 1
+        self.block_index += committing  # a commit's step is dropped: the next block starts at step 0
+        self.block_step.copy_(torch.where(committing, 0, self.block_step + 1))
         return completed, stepped
 
 
 @torch.inference_mode()
 def dllm_generate_batch(model: BlockDiffusionLM, prompts: Sequence, max_new_tokens: Union[int, Sequence[int]], *,
-                        block_size: int = 32, temperature: float = 0.0, seed: int = 0,
+                        block_size: int = 32, temperature: float = 0.0, seed: Union[int, Sequence[int]] = 0,
                         threshold: Optional[float] = None):
     """Returns (the new tokens of each prompt, int64 [max_new_tokens], and DllmStats over the batch:
     model_calls counts batched calls after the prompts' own, steps every sequence's unmasking steps).
-    prompts: int64 tensors [P] or token lists of any lengths; max_new_tokens an int or one per prompt."""
+    prompts: int64 tensors [P] or token lists of any lengths; max_new_tokens an int or one per prompt;
+    seed: one per prompt, or an int s giving prompt i request_seeds(s, N)[i] (s for prompt 0)."""
     prompts = [torch.as_tensor(p, dtype=torch.int64).reshape(-1) for p in prompts]
     max_new = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
     if not prompts or any(p.numel() < 1 for p in prompts):

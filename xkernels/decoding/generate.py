@@ -28,7 +28,7 @@ from ..models.hf import as_target
 from .draft_length import CostModel, DraftLengthRule, measured_cost_model
 from ..models.target import KVCache, TargetLM
 from . import tensor_parallel
-from .modes import Mode, Proposal, Streams, WholeVocab, draft_block, make_mode
+from .modes import Mode, Proposal, Streams, WholeVocab, draft_block, make_mode, request_seeds
 
 MODES = ("ar", "drafter", "sequential", "jacobi", "tree", "tree-jacobi")
 TREE_MODES = ("tree", "tree-jacobi")
@@ -55,20 +55,21 @@ class Stats:
         return self.new_tokens / max(self.seconds, 1e-9)
 
 
-def _next_token(logits_row: torch.Tensor, temperature: float, seed: int, offset, vocab=WholeVocab) -> int:
+def _next_token(logits_row: torch.Tensor, rng: Streams, vocab=WholeVocab) -> int:
     """The argmax, or a sample of softmax(l / T): chain_verify with no drafts emits just the bonus."""
     no_drafts = torch.empty(1, 0, dtype=torch.int64, device=logits_row.device)
-    _, out = vocab.chain_verify(no_drafts, logits_row.float().view(1, 1, -1), temperature=temperature, seed=seed,
-                                offset=offset)
+    _, out = vocab.chain_verify(no_drafts, logits_row.float().view(1, 1, -1), temperature=rng.temperature,
+                                seed=rng.seed, offset=rng.verify)
     return int(out[0, 0])
 
 
 def _decode_ar(target, prompt, max_new_tokens, temperature, seed, stats, vocab=WholeVocab):
     cache = target.new_cache()
     logits, _ = target(prompt, cache)
+    seeds = request_seeds(seed, 1, prompt.device)
     out = []
-    while True:
-        out.append(_next_token(logits[0, -1], temperature, seed, len(out), vocab))
+    while True:  # step i is block i of one token (generate_batch's ar steps)
+        out.append(_next_token(logits[0, -1], Streams(temperature, seeds, len(out)), vocab))
         if len(out) == max_new_tokens:
             return out
         logits, _ = target(torch.tensor([[out[-1]]], device=prompt.device), cache)
@@ -145,16 +146,17 @@ def _decode_speculative(mode: Mode, target, drafter, prompt, max_new_tokens, tem
     else:
         pending.append(torch.zeros(1, 0, len(layers) * target.cfg.dim, device=device,
                                    dtype=target.lm_head.weight.dtype))
+    seeds = request_seeds(seed, 1, device)
     step = 0
     clock = _PartClock(stats)
     block = _tree_block if mode.proposer.tree else _chain_block
     while len(tokens) - start < max_new_tokens:
         anchor = torch.tensor([tokens[-1]], device=device)
-        rng = Streams(temperature, seed, step)
+        rng = Streams(temperature, seeds, step)
         if rule is not None and not rule.draft_now():
             # A plain ar step (the rule found drafting not worth its cost here): no drafter call.
             logits, hidden = target(anchor[:, None], cache, hidden_layers=layers)
-            emitted, accepted = [_next_token(logits[0, -1], temperature, seed, rng.verify, mode.verifier.vocab)], 0
+            emitted, accepted = [_next_token(logits[0, -1], rng, mode.verifier.vocab)], 0
             pending.append(torch.cat(hidden, dim=-1))
             clock.lap("verification")
         else:
@@ -266,6 +268,9 @@ def generate(target, prompt_ids: Sequence[int], max_new_tokens: int, *, mode: st
     is sharded by vocabulary rows (xkernels.decoding.tensor_parallel): every rank of the group calls
     generate with the same arguments and gets the same tokens as one process. Every mode, "drafter"
     at T = 0 only; draft_len must be fixed.
+    seed: the request's seed: its noise is keyed by (seed, block, slot) only (the ops' per-request
+    form, xkernels.decoding.modes.Streams), so generate_batch gives a sequence of this seed the same
+    tokens in any batch (with a fixed draft_len).
     verify_method: the chain modes' verification, "token" (token-wise) or "block" (block
     verification, Sun et al.: the same output distribution, at least as many accepted drafts in
     expectation; identical at T = 0); not with tp_group."""

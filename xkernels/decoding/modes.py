@@ -13,7 +13,7 @@ numbers per row with the other ranks), so the modes are written once for both.
 """
 
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 import torch
 
@@ -69,26 +69,52 @@ class WholeVocab:
 
 @dataclass
 class Streams:
-    """The Philox streams of block `step` (an int, or a one-element int64 tensor a CUDA graph
-    advances in place). The drafts, the verification and a truncated chain's bonus token draw from
-    separate offsets: all key their noise by (sequence, slot or row, vocabulary id), so a shared
-    offset would make the residual sample at row d reuse the noise that chose draft d."""
+    """The Philox streams of block `step` of N sequences, in the ops' per-request form: sequence n's
+    noise is keyed by (seed[n], offset + slot) only, so its tokens are the same alone or at any row
+    of any batch. seed: int64 [N] (request_seeds); step: an int, a 0-dim int64 tensor (a CUDA graph
+    advances it in place) or [N] (each sequence's own block). The drafts, the verification and a
+    truncated chain's bonus token key disjoint ranges of offsets, so the residual sample at row d
+    never reuses the noise that chose draft d, and block verification's coins of unverified slots
+    are never read again by a later block."""
 
     temperature: float
-    seed: int
+    seed: torch.Tensor
     step: Step
+
+    SLOTS = 1 << 16  # offsets one draw kind may use in a block: more than any block's slots or tree's nodes
+
+    def _offset(self, kind: int) -> Step:
+        return (3 * self.step + kind) * self.SLOTS
 
     @property
     def verify(self) -> Step:
-        return 3 * self.step
+        return self._offset(0)
 
     @property
     def draft(self) -> Step:
-        return 3 * self.step + 1
+        return self._offset(1)
 
     @property
     def bonus(self) -> Step:
-        return 3 * self.step + 2
+        return self._offset(2)
+
+
+# Odd, so seed + i * _SEED_STRIDE (mod 2**64) differs for every i < 2**64; its size keeps the seeds
+# of small nearby integer seeds apart.
+_SEED_STRIDE = 0x9E3779B97F4A7C15
+
+
+def request_seeds(seed: Union[int, Sequence[int]], n: int, device=None) -> torch.Tensor:
+    """The seeds of n sequences, int64 [n]: a list gives each its own; an int s gives sequence i the
+    seed s + i * 0x9E3779B97F4A7C15 (mod 2**64), so sequence 0 has s (generate's seed) and rows of
+    one prompt are independent samples."""
+    if isinstance(seed, int):
+        seeds = [(seed + i * _SEED_STRIDE) % (1 << 64) for i in range(n)]
+    else:
+        seeds = [int(s) % (1 << 64) for s in seed]
+        if len(seeds) != n:
+            raise ValueError(f"seed must be an int or one per sequence ({n}), got {len(seeds)}")
+    return torch.tensor([s - (1 << 64) if s >= 1 << 63 else s for s in seeds], dtype=torch.int64, device=device)
 
 
 @dataclass
@@ -123,7 +149,6 @@ class Proposer:
         self.refiner, self.iters, self.vocab = refiner, iters, vocab
         self.weights = vocab.weights(refiner.fold().to(torch.float32)) if refiner is not None else None
         self._passes: Optional[torch.Tensor] = None  # refinement passes, on the device (a graph replay adds too)
-        self._generator = None
 
     def _count(self, passes, device) -> None:
         if self._passes is None:
@@ -137,12 +162,6 @@ class Proposer:
     def _ctx(self, h: torch.Tensor) -> torch.Tensor:
         return self.refiner.prepare(h.to(self.refiner.w2.weight.dtype)).float()
 
-    def generator(self, device, seed: int) -> torch.Generator:
-        """The stream of the drafter's own samples, seeded once per decode."""
-        if self._generator is None:
-            self._generator = torch.Generator(device=device).manual_seed(seed)
-        return self._generator
-
 
 class DrafterProposer(Proposer):
     def propose(self, base_logits, h, prefix, rng: Streams, with_confidence=False) -> Proposal:
@@ -151,11 +170,23 @@ class DrafterProposer(Proposer):
                 return Proposal(self.vocab.argmax(base_logits), None, None)
             confidence, drafts = self.vocab.top(base_logits)
             return Proposal(drafts, None, confidence)
-        # The race reads whole rows: one process only (tensor_parallel refuses this mode at T > 0).
+        # Whole rows: one process only (tensor_parallel refuses this mode at T > 0).
         q = torch.softmax(base_logits / rng.temperature, -1)
-        # argmax q / E with E ~ Exp(1) i.i.d. is a sample of q (the exponential race), in fixed shapes.
-        race = torch.empty_like(q).exponential_(generator=self.generator(q.device, rng.seed))
-        return Proposal((q / race).argmax(-1), q, q.amax(-1) if with_confidence else None)
+        return Proposal(sample_slots(base_logits, rng, self.vocab), q, q.amax(-1) if with_confidence else None)
+
+
+def sample_slots(logits: torch.Tensor, rng: Streams, vocab=WholeVocab) -> torch.Tensor:
+    """A sample of softmax(logits / T) at every slot of logits [N, D, V], int64 [N, D], from each
+    sequence's draft stream (slot d at offset rng.draft + d): chain_verify without drafts samples
+    each slot row's bonus token."""
+    n, d, v = logits.shape
+    slots = torch.arange(d, device=logits.device)
+    offset = (torch.as_tensor(rng.draft, device=logits.device).expand(n)[:, None] + slots).reshape(-1)
+    seed = rng.seed[:, None].expand(n, d).reshape(-1)
+    no_drafts = torch.empty(n * d, 0, dtype=torch.int64, device=logits.device)
+    _, out = vocab.chain_verify(no_drafts, logits.reshape(n * d, 1, v), temperature=rng.temperature, seed=seed,
+                                offset=offset)
+    return out.view(n, d)
 
 
 class RefinedProposer(Proposer):

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..decoding.modes import JacobiProposer, Streams, draft_block
+from ..decoding.modes import JacobiProposer, Streams, draft_block, request_seeds
 from ..models import shipped
 from ..models.target import KVCache
 
@@ -150,12 +150,12 @@ class XPressProposer:
         """(drafts, their q [k, V] or None at T = 0) of the block after ``anchor``."""
         ctx = state.context
         p = self.block(list(zip(ctx.k, ctx.v)), torch.tensor([anchor]), torch.tensor([prev]), anchor_pos,
-                       temperature, state.seed)
+                       temperature, request_seeds([state.seed], 1))
         k = self.num_drafts if p.limit is None else min(self.num_drafts, int(p.limit[0]))
         return p.drafts[0, :k].tolist(), None if p.q is None else p.q[0, :k]
 
     @torch.inference_mode()
-    def block(self, ctx_kv, anchors, prevs, anchor_pos, temperature, seed):
+    def block(self, ctx_kv, anchors, prevs, anchor_pos, temperature, seeds):
         """The :class:`xkernels.decoding.modes.Proposal` of N blocks after one context.
 
         Args:
@@ -163,7 +163,8 @@ class XPressProposer:
             anchors, prevs: int64 ``[N]``, the anchors and the tokens before them.
             anchor_pos: the anchors' position.
             temperature: 0 (greedy) or the requests' temperature.
-            seed: of the drafts' noise, keyed by (seed, 3 * anchor_pos + 1, row, slot, id).
+            seeds: int64 ``[N]``, each row's seed of its drafts' noise (the ops' per-request form, at
+                the offsets of ``Streams(temperature, seeds, anchor_pos).draft``).
 
         Returns:
             drafts ``[N, B-1]``, q ``[N, B-1, V]`` (None at T = 0), and at T > 0 ``limit`` ``[N]``:
@@ -171,7 +172,7 @@ class XPressProposer:
         """
         base_logits, h = draft_block(self.drafter, self.target, anchors, ctx_kv, torch.float32, start=anchor_pos)
         return self.proposer.propose(base_logits, h, torch.stack([prevs, anchors], 1),
-                                     Streams(temperature, seed, anchor_pos))
+                                     Streams(temperature, seeds, anchor_pos))
 
     def _probs(self, drafts, probs):
         if all(q is None for q in probs):

@@ -16,6 +16,7 @@ from test_vllm_engine import PROMPTS, TOKENS, close, engine, rejection_sampler, 
 from vllm import SamplingParams
 from vllm.v1.sample.sampler import Sampler
 
+from xkernels.decoding.modes import request_seeds
 from xkernels.integrations.vllm import XKernelsRejectionSampler
 from xkernels.integrations.vllm_xpress import XPressProposer
 from xkernels.models import shipped
@@ -62,11 +63,12 @@ def test_sampled_tokens_follow_the_filtered_target():
         _, hidden = target(torch.tensor([prompt]), hidden_layers=proposer.drafter.cfg.target_layers)
     cached = SimpleNamespace(sampling_params=SimpleNamespace(seed=0))
     state = proposer._commit("r", cached, torch.cat(hidden, -1)[0], 0)
-    # The trials as rows of batches (each row its own noise), cut where Jacobi had not settled.
+    # The trials as rows of batches (each row its own seed), cut where Jacobi had not settled.
     ctx, drafts, probs, chunk = state.context, [], [], 250
     kv = [(k.expand(chunk, -1, -1, -1), v.expand(chunk, -1, -1, -1)) for k, v in zip(ctx.k, ctx.v)]
     for seed in range(TRIALS // chunk):
-        p = proposer.block(kv, torch.full((chunk,), anchor), torch.full((chunk,), prompt[-1]), pos, T, seed)
+        p = proposer.block(kv, torch.full((chunk,), anchor), torch.full((chunk,), prompt[-1]), pos, T,
+                           request_seeds(seed, chunk))
         for i, c in enumerate(p.limit.clamp(max=2).tolist()):
             drafts.append(p.drafts[i, :c].tolist())
             probs.append(p.q[i, :c].clone())
