@@ -37,7 +37,7 @@ ESTIMATE_US = {("chain_verify", 0.0, False): 88, ("chain_verify", 1.0, False): 1
                ("tree_verify", 1.0, False): 37, ("tree_verify", 1.0, True): 60,
                ("dllm_step T=0",): 38, ("dllm_step T=1",): 70, ("spiffy_materialize",): 70, ("spiffy_accept",): 75,
                ("spiffy_attention_mask",): 5, ("chain_verify_ragged",): 300, ("chain_verify_ragged block",): 330,
-               ("tree_verify mixed",): 600}
+               ("tree_verify mixed",): 600, ("dllm_step T=1 top_k=50 top_p=0.9",): 165}
 
 
 def time_events(fn, warmup=25, iters=200):
@@ -426,6 +426,13 @@ def spiffy_inputs(n, length, v, dtype, masked=24, seed=0, device="cuda"):
     return logits, block
 
 
+def per_request_filters(n, device):
+    """Temperature 1 with per-row top_k=50 and top_p=0.9, and a stream per sequence."""
+    return dict(temperature=torch.ones(n, device=device), top_k=torch.full((n,), 50, device=device),
+                top_p=torch.full((n,), 0.9, device=device), seed=torch.arange(n, device=device),
+                offset=torch.zeros(n, dtype=torch.int64, device=device))
+
+
 def time_cases(results, bench, cases, iters=100):
     """Rows of (name, shape, fn, bytes moved, extra fields) cases: the time, the estimate, the bandwidth."""
     for name, shape, fn, moved, extra in cases:
@@ -441,10 +448,14 @@ def bench_dllm(results, bench):
     logits, block = spiffy_inputs(n, length, v, torch.bfloat16, masked=masked, device=bench.device)
     rows_bytes = int((block == 1).sum()) * v * 2  # every masked row once
     shape = f"N={n} L={length} V={v} bf16"
+    filtered = per_request_filters(n, bench.device)
     time_cases(results, bench, [
         ("dllm_step T=0", shape, lambda: xkernels.dllm_step(logits, block, 1), rows_bytes, {}),
         ("dllm_step T=1", shape, lambda: xkernels.dllm_step(logits, block, 1, temperature=1.0, seed=1), rows_bytes,
-         {})])
+         {}),
+        # Per-request filters and streams: launch_row_cut before the slices (bench/floors.md, dllm_step).
+        ("dllm_step T=1 top_k=50 top_p=0.9", shape, lambda: xkernels.dllm_step(logits, block, 1, **filtered),
+         rows_bytes, {})])
 
 
 def bench_spiffy(results, bench):
@@ -617,6 +628,11 @@ def sanitize_dllm(device="cuda", cases=DLLM_CASES):
                 logits[0, 0, 3] = float("nan")
             for temperature, threshold in [(0.0, None), (1.0, None), (0.7, 0.5)]:
                 xkernels.dllm_step(logits, block, 5, num_unmask=3, threshold=threshold, temperature=temperature)
+            # Filters on a row with a NaN and on ties (a flat row), per-request streams.
+            if n:
+                logits[-1, -1] = 0.5
+            xkernels.dllm_step(logits, block, 5, num_unmask=3, **per_request_filters(n, device),
+                               min_p=torch.full((n,), 0.05, device=device))
 
 
 def graph_within(graph, length, v, device):
@@ -651,13 +667,15 @@ def sanitize_spiffy(device="cuda", cases=SPIFFY_CASES):
             graph = [valid]
 
             def walks():
-                for temperature in (0.0, 0.7):
+                for sampling in (dict(temperature=0.0), dict(temperature=0.7),
+                                 dict(per_request_filters(n, device), min_p=0.05)):
+                    stream = {k: sampling.pop(k) for k in ("seed", "offset") if k in sampling}
                     drafts, node_ids, _ = xkernels.spiffy_materialize(logits, block, 1, graph[0], keep=keep,
-                                                                      temperature=temperature)
+                                                                      **sampling)
                     draft_logits = logits[:, None].expand(n, keep, length, v).contiguous()
                     for threshold in (None, 0.3):
-                        xkernels.spiffy_accept(logits, draft_logits, drafts, node_ids, block, 1,
-                                               threshold=threshold, temperature=temperature, seed=2)
+                        xkernels.spiffy_accept(logits, draft_logits, drafts, node_ids, block, 1, threshold=threshold,
+                                               **sampling, **(stream or dict(seed=2)))
 
             def corrupt():
                 graph[0] = shipped  # ranks past this block or vocabulary: nodes the kernels must skip
