@@ -1,6 +1,6 @@
 """What per-request top-k/top-p costs in the sampling ops beyond chains, on the CPU, one thread:
-tree_verify (N=8 trees of M=16 nodes, V=151936, with draft probabilities) and dllm_step (N=4
-blocks of L=32 with 24 masked positions, V=126464), float32.
+tree_verify (N=8 trees of M=16 nodes, V=151936, with draft probabilities) and dllm_step (bench_spiffy's
+inputs: N=4 blocks of L=32 with 24 masked positions, V=32768), float32.
 
 In each case the baseline ("reference" in the summary table) is:
 - plain sampled: the same op, per-request streams, without filters (the cost the filter adds to);
@@ -13,9 +13,10 @@ import torch
 
 import xkernels
 from bench_chain_sampling import TOP_K, TOP_P, one_thread, sort_filter  # noqa: F401 (a fixture)
+from bench_spiffy import MASK, inputs as dllm_inputs
+from bench_spiffy import L as DLLM_L, N as DLLM_N, V as DLLM_V
 
 TREE_N, TREE_M, TREE_V = 8, 16, 151936
-DLLM_N, DLLM_L, DLLM_V, MASK = 4, 32, 126464, 1
 CASES = ["plain sampled", "sort filter"]
 
 
@@ -28,14 +29,6 @@ def tree_inputs():
     drawn = torch.multinomial(q.view(-1, TREE_V), 1, generator=g).view(TREE_N, TREE_M)
     tokens = torch.where(parents >= 0, drawn.gather(1, parents.clamp_min(0)), -1)
     return tokens, parents, logits, q
-
-
-def dllm_inputs():
-    g = torch.Generator().manual_seed(1)
-    logits = torch.randn(DLLM_N, DLLM_L, DLLM_V, generator=g) * 3
-    block = torch.randint(2, DLLM_V, (DLLM_N, DLLM_L), generator=g)
-    block[:, torch.randperm(DLLM_L, generator=g)[:24]] = MASK
-    return logits, block
 
 
 def per_request(n):
