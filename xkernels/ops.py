@@ -285,6 +285,63 @@ def build_info() -> dict:
     return fields
 
 
+# The text the refine ops' docstrings share (Args and Raises), filled in by _refine_doc.
+_REFINE_DOC = {
+    "ctx": """\
+        ctx: float32 ``[N, B, r]``, the pass-invariant context (``XPressRefiner.prepare(h)`` of the
+            drafter's states), on the device of the other tensors.
+""",
+    "prefix_tokens": """\
+        prefix_tokens: int64 ``[N, F + 1]``, the token before the block and the ``F = B - D``
+            fixed slots.
+""",
+    "base_logits_weights": """\
+        base_logits: float32, bfloat16 or float16 ``[N, D, V]``, the drafter's logits of the last
+            ``D <= B`` slots (the drafted ones).
+        weights: ``xkernels.RefinerWeights`` (``XPressRefiner.fold()``), float32 or bfloat16, on the
+            same device; ``emb`` and ``w_read`` hold ``V`` rows.
+""",
+    "sampling": """\
+        temperature: ``T >= 0``, finite: a float, or a float32 ``[N]`` tensor (one a sequence);
+            0 (or a ``T`` whose float32 reciprocal overflows) is greedy, in the same launch as
+            sampled rows.
+        seed, offset: the Philox stream (:doc:`/concepts/random_streams`). Ints (64 bits) or
+            one-element int64 tensors (read on the device: a captured CUDA graph reads them at
+            replay): one stream for the batch, the noise keyed by (sequence row, drafted slot, id).
+            Or int64 ``[N]`` tensors (the per-request form): sequence ``n``'s noise at drafted slot
+            ``d`` is keyed by ``(seed[n], offset[n] + d)`` alone, so a sequence gets the same tokens
+            at any row of any batch. Every pass (Jacobi iterations, sequential steps) reads the
+            same noise of a slot; ``offset[n]`` is the absolute position of the block's first
+            drafted slot, and the next call starts ``D`` further (the next block's position).
+        top_k: None, an int or an int32/int64 ``[N]`` tensor; 0 is off.
+        top_p: None, a float or a float32 ``[N]`` tensor in (0, 1]; 1 is off.
+        min_p: None, a float or a float32 ``[N]`` tensor in [0, 1]; 0 is off. A sampled row with
+            a filter draws from the filtered distribution p' (:func:`chain_verify_ragged` states
+            it; ``reference.sampling.filtered_probs``), and its log-prob is ``log p'(token)``.
+            Greedy rows ignore the filters (the argmax is always kept).
+""",
+    "raises": """\
+        RuntimeError: a tensor of the wrong shape, dtype or device, a token id outside ``[0, V)``
+            (on the CPU; on CUDA, unless ``XKERNELS_CHECK=1``, such an id reads a zero embedding
+            row), a block beyond the CUDA kernels' 64 slots or a rank beyond 1024, a bad
+            ``temperature`` (negative, NaN or infinite), ``top_k < 0``, ``top_p`` outside (0, 1],
+            ``min_p`` outside [0, 1], or per-sequence tensors of another length, dtype or device:
+            each message names the argument. Per-sequence values are checked on the CPU, and on
+            CUDA only with ``XKERNELS_CHECK=1``; without it invalid values read as off (a
+            temperature as greedy).
+        TypeError: ``weights`` is not a ``RefinerWeights``, or an argument is neither a tensor nor
+            a DLPack array.
+""",
+}
+
+
+def _refine_doc(fn):
+    """Fills the ``{name}`` fields of a refine op's docstring with _REFINE_DOC's shared text."""
+    if fn.__doc__:  # None under python -OO
+        fn.__doc__ = fn.__doc__.format(**{k: v.rstrip("\n") for k, v in _REFINE_DOC.items()})
+    return fn
+
+
 def _weights(weights):
     from .refiner import RefinerWeights
 
@@ -293,6 +350,7 @@ def _weights(weights):
     return tuple(_tensor(w, name) for w, name in zip(weights, weights._fields))
 
 
+@_refine_doc
 def refine_step(
     ctx: torch.Tensor,
     prev_tokens: torch.Tensor,
@@ -314,31 +372,11 @@ def refine_step(
     written.
 
     Args:
-        ctx: float32 ``[N, B, r]``, the pass-invariant context (``XPressRefiner.prepare(h)`` of the
-            drafter's states), on the device of the other tensors.
+{ctx}
         prev_tokens: int64 ``[N, B]``; slot ``k`` reads the token of slot ``k - 1`` (slot 0 the
             token before the block).
-        base_logits: float32, bfloat16 or float16 ``[N, D, V]``, the drafter's logits of the last
-            ``D <= B`` slots (the drafted ones).
-        weights: ``xkernels.RefinerWeights`` (``XPressRefiner.fold()``), float32 or bfloat16, on the
-            same device; ``emb`` and ``w_read`` hold ``V`` rows.
-        temperature: ``T >= 0``, finite: a float, or a float32 ``[N]`` tensor (one a sequence);
-            0 (or a ``T`` whose float32 reciprocal overflows) is greedy, in the same launch as
-            sampled rows.
-        seed, offset: the Philox stream (:doc:`/concepts/random_streams`). Ints (64 bits) or
-            one-element int64 tensors (read on the device: a captured CUDA graph reads them at
-            replay): one stream for the batch, the noise keyed by (sequence row, drafted slot, id).
-            Or int64 ``[N]`` tensors (the per-request form): sequence ``n``'s noise at drafted slot
-            ``d`` is keyed by ``(seed[n], offset[n] + d)`` alone, so a sequence gets the same tokens
-            at any row of any batch. Every pass (Jacobi iterations, sequential steps) reads the
-            same noise of a slot; ``offset[n]`` is the absolute position of the block's first
-            drafted slot, and the next call starts ``D`` further (the next block's position).
-        top_k: None, an int or an int32/int64 ``[N]`` tensor; 0 is off.
-        top_p: None, a float or a float32 ``[N]`` tensor in (0, 1]; 1 is off.
-        min_p: None, a float or a float32 ``[N]`` tensor in [0, 1]; 0 is off. A sampled row with
-            a filter draws from the filtered distribution p' (:func:`chain_verify_ragged` states
-            it; ``reference.sampling.filtered_probs``), and its log-prob is ``log p'(token)``.
-            Greedy rows ignore the filters (the argmax is always kept).
+{base_logits_weights}
+{sampling}
 
     Returns:
         tuple: ``tokens`` int64 ``[N, D]`` and ``logprobs`` float32 ``[N, D]`` =
@@ -346,16 +384,7 @@ def refine_step(
         filtered row).
 
     Raises:
-        RuntimeError: a tensor of the wrong shape, dtype or device, a token id outside ``[0, V)``
-            (on the CPU; on CUDA, unless ``XKERNELS_CHECK=1``, such an id reads a zero embedding
-            row), a block beyond the CUDA kernels' 64 slots or a rank beyond 1024, a bad
-            ``temperature`` (negative, NaN or infinite), ``top_k < 0``, ``top_p`` outside (0, 1],
-            ``min_p`` outside [0, 1], or per-sequence tensors of another length, dtype or device:
-            each message names the argument. Per-sequence values are checked on the CPU, and on
-            CUDA only with ``XKERNELS_CHECK=1``; without it invalid values read as off (a
-            temperature as greedy).
-        TypeError: ``weights`` is not a ``RefinerWeights``, or an argument is neither a tensor nor
-            a DLPack array.
+{raises}
 
     Kernels:
         - CPU: the front with ATen; the greedy float32 read on AVX-512 is one kernel (tiles of ids
@@ -381,6 +410,7 @@ def refine_step(
         *_weights(weights), *_sampling_args(temperature, top_k, top_p, min_p, seed, offset))
 
 
+@_refine_doc
 def jacobi_refine(
     ctx: torch.Tensor,
     prefix_tokens: torch.Tensor,
@@ -403,32 +433,11 @@ def jacobi_refine(
     further work. With ``max_iters >= D`` the result equals :func:`sequential_refine`.
 
     Args:
-        ctx: float32 ``[N, B, r]``, the pass-invariant context (``XPressRefiner.prepare(h)`` of the
-            drafter's states), on the device of the other tensors.
-        prefix_tokens: int64 ``[N, F + 1]``, the token before the block and the ``F = B - D``
-            fixed slots.
-        base_logits: float32, bfloat16 or float16 ``[N, D, V]``, the drafter's logits of the last
-            ``D <= B`` slots (the drafted ones).
-        weights: ``xkernels.RefinerWeights`` (``XPressRefiner.fold()``), float32 or bfloat16, on the
-            same device; ``emb`` and ``w_read`` hold ``V`` rows.
+{ctx}
+{prefix_tokens}
+{base_logits_weights}
         max_iters: passes at most (``>= 0``; 0 returns the drafter's own sample).
-        temperature: ``T >= 0``, finite: a float, or a float32 ``[N]`` tensor (one a sequence);
-            0 (or a ``T`` whose float32 reciprocal overflows) is greedy, in the same launch as
-            sampled rows.
-        seed, offset: the Philox stream (:doc:`/concepts/random_streams`). Ints (64 bits) or
-            one-element int64 tensors (read on the device: a captured CUDA graph reads them at
-            replay): one stream for the batch, the noise keyed by (sequence row, drafted slot, id).
-            Or int64 ``[N]`` tensors (the per-request form): sequence ``n``'s noise at drafted slot
-            ``d`` is keyed by ``(seed[n], offset[n] + d)`` alone, so a sequence gets the same tokens
-            at any row of any batch. Every pass (Jacobi iterations, sequential steps) reads the
-            same noise of a slot; ``offset[n]`` is the absolute position of the block's first
-            drafted slot, and the next call starts ``D`` further (the next block's position).
-        top_k: None, an int or an int32/int64 ``[N]`` tensor; 0 is off.
-        top_p: None, a float or a float32 ``[N]`` tensor in (0, 1]; 1 is off.
-        min_p: None, a float or a float32 ``[N]`` tensor in [0, 1]; 0 is off. A sampled row with
-            a filter draws from the filtered distribution p' (:func:`chain_verify_ragged` states
-            it; ``reference.sampling.filtered_probs``), and its log-prob is ``log p'(token)``.
-            Greedy rows ignore the filters (the argmax is always kept).
+{sampling}
 
     Returns:
         tuple: ``tokens`` int64 ``[N, D]``, ``logprobs`` float32 ``[N, D]`` (of the last pass each
@@ -436,16 +445,7 @@ def jacobi_refine(
         run).
 
     Raises:
-        RuntimeError: a tensor of the wrong shape, dtype or device, a token id outside ``[0, V)``
-            (on the CPU; on CUDA, unless ``XKERNELS_CHECK=1``, such an id reads a zero embedding
-            row), a block beyond the CUDA kernels' 64 slots or a rank beyond 1024, a bad
-            ``temperature`` (negative, NaN or infinite), ``top_k < 0``, ``top_p`` outside (0, 1],
-            ``min_p`` outside [0, 1], or per-sequence tensors of another length, dtype or device:
-            each message names the argument. Per-sequence values are checked on the CPU, and on
-            CUDA only with ``XKERNELS_CHECK=1``; without it invalid values read as off (a
-            temperature as greedy).
-        TypeError: ``weights`` is not a ``RefinerWeights``, or an argument is neither a tensor nor
-            a DLPack array.
+{raises}
 
     Kernels:
         - CPU: :func:`refine_step`'s kernels, recomputing only the active sequences, and in each only
@@ -459,6 +459,7 @@ def jacobi_refine(
         *_weights(weights), int(max_iters), *_sampling_args(temperature, top_k, top_p, min_p, seed, offset))
 
 
+@_refine_doc
 def sequential_refine(
     ctx: torch.Tensor,
     prefix_tokens: torch.Tensor,
@@ -477,46 +478,16 @@ def sequential_refine(
     to and is measured against).
 
     Args:
-        ctx: float32 ``[N, B, r]``, the pass-invariant context (``XPressRefiner.prepare(h)`` of the
-            drafter's states), on the device of the other tensors.
-        prefix_tokens: int64 ``[N, F + 1]``, the token before the block and the ``F = B - D``
-            fixed slots.
-        base_logits: float32, bfloat16 or float16 ``[N, D, V]``, the drafter's logits of the last
-            ``D <= B`` slots (the drafted ones).
-        weights: ``xkernels.RefinerWeights`` (``XPressRefiner.fold()``), float32 or bfloat16, on the
-            same device; ``emb`` and ``w_read`` hold ``V`` rows.
-        temperature: ``T >= 0``, finite: a float, or a float32 ``[N]`` tensor (one a sequence);
-            0 (or a ``T`` whose float32 reciprocal overflows) is greedy, in the same launch as
-            sampled rows.
-        seed, offset: the Philox stream (:doc:`/concepts/random_streams`). Ints (64 bits) or
-            one-element int64 tensors (read on the device: a captured CUDA graph reads them at
-            replay): one stream for the batch, the noise keyed by (sequence row, drafted slot, id).
-            Or int64 ``[N]`` tensors (the per-request form): sequence ``n``'s noise at drafted slot
-            ``d`` is keyed by ``(seed[n], offset[n] + d)`` alone, so a sequence gets the same tokens
-            at any row of any batch. Every pass (Jacobi iterations, sequential steps) reads the
-            same noise of a slot; ``offset[n]`` is the absolute position of the block's first
-            drafted slot, and the next call starts ``D`` further (the next block's position).
-        top_k: None, an int or an int32/int64 ``[N]`` tensor; 0 is off.
-        top_p: None, a float or a float32 ``[N]`` tensor in (0, 1]; 1 is off.
-        min_p: None, a float or a float32 ``[N]`` tensor in [0, 1]; 0 is off. A sampled row with
-            a filter draws from the filtered distribution p' (:func:`chain_verify_ragged` states
-            it; ``reference.sampling.filtered_probs``), and its log-prob is ``log p'(token)``.
-            Greedy rows ignore the filters (the argmax is always kept).
+{ctx}
+{prefix_tokens}
+{base_logits_weights}
+{sampling}
 
     Returns:
         tuple: ``tokens`` int64 ``[N, D]`` and ``logprobs`` float32 ``[N, D]``.
 
     Raises:
-        RuntimeError: a tensor of the wrong shape, dtype or device, a token id outside ``[0, V)``
-            (on the CPU; on CUDA, unless ``XKERNELS_CHECK=1``, such an id reads a zero embedding
-            row), a block beyond the CUDA kernels' 64 slots or a rank beyond 1024, a bad
-            ``temperature`` (negative, NaN or infinite), ``top_k < 0``, ``top_p`` outside (0, 1],
-            ``min_p`` outside [0, 1], or per-sequence tensors of another length, dtype or device:
-            each message names the argument. Per-sequence values are checked on the CPU, and on
-            CUDA only with ``XKERNELS_CHECK=1``; without it invalid values read as off (a
-            temperature as greedy).
-        TypeError: ``weights`` is not a ``RefinerWeights``, or an argument is neither a tensor nor
-            a DLPack array.
+{raises}
 
     Kernels:
         - CPU: :func:`refine_step`'s kernels, one slot per step.
