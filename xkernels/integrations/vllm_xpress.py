@@ -18,6 +18,9 @@ storing the draft probabilities where the runner hands them to the rejection sam
 :class:`xkernels.decoding.modes.JacobiProposer` in our own loop: greedy requests get the argmax
 Jacobi iterate, sampled ones the drafts that are proper samples of the refined distribution q
 (the settled prefix) together with q, so the output follows the target's distribution at T > 0.
+Each engine step drafts the blocks of all its requests in one drafter pass (:meth:`XPressProposer.blocks`),
+each block's noise keyed by its request's seed and anchor position, so a request's drafts do not
+depend on the batch.
 """
 
 from __future__ import annotations

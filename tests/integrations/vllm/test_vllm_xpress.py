@@ -54,7 +54,18 @@ def test_refuses_prefix_caching_and_too_many_drafts():
         XPressProposer(config(2)).propose([[1]], None, None)
 
 
-def test_sampled_tokens_follow_the_filtered_target():
+@pytest.fixture
+def one_thread():
+    """One torch thread, as vLLM runs the proposer (it reduces the engine process to one). On a
+    shared 2-core machine the default two threads wait on each other at every small op: the 3000
+    blocks below took twice as long with two."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_sampled_tokens_follow_the_filtered_target(one_thread):
     vllm_cpu_kernels()
     torch.manual_seed(0)  # the sampler's seeds (no request ids given) come from torch's global stream
     proposer = XPressProposer(config(2))
