@@ -117,7 +117,7 @@ class XPressProposer:
             # The anchor and the accepted drafts of a step are committed, the rejected ones not.
             kept = scheduled - (num_drafts[i] - (len(sampled[i]) - 1) if sampled[i] else 0)
             state = self._state(req_id, runner.requests[req_id].sampling_params.seed)
-            if scheduled and self._continues(state, position_of[row]) and kept:
+            if scheduled and self._continues(state, position_of[row]):
                 committed.append((state, features[row : row + kept], positions[row : row + kept]))
             row += scheduled
             if sampled[i] and state.complete:
