@@ -8,13 +8,12 @@ Runs inside the vLLM environment of tests/integrations/vllm/run.sh, which export
 
 tau: tokens per target forward of a request after its prefill (1 without speculation).
 Tokens per second: the new tokens of a whole generate call over its wall time, after one
-warm-up call. The prompts are the held-out ones of tests/integrations/vllm/test_vllm_engine.py.
+warm-up call. The prompts are the held-out ones of tests/integrations/vllm/engines.py.
 
 The file has no bench_* function: bench/run.sh collects this folder in an environment without vLLM.
 """
 
 import argparse
-import gc
 import os
 import sys
 import time
@@ -39,7 +38,9 @@ ORDER = ("none", "xPress (7 tokens)", "xPress (15 tokens)", "ngram (4 tokens)")
 
 def measure(llm, prompts, params):
     """(tau, tokens per second, tokens) of one generate call."""
-    runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+    from engines import model_runner
+
+    runner = model_runner(llm)
     steps = []
     sample = runner._sample
 
@@ -66,14 +67,14 @@ def main():
     parser.add_argument("--tokens", type=int, default=64)
     args = parser.parse_args()
     assert os.environ.get("XKERNELS_VLLM") == "1" and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
-    from test_vllm_engine import PROMPTS
-    from vllm import LLM, SamplingParams
+    from engines import PROMPTS, close, engine
+    from vllm import SamplingParams
 
+    load_at_start = os.getloadavg()[0]
     cases = [("greedy, batch 1", 0.0, 1), ("greedy, batch 4", 0.0, 4), ("T=0.8 top_p=0.95, batch 4", 0.8, 4)]
     rows, reference = [], {}
     for name in ORDER:
-        llm = LLM(model=args.target, max_model_len=512, max_num_seqs=8, seed=0, dtype="float32",
-                  enable_prefix_caching=False, speculative_config=METHODS[name])
+        llm = engine(args.target, enable_prefix_caching=False, speculative_config=METHODS[name])
         for case, temperature, batch in cases:
             params = SamplingParams(max_tokens=args.tokens, temperature=temperature, top_p=0.95 if temperature else 1.0,
                                     seed=7 if temperature else None)
@@ -91,10 +92,9 @@ def main():
             rows.append((name, case, sum(taus) / len(taus), sum(speeds) / len(speeds), same))
             print(f"{name:20s} {case:28s} tau {rows[-1][2]:5.2f}  {rows[-1][3]:7.1f} tok/s"
                   + ("" if same is None else f"  tokens equal no-speculation's: {same}"), flush=True)
-        llm.llm_engine.engine_core.shutdown()
-        del llm
-        gc.collect()
-    print(f"\ntorch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}")
+        close(llm)
+    print(f"\ntorch threads {torch.get_num_threads()}, load average {load_at_start:.1f} at the start, "
+          f"{os.getloadavg()[0]:.1f} at the end")
     base = {case: speed for name, case, _, speed, _ in rows if name == "none"}
     print(f"{'method':20s} {'case':28s} {'tau':>5s} {'tok/s':>8s} {'vs none':>8s}")
     for name, case, tau, speed, _ in rows:

@@ -18,6 +18,9 @@ storing the draft probabilities where the runner hands them to the rejection sam
 :class:`xkernels.decoding.modes.JacobiProposer` in our own loop: greedy requests get the argmax
 Jacobi iterate, sampled ones the drafts that are proper samples of the refined distribution q
 (the settled prefix) together with q, so the output follows the target's distribution at T > 0.
+Each engine step drafts the blocks of all its requests in one drafter pass (:meth:`XPressProposer.blocks`),
+each block's noise keyed by its request's seed and anchor position, so a request's drafts do not
+depend on the batch.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import torch
 
 from ..decoding.modes import JacobiProposer, Streams, draft_block, request_seeds
 from ..models import shipped
+from ..models.static_cache import StaticKVCache
 from ..models.target import KVCache
 
 _SAMPLING_EPS = 1e-5  # vLLM's: a temperature below it is greedy
@@ -102,77 +106,104 @@ class XPressProposer:
         for req_id in scheduler_output.finished_req_ids:
             self.requests.pop(req_id, None)
         batch = runner.input_batch
-        features = torch.cat([h[: scheduler_output.total_num_scheduled_tokens] for h in aux_hidden_states], dim=-1)
-        positions = runner.positions[: scheduler_output.total_num_scheduled_tokens].tolist()
+        total = scheduler_output.total_num_scheduled_tokens
+        features = torch.cat([h[:total] for h in aux_hidden_states], dim=-1)
+        positions = runner.positions[:total].cpu()
+        position_of = positions.tolist()
         num_drafts = [0] * len(batch.req_ids) if spec_decode_metadata is None else spec_decode_metadata.num_draft_tokens
-        drafts, probs, row = [], [], 0
+        committed, drafting, row = [], [], 0
         for i, req_id in enumerate(batch.req_ids):
             scheduled = scheduler_output.num_scheduled_tokens.get(req_id, 0)
             # The anchor and the accepted drafts of a step are committed, the rejected ones not.
-            rejected = num_drafts[i] - (len(sampled[i]) - 1) if sampled[i] else 0
-            state = self._commit(req_id, runner.requests[req_id], features[row : row + scheduled - rejected],
-                                 positions[row] if scheduled else None)
+            kept = scheduled - (num_drafts[i] - (len(sampled[i]) - 1) if sampled[i] else 0)
+            state = self._state(req_id, runner.requests[req_id].sampling_params.seed)
+            if scheduled and self._continues(state, position_of[row]):
+                committed.append((state, features[row : row + kept], positions[row : row + kept]))
             row += scheduled
-            params = runner.requests[req_id].sampling_params
-            if not sampled[i] or not state.complete:
-                drafts.append([])
-                probs.append(None)
-                continue
-            anchor_pos = state.context.length
-            prev = int(batch.token_ids_cpu[i, anchor_pos - 1]) if anchor_pos > 0 else sampled[i][-1]
-            temperature = 0.0 if params.temperature < _SAMPLING_EPS else params.temperature
-            tokens, q = self._propose(state, sampled[i][-1], prev, anchor_pos, temperature)
-            drafts.append(tokens)
-            probs.append(q)
+            if sampled[i] and state.complete:
+                drafting.append((i, state))
+        self._commit(committed)
+        drafts, probs = [[] for _ in batch.req_ids], [None] * len(batch.req_ids)
+        if drafting:
+            rows = [i for i, _ in drafting]
+            states = [state for _, state in drafting]
+            params = [runner.requests[batch.req_ids[i]].sampling_params for i in rows]
+            # The token before the anchor, which sits at the context's length.
+            prevs = [int(batch.token_ids_cpu[i, state.context.length - 1]) for i, state in drafting]
+            blocks = self.blocks([state.context for state in states], [sampled[i][-1] for i in rows], prevs,
+                                 [0.0 if p.temperature < _SAMPLING_EPS else p.temperature for p in params],
+                                 request_seeds([state.seed for state in states], len(states)))
+            for i, (tokens, q) in zip(rows, blocks):
+                drafts[i], probs[i] = tokens, q
         return drafts, self._probs(drafts, probs)
 
-    def _commit(self, req_id, cached, features, first_position) -> _Request:
-        """Appends the drafter's keys and values of a request's newly committed positions."""
+    def _state(self, req_id, seed) -> _Request:
+        """A request's drafting state (made when it first appears, with its drafts' seed)."""
         state = self.requests.get(req_id)
         if state is None:
-            seed = cached.sampling_params.seed
             seed = int(torch.randint(-(1 << 63), (1 << 63) - 1, ())) if seed is None else seed
             state = self.requests[req_id] = _Request(KVCache(len(self.drafter.layers)), seed ^ _DRAFT_SALT)
-        if first_position is None:
-            return state
+        return state
+
+    @staticmethod
+    def _continues(state, first_position) -> bool:
+        """Whether a step whose tokens start at ``first_position`` extends the request's context."""
         if first_position < state.context.length:  # recomputed (after a preemption): committed states do not change
             state.context.crop(first_position)
         elif first_position > state.context.length:
             state.complete = False
-        if state.complete and features.shape[0]:
-            pos = torch.arange(first_position, first_position + features.shape[0])
-            with torch.inference_mode():
-                for layer, (k, v) in enumerate(self.drafter.context(features[None].float().cpu(), pos)):
-                    state.context.append(layer, k, v)
-        return state
-
-    def _propose(self, state, anchor, prev, anchor_pos, temperature):
-        """(drafts, their q [k, V] or None at T = 0) of the block after ``anchor``."""
-        ctx = state.context
-        p = self.block(list(zip(ctx.k, ctx.v)), torch.tensor([anchor]), torch.tensor([prev]), anchor_pos,
-                       temperature, request_seeds([state.seed], 1))
-        k = self.num_drafts if p.limit is None else min(self.num_drafts, int(p.limit[0]))
-        return p.drafts[0, :k].tolist(), None if p.q is None else p.q[0, :k]
+        return state.complete
 
     @torch.inference_mode()
-    def block(self, ctx_kv, anchors, prevs, anchor_pos, temperature, seeds):
-        """The :class:`xkernels.decoding.modes.Proposal` of N blocks after one context.
+    def _commit(self, committed) -> None:
+        """Appends the drafter's keys and values of newly committed positions, for every request
+        of ``committed`` (state, target features ``[t, F]``, positions ``[t]``) in one call."""
+        if not committed:
+            return
+        features = torch.cat([f for _, f, _ in committed]).float().cpu()
+        positions = torch.cat([p for _, _, p in committed]).long()
+        counts = [f.shape[0] for _, f, _ in committed]
+        for layer, (k, v) in enumerate(self.drafter.context(features[None], positions)):
+            for (state, _, _), k_i, v_i in zip(committed, k.split(counts, 2), v.split(counts, 2)):
+                state.context.append(layer, k_i, v_i)
+
+    @torch.inference_mode()
+    def blocks(self, contexts: list[KVCache], anchors: list[int], prevs: list[int], temperatures: list[float],
+               seeds: torch.Tensor) -> list[tuple[list[int], torch.Tensor | None]]:
+        """The drafts of N blocks, each after its own context, in one drafter pass (the contexts
+        padded to the longest, each block seeing its own positions: ``draft_block``'s ``ctx_len``)
+        and one refinement per distinct temperature. Block n's noise is keyed by (seeds[n], its
+        anchor's position) only (:class:`xkernels.decoding.modes.Streams`' per-request form), so
+        its drafts do not depend on the rest of the batch.
 
         Args:
-            ctx_kv: the drafter's keys and values of the positions before the anchors, per layer.
-            anchors, prevs: int64 ``[N]``, the anchors and the tokens before them.
-            anchor_pos: the anchors' position.
-            temperature: 0 (greedy) or the requests' temperature.
-            seeds: int64 ``[N]``, each row's seed of its drafts' noise (the ops' per-request form, at
-                the offsets of ``Streams(temperature, seeds, anchor_pos).draft``).
+            contexts: per block, the drafter's keys and values of the positions before its anchor.
+            anchors, prevs: per block, the anchor and the token before it.
+            temperatures: per block, 0 (greedy) or the request's temperature.
+            seeds: int64 ``[N]``, each block's seed of its drafts' noise.
 
         Returns:
-            drafts ``[N, B-1]``, q ``[N, B-1, V]`` (None at T = 0), and at T > 0 ``limit`` ``[N]``:
-            only the first ``limit[n]`` drafts of row n are samples of q.
+            per block, (drafts, their q ``[k, V]`` or None at T = 0): at most ``num_drafts``, and at
+            T > 0 only those that are samples of q (the prefix where Jacobi settled).
         """
-        base_logits, h = draft_block(self.drafter, self.target, anchors, ctx_kv, torch.float32, start=anchor_pos)
-        return self.proposer.propose(base_logits, h, torch.stack([prevs, anchors], 1),
-                                     Streams(temperature, seeds, anchor_pos))
+        lengths = torch.tensor([c.length for c in contexts])
+        padded = StaticKVCache.for_model(self.drafter.cfg.attention_config(), len(contexts), int(lengths.max()),
+                                         torch.float32, "cpu", n_layers=len(self.drafter.layers))
+        for i, context in enumerate(contexts):
+            padded.load(i, context.k, context.v)
+        anchors = torch.tensor(anchors)
+        base_logits, h = draft_block(self.drafter, self.target, anchors, padded.keys_values(), torch.float32,
+                                     ctx_len=lengths)
+        prefix = torch.stack([torch.tensor(prevs), anchors], 1)
+        out = [None] * len(contexts)
+        for temperature in set(temperatures):
+            rows = torch.tensor([i for i, t in enumerate(temperatures) if t == temperature])
+            p = self.proposer.propose(base_logits[rows], h[rows], prefix[rows],
+                                      Streams(temperature, seeds[rows], lengths[rows]))
+            limits = [self.num_drafts] * len(rows) if p.limit is None else p.limit.clamp(max=self.num_drafts).tolist()
+            for j, (i, k) in enumerate(zip(rows.tolist(), limits)):
+                out[i] = (p.drafts[j, :k].tolist(), None if p.q is None else p.q[j, :k])
+        return out
 
     def _probs(self, drafts, probs):
         if all(q is None for q in probs):
