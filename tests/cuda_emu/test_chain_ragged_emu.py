@@ -32,8 +32,9 @@ def _check(got, want):
     torch.testing.assert_close(got[2], want[2], atol=2e-5, rtol=1e-5, equal_nan=True)
 
 
-# (counts, V): zero-draft requests, a tail past the block's 256 threads, one id, odd sizes.
-SHAPES = [([2, 0, 3, 1], 37), ([1, 2], 300), ([0, 0], 5), ([3], 1), ([4, 1, 0, 2, 3, 1], 19)]
+# (counts, V): zero-draft requests, a tail past the block's 256 threads, one id, odd sizes, rows
+# over several rounds of batched loads (9001: most rows start unaligned, a tail of one id).
+SHAPES = [([2, 0, 3, 1], 37), ([1, 2], 300), ([0, 0], 5), ([3], 1), ([4, 1, 0, 2, 3, 1], 19), ([2, 1], 9001)]
 
 
 @pytest.mark.parametrize("counts,vocab", SHAPES)
