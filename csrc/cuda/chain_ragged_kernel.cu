@@ -45,6 +45,11 @@ struct Shared {
   ArgMax best;
 };
 
+// The statistics pass, a row's first read (from HBM), loads this many times kIdDepth ids at once: the
+// kernel runs a block an SM at any register count up to 255, and this pass's small body stays below
+// the selection's registers at 16 ids (222 for bfloat16 on sm_90a; 32 reached 255).
+constexpr int kStatsScale = 2;
+
 // Row i's statistics and, with filters, its cut and the kept ids' sum, into sh.row.
 template <typename T>
 __device__ void prepare(Shared& sh, const RowView<T>& r, const RowSampling& rs, bool greedy, bool filtered,
@@ -53,7 +58,7 @@ __device__ void prepare(Shared& sh, const RowView<T>& r, const RowSampling& rs, 
   if (count) clear_top_bits(sh.cut);
   __syncthreads();
   RowStats local = stats_empty();
-  r.for_each_in_order([&](int64_t i, float a) {
+  r.template for_each_in_order<kStatsScale>([&](int64_t i, float a) {
     stats_observe(local, a, static_cast<int32_t>(i));
     if (count) count_top_bits(sh.cut, a);
   });

@@ -42,8 +42,9 @@ inline int cut_mass_shift(int64_t v) {
 // Loads a thread keeps in flight in a pass over a row (one load at a time left a block hundreds of
 // L2 round trips a pass over a 304 KB row): single ids in the passes whose float sums must keep
 // their order, 16-byte chunks in those that only count, gather or take a maximum. Deeper costs
-// registers: 16 ids and 8 chunks spilled chain_ragged_kernel (255 registers); 4 chunks took
-// row_cut_kernel to 168 registers, one block an SM instead of two (sm_90a).
+// registers in the passes with large bodies (the selection's, the sample's): 16 ids and 8 chunks
+// spilled chain_ragged_kernel (255 registers); 4 chunks took row_cut_kernel to 168 registers, one
+// block an SM instead of two (sm_90a).
 constexpr int kIdDepth = 8;
 constexpr int kChunkDepth = 2;
 
@@ -58,21 +59,22 @@ struct RowView {
   __device__ __forceinline__ float a(int64_t i) const { return value(i, row[i]); }
 
   // f(i, a(i), extra(i)) for the ids i = threadIdx.x, + kThreads, ... below v in that order (a plain
-  // loop's ids and order, so a thread's float sums round as they did), kIdDepth ids loaded at once.
-  template <typename Extra, typename F>
+  // loop's ids and order, so a thread's float sums round as they did), kIdDepth times kScale ids
+  // loaded at once.
+  template <int kScale = 1, typename Extra, typename F>
   __device__ __forceinline__ void for_each_in_order(const Extra& extra, const F& f) const {
     using E = decltype(extra(int64_t{0}));
     struct Loaded {
       T x;
       E e;
     };
-    for_each_batched<kIdDepth>(
+    for_each_batched<kIdDepth * kScale>(
         threadIdx.x, v, kThreads, [&](int64_t i) { return Loaded{row[i], extra(i)}; },
         [&](int64_t i, const Loaded& l) { f(i, value(i, l.x), l.e); });
   }
-  template <typename F>
+  template <int kScale = 1, typename F>
   __device__ __forceinline__ void for_each_in_order(const F& f) const {
-    for_each_in_order([](int64_t) { return 0; }, [&](int64_t i, float a, int) { f(i, a); });
+    for_each_in_order<kScale>([](int64_t) { return 0; }, [&](int64_t i, float a, int) { f(i, a); });
   }
 
   // f(i, a(i)) for a thread's share of the ids, in no fixed order (for order-independent results:

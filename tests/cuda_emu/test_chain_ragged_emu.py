@@ -60,6 +60,19 @@ def test_half_logits_and_scalar_streams(emu, dtype):
         _check(got, want)
 
 
+def test_largest_logits_in_the_last_ids(emu):
+    """V = 9001 float32 rows: the first starts 16-byte aligned and ends in a partial chunk (its last
+    id read alone), the others start unaligned (every id read one by one); the largest logits are
+    the last ids, which every cut and sum must count."""
+    drafts, cu, logits, q = _case([3, 2, 1, 2], 9001, 21)
+    logits[:, -3:] = torch.tensor([6.0, 7.0, 8.0])
+    params = _params(4, 21)
+    for method in ("token", "block"):
+        got = emu.chain_verify_ragged(drafts, cu, logits, 3, q, method=method, **params)
+        want = ref_chain.chain_verify_ragged(drafts, cu, logits, 3, q, method=method, **params)
+        _check(got, want)
+
+
 def test_ties_at_the_cut(emu):
     """Equal logits at a top-k and a top-p cut: the lower ids are kept (the ordered tie pass)."""
     row = torch.tensor([0.0, 2.0, 1.0, 2.0, 2.0, 1.0, 2.0, 1.0, -1.0, 1.0, 0.5, 1.0] * 30)  # V = 360

@@ -54,6 +54,16 @@ def test_matches_reference(emu, dtype, vocab):
     _run(emu, logits, PARAMS)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_largest_logits_after_the_last_whole_chunk(emu, dtype):
+    """The row's largest logits in its last 3 ids, which follow its last whole 16-byte chunk (they
+    are read one by one) in the last round of batched loads: every cut must count them."""
+    g = torch.Generator().manual_seed(13)
+    logits = torch.randn(len(PARAMS), 20011, generator=g)
+    logits[:, -3:] = torch.tensor([6.0, 7.0, 8.0])
+    _run(emu, logits.to(dtype), PARAMS)
+
+
 def test_planted_ties_at_the_cuts(emu):
     """Equal logits at a top-k, a top-p and a min-p cut: the lower ids are kept first."""
     row = torch.tensor([0.0, 2.0, 1.0, 2.0, 2.0, 1.0, 2.0, 1.0, -1.0, 1.0, 0.5, 1.0] * 30)  # V = 360: 120 twos
