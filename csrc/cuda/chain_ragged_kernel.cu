@@ -45,6 +45,11 @@ struct Shared {
   ArgMax best;
 };
 
+// The statistics pass, a row's first read (from HBM), loads this many times kIdDepth ids at once: the
+// kernel runs a block an SM at any register count up to 255, and this pass's small body stays below
+// the selection's registers at 16 ids (222 for bfloat16 on sm_90a; 32 reached 255).
+constexpr int kStatsScale = 2;
+
 // Row i's statistics and, with filters, its cut and the kept ids' sum, into sh.row.
 template <typename T>
 __device__ void prepare(Shared& sh, const RowView<T>& r, const RowSampling& rs, bool greedy, bool filtered,
@@ -53,11 +58,10 @@ __device__ void prepare(Shared& sh, const RowView<T>& r, const RowSampling& rs, 
   if (count) clear_top_bits(sh.cut);
   __syncthreads();
   RowStats local = stats_empty();
-  for (int64_t i = threadIdx.x; i < r.v; i += kThreads) {
-    const float a = r.a(i);
+  r.template for_each_in_order<kStatsScale>([&](int64_t i, float a) {
     stats_observe(local, a, static_cast<int32_t>(i));
     if (count) count_top_bits(sh.cut, a);
-  }
+  });
   local = block_merge(local, stats_empty());
   if (threadIdx.x == 0) sh.row = RowState{local, keep_all(), greedy || stats_degenerate(local)};
   __syncthreads();
@@ -66,10 +70,9 @@ __device__ void prepare(Shared& sh, const RowView<T>& r, const RowSampling& rs, 
   const FilterCut cut = filter_cut(sh.cut, r, top, rs, mass_shift);
   const RowState state{sh.row.s, cut, false};
   float sum = 0.0f;
-  for (int64_t i = threadIdx.x; i < r.v; i += kThreads) {
-    const float a = r.a(i);
+  r.for_each_in_order([&](int64_t i, float a) {
     if (a != kNegInf && state.keeps(a, i)) sum += exp_f32(a - top);
-  }
+  });
   sum = block_sum(sum);
   if (threadIdx.x == 0) sh.row = RowState{RowStats{state.s.top, sum}, cut, false};
   __syncthreads();
@@ -85,26 +88,41 @@ __device__ int32_t sample_row(Shared& sh, const RowView<T>& r, const RowStream& 
   const uint64_t offset = st.offset_at(slot);
   const uint32_t sequence = st.sequence_at(), position = st.position_at(slot);
   ArgMax best = argmax_empty();
-  const int64_t groups = (r.v + 3) / 4;
-  for (int64_t g = threadIdx.x; g < groups; g += kThreads) {
+  // A thread's groups of 4 ids as a plain loop takes them (the ids of a draw are grouped by 4),
+  // kIdDepth ids (and q's) loaded at once.
+  struct Group {
+    T x[4];
+    float q[4];
+  };
+  const auto load = [&](int64_t g) {
+    Group l{};
+    for (int j = 0; j < 4; ++j) {
+      const int64_t id = 4 * g + j;
+      if (id < r.v) {
+        l.x[j] = r.row[id];
+        if (q_row) l.q[j] = q_row[id];
+      }
+    }
+    return l;
+  };
+  for_each_batched<kIdDepth / 4>(threadIdx.x, (r.v + 3) / 4, kThreads, load, [&](int64_t g, const Group& l) {
     const int count = static_cast<int>(r.v - 4 * g < 4 ? r.v - 4 * g : 4);
+    float w[4];
     if (q_row) {
-      float w[4];
       for (int j = 0; j < 4; ++j) {
         const int64_t id = 4 * g + j;
-        w[j] = j < count ? row.prob(r.a(id), id) - q_row[id] * q_scale : 0.0f;
+        w[j] = j < count ? row.prob(r.value(id, l.x[j]), id) - l.q[j] * q_scale : 0.0f;
       }
       linear_group(best, st.seed, offset, sequence, position, static_cast<uint32_t>(g), w);
     } else {
-      float w[4];
       for (int j = 0; j < 4; ++j) {
         const int64_t id = 4 * g + j;
-        const float a = j < count ? r.a(id) : kNegInf;
+        const float a = j < count ? r.value(id, l.x[j]) : kNegInf;
         w[j] = j < count && id != exclude && row.keeps(a, id) ? a : kNegInf;
       }
       gumbel_group(best, st.seed, offset, sequence, position, static_cast<uint32_t>(g), w, count);
     }
-  }
+  });
   best = block_merge(best, argmax_empty());
   if (threadIdx.x == 0) sh.best = best;
   __syncthreads();
@@ -218,10 +236,11 @@ class RequestWalk {
     if (!q_row) return w * (1.0f - (valid ? row.prob(filtered_logit(i, x), x) : 0.0f));
     const RowView<T> r = view(i);
     float z = 0.0f;
-    for (int64_t v = threadIdx.x; v < r.v; v += kThreads) {
-      const float d = w * row.prob(r.a(v), v) - q_row[v];
-      if (d > 0.0f) z += d;
-    }
+    r.for_each_in_order([&](int64_t v) { return q_row[v]; },
+                        [&](int64_t v, float a, float q_v) {
+                          const float d = w * row.prob(a, v) - q_v;
+                          if (d > 0.0f) z += d;
+                        });
     z = block_sum(z);
     if (threadIdx.x == 0) sh_.value = z;
     __syncthreads();

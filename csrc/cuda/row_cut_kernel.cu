@@ -30,11 +30,10 @@ __global__ void __launch_bounds__(kThreads, 1) row_cut_kernel(RowCutParams p, in
   if (count) clear_top_bits(sh);
   __syncthreads();
   ArgMax top = argmax_empty();
-  for (int64_t i = threadIdx.x; i < r.v; i += kThreads) {
-    const float a = r.a(i);
+  r.for_each_any_order([&](int64_t i, float a) {  // the argmax ranks ties by id: any order
     argmax_observe(top, a, static_cast<int32_t>(i));
     if (count) count_top_bits(sh, a);
-  }
+  });
   top = block_merge(top, argmax_empty());
   if (threadIdx.x == 0) top_value = top.val;
   __syncthreads();

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "device_utils.cuh"
+#include "row_reduce.cuh"
 #include "xkernels/sampling.h"
 #include "xkernels/sampling_params.h"
 
@@ -38,13 +39,60 @@ inline int cut_mass_shift(int64_t v) {
   return 62 - bits;
 }
 
+// Loads a thread keeps in flight in a pass over a row (one load at a time left a block hundreds of
+// L2 round trips a pass over a 304 KB row): single ids in the passes whose float sums must keep
+// their order, 16-byte chunks in those that only count, gather or take a maximum. Deeper costs
+// registers in the passes with large bodies (the selection's, the sample's): 16 ids and 8 chunks
+// spilled chain_ragged_kernel (255 registers); 4 chunks took row_cut_kernel to 168 registers, one
+// block an SM instead of two (sm_90a).
+constexpr int kIdDepth = 8;
+constexpr int kChunkDepth = 2;
+
 template <typename T>
 struct RowView {
   const T* row;
   int64_t v;
   float scale;
   int64_t exclude = -1;  // an id whose logit counts as -inf (dllm_step's mask token); -1: none
-  __device__ __forceinline__ float a(int64_t i) const { return i == exclude ? kNegInf : to_float(row[i]) * scale; }
+  // The scaled logit of id i, loaded as x.
+  __device__ __forceinline__ float value(int64_t i, T x) const { return i == exclude ? kNegInf : to_float(x) * scale; }
+  __device__ __forceinline__ float a(int64_t i) const { return value(i, row[i]); }
+
+  // f(i, a(i), extra(i)) for the ids i = threadIdx.x, + kThreads, ... below v in that order (a plain
+  // loop's ids and order, so a thread's float sums round as they did), kIdDepth times kScale ids
+  // loaded at once.
+  template <int kScale = 1, typename Extra, typename F>
+  __device__ __forceinline__ void for_each_in_order(const Extra& extra, const F& f) const {
+    using E = decltype(extra(int64_t{0}));
+    struct Loaded {
+      T x;
+      E e;
+    };
+    for_each_batched<kIdDepth * kScale>(
+        threadIdx.x, v, kThreads, [&](int64_t i) { return Loaded{row[i], extra(i)}; },
+        [&](int64_t i, const Loaded& l) { f(i, value(i, l.x), l.e); });
+  }
+  template <int kScale = 1, typename F>
+  __device__ __forceinline__ void for_each_in_order(const F& f) const {
+    for_each_in_order<kScale>([](int64_t) { return 0; }, [&](int64_t i, float a, int) { f(i, a); });
+  }
+
+  // f(i, a(i)) for a thread's share of the ids, in no fixed order (for order-independent results:
+  // integer counts and fixed-point masses, gathers that are ranked afterwards, maxima ranked by id):
+  // 16-byte chunks, kChunkDepth in flight, where the row starts 16-byte aligned (a strided row
+  // need not), else for_each_in_order.
+  template <typename F>
+  __device__ __forceinline__ void for_each_any_order(const F& f) const {
+    if (reinterpret_cast<uintptr_t>(row) % 16 != 0) return for_each_in_order(f);
+    constexpr int kIds = 16 / sizeof(T);
+    for_each_row_value<T, kChunkDepth>(
+        row, v, 0, (v + kIds - 1) / kIds, true, scale, exclude, threadIdx.x, kThreads,
+        [&](const float (&a)[kIds], int32_t id) {
+#pragma unroll
+          for (int j = 0; j < kIds; ++j) f(id + j, a[j]);
+        },
+        [&](float a, int32_t id) { f(id, a); });
+  }
 };
 
 constexpr int kCutBins = 2048;        // 11 bits a level: key bits 31-21, 20-10, then 9-0
@@ -171,8 +219,7 @@ __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, co
   uint32_t mask = 0, prefix = 0, count = 0;
   unsigned long long before = 0;
   double target = 0.0;
-  const auto in_bins = [&](int64_t i, uint32_t& key) {
-    const float a = r.a(i);
+  const auto in_bins = [&](int64_t i, float a, uint32_t& key) {
     if (a == kNegInf || !filter_keeps(within, a, static_cast<int32_t>(i))) return false;
     key = order_key(a);
     return (key & mask) == prefix;
@@ -186,13 +233,13 @@ __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, co
         sh.hist.mass[d] = 0;
       }
       __syncthreads();
-      for (int64_t i = threadIdx.x; i < r.v; i += kThreads) {
+      r.for_each_any_order([&](int64_t i, float a) {
         uint32_t key;
-        if (!in_bins(i, key)) continue;
+        if (!in_bins(i, a, key)) return;
         const uint32_t d = (key >> shift) & (bins - 1);
         atomicAdd(&sh.hist.count[d], 1u);
         if (by_mass) atomicAdd(&sh.hist.mass[d], fixed_mass(key_value(key) - top, mass_shift));  // key_value: a
-      }
+      });
       __syncthreads();
     }
     const auto bin_sum = [&](int pos) -> unsigned long long {  // bins in ranking order: the highest first
@@ -225,21 +272,20 @@ __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, co
             sh.hist.mass[b] = 0;
           }
         __syncthreads();
-        for (int64_t i = threadIdx.x; i < r.v; i += kThreads) {
-          const float a = r.a(i);
-          if (a == kNegInf) continue;
+        r.for_each_any_order([&](int64_t i, float a) {  // the candidates' slots are ranked after
+          if (a == kNegInf) return;
           const uint32_t key = order_key(a);
           if (fed && (key >> 21) >= d) {  // these rank within the cut, but those of bin d after it
             atomicAdd(&sh.hist.count[key >> 21], 1u);
             atomicAdd(&sh.hist.mass[key >> 21], mass_of(key));
           }
-          if (!filter_keeps(within, a, static_cast<int32_t>(i)) || (key & mask) != prefix) continue;
+          if (!filter_keeps(within, a, static_cast<int32_t>(i)) || (key & mask) != prefix) return;
           const uint32_t slot = atomicAdd(&sh.n_cand, 1u);
           if (slot < static_cast<uint32_t>(kCutCandidates)) {
             sh.cand.key[slot] = key;
             sh.cand.id[slot] = static_cast<int32_t>(i);
           }
-        }
+        });
         int n2 = 1;
         while (n2 < static_cast<int>(count)) n2 <<= 1;
         for (int j = static_cast<int>(count) + threadIdx.x; j < n2; j += kThreads) {  // rank last
@@ -284,7 +330,7 @@ __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, co
   for (int64_t base = 0; base < r.v; base += kThreads) {
     const int64_t i = base + threadIdx.x;
     uint32_t key;
-    const bool hit = i < r.v && in_bins(i, key);
+    const bool hit = i < r.v && in_bins(i, r.a(i), key);
     const unsigned ballot = __ballot_sync(kFullMask, hit);
     if (lane == 0) sh.warp_counts[warp] = __popc(ballot);
     __syncthreads();

@@ -32,8 +32,9 @@ def _check(got, want):
     torch.testing.assert_close(got[2], want[2], atol=2e-5, rtol=1e-5, equal_nan=True)
 
 
-# (counts, V): zero-draft requests, a tail past the block's 256 threads, one id, odd sizes.
-SHAPES = [([2, 0, 3, 1], 37), ([1, 2], 300), ([0, 0], 5), ([3], 1), ([4, 1, 0, 2, 3, 1], 19)]
+# (counts, V): zero-draft requests, a tail past the block's 256 threads, one id, odd sizes, rows
+# over several rounds of batched loads (9001: most rows start unaligned, a tail of one id).
+SHAPES = [([2, 0, 3, 1], 37), ([1, 2], 300), ([0, 0], 5), ([3], 1), ([4, 1, 0, 2, 3, 1], 19), ([2, 1], 9001)]
 
 
 @pytest.mark.parametrize("counts,vocab", SHAPES)
@@ -56,6 +57,19 @@ def test_half_logits_and_scalar_streams(emu, dtype):
                                       offset=offset)
         want = ref_chain.chain_verify_ragged(drafts, cu, logits, 3, q, temperature=0.8, top_k=5, top_p=0.9, seed=seed,
                                              offset=offset)
+        _check(got, want)
+
+
+def test_largest_logits_in_the_last_ids(emu):
+    """V = 9001 float32 rows: the first starts 16-byte aligned and ends in a partial chunk (its last
+    id read alone), the others start unaligned (every id read one by one); the largest logits are
+    the last ids, which every cut and sum must count."""
+    drafts, cu, logits, q = _case([3, 2, 1, 2], 9001, 21)
+    logits[:, -3:] = torch.tensor([6.0, 7.0, 8.0])
+    params = _params(4, 21)
+    for method in ("token", "block"):
+        got = emu.chain_verify_ragged(drafts, cu, logits, 3, q, method=method, **params)
+        want = ref_chain.chain_verify_ragged(drafts, cu, logits, 3, q, method=method, **params)
         _check(got, want)
 
 

@@ -47,11 +47,21 @@ PARAMS = [(0.0, 5, 0.5, 0.1), (1.0, 0, 1.0, 0.0), (0.7, 3, 1.0, 0.0), (1.0, 0, 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("vocab", [37, 300, 1])
+@pytest.mark.parametrize("vocab", [37, 300, 1, 20011])  # 20011: several rounds of batched loads and a tail
 def test_matches_reference(emu, dtype, vocab):
     g = torch.Generator().manual_seed(vocab)
     logits = (torch.randn(len(PARAMS), vocab, generator=g) * 3).to(dtype)
     _run(emu, logits, PARAMS)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_largest_logits_after_the_last_whole_chunk(emu, dtype):
+    """The row's largest logits in its last 3 ids, which follow its last whole 16-byte chunk (they
+    are read one by one) in the last round of batched loads: every cut must count them."""
+    g = torch.Generator().manual_seed(13)
+    logits = torch.randn(len(PARAMS), 20011, generator=g)
+    logits[:, -3:] = torch.tensor([6.0, 7.0, 8.0])
+    _run(emu, logits.to(dtype), PARAMS)
 
 
 def test_planted_ties_at_the_cuts(emu):
@@ -90,6 +100,8 @@ def test_rows_per_request_and_strided_rows(emu):
     wide = (torch.randn(12, 300, generator=g) * 2).to(torch.bfloat16)
     params = [(1.0, 10, 0.9, 0.0), (0.0, 3, 1.0, 0.0), (0.8, 0, 0.7, 0.05), (1.2, 50, 1.0, 0.3)]
     _run(emu, wide[:, :257], params, rows_per_request=3)  # rows of 257 ids, 300 apart
+    wider = (torch.randn(4, 5003, generator=g) * 2).to(torch.bfloat16)
+    _run(emu, wider[:, :5000], params)  # rows 10006 bytes apart: most start unaligned, several rounds
 
 
 def test_scalar_parameters(emu):
