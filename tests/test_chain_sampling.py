@@ -5,9 +5,10 @@ import itertools
 
 import pytest
 import torch
-from scipy import stats
 
 import xkernels
+from tests.markov_target import assert_follows_each_kinds_law, kind_params
+from tests.utils import mixed_sampling_params
 from xkernels.reference import chain as ref_chain
 from xkernels.reference import sampling as ref_sampling
 
@@ -21,17 +22,6 @@ def _random_batch(n, k, vocab, seed, scale=3.0):
     return logits, drafts, q
 
 
-def _mixed_params(n, seed):
-    g = torch.Generator().manual_seed(seed)
-    temperature = torch.tensor([0.0, 0.5, 1.0, 1.5, 0.8, 1.0, 2.0, 0.0])[torch.arange(n) % 8]
-    top_k = torch.randint(0, 8, (n,), generator=g)
-    top_p = torch.tensor([1.0, 0.9, 0.5, 0.8, 0.3, 1.0, 0.95])[torch.arange(n) % 7]
-    min_p = torch.tensor([0.0, 0.1, 0.0, 0.05, 0.0, 0.2])[torch.arange(n) % 6]
-    seeds = torch.randint(0, 2**40, (n,), generator=g)
-    offsets = torch.randint(0, 2**20, (n,), generator=g)
-    return dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seeds, offset=offsets)
-
-
 @pytest.mark.parametrize("method", ["token", "block"])
 @pytest.mark.parametrize("with_q", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -40,7 +30,7 @@ def test_matches_the_reference(method, with_q, dtype):
     logits, drafts, q = _random_batch(n, k, vocab, 1)
     logits = logits.to(dtype)
     q = q if with_q else None
-    params = _mixed_params(n, 2)
+    params = mixed_sampling_params(n, 2)
     got = xkernels.chain_verify(drafts, logits, draft_probs=q, method=method, return_logprobs=True, **params)
     want = ref_chain.chain_verify(drafts, logits, q, method=method, return_logprobs=True, **params)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
@@ -106,7 +96,7 @@ def test_batch_invariance():
     rows permutes the outputs."""
     n, k, vocab = 12, 3, 25
     logits, drafts, q = _random_batch(n, k, vocab, 5)
-    params = _mixed_params(n, 6)
+    params = mixed_sampling_params(n, 6)
     for method, qq in itertools.product(("token", "block"), (None, q)):
         full = xkernels.chain_verify(drafts, logits, draft_probs=qq, method=method, **params)
         for i in range(n):
@@ -130,7 +120,7 @@ def test_ragged_equals_single_requests(method):
     drafts = torch.randint(0, vocab, (total,), generator=g, dtype=torch.int64).to(torch.int32)
     logits = torch.randn(total + n, vocab, generator=g) * 2
     q = torch.softmax(torch.randn(total, vocab, generator=g), -1)
-    params = _mixed_params(n, 9)
+    params = mixed_sampling_params(n, 9)
     out = torch.full((n, max_spec + 1), 7, dtype=torch.int32)  # caller buffers, written in place
     emitted = torch.zeros(n, dtype=torch.int32)
     lp = torch.zeros(n, max_spec + 1)
@@ -150,14 +140,13 @@ def test_ragged_equals_single_requests(method):
         start += c
 
 
-def _decode_markov(transition_logits, q_table, kinds, rows_per_kind, length, k, method, with_q, seed):
-    """Decodes `length` tokens after token 0 for rows_per_kind rows of each parameter kind, by
-    repeated chain_verify calls on a first-order Markov target (row i of the target's logits
-    conditions on the chain's token i); returns the tokens [rows, length]."""
-    n = rows_per_kind * len(kinds)
+def _decode_markov(transition_logits, q_table, rows_per_kind, length, k, method, with_q, seed):
+    """Decodes `length` tokens after token 0 for rows_per_kind rows of each parameter kind
+    (markov_target.KINDS), by repeated chain_verify calls on a first-order Markov target (row i of
+    the target's logits conditions on the chain's token i); returns the tokens [rows, length]."""
+    params = kind_params(rows_per_kind)
+    n = len(params["temperature"])
     g = torch.Generator().manual_seed(seed)
-    params = {name: torch.tensor([kind[name] for kind in kinds for _ in range(rows_per_kind)])
-              for name in ("temperature", "top_k", "top_p", "min_p")}
     seeds = torch.randint(0, 2**62, (n,), generator=g)
     seqs = [[0] for _ in range(n)]
     while min(len(s) for s in seqs) < length + 1:
@@ -176,37 +165,6 @@ def _decode_markov(transition_logits, q_table, kinds, rows_per_kind, length, k, 
     return torch.tensor([s[1:length + 1] for s in seqs])
 
 
-def _chi2_pvalue(tokens, probs):
-    """tokens [R, L] int, probs [V^L] expected; cells with expected count < 5 are pooled."""
-    vocab = int(round(probs.numel() ** (1 / tokens.shape[1])))
-    index = torch.zeros(tokens.shape[0], dtype=torch.int64)
-    for j in range(tokens.shape[1]):
-        index = index * vocab + tokens[:, j]
-    observed = torch.bincount(index, minlength=probs.numel()).double()
-    expected = probs.double() * tokens.shape[0]
-    small = expected < 5
-    obs = torch.cat([observed[~small], observed[small].sum()[None]])
-    exp = torch.cat([expected[~small], expected[small].sum()[None]])
-    if exp[-1] == 0:  # nothing pooled: an id the filters drop must never be drawn
-        assert obs[-1] == 0
-        obs, exp = obs[:-1], exp[:-1]
-    return stats.chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue
-
-
-KINDS = [dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0), dict(temperature=0.7, top_k=3, top_p=1.0, min_p=0.0),
-         dict(temperature=1.3, top_k=0, top_p=0.7, min_p=0.0), dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.2),
-         dict(temperature=0.8, top_k=4, top_p=0.8, min_p=0.1)]
-
-
-def _joint_probs(transition_logits, kind, length):
-    """The law of (x_1 .. x_length) after token 0, flat with x_1 most significant."""
-    p = ref_sampling.filtered_probs(transition_logits, kind["temperature"], kind["top_k"], kind["top_p"], kind["min_p"])
-    joint = p[0]
-    for _ in range(length - 1):
-        joint = (joint[:, None] * p[torch.arange(joint.numel()) % p.shape[0]]).reshape(-1)
-    return joint
-
-
 @pytest.mark.parametrize("method,with_q", [("token", True), ("token", False), ("block", True), ("block", False)])
 def test_joint_law_of_decoded_tokens(method, with_q):
     """Three tokens decoded by repeated calls (K = 2) follow the filtered target's joint law, for
@@ -216,14 +174,8 @@ def test_joint_law_of_decoded_tokens(method, with_q):
     g = torch.Generator().manual_seed(11)
     transition_logits = torch.randn(vocab, vocab, generator=g) * 1.5
     q_table = torch.softmax(torch.randn(vocab, vocab, generator=g), -1)
-    tokens = _decode_markov(transition_logits, q_table, KINDS, rows, length, 2, method, with_q, seed=12)
-    for i, kind in enumerate(KINDS):
-        part = tokens[i * rows:(i + 1) * rows]
-        p = _chi2_pvalue(part, _joint_probs(transition_logits, kind, length))
-        assert p > 1e-4, (kind, p)
-        if kind["top_k"] or kind["top_p"] < 1 or kind["min_p"]:
-            plain = dict(kind, top_k=0, top_p=1.0, min_p=0.0)
-            assert _chi2_pvalue(part, _joint_probs(transition_logits, plain, length)) < 1e-6, kind
+    tokens = _decode_markov(transition_logits, q_table, rows, length, 2, method, with_q, seed=12)
+    assert_follows_each_kinds_law(tokens, transition_logits, rows)
 
 
 def test_block_accepts_at_least_as_many():
@@ -316,7 +268,7 @@ def test_cuda_equals_cpu(method, with_q):
     n, k, vocab = 12, 3, 151936
     logits, drafts, q = _random_batch(n, k, vocab, 15)
     q = q if with_q else None
-    params = _mixed_params(n, 16)
+    params = mixed_sampling_params(n, 16)
     cpu = xkernels.chain_verify(drafts, logits, draft_probs=q, method=method, return_logprobs=True, **params)
     cuda = xkernels.chain_verify(drafts.cuda(), logits.cuda(), draft_probs=None if q is None else q.cuda(),
                                  method=method, return_logprobs=True, **{key: v.cuda() for key, v in params.items()})
@@ -333,7 +285,7 @@ def test_cuda_graph_capture_with_caller_buffers():
     g = torch.Generator().manual_seed(17)
     logits = (torch.randn(sum(counts) + len(counts), vocab, generator=g) * 2).cuda()
     drafts = torch.randint(0, vocab, (sum(counts),), generator=g).cuda()
-    params = {key: v.cuda() for key, v in _mixed_params(len(counts), 18).items()}
+    params = {key: v.cuda() for key, v in mixed_sampling_params(len(counts), 18).items()}
     out = torch.empty(3, 4, dtype=torch.int32, device="cuda")
     emitted = torch.empty(3, dtype=torch.int32, device="cuda")
     lp = torch.empty(3, 4, device="cuda")

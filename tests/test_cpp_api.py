@@ -49,6 +49,24 @@ def test_shard_row_stats_matches_python(printed):
     assert (want[4] >= 5).all()  # every row drew from the shard's ids
 
 
+def test_per_row_sampling_matches_python(printed):
+    """refine_step and dllm_step given one xkernels::Sampling (per-row temperatures with a greedy
+    row, top_k 5, a per-row top_p, per-request streams) equal the Python ops, bit for bit."""
+    torch.manual_seed(2)
+    ctx, prev_tokens, base_logits = torch.randn(3, 4, 6), torch.randint(0, 20, (3, 4)), torch.randn(3, 2, 20)
+    weights = xkernels.RefinerWeights(*(torch.randn(s) * 0.1 for s in ((20, 6), (6, 4, 4), (5, 6), (5, 6), (6, 5),
+                                                                          (20, 6))))
+    dllm_logits = torch.randn(3, 4, 20)
+    sampling = dict(temperature=torch.tensor([0.0, 0.8, 1.5]), top_k=5, top_p=torch.tensor([1.0, 0.9, 0.6]),
+                    seed=torch.tensor([11, 12, 13]), offset=torch.tensor([0, 4, 9]))
+    tokens, logprobs = xkernels.refine_step(ctx, prev_tokens, base_logits, weights, **sampling)
+    new_block, _, _, confidence = xkernels.dllm_step(dllm_logits, torch.full((3, 4), 19), 19, num_unmask=2, **sampling)
+    for name, want in (("refine_tokens", tokens), ("refine_logprobs", logprobs), ("dllm_new_block", new_block),
+                       ("dllm_confidence", confidence)):
+        got = torch.tensor([float(x) for x in printed[name]], dtype=torch.float64).to(want.dtype)
+        assert torch.equal(got.view_as(want), want), name
+
+
 def test_bad_arguments_name_them(printed):
     assert " ".join(printed["shard_error_rows"]).startswith("rows must be int64, got Int")
     assert " ".join(printed["shard_error_seed"]).startswith("seed must be an int64 tensor, got Int")

@@ -208,6 +208,41 @@ def test_shard_row_stats_vocab_start_cannot_wrap_around():
         xkernels.shard_row_stats(torch.randn(1, 2, 4), 2**63 - 1)
 
 
+# ---- the campaign over per-row sampling arguments (every sampling op's engine form) ----
+
+def _sampling_calls(**kwargs):
+    """Every op that takes sampling parameters, with a per-row top_k (chain_verify's per-row form)
+    and kwargs."""
+    ctx, tokens, base, w = _refine_case()
+    block = long(9, 1, 9)[None]
+    params = dict(top_k=long(2), **kwargs)
+    graph = DraftGraph([frozenset(), frozenset({(0, 0)})], [(0, 1)])
+    return {
+        "chain_verify": lambda: xkernels.chain_verify(torch.randint(0, 8, (1, 1)), torch.randn(1, 2, 8), **params),
+        "tree_verify": lambda: xkernels.tree_verify(long(-1, 3)[None], long(-1, 0)[None], torch.randn(1, 2, 8),
+                                                    **params),
+        "refine_step": lambda: xkernels.refine_step(ctx[:1], tokens[:1], base[:1], w, **params),
+        "dllm_step": lambda: xkernels.dllm_step(torch.randn(1, 3, 8), block, 9, **params),
+        "spiffy_materialize": lambda: xkernels.spiffy_materialize(torch.randn(1, 3, 8), block, 9, graph, keep=1,
+                                                                  **params),
+        "spiffy_accept": lambda: xkernels.spiffy_accept(torch.randn(1, 3, 8), torch.randn(1, 1, 3, 8),
+                                                        block[:, None], long(0)[None], block, 9, **params),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_sampling_calls()))
+def test_a_temperature_of_none_raises_naming_it(name):
+    # It was read as 0 (greedy) where the call took the per-row path, while the scalar path raised.
+    _sampling_calls(temperature=0.0)[name]()
+    with pytest.raises(TypeError, match="^temperature must be a float, got NoneType$"):
+        _sampling_calls(temperature=None)[name]()
+
+
+def test_shard_row_stats_temperature_of_none_raises_naming_it():
+    with pytest.raises(TypeError, match="^temperature must be a float, got NoneType$"):
+        xkernels.shard_row_stats(torch.randn(1, 2, 8), 0, temperature=None)
+
+
 # ---- the CUDA kernels: the same value checks under XKERNELS_CHECK=1 ----
 
 CUDA_VALUE_CASES = {

@@ -8,21 +8,10 @@ import pytest
 import torch
 
 import xkernels
-from tests.test_chain_sampling import _chi2_pvalue, _joint_probs
+from tests.markov_target import assert_follows_each_kinds_law, kind_params
 from tests.test_tree import random_tree, verify_case
+from tests.utils import mixed_sampling_params
 from xkernels import reference
-
-
-def _mixed_params(n, seed):
-    """Every parameter kind in one batch: greedy and sampled rows, each filter alone and mixed."""
-    g = torch.Generator().manual_seed(seed)
-    temperature = torch.tensor([0.0, 0.5, 1.0, 1.5, 0.8, 1.0, 2.0, 0.0])[torch.arange(n) % 8]
-    top_k = torch.randint(0, 8, (n,), generator=g)
-    top_p = torch.tensor([1.0, 0.9, 0.5, 0.8, 0.3, 1.0, 0.95])[torch.arange(n) % 7]
-    min_p = torch.tensor([0.0, 0.1, 0.0, 0.05, 0.0, 0.2])[torch.arange(n) % 6]
-    seeds = torch.randint(0, 2**40, (n,), generator=g)
-    offsets = torch.randint(0, 2**20, (n,), generator=g)
-    return dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seeds, offset=offsets)
 
 
 MODES = [(False, False), (True, False), (True, True)]  # (with draft_probs, without_replacement)
@@ -34,7 +23,7 @@ MODES = [(False, False), (True, False), (True, True)]  # (with draft_probs, with
 def test_matches_the_reference(dtype, kind, with_q, without_replacement):
     n, m, vocab = 16, 11, 40
     tokens, parents, logits, q = verify_case(n, m, vocab, kind, dtype, seed=3)
-    params = _mixed_params(n, 4)
+    params = mixed_sampling_params(n, 4)
     num_nodes = torch.tensor([11, 5, 1, 9] * 4)
     qq = q if with_q else None
     got = xkernels.tree_verify(tokens, parents, logits, draft_probs=qq, without_replacement=without_replacement,
@@ -74,7 +63,7 @@ def test_batch_invariance(with_q, without_replacement):
     n, m, vocab = 12, 9, 25
     tokens, parents, logits, q = verify_case(n, m, vocab, "bushy", torch.float32, seed=5)
     q = q if with_q else None
-    params = _mixed_params(n, 6)
+    params = mixed_sampling_params(n, 6)
     kw = dict(without_replacement=without_replacement)
     full = xkernels.tree_verify(tokens, parents, logits, draft_probs=q, **kw, **params)
     for i in range(n):
@@ -101,25 +90,21 @@ def test_greedy_rows_in_a_sampled_batch():
             assert all(torch.equal(a[i], b[i]) for a, b in zip(got, greedy))
 
 
-KINDS = [dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0), dict(temperature=0.7, top_k=3, top_p=1.0, min_p=0.0),
-         dict(temperature=1.3, top_k=0, top_p=0.7, min_p=0.0), dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.2),
-         dict(temperature=0.8, top_k=4, top_p=0.8, min_p=0.1)]
-
 # The draft tree of each call: the root (the last committed token) with three children, the first
 # two with a child each (M = 6), so the walk tests siblings, goes two deep, and stops anywhere.
 TREE_PARENTS = [-1, 0, 0, 0, 1, 2]
 
 
 def _decode_tree(transition_logits, q_table, rows_per_kind, length, with_q, without_replacement, seed):
-    """Decodes `length` tokens after token 0 for rows_per_kind sequences of each parameter kind,
-    all in one batch, by repeated tree_verify calls on a first-order Markov target (node i's row
-    of the target's logits conditions on node i's token). The children of a node are drawn from
-    q_table (with draft_probs: i.i.d. or without replacement, and q_table is their draft row);
-    without draft_probs the proposals are drawn the same way but verified as deterministic."""
-    n, m, vocab = rows_per_kind * len(KINDS), len(TREE_PARENTS), q_table.shape[0]
+    """Decodes `length` tokens after token 0 for rows_per_kind sequences of each parameter kind
+    (markov_target.KINDS), all in one batch, by repeated tree_verify calls on a first-order Markov
+    target (node i's row of the target's logits conditions on node i's token). The children of a
+    node are drawn from q_table (with draft_probs: i.i.d. or without replacement, and q_table is
+    their draft row); without draft_probs the proposals are drawn the same way but verified as
+    deterministic."""
+    params = kind_params(rows_per_kind)
+    n, m, vocab = len(params["temperature"]), len(TREE_PARENTS), q_table.shape[0]
     g = torch.Generator().manual_seed(seed)
-    params = {name: torch.tensor([kind[name] for kind in KINDS for _ in range(rows_per_kind)])
-              for name in ("temperature", "top_k", "top_p", "min_p")}
     seeds = torch.randint(0, 2**62, (n,), generator=g)
     parents = torch.tensor(TREE_PARENTS).expand(n, m).contiguous()
     seqs = [[0] for _ in range(n)]
@@ -149,13 +134,7 @@ def test_joint_law_of_decoded_tokens(with_q, without_replacement):
     transition_logits = torch.randn(vocab, vocab, generator=g) * 1.5
     q_table = torch.softmax(torch.randn(vocab, vocab, generator=g), -1)
     tokens = _decode_tree(transition_logits, q_table, rows, length, with_q, without_replacement, seed=12)
-    for i, kind in enumerate(KINDS):
-        part = tokens[i * rows:(i + 1) * rows]
-        p = _chi2_pvalue(part, _joint_probs(transition_logits, kind, length))
-        assert p > 1e-4, (kind, p)
-        if kind["top_k"] or kind["top_p"] < 1 or kind["min_p"]:
-            plain = dict(kind, top_k=0, top_p=1.0, min_p=0.0)
-            assert _chi2_pvalue(part, _joint_probs(transition_logits, plain, length)) < 1e-6, kind
+    assert_follows_each_kinds_law(tokens, transition_logits, rows)
 
 
 def test_filters_at_a_large_vocabulary():
@@ -232,7 +211,7 @@ def test_cuda_equals_cpu(with_q, without_replacement):
     n, m, vocab = 12, 9, 151936
     tokens, parents, logits, q = verify_case(n, m, vocab, "bushy", torch.bfloat16, seed=15)
     q = q if with_q else None
-    params = _mixed_params(n, 16)
+    params = mixed_sampling_params(n, 16)
     kw = dict(without_replacement=without_replacement)
     cpu = xkernels.tree_verify(tokens, parents, logits, draft_probs=q, **kw, **params)
     cuda = xkernels.tree_verify(tokens.cuda(), parents.cuda(), logits.cuda(),
@@ -246,7 +225,7 @@ def test_cuda_equals_cpu(with_q, without_replacement):
 def test_cuda_batch_invariance():
     n, m, vocab = 8, 9, 4099
     tokens, parents, logits, q = [t.cuda() for t in verify_case(n, m, vocab, "bushy", torch.bfloat16, seed=17)]
-    params = {key: v.cuda() for key, v in _mixed_params(n, 18).items()}
+    params = {key: v.cuda() for key, v in mixed_sampling_params(n, 18).items()}
     for qq in (None, q):
         full = xkernels.tree_verify(tokens, parents, logits, draft_probs=qq, **params)
         for i in range(n):

@@ -16,6 +16,19 @@ def chi_squared_pvalue(counts: torch.Tensor, expected_probs: torch.Tensor) -> fl
     return float(scipy.stats.chisquare(counts[keep].numpy(), expected.numpy()).pvalue)
 
 
+def mixed_sampling_params(n: int, seed: int) -> dict:
+    """Per-request sampling arguments of n rows with every parameter kind in one batch: greedy and
+    sampled rows, each filter alone and mixed, and per-request streams."""
+    g = torch.Generator().manual_seed(seed)
+    temperature = torch.tensor([0.0, 0.5, 1.0, 1.5, 0.8, 1.0, 2.0, 0.0])[torch.arange(n) % 8]
+    top_k = torch.randint(0, 8, (n,), generator=g)
+    top_p = torch.tensor([1.0, 0.9, 0.5, 0.8, 0.3, 1.0, 0.95])[torch.arange(n) % 7]
+    min_p = torch.tensor([0.0, 0.1, 0.0, 0.05, 0.0, 0.2])[torch.arange(n) % 6]
+    seeds = torch.randint(0, 2**40, (n,), generator=g)
+    offsets = torch.randint(0, 2**20, (n,), generator=g)
+    return dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seeds, offset=offsets)
+
+
 def assert_chains_agree(got, want, drafts, logits, q, temperature, seed, offset, tol=1e-4):
     """chain_verify results of two devices: identical, except sequences whose first difference
     sits where the decision is within rounding (float64 recomputation): an acceptance test with

@@ -52,14 +52,15 @@ Param = Union[None, int, float, torch.Tensor]
 
 def _sampling_args(temperature, top_k: Param, top_p: Param, min_p: Param, seed: Seed, offset: Seed):
     """The schemas' (value, tensor) pairs of the sampling parameters and the stream, in order."""
-    def pair(value, name, default, cast):
+    def pair(value, name, default, cast, none_is_off=True):
         value = _tensor(value, name) if isinstance(value, torch.Tensor) or hasattr(value, "__dlpack__") else value
         if isinstance(value, torch.Tensor):
             return default, value
-        return _scalar(default if value is None else value, name, cast), None
+        # None turns a filter off; a temperature has no "off" (0 is greedy, given as 0), so None raises
+        return _scalar(default if value is None and none_is_off else value, name, cast), None
 
     seed_int, offset_int, seed_tensor, offset_tensor = _rng_args(seed, offset)
-    return (*pair(temperature, "temperature", 0.0, float), *pair(top_k, "top_k", 0, int),
+    return (*pair(temperature, "temperature", 0.0, float, none_is_off=False), *pair(top_k, "top_k", 0, int),
             *pair(top_p, "top_p", 1.0, float), *pair(min_p, "min_p", 0.0, float),
             seed_int, seed_tensor, offset_int, offset_tensor)
 

@@ -58,13 +58,15 @@ ChainVerifyShape check_chain_verify(const at::Tensor& draft_tokens, const at::Te
 
 void chain_verify_ragged_(const at::Tensor& draft_tokens, const at::Tensor& cu_num_draft_tokens,
                           const at::Tensor& target_logits, int64_t max_spec_len,
-                          const std::optional<at::Tensor>& draft_probs, XK_SAMPLING_ARGS, bool block,
+                          const std::optional<at::Tensor>& draft_probs, const Sampling& sampling, bool block,
                           const at::Tensor& output_token_ids, const at::Tensor& num_emitted,
                           const at::Tensor& logprobs) {
+  using T = at::Tensor;
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("xkernels::chain_verify_ragged_", "")
-                       .typed<decltype(chain_verify_ragged_)>();
-  op.call(draft_tokens, cu_num_draft_tokens, target_logits, max_spec_len, draft_probs, XK_SAMPLING_FORWARD, block,
+                       .typed<void(const T&, const T&, const T&, int64_t, const std::optional<T>&, XK_SAMPLING_TYPES,
+                                   bool, const T&, const T&, const T&)>();
+  op.call(draft_tokens, cu_num_draft_tokens, target_logits, max_spec_len, draft_probs, XK_SAMPLING_OF(sampling), block,
           output_token_ids, num_emitted, logprobs);
 }
 

@@ -21,15 +21,13 @@ namespace xkernels {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step(
     const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id, int64_t num_unmask,
-    std::optional<double> threshold, XK_SAMPLING_ARGS) {
+    std::optional<double> threshold, const Sampling& sampling) {
   using T = at::Tensor;
-  using Opt = std::optional<at::Tensor>;
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("xkernels::dllm_step", "")
                        .typed<std::tuple<T, T, T, T>(const T&, const T&, int64_t, int64_t, std::optional<double>,
-                                                     double, const Opt&, int64_t, const Opt&, double, const Opt&,
-                                                     double, const Opt&, int64_t, const Opt&, int64_t, const Opt&)>();
-  return op.call(logits, block_tokens, mask_id, num_unmask, threshold, XK_SAMPLING_FORWARD);
+                                                     XK_SAMPLING_TYPES)>();
+  return op.call(logits, block_tokens, mask_id, num_unmask, threshold, XK_SAMPLING_OF(sampling));
 }
 
 DllmShape check_dllm_step(const at::Tensor& logits, const at::Tensor& block_tokens, int64_t num_unmask,

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "checks.h"
+#include "sampling_args.h"
 #include "xkernels/ops.h"
 
 namespace xkernels {
@@ -15,46 +16,34 @@ static auto typed_op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
 }
 
-using Opt = std::optional<at::Tensor>;
 using T = at::Tensor;
-
-// The schemas' sampling arguments (XK_SAMPLING_ARGS) as types, and their values for the C++ API's
-// scalar form: one temperature, no filter, the given stream.
-#define XK_SAMPLING_TYPES \
-  double, const Opt&, int64_t, const Opt&, double, const Opt&, double, const Opt&, int64_t, const Opt&, int64_t, const Opt&
-#define XK_SCALAR_SAMPLING(temperature, seed, offset, seed_tensor, offset_tensor) \
-  temperature, std::nullopt, 0, std::nullopt, 1.0, std::nullopt, 0.0, std::nullopt, seed, seed_tensor, offset, offset_tensor
 
 std::tuple<at::Tensor, at::Tensor> refine_step(const at::Tensor& ctx, const at::Tensor& prev_tokens,
                                                const at::Tensor& base_logits, const RefinerWeights& w,
-                                               double temperature, int64_t seed, int64_t offset,
-                                               const Opt& seed_tensor, const Opt& offset_tensor) {
+                                               const Sampling& sampling) {
   static auto op = typed_op<std::tuple<T, T>(const T&, const T&, const T&, const T&, const T&, const T&, const T&,
                                              const T&, const T&, XK_SAMPLING_TYPES)>("xkernels::refine_step");
   return op.call(ctx, prev_tokens, base_logits, w.emb, w.mix, w.w_gate, w.w_up, w.w_down, w.w_read,
-                 XK_SCALAR_SAMPLING(temperature, seed, offset, seed_tensor, offset_tensor));
+                 XK_SAMPLING_OF(sampling));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> jacobi_refine(const at::Tensor& ctx, const at::Tensor& prefix_tokens,
                                                              const at::Tensor& base_logits, const RefinerWeights& w,
-                                                             int64_t max_iters, double temperature, int64_t seed,
-                                                             int64_t offset, const Opt& seed_tensor,
-                                                             const Opt& offset_tensor) {
+                                                             int64_t max_iters, const Sampling& sampling) {
   static auto op =
       typed_op<std::tuple<T, T, T>(const T&, const T&, const T&, const T&, const T&, const T&, const T&, const T&,
                                    const T&, int64_t, XK_SAMPLING_TYPES)>("xkernels::jacobi_refine");
   return op.call(ctx, prefix_tokens, base_logits, w.emb, w.mix, w.w_gate, w.w_up, w.w_down, w.w_read, max_iters,
-                 XK_SCALAR_SAMPLING(temperature, seed, offset, seed_tensor, offset_tensor));
+                 XK_SAMPLING_OF(sampling));
 }
 
 std::tuple<at::Tensor, at::Tensor> sequential_refine(const at::Tensor& ctx, const at::Tensor& prefix_tokens,
                                                      const at::Tensor& base_logits, const RefinerWeights& w,
-                                                     double temperature, int64_t seed, int64_t offset,
-                                                     const Opt& seed_tensor, const Opt& offset_tensor) {
+                                                     const Sampling& sampling) {
   static auto op = typed_op<std::tuple<T, T>(const T&, const T&, const T&, const T&, const T&, const T&, const T&,
                                              const T&, const T&, XK_SAMPLING_TYPES)>("xkernels::sequential_refine");
   return op.call(ctx, prefix_tokens, base_logits, w.emb, w.mix, w.w_gate, w.w_up, w.w_down, w.w_read,
-                 XK_SCALAR_SAMPLING(temperature, seed, offset, seed_tensor, offset_tensor));
+                 XK_SAMPLING_OF(sampling));
 }
 
 static void check_weight(const at::Tensor& t, const char* name, std::initializer_list<int64_t> shape,

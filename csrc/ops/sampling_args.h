@@ -20,6 +20,14 @@ namespace xkernels {
 #define XK_SAMPLING_FORWARD                                                                                  \
   temperature, temperature_tensor, top_k, top_k_tensor, top_p, top_p_tensor, min_p, min_p_tensor, seed,    \
       seed_tensor, offset, offset_tensor
+// Their types (a typed dispatcher call's), and a C++ API Sampling `s` passed as them.
+#define XK_SAMPLING_TYPES                                                                                    \
+  double, const std::optional<at::Tensor>&, int64_t, const std::optional<at::Tensor>&, double,             \
+      const std::optional<at::Tensor>&, double, const std::optional<at::Tensor>&, int64_t,                 \
+      const std::optional<at::Tensor>&, int64_t, const std::optional<at::Tensor>&
+#define XK_SAMPLING_OF(s)                                                                                    \
+  (s).temperature, (s).temperature_tensor, (s).top_k, (s).top_k_tensor, (s).top_p, (s).top_p_tensor,        \
+      (s).min_p, (s).min_p_tensor, (s).seed, (s).seed_tensor, (s).offset, (s).offset_tensor
 
 // Checked arguments of n rows on one device. Per-row tensors are held contiguous, in one dtype
 // each (float32 temperatures, top_p and min_p, int32 top_k, int64 seeds and offsets).

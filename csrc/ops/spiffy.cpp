@@ -18,7 +18,7 @@ namespace xkernels {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> spiffy_materialize(
     const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id, const at::Tensor& graph_ranks,
-    const at::Tensor& graph_child_ptr, const at::Tensor& graph_children, int64_t keep, XK_SPIFFY_FILTER_ARGS) {
+    const at::Tensor& graph_child_ptr, const at::Tensor& graph_children, int64_t keep, const Sampling& s) {
   using T = at::Tensor;
   using Opt = std::optional<at::Tensor>;
   static auto op = c10::Dispatcher::singleton()
@@ -26,24 +26,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> spiffy_materialize(
                        .typed<std::tuple<T, T, T>(const T&, const T&, int64_t, const T&, const T&, const T&, int64_t,
                                                   double, const Opt&, int64_t, const Opt&, double, const Opt&,
                                                   double, const Opt&)>();
-  return op.call(logits, block_tokens, mask_id, graph_ranks, graph_child_ptr, graph_children, keep,
-                 XK_SPIFFY_FILTER_FORWARD);
+  return op.call(logits, block_tokens, mask_id, graph_ranks, graph_child_ptr, graph_children, keep, s.temperature,
+                 s.temperature_tensor, s.top_k, s.top_k_tensor, s.top_p, s.top_p_tensor, s.min_p, s.min_p_tensor);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> spiffy_accept(
     const at::Tensor& root_logits, const at::Tensor& draft_logits, const at::Tensor& draft_blocks,
     const at::Tensor& node_ids, const at::Tensor& block_tokens, int64_t mask_id, int64_t num_unmask,
-    std::optional<double> threshold, XK_SAMPLING_ARGS) {
+    std::optional<double> threshold, const Sampling& sampling) {
   using T = at::Tensor;
-  using Opt = std::optional<at::Tensor>;
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("xkernels::spiffy_accept", "")
                        .typed<std::tuple<T, T, T, T, T>(const T&, const T&, const T&, const T&, const T&, int64_t,
-                                                        int64_t, std::optional<double>, double, const Opt&, int64_t,
-                                                        const Opt&, double, const Opt&, double, const Opt&, int64_t,
-                                                        const Opt&, int64_t, const Opt&)>();
+                                                        int64_t, std::optional<double>, XK_SAMPLING_TYPES)>();
   return op.call(root_logits, draft_logits, draft_blocks, node_ids, block_tokens, mask_id, num_unmask, threshold,
-                 XK_SAMPLING_FORWARD);
+                 XK_SAMPLING_OF(sampling));
 }
 
 SamplingArgs spiffy_filter_args(int64_t n, const at::Device& device, XK_SPIFFY_FILTER_ARGS) {

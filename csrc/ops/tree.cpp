@@ -51,12 +51,11 @@ T tree_positions(const T& parents, const Opt& num_nodes) {
 }
 
 std::tuple<T, T, T> tree_verify(const T& tokens, const T& parents, const T& target_logits, const Opt& draft_probs,
-                                bool without_replacement, const Opt& num_nodes, XK_SAMPLING_ARGS) {
-  static auto op = typed_op<std::tuple<T, T, T>(const T&, const T&, const T&, const Opt&, bool, const Opt&, double,
-                                                const Opt&, int64_t, const Opt&, double, const Opt&, double,
-                                                const Opt&, int64_t, const Opt&, int64_t, const Opt&)>(
-      "xkernels::tree_verify");
-  return op.call(tokens, parents, target_logits, draft_probs, without_replacement, num_nodes, XK_SAMPLING_FORWARD);
+                                bool without_replacement, const Opt& num_nodes, const Sampling& sampling) {
+  static auto op = typed_op<std::tuple<T, T, T>(const T&, const T&, const T&, const Opt&, bool, const Opt&,
+                                                XK_SAMPLING_TYPES)>("xkernels::tree_verify");
+  return op.call(tokens, parents, target_logits, draft_probs, without_replacement, num_nodes,
+                 XK_SAMPLING_OF(sampling));
 }
 
 void compact_kv_(const T& cache, const T& path, const T& accept_len, int64_t prefix_len) {

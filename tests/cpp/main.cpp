@@ -1,7 +1,7 @@
-// Calls chain_verify and shard_row_stats through the C++ API: checks a greedy
-// case with a known answer, then prints sampled results and the messages of bad
-// arguments that tests/test_cpp_api.py compares with the Python wrapper on the
-// same inputs.
+// Calls chain_verify, shard_row_stats, refine_step and dllm_step through the C++ API:
+// checks a greedy case with a known answer, then prints sampled results and the
+// messages of bad arguments that tests/test_cpp_api.py compares with the Python
+// wrapper on the same inputs.
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <xkernels/ops.h>
@@ -69,6 +69,30 @@ static bool shard_row_stats_case() {
          });
 }
 
+// refine_step and dllm_step with one xkernels::Sampling: per-row temperatures (a greedy row among
+// sampled ones), a scalar and a per-row filter, a stream per request.
+static void per_row_sampling_case() {
+  at::manual_seed(2);
+  const auto ctx = at::randn({3, 4, 6});
+  const auto prev_tokens = at::randint(0, 20, {3, 4});
+  const auto base_logits = at::randn({3, 2, 20});
+  const auto w = [](at::IntArrayRef shape) { return at::randn(shape) * 0.1; };  // rows far from point masses
+  const xkernels::RefinerWeights weights{w({20, 6}), w({6, 4, 4}), w({5, 6}), w({5, 6}), w({6, 5}), w({20, 6})};
+  const auto dllm_logits = at::randn({3, 4, 20});
+  const xkernels::Sampling sampling{.temperature_tensor = at::tensor({0.0f, 0.8f, 1.5f}),
+                                    .top_k = 5,
+                                    .top_p_tensor = at::tensor({1.0f, 0.9f, 0.6f}),
+                                    .seed_tensor = at::tensor({int64_t{11}, int64_t{12}, int64_t{13}}),
+                                    .offset_tensor = at::tensor({int64_t{0}, int64_t{4}, int64_t{9}})};
+  const auto [tokens, logprobs] = xkernels::refine_step(ctx, prev_tokens, base_logits, weights, sampling);
+  print_values("refine_tokens", tokens);
+  print_values("refine_logprobs", logprobs);
+  const auto block = at::full({3, 4}, 19, at::kLong);
+  const auto dllm = xkernels::dllm_step(dllm_logits, block, 19, 2, std::nullopt, sampling);
+  print_values("dllm_new_block", std::get<0>(dllm));
+  print_values("dllm_confidence", std::get<3>(dllm));
+}
+
 int main() {
   // Greedy: the target's argmax is planted; drafts agree on the first two rows only.
   auto logits = at::zeros({1, 4, 8});
@@ -91,5 +115,6 @@ int main() {
   std::printf("build_info %s\n", xkernels::build_info().c_str());
   print_values("accept_len", a);
   print_values("out_tokens", o);
+  per_row_sampling_case();
   return shard_row_stats_case() ? 0 : 1;
 }

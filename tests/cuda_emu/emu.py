@@ -124,29 +124,18 @@ class CudaEmu:
         """launch_row_cut over the rows of `logits` ([rows, V], rows of any stride), parameters as
         chain_verify_ragged takes them (per-request values as [rows / rows_per_request] tensors).
         Returns the cuts' values (float32 [rows]) and ids (int32 [rows])."""
-        from xkernels.reference.rng import inverse_temperature
         rows, v = logits.shape
         if logits.stride(-1) != 1:
             logits = logits.contiguous()
-
-        def per_row(x, dtype):
-            return x.to(dtype).contiguous() if isinstance(x, torch.Tensor) else None
-
-        def scalar(x, default):
-            return default if x is None or isinstance(x, torch.Tensor) else x
-
-        arrays = [per_row(temperature, torch.float32), per_row(top_k, torch.int32), per_row(top_p, torch.float32),
-                  per_row(min_p, torch.float32)]
-        requests = max([x.numel() for x in arrays if x is not None], default=0)
+        sampling, held = _sampling_args(rows, v, temperature, top_k, top_p, min_p, 0, 0)
+        requests = max([x.numel() for x in held[:4] if x is not None], default=0)
         cuts = torch.empty(rows, 2, dtype=torch.int32)
         msg = ctypes.create_string_buffer(1024)
         self.lib.xk_emu_row_cut.restype = ctypes.c_int
         rc = self.lib.xk_emu_row_cut(
             _ptr(logits), LOGITS_TYPES[logits.dtype], ctypes.c_int64(rows), ctypes.c_int64(v),
             ctypes.c_int64(logits.stride(0) if rows > 1 else v), ctypes.c_int64(rows_per_request),
-            ctypes.c_int64(requests), ctypes.c_float(inverse_temperature(scalar(temperature, 0.0))),
-            ctypes.c_int32(min(scalar(top_k, 0), 2**31 - 1)), ctypes.c_float(scalar(top_p, 1.0)),
-            ctypes.c_float(scalar(min_p, 0.0)), *[_ptr(x) for x in arrays], _ptr(cuts), msg, ctypes.c_size_t(len(msg)))
+            ctypes.c_int64(requests), *sampling[:8], _ptr(cuts), msg, ctypes.c_size_t(len(msg)))  # no stream
         self._check(rc, msg)
         return cuts[:, 0].view(torch.float32), cuts[:, 1].clone()
 
@@ -158,30 +147,11 @@ class CudaEmu:
         top_p, min_p: scalars (None: off) or [N] tensors; seed, offset: ints, or tensors as
         xkernels.refine_step takes them (seed_tensor / offset_tensor: the older spelling of a
         one-element tensor)."""
-        from xkernels.reference.sampling import is_per_row
         n, b, r = ctx.shape
         seed = seed if seed_tensor is None else seed_tensor
         offset = offset if offset_tensor is None else offset_tensor
-
-        def stream(x):
-            if isinstance(x, torch.Tensor):
-                x = x.to(torch.int64).reshape(-1).contiguous()
-                return 0, x, x.numel()
-            return x % 2**64, None, 0
-
-        seed_int, seed_t, seed_numel = stream(seed)
-        offset_int, offset_t, offset_numel = stream(offset)
-        per_request = is_per_row(seed, n) or is_per_row(offset, n)
-        def rows(x, dtype):
-            return x.to(dtype).contiguous() if isinstance(x, torch.Tensor) else None
-
-        def scalar(x, default):
-            return default if x is None or isinstance(x, torch.Tensor) else x
-
-        temp_rows, k_rows, p_rows, m_rows = (rows(temperature, torch.float32), rows(top_k, torch.int32),
-                                             rows(top_p, torch.float32), rows(min_p, torch.float32))
-        inv_t = 0.0 if temp_rows is not None else _inv_t(temperature)
         d, v = base.shape[1], base.shape[2]
+        sampling, _held = _sampling_args(n, v, temperature, top_k, top_p, min_p, seed, offset)
         h = weights.w_gate.shape[0]
         w = [_c(x) for x in (weights.emb, weights.mix, weights.w_gate, weights.w_up, weights.w_down, weights.w_read)]
         ctx, tokens, base = _c(ctx), _c(tokens), _c(base)
@@ -193,11 +163,7 @@ class CudaEmu:
         rc = self.lib.xk_emu_refine(
             ctypes.c_int(REFINE_OPS[op]), _ptr(ctx), _ptr(tokens), i64(tokens.shape[1]), _ptr(base),
             LOGITS_TYPES[base.dtype], *[_ptr(x) for x in w], WEIGHT_TYPES[w[0].dtype], i64(n), i64(b), i64(d), i64(r),
-            i64(h), i64(v), ctypes.c_float(inv_t), ctypes.c_int32(min(scalar(top_k, 0), 2**31 - 1)),
-            ctypes.c_float(scalar(top_p, 1.0)), ctypes.c_float(scalar(min_p, 0.0)), _ptr(temp_rows), _ptr(k_rows),
-            _ptr(p_rows), _ptr(m_rows), ctypes.c_uint64(seed_int),
-            ctypes.c_uint64(offset_int), _ptr(seed_t), i64(seed_numel), _ptr(offset_t), i64(offset_numel),
-            ctypes.c_int(per_request), i64(max_iters), ctypes.c_int(num_sms), i64(slice_bytes),
+            i64(h), i64(v), *sampling, i64(max_iters), ctypes.c_int(num_sms), i64(slice_bytes),
             ctypes.c_int(READ_MODES[read]), _ptr(out_tokens), _ptr(out_logprobs), _ptr(iters), msg,
             ctypes.c_size_t(len(msg)))
         self._check(rc, msg)

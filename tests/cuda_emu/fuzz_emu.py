@@ -17,11 +17,13 @@ import torch
 from tests.cuda_emu.emu import CudaEmu, EmuViolation, LaunchError
 from tests.fuzz import harness
 from tests.fuzz.specs import SPECS, graph_ns
+from xkernels.reference.sampling import is_per_row
 
 # The value checks of the CPU kernels, which CUDA makes only under XKERNELS_CHECK=1.
 VALUE_CHECKS = re.compile(r"holds ids outside|holds row indices outside|is not a valid tree|\(the root\) must be -1|"
                           r"num_nodes must lie in|^graph_ranks: |^graph_child_ptr must (run|be non)|^graph_children: |"
-                          r"^prefix_lens\[|^accept_len must lie|^path must be increasing")
+                          r"^prefix_lens\[|^accept_len must lie|^path must be increasing|in every row$")
+# The arguments of chain_verify's per-row form, whose kernel (chain_verify_ragged's) is not launched here.
 ENGINE_FORM = ("top_k", "top_p", "min_p", "method", "return_logprobs")
 NUMBERS = ("temperature", "threshold", "seed", "offset", "prefix_len")
 _EMU = []
@@ -37,17 +39,26 @@ def _int(x):
     return int(x.reshape(-1)[0]) if isinstance(x, torch.Tensor) else int(x)
 
 
+def _rng(x):
+    """A seed or offset as the launchers take it: a tensor (one element or [N]) or an int."""
+    return x if isinstance(x, torch.Tensor) else int(x)
+
+
 def _weights(a):
     from xkernels import RefinerWeights
 
     return RefinerWeights(*(a[k] for k in RefinerWeights._fields))
 
 
+def _filters(a):
+    return {k: a[k] for k in ("top_k", "top_p", "min_p") if k in a}
+
+
 def _refine(op):
     def launch(emu, a):
         tokens = a["prev_tokens"] if op == "refine_step" else a["prefix_tokens"]
-        out = emu.refine(op, a["ctx"], tokens, a["base_logits"], _weights(a), a["temperature"], _int(a["seed"]),
-                         _int(a["offset"]), max_iters=a.get("max_iters", 0))
+        out = emu.refine(op, a["ctx"], tokens, a["base_logits"], _weights(a), a["temperature"], _rng(a["seed"]),
+                         _rng(a["offset"]), max_iters=a.get("max_iters", 0), **_filters(a))
         return out if op == "jacobi_refine" else out[:2]
     return launch
 
@@ -73,23 +84,24 @@ LAUNCHES = {
                             True),
     "tree_positions": (lambda emu, a: emu.tree_mask(a["parents"], a.get("num_nodes"), positions=True), True),
     "tree_verify": (lambda emu, a: emu.tree_verify(a["tokens"], a["parents"], a["target_logits"], a.get("draft_probs"),
-                                                   a["without_replacement"], a["temperature"], _int(a["seed"]),
-                                                   _int(a["offset"]), a.get("num_nodes")), False),
+                                                   a["without_replacement"], a["temperature"], _rng(a["seed"]),
+                                                   _rng(a["offset"]), a.get("num_nodes"), **_filters(a)), False),
     "compact_kv_": (lambda emu, a: emu.compact_kv(a["cache"], a["path"], a["accept_len"], a["prefix_len"]), True),
     "dllm_step": (lambda emu, a: emu.dllm_step(a["logits"], a["block_tokens"], a["mask_id"], a["num_unmask"],
-                                               a["threshold"], a["temperature"], _int(a["seed"]), _int(a["offset"])),
-                  False),
+                                               a["threshold"], a["temperature"], _rng(a["seed"]),
+                                               _rng(a["offset"]), **_filters(a)), False),
     "spiffy_materialize": (lambda emu, a: emu.spiffy_materialize(
         a["logits"], a["block_tokens"], a["mask_id"], graph_ns(a["graph_ranks"], a["graph_child_ptr"],
-                                                               a["graph_children"]), a["keep"], a["temperature"]),
-        False),
+                                                               a["graph_children"]), a["keep"], a["temperature"],
+        **_filters(a)), False),
     "spiffy_accept": (lambda emu, a: emu.spiffy_accept(
         a["root_logits"], a["draft_logits"], a["draft_blocks"], a["node_ids"], a["block_tokens"], a["mask_id"],
-        a["num_unmask"], a["threshold"], a["temperature"], _int(a["seed"]), _int(a["offset"])), False),
+        a["num_unmask"], a["threshold"], a["temperature"], _rng(a["seed"]), _rng(a["offset"]), **_filters(a)), False),
     "spiffy_attention_mask": (_spiffy_mask, True),
     "shard_row_stats": (lambda emu, a: emu.shard_row_stats(
         a["logits"], a["vocab_start"], a.get("rows"), a.get("exclude"), a.get("draft_probs"), a.get("residual_stats"),
-        a["ignore_id"], a["sample"], a["raw_stats"], a["temperature"],
+        a["ignore_id"], a["sample"], a["raw_stats"], 0.0 if torch.is_tensor(a["temperature"]) else a["temperature"],
+        temperature_tensor=a["temperature"] if torch.is_tensor(a["temperature"]) else None,
         seed_tensor=a["seed"] if torch.is_tensor(a["seed"]) else None,
         offset_tensor=a["offset"] if torch.is_tensor(a["offset"]) else None,
         seed=0 if torch.is_tensor(a["seed"]) else _int(a["seed"]),
@@ -98,17 +110,24 @@ LAUNCHES = {
 }
 
 
+def _per_row_form(k, v, n):
+    """Whether argument k = v sends chain_verify to its per-row form (chain_verify_ragged's kernel)."""
+    return (k in ENGINE_FORM and v is not None) or (k == "temperature" and isinstance(v, torch.Tensor)) or (
+        k in ("seed", "offset") and is_per_row(v, n))
+
+
 def _launchable(spec, args):
     """The arguments as the binding would launch them (NumPy arrays as tensors), or None for a call
     no launch follows: a tensor or device off the CPU, a list, a number given as a string, a
     required tensor missing, chain_verify's per-row form (another op)."""
+    n = spec.batch(args)
     out = {}
     for k, v in args.items():
         if type(v).__module__ == "numpy":
             v = torch.from_numpy(v)
         if (isinstance(v, torch.Tensor) and v.device.type != "cpu") or isinstance(v, list) or (
-                k in NUMBERS and isinstance(v, str)) or (k in ENGINE_FORM and v is not None) or (
-                k == "temperature" and isinstance(v, torch.Tensor)) or (k == "device" and v is not None) or (
+                k in NUMBERS and isinstance(v, str)) or (k == "device" and v is not None) or (
+                spec.name == "chain_verify" and _per_row_form(k, v, n)) or (
                 k in spec.tensors and k not in spec.optional and v is None):
             return None
         out[k] = v

@@ -80,13 +80,21 @@ cudaError_t emu_read_gemm(void*, const xkernels::cuda::ReadGemm& g, cudaStream_t
   return cudaSuccess;
 }
 
-// The SamplingView of dllm_step and the Spiffy ops, from the arrays xk_emu_chain_ragged takes
-// (null or [n]; seeds and offsets: `*_numel` elements, one for the scalar form).
-xkernels::SamplingView dllm_view(Device& dev, int64_t n, float inv_t, int32_t top_k, float top_p, float min_p,
-                                 const float* temperature, const int32_t* top_k_rows, const float* top_p_rows,
-                                 const float* min_p_rows, uint64_t seed, uint64_t offset, const int64_t* seed_tensor,
-                                 int64_t seed_numel, const int64_t* offset_tensor, int64_t offset_numel,
-                                 int per_request) {
+// The sampling arguments of the entries below, as the bindings' SamplingArgs hold them: the scalar
+// parameters, per-row arrays (null or [n]), the scalar stream, seeds and offsets of `*_numel`
+// elements (one: the scalar form read on the device; n: per request), and whether the stream is
+// per request.
+#define XK_EMU_SAMPLING_ARGS                                                                                \
+  float inv_t, int32_t top_k, float top_p, float min_p, const float *temperature, const int32_t *top_k_rows, \
+      const float *top_p_rows, const float *min_p_rows, uint64_t seed, uint64_t offset,                        \
+      const int64_t *seed_tensor, int64_t seed_numel, const int64_t *offset_tensor, int64_t offset_numel,      \
+      int per_request
+#define XK_EMU_SAMPLING_FORWARD                                                                              \
+  inv_t, top_k, top_p, min_p, temperature, top_k_rows, top_p_rows, min_p_rows, seed, offset, seed_tensor,    \
+      seed_numel, offset_tensor, offset_numel, per_request
+
+// The SamplingView of n rows (the bindings' sampling_view), its arrays copied to the device.
+xkernels::SamplingView sampling_view(Device& dev, int64_t n, XK_EMU_SAMPLING_ARGS) {
   xkernels::SamplingView s{};
   s.scalar = xkernels::RowSampling{inv_t, top_k, top_p, min_p};
   s.temperature = dev.copy(temperature, sizeof(float) * n);
@@ -136,15 +144,9 @@ int xk_emu_chain_verify(const void* logits, int logits_type, const int64_t* draf
   return finish(err, message, message_len);
 }
 
-// Per-row parameter and stream arrays are null or [n] (seeds and offsets: `*_numel` elements,
-// one for the scalar form read on the device).
 int xk_emu_chain_ragged(const void* logits, int logits_type, const int64_t* draft, const int64_t* cu, const float* q,
-                        int64_t t, int64_t n, int64_t v, int64_t max_spec_len, float inv_t, int32_t top_k, float top_p,
-                        float min_p, const float* temperature, const int32_t* top_k_rows, const float* top_p_rows,
-                        const float* min_p_rows, uint64_t seed, uint64_t offset, const int64_t* seed_tensor,
-                        int64_t seed_numel, const int64_t* offset_tensor, int64_t offset_numel, int per_request,
-                        int block, int32_t* out, int32_t* num_emitted, float* logprobs, char* message,
-                        size_t message_len) {
+                        int64_t t, int64_t n, int64_t v, int64_t max_spec_len, XK_EMU_SAMPLING_ARGS, int block,
+                        int32_t* out, int32_t* num_emitted, float* logprobs, char* message, size_t message_len) {
   using namespace xkernels::cuda;
   Device dev;
   ChainRaggedParams p{};
@@ -154,17 +156,7 @@ int xk_emu_chain_ragged(const void* logits, int logits_type, const int64_t* draf
   p.cu = dev.copy(cu, sizeof(int64_t) * n);
   p.q = dev.copy(q, sizeof(float) * t * v);
   p.t = t, p.n = n, p.v = v, p.max_spec_len = max_spec_len;
-  p.s.scalar = xkernels::RowSampling{inv_t, top_k, top_p, min_p};
-  p.s.temperature = dev.copy(temperature, sizeof(float) * n);
-  p.s.top_k = dev.copy(top_k_rows, sizeof(int32_t) * n);
-  p.s.top_p = dev.copy(top_p_rows, sizeof(float) * n);
-  p.s.min_p = dev.copy(min_p_rows, sizeof(float) * n);
-  p.s.seed = seed, p.s.offset = offset;
-  p.s.seed_ptr = dev.copy(seed_tensor, sizeof(int64_t) * seed_numel);
-  p.s.offset_ptr = dev.copy(offset_tensor, sizeof(int64_t) * offset_numel);
-  p.s.seed_per_row = seed_tensor && seed_numel == n;
-  p.s.offset_per_row = offset_tensor && offset_numel == n;
-  p.s.per_request = per_request != 0;
+  p.s = sampling_view(dev, n, XK_EMU_SAMPLING_FORWARD);
   p.block = block != 0;
   const int64_t width = max_spec_len + 1;
   p.out = dev.alloc<int32_t>(sizeof(int32_t) * n * width, 0xA5);
@@ -190,11 +182,8 @@ int xk_emu_row_cut(const void* logits, int logits_type, int64_t rows, int64_t v,
                                                            logits_bytes(logits_type));
   p.dtype = static_cast<LogitsType>(logits_type);
   p.rows = rows, p.v = v, p.row_stride = row_stride, p.rows_per_request = rows_per_request;
-  p.s.scalar = xkernels::RowSampling{inv_t, top_k, top_p, min_p};
-  p.s.temperature = dev.copy(temperature, sizeof(float) * requests);
-  p.s.top_k = dev.copy(top_k_rows, sizeof(int32_t) * requests);
-  p.s.top_p = dev.copy(top_p_rows, sizeof(float) * requests);
-  p.s.min_p = dev.copy(min_p_rows, sizeof(float) * requests);
+  p.s = sampling_view(dev, requests, inv_t, top_k, top_p, min_p, temperature, top_k_rows, top_p_rows, min_p_rows, 0,
+                      0, nullptr, 0, nullptr, 0, 0);  // a cut draws nothing
   p.cuts = dev.alloc<xkernels::FilterCut>(sizeof(xkernels::FilterCut) * rows, 0xA5);
   const cudaError_t err = launch_row_cut(p, nullptr);
   copy_out(cuts, p.cuts, sizeof(xkernels::FilterCut) * rows);
@@ -204,15 +193,11 @@ int xk_emu_row_cut(const void* logits, int logits_type, int64_t rows, int64_t v,
 // op: 0 refine_step (tokens = prev_tokens [n, b]), 1 jacobi_refine, 2 sequential_refine
 // (tokens = prefix_tokens [n, f + 1]). Weights are float32 (weight_type 0) or bfloat16 (1).
 // read_mode: RefineReadMode (0 auto, 1 GEMM, 2 fused), on a device of compute capability 9.
-// Per-sequence parameters and streams as xk_emu_chain_ragged takes them.
 int xk_emu_refine(int op, const float* ctx, const int64_t* tokens, int64_t tokens_len, const void* base,
                   int base_type, const void* emb, const void* mix, const void* w_gate, const void* w_up,
                   const void* w_down, const void* w_read, int weight_type, int64_t n, int64_t b, int64_t d, int64_t r,
-                  int64_t h, int64_t v, float inv_t, int32_t top_k, float top_p, float min_p, const float* temperature,
-                  const int32_t* top_k_rows, const float* top_p_rows, const float* min_p_rows, uint64_t seed,
-                  uint64_t offset,
-                  const int64_t* seed_tensor, int64_t seed_numel, const int64_t* offset_tensor, int64_t offset_numel,
-                  int per_request, int64_t max_iters, int num_sms, int64_t slice_bytes, int read_mode,
+                  int64_t h, int64_t v, XK_EMU_SAMPLING_ARGS, int64_t max_iters, int num_sms, int64_t slice_bytes,
+                  int read_mode,
                   int64_t* out_tokens, float* out_logprobs, int32_t* out_iters, char* message, size_t message_len) {
   using namespace xkernels::cuda;
   Device dev;
@@ -233,20 +218,8 @@ int xk_emu_refine(int op, const float* ctx, const int64_t* tokens, int64_t token
   p.weight_type = static_cast<WeightType>(weight_type);
   p.n = n, p.b = b, p.d = d, p.f = f, p.r = r, p.h = h, p.v = v;
   p.num_sms = num_sms, p.slice_bytes = slice_bytes;
-  p.s.scalar = xkernels::RowSampling{inv_t, top_k, top_p, min_p};
-  p.s.temperature = dev.copy(temperature, sizeof(float) * n);
-  p.s.top_k = dev.copy(top_k_rows, sizeof(int32_t) * n);
-  p.s.top_p = dev.copy(top_p_rows, sizeof(float) * n);
-  p.s.min_p = dev.copy(min_p_rows, sizeof(float) * n);
-  // As the binding decides it (SamplingArgs::may_sample and any_filter).
-  p.filter = (temperature || inv_t != 0.0f) &&
-             (top_k_rows || top_p_rows || min_p_rows || xkernels::filters_active(p.s.scalar, v));
-  p.s.seed = seed, p.s.offset = offset;
-  p.s.seed_ptr = dev.copy(seed_tensor, sizeof(int64_t) * seed_numel);
-  p.s.offset_ptr = dev.copy(offset_tensor, sizeof(int64_t) * offset_numel);
-  p.s.seed_per_row = seed_tensor && seed_numel == n;
-  p.s.offset_per_row = offset_tensor && offset_numel == n;
-  p.s.per_request = per_request != 0;
+  p.s = sampling_view(dev, n, XK_EMU_SAMPLING_FORWARD);
+  p.filter = may_filter(p.s, v);
   p.cc_major = 9, p.read_mode = static_cast<RefineReadMode>(read_mode);
   const ReadGemmRunner gemm{emu_read_gemm, nullptr};
   void* workspace = dev.alloc(refine_workspace_bytes(p), 0xA5);
@@ -316,13 +289,9 @@ int xk_emu_tree_mask(const int64_t* parents, const int64_t* num_nodes, int64_t n
   return finish(err, message, message_len);
 }
 
-// Per-row parameter and stream arrays as for xk_emu_chain_ragged.
 int xk_emu_tree_verify(const int64_t* tokens, const int64_t* parents, const int64_t* num_nodes, const void* logits,
                        int logits_type, const float* q, int without_replacement, int64_t n, int64_t m, int64_t v,
-                       float inv_t, int32_t top_k, float top_p, float min_p, const float* temperature,
-                       const int32_t* top_k_rows, const float* top_p_rows, const float* min_p_rows, uint64_t seed,
-                       uint64_t offset, const int64_t* seed_tensor, int64_t seed_numel, const int64_t* offset_tensor,
-                       int64_t offset_numel, int per_request, int may_sample, int filtered, int num_sms, int max_smem,
+                       XK_EMU_SAMPLING_ARGS, int may_sample, int filtered, int num_sms, int max_smem,
                        int64_t* accept_len, int64_t* path, int64_t* out_tokens, char* message, size_t message_len) {
   using namespace xkernels::cuda;
   Device dev;
@@ -335,17 +304,7 @@ int xk_emu_tree_verify(const int64_t* tokens, const int64_t* parents, const int6
   p.q = dev.copy(q, sizeof(float) * n * m * v);
   p.without_replacement = without_replacement != 0;
   p.n = n, p.m = m, p.v = v, p.num_sms = num_sms;
-  p.s.scalar = xkernels::RowSampling{inv_t, top_k, top_p, min_p};
-  p.s.temperature = dev.copy(temperature, sizeof(float) * n);
-  p.s.top_k = dev.copy(top_k_rows, sizeof(int32_t) * n);
-  p.s.top_p = dev.copy(top_p_rows, sizeof(float) * n);
-  p.s.min_p = dev.copy(min_p_rows, sizeof(float) * n);
-  p.s.seed = seed, p.s.offset = offset;
-  p.s.seed_ptr = dev.copy(seed_tensor, sizeof(int64_t) * seed_numel);
-  p.s.offset_ptr = dev.copy(offset_tensor, sizeof(int64_t) * offset_numel);
-  p.s.seed_per_row = seed_tensor && seed_numel == n;
-  p.s.offset_per_row = offset_tensor && offset_numel == n;
-  p.s.per_request = per_request != 0;
+  p.s = sampling_view(dev, n, XK_EMU_SAMPLING_FORWARD);
   p.may_sample = may_sample != 0, p.filtered = filtered != 0;
   p.max_smem = max_smem;
   p.accept_len = dev.alloc<int64_t>(sizeof(int64_t) * n, 0xA5);
@@ -373,17 +332,8 @@ int xk_emu_compact_kv(void* cache, int64_t n, int64_t heads, int64_t len, int64_
   return finish(err, message, message_len);
 }
 
-#define XK_EMU_STREAM_ARGS                                                                                  \
-  float inv_t, int32_t top_k, float top_p, float min_p, const float *temperature, const int32_t *top_k_rows, \
-      const float *top_p_rows, const float *min_p_rows, uint64_t seed, uint64_t offset,                        \
-      const int64_t *seed_tensor, int64_t seed_numel, const int64_t *offset_tensor, int64_t offset_numel,      \
-      int per_request
-#define XK_EMU_STREAM_FORWARD                                                                                \
-  inv_t, top_k, top_p, min_p, temperature, top_k_rows, top_p_rows, min_p_rows, seed, offset, seed_tensor,    \
-      seed_numel, offset_tensor, offset_numel, per_request
-
 int xk_emu_dllm_step(const void* logits, int logits_type, const int64_t* block, int64_t n, int64_t l, int64_t v,
-                     int64_t mask_id, int64_t num_unmask, int use_threshold, float threshold, XK_EMU_STREAM_ARGS,
+                     int64_t mask_id, int64_t num_unmask, int use_threshold, float threshold, XK_EMU_SAMPLING_ARGS,
                      int num_sms, int64_t* new_block, int64_t* positions, int64_t* tokens, float* confidence,
                      char* message, size_t message_len) {
   using namespace xkernels::cuda;
@@ -393,7 +343,7 @@ int xk_emu_dllm_step(const void* logits, int logits_type, const int64_t* block, 
   p.dtype = static_cast<LogitsType>(logits_type);
   p.block = dev.copy(block, sizeof(int64_t) * n * l);
   p.n = n, p.l = l, p.v = v, p.num_sms = num_sms;
-  const xkernels::SamplingView view = dllm_view(dev, n, XK_EMU_STREAM_FORWARD);
+  const xkernels::SamplingView view = sampling_view(dev, n, XK_EMU_SAMPLING_FORWARD);
   p.rule = DllmRule{mask_id, num_unmask, use_threshold != 0, threshold, view, may_filter(view, v)};
   p.new_block = const_cast<int64_t*>(dev.copy(block, sizeof(int64_t) * n * l));  // the caller's copy of block
   p.positions = dev.alloc<int64_t>(sizeof(int64_t) * n * l, 0xFF);  // -1, as the caller fills them
@@ -411,7 +361,7 @@ int xk_emu_dllm_step(const void* logits, int logits_type, const int64_t* block, 
 int xk_emu_spiffy_materialize(const void* logits, int logits_type, const int64_t* block, int64_t n, int64_t l,
                               int64_t v, int64_t mask_id, const int32_t* ranks, const int32_t* child_ptr,
                               const int32_t* children, int64_t g, int64_t k, int64_t e, int64_t keep,
-                              XK_EMU_STREAM_ARGS, int num_sms, int64_t* drafts, int64_t* node_ids, float* scores,
+                              XK_EMU_SAMPLING_ARGS, int num_sms, int64_t* drafts, int64_t* node_ids, float* scores,
                               char* message, size_t message_len) {
   using namespace xkernels::cuda;
   Device dev;
@@ -422,7 +372,7 @@ int xk_emu_spiffy_materialize(const void* logits, int logits_type, const int64_t
   p.graph = xkernels::GraphView{dev.copy(ranks, sizeof(int32_t) * g * k * 2), dev.copy(child_ptr, sizeof(int32_t) * (g + 1)),
                                 dev.copy(children, sizeof(int32_t) * e), g, k, e};
   p.n = n, p.l = l, p.v = v, p.mask_id = mask_id, p.keep = keep, p.num_sms = num_sms;
-  p.s = dllm_view(dev, n, XK_EMU_STREAM_FORWARD);
+  p.s = sampling_view(dev, n, XK_EMU_SAMPLING_FORWARD);
   p.filtered = may_filter(p.s, v);
   p.drafts = dev.alloc<int64_t>(sizeof(int64_t) * n * keep * l, 0xA5);
   p.node_ids = dev.alloc<int64_t>(sizeof(int64_t) * n * keep, 0xFF);  // -1 and 0, as the caller fills them
@@ -436,7 +386,7 @@ int xk_emu_spiffy_materialize(const void* logits, int logits_type, const int64_t
 
 int xk_emu_spiffy_accept(const void* root, const void* draft_logits, int logits_type, const int64_t* drafts,
                          const int64_t* node_ids, const int64_t* block, int64_t n, int64_t l, int64_t v, int64_t k,
-                         int64_t mask_id, int64_t num_unmask, int use_threshold, float threshold, XK_EMU_STREAM_ARGS,
+                         int64_t mask_id, int64_t num_unmask, int use_threshold, float threshold, XK_EMU_SAMPLING_ARGS,
                          int clusters, int64_t* num_steps, int64_t* positions, int64_t* tokens, int64_t* new_block,
                          int64_t* continue_from, char* message, size_t message_len) {
   using namespace xkernels::cuda;
@@ -449,7 +399,7 @@ int xk_emu_spiffy_accept(const void* root, const void* draft_logits, int logits_
   p.drafts = dev.copy(drafts, sizeof(int64_t) * n * k * l);
   p.node_ids = dev.copy(node_ids, sizeof(int64_t) * n * k);
   p.n = n, p.l = l, p.v = v, p.k = k;
-  const xkernels::SamplingView view = dllm_view(dev, n, XK_EMU_STREAM_FORWARD);
+  const xkernels::SamplingView view = sampling_view(dev, n, XK_EMU_SAMPLING_FORWARD);
   p.rule = DllmRule{mask_id, num_unmask, use_threshold != 0, threshold, view, may_filter(view, v)};
   p.new_block = const_cast<int64_t*>(dev.copy(block, sizeof(int64_t) * n * l));
   p.positions = dev.alloc<int64_t>(sizeof(int64_t) * n * l, 0xFF);
@@ -508,14 +458,8 @@ int xk_emu_shard_row_stats(const void* logits, int logits_type, const int64_t* r
   p.draft_probs = dev.copy(draft_probs, sizeof(float) * n * q * v);
   p.residual_stats = dev.copy(residual_stats, sizeof(float) * n * s * 2);
   p.sample = sample != 0, p.raw_stats = raw_stats != 0;
-  p.s_args.scalar = xkernels::RowSampling{inv_t, 0, 1.0f, 0.0f};
-  p.s_args.temperature = dev.copy(temperature, sizeof(float) * n);
-  p.s_args.seed = seed, p.s_args.offset = offset;
-  p.s_args.seed_ptr = dev.copy(seed_tensor, sizeof(int64_t) * seed_numel);
-  p.s_args.offset_ptr = dev.copy(offset_tensor, sizeof(int64_t) * offset_numel);
-  p.s_args.seed_per_row = seed_tensor && seed_numel == n;
-  p.s_args.offset_per_row = offset_tensor && offset_numel == n;
-  p.s_args.per_request = per_request != 0;
+  p.s_args = sampling_view(dev, n, inv_t, 0, 1.0f, 0.0f, temperature, nullptr, nullptr, nullptr, seed, offset,
+                           seed_tensor, seed_numel, offset_tensor, offset_numel, per_request);  // no filters
   p.cut_value = dev.copy(cut_value, sizeof(float) * n * s);
   p.cut_id = dev.copy(cut_id, sizeof(int32_t) * n * s);
   const size_t f = sizeof(float) * n * s, i = sizeof(int64_t) * n * s;

@@ -6,6 +6,7 @@ entry each); `call` turns it into the call. Tensors are made small, so a campaig
 calls runs in a couple of minutes.
 """
 
+import inspect
 import math
 from types import SimpleNamespace
 
@@ -20,6 +21,10 @@ BIG_IDS = (2**40, -3, -2**63, 2**63 - 1)
 # An int the op's checks must reject wherever it goes: it passes no range check of a real size.
 TEMPERATURES_BAD = (-1.0, math.nan, math.inf, -math.inf)
 TEMPERATURES_ODD = (1e-40, 1e-30, 1e30, 3.0)
+# The sampling parameters a call may give as [N] tensors, as Spec.tensors lists them (an op takes
+# those its signature has).
+SAMPLING_TENSORS = {"temperature": "f32", "top_k": "ids32", "top_p": "f32", "min_p": "f32"}
+FILTERS = ("top_k", "top_p", "min_p")
 
 
 class Gen:
@@ -109,6 +114,17 @@ class Spec:
             out.append(("temperature string", _set(args, temperature="hot"), RAISE, {"temperature"}))
         return out
 
+    def takes(self, name):
+        return name in inspect.signature(self.fn).parameters
+
+    def sampling_params(self, g, n):
+        """sampling_params(g, n) without the arguments the op does not take."""
+        return {k: v for k, v in sampling_params(g, n).items() if self.takes(k)}
+
+    def sampling_mutations(self, args):
+        """sampling_mutations of the arguments the op takes."""
+        return [m for m in sampling_mutations(args, self.batch(args)) if all(self.takes(a) for a in m[3])]
+
     def batch(self, args):
         """N, the length a per-sequence tensor would have."""
         t = args.get(self.primary)
@@ -123,6 +139,10 @@ class Spec:
     def reference(self, args):
         """The reference's result of a valid call, or None where the campaign does not compare."""
         return None
+
+    def tolerance(self, args):
+        """(rtol, atol) of float outputs against the reference."""
+        return 1e-3, 1e-4
 
 
 def _nonfinite_logits(g, args, name):
@@ -148,14 +168,20 @@ def _rows_of_ids(t, v):
     return bool(((t >= 0) & (t < v)).all())
 
 
+def _filters(args):
+    """The filters a call gives, as a reference takes them."""
+    return {k: args[k] for k in FILTERS if k in args}
+
+
 # ---- chain_verify ----
 
 
 class ChainVerify(Spec):
     name = "chain_verify"
-    tensors = {"draft_tokens": "ids", "target_logits": "logits", "draft_probs": "f32", "seed": "rng", "offset": "rng"}
+    tensors = {"draft_tokens": "ids", "target_logits": "logits", "draft_probs": "f32", "seed": "rng", "offset": "rng",
+               **SAMPLING_TENSORS}
     primary = "target_logits"
-    optional = ("draft_probs",)
+    optional = ("draft_probs",) + FILTERS
     huge_dims = {"target_logits": (2,)}
 
     def valid(self, g):
@@ -165,12 +191,12 @@ class ChainVerify(Spec):
         if g.coin():
             args["draft_probs"] = g.probs(n, k, v)
         if g.coin(0.4):
-            args.update(sampling_params(g, n))
+            args.update(self.sampling_params(g, n))
         return args
 
     def value_mutations(self, g, args):
         d, v = args["draft_tokens"], args["target_logits"].shape[-1]
-        out = _nonfinite_logits(g, args, "target_logits") + sampling_mutations(args, d.shape[0])
+        out = _nonfinite_logits(g, args, "target_logits") + self.sampling_mutations(args)
         for bad in (v, -1) + BIG_IDS:
             if d.numel():
                 out.append((f"draft id {bad}", _set(args, draft_tokens=_poke(d, bad, g=g.g)), RAISE, {"draft_tokens"}))
@@ -213,7 +239,10 @@ class ChainVerify(Spec):
 
 
 def sampling_params(g, n):
-    """chain_verify's per-sequence parameters and filters (its engine form)."""
+    """The engine form of the sampling ops' arguments, each present at random: per-sequence
+    temperatures (0 rows greedy), the filters as scalars or [N] tensors, per-request streams (seed,
+    offset or both [N]), and chain_verify's method and logprobs (Spec.sampling_params keeps what an
+    op takes)."""
     per_row = lambda values, dtype: torch.tensor([g.pick(values) for _ in range(n)], dtype=dtype)  # noqa: E731
     out = {"method": g.pick(("token", "block")), "return_logprobs": g.coin()}
     if g.coin():
@@ -224,35 +253,47 @@ def sampling_params(g, n):
         out["top_p"] = g.pick((1.0, 0.5, per_row((1.0, 0.3, 0.9), torch.float32)))
     if g.coin():
         out["min_p"] = g.pick((0.0, 0.2, per_row((0.0, 0.1), torch.float32)))
-    if g.coin():
-        out["seed"] = torch.tensor([g.int(0, 2**62) for _ in range(n)], dtype=torch.long)
-        out["offset"] = torch.tensor([g.int(0, 100) for _ in range(n)], dtype=torch.long)
+    if g.coin():  # per request: either [N] makes the call's streams per request
+        form = g.pick(("both", "seed", "offset"))
+        if form != "offset":
+            out["seed"] = torch.tensor([g.int(-2**62, 2**62) for _ in range(n)], dtype=torch.long)
+        if form != "seed":
+            out["offset"] = torch.tensor([g.int(0, 100) for _ in range(n)], dtype=torch.long)
     return out
 
 
 def sampling_mutations(args, n):
+    """Bad sampling parameters, scalar and per row (a per-row value is checked only where N > 0),
+    each blaming the argument it changes."""
+    some = RAISE if n else EITHER
     return [("top_k=-1", _set(args, top_k=-1), RAISE, {"top_k"}),
             ("top_p=0", _set(args, top_p=0.0), RAISE, {"top_p"}),
             ("top_p=1.5", _set(args, top_p=1.5), RAISE, {"top_p"}),
             ("top_p=nan", _set(args, top_p=math.nan), RAISE, {"top_p"}),
+            ("top_p string", _set(args, top_p="0.5"), RAISE, {"top_p"}),
             ("min_p=-0.1", _set(args, min_p=-0.1), RAISE, {"min_p"}),
             ("min_p=1.5", _set(args, min_p=1.5), RAISE, {"min_p"}),
             ("method='tree'", _set(args, method="tree"), RAISE, {"method"}),
+            ("temperature None", _set(args, temperature=None), RAISE, {"temperature"}),
             ("temperature [N+1]", _set(args, temperature=torch.ones(n + 1)), RAISE, {"temperature"}),
             ("temperature [N] float64", _set(args, temperature=torch.ones(n, dtype=torch.float64)), RAISE,
              {"temperature"}),
-            ("temperature [N] negative", _set(args, temperature=-torch.ones(n)), RAISE if n else EITHER,
-             {"temperature"}),
+            ("temperature [N] negative", _set(args, temperature=-torch.ones(n)), some, {"temperature"}),
+            ("temperature [N] NaN", _set(args, temperature=torch.full((n,), math.nan)), some, {"temperature"}),
             ("top_k [N] float", _set(args, top_k=torch.ones(n)), RAISE, {"top_k"}),
-            ("top_p [N+1]", _set(args, top_p=torch.ones(n + 1)), RAISE, {"top_p"})]
+            ("top_k [N] negative", _set(args, top_k=torch.full((n,), -2)), some, {"top_k"}),
+            ("top_p [N+1]", _set(args, top_p=torch.ones(n + 1)), RAISE, {"top_p"}),
+            ("top_p [N] zero", _set(args, top_p=torch.zeros(n)), some, {"top_p"}),
+            ("min_p [N] 1.5", _set(args, min_p=torch.full((n,), 1.5)), some, {"min_p"})]
 
 
 class ChainVerifyRagged(Spec):
     name, schema = "chain_verify_ragged", "chain_verify_ragged_"
     tensors = {"draft_tokens": "ids32", "cu_num_draft_tokens": "ids32", "target_logits": "logits", "draft_probs": "f32",
-               "seed": "rng", "offset": "rng", "out": "out_i32", "num_emitted": "out_i32", "logprobs": "out_f32"}
+               "seed": "rng", "offset": "rng", "out": "out_i32", "num_emitted": "out_i32", "logprobs": "out_f32",
+               **SAMPLING_TENSORS}
     primary = "target_logits"
-    optional = ("draft_probs", "out", "num_emitted", "logprobs")
+    optional = ("draft_probs", "out", "num_emitted", "logprobs") + FILTERS
     huge_dims = {"target_logits": (1,)}
 
     def batch(self, args):
@@ -271,9 +312,7 @@ class ChainVerifyRagged(Spec):
                     temperature=g.temperature(), seed=g.rng_value(), offset=g.rng_value())
         if g.coin():
             args["draft_probs"] = g.probs(t, v)
-        params = sampling_params(g, n)
-        params.pop("return_logprobs")
-        args.update(params)
+        args.update(self.sampling_params(g, n))
         if g.coin(0.3):
             width = args["max_spec_len"] + 1
             args.update(out=torch.zeros(n, width, dtype=torch.int32), num_emitted=torch.zeros(n, dtype=torch.int32),
@@ -283,7 +322,7 @@ class ChainVerifyRagged(Spec):
     def value_mutations(self, g, args):
         d, cu, v = args["draft_tokens"], args["cu_num_draft_tokens"], args["target_logits"].shape[-1]
         n = cu.shape[0]
-        out = _nonfinite_logits(g, args, "target_logits") + sampling_mutations(args, n)
+        out = _nonfinite_logits(g, args, "target_logits") + self.sampling_mutations(args)
         for bad in (v, -1, 2**31 - 1):
             if d.numel():
                 out.append((f"draft id {bad}", _set(args, draft_tokens=_poke(d, bad, g=g.g)), RAISE, {"draft_tokens"}))
@@ -344,6 +383,7 @@ class ChainVerifyRagged(Spec):
 
 class _Refine(Spec):
     primary = "ctx"
+    optional = FILTERS
     huge_dims = {"base_logits": (2,)}
     token_arg = ""
     prefix = True
@@ -352,7 +392,7 @@ class _Refine(Spec):
     def tensors(self):
         return {"ctx": "f32", self.token_arg: "ids", "base_logits": "logits", "emb": "weight", "mix": "weight",
                 "w_gate": "weight", "w_up": "weight", "w_down": "weight", "w_read": "weight", "seed": "rng",
-                "offset": "rng"}
+                "offset": "rng", **SAMPLING_TENSORS}
 
     def valid(self, g):
         n, b = g.int(0, 2), g.int(1, 4)
@@ -364,6 +404,8 @@ class _Refine(Spec):
                 "base_logits": g.logits(n, d, v, dtype=g.pick(LOGITS)), "emb": w(v, r), "mix": w(r, b, b),
                 "w_gate": w(h, r), "w_up": w(h, r), "w_down": w(r, h), "w_read": w(v, r),
                 "temperature": g.temperature(), "seed": g.rng_value(), "offset": g.rng_value()}
+        if g.coin(0.4):
+            args.update(self.sampling_params(g, n))
         return args
 
     def call(self, args):
@@ -378,7 +420,7 @@ class _Refine(Spec):
             if t.numel():
                 out.append((f"token id {bad}", _set(args, **{self.token_arg: _poke(t, bad, g=g.g)}), RAISE,
                             {self.token_arg}))
-        return out + self.rng_mutations(g, args)
+        return out + self.sampling_mutations(args) + self.rng_mutations(g, args)
 
     def check(self, args, out):
         ctx, base = args["ctx"], args["base_logits"]
@@ -396,6 +438,15 @@ class _Refine(Spec):
             assert iters.shape == (n,) and iters.dtype == torch.int32
             assert n == 0 or 0 <= int(iters.min()) <= int(iters.max()) <= args["max_iters"], \
                 "iters outside [0, max_iters]"
+
+    def reference(self, args):
+        a = dict(args)
+        weights = xkernels.RefinerWeights(*(a.pop(k) for k in xkernels.RefinerWeights._fields))
+        return getattr(reference, self.name)(a.pop("ctx"), a.pop(self.token_arg), a.pop("base_logits"), weights, **a)
+
+    def tolerance(self, args):
+        # bfloat16 weights: the CPU's read multiplies bfloat16 z (oneDNN), the reference float32 z
+        return (1e-2, 1e-2) if args["w_read"].dtype == torch.bfloat16 else super().tolerance(args)
 
 
 class RefineStep(_Refine):
@@ -571,12 +622,26 @@ class TreePositions(Spec):
         return reference.tree_positions(args["parents"], args.get("num_nodes"))
 
 
+def repeated_siblings(args):
+    """Whether two children of a node hold one token: no draw without replacement gives that; the
+    residual walk then reaches one that is 0 exactly, which the kernels' closed form leaves at
+    rounding (seed 2 case 216: a child accepted where the reference emits the argmax)."""
+    tok, par = args["tokens"], args["parents"]
+    nn = args.get("num_nodes")
+    for s in range(tok.shape[0]):
+        count = tok.shape[1] if nn is None else int(nn[s])
+        pairs = [(int(par[s, i]), int(tok[s, i])) for i in range(1, count)]
+        if len(set(pairs)) < len(pairs):
+            return True
+    return False
+
+
 class TreeVerify(Spec):
     name = "tree_verify"
     tensors = {"tokens": "ids", "parents": "ids", "target_logits": "logits", "draft_probs": "f32",
-               "num_nodes": "ids", "seed": "rng", "offset": "rng"}
+               "num_nodes": "ids", "seed": "rng", "offset": "rng", **SAMPLING_TENSORS}
     primary = "target_logits"
-    optional = ("draft_probs", "num_nodes")
+    optional = ("draft_probs", "num_nodes") + FILTERS
     huge_dims = {"target_logits": (2,), "parents": (1,)}
 
     def valid(self, g):
@@ -589,6 +654,8 @@ class TreeVerify(Spec):
                     seed=g.rng_value(), offset=g.rng_value())
         if g.coin():
             args["draft_probs"] = g.probs(n, m, v)
+        if g.coin(0.4):
+            args.update(self.sampling_params(g, n))
         return args
 
     def value_mutations(self, g, args):
@@ -611,7 +678,7 @@ class TreeVerify(Spec):
             q = args["draft_probs"]
             out += [("draft_probs negative", _set(args, draft_probs=-q), EITHER, set()),
                     ("draft_probs zero", _set(args, draft_probs=torch.zeros_like(q)), EITHER, set())]
-        return out + self.rng_mutations(g, args)
+        return out + self.sampling_mutations(args) + self.rng_mutations(g, args)
 
     def check(self, args, out):
         tok, par, logits = args["tokens"], args["parents"], args["target_logits"]
@@ -636,9 +703,11 @@ class TreeVerify(Spec):
             assert bool((path[s, a + 1:] == -1).all() and (toks[s, a + 1:] == -1).all()), "not -1 padded"
 
     def reference(self, args):
+        if args["without_replacement"] and args.get("draft_probs") is not None and repeated_siblings(args):
+            return None
         return reference.tree_verify(args["tokens"], args["parents"], args["target_logits"], args.get("draft_probs"),
                                      args["without_replacement"], args["temperature"], args["seed"], args["offset"],
-                                     args.get("num_nodes"))
+                                     args.get("num_nodes"), **_filters(args))
 
 
 class CompactKv(Spec):
@@ -751,22 +820,26 @@ def unmask_mutations(args):
 
 class DllmStep(Spec):
     name = "dllm_step"
-    tensors = {"logits": "logits", "block_tokens": "ids", "seed": "rng", "offset": "rng"}
+    tensors = {"logits": "logits", "block_tokens": "ids", "seed": "rng", "offset": "rng", **SAMPLING_TENSORS}
     primary = "logits"
+    optional = FILTERS
     huge_dims = {"logits": (1, 2)}
 
     def valid(self, g):
         n, length, v = g.int(0, 3), g.int(0, 6), g.int(1, 30)
         mask_id = g.int(0, v - 1)
-        return dict(logits=g.logits(n, length, v, dtype=g.pick(LOGITS)),
+        args = dict(logits=g.logits(n, length, v, dtype=g.pick(LOGITS)),
                     block_tokens=random_block(g, n, length, v, mask_id),
                     mask_id=mask_id, num_unmask=g.int(1, length + 1), threshold=g.pick((None, None, 0.1, 0.9)),
                     temperature=g.temperature(), seed=g.rng_value(), offset=g.rng_value())
+        if g.coin(0.4):
+            args.update(self.sampling_params(g, n))
+        return args
 
     def value_mutations(self, g, args):
         v = args["logits"].shape[-1]
         return (block_mutations(g, args, "block_tokens", v=v) + unmask_mutations(args) +
-                _nonfinite_logits(g, args, "logits") + self.rng_mutations(g, args))
+                _nonfinite_logits(g, args, "logits") + self.sampling_mutations(args) + self.rng_mutations(g, args))
 
     def check(self, args, out):
         logits, block, mask_id = args["logits"], args["block_tokens"], args["mask_id"]
@@ -801,7 +874,8 @@ class DllmStep(Spec):
         if confidence_ties(args["logits"], args["block_tokens"], args["mask_id"]):
             return None
         return reference.dllm_step(args["logits"], args["block_tokens"], args["mask_id"], args["num_unmask"],
-                                   args["threshold"], args["temperature"], args["seed"], args["offset"])
+                                   args["threshold"], args["temperature"], args["seed"], args["offset"],
+                                   **_filters(args))
 
 
 # ---- Spiffy ----
@@ -834,18 +908,22 @@ def graph_ns(ranks, child_ptr, children):
 class SpiffyMaterialize(Spec):
     name = "spiffy_materialize"
     tensors = {"logits": "logits", "block_tokens": "ids", "graph_ranks": "i32", "graph_child_ptr": "i32",
-               "graph_children": "i32"}
+               "graph_children": "i32", **SAMPLING_TENSORS}
     primary = "logits"
+    optional = FILTERS
     huge_dims = {"logits": (2,)}
 
     def valid(self, g):
         n, length, v = g.int(0, 3), g.int(1, 6), g.int(1, 30)
         mask_id = g.int(0, v - 1)
         graph = random_graph(g, length, v)
-        return dict(logits=g.logits(n, length, v, dtype=g.pick(LOGITS)),
+        args = dict(logits=g.logits(n, length, v, dtype=g.pick(LOGITS)),
                     block_tokens=random_block(g, n, length, v, mask_id), mask_id=mask_id,
                     graph_ranks=graph.ranks, graph_child_ptr=graph.child_ptr, graph_children=graph.children,
                     keep=g.int(0, len(graph) - 1), temperature=g.temperature())
+        if g.coin(0.4):
+            args.update(self.sampling_params(g, n))
+        return args
 
     def call(self, args):
         args = dict(args)
@@ -875,7 +953,7 @@ class SpiffyMaterialize(Spec):
         out.append(("graph child_ptr end", _set(args, graph_child_ptr=_poke(ptr, int(ptr[-1]) + 1, ptr.numel() - 1)),
                     RAISE, graph))
         out.append(("graph child_ptr start", _set(args, graph_child_ptr=_poke(ptr, -1, 0)), RAISE, graph))
-        return out + _nonfinite_logits(g, args, "logits") + self.rng_mutations(g, args)
+        return out + _nonfinite_logits(g, args, "logits") + self.sampling_mutations(args) + self.rng_mutations(g, args)
 
     def check(self, args, out):
         logits, block, keep = args["logits"], args["block_tokens"], args["keep"]
@@ -901,15 +979,16 @@ class SpiffyMaterialize(Spec):
             return None
         want = reference.spiffy_materialize(args["logits"], args["block_tokens"], args["mask_id"], args["graph_ranks"],
                                             args["graph_child_ptr"], args["graph_children"], args["keep"],
-                                            args["temperature"])
+                                            args["temperature"], **_filters(args))
         return None if score_ties(want[2]) else want
 
 
 class SpiffyAccept(Spec):
     name = "spiffy_accept"
     tensors = {"root_logits": "logits", "draft_logits": "logits_like_root", "draft_blocks": "ids",
-               "node_ids": "ids", "block_tokens": "ids", "seed": "rng", "offset": "rng"}
+               "node_ids": "ids", "block_tokens": "ids", "seed": "rng", "offset": "rng", **SAMPLING_TENSORS}
     primary = "root_logits"
+    optional = FILTERS
 
     def valid(self, g):
         n, length, v, k = g.int(0, 3), g.int(1, 5), g.int(2, 20), g.int(0, 3)
@@ -920,11 +999,13 @@ class SpiffyAccept(Spec):
         args = dict(root_logits=root, draft_logits=g.logits(n, k, length, v, dtype=dt), block_tokens=block,
                     mask_id=mask_id, num_unmask=g.int(1, 2), threshold=g.pick((None, None, 0.5)),
                     temperature=g.temperature(), seed=g.rng_value(), offset=g.rng_value())
+        if g.coin(0.4):
+            args.update(self.sampling_params(g, n))
         drafts = block[:, None].repeat(1, k, 1)
         if k and n:  # the first draft is the root's step, so the walk goes on into it
-            drafts[:, 0] = xkernels.dllm_step(root, block, mask_id, num_unmask=args["num_unmask"],
-                                              threshold=args["threshold"], temperature=args["temperature"],
-                                              seed=args["seed"], offset=args["offset"])[0]
+            step = {a: args[a] for a in ("num_unmask", "threshold", "temperature", "seed", "offset") + FILTERS
+                    if a in args}
+            drafts[:, 0] = xkernels.dllm_step(root, block, mask_id, **step)[0]
         args["draft_blocks"] = drafts
         args["node_ids"] = torch.randint(-1, 4, (n, k), generator=g.g)
         return args
@@ -937,7 +1018,8 @@ class SpiffyAccept(Spec):
             out += [(f"draft_blocks id {bad}", _set(args, draft_blocks=_poke(db, bad, g=g.g)), EITHER, set())
                     for bad in (2**40, -3)]
             out.append(("node_ids 2**40", _set(args, node_ids=_poke(args["node_ids"], 2**40, g=g.g)), EITHER, set()))
-        return out + _nonfinite_logits(g, args, "root_logits") + self.rng_mutations(g, args)
+        return (out + _nonfinite_logits(g, args, "root_logits") + self.sampling_mutations(args) +
+                self.rng_mutations(g, args))
 
     def check(self, args, out):
         root, block, db = args["root_logits"], args["block_tokens"], args["draft_blocks"]
@@ -961,7 +1043,8 @@ class SpiffyAccept(Spec):
             return None
         return reference.spiffy_accept(args["root_logits"], args["draft_logits"], args["draft_blocks"],
                                        args["node_ids"], args["block_tokens"], args["mask_id"], args["num_unmask"],
-                                       args["threshold"], args["temperature"], args["seed"], args["offset"])
+                                       args["threshold"], args["temperature"], args["seed"], args["offset"],
+                                       **_filters(args))
 
 
 class SpiffyAttentionMask(Spec):
@@ -1052,9 +1135,8 @@ class ShardRowStats(Spec):
             q = g.int(0, r)
             args["draft_probs"] = g.probs(n, q, v) if v else torch.zeros(n, q, 0)
             args["residual_stats"] = torch.stack([torch.full((n, s), 2.0), torch.full((n, s), float(max(v, 1)))], -1)
-        if g.coin(0.3):  # per sequence: temperatures (0s among them) and the per-request streams
-            args["temperature"] = torch.tensor([g.temperature() for _ in range(n)])
-            args["seed"], args["offset"] = (torch.randint(-2**62, 2**62, (n,), generator=g.g) for _ in range(2))
+        if g.coin(0.4):
+            args.update(self.sampling_params(g, n))
         if sample and g.coin(0.3):  # any cut: the ids it keeps are what the filters would keep
             args["cut_value"] = torch.randn(n, s, generator=g.g)
             args["cut_id"] = torch.randint(-1, args["vocab_start"] + v + 1, (n, s), generator=g.g)
@@ -1076,7 +1158,7 @@ class ShardRowStats(Spec):
             out.append(("draft_probs without sample", _set(args, sample=False), RAISE, {"draft_probs", "sample"}))
         if args.get("exclude") is not None and args["exclude"].numel():
             out.append(("exclude 2**40", _set(args, exclude=_poke(args["exclude"], 2**40, g=g.g)), EITHER, set()))
-        return out + _nonfinite_logits(g, args, "logits") + self.rng_mutations(g, args)
+        return out + _nonfinite_logits(g, args, "logits") + self.sampling_mutations(args) + self.rng_mutations(g, args)
 
     def check(self, args, out):
         logits, vs = args["logits"], args["vocab_start"]

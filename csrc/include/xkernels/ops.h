@@ -12,7 +12,31 @@
 
 namespace xkernels {
 
-// Speculative verification of a chain of K drafts per sequence.
+// The sampling arguments of the sampling ops below (chain_verify_ragged_, the refine ops,
+// tree_verify, dllm_step, the Spiffy ops). Each parameter is the scalar, or the [N] tensor beside
+// it where that is given (one value a sequence): temperature float32 (0: greedy), top_k int32 or
+// int64 (0: off), top_p float32 in (0, 1] (1: off), min_p float32 in [0, 1] (0: off). The stream:
+// seed and offset, each overridden at run time by a one-element int64 tensor on the logits' device
+// (a captured CUDA graph can advance it), or int64 [N] tensors: a stream per request, keyed by
+// (seed[n], offset[n] + slot) whatever the batch. The defaults are greedy, unfiltered, stream 0:
+//   xkernels::Sampling{.temperature = 0.8, .top_p = 0.9, .seed = 7}
+struct Sampling {
+  double temperature = 0.0;
+  std::optional<at::Tensor> temperature_tensor = std::nullopt;
+  int64_t top_k = 0;
+  std::optional<at::Tensor> top_k_tensor = std::nullopt;
+  double top_p = 1.0;
+  std::optional<at::Tensor> top_p_tensor = std::nullopt;
+  double min_p = 0.0;
+  std::optional<at::Tensor> min_p_tensor = std::nullopt;
+  int64_t seed = 0;
+  std::optional<at::Tensor> seed_tensor = std::nullopt;
+  int64_t offset = 0;
+  std::optional<at::Tensor> offset_tensor = std::nullopt;
+};
+
+// Speculative verification of a chain of K drafts per sequence (the scalar form: one temperature,
+// no filters, the stream keyed by the batch row; chain_verify_ragged_ takes a Sampling).
 //   draft_tokens  int64 [N, K]
 //   target_logits float32 / bfloat16 / float16 [N, K+1, V]; row i is the
 //                 target's next-token logits after the prefix and i drafts
@@ -38,23 +62,14 @@ std::tuple<at::Tensor, at::Tensor> chain_verify(const at::Tensor& draft_tokens,
 //   target_logits        float32 / bfloat16 / float16 [T + N, V]; request n's K_n + 1 rows
 //                        start at cu[n-1] + n
 //   draft_probs          optional float32 [T, V]
-//   temperature ... min_p  a scalar, or a [N] tensor each (temperature float32, 0 = greedy;
-//                        top_k int32/int64, 0 = off; top_p float32 in (0, 1]; min_p float32 in [0, 1])
-//   seed, offset         the scalar stream, or int64 [N] tensors: a stream per request keyed by
-//                        (seed[n], offset[n] + slot), whatever the batch
+//   sampling             each request's parameters and stream (slot i of request n: its i-th row)
 //   block                block verification (Sun et al.) instead of token-wise
 // Writes output_token_ids int32 [N, max_spec_len + 1] (-1 padded), num_emitted int32 [N]
 // (accepted drafts plus the correction or bonus token) and logprobs float32 [N, max_spec_len + 1]
 // (log p' of each emitted token under its row's filtered distribution, NaN padded).
 void chain_verify_ragged_(const at::Tensor& draft_tokens, const at::Tensor& cu_num_draft_tokens,
                           const at::Tensor& target_logits, int64_t max_spec_len,
-                          const std::optional<at::Tensor>& draft_probs, double temperature,
-                          const std::optional<at::Tensor>& temperature_tensor, int64_t top_k,
-                          const std::optional<at::Tensor>& top_k_tensor, double top_p,
-                          const std::optional<at::Tensor>& top_p_tensor, double min_p,
-                          const std::optional<at::Tensor>& min_p_tensor, int64_t seed,
-                          const std::optional<at::Tensor>& seed_tensor, int64_t offset,
-                          const std::optional<at::Tensor>& offset_tensor, bool block,
+                          const std::optional<at::Tensor>& draft_probs, const Sampling& sampling, bool block,
                           const at::Tensor& output_token_ids, const at::Tensor& num_emitted,
                           const at::Tensor& logprobs);
 
@@ -68,14 +83,13 @@ struct RefinerWeights {
 // One refinement pass over a block of B slots whose last D are drafted.
 //   ctx [N, B, r] float32, prev_tokens int64 [N, B] (slot k reads slot k-1),
 //   base_logits [N, D, V] float32 / bfloat16 / float16.
-// For each drafted slot l = s + w_read z: tokens = argmax(l / T + Gumbel) (argmax l at
-// T = 0), logprobs = log_softmax(l / T)[token]. Returns (tokens int64 [N, D],
-// logprobs float32 [N, D]); the [N, D, V] logits are never written.
+// For each drafted slot l = s + w_read z: tokens = argmax(a' + Gumbel), a' = l / T filtered by
+// the sequence's top_k, top_p and min_p (argmax l at T = 0), logprobs = log_softmax(a')[token].
+// Per-request streams key drafted slot d of sequence n by (seed[n], offset[n] + d). Returns
+// (tokens int64 [N, D], logprobs float32 [N, D]); the [N, D, V] logits are never written.
 std::tuple<at::Tensor, at::Tensor> refine_step(const at::Tensor& ctx, const at::Tensor& prev_tokens,
                                                const at::Tensor& base_logits, const RefinerWeights& weights,
-                                               double temperature = 0.0, int64_t seed = 0, int64_t offset = 0,
-                                               const std::optional<at::Tensor>& seed_tensor = std::nullopt,
-                                               const std::optional<at::Tensor>& offset_tensor = std::nullopt);
+                                               const Sampling& sampling = {});
 
 // Jacobi iteration of refine_step from the drafter's own sample, at most max_iters
 // passes; a sequence stops after a pass that changes none of its tokens.
@@ -83,17 +97,12 @@ std::tuple<at::Tensor, at::Tensor> refine_step(const at::Tensor& ctx, const at::
 // slots. Returns (tokens, logprobs, iters int32 [N]: passes run).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> jacobi_refine(
     const at::Tensor& ctx, const at::Tensor& prefix_tokens, const at::Tensor& base_logits,
-    const RefinerWeights& weights, int64_t max_iters, double temperature = 0.0, int64_t seed = 0,
-    int64_t offset = 0, const std::optional<at::Tensor>& seed_tensor = std::nullopt,
-    const std::optional<at::Tensor>& offset_tensor = std::nullopt);
+    const RefinerWeights& weights, int64_t max_iters, const Sampling& sampling = {});
 
 // Left-to-right refinement, one drafted slot per step: what Jacobi converges to.
 std::tuple<at::Tensor, at::Tensor> sequential_refine(const at::Tensor& ctx, const at::Tensor& prefix_tokens,
                                                      const at::Tensor& base_logits, const RefinerWeights& weights,
-                                                     double temperature = 0.0, int64_t seed = 0,
-                                                     int64_t offset = 0,
-                                                     const std::optional<at::Tensor>& seed_tensor = std::nullopt,
-                                                     const std::optional<at::Tensor>& offset_tensor = std::nullopt);
+                                                     const Sampling& sampling = {});
 
 // ---- Draft trees. Format: per sequence, nodes 0..M-1 in topological order, node 0 the root
 // (the last committed token); parents int64 [N, M] with parents[:, 0] = -1 and
@@ -119,21 +128,14 @@ at::Tensor tree_positions(const at::Tensor& parents, const std::optional<at::Ten
 // after each node's path. Greedy at T = 0; at T > 0 deterministic children (no draft_probs), or
 // children drawn i.i.d. (or without_replacement) from draft_probs float32 [N, M, V] (row i: the
 // distribution node i's children were drawn from), verified against each row's filtered
-// distribution p' (top_k, top_p, min_p). temperature ... offset as for chain_verify_ragged_, a
-// scalar or an [N] tensor each; with per-request streams node i of sequence n uses slot
+// distribution p' (top_k, top_p, min_p). With per-request streams node i of sequence n uses slot
 // offset[n] + i (a call reads slots offset .. offset + M - 1). Returns (accept_len [N], path [N, M]:
 // the accepted nodes from the root, -1 padded, out_tokens [N, M]: the accepted drafts, then the
 // correction or bonus token, -1 padded).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify(
     const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& target_logits,
     const std::optional<at::Tensor>& draft_probs = std::nullopt, bool without_replacement = false,
-    const std::optional<at::Tensor>& num_nodes = std::nullopt, double temperature = 0.0,
-    const std::optional<at::Tensor>& temperature_tensor = std::nullopt, int64_t top_k = 0,
-    const std::optional<at::Tensor>& top_k_tensor = std::nullopt, double top_p = 1.0,
-    const std::optional<at::Tensor>& top_p_tensor = std::nullopt, double min_p = 0.0,
-    const std::optional<at::Tensor>& min_p_tensor = std::nullopt, int64_t seed = 0,
-    const std::optional<at::Tensor>& seed_tensor = std::nullopt, int64_t offset = 0,
-    const std::optional<at::Tensor>& offset_tensor = std::nullopt);
+    const std::optional<at::Tensor>& num_nodes = std::nullopt, const Sampling& sampling = {});
 
 // In place: the K/V entries prefix_len + path[n, j] of cache [N, H, L, d] move to prefix_len + j,
 // j = 0..accept_len[n] (the root and the accepted nodes, behind the prefix).
@@ -141,19 +143,14 @@ void compact_kv_(const at::Tensor& cache, const at::Tensor& path, const at::Tens
 
 // One step of a masked diffusion LM's block decoding (LLaDA's low-confidence rule): for each
 // masked position of block_tokens [N, L], x0 drawn from the row's filtered distribution p' (the
-// arguments of chain_verify_ragged_, per sequence; argmax at T = 0) and
+// sequence's sampling parameters; argmax at T = 0; per request, position l draws slot offset[n] + l)
+// and
 // confidence = softmax(logits)[x0]; unmask the num_unmask most confident (ties to the lower
 // position), or with a threshold every one above it and at least the best. Returns (new_block,
 // positions, tokens: int64 [N, L], -1 padded, confidence float32 [N, L], -inf where unmasked).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step(
     const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id, int64_t num_unmask = 1,
-    std::optional<double> threshold = std::nullopt, double temperature = 0.0,
-    const std::optional<at::Tensor>& temperature_tensor = std::nullopt, int64_t top_k = 0,
-    const std::optional<at::Tensor>& top_k_tensor = std::nullopt, double top_p = 1.0,
-    const std::optional<at::Tensor>& top_p_tensor = std::nullopt, double min_p = 0.0,
-    const std::optional<at::Tensor>& min_p_tensor = std::nullopt, int64_t seed = 0,
-    const std::optional<at::Tensor>& seed_tensor = std::nullopt, int64_t offset = 0,
-    const std::optional<at::Tensor>& offset_tensor = std::nullopt);
+    std::optional<double> threshold = std::nullopt, const Sampling& sampling = {});
 
 // Spiffy (xkernels/spiffy.h has the graph format). Fills the draft graph (graph_ranks int32
 // [G, K, 2], graph_child_ptr int32 [G + 1], graph_children int32 [E]) from the step distribution
@@ -162,13 +159,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step(
 // child's score by geometric mean) and keeps the best `keep` nodes such that every kept node is a child of
 // the root or of a kept node. Returns (draft_blocks int64 [N, keep, L], node_ids int64 [N, keep] in
 // the order kept, scores float32 [N, keep]); unused slots: the block itself, node -1, score 0.
+// It draws nothing: the sampling's stream is not read.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> spiffy_materialize(
     const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id, const at::Tensor& graph_ranks,
-    const at::Tensor& graph_child_ptr, const at::Tensor& graph_children, int64_t keep, double temperature = 0.0,
-    const std::optional<at::Tensor>& temperature_tensor = std::nullopt, int64_t top_k = 0,
-    const std::optional<at::Tensor>& top_k_tensor = std::nullopt, double top_p = 1.0,
-    const std::optional<at::Tensor>& top_p_tensor = std::nullopt, double min_p = 0.0,
-    const std::optional<at::Tensor>& min_p_tensor = std::nullopt);
+    const at::Tensor& graph_child_ptr, const at::Tensor& graph_children, int64_t keep,
+    const Sampling& sampling = {});
 
 // Samples dllm_step's step (num_unmask / threshold, the sampling arguments, the stream of step d as
 // xkernels/dllm.h's dllm_step_stream advances it)
@@ -180,13 +175,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> spiffy_materialize(
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> spiffy_accept(
     const at::Tensor& root_logits, const at::Tensor& draft_logits, const at::Tensor& draft_blocks,
     const at::Tensor& node_ids, const at::Tensor& block_tokens, int64_t mask_id, int64_t num_unmask = 1,
-    std::optional<double> threshold = std::nullopt, double temperature = 0.0,
-    const std::optional<at::Tensor>& temperature_tensor = std::nullopt, int64_t top_k = 0,
-    const std::optional<at::Tensor>& top_k_tensor = std::nullopt, double top_p = 1.0,
-    const std::optional<at::Tensor>& top_p_tensor = std::nullopt, double min_p = 0.0,
-    const std::optional<at::Tensor>& min_p_tensor = std::nullopt, int64_t seed = 0,
-    const std::optional<at::Tensor>& seed_tensor = std::nullopt, int64_t offset = 0,
-    const std::optional<at::Tensor>& offset_tensor = std::nullopt);
+    std::optional<double> threshold = std::nullopt, const Sampling& sampling = {});
 
 // The attention mask of a forward over [prefix (max_prefix_len keys), real block, num_drafts draft
 // copies] (each block_size): a query sees the prefix keys below prefix_lens[n] and its own copy of
