@@ -3,6 +3,7 @@ of prompt i in every mode (ragged prompts, ragged acceptance, sequences finishin
 steps); at T>0 each sequence follows the target's distribution. Its static caches never grow, and a
 captured step replays to the eager step's tokens (GPU)."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -124,6 +125,9 @@ def test_an_int_seed_gives_prompt_i_its_request_seed():
     assert len({tuple(t) for t in got}) == 3
     with pytest.raises(ValueError, match="seed must be an int or one per sequence"):
         generate_batch(target, PROMPTS, 3, seed=[1, 2])
+    assert torch.equal(request_seeds(np.int64(7), 3), request_seeds(7, 3))
+    with pytest.raises(ValueError, match="tree_budget must be below 65536"):  # its nodes would reach the next kind's noise
+        generate_batch(target, PROMPTS, 3, mode="tree", drafter=drafter, tree_budget=1 << 16)
 
 
 def test_static_cache_forward_equals_each_sequence_alone():

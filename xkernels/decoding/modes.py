@@ -12,6 +12,7 @@ tensor_parallel.VocabShard (the same calls on this rank's shard of every row, ex
 numbers per row with the other ranks), so the modes are written once for both.
 """
 
+import numbers
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
@@ -108,8 +109,8 @@ def request_seeds(seed: Union[int, Sequence[int]], n: int, device=None) -> torch
     """The seeds of n sequences, int64 [n]: a list gives each its own; an int s gives sequence i the
     seed s + i * 0x9E3779B97F4A7C15 (mod 2**64), so sequence 0 has s (generate's seed) and rows of
     one prompt are independent samples."""
-    if isinstance(seed, int):
-        seeds = [(seed + i * _SEED_STRIDE) % (1 << 64) for i in range(n)]
+    if isinstance(seed, numbers.Integral):  # an int or a NumPy integer
+        seeds = [(int(seed) + i * _SEED_STRIDE) % (1 << 64) for i in range(n)]
     else:
         seeds = [int(s) % (1 << 64) for s in seed]
         if len(seeds) != n:
@@ -369,6 +370,8 @@ def make_mode(name: str, refiner, iters: int, draft_len: int, tree_budget: int, 
               vocab=WholeVocab, verify_method: str = "token") -> Mode:
     """vocab: WholeVocab, or the VocabShard of a vocabulary-parallel target; verify_method: a chain's
     "token" or "block" verification."""
+    if max(draft_len, tree_budget) >= Streams.SLOTS:  # a block's slots must stay inside its draw kind's range
+        raise ValueError(f"draft_len and tree_budget must be below {Streams.SLOTS}, got {draft_len} and {tree_budget}")
     proposer = PROPOSERS[name](refiner, iters, vocab)
     verifier = TreeVerifier(tree_budget, tree_topk, vocab) if proposer.tree else ChainVerifier(vocab, verify_method)
     return Mode(name, proposer, verifier, draft_len)
