@@ -1,7 +1,8 @@
 // chain_verify_ragged_ on CUDA: one launch, a block per request, which walks the request's rows in
 // order (token-wise: up to the first rejection; block verification: every drafted row). Each row
 // takes a pass for its statistics; a row with filters then finds its cut (row_filter.cuh: radix
-// selection, 1-3 more passes) and takes a pass for the kept ids' sum. Draft ids outside [0, V) and
+// selection, 1-3 more passes), which also gives the kept ids' sum (a pass of its own only where
+// min-p moves the cut). Draft ids outside [0, V) and
 // any values of cu_num_draft_tokens or of the per-row parameters stay memory-safe: ids count as
 // rejected, counts are clamped into [0, T] and max_spec_len, invalid parameters read as off (greedy
 // for a temperature).
@@ -67,13 +68,19 @@ __device__ void prepare(Shared& sh, const RowView<T>& r, const RowSampling& rs, 
   __syncthreads();
   if (!filtered || sh.row.point_mass) return;
   const float top = sh.row.s.top.val;
-  const FilterCut cut = filter_cut(sh.cut, r, top, rs, mass_shift);
+  unsigned long long kept;
+  const FilterCut cut = filter_cut(sh.cut, r, top, rs, mass_shift, &kept);
   const RowState state{sh.row.s, cut, false};
-  float sum = 0.0f;
-  r.for_each_in_order([&](int64_t i, float a) {
-    if (a != kNegInf && state.keeps(a, i)) sum += exp_f32(a - top);
-  });
-  sum = block_sum(sum);
+  float sum;
+  if (kept != kMassUnknown) {  // the selection ranked the cut's ids: their sum is known (fixed point)
+    sum = static_cast<float>(static_cast<double>(kept) / static_cast<double>(1ull << mass_shift));
+  } else {  // min-p moved the cut, or an unusual row: a pass
+    sum = 0.0f;
+    r.for_each_in_order([&](int64_t i, float a) {
+      if (a != kNegInf && state.keeps(a, i)) sum += exp_f32(a - top);
+    });
+    sum = block_sum(sum);
+  }
   if (threadIdx.x == 0) sh.row = RowState{RowStats{state.s.top, sum}, cut, false};
   __syncthreads();
 }

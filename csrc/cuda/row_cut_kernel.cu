@@ -40,7 +40,8 @@ __global__ void __launch_bounds__(kThreads, 1) row_cut_kernel(RowCutParams p, in
   const float t = top_value;
   // A row with a NaN or +inf, or all -inf, has no softmax: nothing to cut (the filtered reference
   // returns it as it is).
-  const FilterCut cut = is_finite_f32(t) ? filter_cut(sh, r, t, rs, mass_shift) : keep_all();
+  unsigned long long kept;  // the consumers sum the kept ids in passes they make anyway
+  const FilterCut cut = is_finite_f32(t) ? filter_cut(sh, r, t, rs, mass_shift, &kept) : keep_all();
   if (threadIdx.x == 0) p.cuts[row] = cut;
 }
 

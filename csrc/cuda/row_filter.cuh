@@ -203,6 +203,9 @@ __device__ __forceinline__ void rank_candidates(CutShared& sh, int n2) {
   }
 }
 
+// kept's value when the cut's kept mass is not known without a pass.
+constexpr unsigned long long kMassUnknown = ~0ull;
+
 // The cut of the smallest prefix of the ranking, among the ids `within` keeps, whose count reaches
 // k (by_mass false) or whose mass reaches top_p of theirs (by_mass true). keep_all() when no prefix
 // reaches it (fewer finite ids than k). Each level is a pass over the row that histograms the next
@@ -213,9 +216,13 @@ __device__ __forceinline__ void rank_candidates(CutShared& sh, int n2) {
 // first: what the first level finds in sh. feed (top-k followed by top-p): when the cut is found
 // from the first level's gather, that pass also histograms the first level of the top-p cut within
 // it, and leaves the kept ids of the gathered bin ranked (FirstLevel::kFed, ranked_n >= 0).
+// *kept gets the fixed-point mass of the ids the cut keeps within `within` (the kept sum, so the
+// caller needs no pass for it), or kMassUnknown where the cut was not found by ranked candidates.
 template <typename T>
 __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, const FilterCut& within, bool by_mass,
-                               uint32_t k, float top_p, int mass_shift, FirstLevel first, bool feed) {
+                               uint32_t k, float top_p, int mass_shift, FirstLevel first, bool feed,
+                               unsigned long long* kept) {
+  *kept = kMassUnknown;
   uint32_t mask = 0, prefix = 0, count = 0;
   unsigned long long before = 0;
   double target = 0.0;
@@ -264,6 +271,7 @@ __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, co
     __syncthreads();  // the bin is read before a fed histogram is cleared
     if (ranked || count <= static_cast<uint32_t>(kCutCandidates)) {
       const auto mass_of = [&](uint32_t key) { return fixed_mass(key_value(key) - top, mass_shift); };
+      unsigned long long above = 0;  // by count: the mass of the ids ranked before the chosen bin
       if (!ranked) {
         if (threadIdx.x == 0) sh.n_cand = 0;
         if (fed)
@@ -279,7 +287,9 @@ __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, co
             atomicAdd(&sh.hist.count[key >> 21], 1u);
             atomicAdd(&sh.hist.mass[key >> 21], mass_of(key));
           }
-          if (!filter_keeps(within, a, static_cast<int32_t>(i)) || (key & mask) != prefix) return;
+          if (!filter_keeps(within, a, static_cast<int32_t>(i))) return;
+          if (!by_mass && (key & mask) > prefix) above += mass_of(key);
+          if ((key & mask) != prefix) return;
           const uint32_t slot = atomicAdd(&sh.n_cand, 1u);
           if (slot < static_cast<uint32_t>(kCutCandidates)) {
             sh.cand.key[slot] = key;
@@ -296,9 +306,17 @@ __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, co
         rank_candidates(sh, n2);
       }
       const auto id_sum = [&](int j) -> unsigned long long { return by_mass ? mass_of(sh.cand.key[j]) : 1ull; };
-      unsigned long long unused;
-      const int j = first_reaching(sh, static_cast<int>(count), before, target, id_sum, &unused);
+      unsigned long long before_j;
+      const int j = first_reaching(sh, static_cast<int>(count), before, target, id_sum, &before_j);
       const FilterCut cut = j < 0 ? keep_all() : FilterCut{key_value(sh.cand.key[j]), sh.cand.id[j]};
+      if (by_mass) {  // before_j: the masses of every id ranked before candidate j, exact integers
+        if (j >= 0) *kept = before_j + mass_of(sh.cand.key[j]);
+      } else {
+        for (int x = threadIdx.x; x <= j; x += kThreads) above += mass_of(sh.cand.key[x]);
+        unsigned long long total;
+        block_exclusive_scan(sh, above, &total);
+        if (j >= 0) *kept = total;
+      }
       if (fed && j >= 0) {  // bin d keeps its ids ranked up to j
         unsigned long long dropped = 0, total = 0;
         for (int x = j + 1 + threadIdx.x; x < static_cast<int>(count); x += kThreads) dropped += mass_of(sh.cand.key[x]);
@@ -375,20 +393,27 @@ __device__ __forceinline__ void count_top_bits(CutShared& sh, float a) {
 
 // The cut of all three filters (top-k, then top-p within it, then min-p) of a row whose largest
 // scaled logit `top` is finite; the statistics pass has counted the top key bits where
-// counts_top_bits says so.
+// counts_top_bits says so. *kept: as radix_cut's, for the ids all three keep (unknown where min-p
+// moves the cut: its floor is found without a pass, and so is not ranked).
 template <typename T>
-__device__ FilterCut filter_cut(CutShared& sh, const RowView<T>& r, float top, const RowSampling& rs, int mass_shift) {
+__device__ FilterCut filter_cut(CutShared& sh, const RowView<T>& r, float top, const RowSampling& rs, int mass_shift,
+                                unsigned long long* kept) {
   FilterCut cut = keep_all();
+  *kept = kMassUnknown;
   const bool top_p = rs.top_p < 1.0f;
   if (threadIdx.x == 0) sh.ranked_n = -1;
   __syncthreads();
   if (counts_top_bits(rs, r.v))
     cut = radix_cut(sh, r, top, keep_all(), false, static_cast<uint32_t>(rs.top_k), 1.0f, mass_shift,
-                    FirstLevel::kCounts, top_p);
+                    FirstLevel::kCounts, top_p, kept);
   if (top_p)
     cut = radix_cut(sh, r, top, cut, true, 0u, rs.top_p, mass_shift,
-                    sh.ranked_n >= 0 ? FirstLevel::kFed : FirstLevel::kNone, false);
-  if (rs.min_p > 0.0f) cut = with_min_p(cut, top, log_f32(rs.min_p));
+                    sh.ranked_n >= 0 ? FirstLevel::kFed : FirstLevel::kNone, false, kept);
+  if (rs.min_p > 0.0f) {
+    const FilterCut narrowed = with_min_p(cut, top, log_f32(rs.min_p));
+    if (narrowed.val != cut.val || narrowed.idx != cut.idx) *kept = kMassUnknown;
+    cut = narrowed;
+  }
   return cut;
 }
 
