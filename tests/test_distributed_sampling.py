@@ -1,7 +1,7 @@
 """xkernels.distributed's per-request sampling on gloo, world sizes 2 and 3 (uneven shards and an
 empty one): per-sequence temperatures (greedy rows among them), per-request streams and top-k /
-top-p / min-p over the whole vocabulary, against the unsharded ops (tree_verify, the refine ops,
-dllm_step). Kept apart from
+top-p / min-p over the whole vocabulary, against the unsharded ops (tree_verify, chain_verify's
+block method and log-probabilities, the refine ops, dllm_step). Kept apart from
 test_distributed.py (minutes) so that these run in seconds."""
 
 import contextlib
@@ -275,6 +275,65 @@ def _check_dllm_sampling(rank, bounds):
     assert filters_matter
 
 
+def _chain_case(bounds, k=4):
+    """Chains [N, K] over rounded logits (ties at the cuts; _case_logits' NaN row in a sampled
+    sequence, the all -inf row, maxima tied across the shard boundaries): most drafts their row's
+    best or second-best token (long prefixes, where block and token-wise verification part), some
+    random (often outside the cut), the edges of shard 1; q a softened copy of the target (block
+    verification recovers prefixes after a rejection only where q resembles p)."""
+    logits = _case_logits(N, k + 1, 71, bounds).round(decimals=1)
+    g = torch.Generator().manual_seed(72)
+    drafts = torch.randint(0, V, (N, k), generator=g)
+    for s in range(N):
+        for i in range(k):
+            if torch.rand(1, generator=g) < 0.75:
+                drafts[s, i] = logits[s, i].nan_to_num(-1e9).topk(2).indices[int(torch.rand(1, generator=g) < 0.3)]
+    drafts[4, :2] = torch.tensor([bounds[1][0] - 1, bounds[1][0]])
+    q = torch.softmax(logits[:, :k].nan_to_num(0.0, 0.0, 0.0) * 0.8 + torch.randn(N, k, V, generator=g), -1)
+    return drafts, logits, q
+
+
+def _check_chain_methods(rank, bounds):
+    """chain_verify with method="token" and "block" and return_logprobs, every case of _cases (greedy
+    rows among sampled ones, filters, an all-greedy call), with and without q, both stream forms,
+    at the shards given and with an empty shard: the unsharded op's accept lengths and tokens,
+    log-probabilities within 1e-5, reading no tensor on the host. Some cases accept other lengths
+    block-wise than token-wise, so a sharded block that verified token-wise fails here. Block adds
+    exactly 1 collective with q (the residual sums), none without; a bad method raises naming it."""
+    drafts, logits, q = _chain_case(bounds)
+    empty = [(0, 0), (0, V)] if len(bounds) == 2 else [(0, 14), (14, 14), (14, V)]
+    methods_differ = False
+    for shards in (bounds, empty):
+        local, start = _shard(logits, shards, rank)
+        local_q = _shard(q, shards, rank)[0]
+        for i, case in enumerate(_cases(TEMPS, TOP_K, TOP_P, MIN_P)):
+            for (probs, shard_q), (seed, offset) in itertools.product(((None, None), (q, local_q)), STREAMS):
+                kw = dict(seed=seed, offset=offset, return_logprobs=True, **case)
+                want = {m: xkernels.chain_verify(drafts, logits, draft_probs=probs, method=m, **kw)
+                        for m in ("token", "block")}
+                methods_differ |= not torch.equal(want["token"][0], want["block"][0])
+                collectives = {}
+                for method in ("token", "block"):
+                    name = f"chain_verify {method} {shards} case {i} q={probs is not None} per-request={torch.is_tensor(seed)}"
+                    distributed.traffic.reset()
+                    with _unread():
+                        got = distributed.chain_verify(drafts, local, vocab_start=start, draft_probs=shard_q,
+                                                       method=method, **kw)
+                    collectives[method] = distributed.traffic.collectives
+                    _same(name, got, want[method], 2)
+                    kw_plain = {**kw, "return_logprobs": False}
+                    plain = distributed.chain_verify(drafts, local, vocab_start=start, draft_probs=shard_q,
+                                                     method=method, **kw_plain)
+                    _same(f"{name} without logprobs", plain, want[method][:2])
+                sampled = torch.is_tensor(case["temperature"]) or case["temperature"] > 0
+                extra = 1 if probs is not None and sampled else 0
+                assert collectives["block"] == collectives["token"] + extra, (i, probs is not None, collectives)
+    assert methods_differ
+    local, start = _shard(logits, bounds, rank)
+    with pytest.raises(ValueError, match="method"):
+        distributed.chain_verify(drafts, local, vocab_start=start, temperature=1.0, method="tree")
+
+
 def _check_bad_parameters(rank, bounds):
     """Per-row parameters of the wrong length or device, and scalars out of range, raise naming
     the argument before any collective (every rank alike)."""
@@ -307,7 +366,7 @@ def _worker(rank, world, port):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         for check in (_check_tree_sampling, _check_tree_residual_filtered, _check_tree_alone, _check_tree_filter_traffic, _check_cuts_uncompacted,
-                      _check_refine_sampling, _check_dllm_sampling, _check_bad_parameters):
+                      _check_refine_sampling, _check_dllm_sampling, _check_chain_methods, _check_bad_parameters):
             check(rank, BOUNDS[world])
     finally:
         dist.destroy_process_group()

@@ -21,6 +21,9 @@ called with ``capturable=True``):
   second ``shard_row_stats`` pass with the cut gives the filtered sums (1 all-gather more).
   Per-row filter tensors are not value-checked here (that would read them on the host): values
   outside their ranges read as off, as the CUDA kernels read them without ``XKERNELS_CHECK=1``.
+  ``method="block"`` (block verification) with draft_probs at T > 0 and K > 1 adds 1 all-reduce
+  (the rows' residual masses, from a torch pass over the local rows 1..K-1); ``return_logprobs``
+  sends the pick's logit in the draw's all-gather.
 - ``refine_step``: an all-reduce of the embedded rows [N, B, r] (a vocabulary-parallel embedding
   lookup) and 1 all-gather; ``jacobi_refine`` / ``sequential_refine`` run passes of it (plus one
   all-gather for the drafter's own sample), as many as the unsharded op runs (``jacobi_refine``
@@ -377,14 +380,66 @@ def _row_params(n: int, dev, temperature, top_k, top_p, min_p):
     return inv_t, k, p, m
 
 
+def _block_accept(local_logits, draft_probs, draft_tokens, vocab_start: int, group, inv_t, cut, p_x, q_x, coins,
+                  big_m, big_s, top, point_mass):
+    """Block verification's accepted length tau [N] and weight w_tau [N] (reference.chain's
+    _block_accept; the kernels' block_weight and block_threshold, in float32 as there): w_0 = 1,
+    w_i = min(w_{i-1} p'(x_i) / q(x_i), 1); tau the last i with coin i - 1 below h_i = Z_i / (Z_i +
+    1 - w_i) (h_K = w_K), Z_i = sum_v max(w_i p'_i(v) - q_i(v), 0). Without draft_probs q =
+    one-hot(x) and Z_i = w_i (1 - p'_i(x_i)); with them Z_i of a row with a softmax is
+    (w_i / S_i) sum_v max(e_v - (S_i / w_i) q_v, 0) (a torch pass over the local rows 1..K-1 and
+    1 all-reduce of their N (K - 1) float64 partial sums, which carries q_i at the argmax for the
+    point-mass rows: Z_i = max(w_i - q_i(top), 0)). p_x, q_x [N, K]: p'(x) (1 or 0 at a point mass)
+    and q(x) of the drafts (0 for ids no shard holds: their w is 0)."""
+    n, k = draft_tokens.shape
+    dev = p_x.device
+    if k == 0:  # no prefix to judge: the bonus row
+        return torch.zeros(n, dtype=torch.int64, device=dev), torch.ones(n, device=dev)
+    q_det = torch.ones_like(p_x) if draft_probs is None else q_x
+    w = [torch.ones(n, device=dev)]
+    for i in range(k):
+        ratio = w[i] * p_x[:, i] / q_det[:, i]
+        w.append(torch.where(q_det[:, i] > 0, torch.where(ratio < 1, ratio, 1.0), (w[i] * p_x[:, i] > 0).float()))
+    w = torch.stack(w, 1)  # [N, K + 1]
+    w_mid, s_mid = w[:, 1:k], big_s[:, 1:k]  # rows 1..K-1
+    if draft_probs is None or k < 2:  # (no row 1..K-1 at K = 1)
+        z = w_mid * (1 - p_x[:, 1:k])
+    else:
+        pm = point_mass[:, 1:k]
+        live = w_mid > 0
+        coef = torch.where(live & ~pm, s_mid / w_mid, 1.0).double()  # float32 S / w, as the kernels divide it
+        rows = torch.arange(1, k, device=dev).expand(n, k - 1)
+        part = _residual_sums(local_logits, draft_probs, rows, coef, big_m[:, 1:k], inv_t,
+                              None if cut is None else (cut[0][:, 1:k], cut[1][:, 1:k]), vocab_start)
+        q_top = _local_values(draft_probs[:, 1:k], top[:, 1:k], vocab_start)[0].double()
+        total = _all_reduce(torch.where(pm, q_top, part), group).float()
+        z = torch.where(pm, (w_mid - total).clamp(min=0), total * (w_mid / s_mid))
+        z = torch.where(live, z, 0.0)
+    denom = z + (1 - w_mid)
+    h = torch.cat([torch.where(denom > 0, z / denom, 1.0), w[:, k:]], 1)  # h_1..h_K
+    prefix = torch.where(coins < h, torch.arange(1, k + 1, device=dev), 0)
+    tau = prefix.amax(1)
+    return tau, w.gather(1, tau[:, None])[:, 0]
+
+
 def chain_verify(draft_tokens: torch.Tensor, local_logits: torch.Tensor, *, vocab_start: int, group=None,
                  draft_probs: Optional[torch.Tensor] = None, temperature=0.0, seed=0, offset=0, top_k=None,
-                 top_p=None, min_p=None) -> Tuple[torch.Tensor, torch.Tensor]:
+                 top_p=None, min_p=None, method: str = "token", return_logprobs: bool = False):
     """xkernels.chain_verify over a vocabulary shard: draft_tokens [N, K] global ids,
     local_logits [N, K+1, V_local], draft_probs the local shard [N, K, V_local] of q. temperature,
-    top_k, top_p, min_p, seed and offset as for xkernels.chain_verify (scalars or [N] tensors; [N]
-    seeds or offsets are the per-request streams), the filters over the whole vocabulary
-    (filter_cuts). Returns (accept_len [N], out_tokens [N, K+1]), the same on every rank."""
+    top_k, top_p, min_p, seed, offset, method and return_logprobs as for xkernels.chain_verify
+    (scalars or [N] tensors; [N] seeds or offsets are the per-request streams), the filters over
+    the whole vocabulary (filter_cuts). Returns (accept_len [N], out_tokens [N, K+1]), with
+    return_logprobs also logprobs float32 [N, K+1] (log p' of the emitted tokens under their rows'
+    filtered distributions, 0 at a point mass, NaN padded), the same on every rank.
+
+    method="block" (block verification, as xkernels.chain_verify_ragged; greedy rows verify
+    token-wise, as there) reads the same coins (coin i - 1 for a prefix of i drafts) and adds, with
+    draft_probs and K > 1, a torch pass over the local rows 1..K-1 and 1 all-reduce of N (K - 1)
+    float64 residual sums; its draw after a rejection at row tau is the residual max(w_tau p' - q,
+    0), shard_row_stats' residual_stats (max, S / w_tau). return_logprobs adds the pick's logit to
+    the draw's all-gather."""
+    block = ops._check_method(method)
     n, k = draft_tokens.shape
     dev = local_logits.device
     inv_t, top_k, top_p, min_p = _row_params(n, dev, temperature, top_k, top_p, min_p)
@@ -413,34 +468,49 @@ def chain_verify(draft_tokens: torch.Tensor, local_logits: torch.Tensor, *, voca
         big_s = _filtered_sums(local_logits, vocab_start, group, cut, big_s, point_mass, rng)
         a_x = torch.where(_kept(a_x, draft_tokens, cut[0][:, :k], cut[1][:, :k]), a_x, float("-inf"))
 
-    accepted = valid & (draft_tokens == top[:, :k])
+    argmax_draft = valid & (draft_tokens == top[:, :k])
+    accepted = argmax_draft
+    w_stop = torch.ones(n, device=dev)  # the residual's weight where the chain stops (token-wise 1)
     if not all_greedy:
         p_x = torch.exp(a_x - big_m[:, :k]) / big_s[:, :k]
         coins = stream_coins(seed, offset, n, k, dev)
         sampled = coins * q_x < p_x if draft_probs is not None else coins < p_x
         accepted = torch.where(point_mass[:, :k], accepted, valid & sampled)
     accept_len = accepted.long().cumprod(-1).sum(-1)
+    if block and not all_greedy:
+        p_x = torch.where(point_mass[:, :k], argmax_draft.float(), torch.where(valid, p_x, 0.0))
+        tau, w_tau = _block_accept(local_logits, draft_probs, draft_tokens, vocab_start, group, inv_t, cut, p_x, q_x,
+                                   coins, big_m, big_s, top, point_mass)
+        accept_len = torch.where(greedy[:, 0], accept_len, tau)
+        w_stop = torch.where(greedy[:, 0], w_stop, w_tau)
     out = torch.where(torch.arange(k, device=dev) < accept_len[:, None], draft_tokens, -1)
     out = torch.cat([out, torch.full((n, 1), -1, dtype=torch.int64, device=dev)], 1)
     row = accept_len[:, None]
-    token = top.gather(1, row)
+    token, token_a = top.gather(1, row), big_m.gather(1, row)  # the argmax's scaled logit is the max
     if not all_greedy:  # Gumbel-max at the stopping row: the correction (or the bonus at row K)
         stop_draft = torch.cat([draft_tokens, torch.full((n, 1), -1, dtype=torch.int64, device=dev)], 1).gather(1, row)
         stop_valid = torch.cat([valid, torch.zeros(n, 1, dtype=torch.bool, device=dev)], 1).gather(1, row)
         residual = None
         exclude = torch.where(stop_valid, stop_draft, -1)[..., None]
-        if draft_probs is not None:
-            residual = torch.stack([big_m.gather(1, row), big_s.gather(1, row)], -1)
+        if draft_probs is not None:  # max(w p' - q, 0) = w max(e / (S / w) - q, 0)
+            residual = torch.stack([big_m.gather(1, row), big_s.gather(1, row) / w_stop[:, None]], -1)
             exclude = None
         at_row = {} if cut is None else dict(cut_value=cut[0].gather(1, row), cut_id=cut[1].gather(1, row))
         _, _, _, score, pid, plogit = ops.shard_row_stats(
             local_logits, vocab_start, rows=row, exclude=exclude, draft_probs=draft_probs, residual_stats=residual,
             sample=True, **at_row, **rng)
-        g = _all_gather([score, pid], group)
-        pick, _ = merge_picks(g[:, 0], _ids(g[:, 1]), g[:, 0])
-        token = torch.where(point_mass.gather(1, row) | (pick < 0), token, pick)
+        g = _all_gather([score, pid] + ([plogit] if return_logprobs else []), group)
+        pick, pick_a = merge_picks(g[:, 0], _ids(g[:, 1]), g[:, 2] if return_logprobs else g[:, 0])
+        use = ~point_mass.gather(1, row) & (pick >= 0)
+        token, token_a = torch.where(use, pick, token), torch.where(use, pick_a, token_a)
     out.scatter_(1, row, token)
-    return accept_len, out
+    if not return_logprobs:
+        return accept_len, out
+    # log p' = a - max - log S (the kernels' Row::logprob): the drafts before the stop, then the token.
+    a = torch.cat([a_x, torch.zeros(n, 1, device=dev)], 1).scatter(1, row, token_a)
+    logprobs = torch.where(point_mass, 0.0, a - big_m - torch.log(big_s))
+    logprobs = torch.where(torch.arange(k + 1, device=dev) <= row, logprobs, float("nan"))
+    return accept_len, out, logprobs
 
 
 def _sample_sharded(logits: torch.Tensor, vocab_start: int, group, temperature=0.0, seed=0, offset=0, top_k=None,
@@ -642,20 +712,21 @@ def _merged_pick(score: torch.Tensor, pid: torch.Tensor, group) -> torch.Tensor:
 
 def _residual_sums(local_logits, draft_probs, node, coef, row_max, inv_t, cut, vocab_start: int) -> torch.Tensor:
     """This shard's part of sum_v max(e_v - coef q_v, 0), e = exp(a - row_max) (0 past the row's cut
-    when cut = (cut_value, cut_id) [N] is given), of the rows [n, node[n]] ([N] float64: e - coef q
-    in double, as the unsharded kernels compute it). inv_t [N]."""
-    seq = torch.arange(node.shape[0], device=node.device)
+    when cut = (cut_value, cut_id) of node's shape is given), of the rows [n, node[n, ...]]: node
+    [N] or [N, R], coef, row_max of its shape; returns its shape, float64 (e - coef q in double, as
+    the unsharded kernels compute it). inv_t [N]."""
+    seq = torch.arange(node.shape[0], device=node.device).view(-1, *[1] * (node.dim() - 1))
     # In place on the gathered copies (a quarter of the time of out-of-place ops on a CPU); a NaN
     # counts 0, as in the kernels.
-    a = local_logits[seq, node].float().mul_(inv_t[:, None])
+    a = local_logits[seq, node].float().mul_(inv_t.view(seq.shape)[..., None])
     dropped = None
     if cut is not None:
         ids = torch.arange(vocab_start, vocab_start + a.shape[-1], device=a.device)
-        dropped = ~_kept(a, ids, cut[0][:, None], cut[1][:, None])
-    e = a.sub_(row_max[:, None]).exp_()
+        dropped = ~_kept(a, ids, cut[0][..., None], cut[1][..., None])
+    e = a.sub_(row_max[..., None]).exp_()
     if dropped is not None:
         e.masked_fill_(dropped, 0.0)
-    d = draft_probs[seq, node].double().mul_(-coef[:, None]).add_(e)
+    d = draft_probs[seq, node].double().mul_(-coef[..., None]).add_(e)
     return d.clamp_(min=0).nansum(-1)
 
 
