@@ -666,8 +666,9 @@ def tree_verify(
         - CPU: sequences in parallel, reading only the visited rows; a filtered row's cut by a
           streaming top-k selection or mass bands (as :func:`chain_verify_ragged`), never a sort.
         - CUDA: a block per sequence walks the tree, reading only the visited rows; the residual
-          stays on the device (``draft_probs`` staged by ``cp.async``); with filters, one cut pass
-          first finds every node row's cut (radix selection, no sort); never syncs the host.
+          stays on the device (``draft_probs`` staged by ``cp.async``); with filters, the walk
+          finds the cut of each row it visits after that row's statistics pass (radix selection,
+          no sort: usually one more pass over the row); never syncs the host.
     """
     return torch.ops.xkernels.tree_verify.default(
         _tensor(tokens, "tokens"), _tensor(parents, "parents"), _tensor(target_logits, "target_logits"),

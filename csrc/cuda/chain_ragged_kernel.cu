@@ -1,7 +1,7 @@
 // chain_verify_ragged_ on CUDA: one launch, a block per request, which walks the request's rows in
 // order (token-wise: up to the first rejection; block verification: every drafted row). Each row
 // takes a pass for its statistics; a row with filters then finds its cut (row_filter.cuh: radix
-// selection, 1-3 more passes), which also gives the kept ids' sum (a pass of its own only where
+// selection, usually 1 more pass), which also gives the kept ids' sum (a pass of its own only where
 // min-p moves the cut). Draft ids outside [0, V) and
 // any values of cu_num_draft_tokens or of the per-row parameters stay memory-safe: ids count as
 // rejected, counts are clamped into [0, T] and max_spec_len, invalid parameters read as off (greedy
@@ -55,13 +55,13 @@ constexpr int kStatsScale = 2;
 template <typename T>
 __device__ void prepare(Shared& sh, const RowView<T>& r, const RowSampling& rs, bool greedy, bool filtered,
                         int mass_shift) {
-  const bool count = filtered && counts_top_bits(rs, r.v);
-  if (count) clear_top_bits(sh.cut);
+  const TopBits bits = filtered ? top_bits(rs, r.v) : TopBits::kNone;
+  if (bits != TopBits::kNone) clear_top_bits(sh.cut);
   __syncthreads();
   RowStats local = stats_empty();
   r.template for_each_in_order<kStatsScale>([&](int64_t i, float a) {
     stats_observe(local, a, static_cast<int32_t>(i));
-    if (count) count_top_bits(sh.cut, a);
+    observe_top_bits(sh.cut, a, bits);
   });
   local = block_merge(local, stats_empty());
   if (threadIdx.x == 0) sh.row = RowState{local, keep_all(), greedy || stats_degenerate(local)};
@@ -112,6 +112,7 @@ __device__ int32_t sample_row(Shared& sh, const RowView<T>& r, const RowStream& 
     }
     return l;
   };
+  XK_ROW_PASS();
   for_each_batched<kIdDepth / 4>(threadIdx.x, (r.v + 3) / 4, kThreads, load, [&](int64_t g, const Group& l) {
     const int count = static_cast<int>(r.v - 4 * g < 4 ? r.v - 4 * g : 4);
     float w[4];

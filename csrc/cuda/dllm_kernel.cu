@@ -1,6 +1,6 @@
 // dllm_step on CUDA, three launches that never wait on the host:
-//  0. cuts:   with filters, each row's FilterCut (launch_row_cut, the mask token ranked as -inf;
-//             it reads the unmasked rows too).
+//  0. cuts:   with filters, each masked row's FilterCut (launch_row_cut, the mask token ranked as
+//             -inf; the unmasked rows are not read).
 //  1. slices: every masked row split in slices over the grid; a block reduces its slice to the raw
 //             row's softmax statistics and, at T > 0 (the sequence's temperature), the tempered
 //             row's argmax and the Gumbel-max with the noise of the position's slot of the
@@ -144,7 +144,8 @@ cudaError_t launch_typed(const DllmParams& p, void* workspace, cudaStream_t stre
   const int64_t rows = p.n * p.l;
   if (cuts) {
     const cudaError_t err =
-        launch_row_cut(dllm_cut_params(p.logits, p.dtype, rows, p.v, p.l, p.rule.s, p.rule.mask_id, cuts), stream);
+        launch_row_cut(dllm_cut_params(p.logits, p.dtype, rows, p.v, p.l, p.rule.s, p.rule.mask_id, cuts, p.block),
+                       stream);
     if (err != cudaSuccess) return err;
   }
   dllm_slices_kernel<T><<<rows * d.slices, kThreads, 0, stream>>>(p, cuts, slices, d.slices, vector_ok);
@@ -156,11 +157,12 @@ cudaError_t launch_typed(const DllmParams& p, void* workspace, cudaStream_t stre
 }  // namespace
 
 RowCutParams dllm_cut_params(const void* logits, LogitsType dtype, int64_t rows, int64_t v,
-                             int64_t rows_per_sequence, const SamplingView& s, int64_t mask_id, FilterCut* cuts) {
+                             int64_t rows_per_sequence, const SamplingView& s, int64_t mask_id, FilterCut* cuts,
+                             const int64_t* masked_by) {
   RowCutParams c{};
   c.logits = logits, c.dtype = dtype;
   c.rows = rows, c.v = v, c.row_stride = v, c.rows_per_request = rows_per_sequence;
-  c.s = s, c.cuts = cuts, c.exclude = mask_id;
+  c.s = s, c.cuts = cuts, c.exclude = mask_id, c.masked_by = masked_by;
   return c;
 }
 

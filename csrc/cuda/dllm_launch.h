@@ -37,7 +37,8 @@ struct DllmParams {
 // The row cut pass over `rows` rows of v ids (rows_per_sequence a sequence), the mask token
 // ranked as -inf (dllm_step's and the Spiffy ops').
 RowCutParams dllm_cut_params(const void* logits, LogitsType dtype, int64_t rows, int64_t v,
-                             int64_t rows_per_sequence, const SamplingView& s, int64_t mask_id, FilterCut* cuts);
+                             int64_t rows_per_sequence, const SamplingView& s, int64_t mask_id, FilterCut* cuts,
+                             const int64_t* masked_by);
 
 size_t dllm_workspace_bytes(const DllmParams& p);
 cudaError_t launch_dllm_step(const DllmParams& p, void* workspace, cudaStream_t stream);

@@ -15,24 +15,26 @@
 namespace xkernels::cuda {
 namespace {
 
+// Two blocks an SM (128 registers, no spill on sm_90a; unbounded, ptxas took 158 and one block).
 template <typename T>
-__global__ void __launch_bounds__(kThreads, 1) row_cut_kernel(RowCutParams p, int mass_shift) {
+__global__ void __launch_bounds__(kThreads, 2) row_cut_kernel(RowCutParams p, int mass_shift) {
   __shared__ CutShared sh;
   __shared__ float top_value;
   const int64_t row = blockIdx.x;
   const RowSampling rs = p.s.row(row / p.rows_per_request);
-  if (rs.inv_t == 0.0f || !filters_active(rs, p.v)) {  // the same for the whole block
+  const bool sampled = !p.masked_by || p.masked_by[row] == p.exclude;
+  if (!sampled || rs.inv_t == 0.0f || !filters_active(rs, p.v)) {  // the same for the whole block
     if (threadIdx.x == 0) p.cuts[row] = keep_all();
     return;
   }
   const RowView<T> r{static_cast<const T*>(p.logits) + row * p.row_stride, p.v, rs.inv_t, p.exclude};
-  const bool count = counts_top_bits(rs, p.v);
-  if (count) clear_top_bits(sh);
+  const TopBits bits = top_bits(rs, p.v);
+  if (bits != TopBits::kNone) clear_top_bits(sh);
   __syncthreads();
   ArgMax top = argmax_empty();
   r.for_each_any_order([&](int64_t i, float a) {  // the argmax ranks ties by id: any order
     argmax_observe(top, a, static_cast<int32_t>(i));
-    if (count) count_top_bits(sh, a);
+    observe_top_bits(sh, a, bits);
   });
   top = block_merge(top, argmax_empty());
   if (threadIdx.x == 0) top_value = top.val;

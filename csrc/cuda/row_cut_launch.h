@@ -21,6 +21,9 @@ struct RowCutParams {
   SamplingView s;
   FilterCut* cuts;  // [rows]; rows that are greedy or have no active filter keep every id
   int64_t exclude = -1;  // an id never kept, ranked as -inf (dllm_step's mask token); -1: none
+  // [rows] or null: row r is cut only where masked_by[r] == exclude (the masked positions of
+  // dllm_step's block: the only rows it samples); the others keep every id and are not read.
+  const int64_t* masked_by = nullptr;
 };
 
 // Launches on `stream`; returns the launch error, if any.

@@ -1,7 +1,8 @@
-// The filtered target distribution's cut on CUDA, by one block of kThreads threads per row: radix
+// The filtered target distribution's cut on CUDA, by one block per row (of any multiple of 32
+// threads up to 1024, blockDim.x, so kernels of 256 and of 512 threads share it): radix
 // selection over the order-preserving bits of the scaled logits (radix_cut: about 2 passes a cut,
-// top-k's first one fused into the statistics pass; min-p without a pass). Masses are summed in
-// 64-bit fixed point, so the cut does not depend on the order of the atomics.
+// top-k's first one fused into the statistics pass, top-p's guided by it; min-p without a pass).
+// Masses are summed in 64-bit fixed point, so the cut does not depend on the order of the atomics.
 // chain_ragged_kernel.cu and row_cut_kernel.cu (launch_row_cut, for the other ops) share it.
 #pragma once
 
@@ -12,7 +13,15 @@
 #include "xkernels/sampling.h"
 #include "xkernels/sampling_params.h"
 
+// A pass over a row starts (RowView's loops, the sample's): the CUDA emulation counts them, so its
+// tests hold the pass counts bench/floors.md states; nothing on a GPU.
+#ifndef XK_ROW_PASS
+#define XK_ROW_PASS()
+#endif
+
 namespace xkernels::cuda {
+
+__device__ __forceinline__ int block_threads() { return static_cast<int>(blockDim.x); }
 
 // Keeps every id.
 __device__ __forceinline__ FilterCut keep_all() { return FilterCut{kNegInf, 0x7FFFFFFF}; }
@@ -33,7 +42,7 @@ __device__ __forceinline__ unsigned long long fixed_mass(float gap, int shift) {
 }
 
 // The fractional bits of fixed_mass for rows of v ids: v masses of at most 1 sum below 2^62.
-inline int cut_mass_shift(int64_t v) {
+__host__ __device__ inline int cut_mass_shift(int64_t v) {
   int bits = 0;
   for (; v > 0; v >>= 1) ++bits;
   return 62 - bits;
@@ -58,18 +67,19 @@ struct RowView {
   __device__ __forceinline__ float value(int64_t i, T x) const { return i == exclude ? kNegInf : to_float(x) * scale; }
   __device__ __forceinline__ float a(int64_t i) const { return value(i, row[i]); }
 
-  // f(i, a(i), extra(i)) for the ids i = threadIdx.x, + kThreads, ... below v in that order (a plain
+  // f(i, a(i), extra(i)) for the ids i = threadIdx.x, + blockDim.x, ... below v in that order (a plain
   // loop's ids and order, so a thread's float sums round as they did), kIdDepth times kScale ids
   // loaded at once.
   template <int kScale = 1, typename Extra, typename F>
   __device__ __forceinline__ void for_each_in_order(const Extra& extra, const F& f) const {
+    XK_ROW_PASS();
     using E = decltype(extra(int64_t{0}));
     struct Loaded {
       T x;
       E e;
     };
     for_each_batched<kIdDepth * kScale>(
-        threadIdx.x, v, kThreads, [&](int64_t i) { return Loaded{row[i], extra(i)}; },
+        threadIdx.x, v, block_threads(), [&](int64_t i) { return Loaded{row[i], extra(i)}; },
         [&](int64_t i, const Loaded& l) { f(i, value(i, l.x), l.e); });
   }
   template <int kScale = 1, typename F>
@@ -84,9 +94,10 @@ struct RowView {
   template <typename F>
   __device__ __forceinline__ void for_each_any_order(const F& f) const {
     if (reinterpret_cast<uintptr_t>(row) % 16 != 0) return for_each_in_order(f);
+    XK_ROW_PASS();
     constexpr int kIds = 16 / sizeof(T);
     for_each_row_value<T, kChunkDepth>(
-        row, v, 0, (v + kIds - 1) / kIds, true, scale, exclude, threadIdx.x, kThreads,
+        row, v, 0, (v + kIds - 1) / kIds, true, scale, exclude, threadIdx.x, block_threads(),
         [&](const float (&a)[kIds], int32_t id) {
 #pragma unroll
           for (int j = 0; j < kIds; ++j) f(id + j, a[j]);
@@ -101,7 +112,10 @@ constexpr int kCutCandidates = 2048;  // the ids one bin may hold to be ranked i
 // The shared memory of one block's selection: a level's histogram and the ids of a chosen bin.
 struct CutShared {
   struct Histogram {
-    uint32_t count[kCutBins];
+    union {
+      uint32_t count[kCutBins];
+      float guide[kCutBins];  // the statistics pass's guide to top-p's first level (guide_top_bits)
+    };
     unsigned long long mass[kCutBins];
   };
   struct Candidates {
@@ -110,8 +124,8 @@ struct CutShared {
   };
   Histogram hist;
   Candidates cand;
-  unsigned long long warp_sums[kWarps];
-  uint32_t warp_counts[kWarps];
+  unsigned long long warp_sums[32];  // a warp's
+  uint32_t warp_counts[32];
   unsigned long long found_before;
   uint32_t n_cand, ranked_bin;
   int32_t found, ranked_n;
@@ -120,9 +134,12 @@ struct CutShared {
 // What radix_cut finds of its first level in CutShared when it starts.
 enum class FirstLevel {
   kNone,    // nothing: it takes a pass
-  kCounts,  // the counts of every finite id (count_top_bits: top-k over the whole row)
+  kCounts,  // the counts of every finite id (observe_top_bits: top-k over the whole row)
   kFed,     // the counts and masses of the ids `within` keeps, and those of first-level bin ranked_bin
             // ranked in cand[0, ranked_n) (top-k's gather fed them to top-p)
+  kRanked,  // every id `within` keeps, ranked in cand[0, ranked_n) (top-k's gather took them all)
+  kGuided,  // guide_top_bits' masses of every finite id: the first level's pass gathers the bin they
+            // point at (top-p over the whole row)
 };
 
 // The block's exclusive prefix sum of one value a thread, in thread order; *total gets the sum.
@@ -137,7 +154,7 @@ __device__ __forceinline__ unsigned long long block_exclusive_scan(CutShared& sh
   if (lane == 31) sh.warp_sums[warp] = inclusive;
   __syncthreads();
   unsigned long long before = 0, sum = 0;
-  for (int w = 0; w < kWarps; ++w) {
+  for (int w = 0; w < block_threads() / 32; ++w) {
     if (w < warp) before += sh.warp_sums[w];
     sum += sh.warp_sums[w];
   }
@@ -146,13 +163,13 @@ __device__ __forceinline__ unsigned long long block_exclusive_scan(CutShared& sh
   return before + inclusive - x;
 }
 
-// The first position i < n (n <= kThreads * 8) of a sequence in ranking order at which the running
+// The first position i < n (n <= blockDim.x * 8) of a sequence in ranking order at which the running
 // sum base + value(0) + ... + value(i) reaches target (compared in double; the sums themselves are
 // exact integers), or -1; *before gets the running sum before it. Threads take consecutive runs.
 template <typename F>
 __device__ int first_reaching(CutShared& sh, int n, unsigned long long base, double target, const F& value,
                               unsigned long long* before) {
-  const int per = (n + kThreads - 1) / kThreads;
+  const int per = (n + block_threads() - 1) / block_threads();
   const int lo = threadIdx.x * per, hi = lo + per < n ? lo + per : n;
   unsigned long long local = 0;
   for (int i = lo; i < hi; ++i) local += value(i);
@@ -185,7 +202,7 @@ __device__ __forceinline__ void rank_candidates(CutShared& sh, int n2) {
   int32_t* id = sh.cand.id;
   for (int size = 2; size <= n2; size <<= 1) {
     for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      for (int i = threadIdx.x; i < n2; i += kThreads) {
+      for (int i = threadIdx.x; i < n2; i += block_threads()) {
         const int j = i ^ stride;
         if (j <= i) continue;
         const bool j_first = key[j] > key[i] || (key[j] == key[i] && id[j] < id[i]);
@@ -203,19 +220,51 @@ __device__ __forceinline__ void rank_candidates(CutShared& sh, int n2) {
   }
 }
 
+// The largest value of first-level bin d (key bits 31-21): finite for the bins of finite values.
+__device__ __forceinline__ float bin_ceiling(uint32_t d) { return key_value((d << 21) | 0x1FFFFFu); }
+
+// The first-level bin (in key order) where the guide's masses relative to `top` reach top_p of
+// theirs, or -1; in sh.hist.mass as fixed point meanwhile. A guess only: the guide's float sums
+// round in the order of the atomics, and a bin of a huge width may underflow them.
+__device__ inline int guided_bin(CutShared& sh, float top, float top_p, int mass_shift) {
+  const int per = kCutBins / block_threads();
+  const double most = static_cast<double>(1ull << 62) / kCutBins;  // the bins' sum stays below 2^62
+  unsigned long long local = 0;
+  for (int d = threadIdx.x * per; d < (threadIdx.x + 1) * per; ++d) {
+    const double m = static_cast<double>(sh.hist.guide[d]) *
+                     exp(static_cast<double>(bin_ceiling(d)) - static_cast<double>(top)) *
+                     static_cast<double>(1ull << mass_shift);
+    const unsigned long long f = m > 0.0 ? (m < most ? static_cast<unsigned long long>(m) : static_cast<unsigned long long>(most)) : 0ull;
+    sh.hist.mass[d] = f;  // NaN (an overflowed bin) reads as 0
+    local += f;
+  }
+  unsigned long long total;
+  block_exclusive_scan(sh, local, &total);  // its barrier orders the writes before the reads below
+  unsigned long long before;
+  const int pos = first_reaching(sh, kCutBins, 0, static_cast<double>(top_p) * static_cast<double>(total),
+                                 [&](int pos) { return sh.hist.mass[kCutBins - 1 - pos]; }, &before);
+  return pos < 0 ? -1 : kCutBins - 1 - pos;
+}
+
 // kept's value when the cut's kept mass is not known without a pass.
 constexpr unsigned long long kMassUnknown = ~0ull;
+
+// ranked_bin's value when cand[0, ranked_n) holds every id the cut keeps, not one bin's.
+constexpr uint32_t kAllRanked = 0xFFFFFFFFu;
 
 // The cut of the smallest prefix of the ranking, among the ids `within` keeps, whose count reaches
 // k (by_mass false) or whose mass reaches top_p of theirs (by_mass true). keep_all() when no prefix
 // reaches it (fewer finite ids than k). Each level is a pass over the row that histograms the next
 // key bits of the ids in the bins chosen so far and chooses the bin where the running sum reaches
 // the target; once that bin holds at most kCutCandidates ids, one more pass gathers them and they
-// are ranked in shared memory. So a cut usually costs 2 passes, at most 4 (3 levels, then an
+// are ranked in shared memory (kGuided: the first pass gathers the guide's bin, so when the cut is
+// in it, one pass in all). So a cut usually costs 2 passes, at most 4 (3 levels, then an
 // ordered pass over more than kCutCandidates ids of one value).
 // first: what the first level finds in sh. feed (top-k followed by top-p): when the cut is found
-// from the first level's gather, that pass also histograms the first level of the top-p cut within
-// it, and leaves the kept ids of the gathered bin ranked (FirstLevel::kFed, ranked_n >= 0).
+// from the first level's gather, that pass gathers the ids of the bins above too where they all fit
+// the buffer, and leaves every kept id ranked (FirstLevel::kRanked: top-p takes no pass); else it
+// histograms the first level of the top-p cut within it and leaves the kept ids of the gathered bin
+// ranked (FirstLevel::kFed). Either way ranked_n >= 0.
 // *kept gets the fixed-point mass of the ids the cut keeps within `within` (the kept sum, so the
 // caller needs no pass for it), or kMassUnknown where the cut was not found by ranked candidates.
 template <typename T>
@@ -223,6 +272,18 @@ __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, co
                                uint32_t k, float top_p, int mass_shift, FirstLevel first, bool feed,
                                unsigned long long* kept) {
   *kept = kMassUnknown;
+  const auto mass_of = [&](uint32_t key) { return fixed_mass(key_value(key) - top, mass_shift); };
+  if (first == FirstLevel::kRanked) {  // by mass: the ranked ids' prefix, no pass
+    const int n = sh.ranked_n;
+    const auto id_mass = [&](int j) { return mass_of(sh.cand.key[j]); };
+    unsigned long long local = 0, total = 0, before_j;
+    for (int x = threadIdx.x; x < n; x += block_threads()) local += id_mass(x);
+    block_exclusive_scan(sh, local, &total);
+    const int j = first_reaching(sh, n, 0, static_cast<double>(top_p) * static_cast<double>(total), id_mass, &before_j);
+    if (j < 0) return within;  // only by rounding
+    *kept = before_j + id_mass(j);
+    return FilterCut{key_value(sh.cand.key[j]), sh.cand.id[j]};
+  }
   uint32_t mask = 0, prefix = 0, count = 0;
   unsigned long long before = 0;
   double target = 0.0;
@@ -231,11 +292,17 @@ __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, co
     key = order_key(a);
     return (key & mask) == prefix;
   };
+  uint32_t guided = 0xFFFFFFFFu;  // kGuided: the first-level bin whose ids the first pass gathers
   for (int level = 0; level < 3; ++level) {
     const int shift = level == 0 ? 21 : (level == 1 ? 10 : 0);
     const uint32_t bins = level == 2 ? 1024u : 2048u;
-    if (level > 0 || first == FirstLevel::kNone) {
-      for (int d = threadIdx.x; d < kCutBins; d += kThreads) {
+    if (level > 0 || first == FirstLevel::kNone || first == FirstLevel::kGuided) {
+      if (level == 0 && first == FirstLevel::kGuided) {
+        const int g = guided_bin(sh, top, top_p, mass_shift);
+        if (g >= 0) guided = static_cast<uint32_t>(g);
+        if (threadIdx.x == 0) sh.n_cand = 0;
+      }
+      for (int d = threadIdx.x; d < kCutBins; d += block_threads()) {
         sh.hist.count[d] = 0;
         sh.hist.mass[d] = 0;
       }
@@ -246,6 +313,13 @@ __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, co
         const uint32_t d = (key >> shift) & (bins - 1);
         atomicAdd(&sh.hist.count[d], 1u);
         if (by_mass) atomicAdd(&sh.hist.mass[d], fixed_mass(key_value(key) - top, mass_shift));  // key_value: a
+        if (level == 0 && d == guided) {  // ranked after, if the cut is in it
+          const uint32_t slot = atomicAdd(&sh.n_cand, 1u);
+          if (slot < static_cast<uint32_t>(kCutCandidates)) {
+            sh.cand.key[slot] = key;
+            sh.cand.id[slot] = static_cast<int32_t>(i);
+          }
+        }
       });
       __syncthreads();
     }
@@ -255,8 +329,8 @@ __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, co
     };
     if (level == 0) {
       unsigned long long local = 0, total = 0;
-      for (int pos = threadIdx.x * (kCutBins / kThreads); pos < (threadIdx.x + 1) * (kCutBins / kThreads); ++pos)
-        local += bin_sum(pos);
+      const int per = kCutBins / block_threads();
+      for (int pos = threadIdx.x * per; pos < (threadIdx.x + 1) * per; ++pos) local += bin_sum(pos);
       block_exclusive_scan(sh, local, &total);
       target = by_mass ? static_cast<double>(top_p) * static_cast<double>(total) : static_cast<double>(k);
     }
@@ -267,38 +341,43 @@ __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, co
     prefix |= d << shift;
     mask |= (bins - 1) << shift;
     const bool ranked = level == 0 && first == FirstLevel::kFed && d == sh.ranked_bin;
+    const bool gathered = level == 0 && d == guided;  // the guide was right
     const bool fed = level == 0 && feed;
+    // fed, and bin d with the bins above it fits the buffer: they are all gathered and ranked
+    const bool whole = fed && before + count <= static_cast<uint32_t>(kCutCandidates);
+    const uint32_t n = whole ? static_cast<uint32_t>(before) + count : count;  // the ids to rank
     __syncthreads();  // the bin is read before a fed histogram is cleared
-    if (ranked || count <= static_cast<uint32_t>(kCutCandidates)) {
-      const auto mass_of = [&](uint32_t key) { return fixed_mass(key_value(key) - top, mass_shift); };
+    if (ranked || n <= static_cast<uint32_t>(kCutCandidates)) {
       unsigned long long above = 0;  // by count: the mass of the ids ranked before the chosen bin
       if (!ranked) {
-        if (threadIdx.x == 0) sh.n_cand = 0;
-        if (fed)
-          for (int b = threadIdx.x; b < kCutBins; b += kThreads) {
-            sh.hist.count[b] = 0;
-            sh.hist.mass[b] = 0;
-          }
-        __syncthreads();
-        r.for_each_any_order([&](int64_t i, float a) {  // the candidates' slots are ranked after
-          if (a == kNegInf) return;
-          const uint32_t key = order_key(a);
-          if (fed && (key >> 21) >= d) {  // these rank within the cut, but those of bin d after it
-            atomicAdd(&sh.hist.count[key >> 21], 1u);
-            atomicAdd(&sh.hist.mass[key >> 21], mass_of(key));
-          }
-          if (!filter_keeps(within, a, static_cast<int32_t>(i))) return;
-          if (!by_mass && (key & mask) > prefix) above += mass_of(key);
-          if ((key & mask) != prefix) return;
-          const uint32_t slot = atomicAdd(&sh.n_cand, 1u);
-          if (slot < static_cast<uint32_t>(kCutCandidates)) {
-            sh.cand.key[slot] = key;
-            sh.cand.id[slot] = static_cast<int32_t>(i);
-          }
-        });
+        if (!gathered) {
+          if (threadIdx.x == 0) sh.n_cand = 0;
+          if (fed && !whole)
+            for (int b = threadIdx.x; b < kCutBins; b += block_threads()) {
+              sh.hist.count[b] = 0;
+              sh.hist.mass[b] = 0;
+            }
+          __syncthreads();
+          r.for_each_any_order([&](int64_t i, float a) {  // the candidates' slots are ranked after
+            if (a == kNegInf) return;
+            const uint32_t key = order_key(a);
+            if (fed && !whole && (key >> 21) >= d) {  // these rank within the cut, but those of bin d after it
+              atomicAdd(&sh.hist.count[key >> 21], 1u);
+              atomicAdd(&sh.hist.mass[key >> 21], mass_of(key));
+            }
+            if (!filter_keeps(within, a, static_cast<int32_t>(i))) return;
+            if (!by_mass && !whole && (key & mask) > prefix) above += mass_of(key);
+            if (whole ? (key >> 21) < d : (key & mask) != prefix) return;
+            const uint32_t slot = atomicAdd(&sh.n_cand, 1u);
+            if (slot < static_cast<uint32_t>(kCutCandidates)) {
+              sh.cand.key[slot] = key;
+              sh.cand.id[slot] = static_cast<int32_t>(i);
+            }
+          });
+        }
         int n2 = 1;
-        while (n2 < static_cast<int>(count)) n2 <<= 1;
-        for (int j = static_cast<int>(count) + threadIdx.x; j < n2; j += kThreads) {  // rank last
+        while (n2 < static_cast<int>(n)) n2 <<= 1;
+        for (int j = static_cast<int>(n) + threadIdx.x; j < n2; j += block_threads()) {  // rank last
           sh.cand.key[j] = 0;
           sh.cand.id[j] = 0x7FFFFFFF;
         }
@@ -307,19 +386,24 @@ __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, co
       }
       const auto id_sum = [&](int j) -> unsigned long long { return by_mass ? mass_of(sh.cand.key[j]) : 1ull; };
       unsigned long long before_j;
-      const int j = first_reaching(sh, static_cast<int>(count), before, target, id_sum, &before_j);
+      const int j = first_reaching(sh, static_cast<int>(n), whole ? 0ull : before, target, id_sum, &before_j);
       const FilterCut cut = j < 0 ? keep_all() : FilterCut{key_value(sh.cand.key[j]), sh.cand.id[j]};
       if (by_mass) {  // before_j: the masses of every id ranked before candidate j, exact integers
         if (j >= 0) *kept = before_j + mass_of(sh.cand.key[j]);
       } else {
-        for (int x = threadIdx.x; x <= j; x += kThreads) above += mass_of(sh.cand.key[x]);
+        for (int x = threadIdx.x; x <= j; x += block_threads()) above += mass_of(sh.cand.key[x]);
         unsigned long long total;
         block_exclusive_scan(sh, above, &total);
         if (j >= 0) *kept = total;
       }
-      if (fed && j >= 0) {  // bin d keeps its ids ranked up to j
+      if (whole) {
+        if (j >= 0 && threadIdx.x == 0) {
+          sh.ranked_bin = kAllRanked;
+          sh.ranked_n = j + 1;
+        }
+      } else if (fed && j >= 0) {  // bin d keeps its ids ranked up to j
         unsigned long long dropped = 0, total = 0;
-        for (int x = j + 1 + threadIdx.x; x < static_cast<int>(count); x += kThreads) dropped += mass_of(sh.cand.key[x]);
+        for (int x = j + 1 + threadIdx.x; x < static_cast<int>(count); x += block_threads()) dropped += mass_of(sh.cand.key[x]);
         block_exclusive_scan(sh, dropped, &total);
         if (threadIdx.x == 0) {
           sh.hist.count[d] = static_cast<uint32_t>(j + 1);
@@ -345,7 +429,8 @@ __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, co
   __syncthreads();
   uint32_t running = 0;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int64_t base = 0; base < r.v; base += kThreads) {
+  XK_ROW_PASS();
+  for (int64_t base = 0; base < r.v; base += block_threads()) {
     const int64_t i = base + threadIdx.x;
     uint32_t key;
     const bool hit = i < r.v && in_bins(i, r.a(i), key);
@@ -356,7 +441,7 @@ __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, co
     for (int w = 0; w < warp; ++w) ahead += sh.warp_counts[w];
     ahead += __popc(ballot & ((1u << lane) - 1u));
     if (hit && ahead + 1 == need) sh.found = static_cast<int32_t>(i);
-    for (int w = 0; w < kWarps; ++w) running += sh.warp_counts[w];
+    for (int w = 0; w < block_threads() / 32; ++w) running += sh.warp_counts[w];
     __syncthreads();
     if (sh.found >= 0) break;
   }
@@ -376,24 +461,34 @@ __device__ __forceinline__ FilterCut with_min_p(const FilterCut& cut, float top,
   return floor > cut.val ? FilterCut{floor, 0x7FFFFFFF} : cut;
 }
 
-// Whether the statistics pass of a row with these parameters counts the ids' top key bits for the
-// top-k cut (count_top_bits), which saves top-k its first pass.
-__device__ __forceinline__ bool counts_top_bits(const RowSampling& rs, int64_t v) { return rs.top_k > 0 && rs.top_k < v; }
+// What the statistics pass of a row notes of the ids' top key bits for its cut: top-k's first-level
+// counts (exact: they do not depend on the row's top), which save top-k its first pass; or, for
+// top-p without a top-k cut, a guide to the first level by mass (each bin's masses relative to its
+// own ceiling, as the top is not known yet), which lets that level's pass gather the bin of the cut.
+enum class TopBits { kNone, kCount, kGuide };
 
-// Zeroes the first level's counts; a __syncthreads must follow before count_top_bits.
-__device__ __forceinline__ void clear_top_bits(CutShared& sh) {
-  for (int d = threadIdx.x; d < kCutBins; d += kThreads) sh.hist.count[d] = 0;
+__device__ __forceinline__ TopBits top_bits(const RowSampling& rs, int64_t v) {
+  if (rs.top_k > 0 && rs.top_k < v) return TopBits::kCount;
+  return rs.top_p < 1.0f ? TopBits::kGuide : TopBits::kNone;
 }
 
-// Counts one scaled logit of the row into the first level (what radix_cut's first pass over the
-// whole row would count for top-k).
-__device__ __forceinline__ void count_top_bits(CutShared& sh, float a) {
-  if (a != kNegInf) atomicAdd(&sh.hist.count[order_key(a) >> 21], 1u);
+// Zeroes the first level's counts and guide; a __syncthreads must follow before observe_top_bits.
+__device__ __forceinline__ void clear_top_bits(CutShared& sh) {
+  for (int d = threadIdx.x; d < kCutBins; d += block_threads()) sh.hist.count[d] = 0;
+}
+
+// Notes one scaled logit of the row in the first level.
+__device__ __forceinline__ void observe_top_bits(CutShared& sh, float a, TopBits bits) {
+  if (bits == TopBits::kNone || a == kNegInf) return;
+  const uint32_t d = order_key(a) >> 21;
+  if (bits == TopBits::kCount)
+    atomicAdd(&sh.hist.count[d], 1u);
+  else
+    atomicAdd(&sh.hist.guide[d], exp_f32(a - bin_ceiling(d)));
 }
 
 // The cut of all three filters (top-k, then top-p within it, then min-p) of a row whose largest
-// scaled logit `top` is finite; the statistics pass has counted the top key bits where
-// counts_top_bits says so. *kept: as radix_cut's, for the ids all three keep (unknown where min-p
+// scaled logit `top` is finite; the statistics pass has noted the top key bits as top_bits says. *kept: as radix_cut's, for the ids all three keep (unknown where min-p
 // moves the cut: its floor is found without a pass, and so is not ranked).
 template <typename T>
 __device__ FilterCut filter_cut(CutShared& sh, const RowView<T>& r, float top, const RowSampling& rs, int mass_shift,
@@ -403,12 +498,17 @@ __device__ FilterCut filter_cut(CutShared& sh, const RowView<T>& r, float top, c
   const bool top_p = rs.top_p < 1.0f;
   if (threadIdx.x == 0) sh.ranked_n = -1;
   __syncthreads();
-  if (counts_top_bits(rs, r.v))
+  const TopBits bits = top_bits(rs, r.v);
+  if (bits == TopBits::kCount)
     cut = radix_cut(sh, r, top, keep_all(), false, static_cast<uint32_t>(rs.top_k), 1.0f, mass_shift,
                     FirstLevel::kCounts, top_p, kept);
-  if (top_p)
-    cut = radix_cut(sh, r, top, cut, true, 0u, rs.top_p, mass_shift,
-                    sh.ranked_n >= 0 ? FirstLevel::kFed : FirstLevel::kNone, false, kept);
+  if (top_p) {
+    const FirstLevel first = bits == TopBits::kGuide ? FirstLevel::kGuided
+                             : sh.ranked_n < 0       ? FirstLevel::kNone
+                             : sh.ranked_bin == kAllRanked ? FirstLevel::kRanked
+                                                           : FirstLevel::kFed;
+    cut = radix_cut(sh, r, top, cut, true, 0u, rs.top_p, mass_shift, first, false, kept);
+  }
   if (rs.min_p > 0.0f) {
     const FilterCut narrowed = with_min_p(cut, top, log_f32(rs.min_p));
     if (narrowed.val != cut.val || narrowed.idx != cut.idx) *kept = kMassUnknown;

@@ -145,18 +145,28 @@ __device__ __forceinline__ void for_each_row_value(const T* row, int64_t v, int6
     on_id(x == excluded ? kNegInf : to_float(row[x]) * scale, static_cast<int32_t>(x));
 }
 
+struct NoObserver {
+  __device__ __forceinline__ void operator()(float) const {}
+};
+
 // The softmax statistics (kGreedy: only s.top) of one thread's share of a row, as read by
-// for_each_row_value.
-template <typename T, bool kGreedy, int kDepth>
+// for_each_row_value; observe(a) sees each value read (tree_verify's walk notes the cut's top key
+// bits in it).
+template <typename T, bool kGreedy, int kDepth, typename Observe = NoObserver>
 __device__ __forceinline__ RowStats thread_row_stats(const T* row, int64_t v, int64_t begin, int64_t end,
                                                      bool vector_ok, float scale, int64_t excluded, int64_t first,
-                                                     int64_t stride) {
+                                                     int64_t stride, const Observe& observe = {}) {
   constexpr int kIds = 16 / sizeof(T);
   RowStats s = stats_empty();
   for_each_row_value<T, kDepth>(
       row, v, begin, end, vector_ok, scale, excluded, first, stride,
-      [&](const float (&a)[kIds], int32_t id) { observe_chunk_in_order<kGreedy>(s, a, id); },
+      [&](const float (&a)[kIds], int32_t id) {
+#pragma unroll
+        for (int k = 0; k < kIds; ++k) observe(a[k]);
+        observe_chunk_in_order<kGreedy>(s, a, id);
+      },
       [&](float a, int32_t id) {
+        observe(a);
         if constexpr (kGreedy)
           argmax_observe(s.top, a, id);
         else

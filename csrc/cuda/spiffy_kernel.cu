@@ -367,7 +367,7 @@ cudaError_t materialize_typed(const SpiffyMaterializeParams& p, void* workspace,
   if (p.l > 0) {  // an empty grid is a launch error
     if (cuts) {
       const cudaError_t err =
-          launch_row_cut(dllm_cut_params(p.logits, p.dtype, p.n * p.l, p.v, p.l, p.s, p.mask_id, cuts), stream);
+          launch_row_cut(dllm_cut_params(p.logits, p.dtype, p.n * p.l, p.v, p.l, p.s, p.mask_id, cuts, p.block), stream);
       if (err != cudaSuccess) return err;
     }
     // The tempered sum's pass wherever a sequence may score at a scale other than 1 or filter.
@@ -402,10 +402,10 @@ cudaError_t accept_typed(const SpiffyAcceptParams& p, void* workspace, cudaStrea
   if (p.rule.filtered) {
     const int64_t mask = p.rule.mask_id;
     cudaError_t err = launch_row_cut(
-        dllm_cut_params(p.root_logits, p.dtype, p.n * p.l, p.v, p.l, p.rule.s, mask, ws.root_cuts), stream);
+        dllm_cut_params(p.root_logits, p.dtype, p.n * p.l, p.v, p.l, p.rule.s, mask, ws.root_cuts, nullptr), stream);
     if (err == cudaSuccess)
       err = launch_row_cut(
-          dllm_cut_params(p.draft_logits, p.dtype, p.n * p.k * p.l, p.v, p.k * p.l, p.rule.s, mask, ws.draft_cuts),
+          dllm_cut_params(p.draft_logits, p.dtype, p.n * p.k * p.l, p.v, p.k * p.l, p.rule.s, mask, ws.draft_cuts, nullptr),
           stream);
     if (err != cudaSuccess) return err;
   }

@@ -10,8 +10,10 @@
 //                       order, and with draft_probs the block sums the residual (read-only, from the
 //                       row and q) when a test needs it. Only visited rows are read. At T > 0 two
 //                       more launches draw the token at the stop node (Gumbel-max, each row split
-//                       over many blocks) and merge. With filters a cut pass (launch_row_cut) first
-//                       finds every node row's cut; the walk and the draw read p' through it.
+//                       over many blocks) and merge. With filters the walk finds the cut of each
+//                       row it visits (row_filter.cuh, after that row's statistics pass, which
+//                       notes the row's top key bits for it) and leaves it for the draw; the walk
+//                       and the draw read p' through it.
 //  compact_kv_:         a block per (sequence, head) moves the accepted entries in path order.
 // Values the host cannot check without a sync (parents, num_nodes, token ids, path) are handled
 // memory-safely: an invalid parent ends a walk, a child whose token lies outside [0, V) is never
@@ -20,7 +22,7 @@
 
 #include "device_utils.cuh"
 #include "per_device.h"
-#include "row_cut_launch.h"
+#include "row_filter.cuh"
 #include "row_reduce.cuh"
 #include "tree_launch.h"
 #include "xkernels/tree.h"
@@ -221,7 +223,7 @@ struct StopJob {
 struct VerifyWorkspace {
   int32_t* kids;      // [n, m] the children of the node being tested
   int32_t* rejected;  // [n, m] tokens rejected at it (with draft_probs each once)
-  FilterCut* cuts;    // [n, m] every node row's cut (launch_row_cut), or null: no filter
+  FilterCut* cuts;    // [n, m] the cuts of the visited rows (the walk's), or null: no filter
   StopJob* jobs;      // [n]
   ArgMax* slices;     // [n, sample_slices]: each slice's Gumbel-max
   int sample_slices;
@@ -295,7 +297,13 @@ __device__ __forceinline__ void stop_weights(const float (&a)[4], int64_t g, int
 // into shared memory asynchronously (cp.async), which holds no registers: 64 KB of the row and
 // 128 KB of q in flight a block at 16-bit logits (64 KB of q at float32), where the device lets a
 // block have that much shared memory (q_stage_depth). XKERNELS_PTXAS_VERBOSE=1 shows the registers.
-constexpr int kVerifyThreads = 512;
+// A walk that cuts its rows (kFilter) runs 256 threads: the selection (row_filter.cuh) needs more
+// registers than 512 threads leave (128 a thread: ptxas spilled, inlined or called), and fits the
+// 255 of 256 threads without a spill beside the walk (sm_90a), which then keeps half the bytes in
+// flight.
+constexpr int kVerifyThreads = 512, kFilteredVerifyThreads = 256;
+template <bool kFilter>
+constexpr int kVerifyBlock = kFilter ? kFilteredVerifyThreads : kVerifyThreads;
 template <bool kDraft>
 constexpr int kRowDepth = kDraft ? 8 : 16;
 
@@ -303,43 +311,50 @@ constexpr int kRowDepth = kDraft ? 8 : 16;
 // shared memory (336 bytes, ptxas) and a margin.
 constexpr size_t kStaticSmemReserve = 1024;
 
+// The dynamic shared memory of the selection's state, ahead of the q stage (16-byte aligned).
+__host__ __device__ constexpr size_t cut_smem_bytes() { return (sizeof(CutShared) + 15) / 16 * 16; }
+
 // The chunks a thread of the draft kernel reads at once in the passes that read q (at most
-// kRowDepth<true>, at least 1): as many as the block's q stage (16 bytes a thread per 4 ids of a
-// chunk) fits in the shared memory the device allows (max_smem; 0: 48 KB). 8 on an H100/H200
-// (227 KB) and A100 (163 KB); 6 at 16-bit logits on parts with 99 KB.
+// kRowDepth<true>): as many as the block's q stage (16 bytes a thread per 4 ids of a chunk) fits in
+// the shared memory the device allows (max_smem; 0: 48 KB) beside the cut's state with filters. 8
+// on an H100/H200 (227 KB) and A100 (163 KB), filtered or not; at 16-bit logits 6 on parts with
+// 99 KB (7 filtered, at half the threads). At least 1 unfiltered; filtered 0 where the cut's
+// state leaves no room for a chunk (48 KB at 16-bit logits).
 int q_stage_depth(const TreeVerifyParams& p) {
   const size_t limit = p.max_smem > 0 ? static_cast<size_t>(p.max_smem) : 48 * 1024;
+  const size_t reserve = kStaticSmemReserve + (p.filtered ? cut_smem_bytes() : 0);
   const size_t ids = p.dtype == LogitsType::kFloat32 ? 4 : 8;  // a chunk's: 16 bytes of logits
-  const size_t chunk = sizeof(float) * ids * kVerifyThreads;
-  const size_t fit = limit > kStaticSmemReserve ? (limit - kStaticSmemReserve) / chunk : 0;
-  return static_cast<int>(fit < 1 ? 1 : fit > kRowDepth<true> ? kRowDepth<true> : fit);
+  const size_t chunk = sizeof(float) * ids * (p.filtered ? kFilteredVerifyThreads : kVerifyThreads);
+  const size_t fit = limit > reserve ? (limit - reserve) / chunk : 0;
+  const size_t least = p.filtered ? 0 : 1;
+  return static_cast<int>(fit < least ? least : fit > kRowDepth<true> ? kRowDepth<true> : fit);
 }
 
-// A row of logits and its row of q read side by side by the block, each thread's ids in increasing
-// order: when vector_ok (both rows start 16-byte aligned and hold whole chunks) chunks of kIds ids,
-// thread t taking chunks t, t + 512, ... (as thread_row_stats reads the row alone), `depth`
+// A row of logits and its row of q read side by side by the block (of kBlock threads), each thread's
+// ids in increasing order: when vector_ok (both rows start 16-byte aligned and hold whole chunks)
+// chunks of kIds ids, thread t taking chunks t, t + kBlock, ... (as thread_row_stats reads the row alone), `depth`
 // (q_stage_depth) a round: their 16-byte loads of the row into registers and their kIds / 4 float4
 // of q into `stage` (depth * kIds floats a thread of shared memory), each chunk then to
 // on_chunk(a[kIds], q[kIds], first id); otherwise every id to on_id(a, q, id). a: the logits times
 // scale.
-template <typename T, typename OnChunk, typename OnId>
+template <int kBlock, typename T, typename OnChunk, typename OnId>
 __device__ __forceinline__ void for_each_row_and_q(const T* row, const float* q, int64_t v, bool vector_ok,
                                                    float scale, float4* stage, int depth, OnChunk&& on_chunk,
                                                    OnId&& on_id) {
   constexpr int kIds = 16 / sizeof(T), kQuads = kIds / 4;
   // Where chunk c's q lands: its round slot's kQuads float4s, consecutive threads at consecutive
-  // float4s (no bank conflicts). Thread t's chunks of a round are t + 512 u, u < depth.
+  // float4s (no bank conflicts). Thread t's chunks of a round are t + kBlock u, u < depth.
   const auto staged = [&](int64_t c) {
-    return stage + static_cast<int>(c / kVerifyThreads) % depth * kQuads * kVerifyThreads + threadIdx.x;
+    return stage + static_cast<int>(c / kBlock) % depth * kQuads * kBlock + threadIdx.x;
   };
   const int64_t whole = vector_ok ? v / kIds : 0;
   for_each_batched<kRowDepth<true>>(
-      threadIdx.x, whole, kVerifyThreads, depth,
+      threadIdx.x, whole, kBlock, depth,
       [&](int64_t c) {
         float4* at = staged(c);
 #pragma unroll
         for (int j = 0; j < kQuads; ++j)
-          __pipeline_memcpy_async(at + j * kVerifyThreads, reinterpret_cast<const float4*>(q) + kQuads * c + j,
+          __pipeline_memcpy_async(at + j * kBlock, reinterpret_cast<const float4*>(q) + kQuads * c + j,
                                   sizeof(float4));
         return reinterpret_cast<const uint4*>(row)[c];
       },
@@ -352,24 +367,24 @@ __device__ __forceinline__ void for_each_row_and_q(const T* row, const float* q,
         const float4* at = staged(c);
 #pragma unroll
         for (int j = 0; j < kQuads; ++j) {
-          const float4 y = at[j * kVerifyThreads];
+          const float4 y = at[j * kBlock];
           qs[4 * j] = y.x, qs[4 * j + 1] = y.y, qs[4 * j + 2] = y.z, qs[4 * j + 3] = y.w;
         }
         on_chunk(a, qs, static_cast<int32_t>(kIds * c));
       });
-  for (int64_t i = kIds * whole + threadIdx.x; i < v; i += kVerifyThreads)
+  for (int64_t i = kIds * whole + threadIdx.x; i < v; i += kBlock)
     on_id(scaled(row, i, scale), q[i], static_cast<int32_t>(i));
 }
 
 // The residual's sum, sum_i max(e_i - coef q_i, 0) with e_i = exp(a_i - max) from the row (at
 // thread 0): read-only, from the logits and q, nothing stored.
-template <typename T>
+template <int kBlock, typename T>
 __device__ __forceinline__ float residual_sum(const T* row, const float* q, int64_t v, bool vector_ok, float scale,
                                               float4* stage, int depth, float top_log2, TreeCoef coef,
                                               const FilterCut& cut) {
   constexpr int kIds = 16 / sizeof(T);
   float total = 0.0f;
-  for_each_row_and_q(
+  for_each_row_and_q<kBlock>(
       row, q, v, vector_ok, scale, stage, depth,
       [&](const float (&a)[kIds], const float (&qs)[kIds], int32_t id) {
         float add = 0.0f;
@@ -381,55 +396,63 @@ __device__ __forceinline__ float residual_sum(const T* row, const float* q, int6
       [&](float a, float qx, int32_t id) {
         total += tree_residual_weight(softmax_weight(kept(cut, a, id), top_log2), qx, coef);
       });
-  return block_sum<kVerifyThreads>(total);
+  return block_sum<kBlock>(total);
 }
 
 // One thread's share of a row's softmax statistics (exactly thread_row_stats's) and of q's sum, in
 // one pass over both rows: q's sum, needed at a node with children, rides on the row's pass.
-template <typename T>
+// observe(a): each scaled logit, as read (the cut's top key bits).
+template <int kBlock, typename T, typename Observe>
 __device__ __forceinline__ RowStats thread_row_stats_and_q_sum(const T* row, const float* q, int64_t v,
                                                                bool vector_ok, float scale, float4* stage, int depth,
-                                                               const FilterCut& cut, float& zq) {
+                                                               float& zq, const Observe& observe) {
   constexpr int kIds = 16 / sizeof(T);
   RowStats s = stats_empty();
-  for_each_row_and_q(
+  for_each_row_and_q<kBlock>(
       row, q, v, vector_ok, scale, stage, depth,
       [&](const float (&a)[kIds], const float (&qs)[kIds], int32_t id) {
-        float b[kIds];
 #pragma unroll
-        for (int k = 0; k < kIds; ++k) b[k] = a[k];
-        keep_chunk(cut, b, id);
-        observe_chunk_in_order<false>(s, b, id);
+        for (int k = 0; k < kIds; ++k) observe(a[k]);
+        observe_chunk_in_order<false>(s, a, id);
         float add = 0.0f;
 #pragma unroll
         for (int k = 0; k < kIds; k += 4) add += (qs[k] + qs[k + 1]) + (qs[k + 2] + qs[k + 3]);
         zq += add;
       },
       [&](float a, float qx, int32_t id) {
-        stats_observe(s, kept(cut, a, id), id);
+        observe(a);
+        stats_observe(s, a, id);
         zq += qx;
       });
   return s;
 }
 
-// One thread's share of the softmax statistics of a row filtered by `cut` (thread_row_stats's
-// pass, the dropped ids as -inf).
-template <typename T, int kDepth>
-__device__ __forceinline__ RowStats thread_filtered_row_stats(const T* row, int64_t v, int64_t chunks, bool vector_ok,
-                                                              float scale, const FilterCut& cut) {
-  constexpr int kIds = 16 / sizeof(T);
-  RowStats s = stats_empty();
-  for_each_row_value<T, kDepth>(
-      row, v, 0, chunks, vector_ok, scale, -1, threadIdx.x, kVerifyThreads,
-      [&](const float (&a)[kIds], int32_t id) {
-        float b[kIds];
-#pragma unroll
-        for (int k = 0; k < kIds; ++k) b[k] = a[k];
-        keep_chunk(cut, b, id);
-        observe_chunk_in_order<false>(s, b, id);
-      },
-      [&](float a, int32_t id) { stats_observe(s, kept(cut, a, id), id); });
-  return s;
+struct VisitedCut {
+  FilterCut cut;
+  RowStats stats;  // of the filtered row p' (at thread 0)
+};
+
+// The cut of a visited row (row_filter.cuh) whose statistics pass noted its top key bits in cs, and
+// the filtered row's statistics: the kept ids' sum from the selection, or a pass where it is not
+// known. The filtered walk's (kFilteredVerifyThreads threads).
+template <typename T>
+__device__ __forceinline__ VisitedCut cut_visited_row(CutShared& cs, const T* row, int64_t v, float scale, RowSampling rs,
+                                                   RowStats s) {
+  const RowView<T> r{row, v, scale};
+  const int mass_shift = cut_mass_shift(v);
+  unsigned long long kept;
+  const FilterCut c = filter_cut(cs, r, s.top.val, rs, mass_shift, &kept);
+  float sum;
+  if (kept != kMassUnknown) {
+    sum = static_cast<float>(static_cast<double>(kept) / static_cast<double>(1ull << mass_shift));
+  } else {
+    sum = 0.0f;
+    r.for_each_in_order([&](int64_t i, float a) {
+      if (a != kNegInf && filter_keeps(c, a, static_cast<int32_t>(i))) sum += exp_f32(a - s.top.val);
+    });
+    sum = block_sum<kFilteredVerifyThreads>(sum);
+  }
+  return VisitedCut{c, RowStats{s.top, sum}};
 }
 
 // Warp 0 tests the children of `node` in node order, 32 candidate nodes a round: at a point mass,
@@ -500,15 +523,21 @@ __device__ __forceinline__ void list_children(NodeState& sh, const int64_t* pare
 }
 
 // vector_ok: rows of logits (and of q) start 16-byte aligned, so whole chunks load as vectors.
-// kDraft: p.q is set (the residual passes are compiled only then).
-template <typename T, bool kDraft>
-__global__ void __launch_bounds__(kVerifyThreads, 1)
+// kDraft: p.q is set (the residual passes are compiled only then). kFilter: w.cuts is set, some
+// sequence may filter (the selection is compiled only then).
+template <typename T, bool kDraft, bool kFilter>
+__global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
     tree_verify_kernel(TreeVerifyParams p, VerifyWorkspace w, bool vector_ok) {
-  constexpr int kBlock = kVerifyThreads;
+  constexpr int kBlock = kVerifyBlock<kFilter>;
   constexpr int kIds = 16 / sizeof(T);
   __shared__ NodeState sh;
-  extern __shared__ __align__(16) float4 q_stage[];  // the draft kernel's: w.q_depth chunks a thread
+  // kFilter: the selection's state (cut_smem_bytes), then the draft kernel's q stage (w.q_depth
+  // chunks a thread).
+  extern __shared__ __align__(16) float4 verify_smem[];
+  CutShared* cs = reinterpret_cast<CutShared*>(verify_smem);
+  float4* q_stage = verify_smem + (kFilter ? cut_smem_bytes() / sizeof(float4) : 0);
   __shared__ RowStream st;  // thread 0's, kept out of the registers of the row passes
+  __shared__ FilterCut visited_cut;  // the visited row's
   const int64_t n = blockIdx.x, m = p.m, v = p.v;
   const int64_t count = node_count(p.num_nodes, n, m);
   const int64_t* tokens = p.tokens + n * m;
@@ -516,12 +545,22 @@ __global__ void __launch_bounds__(kVerifyThreads, 1)
   int32_t* kids = w.kids + n * m;
   int32_t* rejected = w.rejected + n * m;
   if (threadIdx.x == 0) st = p.s.stream(n);
-  const float inv_t = p.s.row(n).inv_t;
+  const RowSampling rs = p.s.row(n);
+  const float inv_t = rs.inv_t;
   const bool greedy = inv_t == 0.0f;  // a greedy row of the draft kernel reads no q
   const float scale = greedy ? 1.0f : inv_t;
+  const bool filtering = kFilter && !greedy && filters_active(rs, v);  // the same for the whole block
+  const TopBits bits = filtering ? top_bits(rs, v) : TopBits::kNone;
+  const auto note = [&](float a) {  // the statistics pass's share of the cut
+    if (bits != TopBits::kNone) observe_top_bits(*cs, a, bits);
+  };
   int64_t node = 0, acc = 0;
   for (;;) {
     const T* row = static_cast<const T*>(p.logits) + (n * m + node) * v;
+    if (bits != TopBits::kNone) {
+      clear_top_bits(*cs);
+      __syncthreads();
+    }
     if (kDraft) {
       // The children first (they depend on the parents alone): q's sum is needed only at a node
       // with children, and then rides on the row's pass.
@@ -530,24 +569,38 @@ __global__ void __launch_bounds__(kVerifyThreads, 1)
       __syncthreads();
     }
     const bool with_q = kDraft && !greedy && sh.kids > 0;  // read before block_merge's barrier, then rewritten
-    const FilterCut cut = node_cut(greedy ? nullptr : w.cuts, n * m + node);
     // One block reads the row, 128 KB in flight (64 KB with draft_probs, and 128 KB of q beside it
-    // at a node with children): 64 blocks then keep 4-12 MB in flight, about HBM's bandwidth times
-    // its latency or more.
+    // at a node with children; half of each in a filtered walk's 256 threads): 64 blocks then keep
+    // 4-12 MB in flight, about HBM's bandwidth times its latency or more.
     const int64_t chunks = (v + kIds - 1) / kIds;
     float zq = 0.0f;
     RowStats s =
         greedy ? thread_row_stats<T, true, kRowDepth<kDraft>>(row, v, 0, chunks, vector_ok, 1.0f, -1, threadIdx.x,
                                                               kBlock)
-        : with_q ? thread_row_stats_and_q_sum(row, sh.q, v, vector_ok, scale, q_stage, w.q_depth, cut, zq)
-                 : thread_filtered_row_stats<T, kRowDepth<kDraft>>(row, v, chunks, vector_ok, scale, cut);
+        : with_q ? thread_row_stats_and_q_sum<kBlock>(row, sh.q, v, vector_ok, scale, q_stage, w.q_depth, zq, note)
+                 : thread_row_stats<T, false, kRowDepth<kDraft>>(row, v, 0, chunks, vector_ok, scale, -1, threadIdx.x,
+                                                                 kBlock, note);
     s = block_merge<kBlock>(s, stats_empty());
     if (with_q) zq = block_sum<kBlock>(zq);  // block_merge's buffer is another: no barrier between
-    if (threadIdx.x == 0)
+    if (threadIdx.x == 0) {
+      sh.stats = s;
+      visited_cut = keep_all();
+    }
+    __syncthreads();
+    if constexpr (kFilter) {
+      if (filtering && !stats_degenerate(sh.stats)) {  // the row's cut, and p' = its filtered row's statistics
+        const VisitedCut c = cut_visited_row(*cs, row, v, scale, rs, sh.stats);
+        if (threadIdx.x == 0) s = c.stats, visited_cut = c.cut;
+      }
+    }
+    if (threadIdx.x == 0) {
+      if (kFilter) w.cuts[n * m + node] = visited_cut;  // for the draw at the stop node
       sh = NodeState{s, kDraft ? sh.q : nullptr, tree_residual_start(s.sum, zq), -1, kDraft ? sh.kids : 0, 0, -1,
                      false, false};
+    }
     __syncthreads();
     s = sh.stats;
+    const FilterCut cut = visited_cut;
     const bool point_mass = greedy || stats_degenerate(s);
     const float top_log2 = s.top.val * kLog2e;
     if (point_mass || !kDraft) {
@@ -569,7 +622,7 @@ __global__ void __launch_bounds__(kVerifyThreads, 1)
         __syncthreads();
         if (sh.x < 0) continue;  // a token outside [0, V): never accepted, no residual step
         if (sh.pass) {
-          const float total = residual_sum(row, sh.q, v, vector_ok, scale, q_stage, w.q_depth, top_log2,
+          const float total = residual_sum<kBlock>(row, sh.q, v, vector_ok, scale, q_stage, w.q_depth, top_log2,
                                            tree_coef(sh.res.coef), cut);
           if (threadIdx.x == 0) {
             sh.res.sum = total;
@@ -743,27 +796,41 @@ __global__ void compact_kv_kernel(CompactKvParams p) {
 
 size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
 
+// The walk's launch: dynamic shared memory for the cut's state (kFilter) and the q stage (kDraft).
+template <typename T, bool kDraft, bool kFilter>
+cudaError_t launch_walk(const TreeVerifyParams& p, const VerifyWorkspace& w, bool vector_ok, cudaStream_t stream) {
+  constexpr int kBlock = kVerifyBlock<kFilter>;
+  const size_t stage = kDraft ? sizeof(float) * (16 / sizeof(T)) * kBlock * w.q_depth : 0;
+  const size_t smem = (kFilter ? cut_smem_bytes() : 0) + stage;
+  if (kDraft) {
+    // Above 48 KB of dynamic shared memory a kernel must opt in: once a device, to the device's limit.
+    static PerDevice opted_in;
+    const cudaError_t err = opt_in_max_dynamic_smem(opted_in, tree_verify_kernel<T, kDraft, kFilter>);
+    if (err != cudaSuccess) return err;
+  }
+  tree_verify_kernel<T, kDraft, kFilter><<<p.n, kBlock, smem, stream>>>(p, w, vector_ok);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_walks(const TreeVerifyParams& p, const VerifyWorkspace& w, bool vector_ok, cudaStream_t stream) {
+  if (p.q && p.may_sample) {  // at T = 0 draft_probs play no part
+    if (w.q_depth < 1) return cudaErrorInvalidConfiguration;  // the cut's state and one chunk do not fit
+    if (w.cuts) return launch_walk<T, true, true>(p, w, vector_ok, stream);
+    return launch_walk<T, true, false>(p, w, vector_ok, stream);
+  }
+  if (w.cuts) return launch_walk<T, false, true>(p, w, vector_ok, stream);
+  return launch_walk<T, false, false>(p, w, vector_ok, stream);
+}
+
 template <typename T>
 cudaError_t launch_verify_typed(const TreeVerifyParams& p, const VerifyWorkspace& w, cudaStream_t stream) {
   // Rows of logits and q start 16-byte aligned.
   const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && p.v % 4 == 0 &&
                          reinterpret_cast<uintptr_t>(p.logits) % 16 == 0 &&
                          (p.q == nullptr || reinterpret_cast<uintptr_t>(p.q) % 16 == 0);
-  if (p.filtered) {
-    const RowCutParams c{p.logits, p.dtype, p.n * p.m, p.v, p.v, p.m, p.s, w.cuts};
-    const cudaError_t err = launch_row_cut(c, stream);
-    if (err != cudaSuccess) return err;
-  }
-  if (p.q && p.may_sample) {  // at T = 0 draft_probs play no part
-    // Above 48 KB of dynamic shared memory a kernel must opt in: once a device, to the device's limit.
-    const size_t stage = sizeof(float) * (16 / sizeof(T)) * kVerifyThreads * w.q_depth;
-    static PerDevice opted_in;
-    const cudaError_t err = opt_in_max_dynamic_smem(opted_in, tree_verify_kernel<T, true>);
-    if (err != cudaSuccess) return err;
-    tree_verify_kernel<T, true><<<p.n, kVerifyThreads, stage, stream>>>(p, w, vector_ok);
-  } else {
-    tree_verify_kernel<T, false><<<p.n, kVerifyThreads, 0, stream>>>(p, w, vector_ok);
-  }
+  const cudaError_t err = launch_walks<T>(p, w, vector_ok, stream);
+  if (err != cudaSuccess) return err;
   if (p.may_sample) {  // greedy walks write every token themselves
     if (p.q)
       tree_sample_kernel<T, true><<<p.n * w.sample_slices, kThreads, 0, stream>>>(p, w, vector_ok);

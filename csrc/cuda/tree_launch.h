@@ -36,8 +36,8 @@ struct TreeMaskParams {
 cudaError_t launch_tree_mask(const TreeMaskParams& p, cudaStream_t stream);
 
 // tree_verify: sequence n reads its parameters and stream from s (s.row(n), s.stream(n); node i
-// owns slot i); with filters a cut pass (row_cut_launch.h) first writes every node row's cut into
-// the workspace.
+// owns slot i); with filters the walk finds the cut of each row it visits (row_filter.cuh) and
+// leaves it in the workspace for the draw.
 struct TreeVerifyParams {
   const int64_t *tokens, *parents, *num_nodes;  // [n, m], [n, m], [n] or null
   const void* logits;                           // [n, m, v]
@@ -47,7 +47,7 @@ struct TreeVerifyParams {
   int64_t n, m, v;
   SamplingView s;
   bool may_sample;  // some row may have T > 0 (else every walk is greedy: no sampling passes)
-  bool filtered;    // some row may filter (top_k, top_p, min_p): the cut pass runs
+  bool filtered;    // some row may filter (top_k, top_p, min_p): the walk cuts the rows it visits
   int64_t *accept_len, *path, *out_tokens;  // [n], [n, m], [n, m]
   int num_sms;                              // sizes the split of the sampling pass
   int max_smem;  // shared memory a block may opt into (bytes; 0: 48 KB): sizes the draft passes' q stage

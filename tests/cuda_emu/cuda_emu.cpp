@@ -130,6 +130,7 @@ struct Emu {
   std::map<const void*, int> max_dynamic_smem;
   std::set<const void*> non_portable_cluster;
   std::set<std::string> launched;  // kernel names that have run
+  uint64_t row_passes = 0;  // count_row_pass's, since take_row_passes
   int threads = 0;  // of a block; fibers[blocks * threads..] are spare
   int blocks = 1;   // of the running cluster; the fibers of block `slot` are [slot * threads, (slot + 1) * threads)
   dim3 cluster;
@@ -578,6 +579,17 @@ std::string take_violation() {
   std::string v;
   v.swap(emu().first_violation);
   return v;
+}
+
+void count_row_pass() {
+  const Coords& c = coords();
+  if (c.thread_idx.x == 0 && c.thread_idx.y == 0 && c.thread_idx.z == 0) ++emu().row_passes;
+}
+
+uint64_t take_row_passes() {
+  const uint64_t n = emu().row_passes;
+  emu().row_passes = 0;
+  return n;
 }
 
 }  // namespace xk_emu

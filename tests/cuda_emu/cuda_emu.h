@@ -106,6 +106,11 @@ void set_non_portable_cluster_size(const void* kernel, bool allowed);
 // empty if none.
 std::string take_violation();
 
+// The passes over a row the kernels started (row_filter.cuh's XK_ROW_PASS, counted once a block)
+// since the last call, which clears them: the tests of the pass counts bench/floors.md states.
+void count_row_pass();
+uint64_t take_row_passes();
+
 template <typename T>
 T* dynamic_smem() {
   return static_cast<T*>(dynamic_smem_base());
@@ -424,3 +429,5 @@ inline __half __float2half(float f) {
   std::memcpy(&out.bits, &h, 2);
   return out;
 }
+
+#define XK_ROW_PASS() ::xk_emu::count_row_pass()

@@ -78,6 +78,11 @@ class CudaEmu:
         self.lib.xk_emu_chain_verify.restype = ctypes.c_int
         self.lib.xk_emu_refine.restype = ctypes.c_int
 
+    def take_row_passes(self):
+        """The passes over a row the kernels started since the last call (XK_ROW_PASS, once a block)."""
+        self.lib.xk_emu_take_row_passes.restype = ctypes.c_uint64
+        return self.lib.xk_emu_take_row_passes()
+
     def _check(self, rc, message):
         text = message.value.decode()
         if rc == -1:

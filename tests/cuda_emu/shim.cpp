@@ -494,6 +494,9 @@ void xk_emu_gumbel_gate_check(const float* w, const float* best, const uint32_t*
   }
 }
 
+// The passes over a row since the last call (xk_emu::take_row_passes).
+uint64_t xk_emu_take_row_passes() { return xk_emu::take_row_passes(); }
+
 // The kernels that have run a block so far, comma-separated, into buffer.
 void xk_emu_launched_kernels(char* buffer, size_t len) {
   std::snprintf(buffer, len, "%s", xk_emu::launched_kernels().c_str());

@@ -106,3 +106,22 @@ def test_empty_batch(emu):
     out, emitted, lp = emu.chain_verify_ragged(torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64),
                                                torch.empty(0, 8), 2, temperature=1.0)
     assert out.shape == (0, 3) and emitted.shape == (0,)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pass_counts(emu, dtype):
+    """The passes over a row bench/floors.md states, for requests of no drafts (one row each, and
+    its sample): the statistics pass, which also counts top-k's first level or guides top-p's;
+    one gather for the cut (top-k + top-p: one for both); the kept sum where min-p moves the cut;
+    the sample."""
+    g = torch.Generator().manual_seed(8)
+    logits = (torch.randn(1, 20011, generator=g) * 3).to(dtype)
+    none = torch.empty(0, dtype=torch.int64)
+    cases = [(dict(temperature=0.0, top_k=50), 1), (dict(temperature=1.0), 2), (dict(temperature=1.0, top_k=50), 3),
+             (dict(temperature=1.0, top_p=0.9), 3), (dict(temperature=0.5, top_k=50, top_p=0.9), 3),
+             (dict(temperature=1.0, top_k=1000, top_p=0.9), 3), (dict(temperature=1.0, min_p=0.1), 3)]
+    for params, want in cases:
+        emu.take_row_passes()
+        got = emu.chain_verify_ragged(none, torch.tensor([0]), logits, 0, seed=3, **params)
+        assert emu.take_row_passes() == want, params
+        _check(got, ref_chain.chain_verify_ragged(none, torch.tensor([0]), logits, 0, seed=3, **params))

@@ -87,3 +87,24 @@ def test_per_sequence_parameters_and_streams(emu, dtype, v, per_request):
                                 offset=torch.tensor([4]))
     want = reference.dllm_step(logits, block, MASK, 2, None, 0.7, 9, 4)
     assert torch.equal(one_element[2], want[2])  # one-element tensors: the scalar form, read on the device
+
+
+def test_the_cut_pass_reads_only_masked_rows(emu):
+    """launch_row_cut before the slices reads a masked, filtered row twice (its top, which counts
+    top-k's first level or guides top-p's; then the selection's gather) and the other rows not at
+    all (the emulation's count of row passes; the slices kernel's own reads are not counted)."""
+    n, length, v = 4, 6, 3001
+    logits, block = step_case(n, length, v, torch.float32, seed=9)
+    logits = logits * 3
+    params = dict(temperature=torch.tensor([1.0, 0.8, 0.0, 1.0]), top_k=torch.tensor([50, 0, 5, 20]),
+                  top_p=torch.tensor([1.0, 0.9, 1.0, 0.8]), min_p=torch.zeros(4), seed=torch.arange(4),
+                  offset=torch.zeros(4, dtype=torch.int64))
+    emu.take_row_passes()
+    got = emu.dllm_step(logits, block, MASK, 2, None, **params)
+    passes = emu.take_row_passes()
+    want = reference.dllm_step(logits, block, MASK, 2, None, **params)
+    for a, b in zip(got[:3], want[:3]):
+        assert torch.equal(a, b)
+    masked = (block == MASK).sum(1)
+    assert 0 < masked.sum() < n * length
+    assert passes == 2 * int(masked[[0, 1, 3]].sum())  # sequence 2 is greedy: no cut

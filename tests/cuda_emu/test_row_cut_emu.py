@@ -127,3 +127,33 @@ def test_bins_over_the_candidate_buffer(emu):
     params = [(1.0, 2000, 1.0, 0.0), (1.0, 0, 0.9, 0.0), (1.0, 3000, 0.95, 0.0), (1.0, 3100, 1.0, 0.0)]
     cut_val, cut_idx = _run(emu, equal.repeat(len(params), 1), params)
     assert (cut_val[0].item(), cut_idx[0].item()) == (0.0, 100 + 1899)
+
+
+def _passes(emu, logits, params):
+    emu.take_row_passes()
+    _run(emu, logits, params)
+    return emu.take_row_passes()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pass_counts(emu, dtype):
+    """The passes over a row bench/floors.md states for launch_row_cut: the top's read, which also
+    counts top-k's first level or guides top-p's; then one pass that gathers the cut's bin (top-k's
+    takes the ids above it too, when they fit, so top-p within top-k needs none); min-p none."""
+    g = torch.Generator().manual_seed(5)
+    logits = (torch.randn(1, 20011, generator=g) * 3).to(dtype)
+    cases = [((1.0, 50, 1.0, 0.0), 2), ((1.0, 0, 0.9, 0.0), 2), ((0.5, 0, 0.5, 0.0), 2), ((1.0, 50, 0.9, 0.0), 2),
+             ((1.0, 1000, 0.9, 0.0), 2), ((1.0, 0, 1.0, 0.1), 1), ((1.0, 0, 0.9, 0.1), 2), ((1.0, 0, 1.0, 0.0), 0),
+             ((0.0, 50, 0.9, 0.0), 0),
+             ((1.0, 3000, 0.9, 0.0), 3)]  # the 3,000 ids do not fit the buffer: top-p takes a gather of its own
+    for params, want in cases:
+        assert _passes(emu, logits, [params]) == want, params
+
+
+def test_a_wrong_guide_costs_a_pass_not_the_cut(emu):
+    """Top-p's guide underflows in a bin 1,024 wide (values near 4,100): the guided pass finds the
+    cut outside the bin it gathered, and the cut is still exact, one gather later."""
+    g = torch.Generator().manual_seed(6)
+    logits = torch.randn(2, 3000, generator=g)
+    logits[:, 7], logits[:, 9] = 4100.0, 4099.5
+    assert _passes(emu, logits, [(1.0, 0, 0.9, 0.0), (1.0, 0, 0.5, 0.0)]) == 2 * 3

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from xkernels import reference
+from tests.cuda_emu.emu import LaunchError
 from tests.test_tree import far_below_case, random_tree, sampled_edge_case, topk_case, verify_case
 
 
@@ -284,3 +285,45 @@ def test_tree_verify_unchecked_sampling_values_stay_memory_safe(emu):
         assert ((out >= -1) & (out < 40)).all() and ((path >= -1) & (path < 9)).all()
         greedy = reference.tree_verify(tokens[:3], parents[:3], logits[:3], qq, True)
         assert torch.equal(out[:3], greedy[2])
+
+
+@pytest.mark.parametrize("dtype,v", [(torch.bfloat16, 20011), (torch.float32, 9001)])
+@pytest.mark.parametrize("with_q", [False, True])
+def test_tree_verify_filtered_long_rows(emu, dtype, v, with_q):
+    """Filters on rows of thousands of ids (the selection's radix levels and gathers, rows that start
+    unaligned at V = 9001): the walk cuts each row it visits, one selection pass a row (the
+    emulation's count of row passes: the statistics pass is the walk's own and not counted), none
+    for the rows it does not visit."""
+    n = 6
+    tokens, parents, logits, q = verify_case(n, 9, v, "bushy", dtype, seed=v)
+    logits = logits * 3
+    params = dict(temperature=torch.tensor([1.0, 0.7, 1.0, 0.0, 1.2, 1.0]),
+                  top_k=torch.tensor([50, 0, 1000, 5, 0, 0]), top_p=torch.tensor([1.0, 0.9, 0.9, 1.0, 0.5, 1.0]),
+                  min_p=torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0]),
+                  seed=torch.arange(n) + 3, offset=torch.arange(n) * 7)
+    qq = q if with_q else None
+    emu.take_row_passes()
+    got = emu.tree_verify(tokens, parents, logits, qq, False, **params)
+    passes = emu.take_row_passes()
+    want = reference.tree_verify(tokens, parents, logits, qq, False, **params)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    filtered = torch.tensor([True, True, True, False, True, False])  # sampled, with a filter
+    assert passes == int(((got[0] + 1) * filtered).sum())
+
+
+def test_tree_verify_filtered_with_draft_probs_needs_room_for_the_cut(emu):
+    """With 48 KB of shared memory the cut's state leaves room for one chunk of the q stage at
+    float32 logits (4 KB at the filtered walk's 256 threads) but none at 16-bit ones (8 KB): that
+    launch fails (cudaErrorInvalidConfiguration) instead of overrunning; every GPU the library
+    builds for opts into more."""
+    for dtype, fits in ((torch.float32, True), (torch.bfloat16, False)):
+        tokens, parents, logits, q = verify_case(2, 5, 64, "bushy", dtype, seed=2)
+        want = reference.tree_verify(tokens, parents, logits, q, False, 1.0, 3, 1, top_k=5)
+        for max_smem in ((48 * 1024, 99 * 1024) if fits else (99 * 1024,)):
+            got = emu.tree_verify(tokens, parents, logits, q, False, 1.0, 3, 1, max_smem=max_smem, top_k=5)
+            for a, b in zip(got, want):
+                assert torch.equal(a, b)
+        if not fits:
+            with pytest.raises(LaunchError, match="cudaError 9"):
+                emu.tree_verify(tokens, parents, logits, q, False, 1.0, 3, 1, max_smem=48 * 1024, top_k=5)
