@@ -70,18 +70,8 @@ __device__ void prepare(Shared& sh, const RowView<T>& r, const RowSampling& rs, 
   const float top = sh.row.s.top.val;
   unsigned long long kept;
   const FilterCut cut = filter_cut(sh.cut, r, top, rs, mass_shift, &kept);
-  const RowState state{sh.row.s, cut, false};
-  float sum;
-  if (kept != kMassUnknown) {  // the selection ranked the cut's ids: their sum is known (fixed point)
-    sum = static_cast<float>(static_cast<double>(kept) / static_cast<double>(1ull << mass_shift));
-  } else {  // min-p moved the cut, or an unusual row: a pass
-    sum = 0.0f;
-    r.for_each_in_order([&](int64_t i, float a) {
-      if (a != kNegInf && state.keeps(a, i)) sum += exp_f32(a - top);
-    });
-    sum = block_sum(sum);
-  }
-  if (threadIdx.x == 0) sh.row = RowState{RowStats{state.s.top, sum}, cut, false};
+  const float sum = kept_sum(r, cut, top, kept, mass_shift);
+  if (threadIdx.x == 0) sh.row = RowState{RowStats{sh.row.s.top, sum}, cut, false};
   __syncthreads();
 }
 

@@ -3,7 +3,8 @@
 // selection over the order-preserving bits of the scaled logits (radix_cut: about 2 passes a cut,
 // top-k's first one fused into the statistics pass, top-p's guided by it; min-p without a pass).
 // Masses are summed in 64-bit fixed point, so the cut does not depend on the order of the atomics.
-// chain_ragged_kernel.cu and row_cut_kernel.cu (launch_row_cut, for the other ops) share it.
+// chain_ragged_kernel.cu, tree_kernel.cu (the walk's visited rows) and row_cut_kernel.cu
+// (launch_row_cut, for the other ops) share it.
 #pragma once
 
 #include <cstdint>
@@ -114,7 +115,7 @@ struct CutShared {
   struct Histogram {
     union {
       uint32_t count[kCutBins];
-      float guide[kCutBins];  // the statistics pass's guide to top-p's first level (guide_top_bits)
+      float guide[kCutBins];  // the statistics pass's guide to top-p's first level (observe_top_bits)
     };
     unsigned long long mass[kCutBins];
   };
@@ -138,8 +139,8 @@ enum class FirstLevel {
   kFed,     // the counts and masses of the ids `within` keeps, and those of first-level bin ranked_bin
             // ranked in cand[0, ranked_n) (top-k's gather fed them to top-p)
   kRanked,  // every id `within` keeps, ranked in cand[0, ranked_n) (top-k's gather took them all)
-  kGuided,  // guide_top_bits' masses of every finite id: the first level's pass gathers the bin they
-            // point at (top-p over the whole row)
+  kGuided,  // observe_top_bits' guide of every finite id: the first level's pass gathers the bin it
+            // points at (top-p over the whole row)
 };
 
 // The block's exclusive prefix sum of one value a thread, in thread order; *total gets the sum.
@@ -488,8 +489,9 @@ __device__ __forceinline__ void observe_top_bits(CutShared& sh, float a, TopBits
 }
 
 // The cut of all three filters (top-k, then top-p within it, then min-p) of a row whose largest
-// scaled logit `top` is finite; the statistics pass has noted the top key bits as top_bits says. *kept: as radix_cut's, for the ids all three keep (unknown where min-p
-// moves the cut: its floor is found without a pass, and so is not ranked).
+// scaled logit `top` is finite; the statistics pass has noted the top key bits as top_bits says.
+// *kept: as radix_cut's, for the ids all three keep (unknown where min-p moves the cut: its floor is
+// found without a pass, and so is not ranked).
 template <typename T>
 __device__ FilterCut filter_cut(CutShared& sh, const RowView<T>& r, float top, const RowSampling& rs, int mass_shift,
                                 unsigned long long* kept) {
@@ -515,6 +517,19 @@ __device__ FilterCut filter_cut(CutShared& sh, const RowView<T>& r, float top, c
     cut = narrowed;
   }
   return cut;
+}
+
+// The filtered row's sum of exp(a - top) over the ids `cut` keeps, at thread 0 of the block (of
+// kBlock threads): filter_cut's fixed-point kept sum where it is known, else a pass.
+template <int kBlock = kThreads, typename T>
+__device__ float kept_sum(const RowView<T>& r, const FilterCut& cut, float top, unsigned long long kept,
+                          int mass_shift) {
+  if (kept != kMassUnknown) return static_cast<float>(static_cast<double>(kept) / static_cast<double>(1ull << mass_shift));
+  float sum = 0.0f;
+  r.for_each_in_order([&](int64_t i, float a) {
+    if (a != kNegInf && filter_keeps(cut, a, static_cast<int32_t>(i))) sum += exp_f32(a - top);
+  });
+  return block_sum<kBlock>(sum);
 }
 
 }  // namespace xkernels::cuda

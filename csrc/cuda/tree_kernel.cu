@@ -442,17 +442,7 @@ __device__ __forceinline__ VisitedCut cut_visited_row(CutShared& cs, const T* ro
   const int mass_shift = cut_mass_shift(v);
   unsigned long long kept;
   const FilterCut c = filter_cut(cs, r, s.top.val, rs, mass_shift, &kept);
-  float sum;
-  if (kept != kMassUnknown) {
-    sum = static_cast<float>(static_cast<double>(kept) / static_cast<double>(1ull << mass_shift));
-  } else {
-    sum = 0.0f;
-    r.for_each_in_order([&](int64_t i, float a) {
-      if (a != kNegInf && filter_keeps(c, a, static_cast<int32_t>(i))) sum += exp_f32(a - s.top.val);
-    });
-    sum = block_sum<kFilteredVerifyThreads>(sum);
-  }
-  return VisitedCut{c, RowStats{s.top, sum}};
+  return VisitedCut{c, RowStats{s.top, kept_sum<kFilteredVerifyThreads>(r, c, s.top.val, kept, mass_shift)}};
 }
 
 // Warp 0 tests the children of `node` in node order, 32 candidate nodes a round: at a point mass,
@@ -582,25 +572,25 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
                                                                  kBlock, note);
     s = block_merge<kBlock>(s, stats_empty());
     if (with_q) zq = block_sum<kBlock>(zq);  // block_merge's buffer is another: no barrier between
-    if (threadIdx.x == 0) {
-      sh.stats = s;
-      visited_cut = keep_all();
-    }
-    __syncthreads();
-    if constexpr (kFilter) {
-      if (filtering && !stats_degenerate(sh.stats)) {  // the row's cut, and p' = its filtered row's statistics
+    if constexpr (kFilter) {  // the row's cut, and p' = its filtered row's statistics
+      if (threadIdx.x == 0) {
+        sh.stats = s;
+        visited_cut = keep_all();
+      }
+      __syncthreads();
+      if (filtering && !stats_degenerate(sh.stats)) {
         const VisitedCut c = cut_visited_row(*cs, row, v, scale, rs, sh.stats);
         if (threadIdx.x == 0) s = c.stats, visited_cut = c.cut;
       }
+      if (threadIdx.x == 0) w.cuts[n * m + node] = visited_cut;  // for the draw at the stop node
+      __syncthreads();  // sh.stats is read before the node's state rewrites it
     }
-    if (threadIdx.x == 0) {
-      if (kFilter) w.cuts[n * m + node] = visited_cut;  // for the draw at the stop node
+    if (threadIdx.x == 0)
       sh = NodeState{s, kDraft ? sh.q : nullptr, tree_residual_start(s.sum, zq), -1, kDraft ? sh.kids : 0, 0, -1,
                      false, false};
-    }
     __syncthreads();
     s = sh.stats;
-    const FilterCut cut = visited_cut;
+    const FilterCut cut = kFilter ? visited_cut : keep_all();
     const bool point_mass = greedy || stats_degenerate(s);
     const float top_log2 = s.top.val * kLog2e;
     if (point_mass || !kDraft) {
