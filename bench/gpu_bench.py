@@ -37,7 +37,7 @@ ESTIMATE_US = {("chain_verify", 0.0, False): 88, ("chain_verify", 1.0, False): 1
                ("tree_verify", 1.0, False): 37, ("tree_verify", 1.0, True): 60,
                ("dllm_step T=0",): 38, ("dllm_step T=1",): 70, ("spiffy_materialize",): 70, ("spiffy_accept",): 75,
                ("spiffy_attention_mask",): 5, ("chain_verify_ragged",): 2000, ("chain_verify_ragged block",): 2000,
-               ("tree_verify mixed",): 150, ("dllm_step T=1 top_k=50 top_p=0.9",): 200}
+               ("tree_verify mixed",): 150, ("dllm_step T=1 top_k=50 top_p=0.9",): 110}
 
 
 def time_events(fn, warmup=25, iters=200):
@@ -456,7 +456,7 @@ def bench_dllm(results, bench):
         ("dllm_step T=0", shape, lambda: xkernels.dllm_step(logits, block, 1), rows_bytes, {}),
         ("dllm_step T=1", shape, lambda: xkernels.dllm_step(logits, block, 1, temperature=1.0, seed=1), rows_bytes,
          {}),
-        # Per-request filters and streams: launch_row_cut before the slices (bench/floors.md, dllm_step).
+        # Per-request filters and streams: dllm_filtered_kernel picks those rows (bench/floors.md, dllm_step).
         ("dllm_step T=1 top_k=50 top_p=0.9", shape, lambda: xkernels.dllm_step(logits, block, 1, **filtered),
          rows_bytes, {})])
 

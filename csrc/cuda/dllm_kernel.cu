@@ -1,7 +1,8 @@
-// dllm_step on CUDA, three launches that never wait on the host:
-//  0. cuts:   with filters, each masked row's FilterCut (launch_row_cut, the mask token ranked as
-//             -inf; the unmasked rows are not read).
-//  1. slices: every masked row split in slices over the grid; a block reduces its slice to the raw
+// dllm_step on CUDA, launches that never wait on the host:
+//  0. filtered: with filters, a block per masked row that samples with a filter picks its token
+//             whole (dllm_filtered_pick: two reads of the row, the cut's gather drawing too); the
+//             other kernels skip those rows.
+//  1. slices: every other masked row split in slices over the grid; a block reduces its slice to the raw
 //             row's softmax statistics and, at T > 0 (the sequence's temperature), the tempered
 //             row's argmax and the Gumbel-max with the noise of the position's slot of the
 //             sequence's stream, reading the slice from HBM once.
@@ -13,6 +14,7 @@
 #include "dllm_launch.h"
 #include "dllm_row.cuh"
 #include "row_cut_launch.h"
+#include "row_filter.cuh"
 #include "xkernels/dllm.h"
 
 namespace xkernels::cuda {
@@ -27,11 +29,10 @@ struct DllmSlice {
 
 size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
 
-// Slices per row (row_reduce.cuh's plan), and the workspace: x0, chosen, the slices, and with
-// filters each row's cut.
+// Slices per row (row_reduce.cuh's plan), and the workspace: x0, chosen, the slices.
 struct DllmLayout {
   int slices;
-  size_t x0_bytes, chosen_bytes, slice_bytes, cut_bytes;
+  size_t x0_bytes, chosen_bytes, slice_bytes;
 };
 
 DllmLayout dllm_layout(const DllmParams& p) {
@@ -40,19 +41,48 @@ DllmLayout dllm_layout(const DllmParams& p) {
   d.x0_bytes = align_up(sizeof(int64_t) * p.n * p.l);
   d.chosen_bytes = align_up(static_cast<size_t>(p.n * p.l));
   d.slice_bytes = align_up(sizeof(DllmSlice) * p.n * p.l * d.slices);
-  d.cut_bytes = p.rule.filtered ? align_up(sizeof(FilterCut) * p.n * p.l) : 0;
   return d;
+}
+
+// Whether dllm_filtered_kernel picks row `row` (masked, sampled, some filter active); the same for
+// a whole block.
+__device__ __forceinline__ bool filtered_row(const DllmParams& p, int64_t row) {
+  if (!p.rule.filtered || p.block[row] != p.rule.mask_id) return false;
+  const RowSampling rs = p.rule.s.row(row / p.l);
+  return rs.inv_t != 0.0f && filters_active(rs, p.v);
+}
+
+// A block per row; rows it does not pick return at once. Per-row parameters come through
+// SamplingView.row, which reads values the host did not check as off. One block an SM: at two
+// (128 registers) the selection with the draw in its gather spilled (sm_90a).
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1) dllm_filtered_kernel(DllmParams p, int64_t* x0, int mass_shift,
+                                                                    bool vector_ok) {
+  __shared__ CutShared sh;
+  const int64_t row = blockIdx.x;
+  if (!filtered_row(p, row)) return;
+  const RowStream st = p.rule.s.stream(row / p.l);
+  const auto slot = static_cast<uint32_t>(row % p.l);
+  const DllmPick pick =
+      dllm_filtered_pick(sh, static_cast<const T*>(p.logits) + row * p.v, p.v, p.rule.mask_id, p.rule.s.row(row / p.l),
+                         mass_shift, st.seed, st.offset_at(slot), st.sequence_at(), st.position_at(slot), vector_ok);
+  if (threadIdx.x == 0) x0[row] = pick.token, p.confidence[row] = pick.confidence;
 }
 
 // vector_ok: every row starts 16-byte aligned (row_reduce.cuh's vector loads). The second and third
 // reads of the slice (a few KB a block) come from L2.
 template <typename T>
-__global__ void __launch_bounds__(kThreads) dllm_slices_kernel(DllmParams p, const FilterCut* cuts, DllmSlice* out,
-                                                               int slices, bool vector_ok) {
+__global__ void __launch_bounds__(kThreads) dllm_slices_kernel(DllmParams p, DllmSlice* out, int slices,
+                                                               bool vector_ok) {
   constexpr int kIds = 16 / sizeof(T);
   const int64_t row = blockIdx.x / slices;
   const int slice = static_cast<int>(blockIdx.x % slices);
-  if (p.block[row] != p.rule.mask_id) return;  // the same for the whole block
+  if (p.block[row] != p.rule.mask_id || filtered_row(p, row)) return;  // the same for the whole block
+  // The emulation counts a read of the row where its first slice reads.
+  const auto count_pass = [&] {
+    if (slice == 0) XK_ROW_PASS();
+  };
+  count_pass();
   const T* src = static_cast<const T*>(p.logits) + row * p.v;
   const int64_t mask = p.rule.mask_id;
   const float inv_t = p.rule.s.row(row / p.l).inv_t;
@@ -67,6 +97,7 @@ __global__ void __launch_bounds__(kThreads) dllm_slices_kernel(DllmParams p, con
       d.tempered = d.raw.top;  // the same values (x * 1 is x): no second read (thread 0 holds the merge)
     } else {
       __syncthreads();  // block_merge's buffer is reused
+      count_pass();
       d.tempered = block_merge(thread_row_stats<T, true, 4>(src, p.v, range.begin, range.end, vector_ok, inv_t,
                                                             mask, threadIdx.x, kThreads),
                                stats_empty())
@@ -77,19 +108,15 @@ __global__ void __launch_bounds__(kThreads) dllm_slices_kernel(DllmParams p, con
     const uint64_t seed = st.seed, offset = st.offset_at(slot);
     const uint32_t sequence = st.sequence_at(), position = st.position_at(slot);
     // Every thread starts from the exact score of the slice's tempered argmax (its value is the weight
-    // dllm_draw computes for that id), so that gumbel_group skips most ids' logs from the first one;
-    // from nothing where the row's cut drops that id.
-    const FilterCut cut = row_cut_or_all(cuts, row);
-    if (threadIdx.x == 0)
-      start = filter_keeps(cut, d.tempered.val, d.tempered.idx)
-                  ? gumbel_score(d.tempered.val, d.tempered.idx, seed, offset, sequence, position)
-                  : argmax_empty();
+    // dllm_draw computes for that id), so that gumbel_group skips most ids' logs from the first one.
+    if (threadIdx.x == 0) start = gumbel_score(d.tempered.val, d.tempered.idx, seed, offset, sequence, position);
     __syncthreads();
     // The slice's chunks of kIds ids as groups of 4 (kIds is a multiple of 4).
     const int64_t groups = (p.v + 3) / 4, g_begin = range.begin * (kIds / 4);
     const int64_t g_end = range.end * (kIds / 4) < groups ? range.end * (kIds / 4) : groups;
     ArgMax best = start;
-    dllm_draw(src, p.v, mask, inv_t, cut, seed, offset, sequence, position, vector_ok, g_begin, g_end, threadIdx.x,
+    count_pass();
+    dllm_draw(src, p.v, mask, inv_t, keep_all(), seed, offset, sequence, position, vector_ok, g_begin, g_end, threadIdx.x,
               kThreads, best);
     __syncthreads();  // block_merge's buffer is reused
     d.drawn = block_merge(best, argmax_empty());
@@ -102,7 +129,7 @@ __global__ void __launch_bounds__(kThreads) dllm_merge_kernel(DllmParams p, cons
                                                               int64_t* x0) {
   const int lane = threadIdx.x % 32;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (row >= p.n * p.l) return;
+  if (row >= p.n * p.l || filtered_row(p, row)) return;  // dllm_filtered_kernel wrote it
   if (p.block[row] != p.rule.mask_id) {
     if (lane == 0) p.confidence[row] = kNegInf, x0[row] = -1;
     return;
@@ -138,17 +165,11 @@ cudaError_t launch_typed(const DllmParams& p, void* workspace, cudaStream_t stre
   int64_t* x0 = reinterpret_cast<int64_t*>(at);
   uint8_t* chosen = reinterpret_cast<uint8_t*>(at + d.x0_bytes);
   DllmSlice* slices = reinterpret_cast<DllmSlice*>(at + d.x0_bytes + d.chosen_bytes);
-  FilterCut* cuts = p.rule.filtered ? reinterpret_cast<FilterCut*>(at + d.x0_bytes + d.chosen_bytes + d.slice_bytes)
-                                    : nullptr;
   const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && reinterpret_cast<uintptr_t>(p.logits) % 16 == 0;
   const int64_t rows = p.n * p.l;
-  if (cuts) {
-    const cudaError_t err =
-        launch_row_cut(dllm_cut_params(p.logits, p.dtype, rows, p.v, p.l, p.rule.s, p.rule.mask_id, cuts, p.block),
-                       stream);
-    if (err != cudaSuccess) return err;
-  }
-  dllm_slices_kernel<T><<<rows * d.slices, kThreads, 0, stream>>>(p, cuts, slices, d.slices, vector_ok);
+  if (p.rule.filtered)
+    dllm_filtered_kernel<T><<<rows, kThreads, 0, stream>>>(p, x0, cut_mass_shift(p.v), vector_ok);
+  dllm_slices_kernel<T><<<rows * d.slices, kThreads, 0, stream>>>(p, slices, d.slices, vector_ok);
   dllm_merge_kernel<T><<<(rows + kWarps - 1) / kWarps, kThreads, 0, stream>>>(p, slices, d.slices, x0);
   dllm_select_kernel<<<(p.n + 63) / 64, 64, 0, stream>>>(p, x0, chosen);
   return cudaGetLastError();
@@ -168,7 +189,7 @@ RowCutParams dllm_cut_params(const void* logits, LogitsType dtype, int64_t rows,
 
 size_t dllm_workspace_bytes(const DllmParams& p) {
   const DllmLayout d = dllm_layout(p);
-  return d.x0_bytes + d.chosen_bytes + d.slice_bytes + d.cut_bytes;
+  return d.x0_bytes + d.chosen_bytes + d.slice_bytes;
 }
 
 cudaError_t launch_dllm_step(const DllmParams& p, void* workspace, cudaStream_t stream) {

@@ -8,6 +8,7 @@
 #include "device_utils.cuh"
 #include "launch_types.h"
 #include "xkernels/sampling_params.h"
+#include "row_filter.cuh"
 #include "row_reduce.cuh"
 #include "xkernels/dllm.h"
 
@@ -25,7 +26,7 @@ inline int masked_row_slices(int64_t rows, int64_t v, int num_sms, LogitsType dt
   return row_slice_count(rows, v, num_sms, 8, kMaskedSliceBytes / (dtype == LogitsType::kFloat32 ? 4 : 2));
 }
 
-// Whether a row's cut drops anything (launch_row_cut leaves keep-all cuts at {-inf, ...}).
+// Whether a row's cut drops anything (keep_all() is {-inf, ...}).
 __device__ __forceinline__ bool cut_active(const FilterCut& cut) { return cut.val > kNegInf; }
 
 // The cut of a row, or one that keeps every id where no cuts were computed.
@@ -78,6 +79,78 @@ struct DllmPick {
   int32_t token;
   float confidence;
 };
+
+// The Gumbel-max draw over the ids above a cut's bin, taken in the cut's own gather pass
+// (row_filter.cuh's hook): with those of the ranked candidates it kept, the draw over the cut row.
+struct GumbelHook {
+  static constexpr bool kActive = true;
+  uint64_t seed, offset;
+  uint32_t sequence, position;
+  ArgMax best;
+  __device__ __forceinline__ void begin() { best = argmax_empty(); }
+  __device__ __forceinline__ void observe(int64_t i, float a) {
+    const ArgMax s = gumbel_score(a, static_cast<int32_t>(i), seed, offset, sequence, position);
+    best = argmax_merge(best, s);
+  }
+};
+
+// dllm_step's pick of a masked row that samples with a filter (a block of kThreads threads reads
+// it; every thread gets the pick): the same token as dllm_row_pick with the row's cut (Gumbel-max
+// over the kept ids, the same noise), in two reads of the row: one for the raw statistics, which
+// also notes the tempered row's top key bits for the cut, and the cut's gather, which also draws
+// over the ids above the cut's bin (the candidates it ranks draw after it). Where the cut takes
+// more passes than that (min-p moves it to a higher bin; a second radix level), a draw pass follows.
+template <typename T>
+__device__ DllmPick dllm_filtered_pick(CutShared& sh, const T* src, int64_t v, int64_t mask, const RowSampling& rs,
+                                       int mass_shift, uint64_t seed, uint64_t offset, uint32_t sequence,
+                                       uint32_t position, bool vector_ok) {
+  constexpr int kIds = 16 / sizeof(T);
+  constexpr int kDepth = 16;  // dllm_row_pick's: 64 KB in flight for the one block an SM
+  const int64_t chunks = (v + kIds - 1) / kIds;
+  const float inv_t = rs.inv_t;
+  const TopBits bits = top_bits(rs, v);
+  if (bits != TopBits::kNone) clear_top_bits(sh);
+  __syncthreads();
+  XK_ROW_PASS();
+  const RowStats raw = block_merge_all(
+      thread_row_stats<T, false, kDepth>(src, v, 0, chunks, vector_ok, 1.0f, mask, threadIdx.x, kThreads,
+                                         [&](float a) { observe_top_bits(sh, a * inv_t, bits); }),
+      stats_empty());
+  __syncthreads();  // the top bits are complete
+  // The tempered row's top: rounding is monotone, so the largest a * inv_t is the largest a's.
+  const float top = raw.top.val * inv_t;
+  ArgMax best = argmax_empty();
+  if (is_finite_f32(top)) {
+    const RowView<T> r{src, v, inv_t, mask};
+    GumbelHook hook{seed, offset, sequence, position, argmax_empty()};
+    unsigned long long kept;  // the draw needs no sum
+    const FilterCut cut = filter_cut(sh, r, top, rs, mass_shift, &kept, hook);
+    const int n = sh.hooked_n;
+    const uint32_t bin = sh.hooked_bin;
+    if (n >= 0 && (bin == kAllRanked || order_key(cut.val) >> 21 == bin)) {
+      if (bin != kAllRanked) best = hook.best;
+      for (int j = threadIdx.x; j < n; j += kThreads) {
+        const float a = key_value(sh.cand.key[j]);
+        const int32_t id = sh.cand.id[j];
+        if (filter_keeps(cut, a, id)) best = argmax_merge(best, gumbel_score(a, id, seed, offset, sequence, position));
+      }
+    } else {
+      XK_ROW_PASS();
+      dllm_draw(src, v, mask, inv_t, cut, seed, offset, sequence, position, vector_ok, 0, (v + 3) / 4, threadIdx.x,
+                kThreads, best);
+    }
+    __syncthreads();  // the candidates are read before block_merge_all's buffer, and a next row, reuse sh
+    best = block_merge_all(best, argmax_empty());
+  }
+  int32_t pick = best.idx;
+  if (!is_finite_f32(top) || best.val == kNegInf) {  // no softmax, or nothing drawable: the tempered argmax
+    XK_ROW_PASS();
+    pick = block_merge_all(thread_row_stats<T, true, kDepth>(src, v, 0, chunks, vector_ok, inv_t, mask, threadIdx.x, kThreads),
+                           stats_empty())
+               .top.idx;
+  }
+  return DllmPick{pick, dllm_confidence(raw, dllm_logit(to_float(src[pick]), pick, mask))};
+}
 
 // The threads first, first + stride, ... of a group read the row `src` (merge(state, empty) merges
 // a state over the group and returns it to every thread of it); every thread gets the pick: the

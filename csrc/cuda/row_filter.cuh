@@ -130,6 +130,10 @@ struct CutShared {
   unsigned long long found_before;
   uint32_t n_cand, ranked_bin;
   int32_t found, ranked_n;
+  // Where a cut hook may finish its draw without a pass (see NoCutHook): the cut's first-level bin
+  // hooked_bin (kAllRanked: cand holds every kept id), cand[0, hooked_n) ranked; hooked_n < 0: no claim.
+  uint32_t hooked_bin;
+  int32_t hooked_n;
 };
 
 // What radix_cut finds of its first level in CutShared when it starts.
@@ -253,6 +257,19 @@ constexpr unsigned long long kMassUnknown = ~0ull;
 // ranked_bin's value when cand[0, ranked_n) holds every id the cut keeps, not one bin's.
 constexpr uint32_t kAllRanked = 0xFFFFFFFFu;
 
+// What a cut's gather passes show a caller that draws from the cut row, so that its draw needs no
+// pass of its own (dllm_step's filtered rows): begin() where a first-level gather pass of bin d
+// starts, observe(i, a) for each id that pass sees in the bins above d and `within` keeps. Where the
+// cut is then ranked from that gather, radix_cut sets sh.hooked_bin = d and sh.hooked_n: the ids the
+// final cut keeps are those observed since the last begin() and those of cand[0, hooked_n) it keeps,
+// when the final cut lies in first-level bin hooked_bin (min-p may move it); hooked_bin kAllRanked:
+// cand[0, hooked_n) holds every kept id. No pass, no claim (hooked_n = -1). NoCutHook compiles away.
+struct NoCutHook {
+  static constexpr bool kActive = false;
+  __device__ __forceinline__ void begin() {}
+  __device__ __forceinline__ void observe(int64_t, float) {}
+};
+
 // The cut of the smallest prefix of the ranking, among the ids `within` keeps, whose count reaches
 // k (by_mass false) or whose mass reaches top_p of theirs (by_mass true). keep_all() when no prefix
 // reaches it (fewer finite ids than k). Each level is a pass over the row that histograms the next
@@ -268,11 +285,18 @@ constexpr uint32_t kAllRanked = 0xFFFFFFFFu;
 // ranked (FirstLevel::kFed). Either way ranked_n >= 0.
 // *kept gets the fixed-point mass of the ids the cut keeps within `within` (the kept sum, so the
 // caller needs no pass for it), or kMassUnknown where the cut was not found by ranked candidates.
-template <typename T>
+template <typename T, typename Hook>
 __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, const FilterCut& within, bool by_mass,
                                uint32_t k, float top_p, int mass_shift, FirstLevel first, bool feed,
-                               unsigned long long* kept) {
+                               unsigned long long* kept, Hook& hook) {
   *kept = kMassUnknown;
+  // The hook's bin of the claim this call may make: a kFed call ranks the previous call's gather.
+  uint32_t hooked = kAllRanked;
+  if constexpr (Hook::kActive) {
+    if (first == FirstLevel::kFed) hooked = sh.ranked_bin;
+    __syncthreads();  // ranked_bin is read before it is written
+    if (threadIdx.x == 0) sh.hooked_n = -1;
+  }
   const auto mass_of = [&](uint32_t key) { return fixed_mass(key_value(key) - top, mass_shift); };
   if (first == FirstLevel::kRanked) {  // by mass: the ranked ids' prefix, no pass
     const int n = sh.ranked_n;
@@ -283,6 +307,10 @@ __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, co
     const int j = first_reaching(sh, n, 0, static_cast<double>(top_p) * static_cast<double>(total), id_mass, &before_j);
     if (j < 0) return within;  // only by rounding
     *kept = before_j + id_mass(j);
+    if constexpr (Hook::kActive) {
+      if (threadIdx.x == 0) sh.hooked_bin = kAllRanked, sh.hooked_n = j + 1;
+      __syncthreads();
+    }
     return FilterCut{key_value(sh.cand.key[j]), sh.cand.id[j]};
   }
   uint32_t mask = 0, prefix = 0, count = 0;
@@ -302,6 +330,10 @@ __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, co
         const int g = guided_bin(sh, top, top_p, mass_shift);
         if (g >= 0) guided = static_cast<uint32_t>(g);
         if (threadIdx.x == 0) sh.n_cand = 0;
+        if constexpr (Hook::kActive) {
+          hook.begin();
+          hooked = guided;
+        }
       }
       for (int d = threadIdx.x; d < kCutBins; d += block_threads()) {
         sh.hist.count[d] = 0;
@@ -314,6 +346,8 @@ __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, co
         const uint32_t d = (key >> shift) & (bins - 1);
         atomicAdd(&sh.hist.count[d], 1u);
         if (by_mass) atomicAdd(&sh.hist.mass[d], fixed_mass(key_value(key) - top, mass_shift));  // key_value: a
+        if constexpr (Hook::kActive)
+          if (level == 0 && guided != 0xFFFFFFFFu && (key >> 21) > guided) hook.observe(i, a);
         if (level == 0 && d == guided) {  // ranked after, if the cut is in it
           const uint32_t slot = atomicAdd(&sh.n_cand, 1u);
           if (slot < static_cast<uint32_t>(kCutCandidates)) {
@@ -359,6 +393,10 @@ __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, co
               sh.hist.mass[b] = 0;
             }
           __syncthreads();
+          if constexpr (Hook::kActive) {
+            hook.begin();
+            hooked = level == 0 && !whole ? d : kAllRanked;
+          }
           r.for_each_any_order([&](int64_t i, float a) {  // the candidates' slots are ranked after
             if (a == kNegInf) return;
             const uint32_t key = order_key(a);
@@ -368,6 +406,8 @@ __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, co
             }
             if (!filter_keeps(within, a, static_cast<int32_t>(i))) return;
             if (!by_mass && !whole && (key & mask) > prefix) above += mass_of(key);
+            if constexpr (Hook::kActive)
+              if (level == 0 && !whole && (key >> 21) > d) hook.observe(i, a);
             if (whole ? (key >> 21) < d : (key & mask) != prefix) return;
             const uint32_t slot = atomicAdd(&sh.n_cand, 1u);
             if (slot < static_cast<uint32_t>(kCutCandidates)) {
@@ -389,6 +429,9 @@ __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, co
       unsigned long long before_j;
       const int j = first_reaching(sh, static_cast<int>(n), whole ? 0ull : before, target, id_sum, &before_j);
       const FilterCut cut = j < 0 ? keep_all() : FilterCut{key_value(sh.cand.key[j]), sh.cand.id[j]};
+      // The claim: a gather of this level-0 bin (or the ranked one of the call before) holds the cut.
+      if (Hook::kActive && threadIdx.x == 0 && level == 0 && j >= 0 && (ranked || gathered || hooked == d || whole))
+        sh.hooked_bin = whole ? kAllRanked : d, sh.hooked_n = j + 1;
       if (by_mass) {  // before_j: the masses of every id ranked before candidate j, exact integers
         if (j >= 0) *kept = before_j + mass_of(sh.cand.key[j]);
       } else {
@@ -492,24 +535,24 @@ __device__ __forceinline__ void observe_top_bits(CutShared& sh, float a, TopBits
 // scaled logit `top` is finite; the statistics pass has noted the top key bits as top_bits says.
 // *kept: as radix_cut's, for the ids all three keep (unknown where min-p moves the cut: its floor is
 // found without a pass, and so is not ranked).
-template <typename T>
+template <typename T, typename Hook = NoCutHook>
 __device__ FilterCut filter_cut(CutShared& sh, const RowView<T>& r, float top, const RowSampling& rs, int mass_shift,
-                                unsigned long long* kept) {
+                                unsigned long long* kept, Hook&& hook = Hook{}) {
   FilterCut cut = keep_all();
   *kept = kMassUnknown;
   const bool top_p = rs.top_p < 1.0f;
-  if (threadIdx.x == 0) sh.ranked_n = -1;
+  if (threadIdx.x == 0) sh.ranked_n = -1, sh.hooked_n = -1;  // no claim without a radix cut (min-p alone)
   __syncthreads();
   const TopBits bits = top_bits(rs, r.v);
   if (bits == TopBits::kCount)
     cut = radix_cut(sh, r, top, keep_all(), false, static_cast<uint32_t>(rs.top_k), 1.0f, mass_shift,
-                    FirstLevel::kCounts, top_p, kept);
+                    FirstLevel::kCounts, top_p, kept, hook);
   if (top_p) {
     const FirstLevel first = bits == TopBits::kGuide ? FirstLevel::kGuided
                              : sh.ranked_n < 0       ? FirstLevel::kNone
                              : sh.ranked_bin == kAllRanked ? FirstLevel::kRanked
                                                            : FirstLevel::kFed;
-    cut = radix_cut(sh, r, top, cut, true, 0u, rs.top_p, mass_shift, first, false, kept);
+    cut = radix_cut(sh, r, top, cut, true, 0u, rs.top_p, mass_shift, first, false, kept, hook);
   }
   if (rs.min_p > 0.0f) {
     const FilterCut narrowed = with_min_p(cut, top, log_f32(rs.min_p));

@@ -89,22 +89,65 @@ def test_per_sequence_parameters_and_streams(emu, dtype, v, per_request):
     assert torch.equal(one_element[2], want[2])  # one-element tensors: the scalar form, read on the device
 
 
-def test_the_cut_pass_reads_only_masked_rows(emu):
-    """launch_row_cut before the slices reads a masked, filtered row twice (its top, which counts
-    top-k's first level or guides top-p's; then the selection's gather) and the other rows not at
-    all (the emulation's count of row passes; the slices kernel's own reads are not counted)."""
-    n, length, v = 4, 6, 3001
+@pytest.mark.parametrize("filters,passes", [
+    (dict(top_k=50), 2),
+    (dict(top_p=0.9), 2),
+    (dict(top_k=20, top_p=0.8), 2),
+    (dict(top_k=3000, top_p=0.9), 3),  # > 2048 ids at or above top-k's bin: top-p ranks another bin
+    (dict(min_p=0.05), 2),  # min-p alone: no gather, the draw's own pass
+    (dict(top_k=50, min_p=0.5), 3),  # min-p moves the cut above top-k's bin: a draw pass follows
+])
+def test_a_filtered_row_is_read_twice(emu, filters, passes):
+    """A masked row that samples with a filter is read twice in all (the raw statistics noting
+    the cut's top key bits, then the cut's gather, which draws too), where the filters table of
+    bench/floors.md says; the slices read the other masked rows (once at T = 0, three times at
+    T = 0.7 and twice at T = 1: raw, tempered, draw) and no row that is not masked."""
+    n, length, v = 5, 6, 3001
     logits, block = step_case(n, length, v, torch.float32, seed=9)
     logits = logits * 3
-    params = dict(temperature=torch.tensor([1.0, 0.8, 0.0, 1.0]), top_k=torch.tensor([50, 0, 5, 20]),
-                  top_p=torch.tensor([1.0, 0.9, 1.0, 0.8]), min_p=torch.zeros(4), seed=torch.arange(4),
-                  offset=torch.zeros(4, dtype=torch.int64))
+    temperature = torch.tensor([1.0, 0.8, 0.0, 0.7, 1.0])
+    on = torch.tensor([1, 1, 0, 0, 0], dtype=torch.bool)  # greedy, and unfiltered sampled, rows besides
+    params = dict(temperature=temperature, seed=torch.arange(n), offset=torch.zeros(n, dtype=torch.int64),
+                  top_k=torch.where(on, filters.get("top_k", 0), 0).int(),
+                  top_p=torch.where(on, filters.get("top_p", 1.0), 1.0),
+                  min_p=torch.where(on, filters.get("min_p", 0.0), 0.0))
+    params["top_k"][2] = 5  # a greedy row's filter does nothing
     emu.take_row_passes()
     got = emu.dllm_step(logits, block, MASK, 2, None, **params)
-    passes = emu.take_row_passes()
+    counted = emu.take_row_passes()
     want = reference.dllm_step(logits, block, MASK, 2, None, **params)
     for a, b in zip(got[:3], want[:3]):
         assert torch.equal(a, b)
+    torch.testing.assert_close(got[3], want[3], atol=1e-5, rtol=1e-4)
     masked = (block == MASK).sum(1)
-    assert 0 < masked.sum() < n * length
-    assert passes == 2 * int(masked[[0, 1, 3]].sum())  # sequence 2 is greedy: no cut
+    assert masked.min() > 0 and masked.sum() < n * length
+    assert counted == passes * int(masked[:2].sum()) + int(masked[2]) + 3 * int(masked[3]) + 2 * int(masked[4])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", ["flat", "huge", "ties"])
+def test_filtered_picks_where_the_draw_spans_bins(emu, dtype, case):
+    """Every masked position committed (num_unmask above L), so each filtered row's pick shows:
+    flat rows (top-p's cut far below the top, many bins above it drawn in the gather), values near
+    4,100 (top-p's guide underflows: a gather more, the same draw) and rows of few distinct values
+    (the cut inside a run of ties, broken to the lower id), for each filter kind in one batch."""
+    n, length, v = 6, 4, 5003
+    logits, block = step_case(n, length, v, dtype, seed=11)
+    if case == "flat":
+        logits = logits * 0.3
+    elif case == "huge":
+        logits = logits + 4100.0
+    else:
+        logits = torch.round(logits).to(dtype)
+    params = dict(temperature=torch.tensor([1.0, 0.6, 1.3, 1.0, 0.9, 1.0]),
+                  top_k=torch.tensor([40, 0, 0, 300, 2500, 7], dtype=torch.int32),
+                  top_p=torch.tensor([1.0, 0.95, 0.5, 0.9, 0.7, 1.0]),
+                  min_p=torch.tensor([0.0, 0.0, 0.02, 0.0, 0.0, 0.3]),
+                  seed=torch.arange(n) + 100, offset=torch.arange(n, dtype=torch.int64) * 7)
+    for step in range(3):
+        params["offset"] = params["offset"] + step
+        got = emu.dllm_step(logits, block, MASK, 40, None, **params)
+        want = reference.dllm_step(logits, block, MASK, 40, None, **params)
+        for a, b in zip(got[:3], want[:3]):
+            assert torch.equal(a, b)
+        torch.testing.assert_close(got[3], want[3], atol=1e-5, rtol=1e-4)

@@ -15,7 +15,7 @@ KERNELS = {
                          "jacobi_update_kernel"},
     "tree_kernel.cu": {"build_tree_kernel", "tree_mask_kernel", "tree_verify_kernel", "tree_sample_kernel",
                        "tree_sample_finish_kernel", "compact_kv_kernel"},
-    "dllm_kernel.cu": {"dllm_slices_kernel", "dllm_merge_kernel", "dllm_select_kernel"},
+    "dllm_kernel.cu": {"dllm_filtered_kernel", "dllm_slices_kernel", "dllm_merge_kernel", "dllm_select_kernel"},
     "spiffy_kernel.cu": {"spiffy_rows_kernel", "spiffy_materialize_kernel", "spiffy_accept_kernel",
                          "spiffy_mask_kernel"},
     "shard_row_stats_kernel.cu": {"shard_row_stats_kernel"},
