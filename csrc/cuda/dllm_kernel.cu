@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kThreads, 1) dllm_filtered_kernel(DllmParams p
   const RowStream st = p.rule.s.stream(row / p.l);
   const auto slot = static_cast<uint32_t>(row % p.l);
   const DllmPick pick =
-      dllm_filtered_pick(sh, static_cast<const T*>(p.logits) + row * p.v, p.v, p.rule.mask_id, p.rule.s.row(row / p.l),
+      dllm_filtered_pick<16>(sh, static_cast<const T*>(p.logits) + row * p.v, p.v, p.rule.mask_id, p.rule.s.row(row / p.l),
                          mass_shift, st.seed, st.offset_at(slot), st.sequence_at(), st.position_at(slot), vector_ok);
   if (threadIdx.x == 0) x0[row] = pick.token, p.confidence[row] = pick.confidence;
 }

@@ -94,21 +94,23 @@ struct GumbelHook {
   }
 };
 
-// dllm_step's pick of a masked row that samples with a filter (a block of kThreads threads reads
-// it; every thread gets the pick): the same token as dllm_row_pick with the row's cut (Gumbel-max
-// over the kept ids, the same noise), in two reads of the row: one for the raw statistics, which
-// also notes the tempered row's top key bits for the cut, and the cut's gather, which also draws
-// over the ids above the cut's bin (the candidates it ranks draw after it). Where the cut takes
-// more passes than that (min-p moves it to a higher bin; a second radix level), a draw pass follows.
-template <typename T>
+// dllm_row_pick's pick of a row whose sequence may filter (a block of kThreads threads reads it;
+// every thread gets the pick; `sh` the cut's shared memory): the same token (Gumbel-max over the
+// ids the row's cut keeps, the same noise), the cut found on the row. A filtered row takes two
+// reads: one for the raw statistics, which also notes the tempered row's top key bits for the cut,
+// and the cut's gather, which also draws over the ids above the cut's bin (the candidates it ranks
+// draw after it). Where the cut takes more passes than that (min-p moves it to a higher bin; a
+// second radix level), and in rows without a filter, a draw pass follows; T = 0 takes the first.
+// kDepth: 16-byte loads a thread keeps in flight in the statistics pass (16, dllm_row_pick's: 64 KB
+// for the one block an SM; 8 where the caller's own registers leave no room for 16).
+template <int kDepth, typename T>
 __device__ DllmPick dllm_filtered_pick(CutShared& sh, const T* src, int64_t v, int64_t mask, const RowSampling& rs,
                                        int mass_shift, uint64_t seed, uint64_t offset, uint32_t sequence,
                                        uint32_t position, bool vector_ok) {
   constexpr int kIds = 16 / sizeof(T);
-  constexpr int kDepth = 16;  // dllm_row_pick's: 64 KB in flight for the one block an SM
   const int64_t chunks = (v + kIds - 1) / kIds;
   const float inv_t = rs.inv_t;
-  const TopBits bits = top_bits(rs, v);
+  const TopBits bits = inv_t == 0.0f ? TopBits::kNone : top_bits(rs, v);
   if (bits != TopBits::kNone) clear_top_bits(sh);
   __syncthreads();
   XK_ROW_PASS();
@@ -117,24 +119,35 @@ __device__ DllmPick dllm_filtered_pick(CutShared& sh, const T* src, int64_t v, i
                                          [&](float a) { observe_top_bits(sh, a * inv_t, bits); }),
       stats_empty());
   __syncthreads();  // the top bits are complete
+  const auto confidence = [&](int32_t pick) { return dllm_confidence(raw, dllm_logit(to_float(src[pick]), pick, mask)); };
+  if (inv_t == 0.0f) return DllmPick{raw.top.idx, confidence(raw.top.idx)};
   // The tempered row's top: rounding is monotone, so the largest a * inv_t is the largest a's.
   const float top = raw.top.val * inv_t;
   ArgMax best = argmax_empty();
   if (is_finite_f32(top)) {
-    const RowView<T> r{src, v, inv_t, mask};
-    GumbelHook hook{seed, offset, sequence, position, argmax_empty()};
-    unsigned long long kept;  // the draw needs no sum
-    const FilterCut cut = filter_cut(sh, r, top, rs, mass_shift, &kept, hook);
-    const int n = sh.hooked_n;
-    const uint32_t bin = sh.hooked_bin;
-    if (n >= 0 && (bin == kAllRanked || order_key(cut.val) >> 21 == bin)) {
-      if (bin != kAllRanked) best = hook.best;
-      for (int j = threadIdx.x; j < n; j += kThreads) {
-        const float a = key_value(sh.cand.key[j]);
-        const int32_t id = sh.cand.id[j];
-        if (filter_keeps(cut, a, id)) best = argmax_merge(best, gumbel_score(a, id, seed, offset, sequence, position));
+    FilterCut cut = keep_all();
+    bool drawn = false;
+    if (filters_active(rs, v)) {
+      const RowView<T> r{src, v, inv_t, mask};
+      GumbelHook hook{seed, offset, sequence, position, argmax_empty()};
+      unsigned long long kept;  // the draw needs no sum
+      cut = filter_cut(sh, r, top, rs, mass_shift, &kept, hook);
+      const int n = sh.hooked_n;
+      const uint32_t bin = sh.hooked_bin;
+      drawn = n >= 0 && (bin == kAllRanked || order_key(cut.val) >> 21 == bin);
+      if (drawn) {
+        if (bin != kAllRanked) best = hook.best;
+        for (int j = threadIdx.x; j < n; j += kThreads) {
+          const float a = key_value(sh.cand.key[j]);
+          const int32_t id = sh.cand.id[j];
+          if (filter_keeps(cut, a, id)) best = argmax_merge(best, gumbel_score(a, id, seed, offset, sequence, position));
+        }
       }
-    } else {
+    }
+    if (!drawn) {
+      // Every thread starts from the exact score of the raw argmax where the cut keeps it (its
+      // tempered value is top), so that gumbel_group skips most ids' logs (see gumbel_score).
+      if (filter_keeps(cut, top, raw.top.idx)) best = gumbel_score(top, raw.top.idx, seed, offset, sequence, position);
       XK_ROW_PASS();
       dllm_draw(src, v, mask, inv_t, cut, seed, offset, sequence, position, vector_ok, 0, (v + 3) / 4, threadIdx.x,
                 kThreads, best);
@@ -149,7 +162,7 @@ __device__ DllmPick dllm_filtered_pick(CutShared& sh, const T* src, int64_t v, i
                            stats_empty())
                .top.idx;
   }
-  return DllmPick{pick, dllm_confidence(raw, dllm_logit(to_float(src[pick]), pick, mask))};
+  return DllmPick{pick, confidence(pick)};
 }
 
 // The threads first, first + stride, ... of a group read the row `src` (merge(state, empty) merges

@@ -12,6 +12,8 @@
 //  mask:        a warp per mask row, a lane per output byte.
 #include <cooperative_groups.h>
 
+#include <type_traits>
+
 #include "device_utils.cuh"
 #include "dllm_row.cuh"
 #include "per_device.h"
@@ -198,7 +200,6 @@ struct AcceptWorkspace {
   uint8_t* chosen;  // [n, l], dllm_select's scratch
   int64_t* rows;    // [n, l], the masked rows of the step, ascending
   AcceptWalk* walk;  // [n]
-  FilterCut *root_cuts, *draft_cuts;  // [n, l] and [n, k, l] with filters (launch_row_cut), else null
 };
 
 // The workspace of spiffy_accept carved from `base` (null: only sized); *bytes is its size.
@@ -217,11 +218,6 @@ AcceptWorkspace accept_workspace(const SpiffyAcceptParams& p, void* base, size_t
   ws.chosen = static_cast<uint8_t*>(take(nl));
   ws.rows = static_cast<int64_t*>(take(sizeof(int64_t) * nl));
   ws.walk = static_cast<AcceptWalk*>(take(sizeof(AcceptWalk) * static_cast<size_t>(p.n)));
-  ws.root_cuts = ws.draft_cuts = nullptr;
-  if (p.rule.filtered) {  // every row the walk may read: the cut pass reads each draft row once more
-    ws.root_cuts = static_cast<FilterCut*>(take(sizeof(FilterCut) * nl));
-    ws.draft_cuts = static_cast<FilterCut*>(take(sizeof(FilterCut) * nl * static_cast<size_t>(p.k)));
-  }
   *bytes = used;
   return ws;
 }
@@ -267,10 +263,14 @@ __device__ void accept_plan(const int64_t* state, int64_t l, int64_t mask_id, in
 // step the team's blocks read the masked rows of the node reached, a block a row (its threads over
 // the row, 16 loads of 16 B in flight each: 64 KB a block; dllm_row.cuh's rule), rows dealt out in
 // turn; then the leader applies the selection, looks for a kept draft equal to the new block and
-// plans the next step. Two team barriers a step.
-template <typename T, bool kCluster>
+// plans the next step. Two team barriers a step. kFilter (some sequence may filter): every row is
+// picked by dllm_filtered_pick, each filtered row's cut found on it (two reads of the row, the rows
+// the walk visits only); a kernel of its own, as dllm_row_pick's loads beside the selection spilled.
+// 255 registers, no spill (sm_90a), 8 loads in flight a thread in the statistics pass (32 KB an SM).
+template <typename T, bool kCluster, bool kFilter>
 __global__ void __launch_bounds__(kThreads, 1) spiffy_accept_kernel(SpiffyAcceptParams p, AcceptWorkspace ws,
                                                                  unsigned blocks, bool vector_ok) {
+  __shared__ std::conditional_t<kFilter, CutShared, char> sh;
   const unsigned rank = team_rank<kCluster>();
   const int64_t n = blockIdx.x / blocks;
   const bool leader = rank == 0 && threadIdx.x == 0;
@@ -278,7 +278,9 @@ __global__ void __launch_bounds__(kThreads, 1) spiffy_accept_kernel(SpiffyAccept
   float* conf = ws.conf + n * p.l;
   int64_t *x0 = ws.x0 + n * p.l, *rows = ws.rows + n * p.l;
   AcceptWalk* walk = ws.walk + n;
-  const float inv_t = p.rule.s.row(n).inv_t;
+  const RowSampling rs = p.rule.s.row(n);
+  const float inv_t = rs.inv_t;
+  const int mass_shift = cut_mass_shift(p.v);
   const RowStream stream = p.rule.s.stream(n);
   int64_t committed = 0;  // the leader's
   if (leader) {
@@ -295,12 +297,14 @@ __global__ void __launch_bounds__(kThreads, 1) spiffy_accept_kernel(SpiffyAccept
     for (int64_t j = rank; j < w.count; j += blocks) {  // the same for the whole block
       const int64_t q = rows[j];
       const auto slot = static_cast<uint32_t>(q);
-      const FilterCut cut = w.cur < 0 ? row_cut_or_all(ws.root_cuts, n * p.l + q)
-                                      : row_cut_or_all(ws.draft_cuts, (n * p.k + w.cur) * p.l + q);
-      const DllmPick pick = dllm_row_pick(logits + q * p.v, p.v, p.rule.mask_id, inv_t, cut, st.seed,
-                                          st.offset_at(slot), st.sequence_at(), st.position_at(slot), vector_ok,
-                                          threadIdx.x, kThreads,
-                                          [](auto s, auto empty) { return block_merge_all(s, empty); });
+      DllmPick pick;
+      if constexpr (kFilter)
+        pick = dllm_filtered_pick<8>(sh, logits + q * p.v, p.v, p.rule.mask_id, rs, mass_shift, st.seed,
+                                  st.offset_at(slot), st.sequence_at(), st.position_at(slot), vector_ok);
+      else
+        pick = dllm_row_pick(logits + q * p.v, p.v, p.rule.mask_id, inv_t, keep_all(), st.seed, st.offset_at(slot),
+                             st.sequence_at(), st.position_at(slot), vector_ok, threadIdx.x, kThreads,
+                             [](auto s, auto empty) { return block_merge_all(s, empty); });
       if (threadIdx.x == 0) x0[q] = pick.token, conf[q] = pick.confidence;
     }
     team_sync<kCluster>();  // the picks, to the leader
@@ -399,30 +403,25 @@ cudaError_t accept_typed(const SpiffyAcceptParams& p, void* workspace, cudaStrea
   // Every row of both logits tensors starts 16-byte aligned (the vector loads of dllm_row.cuh).
   const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && reinterpret_cast<uintptr_t>(p.root_logits) % 16 == 0 &&
                          reinterpret_cast<uintptr_t>(p.draft_logits) % 16 == 0;
-  if (p.rule.filtered) {
-    const int64_t mask = p.rule.mask_id;
-    cudaError_t err = launch_row_cut(
-        dllm_cut_params(p.root_logits, p.dtype, p.n * p.l, p.v, p.l, p.rule.s, mask, ws.root_cuts, nullptr), stream);
-    if (err == cudaSuccess)
-      err = launch_row_cut(
-          dllm_cut_params(p.draft_logits, p.dtype, p.n * p.k * p.l, p.v, p.k * p.l, p.rule.s, mask, ws.draft_cuts, nullptr),
-          stream);
-    if (err != cudaSuccess) return err;
-  }
   const unsigned blocks = spiffy_accept_blocks(p);
-  if (blocks == 1) {
-    spiffy_accept_kernel<T, false><<<p.n, kThreads, 0, stream>>>(p, ws, 1u, vector_ok);
-    return cudaGetLastError();
-  }
-  cudaLaunchAttribute cluster{};
-  cudaLaunchConfig_t config = accept_cluster_config(p.n, blocks, &cluster);
-  config.stream = stream;
-  return cudaLaunchKernelEx(&config, spiffy_accept_kernel<T, true>, p, ws, blocks, vector_ok);
+  const auto launch = [&](auto filter) {
+    constexpr bool kFilter = decltype(filter)::value;
+    if (blocks == 1) {
+      spiffy_accept_kernel<T, false, kFilter><<<p.n, kThreads, 0, stream>>>(p, ws, 1u, vector_ok);
+      return cudaGetLastError();
+    }
+    cudaLaunchAttribute cluster{};
+    cudaLaunchConfig_t config = accept_cluster_config(p.n, blocks, &cluster);
+    config.stream = stream;
+    return cudaLaunchKernelEx(&config, spiffy_accept_kernel<T, true, kFilter>, p, ws, blocks, vector_ok);
+  };
+  return p.rule.filtered ? launch(std::true_type{}) : launch(std::false_type{});
 }
 
-// Clusters of kSize blocks of spiffy_accept_kernel<T, true> the current device runs at once
+// Clusters of kSize blocks of spiffy_accept_kernel<T, true, false> the current device runs at once
 // (cudaOccupancyMaxActiveClusters), asked once a device; a failed query (not kept) reads as "all":
-// the cluster launch itself then says whether it can run.
+// the cluster launch itself then says whether it can run. The filtered kernel is asked nothing: it
+// also runs one block an SM, its 41 KB of shared memory within any SM's.
 template <typename T, unsigned kSize>
 int accept_clusters_at_once() {
   static PerDevice at_once;
@@ -430,7 +429,7 @@ int accept_clusters_at_once() {
     cudaLaunchAttribute cluster{};
     const cudaLaunchConfig_t config = accept_cluster_config(1, kSize, &cluster);
     int count = 0;
-    if (cudaOccupancyMaxActiveClusters(&count, spiffy_accept_kernel<T, true>, &config) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveClusters(&count, spiffy_accept_kernel<T, true, false>, &config) != cudaSuccess) {
       (void)cudaGetLastError();  // a query's failure is no launch error
       return PerDevice::Result{INT_MAX, false};
     }
@@ -485,7 +484,7 @@ unsigned spiffy_accept_blocks(const SpiffyAcceptParams& p) {
   // Asked once (the first call, on an sm_90+ device, usually comes before any graph capture).
   static const bool built_for_clusters = [] {
     cudaFuncAttributes attr{};
-    if (cudaFuncGetAttributes(&attr, spiffy_accept_kernel<float, true>) != cudaSuccess) {
+    if (cudaFuncGetAttributes(&attr, spiffy_accept_kernel<float, true, false>) != cudaSuccess) {
       (void)cudaGetLastError();  // a query's failure is no launch error
       return false;
     }
