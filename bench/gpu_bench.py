@@ -36,8 +36,9 @@ ESTIMATE_US = {("chain_verify", 0.0, False): 88, ("chain_verify", 1.0, False): 1
                ("build_draft_tree",): 15, ("tree_attention_mask",): 5, ("tree_verify", 0.0, False): 20,
                ("tree_verify", 1.0, False): 37, ("tree_verify", 1.0, True): 60,
                ("dllm_step T=0",): 38, ("dllm_step T=1",): 70, ("spiffy_materialize",): 70, ("spiffy_accept",): 75,
-               ("spiffy_attention_mask",): 5, ("chain_verify_ragged",): 2000, ("chain_verify_ragged block",): 2000,
-               ("tree_verify mixed",): 150, ("dllm_step T=1 top_k=50 top_p=0.9",): 110}
+               ("spiffy_attention_mask",): 5, ("chain_verify_ragged",): 450, ("chain_verify_ragged block",): 1500,
+               ("tree_verify mixed",): 150, ("dllm_step T=1 top_k=50 top_p=0.9",): 110,
+               ("spiffy_materialize top_k=50 top_p=0.9",): 110, ("refine_step top_k=50 top_p=0.9",): 120}
 
 
 def time_events(fn, warmup=25, iters=200):
@@ -352,6 +353,11 @@ def bench_refine(results, bench):
                        speedup_pass_vs_eager=round(eager / step, 2))
             bench.bandwidth(row, floor_bytes, step, prefix="pass_")
             bench.bandwidth(row, floor_bytes, step_reads["fused"][0], prefix="pass_fused_read_")
+            if n == bench.shape(8, 2):  # per-request filters: filtered_pick_kernel after the pass (floors.md, refine)
+                filtered = per_request_filters(n, bench.device)
+                row.update(pass_top_k50_top_p09_us=round(
+                               bench.time(lambda: xkernels.refine_step(ctx, prev, base, weights, **filtered)), 1),
+                           pass_top_k50_top_p09_h200_estimate_us=ESTIMATE_US[("refine_step top_k=50 top_p=0.9",)])
         if bench.compiled:
             ref_compiled = bench.compile(reference.refine_step)
             compiled_us = bench.peer(lambda: ref_compiled(ctx, prev, base, weights), warmup=3, iters=50)
@@ -477,9 +483,14 @@ def bench_spiffy(results, bench):
     # each step reads the masked rows of the node it stands on (masked, masked - 1, ...)
     accept_bytes = sum(sum(masked - t for t in range(int(s))) for s in steps.tolist()) * small_v * 2
     lens = torch.full((n,), prefix, device=bench.device)
+    filtered = {key: x for key, x in per_request_filters(n, bench.device).items() if key not in ("seed", "offset")}
     time_cases(results, bench, [
         ("spiffy_materialize", f"N={n} L={length} V={v} bf16 keep={keep}",
          lambda: xkernels.spiffy_materialize(logits, block, 1, graph, keep=keep),
+         int((block == 1).sum()) * v * 2, {}),
+        # Per-sequence filters: spiffy_filtered_rows_kernel reads those rows (bench/floors.md, Spiffy).
+        ("spiffy_materialize top_k=50 top_p=0.9", f"N={n} L={length} V={v} bf16 keep={keep}",
+         lambda: xkernels.spiffy_materialize(logits, block, 1, graph, keep=keep, **filtered),
          int((block == 1).sum()) * v * 2, {}),
         ("spiffy_accept", f"N={n} L={length} V={small_v} bf16 keep={keep}",
          lambda: xkernels.spiffy_accept(root, draft_logits, drafts, node_ids, block2, 1, temperature=1.0, seed=1),

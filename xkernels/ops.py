@@ -244,9 +244,10 @@ def chain_verify_ragged(
         - CPU: requests in parallel; the cut is found by a streaming top-k selection (a heap of
           k, blocks of 16 skipped by one vectorised max) or, for top-p alone, mass bands of 1/8
           nat and one ranked band, never a sort of the vocabulary.
-        - CUDA: one launch, a block per request walking its rows; a filtered row's cut by radix
-          selection over the scaled logits' order-preserving bits (count for top-k, 64-bit
-          fixed-point mass for top-p, an ordered pass splitting ties by id); no host sync,
+        - CUDA: two launches: a block per row prepares every row at once (statistics; a filtered
+          row's cut by radix selection over the scaled logits' order-preserving bits, count for
+          top-k, 64-bit fixed-point mass for top-p, an ordered pass splitting ties by id), then a
+          block per request walks its rows on those states; no host sync,
           CUDA-graph capturable, memory-safe on unchecked values.
     """
     block = _check_method(method)
@@ -403,8 +404,9 @@ def refine_step(
           a multiple of 8 up to 256) instead streams ``w_read`` once through a fused tensor-core
           kernel that samples on the products (``XKERNELS_REFINE_READ=gemm|fused|auto`` forces one).
           With a filter in the call the epilogue also writes filtered rows' logits to a workspace
-          (``N * D * V`` floats), a cut kernel finds each row's cut by radix selection (no sort)
-          and a block per filtered row samples its kept ids; no host sync.
+          (``N * D * V`` floats), then a block per filtered row finds its cut by radix selection
+          (no sort) and samples the kept ids in the cut's own gather: two reads of the row; no
+          host sync.
     """
     return torch.ops.xkernels.refine_step.default(
         _tensor(ctx, "ctx"), _tensor(prev_tokens, "prev_tokens"), _tensor(base_logits, "base_logits"),
@@ -776,9 +778,10 @@ def dllm_step(
         - CPU: masked rows in parallel (a filtered row's cut as :func:`chain_verify_ragged`'s CPU
           kernel finds it, no sort), then the selection per sequence (the rule shared in
           ``csrc/include/xkernels/dllm.h``).
-        - CUDA: with filters, first a block per row finds its cut (``launch_row_cut``: radix
-          selection over the scaled logits' order-preserving bits, the mask token ranked as -inf);
-          then blocks over slices of each masked row, then a thread per sequence. No host sync,
+        - CUDA: with filters, a block per masked row that samples with one picks its token in two
+          reads of the row (the statistics, then the cut's radix selection over the scaled logits'
+          order-preserving bits, the mask token ranked as -inf, whose gather also draws); blocks
+          over slices of the other masked rows; then a thread per sequence. No host sync,
           per-sequence tensors read on the device.
     """
     return torch.ops.xkernels.dllm_step.default(
@@ -840,9 +843,10 @@ def spiffy_materialize(
     Kernels:
         - CPU: rows in parallel (statistics and top 8 tokens), then ranking, scores and selection per
           sequence (``csrc/include/xkernels/spiffy.h``).
-        - CUDA: with filters, a block per row finds its cut (``launch_row_cut``); blocks over slices
-          of the masked rows (statistics, the tempered sum over the kept ids, top 8 tokens); then a
-          block per sequence: warps merge the rows, then one block-wide argmax per kept node.
+        - CUDA: with filters, a block per masked row whose sequence filters (statistics and top 8
+          tokens, then the cut, whose ranked candidates give the tempered sum over the kept ids);
+          blocks over slices of the other masked rows (statistics, tempered sum, top 8 tokens);
+          then a block per sequence: warps merge the rows, then one block-wide argmax per kept node.
     """
     return torch.ops.xkernels.spiffy_materialize.default(
         _tensor(logits, "logits"), _tensor(block_tokens, "block_tokens"), int(mask_id),
@@ -909,10 +913,9 @@ def spiffy_accept(
 
     Kernels:
         - CPU: sequences in parallel, each step's rows with :func:`dllm_step`'s row rule.
-        - CUDA: with filters, first the cut of every row of the root's and the drafts' logits
-          (``launch_row_cut``; a walk may read any of them); then one launch, a thread block cluster
-          of 8 blocks per sequence (sm_90+; a block below) walks the steps, a block a masked row, two
-          cluster barriers a step.
+        - CUDA: one launch, a thread block cluster of 8 blocks per sequence (sm_90+; a block below)
+          walks the steps, a block a masked row (with filters, the row's cut found in its own
+          reads, as :func:`dllm_step`'s filtered rows), two cluster barriers a step.
     """
     return torch.ops.xkernels.spiffy_accept.default(
         _tensor(root_logits, "root_logits"), _tensor(draft_logits, "draft_logits"),

@@ -40,7 +40,8 @@ void chain_verify_ragged_cuda(const at::Tensor& draft_tokens, const at::Tensor& 
   p.out = output_token_ids.mutable_data_ptr<int32_t>();
   p.num_emitted = num_emitted.mutable_data_ptr<int32_t>();
   p.logprobs = logprobs.mutable_data_ptr<float>();
-  cuda::check_launch(cuda::launch_chain_ragged(p, cuda::stream()), "chain_verify_ragged");
+  auto workspace = cuda::workspace(cuda::chain_ragged_workspace_bytes(p), target_logits);
+  cuda::check_launch(cuda::launch_chain_ragged(p, workspace.mutable_data_ptr(), cuda::stream()), "chain_verify_ragged");
 }
 
 }  // namespace

@@ -1,8 +1,14 @@
-// chain_verify_ragged_ on CUDA: one launch, a block per request, which walks the request's rows in
-// order (token-wise: up to the first rejection; block verification: every drafted row). Each row
-// takes a pass for its statistics; a row with filters then finds its cut (row_filter.cuh: radix
-// selection, usually 1 more pass), which also gives the kept ids' sum (a pass of its own only where
-// min-p moves the cut). Draft ids outside [0, V) and
+// chain_verify_ragged_ on CUDA, two launches:
+//  1. rows: a block per (request, row) prepares every row of every request at once: a pass for its
+//     statistics; a row with filters then finds its cut (row_filter.cuh: radix selection, usually 1
+//     more pass), which also gives the kept ids' sum (a pass of its own only where min-p moves the
+//     cut). The rows' states go to the workspace.
+//  2. walk: a block per request walks its rows in order on those states (token-wise: up to the
+//     first rejection; block verification: every drafted row), reading a row again only for the
+//     sample of the row it stops at and, in block verification with draft probabilities, for each
+//     drafted row's residual mass.
+// Rows past a token-wise rejection are prepared too (the batch's floor reads every row once); the
+// walk no longer waits on any row's statistics. Draft ids outside [0, V) and
 // any values of cu_num_draft_tokens or of the per-row parameters stay memory-safe: ids count as
 // rejected, counts are clamped into [0, T] and max_spec_len, invalid parameters read as off (greedy
 // for a temperature).
@@ -37,9 +43,15 @@ struct RowState {
   }
 };
 
-struct Shared {
+// What prepare works in: the cut's shared memory and the row's state.
+struct RowShared {
   CutShared cut;
   RowState row;
+};
+
+// What the walk's block shares.
+struct Shared {
+  RowState row;  // of the row the walk stands on
   bool flag;
   int32_t exclude;
   float value;
@@ -47,13 +59,13 @@ struct Shared {
 };
 
 // The statistics pass, a row's first read (from HBM), loads this many times kIdDepth ids at once: the
-// kernel runs a block an SM at any register count up to 255, and this pass's small body stays below
-// the selection's registers at 16 ids (222 for bfloat16 on sm_90a; 32 reached 255).
+// rows kernel runs a block an SM (168 registers on sm_90a; at two, 128, the selection spilled at 8 or
+// 16 ids), and this pass's small body stays below the selection's registers at 16 ids.
 constexpr int kStatsScale = 2;
 
 // Row i's statistics and, with filters, its cut and the kept ids' sum, into sh.row.
 template <typename T>
-__device__ void prepare(Shared& sh, const RowView<T>& r, const RowSampling& rs, bool greedy, bool filtered,
+__device__ void prepare(RowShared& sh, const RowView<T>& r, const RowSampling& rs, bool greedy, bool filtered,
                         int mass_shift) {
   const TopBits bits = filtered ? top_bits(rs, r.v) : TopBits::kNone;
   if (bits != TopBits::kNone) clear_top_bits(sh.cut);
@@ -139,15 +151,16 @@ struct Request {
 template <typename T>
 class RequestWalk {
  public:
+  // states: the request's prepared rows.
   __device__ RequestWalk(const T* logits, const int64_t* draft, const float* q, int64_t v, int32_t* out,
-                         float* logprobs, const Request& req, Shared& sh, int mass_shift)
-      : req_(req), sh_(sh), mass_shift_(mass_shift), v_(v), rows_(logits + (req.lo + blockIdx.x) * v),
+                         float* logprobs, const Request& req, const RowState* states, Shared& sh)
+      : req_(req), sh_(sh), states_(states), v_(v), rows_(logits + (req.lo + blockIdx.x) * v),
         draft_(draft + req.lo), q_(q ? q + req.lo * v : nullptr), out_(out), logprobs_(logprobs) {}
 
   __device__ int64_t token_wise() {
     int64_t i = 0;
     for (;; ++i) {
-      prepare(sh_, view(i), req_.rs, req_.greedy, req_.filtered, mass_shift_);
+      stand_on(i);
       if (i == req_.k) break;
       if (threadIdx.x == 0) {
         const int64_t x = draft_[i];
@@ -178,7 +191,7 @@ class RequestWalk {
     float w = 1.0f, w_tau = 1.0f;
     int64_t tau = 0;
     for (int64_t i = 0; i < req_.k; ++i) {
-      prepare(sh_, view(i), req_.rs, req_.greedy, req_.filtered, mass_shift_);
+      stand_on(i);
       const int64_t x = draft_[i];
       const bool valid = x >= 0 && x < v_;
       if (i > 0) {
@@ -193,13 +206,13 @@ class RequestWalk {
       const float* q_row = q(i);
       if (threadIdx.x == 0) emit(i, x, sh_.row.logprob(a_x));
       w = block_weight(w, p_x, q_row ? (valid ? q_row[x] : 0.0f) : 1.0f);
-      __syncthreads();  // sh.row is read before the next row's pass rewrites it
+      __syncthreads();  // sh.row is read before the next row's state replaces it
     }
     if (req_.k > 0 && req_.st.coin(static_cast<uint32_t>(req_.k - 1)) < w) {
       tau = req_.k;
       w_tau = w;
     }
-    prepare(sh_, view(tau), req_.rs, req_.greedy, req_.filtered, mass_shift_);
+    stand_on(tau);
     const bool bonus = tau == req_.k;
     int32_t exclude = -1;
     if (!bonus) {
@@ -213,6 +226,11 @@ class RequestWalk {
   }
 
  private:
+  // Row i's prepared state into sh.row, for the whole block.
+  __device__ void stand_on(int64_t i) {
+    if (threadIdx.x == 0) sh_.row = states_[i];
+    __syncthreads();
+  }
   __device__ RowView<T> view(int64_t i) const {
     return RowView<T>{rows_ + i * v_, v_, req_.greedy ? 1.0f : req_.rs.inv_t};
   }
@@ -249,7 +267,7 @@ class RequestWalk {
 
   const Request req_;
   Shared& sh_;
-  const int mass_shift_;
+  const RowState* states_;
   const int64_t v_;
   const T* rows_;
   const int64_t* draft_;
@@ -260,10 +278,8 @@ class RequestWalk {
 
 __device__ int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads, 1) chain_ragged_kernel(ChainRaggedParams p, int mass_shift) {
-  __shared__ Shared sh;
-  const int64_t n = blockIdx.x;
+// Request n's drafts (the counts clamped into [0, T] and max_spec_len), parameters and stream.
+__device__ Request request_of(const ChainRaggedParams& p, int64_t n) {
   Request req;
   req.lo = n == 0 ? 0 : clamp64(p.cu[n - 1], 0, p.t);
   const int64_t hi = clamp64(p.cu[n], req.lo, p.t);
@@ -272,9 +288,33 @@ __global__ void __launch_bounds__(kThreads, 1) chain_ragged_kernel(ChainRaggedPa
   req.st = p.s.stream(n);
   req.greedy = req.rs.inv_t == 0.0f;
   req.filtered = !req.greedy && filters_active(req.rs, p.v);
+  return req;
+}
+
+// Launch 1: block (n, i) prepares row i of request n (those past its drafts exit), into
+// states[n * (max_spec_len + 1) + i]. One block an SM: the selection takes the registers.
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1) chain_ragged_rows_kernel(ChainRaggedParams p, RowState* states,
+                                                                         int mass_shift) {
+  __shared__ RowShared sh;
+  const int64_t width = p.max_spec_len + 1;
+  const int64_t n = blockIdx.x / width, i = blockIdx.x % width;
+  const Request req = request_of(p, n);
+  if (i > req.k) return;  // the whole block
+  const RowView<T> r{static_cast<const T*>(p.logits) + (req.lo + n + i) * p.v, p.v, req.greedy ? 1.0f : req.rs.inv_t};
+  prepare(sh, r, req.rs, req.greedy, req.filtered, mass_shift);
+  if (threadIdx.x == 0) states[blockIdx.x] = sh.row;
+}
+
+// Launch 2: a block per request walks its prepared rows.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) chain_ragged_kernel(ChainRaggedParams p, const RowState* states) {
+  __shared__ Shared sh;
+  const int64_t n = blockIdx.x;
+  const Request req = request_of(p, n);
   const int64_t width = p.max_spec_len + 1;
   RequestWalk<T> walk(static_cast<const T*>(p.logits), p.draft, p.q, p.v, p.out + n * width, p.logprobs + n * width,
-                      req, sh, mass_shift);
+                      req, states + n * width, sh);
   const int64_t emitted = p.block && !req.greedy ? walk.block_wise() : walk.token_wise();
   __syncthreads();  // thread 0's writes of the emitted slots come before the padding
   for (int64_t j = emitted + threadIdx.x; j < width; j += kThreads) {
@@ -284,17 +324,30 @@ __global__ void __launch_bounds__(kThreads, 1) chain_ragged_kernel(ChainRaggedPa
   if (threadIdx.x == 0) p.num_emitted[n] = static_cast<int32_t>(emitted);
 }
 
+template <typename T>
+cudaError_t launch_typed(const ChainRaggedParams& p, void* workspace, cudaStream_t stream) {
+  auto* states = static_cast<RowState*>(workspace);
+  const int64_t rows = p.n * (p.max_spec_len + 1);
+  chain_ragged_rows_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(p, states, cut_mass_shift(p.v));
+  chain_ragged_kernel<T><<<static_cast<unsigned>(p.n), kThreads, 0, stream>>>(p, states);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
-cudaError_t launch_chain_ragged(const ChainRaggedParams& p, cudaStream_t stream) {
+size_t chain_ragged_workspace_bytes(const ChainRaggedParams& p) {
+  return sizeof(RowState) * static_cast<size_t>(p.n * (p.max_spec_len + 1));
+}
+
+cudaError_t launch_chain_ragged(const ChainRaggedParams& p, void* workspace, cudaStream_t stream) {
   if (p.n == 0) return cudaSuccess;
-  const int mass_shift = cut_mass_shift(p.v);
+  if (p.n * (p.max_spec_len + 1) > 0x7FFFFFFF) return cudaErrorInvalidValue;
   switch (p.dtype) {
-    case LogitsType::kFloat32: chain_ragged_kernel<float><<<p.n, kThreads, 0, stream>>>(p, mass_shift); break;
-    case LogitsType::kBFloat16: chain_ragged_kernel<__nv_bfloat16><<<p.n, kThreads, 0, stream>>>(p, mass_shift); break;
-    case LogitsType::kFloat16: chain_ragged_kernel<__half><<<p.n, kThreads, 0, stream>>>(p, mass_shift); break;
+    case LogitsType::kFloat32: return launch_typed<float>(p, workspace, stream);
+    case LogitsType::kBFloat16: return launch_typed<__nv_bfloat16>(p, workspace, stream);
+    case LogitsType::kFloat16: return launch_typed<__half>(p, workspace, stream);
   }
-  return cudaGetLastError();
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace xkernels::cuda

@@ -3,6 +3,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "launch_types.h"
@@ -24,7 +25,10 @@ struct ChainRaggedParams {
   float* logprobs;      // [n, max_spec_len + 1]
 };
 
-// Launches the kernel (a block per request) on `stream`; returns the launch error, if any.
-cudaError_t launch_chain_ragged(const ChainRaggedParams& p, cudaStream_t stream);
+// The workspace launch_chain_ragged needs: every row's prepared state.
+size_t chain_ragged_workspace_bytes(const ChainRaggedParams& p);
+// Launches the kernels (a block per row, then a block per request) on `stream`; returns the launch
+// error, if any.
+cudaError_t launch_chain_ragged(const ChainRaggedParams& p, void* workspace, cudaStream_t stream);
 
 }  // namespace xkernels::cuda

@@ -13,7 +13,6 @@
 #include "device_utils.cuh"
 #include "dllm_launch.h"
 #include "dllm_row.cuh"
-#include "row_cut_launch.h"
 #include "row_filter.cuh"
 #include "xkernels/dllm.h"
 
@@ -176,16 +175,6 @@ cudaError_t launch_typed(const DllmParams& p, void* workspace, cudaStream_t stre
 }
 
 }  // namespace
-
-RowCutParams dllm_cut_params(const void* logits, LogitsType dtype, int64_t rows, int64_t v,
-                             int64_t rows_per_sequence, const SamplingView& s, int64_t mask_id, FilterCut* cuts,
-                             const int64_t* masked_by) {
-  RowCutParams c{};
-  c.logits = logits, c.dtype = dtype;
-  c.rows = rows, c.v = v, c.row_stride = v, c.rows_per_request = rows_per_sequence;
-  c.s = s, c.cuts = cuts, c.exclude = mask_id, c.masked_by = masked_by;
-  return c;
-}
 
 size_t dllm_workspace_bytes(const DllmParams& p) {
   const DllmLayout d = dllm_layout(p);

@@ -7,7 +7,6 @@
 #include <cstdint>
 
 #include "launch_types.h"
-#include "row_cut_launch.h"
 #include "xkernels/sampling_params.h"
 
 namespace xkernels::cuda {
@@ -19,7 +18,7 @@ struct DllmRule {
   bool use_threshold;
   float threshold;
   SamplingView s;
-  bool filtered;  // some sequence may filter: the launcher finds each row's cut first (launch_row_cut)
+  bool filtered;  // some sequence may filter: dllm_filtered_kernel picks its filtered rows
 };
 
 struct DllmParams {
@@ -33,12 +32,6 @@ struct DllmParams {
   float* confidence;  // [n, l]
   int num_sms;        // sizes the split of the rows over the grid
 };
-
-// The row cut pass over `rows` rows of v ids (rows_per_sequence a sequence), the mask token
-// ranked as -inf (dllm_step's and the Spiffy ops').
-RowCutParams dllm_cut_params(const void* logits, LogitsType dtype, int64_t rows, int64_t v,
-                             int64_t rows_per_sequence, const SamplingView& s, int64_t mask_id, FilterCut* cuts,
-                             const int64_t* masked_by);
 
 size_t dllm_workspace_bytes(const DllmParams& p);
 cudaError_t launch_dllm_step(const DllmParams& p, void* workspace, cudaStream_t stream);

@@ -16,9 +16,9 @@
 //     The epilogue adds the base logits, scales by 1/T and keeps the Gumbel-max pick and the
 //     softmax statistics (observe_group; the logits are never written to HBM)
 //  5. merge:        a warp per row merges its partial results (a shuffle tree)
-//  6. with filters (RefineParams::filter): launch_row_cut over the logits the epilogue kept of rows
-//     that sample with top-k, top-p or min-p, then filtered_sample: a block per such row draws
-//     over its kept ids and overwrites the row's merged result
+//  6. with filters (RefineParams::filter): filtered_pick, a block per row that samples with top-k,
+//     top-p or min-p, finds the row's cut on the logits the epilogue kept, draws over the kept ids
+//     (in the cut's gather) and overwrites the row's merged result
 // Jacobi adds an update launch per pass (convergence flags live on the device), so max_iters
 // passes are a fixed launch sequence a CUDA graph can capture; blocks of converged sequences,
 // and of slots before a sequence's first change (final), exit at once (the GEMMs run over every
@@ -30,7 +30,7 @@
 #include "device_utils.cuh"
 #include "per_device.h"
 #include "refine_launch.h"
-#include "row_cut_launch.h"
+#include "row_filter.cuh"
 
 namespace xkernels::cuda {
 namespace {
@@ -62,7 +62,6 @@ struct RefineWorkspace {
   int32_t* active;       // [n]
   int32_t* first_dirty;  // [n]: drafted slots before it read unchanged tokens (final)
   float* logits;         // [rows, v] of a launch with filters: filtered rows' logits
-  FilterCut* cuts;       // [rows] of a launch with filters
 };
 
 // The rows one launch sequence works on: drafted slots [d_begin, d_begin + d_count) of the
@@ -456,35 +455,91 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(RefineParams p, RowSet 
   }
 }
 
-// A block per filtered row of the launch: Gumbel-max and softmax statistics over the ids its cut
-// keeps (the same noise as the fused epilogue's), overwriting the row's token and log-probability.
-// NaN logits stay (a row with one has no softmax, and row_cut keeps every id of it).
-__global__ void __launch_bounds__(kThreads) filtered_sample_kernel(RefineParams p, RowSet rs, RefineWorkspace w,
-                                                                   int64_t* tokens, float* logprobs) {
+// The noise observe_group gives id i of a row (its group's Philox draw, word i % 4).
+__device__ __forceinline__ float id_noise(const RowNoise& rn, int64_t i) {
+  const Philox4 r = philox_draw(rn.seed, rn.offset, rn.sequence, rn.position, static_cast<uint32_t>(i / 4));
+  const int j = static_cast<int>(i % 4);
+  return gumbel_from_word(j == 0 ? r.w[0] : j == 1 ? r.w[1] : j == 2 ? r.w[2] : r.w[3]);
+}
+
+// The draw over the ids above a cut's bin, in the cut's gather pass (row_filter.cuh's hook): the
+// pick, with the candidates' after it, of the filtered row.
+struct RefineHook {
+  static constexpr bool kActive = true;
+  RowNoise rn;
+  SampledRow best;
+  __device__ __forceinline__ void begin() { best = sampled_empty(); }
+  __device__ __forceinline__ void observe(int64_t i, float a) {
+    sampled_observe(best, a, id_noise(rn, i), static_cast<int32_t>(i));
+  }
+};
+
+// A block per filtered row of the launch: the Gumbel-max pick over the ids its cut keeps (the
+// noise of the fused epilogue) and its log-probability, overwriting the row's merged result. Two
+// reads of the logits the epilogue kept: the top, noting its key bits for the cut, then the
+// cut's gather, which draws too; the kept ids' sum comes from the ranked candidates. A draw pass
+// follows where the gather does not hold the final cut (min-p alone or moving the cut to a higher
+// bin, a second radix level), and a pass for the sum where min-p narrows the cut within its bin.
+// A row without a softmax (a NaN, +inf, or all -inf) keeps the merged result (no cut, as the
+// reference). One block an SM: the selection with the draw in its gather takes the registers.
+__global__ void __launch_bounds__(kThreads, 1) filtered_pick_kernel(RefineParams p, RowSet rs, RefineWorkspace w,
+                                                                    int mass_shift, int64_t* tokens, float* logprobs) {
+  __shared__ CutShared sh;
+  __shared__ float top_value;
   const int64_t m = blockIdx.x;
   if (!row_live(p, rs, m)) return;  // the whole block
   const int64_t n = m / rs.d_count, d = rs.d_begin + m % rs.d_count;
   if (!row_filtered(p, n)) return;
+  const RowSampling samp = p.s.row(n);
   const RowNoise rn = row_noise(p, n, d);
-  const FilterCut cut = w.cuts[m];
-  const float* l = w.logits + m * p.v;
+  const RowView<float> r{w.logits + m * p.v, p.v, rn.scale};
+  const TopBits bits = top_bits(samp, p.v);
+  if (bits != TopBits::kNone) clear_top_bits(sh);
+  __syncthreads();
+  ArgMax top = argmax_empty();
+  r.for_each_any_order([&](int64_t i, float a) {  // the argmax ranks ties by id: any order
+    argmax_observe(top, a, static_cast<int32_t>(i));
+    observe_top_bits(sh, a, bits);
+  });
+  top = block_merge(top, argmax_empty());
+  if (threadIdx.x == 0) top_value = top.val;
+  __syncthreads();
+  const float t = top_value;
+  if (!is_finite_f32(t)) return;  // the whole block
+  RefineHook hook{rn, sampled_empty()};
+  unsigned long long kept;
+  const FilterCut cut = filter_cut(sh, r, t, samp, mass_shift, &kept, hook);
+  const int hooked = sh.hooked_n;
+  const uint32_t bin = sh.hooked_bin;
+  const bool drawn = hooked >= 0 && (bin == kAllRanked || order_key(cut.val) >> 21 == bin);
   SampledRow best = sampled_empty();
-  for (int64_t q = threadIdx.x; 4 * q < p.v; q += kThreads) {
-    float x[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t id = 4 * q + j;
-      x[j] = id < p.v ? l[id] : 0.0f;
-      const bool dropped = !is_nan_f32(x[j]) && !filter_keeps(cut, x[j] * rn.scale, static_cast<int32_t>(id));
-      if (id < p.v && dropped) x[j] = kNegInf;
+  if (drawn) {
+    if (bin != kAllRanked) best = hook.best;
+    for (int j = threadIdx.x; j < hooked; j += kThreads) {
+      const float a = key_value(sh.cand.key[j]);
+      const int32_t id = sh.cand.id[j];
+      if (filter_keeps(cut, a, id)) sampled_observe(best, a, id_noise(rn, id), id);
     }
-    observe_group(best, x, q, p.v, rn);
+  } else {
+    XK_ROW_PASS();
+    for (int64_t q = threadIdx.x; 4 * q < p.v; q += kThreads) {
+      float x[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int64_t id = 4 * q + j;
+        x[j] = id < p.v && filter_keeps(cut, r.a(id), static_cast<int32_t>(id)) ? r.row[id] : kNegInf;
+      }
+      observe_group(best, x, q, p.v, rn);
+    }
   }
+  __syncthreads();  // the candidates are read before block_merge's buffer, and kept_sum, reuse shared memory
   best = block_merge(best, sampled_empty());
+  // Drawn from the gather, the row's statistics are those of the kept ids: their sum from the cut.
+  const float sum = drawn ? kept_sum(r, cut, t, kept, mass_shift) : 0.0f;
   if (threadIdx.x == 0) {
     const int64_t at = row_index(p, rs, m);
     tokens[at] = sampled_token(best);
-    logprobs[at] = sampled_logprob(best);
+    logprobs[at] = drawn ? best.pick_a - t - log_f32(sum) : sampled_logprob(best);
   }
 }
 
@@ -535,7 +590,7 @@ ReadSizes read_sizes(const RefineParams& p) {
 }
 
 struct Layout {
-  size_t u, hid, z, dots, partial, tokens, logprobs, flags, logits, cuts;
+  size_t u, hid, z, dots, partial, tokens, logprobs, flags, logits;
 };
 
 Layout layout(const RefineParams& p) {
@@ -548,8 +603,7 @@ Layout layout(const RefineParams& p) {
                 align_up(sizeof(int64_t) * p.n * p.d),
                 align_up(sizeof(float) * p.n * p.d),
                 align_up(sizeof(int32_t) * p.n),
-                p.filter ? align_up(sizeof(float) * p.n * p.d * p.v) : 0,
-                p.filter ? align_up(sizeof(FilterCut) * p.n * p.d) : 0};
+                p.filter ? align_up(sizeof(float) * p.n * p.d * p.v) : 0};
 }
 
 RefineWorkspace carve(const RefineParams& p, void* workspace) {
@@ -571,7 +625,6 @@ RefineWorkspace carve(const RefineParams& p, void* workspace) {
   w.active = reinterpret_cast<int32_t*>(take(l.flags));
   w.first_dirty = reinterpret_cast<int32_t*>(take(l.flags));
   w.logits = reinterpret_cast<float*>(take(l.logits));
-  w.cuts = reinterpret_cast<FilterCut*>(take(l.cuts));
   return w;
 }
 
@@ -642,9 +695,7 @@ cudaError_t pass(const RefineParams& p, const ReadGemmRunner& gemm, const RowSet
   XK_RETURN_IF_FAILED(cudaGetLastError());
   if (p.filter) {
     // Rows that are not filtered (or not live) get a keep-all cut or one of stale logits, unread.
-    const RowCutParams cut{w.logits, LogitsType::kFloat32, rows, p.v, p.v, rs.d_count, p.s, w.cuts};
-    XK_RETURN_IF_FAILED(launch_row_cut(cut, stream));
-    filtered_sample_kernel<<<rows, kThreads, 0, stream>>>(p, rs, w, tokens, logprobs);
+    filtered_pick_kernel<<<rows, kThreads, 0, stream>>>(p, rs, w, cut_mass_shift(p.v), tokens, logprobs);
     XK_RETURN_IF_FAILED(cudaGetLastError());
   }
   return cudaSuccess;
@@ -757,7 +808,7 @@ RefineReadPlan refine_read_plan(const RefineParams& p, int64_t rows, bool read) 
 
 size_t refine_workspace_bytes(const RefineParams& p) {
   const Layout l = layout(p);
-  return l.u + l.hid + l.z + l.dots + l.partial + l.tokens + l.logprobs + 2 * l.flags + l.logits + l.cuts;
+  return l.u + l.hid + l.z + l.dots + l.partial + l.tokens + l.logprobs + 2 * l.flags + l.logits;
 }
 
 cudaError_t launch_refine_step(const RefineParams& p, const ReadGemmRunner& gemm, void* workspace, int64_t* tokens,

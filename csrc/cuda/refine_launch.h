@@ -44,8 +44,8 @@ struct RefineParams {
   // draws at stream slot d).
   SamplingView s;
   // Some sequence may sample with top-k, top-p or min-p: the epilogue then keeps such rows'
-  // logits in the workspace ([rows, v] float32), launch_row_cut finds their cuts and
-  // filtered_sample_kernel samples them over the kept ids, in place of the fused result.
+  // logits in the workspace ([rows, v] float32); filtered_pick_kernel finds their cuts and
+  // samples them over the kept ids, in place of the fused result.
   bool filter;
   int num_sms;
   int cc_major;  // compute capability: the fused read's bfloat16 tensor cores need 8 or more

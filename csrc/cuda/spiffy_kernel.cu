@@ -56,34 +56,29 @@ __device__ __forceinline__ float scaled_sum_to(float sum, float from, float to, 
   return from == kNegInf ? 0.0f : sum * exp_f32((from - to) * scale);
 }
 
-// Pass 1 of materialize: every row split in `slices` slices over the grid (row_reduce.cuh reads
-// them; at kScaled the tempered sum comes in the same pass). Rows that are not masked are skipped.
-template <typename T, bool kScaled>
-__global__ void __launch_bounds__(kThreads) spiffy_rows_kernel(SpiffyMaterializeParams p, const FilterCut* cuts,
-                                                               RowSlice* out, int slices, bool vector_ok) {
+// A block's reduction of chunks `range` of masked row `src` (every thread's ids first, first +
+// kThreads, ...): the raw statistics (at every thread), and, at thread 0, the slice's tempered sum
+// at kScaled and its top tokens; observe(a, id) sees each raw value read.
+template <typename T, bool kScaled, int kDepth, typename Observe>
+__device__ __forceinline__ RowSlice reduce_row_slice(const T* src, int64_t v, SliceRange range, int64_t mask,
+                                                     float scale, bool vector_ok, const Observe& observe) {
   __shared__ TopTokens warp_tops[kWarps];
   constexpr int kIds = 16 / sizeof(T);
-  const int64_t row = blockIdx.x / slices;  // n * l + position
-  const int slice = static_cast<int>(blockIdx.x % slices);
-  if (p.block[row] != p.mask_id) return;  // the same for the whole block
-  const T* src = static_cast<const T*>(p.logits) + row * p.v;
-  const SliceRange range = slice_range(p.v, kIds, slices, slice);
-  const float scale = spiffy_scale(p.s.row(row / p.l));
   const float scale_log2e = scale * kLog2e;
-  const FilterCut cut = row_cut_or_all(cuts, row);  // the tempered sum is over the ids it keeps
-  const bool filtered = cut_active(cut);
   RowStats raw = stats_empty();
   float scaled = 0.0f;
   TopTokens top;
   top_clear(top);
-  for_each_row_value<T, 4>(
-      src, p.v, range.begin, range.end, vector_ok, 1.0f, p.mask_id, threadIdx.x, kThreads,
+  for_each_row_value<T, kDepth>(
+      src, v, range.begin, range.end, vector_ok, 1.0f, mask, threadIdx.x, kThreads,
       [&](const float (&a)[kIds], int32_t id) {
         const float before = raw.top.val;
         observe_chunk_in_order<false>(raw, a, id);
         float m = a[0];
 #pragma unroll
         for (int j = 1; j < kIds; ++j) m = max_nan(m, a[j]);
+#pragma unroll
+        for (int j = 0; j < kIds; ++j) observe(a[j], id + j);
         // Ids rise, so a chunk whose best loses to the eighth kept token has nothing to insert.
         const int last = kSpiffyMaxRank - 1;
         if (top.idx[last] == kNoIndex || (!(m <= top.val[last]) && !is_nan_f32(top.val[last]))) {
@@ -95,8 +90,7 @@ __global__ void __launch_bounds__(kThreads) spiffy_rows_kernel(SpiffyMaterialize
           const float off = raw.top.val == kNegInf ? 0.0f : raw.top.val * scale_log2e;
           float add = 0.0f;
 #pragma unroll
-          for (int j = 0; j < kIds; ++j)
-            if (!filtered || filter_keeps(cut, a[j] * scale, id + j)) add += exp2f(fmaf(a[j], scale_log2e, -off));
+          for (int j = 0; j < kIds; ++j) add += exp2f(fmaf(a[j], scale_log2e, -off));
           scaled += add;
         }
       },
@@ -104,10 +98,10 @@ __global__ void __launch_bounds__(kThreads) spiffy_rows_kernel(SpiffyMaterialize
         const float before = raw.top.val;
         stats_observe(raw, a, id);
         top_observe(top, a, id);
+        observe(a, id);
         if constexpr (kScaled) {
           if (raw.top.val != before) scaled = scaled_sum_to(scaled, before, raw.top.val, scale);
-          if (a != kNegInf && (!filtered || filter_keeps(cut, a * scale, id)))
-            scaled += exp_f32((a - raw.top.val) * scale);
+          if (a != kNegInf) scaled += exp_f32((a - raw.top.val) * scale);
         }
       });
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -122,7 +116,84 @@ __global__ void __launch_bounds__(kThreads) spiffy_rows_kernel(SpiffyMaterialize
     else
       top_clear(top);
     top = warp_merge_top(top);
-    if (lane == 0) out[blockIdx.x] = RowSlice{merged, kScaled ? scaled : merged.sum, top};
+  }
+  __syncthreads();  // warp_tops is reused by a next call
+  return RowSlice{merged, kScaled ? scaled : merged.sum, top};
+}
+
+// Whether spiffy_filtered_rows_kernel reduces row `row` (masked, its sequence sampled with some
+// filter active); the same for a whole block.
+__device__ __forceinline__ bool filtered_row(const SpiffyMaterializeParams& p, int64_t row) {
+  if (!p.filtered || p.block[row] != p.mask_id) return false;
+  const RowSampling rs = p.s.row(row / p.l);
+  return rs.inv_t != 0.0f && filters_active(rs, p.v);
+}
+
+// Pass 1 of materialize: every masked row split in `slices` slices over the grid (row_reduce.cuh
+// reads them; at kScaled the tempered sum comes in the same pass). Rows that are not masked, and
+// those spiffy_filtered_rows_kernel reduces, are skipped.
+template <typename T, bool kScaled>
+__global__ void __launch_bounds__(kThreads) spiffy_rows_kernel(SpiffyMaterializeParams p, RowSlice* out, int slices,
+                                                               bool vector_ok) {
+  constexpr int kIds = 16 / sizeof(T);
+  const int64_t row = blockIdx.x / slices;  // n * l + position
+  const int slice = static_cast<int>(blockIdx.x % slices);
+  if (p.block[row] != p.mask_id || filtered_row(p, row)) return;  // the same for the whole block
+  if (slice == 0) XK_ROW_PASS();  // the emulation counts a read of the row where its first slice reads
+  const RowSlice s =
+      reduce_row_slice<T, kScaled, 4>(static_cast<const T*>(p.logits) + row * p.v, p.v, slice_range(p.v, kIds, slices, slice),
+                                      p.mask_id, spiffy_scale(p.s.row(row / p.l)), vector_ok, [](float, int32_t) {});
+  if (threadIdx.x == 0) out[blockIdx.x] = s;
+}
+
+// Pass 1 of materialize for the masked rows whose sequence filters, a block a row, in two reads: the
+// raw statistics and top tokens, which also note the tempered row's top key bits for the cut, then
+// the cut (row_filter.cuh), whose ranked candidates give the kept ids' tempered sum (a pass more
+// where min-p moves the cut). The row's result goes to its first slice, the others are emptied;
+// every row's cut goes to cuts (keep_all where the row is not filtered). One block an SM, as
+// dllm_step's filtered kernel.
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1)
+    spiffy_filtered_rows_kernel(SpiffyMaterializeParams p, FilterCut* cuts, RowSlice* out, int slices, int mass_shift,
+                                bool vector_ok) {
+  __shared__ CutShared sh;
+  constexpr int kIds = 16 / sizeof(T);
+  const int64_t row = blockIdx.x;
+  if (!filtered_row(p, row)) {
+    if (threadIdx.x == 0) cuts[row] = keep_all();
+    return;
+  }
+  const T* src = static_cast<const T*>(p.logits) + row * p.v;
+  const RowSampling rs = p.s.row(row / p.l);
+  const float scale = spiffy_scale(rs);  // rs.inv_t: the row samples
+  const TopBits bits = top_bits(rs, p.v);
+  if (bits != TopBits::kNone) clear_top_bits(sh);
+  __syncthreads();
+  XK_ROW_PASS();
+  RowSlice s = reduce_row_slice<T, true, 8>(src, p.v, SliceRange{0, (p.v + kIds - 1) / kIds}, p.mask_id, scale,
+                                            vector_ok, [&](float a, int32_t) { observe_top_bits(sh, a * scale, bits); });
+  __syncthreads();  // the top bits are complete
+  const float top = s.raw.top.val * scale;  // the tempered top: rounding is monotone
+  FilterCut cut = keep_all();
+  if (is_finite_f32(top)) {  // a row without a softmax is scored as it is (the filtered reference's rule)
+    const RowView<T> r{src, p.v, scale, p.mask_id};
+    unsigned long long kept;
+    cut = filter_cut(sh, r, top, rs, mass_shift, &kept);
+    // The kept ids' sum of exp(a - top): the scaled sum position_top reads, from the raw top at `scale`.
+    if (cut_active(cut)) {
+      const float sum = kept_sum(r, cut, top, kept, mass_shift);
+      if (threadIdx.x == 0) s.scaled_sum = sum;
+    }
+  }
+  if (threadIdx.x == 0) cuts[row] = cut;
+  for (int j = threadIdx.x; j < slices; j += kThreads) {
+    if (j == 0) {
+      out[row * slices] = s;
+    } else {
+      RowSlice empty{stats_empty(), 0.0f, {}};
+      top_clear(empty.top);
+      out[row * slices + j] = empty;
+    }
   }
 }
 
@@ -369,16 +440,14 @@ cudaError_t materialize_typed(const SpiffyMaterializeParams& p, void* workspace,
   FilterCut* cuts = p.filtered ? reinterpret_cast<FilterCut*>(at) : nullptr;
   const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && reinterpret_cast<uintptr_t>(p.logits) % 16 == 0;
   if (p.l > 0) {  // an empty grid is a launch error
-    if (cuts) {
-      const cudaError_t err =
-          launch_row_cut(dllm_cut_params(p.logits, p.dtype, p.n * p.l, p.v, p.l, p.s, p.mask_id, cuts, p.block), stream);
-      if (err != cudaSuccess) return err;
-    }
-    // The tempered sum's pass wherever a sequence may score at a scale other than 1 or filter.
-    if (p.s.temperature || spiffy_scale(p.s.scalar) != 1.0f || cuts)
-      spiffy_rows_kernel<T, true><<<p.n * p.l * slices, kThreads, 0, stream>>>(p, cuts, rows, slices, vector_ok);
+    if (cuts)
+      spiffy_filtered_rows_kernel<T><<<p.n * p.l, kThreads, 0, stream>>>(p, cuts, rows, slices, cut_mass_shift(p.v),
+                                                                         vector_ok);
+    // The tempered sum's pass wherever a sequence may score at a scale other than 1.
+    if (p.s.temperature || spiffy_scale(p.s.scalar) != 1.0f)
+      spiffy_rows_kernel<T, true><<<p.n * p.l * slices, kThreads, 0, stream>>>(p, rows, slices, vector_ok);
     else
-      spiffy_rows_kernel<T, false><<<p.n * p.l * slices, kThreads, 0, stream>>>(p, cuts, rows, slices, vector_ok);
+      spiffy_rows_kernel<T, false><<<p.n * p.l * slices, kThreads, 0, stream>>>(p, rows, slices, vector_ok);
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the CUDA emulation library: every csrc/cuda/*.cu (and the emulation's own test kernels), translated (translate.py, with
+# Builds the CUDA emulation library: every csrc/cuda/*.cu (and the emulation's own test kernels:
+# selftest_kernels.cu, row_cut_kernel.cu), translated (translate.py, with
 # the .cuh headers they include) and compiled
 # by the host compiler against cuda_emu.h, with AddressSanitizer and UndefinedBehaviorSanitizer.
 # Prints the library's path. Needs only python3 and a C++20 compiler (no torch, no nvcc).
@@ -20,7 +21,7 @@ compile() {  # source, object
   "$CXX" "${FLAGS[@]}" -c "$1" -o "$2"
 }
 pids=()
-for cu in "$ROOT"/csrc/cuda/*.cu "$EMU"/selftest_kernels.cu; do
+for cu in "$ROOT"/csrc/cuda/*.cu "$EMU"/selftest_kernels.cu "$EMU"/row_cut_kernel.cu; do
   name="$(basename "${cu%.cu}")"
   python3 "$EMU/translate.py" "$cu" "$OUT/$name.cpp"
   compile "$OUT/$name.cpp" "$OUT/$name.o" & pids+=($!)

@@ -162,7 +162,8 @@ int xk_emu_chain_ragged(const void* logits, int logits_type, const int64_t* draf
   p.out = dev.alloc<int32_t>(sizeof(int32_t) * n * width, 0xA5);
   p.num_emitted = dev.alloc<int32_t>(sizeof(int32_t) * n, 0xA5);
   p.logprobs = dev.alloc<float>(sizeof(float) * n * width, 0xA5);
-  const cudaError_t err = launch_chain_ragged(p, nullptr);
+  void* workspace = dev.alloc(chain_ragged_workspace_bytes(p), 0xA5);
+  const cudaError_t err = launch_chain_ragged(p, workspace, nullptr);
   copy_out(out, p.out, sizeof(int32_t) * n * width);
   copy_out(num_emitted, p.num_emitted, sizeof(int32_t) * n);
   copy_out(logprobs, p.logprobs, sizeof(float) * n * width);

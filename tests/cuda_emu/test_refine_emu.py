@@ -262,3 +262,38 @@ def test_per_sequence_sampling_and_per_request_streams(emu, weight_dtype, read, 
                                **{k: v[i:i + 1] for k, v in params.items()}, **kw)
             assert torch.equal(alone[0][0], got_tokens[i]), (op, i)
             torch.testing.assert_close(alone[1][0], got_logprobs[i], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("filters,passes", [
+    (dict(top_k=50), 2),
+    (dict(top_p=0.9), 2),
+    (dict(top_k=20, top_p=0.8), 2),
+    (dict(top_k=2500, top_p=0.9), 3),  # > 2048 ids at or above top-k's bin: top-p ranks another bin
+    (dict(min_p=0.05), 2),  # min-p alone: no gather, the draw's own pass
+    (dict(top_k=50, min_p=0.5), 3),  # min-p moves the cut above top-k's bin: a draw pass follows
+])
+@pytest.mark.parametrize("case", ["plain", "flat", "ties"])
+def test_a_filtered_row_is_read_twice(emu, filters, passes, case):
+    """filtered_pick reads each filtered row's kept logits twice in all (the top, noting the cut's
+    top key bits, then the cut's gather, which draws too), where the filters table of
+    bench/floors.md says, and no other row; tokens and log-probabilities equal the reference's on
+    plain rows, flat ones (top-p's cut far below the top: many bins drawn in the gather) and rows
+    of few distinct values (the cut inside a run of ties, broken to the lower id)."""
+    n, d, v = 5, 3, 3001
+    ctx, prev, base, weights = make_case(n, 4, d, v, 16, 8, seed=21)
+    base = {"plain": base * 2, "flat": base * 0.2, "ties": (base * 2).round()}[case]
+    on = torch.tensor([1, 1, 0, 0, 0], dtype=torch.bool)  # greedy, and unfiltered sampled, rows besides
+    params = dict(temperature=torch.tensor([1.0, 0.8, 0.0, 0.7, 1.0]),
+                  top_k=torch.where(on, filters.get("top_k", 0), 0).int(),
+                  top_p=torch.where(on, filters.get("top_p", 1.0), 1.0),
+                  min_p=torch.where(on, filters.get("min_p", 0.0), 0.0),
+                  seed=torch.arange(n) * 7919, offset=torch.arange(n) * 3)
+    params["top_k"][2] = 5  # a greedy row's filter does nothing
+    emu.take_row_passes()
+    tokens, logprobs, _ = emu.refine("refine_step", ctx, prev, base, weights, **params, num_sms=8)
+    counted = emu.take_row_passes()
+    want_tokens, want_logprobs = reference.refine_step(ctx, prev, base, weights, **params)
+    assert torch.equal(tokens, want_tokens)
+    torch.testing.assert_close(logprobs, want_logprobs, atol=1e-4, rtol=1e-4)
+    if case == "plain":
+        assert counted == passes * 2 * d

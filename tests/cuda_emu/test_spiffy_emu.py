@@ -209,3 +209,70 @@ def test_materialize_per_sequence_parameters(emu, v):
                                         **params)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     torch.testing.assert_close(got[2], want[2], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("filters,passes", [
+    (dict(top_k=50), 2),
+    (dict(top_p=0.9), 2),
+    (dict(top_k=20, top_p=0.8), 2),
+    (dict(top_k=3000, top_p=0.9), 3),  # > 2048 ids at or above top-k's bin: top-p ranks another bin
+    (dict(min_p=0.05), 2),  # min-p alone: no gather, the kept sum's pass
+    (dict(top_k=50, min_p=0.5), 3),  # min-p moves the cut above top-k's bin: the kept sum takes a pass
+    (dict(top_k=2500), 1),  # fewer finite ids than k: the cut keeps all, the statistics' sum stands
+])
+def test_materialize_reads_a_filtered_row_twice(emu, filters, passes):
+    """A masked row whose sequence filters is read twice in all (the statistics and top tokens,
+    noting the cut's top key bits, then the cut's gather, whose ranked candidates give the kept
+    sum), where the filters table of bench/floors.md says; the slices read the other masked rows
+    once (greedy, unfiltered at T = 0.7 and at 1) and no row that is not masked. The scores are
+    those of p' (a wrong kept sum moves them)."""
+    n, length, v = 5, 6, 3001
+    logits, block = step_case(n, length, v, torch.float32, seed=9)
+    logits = logits * 3
+    few = filters.get("top_k") == 2500
+    if few:
+        logits[0, :, 2000:] = float("-inf")  # 2000 finite ids in sequence 0's rows
+    temperature = torch.tensor([1.0, 0.8, 0.0, 0.7, 1.0])
+    on = torch.tensor([1, 1, 0, 0, 0], dtype=torch.bool)  # greedy, and unfiltered sampled, rows besides
+    params = dict(temperature=temperature, top_k=torch.where(on, filters.get("top_k", 0), 0).int(),
+                  top_p=torch.where(on, filters.get("top_p", 1.0), 1.0),
+                  min_p=torch.where(on, filters.get("min_p", 0.0), 0.0))
+    params["top_k"][2] = 5  # a greedy row's filter does nothing
+    if few:
+        params["top_k"][1] = 0  # sequence 1 without a filter: its rows go to the slices
+    graph = hand_graph()
+    emu.take_row_passes()
+    got = emu.spiffy_materialize(logits, block, MASK, graph, 3, **params)
+    counted = emu.take_row_passes()
+    want = reference.spiffy_materialize(logits, block, MASK, graph.ranks, graph.child_ptr, graph.children, 3,
+                                        **params)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    torch.testing.assert_close(got[2], want[2], atol=1e-5, rtol=1e-4)
+    masked = (block == MASK).sum(1)
+    assert masked.min() > 0 and masked.sum() < n * length
+    filtered = masked[:1].sum() if few else masked[:2].sum()
+    assert counted == passes * int(filtered) + int(masked.sum() - filtered)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_materialize_filtered_rows_without_a_softmax_and_of_ties(emu, dtype):
+    """Filtered rows holding a NaN or +inf (scored as they are, no cut), of -inf only, and of runs
+    of ties (the cut inside a run, broken to the lower id), each filter kind in one batch, over a
+    vocabulary of several slices (the filtered row's result in its first slice, the others empty)."""
+    n, length, v = 6, 5, 49160
+    logits, block = step_case(n, length, v, dtype, seed=12)
+    logits[1] = (logits[1] * 2).round() / 2  # few distinct values
+    logits[2, 0, 7] = float("nan")
+    logits[3, 1, 9] = float("inf")
+    logits[4, 2] = float("-inf")
+    block[:, :3] = MASK
+    params = dict(temperature=torch.tensor([1.0, 0.9, 1.1, 0.7, 1.0, 1.3]),
+                  top_k=torch.tensor([40, 0, 7, 0, 3, 30000], dtype=torch.int32),
+                  top_p=torch.tensor([1.0, 0.6, 1.0, 0.9, 0.5, 0.95]),
+                  min_p=torch.tensor([0.0, 0.0, 0.2, 0.1, 0.0, 0.01]))
+    graph = hand_graph()
+    got = emu.spiffy_materialize(logits, block, MASK, graph, 4, num_sms=132, **params)
+    want = reference.spiffy_materialize(logits, block, MASK, graph.ranks, graph.child_ptr, graph.children, 4,
+                                        **params)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    torch.testing.assert_close(got[2], want[2], atol=1e-5, rtol=1e-4, equal_nan=True)

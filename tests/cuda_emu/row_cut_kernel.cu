@@ -1,6 +1,8 @@
 // launch_row_cut: a block per row finds the row's largest scaled logit in one pass, then, with
-// filters, its cut (row_filter.cuh, the selection chain_verify_ragged_ uses). Per-row parameters
-// come through SamplingView.row, which reads values the host did not check as off.
+// filters, its cut by row_filter.cuh's selection, the one every filtering kernel of xkernels runs
+// inside its own read (test_row_cut_emu.py tests it here, alone, against the reference's kept
+// sets). Built only into the emulation library (tests/cuda_emu/build.sh), never into xkernels.
+// Per-row parameters come through SamplingView.row, which reads values the host did not check as off.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -22,12 +24,11 @@ __global__ void __launch_bounds__(kThreads, 2) row_cut_kernel(RowCutParams p, in
   __shared__ float top_value;
   const int64_t row = blockIdx.x;
   const RowSampling rs = p.s.row(row / p.rows_per_request);
-  const bool sampled = !p.masked_by || p.masked_by[row] == p.exclude;
-  if (!sampled || rs.inv_t == 0.0f || !filters_active(rs, p.v)) {  // the same for the whole block
+  if (rs.inv_t == 0.0f || !filters_active(rs, p.v)) {  // the same for the whole block
     if (threadIdx.x == 0) p.cuts[row] = keep_all();
     return;
   }
-  const RowView<T> r{static_cast<const T*>(p.logits) + row * p.row_stride, p.v, rs.inv_t, p.exclude};
+  const RowView<T> r{static_cast<const T*>(p.logits) + row * p.row_stride, p.v, rs.inv_t};
   const TopBits bits = top_bits(rs, p.v);
   if (bits != TopBits::kNone) clear_top_bits(sh);
   __syncthreads();
@@ -42,7 +43,7 @@ __global__ void __launch_bounds__(kThreads, 2) row_cut_kernel(RowCutParams p, in
   const float t = top_value;
   // A row with a NaN or +inf, or all -inf, has no softmax: nothing to cut (the filtered reference
   // returns it as it is).
-  unsigned long long kept;  // the consumers sum the kept ids in passes they make anyway
+  unsigned long long kept;  // not returned
   const FilterCut cut = is_finite_f32(t) ? filter_cut(sh, r, t, rs, mass_shift, &kept) : keep_all();
   if (threadIdx.x == 0) p.cuts[row] = cut;
 }

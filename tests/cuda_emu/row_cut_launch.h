@@ -1,7 +1,6 @@
 // The filtered target distribution's cut (top-k, then top-p, then min-p; xkernels/reference/
-// sampling.py) of many rows in one launch, for any op whose CUDA kernel then keeps id x of row r
-// when filter_keeps(cuts[r], a_x, x), a_x the scaled logit (logit * inv_t, in float). Plain
-// pointers, no torch headers; no host sync.
+// sampling.py) of many rows in one launch, for the emulation's tests of row_filter.cuh: id x of
+// row r is kept when filter_keeps(cuts[r], a_x, x), a_x the scaled logit (logit * inv_t, in float).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -20,10 +19,6 @@ struct RowCutParams {
   int64_t rows_per_request;  // row r takes the parameters s.row(r / rows_per_request)
   SamplingView s;
   FilterCut* cuts;  // [rows]; rows that are greedy or have no active filter keep every id
-  int64_t exclude = -1;  // an id never kept, ranked as -inf (dllm_step's mask token); -1: none
-  // [rows] or null: row r is cut only where masked_by[r] == exclude (the masked positions of
-  // dllm_step's block: the only rows it samples); the others keep every id and are not read.
-  const int64_t* masked_by = nullptr;
 };
 
 // Launches on `stream`; returns the launch error, if any.
