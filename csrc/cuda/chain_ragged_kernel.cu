@@ -3,10 +3,12 @@
 //     statistics; a row with filters then finds its cut (row_filter.cuh: radix selection, usually 1
 //     more pass), which also gives the kept ids' sum (a pass of its own only where min-p moves the
 //     cut). The rows' states go to the workspace.
-//  2. walk: a block per request walks its rows in order on those states (token-wise: up to the
+//  2. residuals (block verification with draft probabilities): a block per drafted row computes
+//     its prefix weight from the prepared rows before it and its residual mass Z_i (a pass over the
+//     row and its q), every row at once.
+//  3. walk: a block per request walks its rows in order on those states (token-wise: up to the
 //     first rejection; block verification: every drafted row), reading a row again only for the
-//     sample of the row it stops at and, in block verification with draft probabilities, for each
-//     drafted row's residual mass.
+//     sample of the row it stops at.
 // Rows past a token-wise rejection are prepared too (the batch's floor reads every row once); the
 // walk no longer waits on any row's statistics. Draft ids outside [0, V) and
 // any values of cu_num_draft_tokens or of the per-row parameters stay memory-safe: ids count as
@@ -54,7 +56,6 @@ struct Shared {
   RowState row;  // of the row the walk stands on
   bool flag;
   int32_t exclude;
-  float value;
   ArgMax best;
 };
 
@@ -141,6 +142,34 @@ __device__ int32_t sample_row(Shared& sh, const RowView<T>& r, const RowStream& 
   return merged.val == kNegInf ? row.s.top.idx : merged.idx;
 }
 
+// The draft's scaled logit at row view r in state `row`, -inf where the filters drop it.
+template <typename T>
+__device__ __forceinline__ float filtered_logit(const RowState& row, const RowView<T>& r, int64_t x) {
+  const float a = r.a(x);
+  return row.point_mass || row.keeps(a, x) ? a : kNegInf;
+}
+
+// Block verification's prefix weight after draft x of row r (block_weight of p'(x) and q(x); q_row
+// null: a deterministic proposal).
+template <typename T>
+__device__ __forceinline__ float weight_after(float w, const RowState& row, const RowView<T>& r, int64_t x, bool valid,
+                                              const float* q_row) {
+  const float p_x = valid ? row.prob(filtered_logit(row, r, x), x) : 0.0f;
+  return block_weight(w, p_x, q_row ? (valid ? q_row[x] : 0.0f) : 1.0f);
+}
+
+// Z = sum_v max(w p'(v) - q(v), 0) over row r in state `row`, at thread 0 of the block.
+template <typename T>
+__device__ float residual_sum(const RowState& row, const RowView<T>& r, const float* q_row, float w) {
+  float z = 0.0f;
+  r.for_each_in_order([&](int64_t v) { return q_row[v]; },
+                      [&](int64_t v, float a, float q_v) {
+                        const float d = w * row.prob(a, v) - q_v;
+                        if (d > 0.0f) z += d;
+                      });
+  return block_sum(z);
+}
+
 struct Request {
   int64_t lo, k;  // first draft, drafts
   RowSampling rs;
@@ -151,10 +180,12 @@ struct Request {
 template <typename T>
 class RequestWalk {
  public:
-  // states: the request's prepared rows.
+  // states: the request's prepared rows; residuals: its rows' Z (block verification with draft
+  // probabilities).
   __device__ RequestWalk(const T* logits, const int64_t* draft, const float* q, int64_t v, int32_t* out,
-                         float* logprobs, const Request& req, const RowState* states, Shared& sh)
-      : req_(req), sh_(sh), states_(states), v_(v), rows_(logits + (req.lo + blockIdx.x) * v),
+                         float* logprobs, const Request& req, const RowState* states, const float* residuals,
+                         Shared& sh)
+      : req_(req), sh_(sh), states_(states), residuals_(residuals), v_(v), rows_(logits + (req.lo + blockIdx.x) * v),
         draft_(draft + req.lo), q_(q ? q + req.lo * v : nullptr), out_(out), logprobs_(logprobs) {}
 
   __device__ int64_t token_wise() {
@@ -166,7 +197,7 @@ class RequestWalk {
         const int64_t x = draft_[i];
         const bool valid = x >= 0 && x < v_;
         const RowState& row = sh_.row;
-        const float a_x = valid ? filtered_logit(i, x) : kNegInf;
+        const float a_x = valid ? filtered_logit(row, view(i), x) : kNegInf;
         const float* q_row = q(i);
         const bool accepted =
             valid && draft_accepted(row.point_mass, static_cast<int32_t>(x), row.s, a_x, q_row != nullptr,
@@ -201,11 +232,9 @@ class RequestWalk {
           w_tau = w;
         }
       }
-      const float a_x = valid ? filtered_logit(i, x) : kNegInf;
-      const float p_x = valid ? sh_.row.prob(a_x, x) : 0.0f;
-      const float* q_row = q(i);
+      const float a_x = valid ? filtered_logit(sh_.row, view(i), x) : kNegInf;
       if (threadIdx.x == 0) emit(i, x, sh_.row.logprob(a_x));
-      w = block_weight(w, p_x, q_row ? (valid ? q_row[x] : 0.0f) : 1.0f);
+      w = weight_after(w, sh_.row, view(i), x, valid, q(i));
       __syncthreads();  // sh.row is read before the next row's state replaces it
     }
     if (req_.k > 0 && req_.st.coin(static_cast<uint32_t>(req_.k - 1)) < w) {
@@ -235,39 +264,22 @@ class RequestWalk {
     return RowView<T>{rows_ + i * v_, v_, req_.greedy ? 1.0f : req_.rs.inv_t};
   }
   __device__ const float* q(int64_t i) const { return q_ ? q_ + i * v_ : nullptr; }
-  // The draft's scaled logit, -inf where the filters drop it.
-  __device__ float filtered_logit(int64_t i, int64_t x) const {
-    const float a = view(i).a(x);
-    return sh_.row.point_mass || sh_.row.keeps(a, x) ? a : kNegInf;
-  }
   __device__ void emit(int64_t i, int64_t token, float logprob) const {
     out_[i] = static_cast<int32_t>(token);
     logprobs_[i] = logprob;
   }
 
-  // Z = sum_v max(w p'(v) - q(v), 0) at the prepared row i (q = one-hot(x) without draft probabilities).
-  __device__ float residual_mass(int64_t i, int64_t x, bool valid, float w) {
-    const RowState row = sh_.row;
-    const float* q_row = q(i);
-    if (!q_row) return w * (1.0f - (valid ? row.prob(filtered_logit(i, x), x) : 0.0f));
-    const RowView<T> r = view(i);
-    float z = 0.0f;
-    r.for_each_in_order([&](int64_t v) { return q_row[v]; },
-                        [&](int64_t v, float a, float q_v) {
-                          const float d = w * row.prob(a, v) - q_v;
-                          if (d > 0.0f) z += d;
-                        });
-    z = block_sum(z);
-    if (threadIdx.x == 0) sh_.value = z;
-    __syncthreads();
-    z = sh_.value;
-    __syncthreads();
-    return z;
+  // Z = sum_v max(w p'(v) - q(v), 0) at row i, the walk's: closed form without draft probabilities
+  // (q = one-hot(x)), else the residual kernel's.
+  __device__ float residual_mass(int64_t i, int64_t x, bool valid, float w) const {
+    if (!q_) return w * (1.0f - (valid ? sh_.row.prob(filtered_logit(sh_.row, view(i), x), x) : 0.0f));
+    return residuals_[i];
   }
 
   const Request req_;
   Shared& sh_;
   const RowState* states_;
+  const float* residuals_;
   const int64_t v_;
   const T* rows_;
   const int64_t* draft_;
@@ -306,15 +318,46 @@ __global__ void __launch_bounds__(kThreads, 1) chain_ragged_rows_kernel(ChainRag
   if (threadIdx.x == 0) states[blockIdx.x] = sh.row;
 }
 
-// Launch 2: a block per request walks its prepared rows.
+// Launch 2, block verification with draft probabilities only: block (n, i), 0 < i < K_n, computes
+// the prefix weight w_i from the prepared rows before it (thread 0, the walk's float operations in
+// its order) and row i's Z_i = sum_v max(w_i p'_i(v) - q_i(v), 0), the walk's residual, into
+// residuals[n * (max_spec_len + 1) + i]: every row's pass at once instead of one after another in
+// the walk.
 template <typename T>
-__global__ void __launch_bounds__(kThreads) chain_ragged_kernel(ChainRaggedParams p, const RowState* states) {
+__global__ void __launch_bounds__(kThreads) chain_ragged_residual_kernel(ChainRaggedParams p, const RowState* states,
+                                                                         float* residuals) {
+  __shared__ float weight;
+  const int64_t width = p.max_spec_len + 1;
+  const int64_t n = blockIdx.x / width, i = blockIdx.x % width;
+  const Request req = request_of(p, n);
+  if (req.greedy || i < 1 || i >= req.k) return;  // the whole block; greedy requests walk token-wise
+  const T* rows = static_cast<const T*>(p.logits) + (req.lo + n) * p.v;
+  const auto view = [&](int64_t j) { return RowView<T>{rows + j * p.v, p.v, req.rs.inv_t}; };
+  const float* q = p.q + req.lo * p.v;
+  if (threadIdx.x == 0) {
+    float w = 1.0f;
+    for (int64_t j = 0; j < i; ++j) {
+      const int64_t x = p.draft[req.lo + j];
+      w = weight_after(w, states[n * width + j], view(j), x, x >= 0 && x < p.v, q + j * p.v);
+    }
+    weight = w;
+  }
+  __syncthreads();
+  const RowState row = states[n * width + i];
+  const float z = residual_sum(row, view(i), q + i * p.v, weight);
+  if (threadIdx.x == 0) residuals[blockIdx.x] = z;
+}
+
+// Launch 3: a block per request walks its prepared rows.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) chain_ragged_kernel(ChainRaggedParams p, const RowState* states,
+                                                                const float* residuals) {
   __shared__ Shared sh;
   const int64_t n = blockIdx.x;
   const Request req = request_of(p, n);
   const int64_t width = p.max_spec_len + 1;
   RequestWalk<T> walk(static_cast<const T*>(p.logits), p.draft, p.q, p.v, p.out + n * width, p.logprobs + n * width,
-                      req, states + n * width, sh);
+                      req, states + n * width, residuals + n * width, sh);
   const int64_t emitted = p.block && !req.greedy ? walk.block_wise() : walk.token_wise();
   __syncthreads();  // thread 0's writes of the emitted slots come before the padding
   for (int64_t j = emitted + threadIdx.x; j < width; j += kThreads) {
@@ -324,19 +367,26 @@ __global__ void __launch_bounds__(kThreads) chain_ragged_kernel(ChainRaggedParam
   if (threadIdx.x == 0) p.num_emitted[n] = static_cast<int32_t>(emitted);
 }
 
+// The workspace: every row's state, then (block verification with draft probabilities) its Z.
+size_t states_bytes(const ChainRaggedParams& p) {
+  return (sizeof(RowState) * static_cast<size_t>(p.n * (p.max_spec_len + 1)) + 255) / 256 * 256;
+}
+
 template <typename T>
 cudaError_t launch_typed(const ChainRaggedParams& p, void* workspace, cudaStream_t stream) {
   auto* states = static_cast<RowState*>(workspace);
-  const int64_t rows = p.n * (p.max_spec_len + 1);
-  chain_ragged_rows_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(p, states, cut_mass_shift(p.v));
-  chain_ragged_kernel<T><<<static_cast<unsigned>(p.n), kThreads, 0, stream>>>(p, states);
+  auto* residuals = reinterpret_cast<float*>(static_cast<char*>(workspace) + states_bytes(p));
+  const auto rows = static_cast<unsigned>(p.n * (p.max_spec_len + 1));
+  chain_ragged_rows_kernel<T><<<rows, kThreads, 0, stream>>>(p, states, cut_mass_shift(p.v));
+  if (p.block && p.q) chain_ragged_residual_kernel<T><<<rows, kThreads, 0, stream>>>(p, states, residuals);
+  chain_ragged_kernel<T><<<static_cast<unsigned>(p.n), kThreads, 0, stream>>>(p, states, residuals);
   return cudaGetLastError();
 }
 
 }  // namespace
 
 size_t chain_ragged_workspace_bytes(const ChainRaggedParams& p) {
-  return sizeof(RowState) * static_cast<size_t>(p.n * (p.max_spec_len + 1));
+  return states_bytes(p) + (p.block && p.q ? sizeof(float) * static_cast<size_t>(p.n * (p.max_spec_len + 1)) : 0);
 }
 
 cudaError_t launch_chain_ragged(const ChainRaggedParams& p, void* workspace, cudaStream_t stream) {

@@ -125,3 +125,26 @@ def test_pass_counts(emu, dtype):
         got = emu.chain_verify_ragged(none, torch.tensor([0]), logits, 0, seed=3, **params)
         assert emu.take_row_passes() == want, params
         _check(got, ref_chain.chain_verify_ragged(none, torch.tensor([0]), logits, 0, seed=3, **params))
+
+
+def test_block_verification_where_the_residuals_decide(emu):
+    """Drafts drawn from a q near the target's p', so that the prefix weights stay away from 0 and
+    1 and each row's Z_i (the residual launch's sum, over the row and its q) moves the accepted
+    length: many requests of 5 drafts with every sampled parameter kind, against the reference
+    (the residuals halved change a few requests' lengths)."""
+    g = torch.Generator().manual_seed(31)
+    n, k, vocab = 256, 5, 40
+    counts = [k] * n
+    cu = torch.tensor(counts).cumsum(0)
+    logits = torch.randn(n * (k + 1), vocab, generator=g) * 2
+    params = _params(n, 3)
+    temperature = params["temperature"].clamp(min=0.5)  # sampled requests: block verification's walk
+    rows = torch.cat([torch.arange(r * (k + 1), r * (k + 1) + k) for r in range(n)])
+    t = torch.repeat_interleave(temperature, k)[:, None]
+    q = torch.softmax(logits[rows] / t + torch.randn(n * k, vocab, generator=g), -1)
+    drafts = torch.multinomial(q, 1, generator=g)[:, 0]
+    params["temperature"] = temperature
+    got = emu.chain_verify_ragged(drafts, cu, logits, k, q, method="block", **params)
+    want = ref_chain.chain_verify_ragged(drafts, cu, logits, k, q, method="block", **params)
+    _check(got, want)
+    assert 1 < got[1].float().mean() < k  # decisions within the block: the residuals matter
