@@ -36,7 +36,7 @@ ESTIMATE_US = {("chain_verify", 0.0, False): 88, ("chain_verify", 1.0, False): 1
                ("build_draft_tree",): 15, ("tree_attention_mask",): 5, ("tree_verify", 0.0, False): 20,
                ("tree_verify", 1.0, False): 37, ("tree_verify", 1.0, True): 60,
                ("dllm_step T=0",): 38, ("dllm_step T=1",): 70, ("spiffy_materialize",): 70, ("spiffy_accept",): 75,
-               ("spiffy_attention_mask",): 5, ("chain_verify_ragged",): 450, ("chain_verify_ragged block",): 600,
+               ("spiffy_attention_mask",): 5, ("chain_verify_ragged",): 300, ("chain_verify_ragged block",): 450,
                ("tree_verify mixed",): 150, ("dllm_step T=1 top_k=50 top_p=0.9",): 110,
                ("spiffy_materialize top_k=50 top_p=0.9",): 110, ("refine_step top_k=50 top_p=0.9",): 120}
 

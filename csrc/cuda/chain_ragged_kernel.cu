@@ -59,9 +59,10 @@ struct Shared {
   ArgMax best;
 };
 
-// The statistics pass, a row's first read (from HBM), loads this many times kIdDepth ids at once: the
-// rows kernel runs a block an SM (168 registers on sm_90a; at two, 128, the selection spilled at 8 or
-// 16 ids), and this pass's small body stays below the selection's registers at 16 ids.
+// The statistics pass, a row's first read (from HBM): where the row starts 16-byte aligned, chunks
+// of 16 bytes, kStatsChunks in flight a thread (64 KB for the rows kernel's one block an SM: at two
+// blocks, 128 registers, the selection spilled); else kStatsScale times kIdDepth ids at once.
+constexpr int kStatsChunks = 16;
 constexpr int kStatsScale = 2;
 
 // Row i's statistics and, with filters, its cut and the kept ids' sum, into sh.row.
@@ -72,10 +73,18 @@ __device__ void prepare(RowShared& sh, const RowView<T>& r, const RowSampling& r
   if (bits != TopBits::kNone) clear_top_bits(sh.cut);
   __syncthreads();
   RowStats local = stats_empty();
-  r.template for_each_in_order<kStatsScale>([&](int64_t i, float a) {
-    stats_observe(local, a, static_cast<int32_t>(i));
-    observe_top_bits(sh.cut, a, bits);
-  });
+  if (reinterpret_cast<uintptr_t>(r.row) % 16 == 0) {
+    constexpr int kIds = 16 / sizeof(T);
+    XK_ROW_PASS();
+    local = thread_row_stats<T, false, kStatsChunks>(r.row, r.v, 0, (r.v + kIds - 1) / kIds, true, r.scale, r.exclude,
+                                                     threadIdx.x, kThreads,
+                                                     [&](float a) { observe_top_bits(sh.cut, a, bits); });
+  } else {
+    r.template for_each_in_order<kStatsScale>([&](int64_t i, float a) {
+      stats_observe(local, a, static_cast<int32_t>(i));
+      observe_top_bits(sh.cut, a, bits);
+    });
+  }
   local = block_merge(local, stats_empty());
   if (threadIdx.x == 0) sh.row = RowState{local, keep_all(), greedy || stats_degenerate(local)};
   __syncthreads();
