@@ -582,14 +582,17 @@ def sanitize_refine(device="cuda", cases=REFINE_CASES):
             ctx, prev, base, weights = refine_inputs(n, b, v, r, h, dtype, device=device)
             prefix = prev[:, :2]  # F = B - D = 1 fixed slot
 
+            # Per-request filters and streams: filtered_pick_kernel on the kept logits.
+            filtered = dict(per_request_filters(n, device), min_p=torch.full((n,), 0.05, device=device))
+
             def passes():
-                for temperature in (0.0, 1.0):
+                for sampling in (dict(temperature=0.0), dict(temperature=1.0), filtered):
                     # Both CUDA reads; on the CPU (the cases' check) the read changes no argument check.
                     for read in ("gemm", "fused") if device == "cuda" else ("auto",):
                         with refine_read(read):
-                            xkernels.refine_step(ctx, prev, base, weights, temperature=temperature)
-                            xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=3, temperature=temperature)
-                            xkernels.sequential_refine(ctx, prefix, base, weights, temperature=temperature)
+                            xkernels.refine_step(ctx, prev, base, weights, **sampling)
+                            xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=3, **sampling)
+                            xkernels.sequential_refine(ctx, prefix, base, weights, **sampling)
 
             def corrupt():
                 prev[0, 0] = -3  # read as a zero embedding row (prefix is a view of prev)

@@ -226,13 +226,15 @@ def test_out_of_range_tokens_read_a_zero_row(emu, temperature):
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
-def test_a_row_with_nan_is_a_point_mass_at_its_argmax(emu, temperature, weight_dtype):
+@pytest.mark.parametrize("filters", [{}, dict(top_k=3, top_p=0.9)])  # filtered_pick keeps the merged result
+def test_a_row_with_nan_is_a_point_mass_at_its_argmax(emu, temperature, weight_dtype, filters):
     ctx, prev, base, weights = make_case(2, 3, 2, 8, 16, 8, weight_dtype=weight_dtype, seed=1)
     weights = weights._replace(w_read=torch.zeros_like(weights.w_read))
     base[0, 1] = torch.tensor([-torch.inf, torch.nan, -torch.inf, -torch.inf, 1, 2, 3, 4])
     base[1, 0] = torch.tensor([0, 1, torch.inf, 2, torch.inf, 0, 0, 0])
-    tokens, logprobs, _ = emu.refine("refine_step", ctx, prev, base, weights, temperature, 3)
-    assert torch.equal(tokens, reference.refine_step(ctx, prev, base, weights, temperature, 3)[0])
+    tokens, logprobs, _ = emu.refine("refine_step", ctx, prev, base, weights, temperature, 3, **filters)
+    want = reference.refine_step(ctx, prev, base, weights, temperature, 3, **filters)
+    assert torch.equal(tokens, want[0])
     assert logprobs[0, 1].isnan() and logprobs[1, 0].isnan()
 
 
