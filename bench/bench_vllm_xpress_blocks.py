@@ -1,9 +1,11 @@
 """The xPress proposer's drafting per engine step, outside vLLM's engine: XPressProposer.blocks
 over the blocks of four requests in one call (one drafter pass, one refinement per temperature:
 what propose_in_runner does) against one call per request (how it drafted before), greedy and at
-T = 0.8, 7 drafts. The contexts are the held-out prompts of tests/integrations/vllm/engines.py
-run through the shipped target. The two ways alternate, round by round, and each gives its median
-over the rounds, so a load that comes and goes on a shared machine weighs on both alike. Runs
+T = 0.8, 7 drafts; then the one call refining only the 7 proposed slots (what it does) against
+refining all 15 of the block (how it refined before; the same drafts, checked). The contexts are
+the held-out prompts of tests/integrations/vllm/engines.py run through the shipped target. The
+ways compared alternate, round by round, and each gives its median over the rounds, so a load
+that comes and goes on a shared machine weighs on both alike. Runs
 inside the vLLM environment of tests/integrations/vllm/run.sh (engines.py imports vLLM):
 
     build/vllm-venv/bin/python -P bench/bench_vllm_xpress_blocks.py [--rounds 20] [--threads 1]
@@ -24,6 +26,20 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integrations" / "vllm"))
 
 
+def medians(fns, rounds):
+    """Median milliseconds of each of fns over `rounds` rounds that alternate them (after a warm-up
+    call each)."""
+    times = {fn: [] for fn in fns}
+    for fn in fns:
+        fn()
+    for _ in range(rounds):
+        for fn, seen in times.items():
+            began = time.perf_counter()
+            fn()
+            seen.append(time.perf_counter() - began)
+    return [statistics.median(times[fn]) * 1e3 for fn in fns]
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=20)
@@ -32,7 +48,7 @@ def main():
     torch.set_num_threads(args.threads)
     from engines import PROMPTS
 
-    from xkernels.decoding.modes import request_seeds
+    from xkernels.decoding.modes import JacobiProposer, request_seeds
     from xkernels.integrations.vllm_xpress import XPressProposer
     from xkernels.models import shipped
 
@@ -65,16 +81,24 @@ def main():
                 proposer.blocks(contexts[i : i + 1], anchors[i : i + 1], prevs[i : i + 1], temps[i : i + 1],
                                 seeds[i : i + 1])
 
-        times = {together: [], one_by_one: []}
-        for fn in times:  # warm-up
-            fn()
-        for _ in range(args.rounds):
-            for fn, seen in times.items():
-                began = time.perf_counter()
-                fn()
-                seen.append(time.perf_counter() - began)
-        batched, looped = (statistics.median(times[fn]) * 1e3 for fn in (together, one_by_one))
+        batched, looped = medians([together, one_by_one], args.rounds)
         print(f"{temperature:11.1f} {batched:14.1f} {looped:24.1f} {looped / batched:5.2f}x")
+    first = proposer.proposer
+    whole = JacobiProposer(first.refiner, first.iters)  # every slot of the block
+    print(f"{'temperature':>11s} {'7 slots refined (ms)':>21s} {'all 15 (ms)':>12s} {'ratio':>6s}")
+    for temperature in (0.0, 0.8):
+        temps = [temperature] * len(PROMPTS)
+
+        def refining(p):
+            def fn():
+                proposer.proposer = p
+                return proposer.blocks(contexts, anchors, prevs, temps, seeds)
+            return fn
+
+        assert [d for d, _ in refining(first)()] == [d for d, _ in refining(whole)()]  # the same drafts
+        part, full = medians([refining(first), refining(whole)], args.rounds)
+        print(f"{temperature:11.1f} {part:21.1f} {full:12.1f} {full / part:5.2f}x")
+    proposer.proposer = first
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 

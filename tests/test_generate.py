@@ -185,3 +185,31 @@ def test_refined_proposals_follow_the_distributions_they_report(mode):
         counts[x0, x1] += 1
         torch.testing.assert_close(p.q[0, 1], q1[x0], atol=1e-5, rtol=1e-4)
     assert chi_squared_pvalue(counts, counts.sum(1, keepdim=True) * q1) > 1e-3
+
+
+@pytest.mark.parametrize("mode", ["sequential", "jacobi"])
+@pytest.mark.parametrize("temperature,iters", [(0.0, 3), (1.0, 1), (1.0, 3)])
+def test_refining_the_first_slots_gives_the_whole_blocks_drafts(mode, temperature, iters):
+    """A proposer that refines only the first 2 of 5 drafted slots (slots=2, vLLM's proposer at 2
+    speculative tokens) drafts what the whole block's refinement drafts there: the same tokens, q
+    and settled prefix (the refiner is causal), for several sequences and seeds."""
+    from xkernels.decoding.modes import PROPOSERS, Streams, request_seeds
+
+    vocab, block, n = 9, 6, 5
+    _, _, refiner = tiny_models(vocab, block=block, seed=4)
+    with torch.no_grad():
+        refiner.w2.weight.mul_(4)  # a bias that moves the drafts
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(n, block, 32, generator=g, dtype=torch.float64)
+    base = torch.randn(n, block - 1, vocab, generator=g) * 2
+    prefix = torch.randint(0, vocab, (n, 2), generator=g)
+    rng = Streams(temperature, request_seeds(3, n), 5)
+    with torch.inference_mode():
+        whole = PROPOSERS[mode](refiner, iters=iters).propose(base, h, prefix, rng)
+        first = PROPOSERS[mode](refiner, iters=iters, slots=2).propose(base, h, prefix, rng)
+    assert first.drafts.shape == (n, 2) and torch.equal(first.drafts, whole.drafts[:, :2])
+    assert (first.q is None) == (temperature == 0)
+    if first.q is not None:
+        torch.testing.assert_close(first.q, whole.q[:, :2], atol=1e-6, rtol=1e-5)
+    if whole.limit is not None:
+        assert torch.equal(first.limit, whole.limit.clamp(max=2))

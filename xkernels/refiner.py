@@ -31,6 +31,11 @@ class RefinerWeights(NamedTuple):
     def to(self, *args, **kwargs) -> "RefinerWeights":
         return RefinerWeights(*(w.to(*args, **kwargs) for w in self))
 
+    def first_slots(self, b: int) -> "RefinerWeights":
+        """The weights of a block of the first b slots: the mix is causal, so those slots refine as
+        they do in the whole block."""
+        return self._replace(mix=self.mix[:, :b, :b].contiguous())
+
 
 def apply_mix(mix: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """out[n, k, c] = sum_j mix[c, k, j] * u[n, j, c]."""
@@ -70,9 +75,11 @@ class XPressRefiner(nn.Module):
         return F.linear(hg, self.in_proj.weight[:, : 2 * self.rank])
 
     def delta(self, ctx: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor:
-        """The logit bias of every slot, [N, B, V]."""
+        """The logit bias of every slot, [N, B', V], for the first B' <= B slots of the block (the
+        mix is causal: a slot's bias reads only the slots before it)."""
         u = ctx + F.linear(self.w1(prev_tokens), self.in_proj.weight[:, 2 * self.rank:])
-        u = u + apply_mix(self.mixer.tril(), u)
+        b = u.shape[1]
+        u = u + apply_mix(self.mixer[:, :b, :b].tril(), u)
         z = u + self.down(F.silu(self.gate(u)) * self.up(u))
         return self.w2(z)
 

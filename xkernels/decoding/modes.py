@@ -146,9 +146,14 @@ class Proposer:
 
     tree = False
 
-    def __init__(self, refiner=None, iters: int = 4, vocab=WholeVocab):
-        self.refiner, self.iters, self.vocab = refiner, iters, vocab
-        self.weights = vocab.weights(refiner.fold().to(torch.float32)) if refiner is not None else None
+    def __init__(self, refiner=None, iters: int = 4, vocab=WholeVocab, slots: Optional[int] = None):
+        """slots: refine only the first `slots` drafted slots of a block (their drafts are those of
+        the whole block: the refiner is causal), for callers that verify no more; None: every slot."""
+        self.refiner, self.iters, self.vocab, self.slots = refiner, iters, vocab, slots
+        folded = refiner.fold().to(torch.float32) if refiner is not None else None
+        if folded is not None and slots is not None:
+            folded = folded.first_slots(slots + 1)  # the anchor's slot and the drafted ones
+        self.weights = vocab.weights(folded) if folded is not None else None
         self._passes: Optional[torch.Tensor] = None  # refinement passes, on the device (a graph replay adds too)
 
     def _count(self, passes, device) -> None:
@@ -199,7 +204,9 @@ class RefinedProposer(Proposer):
         raise NotImplementedError
 
     def propose(self, base_logits, h, prefix, rng: Streams, with_confidence=False) -> Proposal:
-        ctx = self._ctx(h)
+        ctx = self._ctx(h)  # of the whole block: prepare's context reads the mean of every slot's h
+        if self.slots is not None:
+            ctx, base_logits = ctx[:, : self.slots + 1], base_logits[:, : self.slots]
         drafts, logprobs = self._refine(ctx, prefix, base_logits, rng)
         if rng.temperature == 0:
             return Proposal(drafts, None, logprobs.exp() if with_confidence else None)  # the argmax's probability

@@ -69,7 +69,8 @@ class XPressProposer:
         if not 0 < self.num_drafts < self.drafter.cfg.block_size:
             raise ValueError(f"num_speculative_tokens must be in [1, {self.drafter.cfg.block_size - 1}] for the "
                              f"shipped drafter (block size {self.drafter.cfg.block_size}), got {self.num_drafts}")
-        self.proposer = JacobiProposer(models.refiner, self.iters)
+        # Only the slots vLLM verifies are refined (the refiner is causal: the same drafts there).
+        self.proposer = JacobiProposer(models.refiner, self.iters, slots=self.num_drafts)
         # vLLM's auxiliary layer i is the residual stream entering decoder layer i, i.e. the output
         # of layer i - 1, which is what TargetLM's hidden_layers index.
         self.aux_layers = tuple(i + 1 for i in self.drafter.cfg.target_layers)
@@ -172,9 +173,10 @@ class XPressProposer:
                seeds: torch.Tensor) -> list[tuple[list[int], torch.Tensor | None]]:
         """The drafts of N blocks, each after its own context, in one drafter pass (the contexts
         padded to the longest, each block seeing its own positions: ``draft_block``'s ``ctx_len``)
-        and one refinement per distinct temperature. Block n's noise is keyed by (seeds[n], its
-        anchor's position) only (:class:`xkernels.decoding.modes.Streams`' per-request form), so
-        its drafts do not depend on the rest of the batch.
+        and one refinement of the first ``num_drafts`` slots per distinct temperature. Block n's
+        noise is keyed by (seeds[n], its anchor's position) only
+        (:class:`xkernels.decoding.modes.Streams`' per-request form), so its drafts do not depend
+        on the rest of the batch.
 
         Args:
             contexts: per block, the drafter's keys and values of the positions before its anchor.
