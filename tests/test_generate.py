@@ -213,3 +213,31 @@ def test_refining_the_first_slots_gives_the_whole_blocks_drafts(mode, temperatur
         torch.testing.assert_close(first.q, whole.q[:, :2], atol=1e-6, rtol=1e-5)
     if whole.limit is not None:
         assert torch.equal(first.limit, whole.limit.clamp(max=2))
+
+
+@pytest.mark.parametrize("mode", ["sequential", "jacobi"])
+def test_refined_proposals_at_per_sequence_temperatures(mode):
+    """Sampled sequences at their own temperatures in one call (Streams with a [N] temperature, how
+    vLLM's proposer drafts its sampled requests) draft what each sequence drafts in a call at its
+    temperature alone: the same tokens and settled prefix, q to rounding."""
+    from xkernels.decoding.modes import PROPOSERS, Streams, request_seeds
+
+    vocab, block, n = 9, 6, 6
+    _, _, refiner = tiny_models(vocab, block=block, seed=5)
+    with torch.no_grad():
+        refiner.w2.weight.mul_(4)
+    g = torch.Generator().manual_seed(2)
+    h = torch.randn(n, block, 32, generator=g, dtype=torch.float64)
+    base = torch.randn(n, block - 1, vocab, generator=g) * 2
+    prefix = torch.randint(0, vocab, (n, 2), generator=g)
+    temperatures = [0.7, 1.0, 1.3, 0.7, 2.0, 1.0]
+    seeds, steps = request_seeds(8, n), torch.arange(n) * 3
+    proposer = PROPOSERS[mode](refiner, iters=2)
+    with torch.inference_mode():
+        batch = proposer.propose(base, h, prefix, Streams(torch.tensor(temperatures), seeds, steps))
+        for i, t in enumerate(temperatures):
+            alone = proposer.propose(base[i:i + 1], h[i:i + 1], prefix[i:i + 1], Streams(t, seeds[i:i + 1], steps[i:i + 1]))
+            assert torch.equal(batch.drafts[i], alone.drafts[0]), i
+            torch.testing.assert_close(batch.q[i], alone.q[0], atol=1e-6, rtol=1e-5)
+            if alone.limit is not None:
+                assert int(batch.limit[i]) == int(alone.limit[0]), i

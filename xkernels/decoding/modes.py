@@ -56,8 +56,11 @@ class WholeVocab:
         return torch.softmax(logits, -1).amax(-1), logits.argmax(-1)
 
     @staticmethod
-    def softmax(logits, temperature: float):
-        """(softmax(logits / T) float32, its largest probability per row)."""
+    def softmax(logits, temperature):
+        """(softmax(logits / T) float32, its largest probability per row); T a float, or [N] for
+        logits [N, ...] (each sequence's)."""
+        if isinstance(temperature, torch.Tensor):
+            temperature = temperature.view(-1, *[1] * (logits.dim() - 1))
         q = torch.softmax(logits / temperature, -1)
         return q, q.amax(-1)
 
@@ -76,13 +79,19 @@ class Streams:
     advances it in place) or [N] (each sequence's own block). The drafts, the verification and a
     truncated chain's bonus token key disjoint ranges of offsets, so the residual sample at row d
     never reuses the noise that chose draft d, and block verification's coins of unverified slots
-    are never read again by a later block."""
+    are never read again by a later block. temperature: a float (0: greedy), or each sequence's
+    float32 [N], all above 0 (the refined proposers take it: vLLM's proposer drafts its sampled
+    requests in one call)."""
 
-    temperature: float
+    temperature: Union[float, torch.Tensor]
     seed: torch.Tensor
     step: Step
 
     SLOTS = 1 << 16  # offsets one draw kind may use in a block: more than any block's slots or tree's nodes
+
+    @property
+    def greedy(self) -> bool:
+        return not isinstance(self.temperature, torch.Tensor) and self.temperature == 0
 
     def _offset(self, kind: int) -> Step:
         return (3 * self.step + kind) * self.SLOTS
@@ -208,7 +217,7 @@ class RefinedProposer(Proposer):
         if self.slots is not None:
             ctx, base_logits = ctx[:, : self.slots + 1], base_logits[:, : self.slots]
         drafts, logprobs = self._refine(ctx, prefix, base_logits, rng)
-        if rng.temperature == 0:
+        if rng.greedy:
             return Proposal(drafts, None, logprobs.exp() if with_confidence else None)  # the argmax's probability
         prev = torch.cat([prefix, drafts[:, :-1]], dim=1)
         limit = None

@@ -173,8 +173,9 @@ class XPressProposer:
                seeds: torch.Tensor) -> list[tuple[list[int], torch.Tensor | None]]:
         """The drafts of N blocks, each after its own context, in one drafter pass (the contexts
         padded to the longest, each block seeing its own positions: ``draft_block``'s ``ctx_len``)
-        and one refinement of the first ``num_drafts`` slots per distinct temperature. Block n's
-        noise is keyed by (seeds[n], its anchor's position) only
+        and at most two refinements of the first ``num_drafts`` slots (the greedy blocks; the
+        sampled ones, each at its own temperature). Block n's noise is keyed by (seeds[n], its
+        anchor's position) only
         (:class:`xkernels.decoding.modes.Streams`' per-request form), so its drafts do not depend
         on the rest of the batch.
 
@@ -198,8 +199,11 @@ class XPressProposer:
                                      ctx_len=lengths)
         prefix = torch.stack([torch.tensor(prevs), anchors], 1)
         out = [None] * len(contexts)
-        for temperature in set(temperatures):
-            rows = torch.tensor([i for i, t in enumerate(temperatures) if t == temperature])
+        for greedy in (True, False):  # the greedy blocks, then the sampled ones at their temperatures
+            rows = torch.tensor([i for i, t in enumerate(temperatures) if (t == 0) == greedy], dtype=torch.int64)
+            if len(rows) == 0:
+                continue
+            temperature = 0.0 if greedy else torch.tensor([temperatures[i] for i in rows.tolist()])
             p = self.proposer.propose(base_logits[rows], h[rows], prefix[rows],
                                       Streams(temperature, seeds[rows], lengths[rows]))
             limits = [self.num_drafts] * len(rows) if p.limit is None else p.limit.clamp(max=self.num_drafts).tolist()
