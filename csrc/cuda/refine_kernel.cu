@@ -485,7 +485,6 @@ struct RefineHook {
 __global__ void __launch_bounds__(kThreads, 1) filtered_pick_kernel(RefineParams p, RowSet rs, RefineWorkspace w,
                                                                     int mass_shift, int64_t* tokens, float* logprobs) {
   __shared__ CutShared sh;
-  __shared__ float top_value;
   const int64_t m = blockIdx.x;
   if (!row_live(p, rs, m)) return;  // the whole block
   const int64_t n = m / rs.d_count, d = rs.d_begin + m % rs.d_count;
@@ -493,18 +492,7 @@ __global__ void __launch_bounds__(kThreads, 1) filtered_pick_kernel(RefineParams
   const RowSampling samp = p.s.row(n);
   const RowNoise rn = row_noise(p, n, d);
   const RowView<float> r{w.logits + m * p.v, p.v, rn.scale};
-  const TopBits bits = top_bits(samp, p.v);
-  if (bits != TopBits::kNone) clear_top_bits(sh);
-  __syncthreads();
-  ArgMax top = argmax_empty();
-  r.for_each_any_order([&](int64_t i, float a) {  // the argmax ranks ties by id: any order
-    argmax_observe(top, a, static_cast<int32_t>(i));
-    observe_top_bits(sh, a, bits);
-  });
-  top = block_merge(top, argmax_empty());
-  if (threadIdx.x == 0) top_value = top.val;
-  __syncthreads();
-  const float t = top_value;
+  const float t = row_top_noting_bits(sh, r, top_bits(samp, p.v));
   if (!is_finite_f32(t)) return;  // the whole block
   RefineHook hook{rn, sampled_empty()};
   unsigned long long kept;
@@ -527,7 +515,8 @@ __global__ void __launch_bounds__(kThreads, 1) filtered_pick_kernel(RefineParams
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int64_t id = 4 * q + j;
-        x[j] = id < p.v && filter_keeps(cut, r.a(id), static_cast<int32_t>(id)) ? r.row[id] : kNegInf;
+        const float l = id < p.v ? r.row[id] : kNegInf;
+        x[j] = filter_keeps(cut, l * rn.scale, static_cast<int32_t>(id)) ? l : kNegInf;
       }
       observe_group(best, x, q, p.v, rn);
     }

@@ -532,6 +532,20 @@ __device__ __forceinline__ void observe_top_bits(CutShared& sh, float a, TopBits
     atomicAdd(&sh.hist.guide[d], exp_f32(a - bin_ceiling(d)));
 }
 
+// The row's largest scaled logit, at every thread, in one pass that also notes its top key bits
+// for the cut (`bits`, cleared first): the first read of a row whose statistics are not needed.
+template <typename T>
+__device__ float row_top_noting_bits(CutShared& sh, const RowView<T>& r, TopBits bits) {
+  if (bits != TopBits::kNone) clear_top_bits(sh);
+  __syncthreads();
+  ArgMax top = argmax_empty();
+  r.for_each_any_order([&](int64_t i, float a) {  // the argmax ranks ties by id: any order
+    argmax_observe(top, a, static_cast<int32_t>(i));
+    observe_top_bits(sh, a, bits);
+  });
+  return block_merge_all(top, argmax_empty()).val;  // its barriers complete the top bits
+}
+
 // The cut of all three filters (top-k, then top-p within it, then min-p) of a row whose largest
 // scaled logit `top` is finite; the statistics pass has noted the top key bits as top_bits says.
 // *kept: as radix_cut's, for the ids all three keep (unknown where min-p moves the cut: its floor is

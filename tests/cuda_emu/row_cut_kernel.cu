@@ -21,7 +21,6 @@ namespace {
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 2) row_cut_kernel(RowCutParams p, int mass_shift) {
   __shared__ CutShared sh;
-  __shared__ float top_value;
   const int64_t row = blockIdx.x;
   const RowSampling rs = p.s.row(row / p.rows_per_request);
   if (rs.inv_t == 0.0f || !filters_active(rs, p.v)) {  // the same for the whole block
@@ -29,18 +28,7 @@ __global__ void __launch_bounds__(kThreads, 2) row_cut_kernel(RowCutParams p, in
     return;
   }
   const RowView<T> r{static_cast<const T*>(p.logits) + row * p.row_stride, p.v, rs.inv_t};
-  const TopBits bits = top_bits(rs, p.v);
-  if (bits != TopBits::kNone) clear_top_bits(sh);
-  __syncthreads();
-  ArgMax top = argmax_empty();
-  r.for_each_any_order([&](int64_t i, float a) {  // the argmax ranks ties by id: any order
-    argmax_observe(top, a, static_cast<int32_t>(i));
-    observe_top_bits(sh, a, bits);
-  });
-  top = block_merge(top, argmax_empty());
-  if (threadIdx.x == 0) top_value = top.val;
-  __syncthreads();
-  const float t = top_value;
+  const float t = row_top_noting_bits(sh, r, top_bits(rs, p.v));
   // A row with a NaN or +inf, or all -inf, has no softmax: nothing to cut (the filtered reference
   // returns it as it is).
   unsigned long long kept;  // not returned
