@@ -1,7 +1,8 @@
 """The whole-vocabulary cut of xkernels.distributed on one CPU thread (gloo, world size 1): the
 sharded tree_verify of N=8 trees of M=5 nodes over V_local=75968 bf16 logits (per-sequence
-temperatures, per-request streams), plain and with top_k=50, top_p=0.9, and filter_cuts of those
-40 rows compacted (the CPU default) and not (the GPU way). Best of 3 time.perf_counter runs.
+temperatures, per-request streams), plain and with top_k=50, top_p=0.9; filter_cuts of those
+40 rows (16 shard_cut_histogram rounds); and each round of shard_cut_histogram along the 50th-ranked
+key, counts and masses, beside its torch reference (the ratio). Best of 3 time.perf_counter runs.
 
 A standalone script: python bench/bench_distributed_cut.py (bench/floors.md, shard_row_stats)."""
 
@@ -12,7 +13,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from xkernels import distributed
+from xkernels import distributed, ops, reference
+from xkernels.reference.shard_cut_histogram import CUT_SHIFTS, cut_rank_keys
 
 
 def _best(call, reps=3):
@@ -41,13 +43,21 @@ def main():
     for name, extra in (("plain", {}), ("top_k=50, top_p=0.9", dict(top_k=50, top_p=0.9))):
         t = _best(lambda: distributed.tree_verify(tokens, parents, logits, vocab_start=0, **kw, **extra))
         print(f"tree_verify N={n} M={m} V_local={v} bf16 {name}: {t * 1e3:.1f} ms")
-    a = logits.float().reshape(n * m, v)
     rows = n * m
-    for compact in (True, False):
-        t = _best(lambda: distributed.filter_cuts(a, a.amax(-1), 0, None, torch.ones(rows, dtype=torch.bool),
-                                                  torch.full((rows,), 50), torch.full((rows,), 0.9), None,
-                                                  compact=compact))
-        print(f"filter_cuts {rows} rows top_k=50 top_p=0.9 compact={compact}: {t * 1e3:.0f} ms")
+    flat = logits.reshape(rows, v)
+    t = _best(lambda: distributed.filter_cuts(flat, flat.float().amax(-1), 0, None, torch.ones(rows, dtype=torch.bool),
+                                              torch.full((rows,), 50), torch.full((rows,), 0.9), None))
+    print(f"filter_cuts {rows} rows bf16 top_k=50 top_p=0.9: {t * 1e3:.1f} ms")
+    scale, row_max = torch.ones(rows), flat.float().amax(-1)
+    path = cut_rank_keys(flat.float(), torch.arange(v)).sort(1).values[:, 49]
+    for shift in CUT_SHIFTS:
+        prefix = path >> (shift + 8) if shift < 56 else torch.zeros_like(path)
+        line = []
+        for name, kw in (("counts", {}), ("masses", dict(row_max=row_max))):
+            op = _best(lambda: ops.shard_cut_histogram(flat, scale, prefix, shift, 0, **kw))
+            ref = _best(lambda: reference.shard_cut_histogram(flat, scale, prefix, shift, 0, **kw))
+            line.append(f"{name} {op * 1e3:.2f} ms (reference {ref * 1e3:.0f} ms, {ref / op:.0f}x)")
+        print(f"shard_cut_histogram {rows} rows bf16 shift {shift}: " + ", ".join(line))
     dist.destroy_process_group()
 
 

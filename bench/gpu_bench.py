@@ -27,6 +27,7 @@ import time
 import torch
 
 import xkernels
+from xkernels.reference.shard_cut_histogram import cut_rank_keys
 
 PEAK_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12, "B200": 8.0e12, "A100": 2.0e12}
 
@@ -38,7 +39,9 @@ ESTIMATE_US = {("chain_verify", 0.0, False): 88, ("chain_verify", 1.0, False): 1
                ("dllm_step T=0",): 38, ("dllm_step T=1",): 70, ("spiffy_materialize",): 70, ("spiffy_accept",): 75,
                ("spiffy_attention_mask",): 5, ("chain_verify_ragged",): 300, ("chain_verify_ragged block",): 450,
                ("tree_verify mixed",): 150, ("dllm_step T=1 top_k=50 top_p=0.9",): 110,
-               ("spiffy_materialize top_k=50 top_p=0.9",): 110, ("refine_step top_k=50 top_p=0.9",): 120}
+               ("spiffy_materialize top_k=50 top_p=0.9",): 110, ("refine_step top_k=50 top_p=0.9",): 120,
+               ("shard_cut_histogram first round",): 15, ("shard_cut_histogram first round mass",): 18,
+               ("shard_cut_histogram later round",): 6}
 
 
 def time_events(fn, warmup=25, iters=200):
@@ -500,6 +503,28 @@ def bench_spiffy(results, bench):
          n * (1 + keep) * length * (prefix + (1 + keep) * length) // 8, {})])
 
 
+def bench_shard(results, bench):
+    """shard_cut_histogram at one rank's shard of Qwen's vocabulary over 8 ranks (151936 / 8 = 18992
+    ids), the 40 rows of 8 trees of 5 nodes, bfloat16: the first round (every id a candidate, most in
+    a few buckets), with masses, and a later one (a few candidates)."""
+    rows, v = bench.shape((40, 18992), (3, 61))
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(rows, v, generator=g) * 3).bfloat16().to(bench.device)
+    scale = torch.ones(rows, device=bench.device)
+    row_max = logits.float().amax(-1)
+    keys = cut_rank_keys(logits.float().cpu(), torch.arange(v))
+    later = (keys.sort(1).values[:, 49] >> 24).to(bench.device)  # the 50th-ranked key's prefix at shift 16
+    zero = torch.zeros(rows, dtype=torch.int64, device=bench.device)
+    shape, moved = f"R={rows} V_local={v} bf16", rows * v * 2
+    time_cases(results, bench, [
+        ("shard_cut_histogram first round", shape, lambda: xkernels.shard_cut_histogram(logits, scale, zero, 56, 0),
+         moved, {}),
+        ("shard_cut_histogram first round mass", shape,
+         lambda: xkernels.shard_cut_histogram(logits, scale, zero, 56, 0, row_max=row_max), moved, {}),
+        ("shard_cut_histogram later round", shape,
+         lambda: xkernels.shard_cut_histogram(logits, scale, later, 16, 0, row_max=row_max), moved, {})])
+
+
 # Edge cases that must stay memory-safe, per section: odd and tiny V, K=0, N=0, bad ids, degenerate rows.
 # Each section runs in its own process under compute-sanitizer, so one that dies leaves the others.
 # Each takes the device, so that tests/test_gpu_check.py runs every case on the CPU: a case that is
@@ -704,12 +729,30 @@ def sanitize_spiffy(device="cuda", cases=SPIFFY_CASES):
                                            layout="packed" if dtype == torch.bfloat16 else "bool")
 
 
+SHARD_CASES = ((3, 7, 0), (2, 5003, 11), (0, 4, 0), (2, 0, 5), (1, 3, 2**31 - 5))  # R, V_local, vocab_start
+
+
+def sanitize_shard(device="cuda", cases=SHARD_CASES):
+    for r, v, start in cases:
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            logits = (torch.randn(r, v) * 3).to(dtype).to(device)
+            if r and v:
+                logits[0, 0] = float("nan")
+            scale, zero = torch.ones(r, device=device), torch.zeros(r, dtype=torch.int64, device=device)
+            row_max = torch.zeros(r, device=device)  # below the rows' maxima too: the clamp
+            keep = dict(keep_value=torch.zeros(r, device=device), keep_id=torch.full((r,), start + 2, device=device))
+            for shift, prefix in ((56, zero), (48, zero - 1), (0, zero + 2**62)):  # prefixes no key has, too
+                xkernels.shard_cut_histogram(logits, scale, prefix, shift, start, ignore_id=start + 1)
+                xkernels.shard_cut_histogram(logits, scale, prefix, shift, start, row_max=row_max, **keep)
+
+
 # In the order bench/gpu_check.sh times them: the kernels redesigned since the last GPU run first.
 # Each section: its timings, its sanitizer cases and their list.
 SECTIONS = {"tree": (bench_tree, sanitize_tree, TREE_CASES), "spiffy": (bench_spiffy, sanitize_spiffy, SPIFFY_CASES),
             "dllm": (bench_dllm, sanitize_dllm, DLLM_CASES), "refine": (bench_refine, sanitize_refine, REFINE_CASES),
             "chain": (bench_chain_verify, sanitize_chain, CHAIN_CASES),
-            "ragged": (bench_chain_ragged, sanitize_chain_ragged, RAGGED_CASES)}
+            "ragged": (bench_chain_ragged, sanitize_chain_ragged, RAGGED_CASES),
+            "shard": (bench_shard, sanitize_shard, SHARD_CASES)}
 COMPILE_SECTIONS = ("refine", "chain")  # the sections with torch.compile or CuPy peers
 
 

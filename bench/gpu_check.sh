@@ -36,7 +36,7 @@ TEE_PID=$!
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export XKERNELS_CUDA=1 XKERNELS_PTXAS_VERBOSE=1 TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0a}"
 export MAX_JOBS="${MAX_JOBS:-16}"
-SECTIONS="tree spiffy dllm refine chain ragged"
+SECTIONS="tree spiffy dllm refine chain ragged shard"
 BATCHES=($SECTIONS)  # the sections a process: one each, so that one that dies leaves the others
 BENCH=("$PYTHON" bench/gpu_bench.py)
 TOOLS="memcheck racecheck"

@@ -144,10 +144,10 @@ def _check_tree_alone(rank, bounds):
 
 def _check_tree_filter_traffic(rank, bounds):
     """capturable=True with filters: the collectives do not depend on the data (two trees and
-    logits of one shape), one more all-gather and filter_cuts' (top-k 6, top-p 7, min-p none) than
+    logits of one shape), one more all-gather and filter_cuts' (top-k 8, top-p 8, min-p none) than
     without filters, and the bytes stay O(N M) (without filters far below the logits', V = 4096;
-    the cut's histograms are 16 KB a row, a fraction of a served row's 38 KB shard at V = 151936
-    over 8 ranks in bf16, but more than this test's 8 KB rows)."""
+    the cut's histograms are 48 KB a row whatever V: more than this test's 8 KB rows, and than a
+    served row's 38 KB shard at V = 151936 over 8 ranks in bf16, but far below that row's 304 KB)."""
     world = len(bounds)
     n, m, v = 4, 6, 4096
     start, end = rank * v // world, (rank + 1) * v // world
@@ -168,17 +168,23 @@ def _check_tree_filter_traffic(rank, bounds):
             t = distributed.traffic
             counts.append(t.collectives)
             seen.append((t.collectives, t.bytes))
-            # Per row: the walk's few numbers; the cut's 256-bucket histograms (8,208 B top-k, 8,216 top-p).
-            per_row = 64 + (8208 + 8216 if filters else 0)
+            # Per row: the walk's few numbers; the cut's 256-bucket int64 histograms, 8 rounds each (counts
+            # for top-k, 2,048 B a round; masses in two parts for top-p, 4,096 B).
+            per_row = 64 + (8 * 2048 + 8 * 4096 if filters else 0)
             assert t.bytes <= per_row * n * m and (filters or 100 * t.bytes < t.logits_bytes), (t.bytes, t.logits_bytes)
-        assert counts == [m, m + 6 + 7 + 1], counts
+        assert counts == [m, m + 8 + 8 + 1], counts
     assert seen[:2] == seen[2:], seen
 
 
-def _check_cuts_uncompacted(rank, bounds):
-    """filter_cuts without the compaction (the way on a GPU, where boolean indexing syncs with the
-    host) gives the compacted cuts: ties across shard boundaries, -inf ids, a top-k past the finite
-    ids, top-p alone and within top-k, min-p, an empty shard; on float32, bf16-valued and flat rows."""
+def _check_cuts_do_not_depend_on_the_shards(rank, bounds):
+    """filter_cuts gives bitwise the same cuts sharded as this test's world, with an empty shard, and
+    whole on one rank (its masses are exact integer sums), without a host read, and keeps what
+    reference filter_mask keeps: ties across shard boundaries, -inf ids, a top-k past the finite
+    ids, top-p alone and within top-k, min-p; float32, bf16-valued and flat rows; bf16 logits
+    scaled per row, with an ignored id."""
+    from xkernels.reference.sampling import filter_mask
+
+    world = len(bounds)
     g = torch.Generator().manual_seed(60)
     a = (torch.randn(9, V, generator=g) * 2).round(decimals=1)
     a[1, 5:20] = float("-inf")
@@ -188,15 +194,28 @@ def _check_cuts_uncompacted(rank, bounds):
     top_k = torch.tensor([3, 30, 1, 0, 10, 0, 2, 4, 5])
     top_p = torch.tensor([1.0, 1.0, 1.0, 0.7, 0.5, 1.0, 0.9, 0.8, 0.3])
     min_p = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.1, 0.2, 0.0, 0.05, 0.0])
-    with_empty = [(0, 0), (0, V)] if len(bounds) == 2 else [(0, 14), (14, 14), (14, V)]
-    for shards in (bounds, with_empty):
-        local, start = _shard(a, shards, rank)
-        args = (local, a.amax(-1), start, None, torch.ones(9, dtype=torch.bool), top_k, top_p, min_p)
-        want = distributed.filter_cuts(*args, compact=True)
-        with _unread():
-            got = distributed.filter_cuts(*args, compact=False)
-        _same(f"filter_cuts uncompacted {shards}", got, want)
-        assert torch.equal(got[0], distributed.filter_cuts(*args)[0])  # the default on CPU tensors
+    with_empty = [(0, 0), (0, V)] if world == 2 else [(0, 14), (14, 14), (14, V)]
+    whole = [(0, V)] + [(V, V)] * (world - 1)
+    logits = (torch.randn(9, V, generator=g) * 3).bfloat16()
+    scale = torch.linspace(0.5, 2.0, 9)
+    ignore = bounds[0][1]  # the first id of the second shard
+    scaled = logits.float() * scale[:, None]
+    scaled[:, ignore] = float("-inf")
+    for rows, kw, big_m in ((a, {}, a.amax(-1)), (logits, dict(scale=scale, ignore_id=ignore), scaled.amax(-1))):
+        cuts = []
+        for shards in (bounds, with_empty, whole):
+            local, start = _shard(rows, shards, rank)
+            with _unread():
+                cuts.append(distributed.filter_cuts(local, big_m, start, None, torch.ones(9, dtype=torch.bool),
+                                                    top_k, top_p, min_p, **kw))
+        for shards, got in zip(("with an empty shard", "whole"), cuts[1:]):
+            _same(f"filter_cuts {shards} scaled={bool(kw)}", got, cuts[0])
+        b = a if not kw else scaled
+        kept = (b > cuts[0][0][:, None]) | ((b == cuts[0][0][:, None]) & (torch.arange(V) <= cuts[0][1][:, None]))
+        for r in range(9):
+            finite = torch.isfinite(b[r])
+            want = filter_mask(b[r], int(top_k[r]), float(top_p[r]), float(min_p[r])) & finite
+            assert torch.equal(kept[r] & finite, want), f"filter_cuts scaled={bool(kw)} row {r}"
 
 
 def _cases(temps, top_k, top_p, min_p):
@@ -365,7 +384,7 @@ def _worker(rank, world, port):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        for check in (_check_tree_sampling, _check_tree_residual_filtered, _check_tree_alone, _check_tree_filter_traffic, _check_cuts_uncompacted,
+        for check in (_check_tree_sampling, _check_tree_residual_filtered, _check_tree_alone, _check_tree_filter_traffic, _check_cuts_do_not_depend_on_the_shards,
                       _check_refine_sampling, _check_dllm_sampling, _check_chain_methods, _check_bad_parameters):
             check(rank, BOUNDS[world])
     finally:

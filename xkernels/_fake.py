@@ -187,3 +187,12 @@ def _shard_row_stats_fake(logits, vocab_start, rows=None, exclude=None, draft_pr
     f = lambda: logits.new_empty(shape, dtype=torch.float32)  # noqa: E731
     i = lambda: logits.new_empty(shape, dtype=torch.int64)  # noqa: E731
     return f(), f(), i(), f(), i(), f()
+
+
+@torch.library.register_fake("xkernels::shard_cut_histogram")
+def _shard_cut_histogram_fake(logits, scale, prefix, shift, vocab_start, ignore_id=-1, row_max=None, keep_value=None,
+                              keep_id=None):
+    _same_device("logits", logits, scale=scale, prefix=prefix, row_max=row_max, keep_value=keep_value,
+                 keep_id=keep_id)
+    torch._check(logits.dim() == 2, lambda: "logits must have shape [R, V_local]")
+    return logits.new_empty((logits.shape[0], 2, 256), dtype=torch.int64)

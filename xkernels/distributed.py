@@ -17,8 +17,9 @@ called with ``capturable=True``):
   streams (seed / offset [N]: row i of request n draws the noise of (seed[n], offset[n] + i), the
   same at any world size and as ``xkernels.chain_verify``), and top_k / top_p / min_p over the
   whole vocabulary: ``filter_cuts`` finds each row's cut from the shards (a radix select over
-  all-reduced 256-bucket histograms: 6 collectives for top-k, 7 for top-p, none for min-p), then a
-  second ``shard_row_stats`` pass with the cut gives the filtered sums (1 all-gather more).
+  all-reduced 256-bucket histograms, ``shard_cut_histogram``: 8 collectives each for top-k and
+  top-p, none for min-p), then a second ``shard_row_stats`` pass with the cut gives the filtered
+  sums (1 all-gather more).
   Per-row filter tensors are not value-checked here (that would read them on the host): values
   outside their ranges read as off, as the CUDA kernels read them without ``XKERNELS_CHECK=1``.
   ``method="block"`` (block verification) with draft_probs at T > 0 and K > 1 adds 1 all-reduce
@@ -79,6 +80,7 @@ import torch.distributed as dist
 
 from . import ops, reference
 from .reference.sampling import stream_coins
+from .reference.shard_cut_histogram import CUT_SHIFTS, cut_key_cut, cut_rank_keys
 from .refiner import RefinerWeights, refiner_hidden
 
 _NONE = torch.iinfo(torch.int64).max  # no id: loses every minimum
@@ -167,99 +169,39 @@ def _local_values(x: torch.Tensor, ids: torch.Tensor, vocab_start: int):
     return torch.where(own, got, 0.0), own
 
 
-_KEY_MASK = 0xFFFFFFFF
 _ID_MAX = 2**31 - 1  # an id past every vocabulary's: a cut at it keeps every tie of its value
+# A cut is the key (cut_rank_keys) of the last id it keeps; the stricter of two is the lesser key.
+_KEEP_ALL = int(cut_rank_keys(torch.tensor(float("-inf")), torch.tensor(_ID_MAX)))  # keeps everything
 
 
-def _rank_key(a: torch.Tensor) -> torch.Tensor:
-    """int64 keys in [0, 2^32) of float32 values, ascending in the ranking (a higher value first):
-    the order-preserving bits of a, complemented. -0 is taken as +0 first: they tie, as values."""
-    bits = (a + 0.0).contiguous().view(torch.int32).long() & _KEY_MASK
-    ascending = torch.where(bits >= 2**31, bits ^ _KEY_MASK, bits | 2**31)
-    return _KEY_MASK - ascending
-
-
-def _key_value(key: torch.Tensor) -> torch.Tensor:
-    """The float32 value of _rank_key's keys."""
-    ascending = _KEY_MASK - key
-    bits = torch.where(ascending >= 2**31, ascending & 0x7FFFFFFF, ascending ^ _KEY_MASK)
-    return torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32).view(torch.float32)
-
-
-_KEEP_ALL_KEY = int(_rank_key(torch.tensor(float("-inf"))))  # ranks last with -inf itself: keeps everything
-
-
-def _earlier(key1, id1, key2, id2):
-    """Per row, the cut (key, id) ranked earlier: the stricter of two prefixes of one ranking."""
-    first = (key1 < key2) | ((key1 == key2) & (id1 <= id2))
-    return torch.where(first, key1, key2), torch.where(first, id1, id2)
-
-
-def _gather_rows(x: torch.Tensor, group) -> torch.Tensor:
-    """All-gathers x [F] (float64: ids and counts below 2^53 travel exactly) into [W, F]."""
-    out = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(out, x, group=group)
-    traffic.bytes += x.numel() * x.element_size()
-    traffic.collectives += 1
-    return torch.stack(out)
-
-
-def _select(key, ids, weight, target, vocab_start: int, group, compact: bool):
-    """The first id of the ranking (key ascending, ties to the lower id) over the whole vocabulary at
-    which the cumulative weight reaches target [R], by a radix select over the keys' four bytes (each
-    round a 256-bucket histogram of the candidates, all-reduced; after the first, with compact, the
-    candidates are compacted to the chosen bucket's, else the others' weights are zeroed), then the
-    ties at the found value in id order (the shards ordered by their first ids). key, weight [R,
-    V_local]. Returns (key [R], id [R]); rows whose whole weight stays below target get the keep-all
-    cut. Both ways add the same nonzero weights in the same order, so they give the same cut."""
-    rows, v_local = key.shape
-    dev = key.device
+def _select(logits, scale, vocab_start: int, ignore_id: int, group, goal, row_max=None, keep=(None, None)):
+    """The cut at the first id of the whole vocabulary's ranking at which the cumulative weight reaches
+    the goal [R]: with row_max, a fraction of the row's total mass (the ids' exp(a - row_max) within
+    keep), else a count of ids above -inf. shard_cut_histogram's 8 rounds, each all-reduced (a
+    count's without its lo parts, which are 0); the sums are exact integers, compared in float64.
+    Returns the cuts' keys [R]; rows whose whole weight stays below the goal get the keep-all cut."""
+    rows = logits.shape[0]
+    dev = logits.device
+    mass = row_max is not None
+    parts = 2 if mass else 1
     prefix = torch.zeros(rows, dtype=torch.int64, device=dev)
-    before = torch.zeros(rows, dtype=weight.dtype, device=dev)  # weight ranked before the prefix's bucket
+    before = torch.zeros(rows, parts, 1, dtype=torch.int64, device=dev)  # weight ranked before the prefix
+    target = None if mass else goal.double() * 2.0**62
     reached = None
-    row = torch.arange(rows, device=dev)[:, None]  # each candidate's row; then flat, compacted
-    for shift in (24, 16, 8, 0):
-        digit = (key >> shift) & 255
-        hist = torch.zeros(rows * 256, dtype=weight.dtype, device=dev)
-        hist = hist.index_add_(0, (row * 256 + digit).reshape(-1), weight.reshape(-1)).view(rows, 256)
-        cum = before[:, None] + _all_reduce(hist, group).cumsum(1)
-        bucket = (cum < target[:, None]).sum(1)
-        reached = bucket < 256 if reached is None else reached  # later rounds: rounding may miss by ulps
-        bucket = bucket.clamp(max=255)[:, None]
-        before = (cum.gather(1, bucket) - hist.gather(1, bucket))[:, 0]
-        prefix = prefix * 256 + bucket[:, 0]
-        live = digit == bucket[row, 0]  # the next round's candidates, in (row, id) order
-        if not compact:
-            weight = torch.where(live, weight, 0)
-        elif shift == 24:  # flat from here on
-            flat = live.reshape(-1).nonzero()[:, 0]
-            row, key, weight = flat // max(v_local, 1), key.reshape(-1)[flat], weight.reshape(-1)[flat]
-            ids = ids[flat % max(v_local, 1)] if v_local else ids
-        else:
-            row, key, weight, ids = row[live], key[live], weight[live], ids[live]
-    if not compact:  # flat, in the compacted candidates' order
-        row, ids = row.expand(rows, v_local).reshape(-1), ids.expand(rows, v_local).reshape(-1)
-        key, weight = key.reshape(-1), weight.reshape(-1)
-    # The ties at the value (the candidates left), after the weight of the shards of lower ids.
-    tie_total = torch.zeros(rows, dtype=weight.dtype, device=dev).index_add_(0, row, weight)
-    mine = torch.cat([tie_total.double(), torch.full((1,), float(vocab_start), dtype=torch.float64, device=dev)])
-    g = _gather_rows(mine, group)  # [W, R + 1]
-    earlier = g[:, -1] < vocab_start  # an empty shard's weight is 0
-    before = before + torch.where(earlier[:, None], g[:, :-1], 0).sum(0).to(weight.dtype)
-    # Each candidate's weight up to itself within its row: a flat cumsum less the rows before.
-    within = weight.cumsum(0) - (tie_total.cumsum(0) - tie_total)[row]
-    hit = (key == prefix[row]) & (before[row] + within >= target[row])  # a zeroed non-candidate is no tie
-    local = torch.full((rows,), _ID_MAX, dtype=torch.int64, device=dev).scatter_reduce_(
-        0, row, torch.where(hit, ids, _ID_MAX), "amin")
-    cut_id = _all_reduce_min(local, group)  # no shard reaching it (rounding): every tie
-    return torch.where(reached, prefix, _KEEP_ALL_KEY), torch.where(reached, cut_id, _ID_MAX)
-
-
-def _all_reduce_min(x: torch.Tensor, group) -> torch.Tensor:
-    dist.all_reduce(x, op=dist.ReduceOp.MIN, group=group)
-    traffic.bytes += x.numel() * x.element_size()
-    traffic.collectives += 1
-    return x
+    for shift in CUT_SHIFTS:
+        hist = ops.shard_cut_histogram(logits, scale, prefix, shift, vocab_start, ignore_id=ignore_id,
+                                       row_max=row_max, keep_value=keep[0], keep_id=keep[1])
+        hist = _all_reduce(hist[:, :parts].contiguous(), group)
+        cum = before + hist.cumsum(2)  # [R, parts, 256]
+        value = cum[:, 0].double() * 2.0**31 + (cum[:, 1].double() if mass else 0.0)
+        if target is None:  # the first round's histogram holds every id: its sum is the total
+            target = goal.double() * value[:, -1]
+        bucket = (value < target[:, None]).sum(1)
+        reached = bucket < 256 if reached is None else reached
+        bucket = bucket.clamp(max=255)
+        before = (cum - hist).gather(2, bucket[:, None, None].expand(rows, parts, 1))
+        prefix = prefix * 256 + bucket
+    return torch.where(reached, prefix, _KEEP_ALL)
 
 
 def _min_p_key(big_m: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
@@ -273,46 +215,37 @@ def _min_p_key(big_m: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
         lower = torch.nextafter(t, down)
         t = torch.where(lower - big_m >= gap, lower, t)
         t = torch.where(t - big_m >= gap, t, torch.nextafter(t, up))
-    return _rank_key(t)
+    return cut_rank_keys(t, torch.full_like(big_m, _ID_MAX, dtype=torch.int64))
 
 
-def filter_cuts(a: torch.Tensor, big_m: torch.Tensor, vocab_start: int, group, active: torch.Tensor,
-                top_k=None, top_p=None, min_p=None, compact: Optional[bool] = None):
+def filter_cuts(logits: torch.Tensor, big_m: torch.Tensor, vocab_start: int, group, active: torch.Tensor,
+                top_k=None, top_p=None, min_p=None, *, scale: Optional[torch.Tensor] = None, ignore_id: int = -1):
     """The cut of the filtered target distribution (xkernels.reference.sampling.filter_mask: top-k,
     then top-p renormalised over the top-k set, then min-p) of rows of a vocabulary sharded over
-    group, without gathering the rows: a [R, V_local] this shard's scaled logits (float32), big_m
-    [R] the global maxima, active [R] the rows to filter (sampled rows with a softmax), top_k /
-    top_p / min_p [R] tensors or None (off). Returns (cut_value float32 [R], cut_id int64 [R]) for
-    shard_row_stats: each row keeps the ids ranked at or before its cut (the keep-all cut where
-    inactive). Collectives: top-k 6, top-p 7, min-p none (it needs only the max). compact: shrink
-    the radix rounds' candidates by boolean indexing (default: on CPU tensors only; on a GPU it would
-    sync with the host for the count, so there the rounds keep the whole shard, zero-weighted)."""
-    rows, v_local = a.shape
-    dev = a.device
-    key = _rank_key(a)
-    ids = torch.arange(vocab_start, vocab_start + v_local, device=dev)
-    cut_key = torch.full((rows,), _KEEP_ALL_KEY, dtype=torch.int64, device=dev)
-    cut_id = torch.full((rows,), _ID_MAX, dtype=torch.int64, device=dev)
-    compact = dev.type == "cpu" if compact is None else compact
+    group, without gathering the rows: logits [R, V_local] this shard's (any float dtype), scaled
+    by scale [R] (default 1) into a, ignore_id's a at -inf; big_m [R] the global maxima of a,
+    active [R] the rows to filter (sampled rows with a softmax), top_k / top_p / min_p [R] tensors
+    or None (off). Returns (cut_value float32 [R], cut_id int64 [R]) for shard_row_stats: each row
+    keeps the ids ranked at or before its cut (the keep-all cut where inactive). Top-k and top-p
+    are each a radix select of 8 shard_cut_histogram rounds, so 8 all-reduces each; min-p needs
+    only the max. The masses are summed exactly (62-bit fixed point), so the cut does not depend
+    on the number of shards."""
+    rows = logits.shape[0]
+    dev = logits.device
+    scale = torch.ones(rows, device=dev) if scale is None else scale.float()
+    cut = torch.full((rows,), _KEEP_ALL, dtype=torch.int64, device=dev)
     if top_k is not None:
         k = top_k.long()
-        k_key, k_id = _select(key, ids, (key < _KEEP_ALL_KEY).long(), k, vocab_start, group, compact)
         on = active & (k > 0)  # a k past the finite ids keeps them all (_select's unreached rows)
-        cut_key, cut_id = torch.where(on, k_key, cut_key), torch.where(on, k_id, cut_id)
+        cut = torch.where(on, _select(logits, scale, vocab_start, ignore_id, group, k), cut)
     if top_p is not None:
-        kept = (key < cut_key[:, None]) | ((key == cut_key[:, None]) & (ids <= cut_id[:, None]))
-        mass = torch.where(kept, torch.exp(a - big_m[:, None]), 0.0).double()  # float32 exp, summed in double
-        mass = torch.where(active[:, None], mass, 0.0)
-        target = top_p.double() * _all_reduce(mass.sum(1), group)
-        p_key, p_id = _select(key, ids, mass, target, vocab_start, group, compact)
-        on = active & (top_p < 1)
-        cut_key, cut_id = _earlier(cut_key, cut_id, torch.where(on, p_key, _KEEP_ALL_KEY),
-                                   torch.where(on, p_id, _ID_MAX))
+        keep = cut_key_cut(cut)
+        p_cut = _select(logits, scale, vocab_start, ignore_id, group, top_p, row_max=big_m.float(), keep=keep)
+        cut = torch.minimum(cut, torch.where(active & (top_p < 1), p_cut, _KEEP_ALL))
     if min_p is not None:
         on = active & (min_p > 0)
-        m_key = torch.where(on, _min_p_key(big_m, torch.where(on, min_p, 1.0)), _KEEP_ALL_KEY)
-        cut_key, cut_id = _earlier(cut_key, cut_id, m_key, torch.full_like(cut_id, _ID_MAX))
-    return _key_value(cut_key), cut_id
+        cut = torch.minimum(cut, torch.where(on, _min_p_key(big_m, torch.where(on, min_p, 1.0)), _KEEP_ALL))
+    return cut_key_cut(cut)
 
 
 def _kept(a: torch.Tensor, ids: torch.Tensor, cut_value: torch.Tensor, cut_id: torch.Tensor) -> torch.Tensor:
@@ -327,11 +260,9 @@ def _row_cuts(local_logits, inv_t, big_m, point_mass, vocab_start: int, group, f
     global max of a. filters: (top_k, top_p, min_p) [N] or None. Returns (cut_value, cut_id) [N, R]."""
     n, rows, v_local = local_logits.shape
     expand = lambda t: None if t is None else t[:, None].expand(n, rows).reshape(-1)  # noqa: E731
-    a = local_logits.float() * inv_t[:, None, None]
-    if 0 <= ignore_id - vocab_start < v_local:
-        a[..., ignore_id - vocab_start] = float("-inf")
-    cut_value, cut_id = filter_cuts(a.reshape(n * rows, v_local), big_m.reshape(-1), vocab_start, group,
-                                    ~point_mass.reshape(-1), *(expand(f) for f in filters))
+    cut_value, cut_id = filter_cuts(local_logits.reshape(n * rows, v_local), big_m.reshape(-1), vocab_start, group,
+                                    ~point_mass.reshape(-1), *(expand(f) for f in filters), scale=expand(inv_t),
+                                    ignore_id=ignore_id)
     return cut_value.view(n, rows), cut_id.view(n, rows)
 
 

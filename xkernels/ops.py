@@ -1079,3 +1079,67 @@ def shard_row_stats(
         _tensor(residual_stats, "residual_stats", optional=True), int(ignore_id), bool(sample), bool(raw_stats),
         temperature, seed_int, offset_int, seed_tensor, offset_tensor, temperature_tensor,
         _tensor(cut_value, "cut_value", optional=True), _tensor(cut_id, "cut_id", optional=True))
+
+
+def shard_cut_histogram(
+    logits: torch.Tensor,
+    scale: torch.Tensor,
+    prefix: torch.Tensor,
+    shift: int,
+    vocab_start: int,
+    *,
+    ignore_id: int = -1,
+    row_max: Optional[torch.Tensor] = None,
+    keep_value: Optional[torch.Tensor] = None,
+    keep_id: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """One round of the radix select that finds a sharded row's whole-vocabulary top-k or top-p cut
+    (:func:`xkernels.distributed.filter_cuts` runs the rounds and all-reduces the histograms).
+
+    Each id of row ``r`` has a scaled logit ``a = logits[r] * scale[r]`` (``ignore_id``'s at -inf)
+    and a 63-bit key, ascending in the ranking (a higher ``a`` first, ties to the lower global id):
+    the 32 order-preserving bits of ``a`` (``-0`` as ``+0``), complemented, above the 31-bit global
+    id. The candidates are the keys whose bits above ``shift + 8`` equal ``prefix[r]`` (every key
+    at ``shift = 56``); each adds its weight to the bucket of its key's 8 bits at ``shift``. A
+    weight is 1 for an id whose ``a`` is above -inf, or with ``row_max`` the mass ``exp(a -
+    row_max[r])`` clamped to ``[0, 1]``; with ``keep_value`` / ``keep_id`` only the ids that cut keeps
+    (``a > keep_value``, or equal at a global id ``<= keep_id``) weigh, and a NaN never does.
+
+    Weights are summed exactly, as 62-bit fixed point split in two: ``floor(w 2^62) = hi 2^31 +
+    lo``. So a histogram does not depend on the order of the sums, the device, or how the
+    vocabulary is sharded, and the shards' histograms add up (an all-reduce) to the whole row's.
+    Eight rounds, each one picking a bucket and appending its digit to ``prefix``, end at one key:
+    the cut, ties included.
+
+    Args:
+        logits: float32, bfloat16 or float16 ``[R, V_local]``, the global ids ``[vocab_start,
+            vocab_start + V_local)``.
+        scale: float32 ``[R]``, each row's inverse temperature (1 for logits already scaled).
+        prefix: int64 ``[R]``, the digits the earlier rounds chose (0 in the first).
+        shift: the round's digit, one of 56, 48, ..., 0.
+        vocab_start: the shard's first global id (``vocab_start + V_local < 2^31``).
+        ignore_id: a global id whose logit counts as -inf (-1: none).
+        row_max: optional float32 ``[R]``: weigh by mass, ``row_max`` the whole row's max of ``a``.
+        keep_value, keep_id: optional float32 and int64 (or int32) ``[R]``, together: an earlier
+            cut outside which ids weigh 0 (top-p within top-k).
+
+    Returns:
+        torch.Tensor: int64 ``[R, 2, 256]``, the weights' ``hi`` parts then their ``lo`` parts by bucket.
+
+    Raises:
+        RuntimeError: a tensor of the wrong shape, dtype or device, a ``shift`` that is not a digit's,
+            ``keep_value`` without ``keep_id``, or ``vocab_start + V_local`` past ``2^31``, naming the
+            argument.
+        TypeError: an argument that is neither a tensor nor a DLPack array.
+
+    Kernels:
+        - CPU: the rows in parallel, each a scaled copy of the row, then one loop that keys, weighs and
+          counts the candidates.
+        - CUDA: one launch, blocks of a row each over a strided slice of its ids into a shared-memory
+          histogram (integer atomics, so any order gives the same sums), then into the row's; no host
+          reads.
+    """
+    return torch.ops.xkernels.shard_cut_histogram.default(
+        _tensor(logits, "logits"), _tensor(scale, "scale"), _tensor(prefix, "prefix"), int(shift), int(vocab_start),
+        int(ignore_id), _tensor(row_max, "row_max", optional=True), _tensor(keep_value, "keep_value", optional=True),
+        _tensor(keep_id, "keep_id", optional=True))

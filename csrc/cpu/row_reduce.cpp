@@ -201,6 +201,29 @@ static inline f64x8 residual8(const float* e, const float* q, double coef) {
   return d > 0.0 ? d : f64x8{};
 }
 
+XK_CLONES int64_t indices_in_range(const float* a, int64_t n, float lo, float hi, int32_t* idx) {
+  int64_t found = 0, v = 0;
+  for (; v + 32 <= n; v += 32) {
+    i32x8 any = {};
+    for (int b = 0; b < 4; ++b) {
+      const f32x8 x = load<f32x8>(a + v + 8 * b);
+      any |= (x >= lo) & (x <= hi);
+    }
+    int32_t hit = 0;
+    for (int j = 0; j < 8; ++j) hit |= any[j];
+    if (hit == 0) continue;  // most blocks, once the candidates are few
+    for (int64_t j = v; j < v + 32; ++j) {
+      idx[found] = static_cast<int32_t>(j);
+      found += (a[j] >= lo) & (a[j] <= hi);
+    }
+  }
+  for (; v < n; ++v) {
+    idx[found] = static_cast<int32_t>(v);
+    found += (a[v] >= lo) & (a[v] <= hi);
+  }
+  return found;
+}
+
 XK_CLONES float residual_sum(const float* e, const float* q, int64_t n, double coef) {
   f64x8 acc = {};
   int64_t v = 0;

@@ -101,6 +101,9 @@ TORCH_LIBRARY(xkernels, m) {
       "Tensor? offset_tensor=None, Tensor? temperature_tensor=None, Tensor? cut_value=None, Tensor? cut_id=None) "
       "-> (Tensor row_max, Tensor row_sum, Tensor top_id, Tensor pick_score, "
       "Tensor pick_id, Tensor pick_logit)");
+  m.def(
+      "shard_cut_histogram(Tensor logits, Tensor scale, Tensor prefix, int shift, int vocab_start, "
+      "int ignore_id=-1, Tensor? row_max=None, Tensor? keep_value=None, Tensor? keep_id=None) -> Tensor");
 }
 
 }  // namespace xkernels

@@ -335,6 +335,27 @@ class CudaEmu:
                                           ctypes.byref(skips), ctypes.byref(errors))
         return skips.value, errors.value
 
+    def shard_cut_histogram(self, logits, scale, prefix, shift, vocab_start, ignore_id=-1, row_max=None,
+                            keep_value=None, keep_id=None):
+        r, v = logits.shape
+        logits, scale, prefix = _c(logits), _c(scale.float()), _c(prefix.long())
+        row_max = None if row_max is None else _c(row_max.float())
+        keep_value = None if keep_value is None else _c(keep_value.float())
+        keep_id = None if keep_id is None else _c(keep_id.clamp(-(2**31), 2**31 - 1).to(torch.int32))
+        out = torch.empty(r, 2, 256, dtype=torch.int64)
+        msg = ctypes.create_string_buffer(1024)
+        i64 = ctypes.c_int64
+        rc = self.lib.xk_emu_shard_cut_histogram(
+            _ptr(logits), LOGITS_TYPES[logits.dtype], i64(r), i64(v), i64(vocab_start), i64(ignore_id), _ptr(scale),
+            _ptr(prefix), ctypes.c_int(shift), _ptr(row_max), _ptr(keep_value), _ptr(keep_id), _ptr(out), msg,
+            ctypes.c_size_t(len(msg)))
+        self._check(rc, msg)
+        return out
+
+    def shard_cut_blocks_per_row(self, r, v):
+        self.lib.xk_emu_shard_cut_blocks_per_row.restype = ctypes.c_int64
+        return self.lib.xk_emu_shard_cut_blocks_per_row(ctypes.c_int64(r), ctypes.c_int64(v))
+
     def shard_row_stats(self, logits, vocab_start, rows=None, exclude=None, draft_probs=None, residual_stats=None,
                         ignore_id=-1, sample=False, raw_stats=False, temperature=0.0, seed=0, offset=0,
                         seed_tensor=None, offset_tensor=None, temperature_tensor=None, cut_value=None, cut_id=None):

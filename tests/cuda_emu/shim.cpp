@@ -14,6 +14,7 @@
 #include "cuda_emu.h"
 #include "refine_launch.h"
 #include "row_cut_launch.h"
+#include "shard_cut_histogram_launch.h"
 #include "shard_row_stats_launch.h"
 #include "spiffy_launch.h"
 #include "tree_launch.h"
@@ -472,6 +473,33 @@ int xk_emu_shard_row_stats(const void* logits, int logits_type, const int64_t* r
   copy_out(pick_logit, p.pick_logit, f), copy_out(top_id, p.top_id, i), copy_out(pick_id, p.pick_id, i);
   return finish(err, message, message_len);
 }
+
+// out [r, 2, 256] starts at 0: the launcher's contract (the binding zero-fills it; the kernel adds).
+int xk_emu_shard_cut_histogram(const void* logits, int logits_type, int64_t r, int64_t v, int64_t vocab_start,
+                               int64_t ignore_id, const float* scale, const int64_t* prefix, int shift,
+                               const float* row_max, const float* keep_value, const int32_t* keep_id, int64_t* out,
+                               char* message, size_t message_len) {
+  using namespace xkernels::cuda;
+  Device dev;
+  ShardCutHistogramParams p{};
+  p.logits = dev.copy(static_cast<const char*>(logits), r * v * logits_bytes(logits_type));
+  p.dtype = static_cast<LogitsType>(logits_type);
+  p.r = r, p.v = v, p.vocab_start = vocab_start, p.ignore_id = ignore_id;
+  p.scale = dev.copy(scale, sizeof(float) * r);
+  p.prefix = dev.copy(prefix, sizeof(int64_t) * r);
+  p.shift = shift;
+  p.row_max = dev.copy(row_max, sizeof(float) * r);
+  p.keep_value = dev.copy(keep_value, sizeof(float) * r);
+  p.keep_id = dev.copy(keep_id, sizeof(int32_t) * r);
+  const size_t bytes = sizeof(int64_t) * r * 2 * 256;
+  p.out = dev.alloc<int64_t>(bytes, 0);
+  const cudaError_t err = launch_shard_cut_histogram(p, nullptr);
+  copy_out(out, p.out, bytes);
+  return finish(err, message, message_len);
+}
+
+// blocks a row takes (the launcher's grid.y)
+int64_t xk_emu_shard_cut_blocks_per_row(int64_t r, int64_t v) { return xkernels::cuda::shard_cut_blocks_per_row(r, v); }
 
 // xkernels/sampling.h's gumbel_cannot_win (host math, as the CPU kernels and this emulation run it)
 // against the score it rules out: for pair i (log weight w[i], or with `linear` the weight r = w[i]

@@ -14,6 +14,7 @@ import torch
 
 import xkernels
 from xkernels import reference
+from xkernels.reference.shard_cut_histogram import CUT_SHIFTS, cut_rank_keys
 
 RAISE, EITHER, SAME = "raise", "either", "same"
 LOGITS = (torch.float32, torch.bfloat16, torch.float16)
@@ -1179,6 +1180,67 @@ class ShardRowStats(Spec):
         return reference.shard_row_stats(a.pop("logits"), a.pop("vocab_start"), **a)
 
 
+class ShardCutHistogram(Spec):
+    name = "shard_cut_histogram"
+    tensors = {"logits": "logits", "scale": "f32", "prefix": "ids", "row_max": "f32", "keep_value": "f32",
+               "keep_id": "ids32"}
+    primary = "logits"
+    optional = ("row_max", "keep_value", "keep_id")
+    huge_dims = {"logits": (1,)}
+
+    def valid(self, g):
+        r, v = g.int(0, 4), g.int(0, 30)
+        logits = g.logits(r, v, dtype=g.pick(LOGITS))
+        vs = g.pick((0, 0, 7, 1000))
+        scale = torch.rand(r, generator=g.g) * 2
+        a = logits.float() * scale[:, None]
+        shift = g.pick(CUT_SHIFTS)
+        prefix = torch.zeros(r, dtype=torch.int64)
+        if shift < 56 and v and g.coin(0.8):  # along a real key: candidates to count
+            keys = cut_rank_keys(a, torch.arange(vs, vs + v))
+            prefix = keys.gather(1, torch.randint(0, v, (r, 1), generator=g.g))[:, 0] >> (shift + 8)
+        elif shift < 56:
+            prefix = torch.randint(-(2**62), 2**62, (r,), generator=g.g)
+        args = dict(logits=logits, scale=scale, prefix=prefix, shift=shift, vocab_start=vs,
+                    ignore_id=g.pick((-1, vs + 1)))
+        if g.coin():
+            args["row_max"] = a.amax(-1) if v else torch.zeros(r)
+        if g.coin(0.3):
+            args["keep_value"] = torch.randn(r, generator=g.g)
+            args["keep_id"] = torch.randint(-1, vs + v + 1, (r,), generator=g.g)
+        return args
+
+    def value_mutations(self, g, args):
+        out = [(f"shift={bad}", _set(args, shift=bad), RAISE, {"shift"}) for bad in (-8, 57, 64, 2**40)]
+        out += [("vocab_start=-1", _set(args, vocab_start=-1), RAISE, {"vocab_start"}),
+                ("vocab_start=2**31", _set(args, vocab_start=2**31), RAISE, {"vocab_start"}),
+                ("ignore_id=2**40", _set(args, ignore_id=2**40), EITHER, set()),
+                ("prefix -1", _set(args, prefix=torch.full_like(args["prefix"], -1)), EITHER, set())]
+        if args.get("keep_value") is not None:
+            out.append(("keep_value alone", _set(args, keep_id=None), RAISE, {"keep_value", "keep_id"}))
+        if args.get("row_max") is not None and args["row_max"].numel():
+            out.append(("row_max below the max", _set(args, row_max=args["row_max"] - 5), EITHER, set()))
+            out.append(("row_max NaN", _set(args, row_max=_poke(args["row_max"], math.nan, g=g.g)), EITHER, set()))
+        return out + _nonfinite_logits(g, args, "logits")
+
+    def check(self, args, out):
+        r, v = args["logits"].shape
+        assert out.shape == (r, 2, 256) and out.dtype == torch.int64, f"a histogram of {list(out.shape)}"
+        assert bool((out >= 0).all()), "a negative weight"
+        assert bool((out[:, 1] < 2**31 * max(v, 1)).all()), "a lo part past its bound"
+        assert bool((out[:, 0].sum(1) <= 2**31 * v).all()), "weights past one an id"
+        if args.get("row_max") is None:
+            assert bool((out[:, 1] == 0).all() and (out[:, 0] % 2**31 == 0).all()), "a count that is not whole"
+
+    def reference(self, args):
+        if args.get("row_max") is not None:  # masses: the kernels' exp and torch's differ by ulps (tests compare)
+            return None
+        a = dict(args)
+        return reference.shard_cut_histogram(a.pop("logits"), a.pop("scale"), a.pop("prefix"), a.pop("shift"),
+                                             a.pop("vocab_start"), **a)
+
+
 SPECS = {s.name: s for s in (ChainVerify(), ChainVerifyRagged(), RefineStep(), JacobiRefine(), SequentialRefine(),
                              BuildDraftTree(), TreeAttentionMask(), TreePositions(), TreeVerify(), CompactKv(),
-                             DllmStep(), SpiffyMaterialize(), SpiffyAccept(), SpiffyAttentionMask(), ShardRowStats())}
+                             DllmStep(), SpiffyMaterialize(), SpiffyAccept(), SpiffyAttentionMask(), ShardRowStats(),
+                             ShardCutHistogram())}

@@ -42,6 +42,17 @@ XK_HD float float_from_bits(uint32_t bits) {
 #endif
 }
 
+// The bit pattern of x.
+XK_HD uint32_t float_bits(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  return bits;
+#endif
+}
+
 XK_HD bool is_nan_f32(float x) { return x != x; }
 
 // The larger of a and b, a NaN counting as missing (fmaxf): one instruction on CUDA.

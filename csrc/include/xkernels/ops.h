@@ -210,6 +210,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const std::optional<at::Tensor>& temperature_tensor = std::nullopt,
     const std::optional<at::Tensor>& cut_value = std::nullopt, const std::optional<at::Tensor>& cut_id = std::nullopt);
 
+// One round of the radix select that finds a sharded row's whole-vocabulary cut (shard_cut.h):
+// for each row r of logits [R, V_local] (global ids vocab_start ..), its ids' scaled logits a =
+// logits * scale[r] (ignore_id's at -inf) keyed by cut_rank_key; of the keys whose digits above
+// `shift` are prefix[r], each weight (cut_weight: 1 for each id above -inf, or with row_max
+// float32 [R] the mass exp(a - row_max); with keep_value / keep_id only the ids that cut keeps)
+// summed exactly into the bucket of the digit at `shift`. Returns int64 [R, 2, 256]: the weights'
+// hi parts, then their lo parts (a weight w is floor(w 2^62) = hi 2^31 + lo). Summed over the shards
+// (all-reduce), the histograms are the whole row's; xkernels/distributed.py runs the 8 rounds.
+at::Tensor shard_cut_histogram(const at::Tensor& logits, const at::Tensor& scale, const at::Tensor& prefix,
+                               int64_t shift, int64_t vocab_start, int64_t ignore_id = -1,
+                               const std::optional<at::Tensor>& row_max = std::nullopt,
+                               const std::optional<at::Tensor>& keep_value = std::nullopt,
+                               const std::optional<at::Tensor>& keep_id = std::nullopt);
+
 // How the library was built: version, whether CUDA kernels are compiled and
 // for which architectures.
 std::string build_info();

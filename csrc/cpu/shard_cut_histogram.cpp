@@ -1,0 +1,127 @@
+// shard_cut_histogram on the CPU: the rows in parallel, each in chunks of ids scaled into a buffer
+// (the ignored id at -inf). A chunk's candidates are first found by a float range that holds every
+// value of the round's keys (one compare pair an id: after the first round few pass), then keyed,
+// weighed and counted exactly (shard_cut.h); the masses come from one vector exp of the chunk.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <array>
+
+#include "../ops/shard_cut_histogram.h"
+#include "dispatch.h"
+#include "row_reduce.h"
+#include "xkernels/shard_cut.h"
+
+namespace xkernels {
+namespace {
+
+constexpr int64_t kChunk = 512;  // a multiple of exp_row's 16 lanes
+
+// The float32 value of the order bits of a key's value part (NaN patterns included).
+float key_value(uint32_t value_key) {
+  const uint32_t ascending = ~value_key;
+  return float_from_bits((ascending & 0x80000000u) ? (ascending & 0x7FFFFFFFu) : ~ascending);
+}
+
+// [lo, hi] holds the value of every key whose digits above `shift` are prefix (a NaN end widens
+// to infinity; NaNs themselves weigh 0, so the range may leave them out).
+struct ValueRange {
+  float lo, hi;
+};
+ValueRange candidate_range(uint64_t prefix, int shift) {
+  const int low = shift + kCutDigitBits;
+  const uint64_t first = low >= 64 ? 0 : prefix << low;
+  const uint64_t last = low >= 64 ? ~uint64_t{0} : first | ((uint64_t{1} << low) - 1);
+  const float hi = key_value(static_cast<uint32_t>(first >> kCutIdBits));  // keys rise as values fall
+  const float lo = key_value(static_cast<uint32_t>(std::min<uint64_t>(last >> kCutIdBits, 0xFFFFFFFFu)));
+  return ValueRange{lo == lo ? lo : kNegInf, hi == hi ? hi : -kNegInf};
+}
+
+struct RowJob {
+  uint64_t prefix;
+  int shift;
+  CutWeights w;
+  int64_t first;   // the row's first global id
+  int64_t ignore;  // the ignored id's local index
+};
+
+// Copies of the histogram that consecutive candidates add into in turn: one copy would chain each
+// add to the last through memory, as most candidates of a round share a few buckets.
+constexpr int kCopies = 4;
+
+template <typename T>
+void histogram_row(const T* src, int64_t n, float scale, const RowJob& job, int64_t* out) {
+  const ValueRange range = candidate_range(job.prefix, job.shift);
+  std::array<float, kChunk> a, e;
+  std::array<int32_t, kChunk> pick;
+  std::array<int64_t, kCopies * 2 * kCutBuckets> copies{};
+  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+    const int64_t len = std::min(kChunk, n - c0);
+    cpu::scale_row(src + c0, len, scale, a.data());
+    if (job.ignore >= c0 && job.ignore < c0 + len) a[job.ignore - c0] = kNegInf;
+    const int64_t found = cpu::indices_in_range(a.data(), len, range.lo, range.hi, pick.data());
+    if (found == 0) continue;
+    if (job.w.mass) {  // every id by exp_row's vector lanes (none by its scalar tail), wherever a shard starts
+      const int64_t lanes = (len + 15) / 16 * 16;
+      std::fill(a.begin() + len, a.begin() + lanes, kNegInf);
+      cpu::exp_row(a.data(), lanes, job.w.row_max, e.data());
+    }
+    for (int64_t j = 0; j < found; ++j) {
+      const int32_t i = pick[j];
+      const auto id = static_cast<int32_t>(job.first + c0 + i);
+      const uint64_t key = cut_rank_key(a[i], id);
+      const CutWeight cw = cut_weight(job.w, a[i], id, job.w.mass ? e[i] : 0.0f);
+      const bool take = cut_candidate(key, job.prefix, job.shift);
+      int64_t* h = copies.data() + (j % kCopies) * 2 * kCutBuckets + cut_digit(key, job.shift);
+      h[0] += take ? cw.hi : 0;
+      h[kCutBuckets] += take ? cw.lo : 0;
+    }
+  }
+  for (int c = 0; c < kCopies; ++c) {
+    for (int b = 0; b < 2 * kCutBuckets; ++b) out[b] += copies[c * 2 * kCutBuckets + b];
+  }
+}
+
+at::Tensor shard_cut_histogram_cpu(const at::Tensor& logits, const at::Tensor& scale, const at::Tensor& prefix,
+                                   int64_t shift, int64_t vocab_start, int64_t ignore_id,
+                                   const std::optional<at::Tensor>& row_max,
+                                   const std::optional<at::Tensor>& keep_value,
+                                   const std::optional<at::Tensor>& keep_id) {
+  const auto s = check_shard_cut_histogram(logits, scale, prefix, shift, vocab_start, row_max, keep_value, keep_id);
+  const auto l = logits.contiguous();
+  const auto sc = scale.contiguous(), pf = prefix.contiguous();
+  const auto rm = row_max.has_value() ? row_max->contiguous() : at::Tensor();
+  const auto kv = keep_value.has_value() ? keep_value->contiguous() : at::Tensor();
+  const auto ki = shard_cut_keep_id(keep_id);
+  auto out = at::zeros({s.r, 2, kCutBuckets}, logits.options().dtype(at::kLong));
+  const float* scp = sc.const_data_ptr<float>();
+  const int64_t* pfp = pf.const_data_ptr<int64_t>();
+  const float* rmp = rm.defined() ? rm.const_data_ptr<float>() : nullptr;
+  const float* kvp = kv.defined() ? kv.const_data_ptr<float>() : nullptr;
+  const int32_t* kip = ki.defined() ? ki.const_data_ptr<int32_t>() : nullptr;
+  int64_t* op = out.mutable_data_ptr<int64_t>();
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(s.v, 1));  // no thread for a tiny row
+  cpu::dispatch_logits(l.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* lp = l.const_data_ptr<T>();
+    at::parallel_for(0, s.r, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const RowJob job{static_cast<uint64_t>(pfp[r]), static_cast<int>(shift),
+                         CutWeights{rmp != nullptr, rmp ? rmp[r] : 0.0f, kvp != nullptr,
+                                    FilterCut{kvp ? kvp[r] : 0.0f, kip ? kip[r] : 0}},
+                         vocab_start, ignore_id - vocab_start};
+        histogram_row(lp + r * s.v, s.v, scp[r], job, op + r * 2 * kCutBuckets);
+      }
+    });
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(xkernels, CPU, m) { m.impl("shard_cut_histogram", &shard_cut_histogram_cpu); }
+
+}  // namespace xkernels

@@ -1,0 +1,72 @@
+// shard_cut_histogram on CUDA: blocks of a row each take a strided slice of its ids, key, weigh and
+// count the candidates into a shared histogram (shard_cut.h), then add it into the row's histogram
+// in global memory. The sums are integers, so the atomics' order does not change them. One launch,
+// no host reads.
+#include "device_utils.cuh"
+#include "shard_cut_histogram_launch.h"
+#include "xkernels/shard_cut.h"
+
+namespace xkernels::cuda {
+namespace {
+
+using Sum = unsigned long long;  // atomicAdd's 64-bit integer
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) shard_cut_histogram_kernel(ShardCutHistogramParams p) {
+  __shared__ Sum hist[2 * kCutBuckets];  // hi parts, then lo parts
+  for (int i = threadIdx.x; i < 2 * kCutBuckets; i += blockDim.x) hist[i] = 0;
+  __syncthreads();
+  const int64_t r = blockIdx.x;
+  const T* row = static_cast<const T*>(p.logits) + r * p.v;
+  const float scale = p.scale[r];
+  const auto prefix = static_cast<uint64_t>(p.prefix[r]);
+  const CutWeights w{p.row_max != nullptr, p.row_max ? p.row_max[r] : 0.0f, p.keep_value != nullptr,
+                     FilterCut{p.keep_value ? p.keep_value[r] : 0.0f, p.keep_id ? p.keep_id[r] : 0}};
+  const int64_t ignore = p.ignore_id - p.vocab_start;
+  const int64_t stride = static_cast<int64_t>(gridDim.y) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; i < p.v; i += stride) {
+    const float a = i == ignore ? kNegInf : to_float(row[i]) * scale;
+    const auto id = static_cast<int32_t>(p.vocab_start + i);
+    const uint64_t key = cut_rank_key(a, id);
+    if (!cut_candidate(key, prefix, p.shift)) continue;
+    const CutWeight cw = cut_weight(w, a, id, w.mass ? exp_f32(a - w.row_max) : 0.0f);
+    const int d = cut_digit(key, p.shift);
+    if (cw.hi != 0) atomicAdd(&hist[d], static_cast<Sum>(cw.hi));
+    if (cw.lo != 0) atomicAdd(&hist[kCutBuckets + d], static_cast<Sum>(cw.lo));
+  }
+  __syncthreads();
+  auto* out = reinterpret_cast<Sum*>(p.out) + r * 2 * kCutBuckets;
+  for (int i = threadIdx.x; i < 2 * kCutBuckets; i += blockDim.x) {
+    if (hist[i] != 0) atomicAdd(&out[i], hist[i]);
+  }
+}
+
+template <typename T>
+cudaError_t launch_typed(const ShardCutHistogramParams& p, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(p.r), static_cast<unsigned>(shard_cut_blocks_per_row(p.r, p.v)));
+  shard_cut_histogram_kernel<T><<<grid, kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+int64_t shard_cut_blocks_per_row(int64_t r, int64_t v) {
+  constexpr int64_t kMinIds = 8 * kThreads, kChipBlocks = 4 * 132;  // a few waves of an H200's SMs
+  const int64_t by_ids = (v + kMinIds - 1) / kMinIds;
+  const int64_t by_chip = (kChipBlocks + r - 1) / (r > 0 ? r : 1);
+  const int64_t blocks = by_ids < by_chip ? by_ids : by_chip;
+  return blocks < 1 ? 1 : (blocks > 65535 ? 65535 : blocks);
+}
+
+cudaError_t launch_shard_cut_histogram(const ShardCutHistogramParams& p, cudaStream_t stream) {
+  if (p.r == 0 || p.v == 0) return cudaSuccess;  // the zero-filled histograms stand
+  if (p.r > 0x7FFFFFFF) return cudaErrorInvalidValue;
+  switch (p.dtype) {
+    case LogitsType::kFloat32: return launch_typed<float>(p, stream);
+    case LogitsType::kBFloat16: return launch_typed<__nv_bfloat16>(p, stream);
+    case LogitsType::kFloat16: return launch_typed<__half>(p, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace xkernels::cuda

@@ -1,0 +1,30 @@
+// The host interface of the shard_cut_histogram CUDA kernel: plain pointers, no torch headers.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "launch_types.h"
+
+namespace xkernels::cuda {
+
+struct ShardCutHistogramParams {
+  const void* logits;  // [r, v], global ids vocab_start .. vocab_start + v - 1
+  LogitsType dtype;
+  int64_t r, v, vocab_start, ignore_id;
+  const float* scale;     // [r]
+  const int64_t* prefix;  // [r]
+  int shift;              // 0, 8, ..., 56
+  const float* row_max;     // [r] or null: counts, not masses
+  const float* keep_value;  // [r] or null: no keep cut
+  const int32_t* keep_id;
+  int64_t* out;  // [r, 2, 256], zero-filled by the caller; the kernel adds into it
+};
+
+// Blocks a row takes: enough for the chip at a few rows, each block at least 8 ids a thread.
+int64_t shard_cut_blocks_per_row(int64_t r, int64_t v);
+
+cudaError_t launch_shard_cut_histogram(const ShardCutHistogramParams& p, cudaStream_t stream);
+
+}  // namespace xkernels::cuda

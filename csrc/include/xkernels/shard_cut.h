@@ -1,0 +1,71 @@
+// The whole-vocabulary cut of a row sharded over ranks (xkernels.distributed's filters), found by a
+// radix select whose histograms each shard fills from its own ids and the ranks all-reduce. Shared by
+// shard_cut_histogram's CPU and CUDA kernels; xkernels/reference/shard_cut_histogram.py states the
+// same in PyTorch.
+//
+// Each id gets a 63-bit key, ascending in the ranking (a higher scaled logit first, ties to the
+// lower id): the order-preserving bits of its value, complemented, above its 31-bit global id. A
+// round histograms one 8-bit digit of the keys that share the prefix the rounds before chose, so 8
+// rounds end at one id: the cut itself, ties included, with no pass in id order.
+//
+// Weights are summed exactly, as integers, so the histograms, and the cut, do not depend on the
+// order of the sums, the number of shards or the device: a weight w in [0, 1] is floor(w 2^62) =
+// hi 2^31 + lo, the two parts summed apart (each sum stays below 2^62 for fewer than 2^31 ids).
+#pragma once
+
+#include <cstdint>
+
+#include "xkernels/host_device.h"
+#include "xkernels/sampling_params.h"
+
+namespace xkernels {
+
+constexpr int kCutDigitBits = 8;
+constexpr int kCutBuckets = 1 << kCutDigitBits;
+constexpr int kCutIdBits = 31;
+constexpr int kCutKeyBits = 32 + kCutIdBits;
+constexpr int kCutTopShift = 56;  // the first round's digit: key bits 63..56
+constexpr int64_t kCutWeightOne = int64_t{1} << 31;  // w = 1 as its hi part (lo 0)
+
+// The key of scaled logit a at global id `id` (< 2^31). -0 is keyed as +0: they tie, as values.
+XK_HD uint64_t cut_rank_key(float a, int32_t id) {
+  uint32_t bits = float_bits(a);
+  bits = (bits << 1) == 0 ? 0u : bits;
+  // Negative values flip every bit, others the sign only: without a branch (signs are random).
+  const uint32_t ascending = bits ^ (static_cast<uint32_t>(static_cast<int32_t>(bits) >> 31) | 0x80000000u);
+  return (static_cast<uint64_t>(~ascending) << kCutIdBits) | static_cast<uint32_t>(id);
+}
+
+// Whether key is a candidate of the round at `shift` (the keys whose digits above it are prefix),
+// and the bucket it falls in.
+XK_HD bool cut_candidate(uint64_t key, uint64_t prefix, int shift) {
+  return shift + kCutDigitBits >= 64 || (key >> (shift + kCutDigitBits)) == prefix;
+}
+XK_HD int cut_digit(uint64_t key, int shift) { return static_cast<int>((key >> shift) & (kCutBuckets - 1)); }
+
+// One row's weights: a count of the ids above -inf (mass false), or their softmax masses
+// exp(a - row_max) (mass true); with a keep cut, only the ids it keeps (filter_keeps) weigh.
+struct CutWeights {
+  bool mass;
+  float row_max;
+  bool has_keep;
+  FilterCut keep;
+};
+
+struct CutWeight {
+  int64_t hi, lo;
+};
+
+// The weight of scaled logit a at global id `id`, split; e = exp(a - row_max) where w.mass (the
+// kernel's own exp, so that every round of one device weighs an id alike). A NaN weighs 0; a mass
+// is clamped to [0, 1] (an a above row_max, which a row's true max rules out, cannot overflow).
+XK_HD CutWeight cut_weight(const CutWeights& w, float a, int32_t id, float e) {
+  if (!(a > kNegInf) || (w.has_keep && !filter_keeps(w.keep, a, id))) return CutWeight{0, 0};
+  if (!w.mass) return CutWeight{kCutWeightOne, 0};
+  if (!(e > 0.0f)) return CutWeight{0, 0};  // NaN too
+  if (!(e < 1.0f)) return CutWeight{kCutWeightOne, 0};
+  const auto fixed = static_cast<int64_t>(static_cast<double>(e) * 4611686018427387904.0);  // 2^62, exact
+  return CutWeight{fixed >> 31, fixed & 0x7FFFFFFF};
+}
+
+}  // namespace xkernels

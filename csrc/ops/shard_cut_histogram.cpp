@@ -1,0 +1,72 @@
+// shard_cut_histogram: the C++ API (through the dispatcher) and the argument checks both kernels run.
+#include "shard_cut_histogram.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/clamp.h>
+#include <c10/util/Exception.h>
+
+#include <limits>
+
+#include "xkernels/ops.h"
+#include "xkernels/shard_cut.h"
+
+namespace xkernels {
+
+at::Tensor shard_cut_histogram(const at::Tensor& logits, const at::Tensor& scale, const at::Tensor& prefix,
+                               int64_t shift, int64_t vocab_start, int64_t ignore_id,
+                               const std::optional<at::Tensor>& row_max, const std::optional<at::Tensor>& keep_value,
+                               const std::optional<at::Tensor>& keep_id) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("xkernels::shard_cut_histogram", "")
+                       .typed<decltype(shard_cut_histogram)>();
+  return op.call(logits, scale, prefix, shift, vocab_start, ignore_id, row_max, keep_value, keep_id);
+}
+
+static void check_row_tensor(const at::Tensor& t, const at::Tensor& logits, const char* name, int64_t r,
+                             bool ids) {
+  const auto dt = t.scalar_type();
+  if (ids) {
+    TORCH_CHECK(dt == at::kLong || dt == at::kInt, name, " must be int64 or int32, got ", dt);
+  } else {
+    TORCH_CHECK(dt == at::kFloat, name, " must be float32, got ", dt);
+  }
+  TORCH_CHECK(t.dim() == 1 && t.size(0) == r, name, " must have shape [R] with R = ", r, " (logits' rows), got ",
+              t.sizes());
+  TORCH_CHECK(t.device() == logits.device(), name, " must be on ", logits.device(), " like logits, got ", t.device());
+}
+
+ShardCutShape check_shard_cut_histogram(const at::Tensor& logits, const at::Tensor& scale, const at::Tensor& prefix,
+                                        int64_t shift, int64_t vocab_start, const std::optional<at::Tensor>& row_max,
+                                        const std::optional<at::Tensor>& keep_value,
+                                        const std::optional<at::Tensor>& keep_id) {
+  TORCH_CHECK(logits.dim() == 2, "logits must have shape [R, V_local], got ", logits.sizes());
+  const auto dt = logits.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf,
+              "logits must be float32, bfloat16 or float16, got ", dt);
+  const ShardCutShape s{logits.size(0), logits.size(1)};
+  TORCH_CHECK(vocab_start >= 0, "vocab_start must be >= 0, got ", vocab_start);
+  TORCH_CHECK(vocab_start < std::numeric_limits<int32_t>::max() - s.v, "vocab_start + V_local (logits' last size) = ",
+              vocab_start, " + ", s.v, " is too large (the global vocabulary must stay below 2^31)");
+  TORCH_CHECK(shift >= 0 && shift <= kCutTopShift && shift % kCutDigitBits == 0,
+              "shift must be one of 0, 8, ..., 56 (the digit a round histograms), got ", shift);
+  check_row_tensor(scale, logits, "scale", s.r, false);
+  TORCH_CHECK(prefix.scalar_type() == at::kLong, "prefix must be int64, got ", prefix.scalar_type());
+  check_row_tensor(prefix, logits, "prefix", s.r, true);
+  if (row_max.has_value()) check_row_tensor(*row_max, logits, "row_max", s.r, false);
+  TORCH_CHECK(keep_value.has_value() == keep_id.has_value(),
+              "keep_value and keep_id go together (a cut is a value and an id)");
+  if (keep_value.has_value()) {
+    check_row_tensor(*keep_value, logits, "keep_value", s.r, false);
+    check_row_tensor(*keep_id, logits, "keep_id", s.r, true);
+  }
+  return s;
+}
+
+at::Tensor shard_cut_keep_id(const std::optional<at::Tensor>& keep_id) {
+  if (!keep_id.has_value()) return at::Tensor();
+  return keep_id->clamp(std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max())
+      .to(at::kInt)
+      .contiguous();
+}
+
+}  // namespace xkernels

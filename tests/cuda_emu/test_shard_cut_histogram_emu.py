@@ -1,0 +1,54 @@
+"""shard_cut_histogram's CUDA kernel, run by the emulation, against the reference and the CPU
+kernel: every round along a real key, rows over several blocks and a single id, the three weight
+modes, the ignored id, ids just below 2^31, prefixes no key has, empty launches."""
+import pytest
+import torch
+
+from xkernels import ops, reference
+from xkernels.reference.shard_cut_histogram import CUT_SHIFTS, cut_rank_keys
+from tests.test_shard_cut_histogram import assert_histograms_match, cut_case, modes, scaled
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("r,vocab_start,v", [(3, 0, 1), (2, 7, 300), (2, 1024, 5003), (1, 2**31 - 2 - 2049, 2049)])
+@pytest.mark.parametrize("mode", ["count", "mass", "mass within a cut"])
+def test_matches_reference_round_after_round(emu, dtype, r, vocab_start, v, mode):
+    logits = cut_case(r, v, dtype, seed=v)
+    scale = torch.linspace(0.6, 1.4, r)
+    ignore = vocab_start + v // 3 if v > 1 else -1
+    a = scaled(logits, scale, vocab_start, ignore)
+    kw = modes(a)[mode]
+    path = cut_rank_keys(a, torch.arange(vocab_start, vocab_start + v)).sort(1).values[:, min(9, v - 1)]
+    for shift in CUT_SHIFTS:
+        prefix = path >> (shift + 8) if shift < 56 else torch.zeros_like(path)
+        want = reference.shard_cut_histogram(logits, scale, prefix, shift, vocab_start, ignore_id=ignore, **kw)
+        got = emu.shard_cut_histogram(logits, scale, prefix, shift, vocab_start, ignore_id=ignore, **kw)
+        assert_histograms_match(got, want, mode != "count")
+        if mode == "count":  # the CPU kernel's counts, bit for bit
+            cpu = ops.shard_cut_histogram(logits, scale, prefix, shift, vocab_start, ignore_id=ignore, **kw)
+            assert torch.equal(got, cpu)
+
+
+def test_rows_take_several_blocks(emu):
+    """The grid splits a long row over blocks (each adds its shared histogram into the row's) and
+    a short one not; both sum to the reference."""
+    assert emu.shard_cut_blocks_per_row(2, 5003) == 3 and emu.shard_cut_blocks_per_row(2, 300) == 1
+    assert emu.shard_cut_blocks_per_row(1000, 10**6) == 1  # enough rows fill the chip alone
+    logits = cut_case(2, 5003, seed=1)
+    scale, prefix = torch.ones(2), torch.zeros(2, dtype=torch.int64)
+    row_max = logits.amax(-1).nan_to_num(nan=0.0)
+    got = emu.shard_cut_histogram(logits, scale, prefix, 56, 3, row_max=row_max)
+    assert_histograms_match(got, reference.shard_cut_histogram(logits, scale, prefix, 56, 3, row_max=row_max), True)
+
+
+def test_prefixes_no_key_has_and_empty_launches(emu):
+    """Any prefix value (the kernel cannot check it without a host sync) gives empty histograms, and
+    rows or shards of nothing launch nothing: the zero-filled output stands."""
+    logits = cut_case(3, 77, seed=2)
+    scale = torch.ones(3)
+    for shift, prefix in [(48, torch.tensor([-1, 2**62, 255])), (0, torch.tensor([2**63 - 1, -(2**63), 12345]))]:
+        got = emu.shard_cut_histogram(logits, scale, prefix, shift, 0, row_max=logits.amax(-1))
+        want = reference.shard_cut_histogram(logits, scale, prefix, shift, 0, row_max=logits.amax(-1))
+        assert torch.equal(got, want) and got[0].sum() == 0
+    assert not emu.shard_cut_histogram(torch.zeros(0, 9), torch.ones(0), torch.zeros(0).long(), 56, 0).any()
+    assert not emu.shard_cut_histogram(torch.zeros(2, 0), torch.ones(2), torch.zeros(2).long(), 56, 0).any()

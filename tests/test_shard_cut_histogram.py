@@ -1,0 +1,169 @@
+"""shard_cut_histogram, a round of the radix select behind xkernels.distributed's filters: against
+its reference, round after round along a real key; exact sums (a bucket is the sum of the next
+round's histogram within it, and a row's histogram is the sum of its shards'); bad inputs."""
+
+import pytest
+import torch
+
+from xkernels import ops, reference
+from xkernels.reference.shard_cut_histogram import CUT_SHIFTS, cut_rank_keys
+from tests.utils import DEVICES, LOGIT_DTYPES
+
+
+def cut_case(r, v, dtype=torch.float32, seed=0):
+    """Rows with ties (rounded values), -inf and NaN ids, +-0, and a flat row."""
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(r, v, generator=g) * 3).round(decimals=1)
+    if v > 5:
+        logits[0, 1:5] = float("-inf")
+        logits[min(1, r - 1), 2] = float("nan")
+        logits[-1, :3] = torch.tensor([0.0, -0.0, 0.0])
+    if r > 3:
+        logits[3] = 0.5
+    return logits.to(dtype)
+
+
+def scaled(logits, scale, vocab_start, ignore_id):
+    a = logits.float() * scale[:, None]
+    if 0 <= ignore_id - vocab_start < a.shape[1]:
+        a[:, ignore_id - vocab_start] = float("-inf")
+    return a
+
+
+def weight_values(hist):
+    """Each bucket's weight, in units of 2^-62, as float64."""
+    return hist[:, 0].double() * 2.0**31 + hist[:, 1].double()
+
+
+def assert_histograms_match(got, want, mass):
+    got = got.cpu()
+    if not mass:  # counts are exact on every device
+        assert torch.equal(got, want)
+        return
+    # the kernels' exp and torch's may differ by an ulp at an id
+    torch.testing.assert_close(weight_values(got), weight_values(want), rtol=1e-6, atol=2.0**40)
+
+
+def modes(a):
+    rows = a.shape[0]
+    return {"count": {}, "mass": dict(row_max=a.amax(-1).nan_to_num(nan=0.0)),
+            "mass within a cut": dict(row_max=a.amax(-1).nan_to_num(nan=0.0), keep_value=torch.full((rows,), 0.3),
+                                      keep_id=torch.arange(rows) * 7 + 20)}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", LOGIT_DTYPES)
+@pytest.mark.parametrize("vocab_start,v", [(0, 1), (5, 37), (40, 300), (1000, 1031)])
+@pytest.mark.parametrize("mode", ["count", "mass", "mass within a cut"])
+def test_matches_reference_round_after_round(device, dtype, vocab_start, v, mode):
+    """Every round along the key of each row's 7th-ranked id (a real path: the candidates are never
+    empty), a per-row scale and an ignored id."""
+    logits = cut_case(5, v, dtype, seed=v)
+    scale = torch.tensor([1.0, 0.5, 2.0, 1.3, 0.7])
+    ignore = vocab_start + v // 2 if v > 1 else -1
+    a = scaled(logits, scale, vocab_start, ignore)
+    kw = modes(a)[mode]
+    keys = cut_rank_keys(a, torch.arange(vocab_start, vocab_start + v)).sort(1).values
+    path = keys[:, min(6, v - 1)]
+    dev = lambda t: t.to(device)  # noqa: E731
+    for shift in CUT_SHIFTS:
+        prefix = path >> (shift + 8) if shift < 56 else torch.zeros_like(path)
+        want = reference.shard_cut_histogram(logits, scale, prefix, shift, vocab_start, ignore_id=ignore, **kw)
+        got = ops.shard_cut_histogram(dev(logits), dev(scale), dev(prefix), shift, vocab_start, ignore_id=ignore,
+                                      **{k: dev(t) for k, t in kw.items()})
+        assert_histograms_match(got, want, mode != "count")
+        assert want[:, 0].sum() > 0 or mode == "mass within a cut"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_bucket_is_the_sum_of_the_next_round_within_it(device):
+    """The sums are exact integers: the bucket a round picks holds exactly what the next round
+    splits, in both parts, for masses too, so a select never loses its target between rounds."""
+    logits = cut_case(4, 2000, torch.bfloat16, seed=3).to(device)
+    scale = torch.tensor([1.0, 0.8, 1.7, 1.0], device=device)
+    row_max = (logits.float() * scale[:, None]).amax(-1).nan_to_num(nan=0.0)
+    prefix = torch.zeros(4, dtype=torch.int64, device=device)
+    hist = ops.shard_cut_histogram(logits, scale, prefix, 56, 11, row_max=row_max)
+    for shift in CUT_SHIFTS[1:]:
+        bucket = (weight_values(hist) > 0).double().argmax(1)  # the first bucket with weight
+        prefix = prefix * 256 + bucket
+        nxt = ops.shard_cut_histogram(logits, scale, prefix, shift, 11, row_max=row_max)
+        assert torch.equal(nxt.sum(2), hist.gather(2, bucket[:, None, None].expand(4, 2, 1))[..., 0]), shift
+        hist = nxt
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["count", "mass", "mass within a cut"])
+def test_shards_add_up_to_the_whole_row(device, mode):
+    """Split anywhere (an empty shard, odd sizes), the shards' histograms sum exactly to the row's:
+    the all-reduce of xkernels.distributed gives the same cut at any world size."""
+    logits = cut_case(4, 1203, torch.bfloat16, seed=5).to(device)
+    scale = torch.tensor([1.0, 0.6, 1.2, 2.0], device=device)
+    a = scaled(logits, scale, 0, -1)
+    kw = {k: t.to(device) for k, t in modes(a)[mode].items()}
+    key = cut_rank_keys(a.cpu(), torch.arange(1203)).sort(1).values[:, 40].to(device)
+    for shift in (56, 48, 16, 0):
+        prefix = key >> (shift + 8) if shift < 56 else torch.zeros_like(key)
+        whole = ops.shard_cut_histogram(logits, scale, prefix, shift, 0, **kw)
+        for bounds in ([0, 600, 1203], [0, 0, 17, 1203], [0, 1, 2, 999, 1203]):
+            parts = [ops.shard_cut_histogram(logits[:, lo:hi], scale, prefix, shift, lo, **kw)
+                     for lo, hi in zip(bounds, bounds[1:])]
+            assert torch.equal(sum(parts), whole), (shift, bounds)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_inputs(device):
+    for r, v in [(0, 8), (3, 0)]:
+        z = torch.zeros(r, device=device)
+        out = ops.shard_cut_histogram(torch.zeros(r, v, device=device), z, z.long(), 56, 4, row_max=z)
+        assert out.shape == (r, 2, 256) and not out.any()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    logits = cut_case(3, 50).to(device)
+    scale, prefix = torch.ones(3, device=device), torch.zeros(3, dtype=torch.int64, device=device)
+    op = torch.ops.xkernels.shard_cut_histogram.default
+    torch.library.opcheck(op, (logits, scale, prefix, 56, 5))
+    torch.library.opcheck(op, (logits.bfloat16(), scale, prefix + 1, 48, 5, 7, torch.zeros(3, device=device),
+                               torch.zeros(3, device=device), torch.tensor([9, 10, 11], device=device).int()))
+
+
+def test_bad_inputs_name_the_argument():
+    logits, scale, prefix = torch.zeros(2, 10), torch.ones(2), torch.zeros(2, dtype=torch.int64)
+    call = ops.shard_cut_histogram
+    cases = [
+        (lambda: call(logits[0], scale, prefix, 56, 0), "logits must have shape"),
+        (lambda: call(logits.double(), scale, prefix, 56, 0), "logits must be"),
+        (lambda: call(logits, scale, prefix, 57, 0), "shift must be one of"),
+        (lambda: call(logits, scale, prefix, 64, 0), "shift must be one of"),
+        (lambda: call(logits, scale, prefix, 56, -1), "vocab_start must be >= 0"),
+        (lambda: call(logits, scale, prefix, 56, 2**31 - 5), "vocab_start \\+ V_local"),
+        (lambda: call(logits, scale[:1], prefix, 56, 0), "scale must have shape \\[R\\]"),
+        (lambda: call(logits, scale.double(), prefix, 56, 0), "scale must be float32"),
+        (lambda: call(logits, scale, prefix.int(), 56, 0), "prefix must be int64"),
+        (lambda: call(logits, scale, prefix[:1], 56, 0), "prefix must have shape"),
+        (lambda: call(logits, scale, prefix, 56, 0, row_max=torch.zeros(3)), "row_max must have shape"),
+        (lambda: call(logits, scale, prefix, 56, 0, keep_value=scale), "keep_value and keep_id go together"),
+        (lambda: call(logits, scale, prefix, 56, 0, keep_value=scale, keep_id=scale), "keep_id must be int64 or int32"),
+        (lambda: call(logits, scale, prefix.to("meta"), 56, 0), "prefix must be on"),
+    ]
+    for fn, message in cases:
+        with pytest.raises(RuntimeError, match=message):
+            fn()
+
+
+@pytest.mark.needs_cuda
+@pytest.mark.parametrize("mode", ["count", "mass", "mass within a cut"])
+def test_cpu_and_cuda_agree(mode):
+    logits = cut_case(6, 20011, torch.bfloat16, seed=9)
+    scale = torch.linspace(0.5, 1.5, 6)
+    a = scaled(logits, scale, 1203, 1500)
+    kw = modes(a)[mode]
+    key = cut_rank_keys(a, torch.arange(1203, 1203 + 20011)).sort(1).values[:, 100]
+    for shift in CUT_SHIFTS:
+        prefix = key >> (shift + 8) if shift < 56 else torch.zeros_like(key)
+        cpu = ops.shard_cut_histogram(logits, scale, prefix, shift, 1203, ignore_id=1500, **kw)
+        cuda = ops.shard_cut_histogram(logits.cuda(), scale.cuda(), prefix.cuda(), shift, 1203, ignore_id=1500,
+                                       **{k: t.cuda() for k, t in kw.items()})
+        assert_histograms_match(cuda, cpu, mode != "count")
