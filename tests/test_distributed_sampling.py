@@ -176,6 +176,27 @@ def _check_tree_filter_traffic(rank, bounds):
     assert seen[:2] == seen[2:], seen
 
 
+def _check_a_cut_among_masses_below_2_to_the_minus_31(rank, bounds):
+    """A top-p cut that falls among 30,000 tied ids of mass e^-23 each (below 2^-31 of the max's, so a
+    31-bit fixed point would drop them all and cut at the max): the exact sums keep what
+    filter_mask keeps, ~15,000 of them, on any world size."""
+    from xkernels.reference.sampling import filter_mask
+
+    world, v = len(bounds), 30001
+    a = torch.full((2, v), -23.0)
+    a[0, 7] = a[1, v - 2] = 0.0
+    tail = torch.exp(torch.tensor(-23.0)).double() * (v - 1)
+    top_p = torch.tensor([(1 + tail / 2) / (1 + tail), (1 + tail / 3) / (1 + tail)], dtype=torch.float32)
+    shards = [(v * i // world, v * (i + 1) // world) for i in range(world)]
+    local, start = _shard(a, shards, rank)
+    cut_value, cut_id = distributed.filter_cuts(local, a.amax(-1), start, None, torch.ones(2, dtype=torch.bool),
+                                                None, top_p)
+    kept = (a > cut_value[:, None]) | ((a == cut_value[:, None]) & (torch.arange(v) <= cut_id[:, None]))
+    for r in range(2):
+        want = filter_mask(a[r], 0, float(top_p[r]), 0.0)
+        assert 9000 < int(want.sum()) < 16000 and torch.equal(kept[r], want), (r, int(kept[r].sum()), int(want.sum()))
+
+
 def _check_cuts_do_not_depend_on_the_shards(rank, bounds):
     """filter_cuts gives bitwise the same cuts sharded as this test's world, with an empty shard, and
     whole on one rank (its masses are exact integer sums), without a host read, and keeps what
@@ -384,7 +405,8 @@ def _worker(rank, world, port):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        for check in (_check_tree_sampling, _check_tree_residual_filtered, _check_tree_alone, _check_tree_filter_traffic, _check_cuts_do_not_depend_on_the_shards,
+        for check in (_check_tree_sampling, _check_tree_residual_filtered, _check_tree_alone, _check_tree_filter_traffic,
+                      _check_cuts_do_not_depend_on_the_shards, _check_a_cut_among_masses_below_2_to_the_minus_31,
                       _check_refine_sampling, _check_dllm_sampling, _check_chain_methods, _check_bad_parameters):
             check(rank, BOUNDS[world])
     finally:
