@@ -1,8 +1,9 @@
-// shard_cut_histogram on CUDA: blocks of a row each take a strided slice of its ids, key, weigh and
-// count the candidates into a shared histogram (shard_cut.h), then add it into the row's histogram
-// in global memory. The sums are integers, so the atomics' order does not change them. One launch,
+// shard_cut_histogram on CUDA: blocks of a row each take a strided share of its 16-byte chunks, key,
+// weigh and count the candidates into a shared histogram (shard_cut.h), then add it into the row's
+// histogram in global memory. The sums are integers, so the atomics' order does not change them. One launch,
 // no host reads.
 #include "device_utils.cuh"
+#include "row_reduce.cuh"
 #include "shard_cut_histogram_launch.h"
 #include "xkernels/shard_cut.h"
 
@@ -22,18 +23,27 @@ __global__ void __launch_bounds__(kThreads) shard_cut_histogram_kernel(ShardCutH
   const auto prefix = static_cast<uint64_t>(p.prefix[r]);
   const CutWeights w{p.row_max != nullptr, p.row_max ? p.row_max[r] : 0.0f, p.keep_value != nullptr,
                      FilterCut{p.keep_value ? p.keep_value[r] : 0.0f, p.keep_id ? p.keep_id[r] : 0}};
-  const int64_t ignore = p.ignore_id - p.vocab_start;
-  const int64_t stride = static_cast<int64_t>(gridDim.y) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; i < p.v; i += stride) {
-    const float a = i == ignore ? kNegInf : to_float(row[i]) * scale;
-    const auto id = static_cast<int32_t>(p.vocab_start + i);
+  const auto observe = [&](float a, int64_t x) {
+    const auto id = static_cast<int32_t>(p.vocab_start + x);
     const uint64_t key = cut_rank_key(a, id);
-    if (!cut_candidate(key, prefix, p.shift)) continue;
+    if (!cut_candidate(key, prefix, p.shift)) return;
     const CutWeight cw = cut_weight(w, a, id, w.mass ? exp_f32(a - w.row_max) : 0.0f);
     const int d = cut_digit(key, p.shift);
     if (cw.hi != 0) atomicAdd(&hist[d], static_cast<Sum>(cw.hi));
     if (cw.lo != 0) atomicAdd(&hist[kCutBuckets + d], static_cast<Sum>(cw.lo));
-  }
+  };
+  // row_reduce.cuh's read: the row's blocks take its 16-byte chunks in turn, 4 in flight a thread,
+  // where the row starts 16-byte aligned (else, and in a row's last partial chunk, id by id).
+  constexpr int kIds = 16 / sizeof(T);
+  const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && reinterpret_cast<uintptr_t>(p.logits) % 16 == 0;
+  for_each_row_value<T, 4>(
+      row, p.v, 0, (p.v + kIds - 1) / kIds, vector_ok, scale, p.ignore_id - p.vocab_start,
+      static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x, static_cast<int64_t>(gridDim.y) * blockDim.x,
+      [&](const float (&a)[kIds], int32_t x) {
+#pragma unroll
+        for (int j = 0; j < kIds; ++j) observe(a[j], x + j);
+      },
+      [&](float a, int32_t x) { observe(a, x); });
   __syncthreads();
   auto* out = reinterpret_cast<Sum*>(p.out) + r * 2 * kCutBuckets;
   for (int i = threadIdx.x; i < 2 * kCutBuckets; i += blockDim.x) {

@@ -10,7 +10,8 @@ from tests.test_shard_cut_histogram import assert_histograms_match, cut_case, mo
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("r,vocab_start,v", [(3, 0, 1), (2, 7, 300), (2, 1024, 5003), (1, 2**31 - 2 - 2049, 2049)])
+@pytest.mark.parametrize("r,vocab_start,v", [(3, 0, 1), (2, 7, 300), (2, 8, 1032), (2, 1024, 5003),
+                                             (1, 2**31 - 2 - 2049, 2049)])  # 1032: 16-byte loads
 @pytest.mark.parametrize("mode", ["count", "mass", "mass within a cut"])
 def test_matches_reference_round_after_round(emu, dtype, r, vocab_start, v, mode):
     logits = cut_case(r, v, dtype, seed=v)
@@ -31,14 +32,16 @@ def test_matches_reference_round_after_round(emu, dtype, r, vocab_start, v, mode
 
 def test_rows_take_several_blocks(emu):
     """The grid splits a long row over blocks (each adds its shared histogram into the row's) and
-    a short one not; both sum to the reference."""
+    a short one not; both sum to the reference, read id by id or in 16-byte chunks."""
     assert emu.shard_cut_blocks_per_row(2, 5003) == 3 and emu.shard_cut_blocks_per_row(2, 300) == 1
     assert emu.shard_cut_blocks_per_row(1000, 10**6) == 1  # enough rows fill the chip alone
-    logits = cut_case(2, 5003, seed=1)
-    scale, prefix = torch.ones(2), torch.zeros(2, dtype=torch.int64)
-    row_max = logits.amax(-1).nan_to_num(nan=0.0)
-    got = emu.shard_cut_histogram(logits, scale, prefix, 56, 3, row_max=row_max)
-    assert_histograms_match(got, reference.shard_cut_histogram(logits, scale, prefix, 56, 3, row_max=row_max), True)
+    for v, dtype in ((5003, torch.float32), (8200, torch.bfloat16)):  # id by id; 16-byte chunks
+        logits = cut_case(2, v, dtype, seed=1)
+        scale, prefix = torch.ones(2), torch.zeros(2, dtype=torch.int64)
+        row_max = logits.float().amax(-1).nan_to_num(nan=0.0)
+        got = emu.shard_cut_histogram(logits, scale, prefix, 56, 3, row_max=row_max)
+        want = reference.shard_cut_histogram(logits, scale, prefix, 56, 3, row_max=row_max)
+        assert_histograms_match(got, want, True)
 
 
 def test_prefixes_no_key_has_and_empty_launches(emu):
