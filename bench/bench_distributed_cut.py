@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from xkernels import distributed, ops, reference
-from xkernels.reference.shard_cut_histogram import CUT_SHIFTS, cut_rank_keys
+from xkernels.reference.shard_cut import CUT_SHIFTS, cut_rank_keys
 
 
 def _best(call, reps=3):

@@ -27,7 +27,7 @@ import time
 import torch
 
 import xkernels
-from xkernels.reference.shard_cut_histogram import cut_rank_keys
+from xkernels.reference.shard_cut import cut_rank_keys
 
 PEAK_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12, "B200": 8.0e12, "A100": 2.0e12}
 
@@ -41,7 +41,7 @@ ESTIMATE_US = {("chain_verify", 0.0, False): 88, ("chain_verify", 1.0, False): 1
                ("tree_verify mixed",): 150, ("dllm_step T=1 top_k=50 top_p=0.9",): 110,
                ("spiffy_materialize top_k=50 top_p=0.9",): 110, ("refine_step top_k=50 top_p=0.9",): 120,
                ("shard_cut_histogram first round",): 15, ("shard_cut_histogram first round mass",): 18,
-               ("shard_cut_histogram later round",): 6}
+               ("shard_cut_histogram later round",): 6, ("shard_cut_pick",): 4}
 
 
 def time_events(fn, warmup=25, iters=200):
@@ -506,7 +506,7 @@ def bench_spiffy(results, bench):
 def bench_shard(results, bench):
     """shard_cut_histogram at one rank's shard of Qwen's vocabulary over 8 ranks (151936 / 8 = 18992
     ids), the 40 rows of 8 trees of 5 nodes, bfloat16: the first round (every id a candidate, most in
-    a few buckets), with masses, and a later one (a few candidates)."""
+    a few buckets), with masses, and a later one (a few candidates); the pick between two rounds."""
     rows, v = bench.shape((40, 18992), (3, 61))
     g = torch.Generator().manual_seed(0)
     logits = (torch.randn(rows, v, generator=g) * 3).bfloat16().to(bench.device)
@@ -516,13 +516,18 @@ def bench_shard(results, bench):
     later = (keys.sort(1).values[:, 49] >> 24).to(bench.device)  # the 50th-ranked key's prefix at shift 16
     zero = torch.zeros(rows, dtype=torch.int64, device=bench.device)
     shape, moved = f"R={rows} V_local={v} bf16", rows * v * 2
+    hist = xkernels.shard_cut_histogram(logits, scale, zero, 56, 0, row_max=row_max)
+    before = torch.zeros(rows, 2, dtype=torch.int64, device=bench.device)
+    target = torch.full((rows,), 0.9 * 2.0**62, dtype=torch.float64, device=bench.device)
     time_cases(results, bench, [
         ("shard_cut_histogram first round", shape, lambda: xkernels.shard_cut_histogram(logits, scale, zero, 56, 0),
          moved, {}),
         ("shard_cut_histogram first round mass", shape,
          lambda: xkernels.shard_cut_histogram(logits, scale, zero, 56, 0, row_max=row_max), moved, {}),
         ("shard_cut_histogram later round", shape,
-         lambda: xkernels.shard_cut_histogram(logits, scale, later, 16, 0, row_max=row_max), moved, {})])
+         lambda: xkernels.shard_cut_histogram(logits, scale, later, 16, 0, row_max=row_max), moved, {}),
+        ("shard_cut_pick", f"R={rows} P=2", lambda: xkernels.shard_cut_pick(hist, zero, before, target),
+         rows * 2 * 256 * 8, {})])
 
 
 # Edge cases that must stay memory-safe, per section: odd and tiny V, K=0, N=0, bad ids, degenerate rows.
@@ -743,7 +748,10 @@ def sanitize_shard(device="cuda", cases=SHARD_CASES):
             keep = dict(keep_value=torch.zeros(r, device=device), keep_id=torch.full((r,), start + 2, device=device))
             for shift, prefix in ((56, zero), (48, zero - 1), (0, zero + 2**62)):  # prefixes no key has, too
                 xkernels.shard_cut_histogram(logits, scale, prefix, shift, start, ignore_id=start + 1)
-                xkernels.shard_cut_histogram(logits, scale, prefix, shift, start, row_max=row_max, **keep)
+                hist = xkernels.shard_cut_histogram(logits, scale, prefix, shift, start, row_max=row_max, **keep)
+                for target in (0.0, 2.0**61, float("nan")):
+                    xkernels.shard_cut_pick(hist, prefix, torch.zeros(r, 2, dtype=torch.int64, device=device),
+                                            torch.full((r,), target, dtype=torch.float64, device=device))
 
 
 # In the order bench/gpu_check.sh times them: the kernels redesigned since the last GPU run first.

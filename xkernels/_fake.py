@@ -196,3 +196,10 @@ def _shard_cut_histogram_fake(logits, scale, prefix, shift, vocab_start, ignore_
                  keep_id=keep_id)
     torch._check(logits.dim() == 2, lambda: "logits must have shape [R, V_local]")
     return logits.new_empty((logits.shape[0], 2, 256), dtype=torch.int64)
+
+
+@torch.library.register_fake("xkernels::shard_cut_pick")
+def _shard_cut_pick_fake(hist, prefix, before, target):
+    _same_device("hist", hist, prefix=prefix, before=before, target=target)
+    torch._check(hist.dim() == 3, lambda: "hist must have shape [R, P, 256]")
+    return prefix.new_empty((hist.shape[0],)), before.new_empty((hist.shape[0], 2))

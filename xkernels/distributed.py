@@ -17,9 +17,9 @@ called with ``capturable=True``):
   streams (seed / offset [N]: row i of request n draws the noise of (seed[n], offset[n] + i), the
   same at any world size and as ``xkernels.chain_verify``), and top_k / top_p / min_p over the
   whole vocabulary: ``filter_cuts`` finds each row's cut from the shards (a radix select over
-  all-reduced 256-bucket histograms, ``shard_cut_histogram``: 8 collectives each for top-k and
-  top-p, none for min-p), then a second ``shard_row_stats`` pass with the cut gives the filtered
-  sums (1 all-gather more).
+  all-reduced 256-bucket histograms, ``shard_cut_histogram`` and ``shard_cut_pick``: 8 collectives
+  each for top-k and top-p, none for min-p), then a second ``shard_row_stats`` pass with the cut
+  gives the filtered sums (1 all-gather more).
   Per-row filter tensors are not value-checked here (that would read them on the host): values
   outside their ranges read as off, as the CUDA kernels read them without ``XKERNELS_CHECK=1``.
   ``method="block"`` (block verification) with draft_probs at T > 0 and K > 1 adds 1 all-reduce
@@ -80,7 +80,7 @@ import torch.distributed as dist
 
 from . import ops, reference
 from .reference.sampling import stream_coins
-from .reference.shard_cut_histogram import CUT_SHIFTS, cut_key_cut, cut_rank_keys
+from .reference.shard_cut import CUT_SHIFTS, cut_key_cut, cut_rank_keys, cut_weight_values
 from .refiner import RefinerWeights, refiner_hidden
 
 _NONE = torch.iinfo(torch.int64).max  # no id: loses every minimum
@@ -177,30 +177,23 @@ _KEEP_ALL = int(cut_rank_keys(torch.tensor(float("-inf")), torch.tensor(_ID_MAX)
 def _select(logits, scale, vocab_start: int, ignore_id: int, group, goal, row_max=None, keep=(None, None)):
     """The cut at the first id of the whole vocabulary's ranking at which the cumulative weight reaches
     the goal [R]: with row_max, a fraction of the row's total mass (the ids' exp(a - row_max) within
-    keep), else a count of ids above -inf. shard_cut_histogram's 8 rounds, each all-reduced (a
-    count's without its lo parts, which are 0); the sums are exact integers, compared in float64.
-    Returns the cuts' keys [R]; rows whose whole weight stays below the goal get the keep-all cut."""
+    keep), else a count of ids above -inf. 8 rounds of shard_cut_histogram, its all-reduce (a count's
+    without its lo parts, which are 0) and shard_cut_pick: 3 launches a round, no host reads. Returns
+    the cuts' keys [R]; rows whose whole weight stays below the goal get the keep-all cut."""
     rows = logits.shape[0]
     dev = logits.device
-    mass = row_max is not None
-    parts = 2 if mass else 1
+    parts = 1 if row_max is None else 2
     prefix = torch.zeros(rows, dtype=torch.int64, device=dev)
-    before = torch.zeros(rows, parts, 1, dtype=torch.int64, device=dev)  # weight ranked before the prefix
-    target = None if mass else goal.double() * 2.0**62
-    reached = None
+    before = torch.zeros(rows, 2, dtype=torch.int64, device=dev)  # weight ranked before the prefix's keys
     for shift in CUT_SHIFTS:
         hist = ops.shard_cut_histogram(logits, scale, prefix, shift, vocab_start, ignore_id=ignore_id,
                                        row_max=row_max, keep_value=keep[0], keep_id=keep[1])
         hist = _all_reduce(hist[:, :parts].contiguous(), group)
-        cum = before + hist.cumsum(2)  # [R, parts, 256]
-        value = cum[:, 0].double() * 2.0**31 + (cum[:, 1].double() if mass else 0.0)
-        if target is None:  # the first round's histogram holds every id: its sum is the total
-            target = goal.double() * value[:, -1]
-        bucket = (value < target[:, None]).sum(1)
-        reached = bucket < 256 if reached is None else reached
-        bucket = bucket.clamp(max=255)
-        before = (cum - hist).gather(2, bucket[:, None, None].expand(rows, parts, 1))
-        prefix = prefix * 256 + bucket
+        if shift == CUT_SHIFTS[0]:  # the first round holds every id: its sum is the total
+            total = cut_weight_values(hist.sum(2, keepdim=True))[:, 0]
+            target = goal.double() * (2.0**62 if row_max is None else total)
+            reached = target <= total
+        prefix, before = ops.shard_cut_pick(hist, prefix, before, target)
     return torch.where(reached, prefix, _KEEP_ALL)
 
 

@@ -1108,8 +1108,8 @@ def shard_cut_histogram(
     Weights are summed exactly, as 62-bit fixed point split in two: ``floor(w 2^62) = hi 2^31 +
     lo``. So a histogram does not depend on the order of the sums, the device, or how the
     vocabulary is sharded, and the shards' histograms add up (an all-reduce) to the whole row's.
-    Eight rounds, each one picking a bucket and appending its digit to ``prefix``, end at one key:
-    the cut, ties included.
+    Eight rounds, each one picking a bucket (:func:`shard_cut_pick`) and appending its digit to
+    ``prefix``, end at one key: the cut, ties included.
 
     Args:
         logits: float32, bfloat16 or float16 ``[R, V_local]``, the global ids ``[vocab_start,
@@ -1143,3 +1143,36 @@ def shard_cut_histogram(
         _tensor(logits, "logits"), _tensor(scale, "scale"), _tensor(prefix, "prefix"), int(shift), int(vocab_start),
         int(ignore_id), _tensor(row_max, "row_max", optional=True), _tensor(keep_value, "keep_value", optional=True),
         _tensor(keep_id, "keep_id", optional=True))
+
+
+def shard_cut_pick(hist: torch.Tensor, prefix: torch.Tensor, before: torch.Tensor, target: torch.Tensor):
+    """The bucket each row's radix select takes from a round's all-reduced
+    :func:`shard_cut_histogram`, so that the rounds between the collectives run on the device
+    without host reads (:func:`xkernels.distributed.filter_cuts` calls it after each all-reduce).
+
+    For row ``r``, the cumulative weight ``before[r] + hist[r]``'s buckets ``0..b`` (hi and lo parts
+    summed apart, as int64 that wrap like torch's) is compared as the float64 number ``hi 2^31 +
+    lo`` with ``target[r]``; the bucket is the number of buckets below the target, at most 255 (the
+    last bucket where the whole row stays below it). Returns the new prefix ``prefix * 256 +
+    bucket`` and the weight ranked before that bucket (``before`` plus the buckets before it).
+
+    Args:
+        hist: int64 ``[R, P, 256]``: the weights' hi parts, and with ``P = 2`` their lo parts (``P =
+            1``: counts, whose lo parts are 0).
+        prefix: int64 ``[R]``, the digits chosen so far.
+        before: int64 ``[R, 2]``, the weight (hi, lo) ranked before the prefix's keys.
+        target: float64 ``[R]``, the weight to reach, in units of ``2^-62`` (a count ``k``: ``k 2^62``).
+
+    Returns:
+        tuple: ``(prefix [R], before [R, 2])``, int64, new tensors.
+
+    Raises:
+        RuntimeError: a tensor of the wrong shape, dtype or device, naming the argument.
+        TypeError: an argument that is neither a tensor nor a DLPack array.
+
+    Kernels:
+        - CPU: the rows in parallel (one loop of 256 buckets a row).
+        - CUDA: one launch, a thread a row; no host reads.
+    """
+    return torch.ops.xkernels.shard_cut_pick.default(_tensor(hist, "hist"), _tensor(prefix, "prefix"),
+                                                     _tensor(before, "before"), _tensor(target, "target"))

@@ -352,6 +352,15 @@ class CudaEmu:
         self._check(rc, msg)
         return out
 
+    def shard_cut_pick(self, hist, prefix, before, target):
+        hist, target = _c(hist.long()), _c(target.double())
+        prefix, before = prefix.long().clone().contiguous(), before.long().clone().contiguous()
+        msg = ctypes.create_string_buffer(1024)
+        rc = self.lib.xk_emu_shard_cut_pick(_ptr(hist), ctypes.c_int64(hist.shape[0]), ctypes.c_int64(hist.shape[1]),
+                                            _ptr(target), _ptr(prefix), _ptr(before), msg, ctypes.c_size_t(len(msg)))
+        self._check(rc, msg)
+        return prefix, before
+
     def shard_cut_blocks_per_row(self, r, v):
         self.lib.xk_emu_shard_cut_blocks_per_row.restype = ctypes.c_int64
         return self.lib.xk_emu_shard_cut_blocks_per_row(ctypes.c_int64(r), ctypes.c_int64(v))

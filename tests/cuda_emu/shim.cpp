@@ -14,7 +14,7 @@
 #include "cuda_emu.h"
 #include "refine_launch.h"
 #include "row_cut_launch.h"
-#include "shard_cut_histogram_launch.h"
+#include "shard_cut_launch.h"
 #include "shard_row_stats_launch.h"
 #include "spiffy_launch.h"
 #include "tree_launch.h"
@@ -495,6 +495,20 @@ int xk_emu_shard_cut_histogram(const void* logits, int logits_type, int64_t r, i
   p.out = dev.alloc<int64_t>(bytes, 0);
   const cudaError_t err = launch_shard_cut_histogram(p, nullptr);
   copy_out(out, p.out, bytes);
+  return finish(err, message, message_len);
+}
+
+// prefix [r] and before [r, 2] are read and written in place (the binding's copies).
+int xk_emu_shard_cut_pick(const int64_t* hist, int64_t r, int64_t parts, const double* target, int64_t* prefix,
+                          int64_t* before, char* message, size_t message_len) {
+  using namespace xkernels::cuda;
+  Device dev;
+  ShardCutPickParams p{dev.copy(hist, sizeof(int64_t) * r * parts * 256), r, parts,
+                       dev.copy(target, sizeof(double) * r), nullptr, nullptr};
+  p.prefix = const_cast<int64_t*>(dev.copy(prefix, sizeof(int64_t) * r));
+  p.before = const_cast<int64_t*>(dev.copy(before, sizeof(int64_t) * r * 2));
+  const cudaError_t err = launch_shard_cut_pick(p, nullptr);
+  copy_out(prefix, p.prefix, sizeof(int64_t) * r), copy_out(before, p.before, sizeof(int64_t) * r * 2);
   return finish(err, message, message_len);
 }
 

@@ -14,7 +14,7 @@ import torch
 
 import xkernels
 from xkernels import reference
-from xkernels.reference.shard_cut_histogram import CUT_SHIFTS, cut_rank_keys
+from xkernels.reference.shard_cut import CUT_SHIFTS, cut_rank_keys, cut_weight_values
 
 RAISE, EITHER, SAME = "raise", "either", "same"
 LOGITS = (torch.float32, torch.bfloat16, torch.float16)
@@ -1240,7 +1240,37 @@ class ShardCutHistogram(Spec):
                                              a.pop("vocab_start"), **a)
 
 
+class ShardCutPick(Spec):
+    name = "shard_cut_pick"
+    tensors = {"hist": "ids", "prefix": "ids", "before": "ids", "target": "f64"}
+    primary = "hist"
+
+    def valid(self, g):
+        r, parts = g.int(0, 4), g.pick((1, 2))
+        hist = torch.randint(0, 2**31, (r, parts, 256), generator=g.g) * torch.randint(0, 2, (r, parts, 256),
+                                                                                      generator=g.g)
+        before = torch.randint(0, 2**40, (r, 2), generator=g.g)
+        total = cut_weight_values(before[:, :parts, None] + hist.sum(2, keepdim=True))[:, 0]
+        target = total * torch.rand(r, generator=g.g, dtype=torch.float64) * g.pick((0.0, 0.5, 1.0, 1.5))
+        return dict(hist=hist, prefix=torch.randint(0, 2**40, (r,), generator=g.g), before=before, target=target)
+
+    def value_mutations(self, g, args):
+        t = args["target"]
+        out = [("target NaN", _set(args, target=torch.full_like(t, math.nan)), EITHER, set()),
+               ("target -inf", _set(args, target=torch.full_like(t, -math.inf)), EITHER, set()),
+               ("hist negative", _set(args, hist=-args["hist"]), EITHER, set())]
+        return out
+
+    def check(self, args, out):
+        prefix, before = out
+        r = args["hist"].shape[0]
+        assert prefix.shape == (r,) and before.shape == (r, 2), f"outputs of {list(prefix.shape)}, {list(before.shape)}"
+
+    def reference(self, args):
+        return reference.shard_cut_pick(args["hist"], args["prefix"], args["before"], args["target"])
+
+
 SPECS = {s.name: s for s in (ChainVerify(), ChainVerifyRagged(), RefineStep(), JacobiRefine(), SequentialRefine(),
                              BuildDraftTree(), TreeAttentionMask(), TreePositions(), TreeVerify(), CompactKv(),
                              DllmStep(), SpiffyMaterialize(), SpiffyAccept(), SpiffyAttentionMask(), ShardRowStats(),
-                             ShardCutHistogram())}
+                             ShardCutHistogram(), ShardCutPick())}

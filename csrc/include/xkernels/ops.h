@@ -224,6 +224,13 @@ at::Tensor shard_cut_histogram(const at::Tensor& logits, const at::Tensor& scale
                                const std::optional<at::Tensor>& keep_value = std::nullopt,
                                const std::optional<at::Tensor>& keep_id = std::nullopt);
 
+// The bucket each row's radix select takes from a round's all-reduced histogram hist int64 [R, P, 256]
+// (P = 2: hi and lo parts; 1: a count's hi parts), given the weight before [R, 2] ranked before the
+// prefix [R] and the target float64 [R] (units of 2^-62): shard_cut.h's cut_pick. Returns the new
+// (prefix * 256 + bucket, before) as new tensors.
+std::tuple<at::Tensor, at::Tensor> shard_cut_pick(const at::Tensor& hist, const at::Tensor& prefix,
+                                                  const at::Tensor& before, const at::Tensor& target);
+
 // How the library was built: version, whether CUDA kernels are compiled and
 // for which architectures.
 std::string build_info();

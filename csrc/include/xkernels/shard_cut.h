@@ -1,12 +1,15 @@
 // The whole-vocabulary cut of a row sharded over ranks (xkernels.distributed's filters), found by a
-// radix select whose histograms each shard fills from its own ids and the ranks all-reduce. Shared by
-// shard_cut_histogram's CPU and CUDA kernels; xkernels/reference/shard_cut_histogram.py states the
-// same in PyTorch.
+// radix select whose histograms each shard fills from its own ids and the ranks all-reduce. Shared
+// by the CPU and CUDA kernels of shard_cut_histogram and shard_cut_pick;
+// xkernels/reference/shard_cut.py states the same in PyTorch.
 //
 // Each id gets a 63-bit key, ascending in the ranking (a higher scaled logit first, ties to the
 // lower id): the order-preserving bits of its value, complemented, above its 31-bit global id. A
 // round histograms one 8-bit digit of the keys that share the prefix the rounds before chose, so 8
 // rounds end at one id: the cut itself, ties included, with no pass in id order.
+//
+// Between the rounds, each row's bucket is picked from the all-reduced histogram (cut_pick) on the
+// device: the first whose cumulative weight, compared as a float64 number, reaches the target.
 //
 // Weights are summed exactly, as integers, so the histograms, and the cut, do not depend on the
 // order of the sums, the number of shards or the device: a weight w in [0, 1] is floor(w 2^62) =
@@ -66,6 +69,35 @@ XK_HD CutWeight cut_weight(const CutWeights& w, float a, int32_t id, float e) {
   if (!(e < 1.0f)) return CutWeight{kCutWeightOne, 0};
   const auto fixed = static_cast<int64_t>(static_cast<double>(e) * 4611686018427387904.0);  // 2^62, exact
   return CutWeight{fixed >> 31, fixed & 0x7FFFFFFF};
+}
+
+// A weight's parts as one float64 number in units of 2^-62: hi 2^31 + lo, each converted once.
+XK_HD double cut_weight_value(int64_t hi, int64_t lo, bool has_lo) {
+  const double value = static_cast<double>(hi) * 2147483648.0;  // 2^31: exact
+  return has_lo ? value + static_cast<double>(lo) : value;
+}
+
+// One row of shard_cut_pick: the number of buckets of hist (hi[256], and lo[256] or null for a
+// count's) whose cumulative weight after `before` stays below target, at most 255; before becomes
+// the weight ranked before that bucket (before_lo is left as it is without lo). The sums wrap as
+// unsigned (torch's int64 sums wrap too), so no input overflows.
+XK_HD int cut_pick(const int64_t* hi, const int64_t* lo, int64_t& before_hi, int64_t& before_lo, double target) {
+  auto h = static_cast<uint64_t>(before_hi), l = static_cast<uint64_t>(before_lo);
+  int bucket = 0;
+  for (int b = 0; b < kCutBuckets; ++b) {
+    h += static_cast<uint64_t>(hi[b]);
+    if (lo) l += static_cast<uint64_t>(lo[b]);
+    bucket += cut_weight_value(static_cast<int64_t>(h), static_cast<int64_t>(l), lo != nullptr) < target;
+  }
+  bucket = bucket < kCutBuckets - 1 ? bucket : kCutBuckets - 1;
+  h = static_cast<uint64_t>(before_hi), l = static_cast<uint64_t>(before_lo);
+  for (int b = 0; b < bucket; ++b) {
+    h += static_cast<uint64_t>(hi[b]);
+    if (lo) l += static_cast<uint64_t>(lo[b]);
+  }
+  before_hi = static_cast<int64_t>(h);
+  before_lo = static_cast<int64_t>(l);
+  return bucket;
 }
 
 }  // namespace xkernels

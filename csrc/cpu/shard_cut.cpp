@@ -1,4 +1,4 @@
-// shard_cut_histogram on the CPU: the rows in parallel, each in chunks of ids scaled into a buffer
+// shard_cut_histogram and shard_cut_pick on the CPU. The histogram: the rows in parallel, each in chunks of ids scaled into a buffer
 // (the ignored id at -inf). A chunk's candidates are first found by a float range that holds every
 // value of the round's keys (one compare pair an id: after the first round few pass), then keyed,
 // weighed and counted exactly (shard_cut.h); the masses come from one vector exp of the chunk.
@@ -10,7 +10,7 @@
 #include <algorithm>
 #include <array>
 
-#include "../ops/shard_cut_histogram.h"
+#include "../ops/shard_cut.h"
 #include "dispatch.h"
 #include "row_reduce.h"
 #include "xkernels/shard_cut.h"
@@ -120,8 +120,31 @@ at::Tensor shard_cut_histogram_cpu(const at::Tensor& logits, const at::Tensor& s
   return out;
 }
 
+std::tuple<at::Tensor, at::Tensor> shard_cut_pick_cpu(const at::Tensor& hist, const at::Tensor& prefix,
+                                                      const at::Tensor& before, const at::Tensor& target) {
+  const auto s = check_shard_cut_pick(hist, prefix, before, target);
+  const auto h = hist.contiguous(), tg = target.contiguous();
+  auto new_prefix = prefix.contiguous().clone();
+  auto new_before = before.contiguous().clone();
+  const int64_t* hp = h.const_data_ptr<int64_t>();
+  const double* tp = tg.const_data_ptr<double>();
+  int64_t* pp = new_prefix.mutable_data_ptr<int64_t>();
+  int64_t* bp = new_before.mutable_data_ptr<int64_t>();
+  at::parallel_for(0, s.r, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t* hi = hp + r * s.parts * kCutBuckets;
+      const int bucket = cut_pick(hi, s.parts == 2 ? hi + kCutBuckets : nullptr, bp[2 * r], bp[2 * r + 1], tp[r]);
+      pp[r] = static_cast<int64_t>(static_cast<uint64_t>(pp[r]) * kCutBuckets + static_cast<uint64_t>(bucket));
+    }
+  });
+  return {new_prefix, new_before};
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(xkernels, CPU, m) { m.impl("shard_cut_histogram", &shard_cut_histogram_cpu); }
+TORCH_LIBRARY_IMPL(xkernels, CPU, m) {
+  m.impl("shard_cut_histogram", &shard_cut_histogram_cpu);
+  m.impl("shard_cut_pick", &shard_cut_pick_cpu);
+}
 
 }  // namespace xkernels

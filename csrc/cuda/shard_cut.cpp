@@ -1,12 +1,13 @@
-// shard_cut_histogram on CUDA: checks, the zero-filled output and the launch on the current stream.
+// shard_cut_histogram and shard_cut_pick on CUDA: checks, the outputs and the launches on the current
+// stream.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
-#include "../ops/shard_cut_histogram.h"
+#include "../ops/shard_cut.h"
 #include "binding.h"
-#include "shard_cut_histogram_launch.h"
+#include "shard_cut_launch.h"
 #include "xkernels/shard_cut.h"
 
 namespace xkernels {
@@ -40,8 +41,23 @@ at::Tensor shard_cut_histogram_cuda(const at::Tensor& logits, const at::Tensor& 
   return out;
 }
 
+std::tuple<at::Tensor, at::Tensor> shard_cut_pick_cuda(const at::Tensor& hist, const at::Tensor& prefix,
+                                                       const at::Tensor& before, const at::Tensor& target) {
+  const auto s = check_shard_cut_pick(hist, prefix, before, target);
+  const c10::cuda::CUDAGuard guard(hist.device());
+  const auto h = hist.contiguous(), tg = target.contiguous();
+  auto new_prefix = prefix.contiguous().clone(), new_before = before.contiguous().clone();  // on the stream
+  cuda::ShardCutPickParams p{h.const_data_ptr<int64_t>(), s.r, s.parts, tg.const_data_ptr<double>(),
+                             new_prefix.mutable_data_ptr<int64_t>(), new_before.mutable_data_ptr<int64_t>()};
+  cuda::check_launch(cuda::launch_shard_cut_pick(p, cuda::stream()), "shard_cut_pick");
+  return {new_prefix, new_before};
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(xkernels, CUDA, m) { m.impl("shard_cut_histogram", &shard_cut_histogram_cuda); }
+TORCH_LIBRARY_IMPL(xkernels, CUDA, m) {
+  m.impl("shard_cut_histogram", &shard_cut_histogram_cuda);
+  m.impl("shard_cut_pick", &shard_cut_pick_cuda);
+}
 
 }  // namespace xkernels

@@ -1,4 +1,5 @@
-// The host interface of the shard_cut_histogram CUDA kernel: plain pointers, no torch headers.
+// The host interface of the shard_cut_histogram and shard_cut_pick CUDA kernels: plain pointers, no
+// torch headers.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -26,5 +27,14 @@ struct ShardCutHistogramParams {
 int64_t shard_cut_blocks_per_row(int64_t r, int64_t v);
 
 cudaError_t launch_shard_cut_histogram(const ShardCutHistogramParams& p, cudaStream_t stream);
+
+struct ShardCutPickParams {
+  const int64_t* hist;  // [r, parts, 256]
+  int64_t r, parts;
+  const double* target;  // [r]
+  int64_t *prefix, *before;  // [r], [r, 2]: read and updated in place (the binding's copies)
+};
+
+cudaError_t launch_shard_cut_pick(const ShardCutPickParams& p, cudaStream_t stream);
 
 }  // namespace xkernels::cuda

@@ -1,5 +1,6 @@
-"""Reference of shard_cut_histogram, one round of the radix select that finds a sharded row's
-whole-vocabulary cut (csrc/include/xkernels/shard_cut.h; xkernels/distributed.py runs the rounds)."""
+"""References of shard_cut_histogram and shard_cut_pick, a round of the radix select that finds a
+sharded row's whole-vocabulary cut (csrc/include/xkernels/shard_cut.h; xkernels/distributed.py runs
+the rounds)."""
 
 import math
 
@@ -61,3 +62,24 @@ def shard_cut_histogram(logits, scale, prefix, shift, vocab_start, ignore_id=-1,
     out[:, 0].scatter_add_(1, digit, hi)
     out[:, 1].scatter_add_(1, digit, lo)
     return out.to(logits.device)
+
+
+def cut_weight_values(hist: torch.Tensor) -> torch.Tensor:
+    """The weights (hi, lo) [..., 2 or 1 (hi alone: a count's lo parts are 0), B] as float64 numbers
+    in units of 2^-62: hi 2^31 + lo, each part rounded to float64 once."""
+    value = hist[..., 0, :].double() * 2.0**31
+    return value + hist[..., 1, :].double() if hist.shape[-2] == 2 else value
+
+
+def shard_cut_pick(hist, prefix, before, target):
+    """See xkernels.ops.shard_cut_pick: the bucket of each row's all-reduced histogram hist [R, P, 256]
+    (P = 2: hi and lo parts; 1: hi alone) where the cumulative weight, after before [R, 2] (hi, lo),
+    first reaches target [R] (float64, units of 2^-62; the last bucket where it never does).
+    Returns (prefix * 256 + bucket, before + the weight of the buckets ranked before it)."""
+    parts = hist.shape[1]
+    cum = before[:, :parts, None] + hist.cumsum(2)
+    bucket = (cut_weight_values(cum) < target[:, None]).sum(1).clamp(max=255)
+    below = (cum - hist).gather(2, bucket[:, None, None].expand(-1, parts, 1))[..., 0]
+    new_before = before.clone()
+    new_before[:, :parts] = below
+    return prefix * 256 + bucket, new_before

@@ -1,12 +1,13 @@
-"""shard_cut_histogram's CUDA kernel, run by the emulation, against the reference and the CPU
-kernel: every round along a real key, rows over several blocks and a single id, the three weight
-modes, the ignored id, ids just below 2^31, prefixes no key has, empty launches."""
+"""The CUDA kernels of shard_cut_histogram and shard_cut_pick, run by the emulation, against the
+references and the CPU kernels: every round along a real key, rows over several blocks and a single
+id, the three weight modes, the ignored id, ids just below 2^31, prefixes no key has, picks of rows
+over several blocks and of any values, empty launches."""
 import pytest
 import torch
 
 from xkernels import ops, reference
-from xkernels.reference.shard_cut_histogram import CUT_SHIFTS, cut_rank_keys
-from tests.test_shard_cut_histogram import assert_histograms_match, cut_case, modes, scaled
+from xkernels.reference.shard_cut import CUT_SHIFTS, cut_rank_keys
+from tests.test_shard_cut import assert_histograms_match, cut_case, modes, pick_case, scaled
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -55,3 +56,26 @@ def test_prefixes_no_key_has_and_empty_launches(emu):
         assert torch.equal(got, want) and got[0].sum() == 0
     assert not emu.shard_cut_histogram(torch.zeros(0, 9), torch.ones(0), torch.zeros(0).long(), 56, 0).any()
     assert not emu.shard_cut_histogram(torch.zeros(2, 0), torch.ones(2), torch.zeros(2).long(), 56, 0).any()
+
+
+@pytest.mark.parametrize("r,parts", [(1, 1), (40, 2), (300, 1), (300, 2)])  # 300: two blocks of 256 threads
+def test_pick_matches_reference(emu, r, parts):
+    hist, prefix, before, target = pick_case(r, parts, seed=r)
+    want = reference.shard_cut_pick(hist, prefix, before, target)
+    got = emu.shard_cut_pick(hist, prefix, before, target)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert torch.equal(got[0], ops.shard_cut_pick(hist, prefix, before, target)[0])
+
+
+def test_pick_of_any_values_and_no_rows(emu):
+    """Wrapping sums and NaN or infinite targets: the reference's buckets, nothing UBSan flags."""
+    g = torch.Generator().manual_seed(4)
+    hist = torch.randint(-(2**62), 2**62, (6, 2, 256), generator=g)
+    prefix = torch.randint(-(2**62), 2**62, (6,), generator=g)
+    before = torch.randint(-(2**62), 2**62, (6, 2), generator=g)
+    target = torch.tensor([0.0, -1e30, 1e30, float("nan"), float("inf"), 2.0**62], dtype=torch.float64)
+    want = reference.shard_cut_pick(hist, prefix, before, target)
+    got = emu.shard_cut_pick(hist, prefix, before, target)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    empty = emu.shard_cut_pick(hist[:0], prefix[:0], before[:0], target[:0])
+    assert empty[0].shape == (0,)

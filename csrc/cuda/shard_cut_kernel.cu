@@ -1,10 +1,10 @@
-// shard_cut_histogram on CUDA: blocks of a row each take a strided share of its 16-byte chunks, key,
+// shard_cut_histogram and shard_cut_pick on CUDA. The histogram: blocks of a row each take a strided share of its 16-byte chunks, key,
 // weigh and count the candidates into a shared histogram (shard_cut.h), then add it into the row's
-// histogram in global memory. The sums are integers, so the atomics' order does not change them. One launch,
-// no host reads.
+// histogram in global memory. The sums are integers, so the atomics' order does not change them. The
+// pick: a thread a row (256 buckets in sequence; rows are few). One launch each, no host reads.
 #include "device_utils.cuh"
 #include "row_reduce.cuh"
-#include "shard_cut_histogram_launch.h"
+#include "shard_cut_launch.h"
 #include "xkernels/shard_cut.h"
 
 namespace xkernels::cuda {
@@ -51,6 +51,15 @@ __global__ void __launch_bounds__(kThreads) shard_cut_histogram_kernel(ShardCutH
   }
 }
 
+__global__ void __launch_bounds__(kThreads) shard_cut_pick_kernel(ShardCutPickParams p) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= p.r) return;
+  const int64_t* hi = p.hist + r * p.parts * kCutBuckets;
+  const int bucket = cut_pick(hi, p.parts == 2 ? hi + kCutBuckets : nullptr, p.before[2 * r], p.before[2 * r + 1],
+                              p.target[r]);
+  p.prefix[r] = static_cast<int64_t>(static_cast<uint64_t>(p.prefix[r]) * kCutBuckets + static_cast<uint64_t>(bucket));
+}
+
 template <typename T>
 cudaError_t launch_typed(const ShardCutHistogramParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.r), static_cast<unsigned>(shard_cut_blocks_per_row(p.r, p.v)));
@@ -77,6 +86,14 @@ cudaError_t launch_shard_cut_histogram(const ShardCutHistogramParams& p, cudaStr
     case LogitsType::kFloat16: return launch_typed<__half>(p, stream);
   }
   return cudaErrorInvalidValue;
+}
+
+cudaError_t launch_shard_cut_pick(const ShardCutPickParams& p, cudaStream_t stream) {
+  if (p.r == 0) return cudaSuccess;
+  const int64_t blocks = (p.r + kThreads - 1) / kThreads;
+  if (blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
+  shard_cut_pick_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
 }
 
 }  // namespace xkernels::cuda

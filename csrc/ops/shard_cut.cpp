@@ -1,5 +1,6 @@
-// shard_cut_histogram: the C++ API (through the dispatcher) and the argument checks both kernels run.
-#include "shard_cut_histogram.h"
+// shard_cut_histogram and shard_cut_pick: the C++ API (through the dispatcher) and the argument
+// checks both kernels run.
+#include "shard_cut.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/clamp.h>
@@ -20,6 +21,14 @@ at::Tensor shard_cut_histogram(const at::Tensor& logits, const at::Tensor& scale
                        .findSchemaOrThrow("xkernels::shard_cut_histogram", "")
                        .typed<decltype(shard_cut_histogram)>();
   return op.call(logits, scale, prefix, shift, vocab_start, ignore_id, row_max, keep_value, keep_id);
+}
+
+std::tuple<at::Tensor, at::Tensor> shard_cut_pick(const at::Tensor& hist, const at::Tensor& prefix,
+                                                  const at::Tensor& before, const at::Tensor& target) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("xkernels::shard_cut_pick", "")
+                       .typed<decltype(shard_cut_pick)>();
+  return op.call(hist, prefix, before, target);
 }
 
 static void check_row_tensor(const at::Tensor& t, const at::Tensor& logits, const char* name, int64_t r,
@@ -58,6 +67,28 @@ ShardCutShape check_shard_cut_histogram(const at::Tensor& logits, const at::Tens
   if (keep_value.has_value()) {
     check_row_tensor(*keep_value, logits, "keep_value", s.r, false);
     check_row_tensor(*keep_id, logits, "keep_id", s.r, true);
+  }
+  return s;
+}
+
+ShardPickShape check_shard_cut_pick(const at::Tensor& hist, const at::Tensor& prefix, const at::Tensor& before,
+                                    const at::Tensor& target) {
+  TORCH_CHECK(hist.scalar_type() == at::kLong, "hist must be int64, got ", hist.scalar_type());
+  TORCH_CHECK(hist.dim() == 3 && (hist.size(1) == 1 || hist.size(1) == 2) && hist.size(2) == kCutBuckets,
+              "hist must have shape [R, P, 256] with P = 1 (hi parts) or 2 (hi and lo parts), got ", hist.sizes());
+  const ShardPickShape s{hist.size(0), hist.size(1)};
+  TORCH_CHECK(prefix.scalar_type() == at::kLong, "prefix must be int64, got ", prefix.scalar_type());
+  TORCH_CHECK(prefix.dim() == 1 && prefix.size(0) == s.r, "prefix must have shape [R] with R = ", s.r,
+              " (hist's rows), got ", prefix.sizes());
+  TORCH_CHECK(before.scalar_type() == at::kLong, "before must be int64, got ", before.scalar_type());
+  TORCH_CHECK(before.dim() == 2 && before.size(0) == s.r && before.size(1) == 2, "before must have shape [R, 2] = [",
+              s.r, ", 2], got ", before.sizes());
+  TORCH_CHECK(target.scalar_type() == at::kDouble, "target must be float64, got ", target.scalar_type());
+  TORCH_CHECK(target.dim() == 1 && target.size(0) == s.r, "target must have shape [R] with R = ", s.r,
+              " (hist's rows), got ", target.sizes());
+  for (const auto* t : {&prefix, &before, &target}) {
+    const char* name = t == &prefix ? "prefix" : t == &before ? "before" : "target";
+    TORCH_CHECK(t->device() == hist.device(), name, " must be on ", hist.device(), " like hist, got ", t->device());
   }
   return s;
 }

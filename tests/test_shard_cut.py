@@ -1,12 +1,13 @@
-"""shard_cut_histogram, a round of the radix select behind xkernels.distributed's filters: against
-its reference, round after round along a real key; exact sums (a bucket is the sum of the next
-round's histogram within it, and a row's histogram is the sum of its shards'); bad inputs."""
+"""shard_cut_histogram and shard_cut_pick, a round of the radix select behind xkernels.distributed's
+filters: against their references, round after round along a real key; exact sums (a bucket is the
+sum of the next round's histogram within it, and a row's histogram is the sum of its shards'); the
+picks at and around the targets; bad inputs."""
 
 import pytest
 import torch
 
 from xkernels import ops, reference
-from xkernels.reference.shard_cut_histogram import CUT_SHIFTS, cut_rank_keys
+from xkernels.reference.shard_cut import CUT_SHIFTS, cut_rank_keys, cut_weight_values
 from tests.utils import DEVICES, LOGIT_DTYPES
 
 
@@ -167,3 +168,83 @@ def test_cpu_and_cuda_agree(mode):
         cuda = ops.shard_cut_histogram(logits.cuda(), scale.cuda(), prefix.cuda(), shift, 1203, ignore_id=1500,
                                        **{k: t.cuda() for k, t in kw.items()})
         assert_histograms_match(cuda, cpu, mode != "count")
+
+
+def pick_case(r, parts, seed=0):
+    """Histograms of weights below 2^31 an id (counts, or masses in two parts), some buckets empty,
+    weight before the prefix, and targets: 0, within, at a bucket's cumulative weight exactly, past
+    the total."""
+    g = torch.Generator().manual_seed(seed)
+    if parts == 1:  # counts: hi parts of 2^31 an id
+        hist = torch.randint(0, 50, (r, 1, 256), generator=g) * 2**31
+    else:
+        hist = torch.randint(0, 2**31, (r, 2, 256), generator=g) * torch.randint(0, 3, (r, 2, 256), generator=g)
+    hist[:, :, 100:140] = 0
+    before = torch.randint(0, 2**40, (r, 2), generator=g)
+    cum = cut_weight_values(before[:, :parts, None] + hist.cumsum(2))
+    target = cum[torch.arange(r), torch.randint(0, 256, (r,), generator=g)]  # exactly a cumulative weight
+    target[0] = 0.0
+    if r > 1:
+        target[1] = cum[1, -1] * 2  # past the total: the last bucket
+    if r > 2:
+        target[2] = target[2] + 1.0  # just past one
+    return hist, torch.randint(0, 2**40, (r,), generator=g), before, target
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("parts", [1, 2])
+def test_pick_matches_reference(device, parts):
+    hist, prefix, before, target = pick_case(40, parts, seed=parts)
+    want = reference.shard_cut_pick(hist, prefix, before, target)
+    got = ops.shard_cut_pick(hist.to(device), prefix.to(device), before.to(device), target.to(device))
+    assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+    bucket = want[0] - prefix * 256
+    assert bucket[0] == 0 and bucket[1] == 255 and bool(((bucket >= 0) & (bucket < 256)).all())
+    # The bucket reaches the target and the one before does not.
+    cum = cut_weight_values(before[:, :parts, None] + hist.cumsum(2))
+    at = cum.gather(1, bucket[:, None])[:, 0]
+    assert bool(((at >= target) | (bucket == 255)).all())
+    assert bool(((bucket == 0) | (cum.gather(1, (bucket - 1).clamp(min=0)[:, None])[:, 0] < target)).all())
+
+
+def test_pick_of_any_values_wraps_as_torch_does():
+    """Negative and huge weights (no select makes them; a caller may): the sums wrap like torch's
+    int64 sums, the same bucket as the reference, nothing undefined."""
+    g = torch.Generator().manual_seed(4)
+    hist = torch.randint(-(2**62), 2**62, (8, 2, 256), generator=g)
+    prefix = torch.randint(-(2**62), 2**62, (8,), generator=g)
+    before = torch.randint(-(2**62), 2**62, (8, 2), generator=g)
+    target = torch.tensor([0.0, -1e30, 1e30, float("nan"), float("inf"), float("-inf"), 5.0, 2.0**62],
+                          dtype=torch.float64)
+    want = reference.shard_cut_pick(hist, prefix, before, target)
+    got = ops.shard_cut_pick(hist, prefix, before, target)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pick_opcheck_and_empty(device):
+    hist, prefix, before, target = (t.to(device) for t in pick_case(3, 2))
+    op = torch.ops.xkernels.shard_cut_pick.default
+    torch.library.opcheck(op, (hist, prefix, before, target))
+    torch.library.opcheck(op, (hist[:, :1].contiguous(), prefix, before, target))
+    out = ops.shard_cut_pick(hist[:0], prefix[:0], before[:0], target[:0])
+    assert out[0].shape == (0,) and out[1].shape == (0, 2)
+
+
+def test_pick_bad_inputs_name_the_argument():
+    hist, prefix, before, target = pick_case(2, 2)
+    call = ops.shard_cut_pick
+    cases = [
+        (lambda: call(hist.int(), prefix, before, target), "hist must be int64"),
+        (lambda: call(hist[:, :, :255], prefix, before, target), "hist must have shape"),
+        (lambda: call(torch.zeros(2, 3, 256, dtype=torch.long), prefix, before, target), "hist must have shape"),
+        (lambda: call(hist, prefix[:1], before, target), "prefix must have shape"),
+        (lambda: call(hist, prefix.float(), before, target), "prefix must be int64"),
+        (lambda: call(hist, prefix, before[:, :1], target), "before must have shape"),
+        (lambda: call(hist, prefix, before, target.float()), "target must be float64"),
+        (lambda: call(hist, prefix, before, target[:1]), "target must have shape"),
+        (lambda: call(hist, prefix, before.to("meta"), target), "before must be on"),
+    ]
+    for fn, message in cases:
+        with pytest.raises(RuntimeError, match=message):
+            fn()
