@@ -560,7 +560,7 @@ def _check_cuda_graph(rank, world, port):
                                                 without_replacement=True, capturable=True, **rng),
                 lambda: xkernels.tree_verify(tokens, parents, logits, draft_probs=q, without_replacement=True, **rng),
                 None),
-            # Filtered: the cut's rounds keep the whole shard on a GPU (no boolean indexing).
+            # Filtered: the cut's shard_cut_histogram and shard_cut_pick rounds, on the device.
             "chain_verify filtered": (
                 lambda: distributed.chain_verify(drafts, logits[:, : k + 1], vocab_start=0, **filters, **rng),
                 lambda: xkernels.chain_verify(drafts, logits[:, : k + 1], **filters, **rng), None),

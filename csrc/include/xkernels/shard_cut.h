@@ -26,7 +26,6 @@ namespace xkernels {
 constexpr int kCutDigitBits = 8;
 constexpr int kCutBuckets = 1 << kCutDigitBits;
 constexpr int kCutIdBits = 31;
-constexpr int kCutKeyBits = 32 + kCutIdBits;
 constexpr int kCutTopShift = 56;  // the first round's digit: key bits 63..56
 constexpr int64_t kCutWeightOne = int64_t{1} << 31;  // w = 1 as its hi part (lo 0)
 
