@@ -55,6 +55,7 @@ constexpr int kCopies = 4;
 template <typename T>
 void histogram_row(const T* src, int64_t n, float scale, const RowJob& job, int64_t* out) {
   const ValueRange range = candidate_range(job.prefix, job.shift);
+  const bool every = range.lo == kNegInf && range.hi == -kNegInf;
   std::array<float, kChunk> a, e;
   std::array<int32_t, kChunk> pick;
   std::array<int64_t, kCopies * 2 * kCutBuckets> copies{};
@@ -62,7 +63,8 @@ void histogram_row(const T* src, int64_t n, float scale, const RowJob& job, int6
     const int64_t len = std::min(kChunk, n - c0);
     cpu::scale_row(src + c0, len, scale, a.data());
     if (job.ignore >= c0 && job.ignore < c0 + len) a[job.ignore - c0] = kNegInf;
-    const int64_t found = cpu::indices_in_range(a.data(), len, range.lo, range.hi, pick.data());
+    // The first round's range holds every value: no test (a NaN passes and weighs 0).
+    const int64_t found = every ? len : cpu::indices_in_range(a.data(), len, range.lo, range.hi, pick.data());
     if (found == 0) continue;
     if (job.w.mass) {  // every id by exp_row's vector lanes (none by its scalar tail), wherever a shard starts
       const int64_t lanes = (len + 15) / 16 * 16;
@@ -70,7 +72,7 @@ void histogram_row(const T* src, int64_t n, float scale, const RowJob& job, int6
       cpu::exp_row(a.data(), lanes, job.w.row_max, e.data());
     }
     for (int64_t j = 0; j < found; ++j) {
-      const int32_t i = pick[j];
+      const auto i = every ? static_cast<int32_t>(j) : pick[j];
       const auto id = static_cast<int32_t>(job.first + c0 + i);
       const uint64_t key = cut_rank_key(a[i], id);
       const CutWeight cw = cut_weight(job.w, a[i], id, job.w.mass ? e[i] : 0.0f);
