@@ -49,6 +49,24 @@ def test_shard_row_stats_matches_python(printed):
     assert (want[4] >= 5).all()  # every row drew from the shard's ids
 
 
+def test_shard_cut_select_matches_python(printed):
+    """The program's 8 rounds of shard_cut_histogram and shard_cut_pick (a top-k of 7 on one rank)
+    end at the key of each row's 7th-ranked id, as the Python ops and the reference's keys say."""
+    from xkernels.reference.shard_cut import CUT_SHIFTS, cut_rank_keys
+
+    torch.manual_seed(3)
+    logits = torch.randn(2, 300).bfloat16()
+    scale = torch.full((2,), 0.8)
+    prefix, before = torch.zeros(2, dtype=torch.int64), torch.zeros(2, 2, dtype=torch.int64)
+    target = torch.full((2,), 7 * 2.0**62, dtype=torch.float64)
+    for shift in CUT_SHIFTS:
+        hist = ops.shard_cut_histogram(logits, scale, prefix, shift, 40)
+        prefix, before = ops.shard_cut_pick(hist[:, :1].contiguous(), prefix, before, target)
+    assert [int(x) for x in printed["cut_key"]] == prefix.tolist()
+    keys = cut_rank_keys(logits.float() * 0.8, torch.arange(40, 340)).sort(1).values
+    assert torch.equal(prefix, keys[:, 6])
+
+
 def test_per_row_sampling_matches_python(printed):
     """refine_step and dllm_step given one xkernels::Sampling (per-row temperatures with a greedy
     row, top_k 5, a per-row top_p, per-request streams) equal the Python ops, bit for bit."""

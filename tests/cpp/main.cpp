@@ -1,4 +1,5 @@
-// Calls chain_verify, shard_row_stats, refine_step and dllm_step through the C++ API:
+// Calls chain_verify, shard_row_stats, shard_cut_histogram, shard_cut_pick, refine_step and dllm_step
+// through the C++ API:
 // checks a greedy case with a known answer, then prints sampled results and the
 // messages of bad arguments that tests/test_cpp_api.py compares with the Python
 // wrapper on the same inputs.
@@ -93,6 +94,23 @@ static void per_row_sampling_case() {
   print_values("dllm_confidence", std::get<3>(dllm));
 }
 
+// The radix select of a top-k count of 7 over a whole row (one rank: no all-reduce between the
+// rounds), as xkernels.distributed.filter_cuts runs it: 8 rounds of shard_cut_histogram and
+// shard_cut_pick; prints the final key of each row.
+static void shard_cut_case() {
+  at::manual_seed(3);
+  const auto logits = at::randn({2, 300}).to(at::kBFloat16);
+  const auto scale = at::full({2}, 0.8f);
+  auto prefix = at::zeros({2}, at::kLong);
+  auto before = at::zeros({2, 2}, at::kLong);
+  const auto target = at::full({2}, 7.0 * 4611686018427387904.0, at::kDouble);  // 7 ids of weight 2^62
+  for (int64_t shift = 56; shift >= 0; shift -= 8) {
+    const auto hist = xkernels::shard_cut_histogram(logits, scale, prefix, shift, 40);
+    std::tie(prefix, before) = xkernels::shard_cut_pick(hist.narrow(1, 0, 1).contiguous(), prefix, before, target);
+  }
+  print_values("cut_key", prefix);
+}
+
 int main() {
   // Greedy: the target's argmax is planted; drafts agree on the first two rows only.
   auto logits = at::zeros({1, 4, 8});
@@ -116,5 +134,6 @@ int main() {
   print_values("accept_len", a);
   print_values("out_tokens", o);
   per_row_sampling_case();
+  shard_cut_case();
   return shard_row_stats_case() ? 0 : 1;
 }
