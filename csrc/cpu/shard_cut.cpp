@@ -4,7 +4,6 @@
 // weighed and counted exactly (shard_cut.h); the masses come from one vector exp of the chunk.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -20,12 +19,6 @@ namespace {
 
 constexpr int64_t kChunk = 512;  // a multiple of exp_row's 16 lanes
 
-// The float32 value of the order bits of a key's value part (NaN patterns included).
-float key_value(uint32_t value_key) {
-  const uint32_t ascending = ~value_key;
-  return float_from_bits((ascending & 0x80000000u) ? (ascending & 0x7FFFFFFFu) : ~ascending);
-}
-
 // [lo, hi] holds the value of every key whose digits above `shift` are prefix (a NaN end widens
 // to infinity; NaNs themselves weigh 0, so the range may leave them out).
 struct ValueRange {
@@ -35,8 +28,9 @@ ValueRange candidate_range(uint64_t prefix, int shift) {
   const int low = shift + kCutDigitBits;
   const uint64_t first = low >= 64 ? 0 : prefix << low;
   const uint64_t last = low >= 64 ? ~uint64_t{0} : first | ((uint64_t{1} << low) - 1);
-  const float hi = key_value(static_cast<uint32_t>(first >> kCutIdBits));  // keys rise as values fall
-  const float lo = key_value(static_cast<uint32_t>(std::min<uint64_t>(last >> kCutIdBits, 0xFFFFFFFFu)));
+  // A key's value part is the complement of the value's order key: keys rise as values fall.
+  const float hi = key_value(~static_cast<uint32_t>(first >> kCutIdBits));
+  const float lo = key_value(~static_cast<uint32_t>(std::min<uint64_t>(last >> kCutIdBits, 0xFFFFFFFFu)));
   return ValueRange{lo == lo ? lo : kNegInf, hi == hi ? hi : -kNegInf};
 }
 
@@ -92,23 +86,19 @@ at::Tensor shard_cut_histogram_cpu(const at::Tensor& logits, const at::Tensor& s
                                    const std::optional<at::Tensor>& row_max,
                                    const std::optional<at::Tensor>& keep_value,
                                    const std::optional<at::Tensor>& keep_id) {
-  const auto s = check_shard_cut_histogram(logits, scale, prefix, shift, vocab_start, row_max, keep_value, keep_id);
-  const auto l = logits.contiguous();
-  const auto sc = scale.contiguous(), pf = prefix.contiguous();
-  const auto rm = row_max.has_value() ? row_max->contiguous() : at::Tensor();
-  const auto kv = keep_value.has_value() ? keep_value->contiguous() : at::Tensor();
-  const auto ki = shard_cut_keep_id(keep_id);
-  auto out = at::zeros({s.r, 2, kCutBuckets}, logits.options().dtype(at::kLong));
-  const float* scp = sc.const_data_ptr<float>();
-  const int64_t* pfp = pf.const_data_ptr<int64_t>();
-  const float* rmp = rm.defined() ? rm.const_data_ptr<float>() : nullptr;
-  const float* kvp = kv.defined() ? kv.const_data_ptr<float>() : nullptr;
-  const int32_t* kip = ki.defined() ? ki.const_data_ptr<int32_t>() : nullptr;
-  int64_t* op = out.mutable_data_ptr<int64_t>();
+  const ShardCutCall c = shard_cut_histogram_call(logits, scale, prefix, shift, vocab_start, row_max, keep_value,
+                                                  keep_id);
+  const auto& s = c.s;
+  const float* scp = c.scale.const_data_ptr<float>();
+  const int64_t* pfp = c.prefix.const_data_ptr<int64_t>();
+  const float* rmp = c.row_max.defined() ? c.row_max.const_data_ptr<float>() : nullptr;
+  const float* kvp = c.keep_value.defined() ? c.keep_value.const_data_ptr<float>() : nullptr;
+  const int32_t* kip = c.keep_id.defined() ? c.keep_id.const_data_ptr<int32_t>() : nullptr;
+  int64_t* op = c.out.mutable_data_ptr<int64_t>();
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(s.v, 1));  // no thread for a tiny row
-  cpu::dispatch_logits(l.scalar_type(), [&](auto tag) {
+  cpu::dispatch_logits(c.logits.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
-    const T* lp = l.const_data_ptr<T>();
+    const T* lp = c.logits.const_data_ptr<T>();
     at::parallel_for(0, s.r, grain, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const RowJob job{static_cast<uint64_t>(pfp[r]), static_cast<int>(shift),
@@ -119,27 +109,24 @@ at::Tensor shard_cut_histogram_cpu(const at::Tensor& logits, const at::Tensor& s
       }
     });
   });
-  return out;
+  return c.out;
 }
 
 std::tuple<at::Tensor, at::Tensor> shard_cut_pick_cpu(const at::Tensor& hist, const at::Tensor& prefix,
                                                       const at::Tensor& before, const at::Tensor& target) {
-  const auto s = check_shard_cut_pick(hist, prefix, before, target);
-  const auto h = hist.contiguous(), tg = target.contiguous();
-  auto new_prefix = prefix.contiguous().clone();
-  auto new_before = before.contiguous().clone();
-  const int64_t* hp = h.const_data_ptr<int64_t>();
-  const double* tp = tg.const_data_ptr<double>();
-  int64_t* pp = new_prefix.mutable_data_ptr<int64_t>();
-  int64_t* bp = new_before.mutable_data_ptr<int64_t>();
-  at::parallel_for(0, s.r, 256, [&](int64_t begin, int64_t end) {
+  const ShardPickCall c = shard_cut_pick_call(hist, prefix, before, target);
+  const int64_t* hp = c.hist.const_data_ptr<int64_t>();
+  const double* tp = c.target.const_data_ptr<double>();
+  int64_t* pp = c.prefix.mutable_data_ptr<int64_t>();
+  int64_t* bp = c.before.mutable_data_ptr<int64_t>();
+  at::parallel_for(0, c.r, 256, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const int64_t* hi = hp + r * s.parts * kCutBuckets;
-      const int bucket = cut_pick(hi, s.parts == 2 ? hi + kCutBuckets : nullptr, bp[2 * r], bp[2 * r + 1], tp[r]);
+      const int64_t* hi = hp + r * c.parts * kCutBuckets;
+      const int bucket = cut_pick(hi, c.parts == 2 ? hi + kCutBuckets : nullptr, bp[2 * r], bp[2 * r + 1], tp[r]);
       pp[r] = static_cast<int64_t>(static_cast<uint64_t>(pp[r]) * kCutBuckets + static_cast<uint64_t>(bucket));
     }
   });
-  return {new_prefix, new_before};
+  return {c.prefix, c.before};
 }
 
 }  // namespace

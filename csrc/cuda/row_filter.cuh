@@ -28,16 +28,6 @@ __device__ __forceinline__ int block_threads() { return static_cast<int>(blockDi
 // Keeps every id.
 __device__ __forceinline__ FilterCut keep_all() { return FilterCut{kNegInf, 0x7FFFFFFF}; }
 
-// Larger keys for larger floats (NaN aside, which rows with a softmax do not hold).
-__device__ __forceinline__ uint32_t order_key(float a) {
-  const uint32_t bits = __float_as_uint(a);
-  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-}
-
-__device__ __forceinline__ float key_value(uint32_t key) {
-  return __uint_as_float((key & 0x80000000u) ? (key & 0x7FFFFFFFu) : ~key);
-}
-
 // exp(gap) (<= 1) in fixed point with `shift` fractional bits, truncated: exact in double.
 __device__ __forceinline__ unsigned long long fixed_mass(float gap, int shift) {
   return static_cast<unsigned long long>(static_cast<double>(exp_f32(gap)) * static_cast<double>(1ull << shift));

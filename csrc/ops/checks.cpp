@@ -1,6 +1,7 @@
 #include "checks.h"
 
 #include <ATen/ops/any.h>
+#include <ATen/ops/clamp.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/ge.h>
 #include <ATen/ops/logical_or.h>
@@ -10,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 namespace xkernels {
 
@@ -58,6 +60,20 @@ void check_token_ids(const at::Tensor& tokens, int64_t vocab, const char* name) 
   if (tokens.numel() == 0) return;
   const bool bad = at::logical_or(at::lt(tokens, 0), at::ge(tokens, vocab)).any().item<bool>();
   TORCH_CHECK(!bad, name, " holds ids outside [0, ", vocab, ")");
+}
+
+at::Tensor cut_ids_int32(const at::Tensor& ids) {
+  return ids.clamp(std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()).to(at::kInt).contiguous();
+}
+
+void check_shard_logits(const at::Tensor& logits, int64_t vocab_start) {
+  const auto dt = logits.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf,
+              "logits must be float32, bfloat16 or float16, got ", dt);
+  const int64_t v = logits.size(-1);
+  TORCH_CHECK(vocab_start >= 0, "vocab_start must be >= 0, got ", vocab_start);
+  TORCH_CHECK(vocab_start < std::numeric_limits<int32_t>::max() - v, "vocab_start + V_local (logits' last size) = ",
+              vocab_start, " + ", v, " is too large (the global vocabulary must stay below 2^31)");
 }
 
 }  // namespace xkernels

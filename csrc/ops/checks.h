@@ -21,6 +21,14 @@ at::Tensor empty_output(at::IntArrayRef sizes, const at::TensorOptions& options,
 // No vocabulary reaches it (the ops take V < 2^31 - 1): ids at or past it, or negative, are no token's.
 constexpr int64_t kMaxVocab = 2147483647;
 
+// A vocabulary shard's logits (shard_row_stats, shard_cut_histogram): float32, bfloat16 or float16,
+// and global ids vocab_start .. vocab_start + V_local (the last size) below 2^31.
+void check_shard_logits(const at::Tensor& logits, int64_t vocab_start);
+
+// A cut's ids as contiguous int32, ids past int32 clamped (past every vocabulary: the cut then keeps
+// every tie of its value, as the int64 id would).
+at::Tensor cut_ids_int32(const at::Tensor& ids);
+
 // The Philox seed and offset of a call: the ints, or the tensors that override
 // them (checked: int64, one element, on `device`).
 struct RngArgs {

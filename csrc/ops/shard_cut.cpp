@@ -3,11 +3,11 @@
 #include "shard_cut.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/ops/clamp.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
-#include <limits>
 
+#include "checks.h"
 #include "xkernels/ops.h"
 #include "xkernels/shard_cut.h"
 
@@ -44,18 +44,13 @@ static void check_row_tensor(const at::Tensor& t, const at::Tensor& logits, cons
   TORCH_CHECK(t.device() == logits.device(), name, " must be on ", logits.device(), " like logits, got ", t.device());
 }
 
-ShardCutShape check_shard_cut_histogram(const at::Tensor& logits, const at::Tensor& scale, const at::Tensor& prefix,
-                                        int64_t shift, int64_t vocab_start, const std::optional<at::Tensor>& row_max,
-                                        const std::optional<at::Tensor>& keep_value,
-                                        const std::optional<at::Tensor>& keep_id) {
+ShardCutCall shard_cut_histogram_call(const at::Tensor& logits, const at::Tensor& scale, const at::Tensor& prefix,
+                                      int64_t shift, int64_t vocab_start, const std::optional<at::Tensor>& row_max,
+                                      const std::optional<at::Tensor>& keep_value,
+                                      const std::optional<at::Tensor>& keep_id) {
   TORCH_CHECK(logits.dim() == 2, "logits must have shape [R, V_local], got ", logits.sizes());
-  const auto dt = logits.scalar_type();
-  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf,
-              "logits must be float32, bfloat16 or float16, got ", dt);
   const ShardCutShape s{logits.size(0), logits.size(1)};
-  TORCH_CHECK(vocab_start >= 0, "vocab_start must be >= 0, got ", vocab_start);
-  TORCH_CHECK(vocab_start < std::numeric_limits<int32_t>::max() - s.v, "vocab_start + V_local (logits' last size) = ",
-              vocab_start, " + ", s.v, " is too large (the global vocabulary must stay below 2^31)");
+  check_shard_logits(logits, vocab_start);
   TORCH_CHECK(shift >= 0 && shift <= kCutTopShift && shift % kCutDigitBits == 0,
               "shift must be one of 0, 8, ..., 56 (the digit a round histograms), got ", shift);
   check_row_tensor(scale, logits, "scale", s.r, false);
@@ -68,36 +63,41 @@ ShardCutShape check_shard_cut_histogram(const at::Tensor& logits, const at::Tens
     check_row_tensor(*keep_value, logits, "keep_value", s.r, false);
     check_row_tensor(*keep_id, logits, "keep_id", s.r, true);
   }
-  return s;
+  const auto contiguous = [](const std::optional<at::Tensor>& t) {
+    return t.has_value() ? t->contiguous() : at::Tensor();
+  };
+  const at::Tensor id = keep_id.has_value() ? cut_ids_int32(*keep_id) : at::Tensor();
+  return ShardCutCall{s,
+                      logits.contiguous(),
+                      scale.contiguous(),
+                      prefix.contiguous(),
+                      contiguous(row_max),
+                      contiguous(keep_value),
+                      id,
+                      at::zeros({s.r, 2, kCutBuckets}, logits.options().dtype(at::kLong))};
 }
 
-ShardPickShape check_shard_cut_pick(const at::Tensor& hist, const at::Tensor& prefix, const at::Tensor& before,
-                                    const at::Tensor& target) {
+ShardPickCall shard_cut_pick_call(const at::Tensor& hist, const at::Tensor& prefix, const at::Tensor& before,
+                                  const at::Tensor& target) {
   TORCH_CHECK(hist.scalar_type() == at::kLong, "hist must be int64, got ", hist.scalar_type());
   TORCH_CHECK(hist.dim() == 3 && (hist.size(1) == 1 || hist.size(1) == 2) && hist.size(2) == kCutBuckets,
               "hist must have shape [R, P, 256] with P = 1 (hi parts) or 2 (hi and lo parts), got ", hist.sizes());
-  const ShardPickShape s{hist.size(0), hist.size(1)};
+  const int64_t r = hist.size(0), parts = hist.size(1);
   TORCH_CHECK(prefix.scalar_type() == at::kLong, "prefix must be int64, got ", prefix.scalar_type());
-  TORCH_CHECK(prefix.dim() == 1 && prefix.size(0) == s.r, "prefix must have shape [R] with R = ", s.r,
+  TORCH_CHECK(prefix.dim() == 1 && prefix.size(0) == r, "prefix must have shape [R] with R = ", r,
               " (hist's rows), got ", prefix.sizes());
   TORCH_CHECK(before.scalar_type() == at::kLong, "before must be int64, got ", before.scalar_type());
-  TORCH_CHECK(before.dim() == 2 && before.size(0) == s.r && before.size(1) == 2, "before must have shape [R, 2] = [",
-              s.r, ", 2], got ", before.sizes());
+  TORCH_CHECK(before.dim() == 2 && before.size(0) == r && before.size(1) == 2, "before must have shape [R, 2] = [",
+              r, ", 2], got ", before.sizes());
   TORCH_CHECK(target.scalar_type() == at::kDouble, "target must be float64, got ", target.scalar_type());
-  TORCH_CHECK(target.dim() == 1 && target.size(0) == s.r, "target must have shape [R] with R = ", s.r,
+  TORCH_CHECK(target.dim() == 1 && target.size(0) == r, "target must have shape [R] with R = ", r,
               " (hist's rows), got ", target.sizes());
   for (const auto* t : {&prefix, &before, &target}) {
     const char* name = t == &prefix ? "prefix" : t == &before ? "before" : "target";
     TORCH_CHECK(t->device() == hist.device(), name, " must be on ", hist.device(), " like hist, got ", t->device());
   }
-  return s;
-}
-
-at::Tensor shard_cut_keep_id(const std::optional<at::Tensor>& keep_id) {
-  if (!keep_id.has_value()) return at::Tensor();
-  return keep_id->clamp(std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max())
-      .to(at::kInt)
-      .contiguous();
+  return ShardPickCall{r, parts, hist.contiguous(), target.contiguous(), prefix.contiguous().clone(),
+                       before.contiguous().clone()};
 }
 
 }  // namespace xkernels

@@ -14,21 +14,26 @@ struct ShardCutShape {
   int64_t r, v;
 };
 
-// Shapes, dtypes and devices, and the ints (shift a multiple of 8 in [0, 56]). The tensors' values
-// need no check: any prefix, scale or cut only changes which ids weigh.
-ShardCutShape check_shard_cut_histogram(const at::Tensor& logits, const at::Tensor& scale, const at::Tensor& prefix,
-                                        int64_t shift, int64_t vocab_start, const std::optional<at::Tensor>& row_max,
-                                        const std::optional<at::Tensor>& keep_value,
-                                        const std::optional<at::Tensor>& keep_id);
-
-// R rows of P parts (1: hi; 2: hi and lo) of a round's histograms.
-struct ShardPickShape {
-  int64_t r, parts;
+// A checked shard_cut_histogram call: its tensors as the kernels read them (contiguous; keep_id as
+// int32, ids past int32 clamped: they keep every tie; undefined where absent) and its zero-filled
+// output. Checks shapes, dtypes and devices, and the ints (shift a multiple of 8 in [0, 56]); the
+// tensors' values need none: any prefix, scale or cut only changes which ids weigh.
+struct ShardCutCall {
+  ShardCutShape s;
+  at::Tensor logits, scale, prefix, row_max, keep_value, keep_id, out;
 };
-ShardPickShape check_shard_cut_pick(const at::Tensor& hist, const at::Tensor& prefix, const at::Tensor& before,
-                                    const at::Tensor& target);
+ShardCutCall shard_cut_histogram_call(const at::Tensor& logits, const at::Tensor& scale, const at::Tensor& prefix,
+                                      int64_t shift, int64_t vocab_start, const std::optional<at::Tensor>& row_max,
+                                      const std::optional<at::Tensor>& keep_value,
+                                      const std::optional<at::Tensor>& keep_id);
 
-// keep_id as int32 (ids past int32 clamped: they keep every tie), contiguous; undefined without.
-at::Tensor shard_cut_keep_id(const std::optional<at::Tensor>& keep_id);
+// A checked shard_cut_pick call: R rows of P parts (1: hi; 2: hi and lo) of a round's histograms,
+// hist and target contiguous, and the outputs: copies of prefix and before that the kernels update.
+struct ShardPickCall {
+  int64_t r, parts;
+  at::Tensor hist, target, prefix, before;
+};
+ShardPickCall shard_cut_pick_call(const at::Tensor& hist, const at::Tensor& prefix, const at::Tensor& before,
+                                  const at::Tensor& target);
 
 }  // namespace xkernels

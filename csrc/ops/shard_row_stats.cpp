@@ -2,11 +2,9 @@
 #include "shard_row_stats.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/ops/clamp.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
-#include <limits>
 
 #include "checks.h"
 #include "xkernels/ops.h"
@@ -34,13 +32,8 @@ ShardRowShape check_shard_row_stats(const at::Tensor& logits, int64_t vocab_star
                                     const std::optional<at::Tensor>& draft_probs,
                                     const std::optional<at::Tensor>& residual_stats, bool sample) {
   TORCH_CHECK(logits.dim() == 3, "logits must have shape [N, R, V_local], got ", logits.sizes());
-  const auto dt = logits.scalar_type();
-  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf,
-              "logits must be float32, bfloat16 or float16, got ", dt);
   ShardRowShape s{logits.size(0), logits.size(1), logits.size(2), logits.size(1), 0, 0};
-  TORCH_CHECK(vocab_start >= 0, "vocab_start must be >= 0, got ", vocab_start);
-  TORCH_CHECK(vocab_start < std::numeric_limits<int32_t>::max() - s.v, "vocab_start + V_local (logits' last size) = ",
-              vocab_start, " + ", s.v, " is too large (the global vocabulary must stay below 2^31)");
+  check_shard_logits(logits, vocab_start);
   if (rows.has_value()) {
     TORCH_CHECK(rows->scalar_type() == at::kLong, "rows must be int64, got ", rows->scalar_type());
     TORCH_CHECK(rows->dim() == 2 && rows->size(0) == s.n, "rows must have shape [N, S] with N = ", s.n, ", got ",
@@ -93,9 +86,7 @@ ShardSampling shard_sampling(const ShardRowShape& s, const at::Tensor& logits, b
       check_same_device(*t, logits, name);
     }
     out.cut_value = cut_value->contiguous();
-    out.cut_id = cut_id->clamp(std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max())
-                     .to(at::kInt)
-                     .contiguous();
+    out.cut_id = cut_ids_int32(*cut_id);
   }
   return out;
 }

@@ -33,6 +33,18 @@ XK_HD bool filter_keeps(const FilterCut& cut, float a, int32_t v) {
   return a > cut.val || (a == cut.val && v <= cut.idx);
 }
 
+// The radix selections' keys: larger for larger floats (NaN aside, which rows with a softmax do not
+// hold; -0 keys below +0), negative values with every bit flipped, others the sign only (without a
+// branch: signs are random); and the float of a key.
+XK_HD uint32_t order_key(float a) {
+  const uint32_t bits = float_bits(a);
+  return bits ^ (static_cast<uint32_t>(static_cast<int32_t>(bits) >> 31) | 0x80000000u);
+}
+
+XK_HD float key_value(uint32_t key) {
+  return float_from_bits((key & 0x80000000u) ? (key & 0x7FFFFFFFu) : ~key);
+}
+
 // The Philox stream of one request. The scalar form keys slot i of batch row `sequence` by
 // (seed, offset, sequence, i), today's stream; the per-request form keys it by (seed, offset + i)
 // with sequence and position 0, so the request's noise is the same at any row of any batch.

@@ -31,10 +31,7 @@ constexpr int64_t kCutWeightOne = int64_t{1} << 31;  // w = 1 as its hi part (lo
 
 // The key of scaled logit a at global id `id` (< 2^31). -0 is keyed as +0: they tie, as values.
 XK_HD uint64_t cut_rank_key(float a, int32_t id) {
-  uint32_t bits = float_bits(a);
-  bits = (bits << 1) == 0 ? 0u : bits;
-  // Negative values flip every bit, others the sign only: without a branch (signs are random).
-  const uint32_t ascending = bits ^ (static_cast<uint32_t>(static_cast<int32_t>(bits) >> 31) | 0x80000000u);
+  const uint32_t ascending = order_key(a == 0.0f ? 0.0f : a);
   return (static_cast<uint64_t>(~ascending) << kCutIdBits) | static_cast<uint32_t>(id);
 }
 
