@@ -239,6 +239,89 @@ def _check_cuts_do_not_depend_on_the_shards(rank, bounds):
             assert torch.equal(kept[r] & finite, want), f"filter_cuts scaled={bool(kw)} row {r}"
 
 
+def _check_bounded_cuts_are_the_rounds(rank, bounds):
+    """filter_cuts with top_k_bound (one shard_cut_candidates pass and 1 all-gather) gives bitwise
+    the rounds' cuts, top-p within top-k and min-p included, sharded, with an empty shard and whole,
+    on rows with ties across shard boundaries, -inf ids, a k past the finite ids, a flat row, bf16
+    logits scaled per row with an ignored id; inactive rows may hold any k; a k outside the bound
+    raises (on the CPU, where the check costs no sync)."""
+    world = len(bounds)
+    g = torch.Generator().manual_seed(61)
+    a = (torch.randn(7, V, generator=g) * 2).round(decimals=1)
+    a[1, 5:20] = float("-inf")
+    a[1, 20:] = float("-inf")  # 5 finite ids: a k of 9 keeps them all
+    a[2, bounds[0][1] - 1] = a[2, bounds[0][1]] = a[2].max() + 1
+    a[6] = 0.5
+    top_k = torch.tensor([3, 9, 1, 16, 10, 7, 5])
+    top_p = torch.tensor([1.0, 0.9, 0.5, 0.7, 0.5, 0.99, 0.3])
+    min_p = torch.tensor([0.0, 0.0, 0.0, 0.2, 0.1, 0.0, 0.0])
+    active = torch.tensor([True, True, True, True, True, True, False])
+    with_empty = [(0, 0), (0, V)] if world == 2 else [(0, 14), (14, 14), (14, V)]
+    whole = [(0, V)] + [(V, V)] * (world - 1)
+    logits = (torch.randn(7, V, generator=g) * 3).bfloat16()
+    scale = torch.linspace(0.5, 2.0, 7)
+    ignore = bounds[0][1]
+    scaled = logits.float() * scale[:, None]
+    scaled[:, ignore] = float("-inf")
+    k_inactive = torch.where(active, top_k, 0)  # an inactive row's k is not read
+    for rows, kw, big_m in ((a, {}, a.amax(-1)), (logits, dict(scale=scale, ignore_id=ignore), scaled.amax(-1))):
+        for filters in ((top_k, None, None), (top_k, top_p, None), (k_inactive, top_p, min_p)):
+            for shards in (bounds, with_empty, whole):
+                local, start = _shard(rows, shards, rank)
+                want = distributed.filter_cuts(local, big_m, start, None, active, *filters, **kw)
+                distributed.traffic.reset()
+                got = distributed.filter_cuts(local, big_m, start, None, active, *filters, **kw, top_k_bound=16)
+                assert distributed.traffic.collectives == 1, distributed.traffic.collectives
+                _same(f"bounded filter_cuts {shards} scaled={bool(kw)} top_p={filters[1] is not None}", got, want)
+    local, start = _shard(a, bounds, rank)
+    for bound, k, message in ((8, top_k, "top_k in \\[1, 8\\], got 9"), (16, torch.where(active, 0, top_k), "got 0"),
+                              (0, top_k, "top_k_bound must be in")):
+        with pytest.raises(ValueError, match=message):
+            distributed.filter_cuts(local, a.amax(-1), start, None, active, k, top_p, top_k_bound=bound)
+
+
+def _check_top_k_bound_in_every_function(rank, bounds):
+    """Each function with filters takes top_k_bound: per-row top_k (0 on greedy rows), top_p and
+    min_p give the same outputs with the bound as without, in 15 fewer collectives a cut (the
+    rounds' 16 all-reduces become 1 all-gather), reading no tensor on the host beyond the CPU's
+    check of the bound."""
+    tokens, parents, logits, q, num_nodes = _tree_case(bounds)
+    local, start = _shard(logits, bounds, rank)
+    local_q = _shard(q, bounds, rank)[0]
+    top_k = torch.where(TEMPS > 0, TOP_K.clamp(min=1), 0)
+    kw = dict(temperature=TEMPS, top_k=top_k, top_p=TOP_P, min_p=MIN_P, seed=STREAMS[0][0], offset=STREAMS[0][1])
+    ctx, prev, prefix, base, weights = _refiner_case(bounds)
+    local_base = _shard(base.round(decimals=1), bounds, rank)[0]
+    a, b = bounds[rank]
+    local_w = weights._replace(emb=weights.emb[a:b].contiguous(), w_read=weights.w_read[a:b].contiguous())
+    n = ctx.shape[0]
+    refine_kw = {name: t[:n] for name, t in kw.items()}
+    block = torch.randint(0, V, (N, M), generator=torch.Generator().manual_seed(63))
+    block[:, ::2] = bounds[1][0]
+    calls = {
+        "tree_verify": lambda **b: distributed.tree_verify(tokens, parents, local, vocab_start=start, draft_probs=local_q,
+                                                          num_nodes=num_nodes, capturable=True, **kw, **b),
+        "chain_verify": lambda **b: distributed.chain_verify(tokens[:, 1:].clamp(min=0), local, vocab_start=start,
+                                                            draft_probs=local_q[:, 1:], method="block", **kw, **b),
+        "dllm_step": lambda **b: distributed.dllm_step(local, block, bounds[1][0], vocab_start=start, num_unmask=2,
+                                                      **kw, **b),
+        "jacobi_refine": lambda **b: distributed.jacobi_refine(ctx, prefix, local_base, local_w, max_iters=2,
+                                                              vocab_start=start, capturable=True, **refine_kw, **b),
+        "sequential_refine": lambda **b: distributed.sequential_refine(ctx, prefix, local_base, local_w,
+                                                                      vocab_start=start, **refine_kw, **b),
+    }
+    for name, call in calls.items():
+        distributed.traffic.reset()
+        want = call()
+        rounds = distributed.traffic.collectives
+        distributed.traffic.reset()
+        got = call(top_k_bound=40)
+        cuts = rounds - distributed.traffic.collectives
+        assert cuts > 0 and cuts % 15 == 0, (name, rounds, distributed.traffic.collectives)
+        for i, (x, y) in enumerate(zip(got, want)):  # bitwise, NaNs (dllm_step's confidences) included
+            torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True, msg=f"{name} with top_k_bound: output {i}")
+
+
 def _cases(temps, top_k, top_p, min_p):
     """Every parameter kind alone with per-sequence temperatures, all as scalars, all as mixed
     tensors, none, and filters under an all-greedy call."""
@@ -406,7 +489,8 @@ def _worker(rank, world, port):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         for check in (_check_tree_sampling, _check_tree_residual_filtered, _check_tree_alone, _check_tree_filter_traffic,
-                      _check_cuts_do_not_depend_on_the_shards, _check_a_cut_among_masses_below_2_to_the_minus_31,
+                      _check_cuts_do_not_depend_on_the_shards, _check_bounded_cuts_are_the_rounds,
+                      _check_a_cut_among_masses_below_2_to_the_minus_31, _check_top_k_bound_in_every_function,
                       _check_refine_sampling, _check_dllm_sampling, _check_chain_methods, _check_bad_parameters):
             check(rank, BOUNDS[world])
     finally:

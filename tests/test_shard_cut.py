@@ -1,13 +1,15 @@
 """shard_cut_histogram and shard_cut_pick, a round of the radix select behind xkernels.distributed's
 filters: against their references, round after round along a real key; exact sums (a bucket is the
 sum of the next round's histogram within it, and a row's histogram is the sum of its shards'); the
-picks at and around the targets; bad inputs."""
+picks at and around the targets; bad inputs. shard_cut_candidates, a shard's lowest keys for a
+bounded top-k: against its reference, its weights bitwise the histogram's, the shards' candidates
+holding the row's, bad inputs."""
 
 import pytest
 import torch
 
 from xkernels import ops, reference
-from xkernels.reference.shard_cut import CUT_SHIFTS, cut_rank_keys, cut_weight_values
+from xkernels.reference.shard_cut import CUT_SHIFTS, cut_keep_all_key, cut_rank_keys, cut_weight_values
 from tests.utils import DEVICES, LOGIT_DTYPES
 
 
@@ -248,3 +250,104 @@ def test_pick_bad_inputs_name_the_argument():
     for fn, message in cases:
         with pytest.raises(RuntimeError, match=message):
             fn()
+
+
+
+def candidate_weights_match_the_histograms(logits, scale, vocab_start, ignore_id, keys, weights, row_max):
+    """Each candidate's weight is bitwise the weight shard_cut_histogram gives its id on the same
+    device (the last round isolates one key), so both paths of filter_cuts weigh an id alike."""
+    for j in range(keys.shape[1]):
+        key = keys[:, j]
+        hist = ops.shard_cut_histogram(logits, scale, key >> 8, 0, vocab_start, ignore_id=ignore_id, row_max=row_max)
+        at = hist.gather(2, (key & 255)[:, None, None].expand(-1, 2, 1))[..., 0]
+        assert torch.equal(at, weights[:, j]), j
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", LOGIT_DTYPES)
+@pytest.mark.parametrize("vocab_start,v,count", [(0, 1, 1), (5, 37, 0), (5, 37, 40), (40, 300, 7), (1000, 1031, 512),
+                                                 (0, 5000, 50)])
+def test_candidates_match_reference(device, dtype, vocab_start, v, count):
+    """Ties (rounded values), -inf and NaN ids, +-0, a flat row, an ignored id; counts of 0, past
+    the row, and within it."""
+    logits = cut_case(5, v, dtype, seed=v + count)
+    scale = torch.tensor([1.0, 0.5, 2.0, 1.3, 0.7])
+    ignore = vocab_start + v // 3 if v > 1 else -1
+    a = scaled(logits, scale, vocab_start, ignore)
+    row_max = a.amax(-1).nan_to_num(nan=0.0)
+    dev = lambda t: t.to(device)  # noqa: E731
+    keys, weights = ops.shard_cut_candidates(dev(logits), dev(scale), count, vocab_start, ignore_id=ignore)
+    want_keys, _ = reference.shard_cut_candidates(logits, scale, count, vocab_start, ignore_id=ignore)
+    assert torch.equal(keys.cpu(), want_keys) and weights.shape == (5, 0, 2)
+    keys, weights = ops.shard_cut_candidates(dev(logits), dev(scale), count, vocab_start, ignore_id=ignore,
+                                             row_max=dev(row_max))
+    want_keys, want_weights = reference.shard_cut_candidates(logits, scale, count, vocab_start, ignore_id=ignore,
+                                                             row_max=row_max)
+    assert torch.equal(keys.cpu(), want_keys)
+    # the kernels' exp and torch's may differ by an ulp at an id
+    torch.testing.assert_close(weight_values(weights.cpu().transpose(1, 2)),
+                               weight_values(want_weights.transpose(1, 2)), rtol=1e-6, atol=2.0**40)
+    finite = (a > float("-inf")).sum(1)
+    assert torch.equal((keys.cpu() != cut_keep_all_key()).sum(1), finite.clamp(max=count))
+    candidate_weights_match_the_histograms(dev(logits), dev(scale), vocab_start, ignore, keys[:, :9], weights[:, :9],
+                                           dev(row_max))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_shards_candidates_hold_the_rows(device):
+    """Split anywhere (an empty shard, odd sizes), the lowest count keys of the shards' candidates
+    are the whole row's: a bounded top-k needs no rounds."""
+    logits = cut_case(4, 1203, torch.bfloat16, seed=8).to(device)
+    scale = torch.tensor([1.0, 0.6, 1.2, 2.0], device=device)
+    for count in (1, 30, 700):
+        whole = ops.shard_cut_candidates(logits, scale, count, 0)[0]
+        for bounds in ([0, 600, 1203], [0, 0, 17, 1203], [0, 1, 2, 999, 1203]):
+            parts = [ops.shard_cut_candidates(logits[:, lo:hi], scale, count, lo)[0] for lo, hi in zip(bounds, bounds[1:])]
+            assert torch.equal(torch.cat(parts, 1).sort(1).values[:, :count], whole), (count, bounds)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_candidates_opcheck_and_empty(device):
+    logits = cut_case(3, 50).to(device)
+    scale = torch.ones(3, device=device)
+    op = torch.ops.xkernels.shard_cut_candidates.default
+    torch.library.opcheck(op, (logits, scale, 8, 5))
+    torch.library.opcheck(op, (logits.bfloat16(), scale, 60, 5, 7, torch.zeros(3, device=device)))
+    for r, v, count in [(0, 8, 4), (3, 0, 4), (3, 8, 0)]:
+        z = torch.zeros(r, device=device)
+        keys, weights = ops.shard_cut_candidates(torch.zeros(r, v, device=device), z, count, 4, row_max=z)
+        assert keys.shape == (r, count) and weights.shape == (r, count, 2) and not weights.any()
+        assert bool((keys == cut_keep_all_key()).all())
+
+
+def test_candidates_bad_inputs_name_the_argument():
+    logits, scale = torch.zeros(2, 10), torch.ones(2)
+    call = ops.shard_cut_candidates
+    cases = [
+        (lambda: call(logits[0], scale, 4, 0), "logits must have shape"),
+        (lambda: call(logits.double(), scale, 4, 0), "logits must be"),
+        (lambda: call(logits, scale, -1, 0), "count must be in \\[0, 4096\\]"),
+        (lambda: call(logits, scale, 4097, 0), "count must be in \\[0, 4096\\]"),
+        (lambda: call(logits, scale, 4, -1), "vocab_start must be >= 0"),
+        (lambda: call(logits, scale, 4, 2**31 - 5), "vocab_start \\+ V_local"),
+        (lambda: call(logits, scale[:1], 4, 0), "scale must have shape \\[R\\]"),
+        (lambda: call(logits, scale.double(), 4, 0), "scale must be float32"),
+        (lambda: call(logits, scale, 4, 0, row_max=torch.zeros(3)), "row_max must have shape"),
+        (lambda: call(logits, scale, 4, 0, row_max=scale.to("meta")), "row_max must be on"),
+    ]
+    for fn, message in cases:
+        with pytest.raises(RuntimeError, match=message):
+            fn()
+
+
+@pytest.mark.needs_cuda
+def test_candidates_cpu_and_cuda_agree():
+    logits = cut_case(6, 20011, torch.bfloat16, seed=9)
+    scale = torch.linspace(0.5, 1.5, 6)
+    row_max = scaled(logits, scale, 1203, 1500).amax(-1).nan_to_num(nan=0.0)
+    for count in (1, 50, 4096):
+        cpu = ops.shard_cut_candidates(logits, scale, count, 1203, ignore_id=1500, row_max=row_max)
+        cuda = ops.shard_cut_candidates(logits.cuda(), scale.cuda(), count, 1203, ignore_id=1500, row_max=row_max.cuda())
+        assert torch.equal(cuda[0].cpu(), cpu[0])
+        torch.testing.assert_close(weight_values(cuda[1].cpu().transpose(1, 2)), weight_values(cpu[1].transpose(1, 2)),
+                                   rtol=1e-6, atol=2.0**40)

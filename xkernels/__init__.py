@@ -30,8 +30,8 @@ _LIBRARY_PATH = _load_library()
 
 from . import _fake  # noqa: E402,F401  (registers the fake kernels)
 from .ops import (build_draft_tree, build_info, chain_verify, chain_verify_ragged, compact_kv_, dllm_step, jacobi_refine,  # noqa: E402
-                  refine_step, sequential_refine, shard_cut_histogram, shard_cut_pick, shard_row_stats, spiffy_accept,
-                  spiffy_attention_mask, spiffy_materialize, tree_attention_mask, tree_positions, tree_verify)
+                  refine_step, sequential_refine, shard_cut_candidates, shard_cut_histogram, shard_cut_pick, shard_row_stats,
+                  spiffy_accept, spiffy_attention_mask, spiffy_materialize, tree_attention_mask, tree_positions, tree_verify)
 from .refiner import RefinerWeights, XPressRefiner  # noqa: E402
 
 __version__ = "0.1.0"
@@ -40,4 +40,4 @@ __version__ = "0.1.0"
 __all__ = ["build_info", "chain_verify", "chain_verify_ragged", "refine_step", "jacobi_refine", "sequential_refine", "RefinerWeights",
            "XPressRefiner", "build_draft_tree", "tree_attention_mask", "tree_positions", "tree_verify", "compact_kv_",
            "dllm_step", "spiffy_materialize", "spiffy_accept", "spiffy_attention_mask", "shard_row_stats",
-           "shard_cut_histogram", "shard_cut_pick"]
+           "shard_cut_histogram", "shard_cut_pick", "shard_cut_candidates"]

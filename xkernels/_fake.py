@@ -198,6 +198,16 @@ def _shard_cut_histogram_fake(logits, scale, prefix, shift, vocab_start, ignore_
     return logits.new_empty((logits.shape[0], 2, 256), dtype=torch.int64)
 
 
+@torch.library.register_fake("xkernels::shard_cut_candidates")
+def _shard_cut_candidates_fake(logits, scale, count, vocab_start, ignore_id=-1, row_max=None):
+    _same_device("logits", logits, scale=scale, row_max=row_max)
+    torch._check(logits.dim() == 2, lambda: "logits must have shape [R, V_local]")
+    torch._check(0 <= count <= 4096, lambda: f"count must be in [0, 4096], got {count}")
+    rows = logits.shape[0]
+    weights = (rows, count if row_max is not None else 0, 2)
+    return logits.new_empty((rows, count), dtype=torch.int64), logits.new_empty(weights, dtype=torch.int64)
+
+
 @torch.library.register_fake("xkernels::shard_cut_pick")
 def _shard_cut_pick_fake(hist, prefix, before, target):
     _same_device("hist", hist, prefix=prefix, before=before, target=target)

@@ -73,6 +73,7 @@ device and the acceptance coins are computed from it there. The first ``shard_ro
 each function checks them (a bad tensor raises naming ``seed`` or ``offset``).
 """
 
+import os
 from typing import Optional, Tuple
 
 import torch
@@ -211,8 +212,57 @@ def _min_p_key(big_m: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     return cut_rank_keys(t, torch.full_like(big_m, _ID_MAX, dtype=torch.int64))
 
 
+def _all_gather_keys(x: torch.Tensor, group) -> torch.Tensor:
+    """All-gathers the int64 tensor x [R, ...] (counted in traffic). Returns [R, W, ...]."""
+    world = dist.get_world_size(group)
+    out = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(out, x.contiguous(), group=group)
+    traffic.bytes += x.numel() * x.element_size()
+    traffic.collectives += 1
+    return torch.stack(out, 1)
+
+
+def _bounded_cuts(logits, scale, vocab_start: int, ignore_id: int, group, k, bound: int, big_m, top_p):
+    """The top-k cut [R] (k [R] in [1, bound]) and, where top_p [R] is given, top-p's cut within it
+    (else None), from one all-gather of every shard's `bound` lowest keys and their masses
+    (shard_cut_candidates): they hold the whole row's k lowest. The same cuts as _select's rounds:
+    the masses are the same fixed-point numbers, summed and compared alike."""
+    rows = logits.shape[0]
+    keys, w = ops.shard_cut_candidates(logits, scale, bound, vocab_start, ignore_id=ignore_id,
+                                       row_max=None if top_p is None else big_m.float())
+    fields = keys[..., None] if top_p is None else torch.cat([keys[..., None], w], -1)  # [R, bound, 1 or 3]
+    g = _all_gather_keys(fields, group).reshape(rows, -1, fields.shape[-1])
+    g = g.gather(1, g[..., 0].argsort(1)[..., None].expand_as(g))  # the W * bound candidates in ranking order
+    key = g[..., 0]
+    k_cut = key.gather(1, (k.clamp(1, bound) - 1)[:, None])[:, 0]
+    if top_p is None:
+        return k_cut, None
+    inside = key <= k_cut[:, None]
+    cum = cut_weight_values(torch.stack([g[..., 1], g[..., 2]], 1).mul(inside[:, None]).cumsum(2))
+    total = cum[:, -1]
+    target = top_p.double() * total
+    p_cut = key.gather(1, (cum < target[:, None]).sum(1).clamp(max=key.shape[1] - 1)[:, None])[:, 0]
+    return k_cut, torch.where(target <= total, p_cut, _KEEP_ALL)
+
+
+def _value_checks() -> bool:
+    """XKERNELS_CHECK=1: check CUDA tensors' values too (a host read), as the kernels do."""
+    return os.environ.get("XKERNELS_CHECK", "") not in ("", "0")
+
+
+def _check_k_bound(k: torch.Tensor, active: torch.Tensor, bound: int, values: bool):
+    if not 1 <= bound <= 4096:
+        raise ValueError(f"top_k_bound must be in [1, 4096], got {bound}")
+    if values and (k.device.type == "cpu" or _value_checks()):
+        bad = active & ((k < 1) | (k > bound))
+        if bool(bad.any()):
+            raise ValueError(f"top_k_bound={bound} needs every filtered row's top_k in [1, {bound}], got "
+                             f"{int(k[bad][0])}")
+
+
 def filter_cuts(logits: torch.Tensor, big_m: torch.Tensor, vocab_start: int, group, active: torch.Tensor,
-                top_k=None, top_p=None, min_p=None, *, scale: Optional[torch.Tensor] = None, ignore_id: int = -1):
+                top_k=None, top_p=None, min_p=None, *, scale: Optional[torch.Tensor] = None, ignore_id: int = -1,
+                top_k_bound: Optional[int] = None, _check_bound: bool = True):
     """The cut of the filtered target distribution (xkernels.reference.sampling.filter_mask: top-k,
     then top-p renormalised over the top-k set, then min-p) of rows of a vocabulary sharded over
     group, without gathering the rows: logits [R, V_local] this shard's (any float dtype), scaled
@@ -222,18 +272,31 @@ def filter_cuts(logits: torch.Tensor, big_m: torch.Tensor, vocab_start: int, gro
     keeps the ids ranked at or before its cut (the keep-all cut where inactive). Top-k and top-p
     are each a radix select of 8 shard_cut_histogram rounds, so 8 all-reduces each; min-p needs
     only the max. The masses are summed exactly (62-bit fixed point), so the cut does not depend
-    on the number of shards."""
+    on the number of shards.
+
+    top_k_bound (a host int in [1, 4096]): every active row's top_k is in [1, top_k_bound] (checked
+    on the CPU, and on CUDA with XKERNELS_CHECK=1; unchecked, a k outside reads as clamped into
+    it). Then top-k, and top-p within it, take no rounds: one shard_cut_candidates pass and 1
+    all-gather of top_k_bound keys (and masses, with top_p) a row from each rank; the same cuts."""
     rows = logits.shape[0]
     dev = logits.device
     scale = torch.ones(rows, device=dev) if scale is None else scale.float()
     cut = torch.full((rows,), _KEEP_ALL, dtype=torch.int64, device=dev)
+    p_cut = None
     if top_k is not None:
         k = top_k.long()
         on = active & (k > 0)  # a k past the finite ids keeps them all (_select's unreached rows)
-        cut = torch.where(on, _select(logits, scale, vocab_start, ignore_id, group, k), cut)
+        if top_k_bound is not None:
+            _check_k_bound(k, active, top_k_bound, _check_bound)
+            k_cut, p_cut = _bounded_cuts(logits, scale, vocab_start, ignore_id, group, k, top_k_bound, big_m,
+                                         top_p)
+        else:
+            k_cut = _select(logits, scale, vocab_start, ignore_id, group, k)
+        cut = torch.where(on, k_cut, cut)
     if top_p is not None:
-        keep = cut_key_cut(cut)
-        p_cut = _select(logits, scale, vocab_start, ignore_id, group, top_p, row_max=big_m.float(), keep=keep)
+        if p_cut is None:
+            keep = cut_key_cut(cut)
+            p_cut = _select(logits, scale, vocab_start, ignore_id, group, top_p, row_max=big_m.float(), keep=keep)
         cut = torch.minimum(cut, torch.where(active & (top_p < 1), p_cut, _KEEP_ALL))
     if min_p is not None:
         on = active & (min_p > 0)
@@ -247,15 +310,18 @@ def _kept(a: torch.Tensor, ids: torch.Tensor, cut_value: torch.Tensor, cut_id: t
     return (a > cut_value) | ((a == cut_value) & (ids <= cut_id))
 
 
-def _row_cuts(local_logits, inv_t, big_m, point_mass, vocab_start: int, group, filters, ignore_id: int = -1):
+def _row_cuts(local_logits, inv_t, big_m, point_mass, vocab_start: int, group, filters, ignore_id: int = -1,
+              top_k_bound=(None, False)):
     """Every row's cut over the whole vocabulary (filter_cuts; point-mass rows keep everything) of a
     shard [N, R, V_local], of a = logits * inv_t with ignore_id's logit at -inf; big_m [N, R] the
-    global max of a. filters: (top_k, top_p, min_p) [N] or None. Returns (cut_value, cut_id) [N, R]."""
+    global max of a. filters: (top_k, top_p, min_p) [N] or None; top_k_bound: _k_bound's. Returns
+    (cut_value, cut_id) [N, R]."""
     n, rows, v_local = local_logits.shape
     expand = lambda t: None if t is None else t[:, None].expand(n, rows).reshape(-1)  # noqa: E731
     cut_value, cut_id = filter_cuts(local_logits.reshape(n * rows, v_local), big_m.reshape(-1), vocab_start, group,
                                     ~point_mass.reshape(-1), *(expand(f) for f in filters), scale=expand(inv_t),
-                                    ignore_id=ignore_id)
+                                    ignore_id=ignore_id, top_k_bound=top_k_bound[0],
+                                    _check_bound=top_k_bound[1])
     return cut_value.view(n, rows), cut_id.view(n, rows)
 
 
@@ -267,6 +333,14 @@ def _filtered_sums(local_logits, vocab_start: int, group, cut, big_s, point_mass
                                                                cut_id=cut[1], **rng)
     g = _all_gather([kept_max, kept_sum, kept_top], group)
     return torch.where(point_mass, big_s, merge_stats(g[:, 0], g[:, 1], _ids(g[:, 2]))[1])
+
+
+def _k_bound(top_k, top_k_bound: Optional[int]):
+    """filter_cuts' top_k_bound and whether the rows' top_k need its check: the caller's, checked;
+    else a scalar top_k's own where in [1, 4096], which every row has."""
+    if top_k_bound is not None or top_k is None or isinstance(top_k, torch.Tensor):
+        return top_k_bound, True
+    return (int(top_k) if 1 <= int(top_k) <= 4096 else None), False
 
 
 def _row_params(n: int, dev, temperature, top_k, top_p, min_p):
@@ -348,7 +422,8 @@ def _block_accept(local_logits, draft_probs, draft_tokens, vocab_start: int, gro
 
 def chain_verify(draft_tokens: torch.Tensor, local_logits: torch.Tensor, *, vocab_start: int, group=None,
                  draft_probs: Optional[torch.Tensor] = None, temperature=0.0, seed=0, offset=0, top_k=None,
-                 top_p=None, min_p=None, method: str = "token", return_logprobs: bool = False):
+                 top_p=None, min_p=None, top_k_bound: Optional[int] = None, method: str = "token",
+                 return_logprobs: bool = False):
     """xkernels.chain_verify over a vocabulary shard: draft_tokens [N, K] global ids,
     local_logits [N, K+1, V_local], draft_probs the local shard [N, K, V_local] of q. temperature,
     top_k, top_p, min_p, seed, offset, method and return_logprobs as for xkernels.chain_verify
@@ -366,6 +441,7 @@ def chain_verify(draft_tokens: torch.Tensor, local_logits: torch.Tensor, *, voca
     block = ops._check_method(method)
     n, k = draft_tokens.shape
     dev = local_logits.device
+    bound = _k_bound(top_k, top_k_bound)  # before top_k becomes a tensor
     inv_t, top_k, top_p, min_p = _row_params(n, dev, temperature, top_k, top_p, min_p)
     all_greedy = not isinstance(temperature, torch.Tensor) and reference.inverse_temperature(temperature) == 0
     filtered = not all_greedy and any(x is not None for x in (top_k, top_p, min_p))
@@ -388,7 +464,8 @@ def chain_verify(draft_tokens: torch.Tensor, local_logits: torch.Tensor, *, voca
 
     cut = None
     if filtered:
-        cut = _row_cuts(local_logits, inv_t, big_m, point_mass, vocab_start, group, (top_k, top_p, min_p))
+        cut = _row_cuts(local_logits, inv_t, big_m, point_mass, vocab_start, group, (top_k, top_p, min_p),
+                        top_k_bound=bound)
         big_s = _filtered_sums(local_logits, vocab_start, group, cut, big_s, point_mass, rng)
         a_x = torch.where(_kept(a_x, draft_tokens, cut[0][:, :k], cut[1][:, :k]), a_x, float("-inf"))
 
@@ -438,7 +515,7 @@ def chain_verify(draft_tokens: torch.Tensor, local_logits: torch.Tensor, *, voca
 
 
 def _sample_sharded(logits: torch.Tensor, vocab_start: int, group, temperature=0.0, seed=0, offset=0, top_k=None,
-                    top_p=None, min_p=None):
+                    top_p=None, min_p=None, top_k_bound: Optional[int] = None):
     """reference.sample_rows over a shard [N, D, V_local]: tokens = argmax(a' + G) (a = logits / T of
     the sequence's temperature, a' = a within the row's whole-vocabulary cut, G the noise of slot d
     of the sequence's stream), logprobs = log_softmax(a')[tokens]; greedy rows: the argmax and
@@ -446,6 +523,7 @@ def _sample_sharded(logits: torch.Tensor, vocab_start: int, group, temperature=0
     and the filtered sums, from one more shard_row_stats pass with the cut)."""
     n = logits.shape[0]
     dev = logits.device
+    bound = _k_bound(top_k, top_k_bound)  # before top_k becomes a tensor
     inv_t, top_k, top_p, min_p = _row_params(n, dev, temperature, top_k, top_p, min_p)
     all_greedy = not isinstance(temperature, torch.Tensor) and reference.inverse_temperature(temperature) == 0
     filtered = not all_greedy and any(x is not None for x in (top_k, top_p, min_p))
@@ -456,7 +534,8 @@ def _sample_sharded(logits: torch.Tensor, vocab_start: int, group, temperature=0
     big_m, big_s, top = merge_stats(g[:, 0], g[:, 1], _ids(g[:, 2]))
     point_mass = (inv_t == 0)[:, None] | ~torch.isfinite(big_m)
     if filtered:  # the picks and sums within the cut
-        cut = _row_cuts(logits, inv_t, big_m, point_mass, vocab_start, group, (top_k, top_p, min_p))
+        cut = _row_cuts(logits, inv_t, big_m, point_mass, vocab_start, group, (top_k, top_p, min_p),
+                        top_k_bound=bound)
         stats = ops.shard_row_stats(logits, vocab_start, sample=True, cut_value=cut[0], cut_id=cut[1], **rng)
         g = _all_gather(list(stats), group)
         big_s = torch.where(point_mass, big_s, merge_stats(g[:, 0], g[:, 1], _ids(g[:, 2]))[1])
@@ -494,18 +573,20 @@ def local_refined_logits(ctx, prev_tokens, local_base_logits, local_weights: Ref
 
 
 def refine_step(ctx, prev_tokens, local_base_logits, local_weights: RefinerWeights, *, vocab_start: int, group=None,
-                temperature=0.0, seed=0, offset=0, top_k=None, top_p=None, min_p=None):
+                temperature=0.0, seed=0, offset=0, top_k=None, top_p=None, min_p=None,
+                top_k_bound: Optional[int] = None):
     """xkernels.refine_step with the base logits' and the refiner's emb / w_read rows sharded by
     vocabulary; temperature, top_k, top_p, min_p, seed and offset as there (scalars or [N]; per
     request: slot d of sequence n at offset[n] + d), the filters over the whole vocabulary.
     Materializes the local shard of the refined logits. Returns (tokens, logprobs)."""
     logits = local_refined_logits(ctx, prev_tokens, local_base_logits, local_weights, vocab_start=vocab_start,
                                   group=group)
-    return _sample_sharded(logits, vocab_start, group, temperature, seed, offset, top_k, top_p, min_p)
+    return _sample_sharded(logits, vocab_start, group, temperature, seed, offset, top_k, top_p, min_p, top_k_bound)
 
 
 def jacobi_refine(ctx, prefix_tokens, local_base_logits, local_weights: RefinerWeights, *, max_iters: int,
                   vocab_start: int, group=None, temperature=0.0, seed=0, offset=0, top_k=None, top_p=None, min_p=None,
+                  top_k_bound: Optional[int] = None,
                   capturable: bool = False):
     """xkernels.jacobi_refine over vocabulary shards (the iteration of reference.jacobi_refine,
     each pass a sharded refine_step; the drafter's own sample filtered alike). Returns (tokens,
@@ -518,7 +599,8 @@ def jacobi_refine(ctx, prefix_tokens, local_base_logits, local_weights: RefinerW
     the early stop would have skipped."""
     if max_iters < 0:
         raise ValueError("max_iters must be >= 0")
-    sampling = dict(temperature=temperature, seed=seed, offset=offset, top_k=top_k, top_p=top_p, min_p=min_p)
+    sampling = dict(temperature=temperature, seed=seed, offset=offset, top_k=top_k, top_p=top_p, min_p=min_p,
+                    top_k_bound=top_k_bound)
     tokens, logprobs = _sample_sharded(local_base_logits, vocab_start, group, **sampling)
     # The stopping test reads tokens every rank holds alike: every rank runs the same collectives.
     passes = min(max_iters, local_base_logits.shape[1] + 1) if capturable else max_iters
@@ -529,7 +611,8 @@ def jacobi_refine(ctx, prefix_tokens, local_base_logits, local_weights: RefinerW
 
 
 def sequential_refine(ctx, prefix_tokens, local_base_logits, local_weights: RefinerWeights, *, vocab_start: int,
-                      group=None, temperature=0.0, seed=0, offset=0, top_k=None, top_p=None, min_p=None):
+                      group=None, temperature=0.0, seed=0, offset=0, top_k=None, top_p=None, min_p=None,
+                      top_k_bound: Optional[int] = None):
     """xkernels.sequential_refine over vocabulary shards: D sharded passes, slot d decided by
     pass d. Returns (tokens, logprobs)."""
     n, d = local_base_logits.shape[:2]
@@ -540,7 +623,7 @@ def sequential_refine(ctx, prefix_tokens, local_base_logits, local_weights: Refi
         step_tokens, step_logprobs = refine_step(ctx, reference._prev_tokens(prefix_tokens, tokens), local_base_logits,
                                                  local_weights, vocab_start=vocab_start, group=group,
                                                  temperature=temperature, seed=seed, offset=offset, top_k=top_k,
-                                                 top_p=top_p, min_p=min_p)
+                                                 top_p=top_p, min_p=min_p, top_k_bound=top_k_bound)
         tokens[:, slot] = step_tokens[:, slot]
         logprobs[:, slot] = step_logprobs[:, slot]
     return tokens, logprobs
@@ -548,7 +631,7 @@ def sequential_refine(ctx, prefix_tokens, local_base_logits, local_weights: Refi
 
 def dllm_step(local_logits: torch.Tensor, block_tokens: torch.Tensor, mask_id: int, *, vocab_start: int, group=None,
               num_unmask: int = 1, threshold: Optional[float] = None, temperature=0.0, seed=0, offset=0, top_k=None,
-              top_p=None, min_p=None):
+              top_p=None, min_p=None, top_k_bound: Optional[int] = None):
     """xkernels.dllm_step over a vocabulary shard [N, L, V_local] (one all-gather): x0 by the
     merged Gumbel-max, its confidence from the merged untempered statistics, then the unmasking
     rule, computed alike on every rank. temperature, top_k, top_p, min_p, seed and offset as for
@@ -560,6 +643,7 @@ def dllm_step(local_logits: torch.Tensor, block_tokens: torch.Tensor, mask_id: i
         raise ValueError("num_unmask must be >= 1")
     n, length = block_tokens.shape
     dev = local_logits.device
+    bound = _k_bound(top_k, top_k_bound)  # before top_k becomes a tensor
     inv_t, top_k, top_p, min_p = _row_params(n, dev, temperature, top_k, top_p, min_p)
     all_greedy = not isinstance(temperature, torch.Tensor) and reference.inverse_temperature(temperature) == 0
     filtered = not all_greedy and any(x is not None for x in (top_k, top_p, min_p))
@@ -575,7 +659,7 @@ def dllm_step(local_logits: torch.Tensor, block_tokens: torch.Tensor, mask_id: i
     picks = g[:, 3:]
     if filtered:
         cut = _row_cuts(local_logits, inv_t, tempered_max, ~sampled, vocab_start, group, (top_k, top_p, min_p),
-                        ignore_id=mask_id)
+                        ignore_id=mask_id, top_k_bound=bound)
         picks = _all_gather(list(ops.shard_row_stats(local_logits, vocab_start, sample=True, cut_value=cut[0],
                                                      cut_id=cut[1], **rng)[3:]), group)
     x0, raw_pick = top, big_m
@@ -746,7 +830,7 @@ def _residual_walk(local_logits, draft_probs, vocab_start, group, without_replac
 def tree_verify(tokens: torch.Tensor, parents: torch.Tensor, local_logits: torch.Tensor, *, vocab_start: int,
                 group=None, draft_probs: Optional[torch.Tensor] = None, without_replacement: bool = False,
                 temperature=0.0, seed=0, offset=0, num_nodes: Optional[torch.Tensor] = None, top_k=None,
-                top_p=None, min_p=None, capturable: bool = False):
+                top_p=None, min_p=None, top_k_bound: Optional[int] = None, capturable: bool = False):
     """xkernels.tree_verify over a vocabulary shard [N, M, V_local] (draft_probs: the local
     shard [N, M, V_local] of q). temperature, top_k, top_p, min_p, seed and offset as for
     xkernels.tree_verify (scalars or [N] tensors: a temperature per sequence, rows at 0 greedy;
@@ -769,6 +853,7 @@ def tree_verify(tokens: torch.Tensor, parents: torch.Tensor, local_logits: torch
     n, m = parents.shape
     v_local = local_logits.shape[-1]
     dev = local_logits.device
+    bound = _k_bound(top_k, top_k_bound)  # before top_k becomes a tensor
     inv_t, top_k, top_p, min_p = _row_params(n, dev, temperature, top_k, top_p, min_p)
     all_greedy = not isinstance(temperature, torch.Tensor) and reference.inverse_temperature(temperature) == 0
     filtered = not all_greedy and any(x is not None for x in (top_k, top_p, min_p))
@@ -804,7 +889,8 @@ def tree_verify(tokens: torch.Tensor, parents: torch.Tensor, local_logits: torch
     point_mass = greedy | ~torch.isfinite(big_m)
     cut = None
     if filtered:  # a child outside its parent's cut has p'(x) = 0
-        cut = _row_cuts(local_logits, inv_t, big_m, point_mass, vocab_start, group, (top_k, top_p, min_p))
+        cut = _row_cuts(local_logits, inv_t, big_m, point_mass, vocab_start, group, (top_k, top_p, min_p),
+                        top_k_bound=bound)
         big_s = _filtered_sums(local_logits, vocab_start, group, cut, big_s, point_mass, rng)
         a_c = torch.where(_kept(a_c, tok, cut[0].gather(1, par), cut[1].gather(1, par)), a_c, float("-inf"))
     if residual:

@@ -1145,6 +1145,58 @@ def shard_cut_histogram(
         _tensor(keep_id, "keep_id", optional=True))
 
 
+def shard_cut_candidates(
+    logits: torch.Tensor,
+    scale: torch.Tensor,
+    count: int,
+    vocab_start: int,
+    *,
+    ignore_id: int = -1,
+    row_max: Optional[torch.Tensor] = None,
+):
+    """Each row's ``count`` lowest :func:`shard_cut_histogram` keys, for a top-k of ``k <= count``
+    over a sharded vocabulary without rounds: the k lowest keys of the whole row are among the
+    shards' ``count`` lowest, so one all-gather of them gives the cut, and with their weights a
+    top-p within it (:func:`xkernels.distributed.filter_cuts` with ``top_k_bound``).
+
+    Row ``r``'s ids have scaled logits ``a = logits[r] * scale[r]`` (``ignore_id``'s at -inf) and the
+    keys of :func:`shard_cut_histogram` (ascending in the ranking: a higher ``a`` first, ties to the
+    lower global id). Of the ids above -inf (a NaN is never one), the ``count`` lowest keys, in
+    ascending order, then the key of ``(-inf, 2^31 - 1)``, past every such key, where the row has
+    fewer. With ``row_max``, each key's weight as :func:`shard_cut_histogram` weighs it by mass
+    (``exp(a - row_max[r])`` clamped to ``[0, 1]``, as ``floor(w 2^62) = hi 2^31 + lo``; on each
+    device the same bits as that op's), 0 for the filler.
+
+    Args:
+        logits: float32, bfloat16 or float16 ``[R, V_local]``, the global ids ``[vocab_start,
+            vocab_start + V_local)``.
+        scale: float32 ``[R]``, each row's inverse temperature.
+        count: the keys a row returns, ``0 <= count <= 4096``.
+        vocab_start: the shard's first global id (``vocab_start + V_local < 2^31``).
+        ignore_id: a global id whose logit counts as -inf (-1: none).
+        row_max: optional float32 ``[R]``, the whole row's max of ``a``: return the keys' masses.
+
+    Returns:
+        tuple: ``(keys int64 [R, count], weights int64 [R, count, 2])``: the weights' ``(hi, lo)``,
+        ``[R, 0, 2]`` without ``row_max``.
+
+    Raises:
+        RuntimeError: a tensor of the wrong shape, dtype or device, a ``count`` outside ``[0, 4096]``,
+            or ``vocab_start + V_local`` past ``2^31``, naming the argument.
+        TypeError: an argument that is neither a tensor nor a DLPack array.
+
+    Kernels:
+        - CPU: the rows in parallel, one pass a row into a heap of the lowest keys (a chunk's ids
+          tested first against the value of the heap's largest).
+        - CUDA: one launch, a block a row: a radix select of the ``count``-th key in shared memory
+          (8-bit rounds until its bucket is wholly kept, about 2-4 passes for distinct values), one
+          gather pass and a bitonic sort of the kept keys; no host reads.
+    """
+    return torch.ops.xkernels.shard_cut_candidates.default(
+        _tensor(logits, "logits"), _tensor(scale, "scale"), int(count), int(vocab_start), int(ignore_id),
+        _tensor(row_max, "row_max", optional=True))
+
+
 def shard_cut_pick(hist: torch.Tensor, prefix: torch.Tensor, before: torch.Tensor, target: torch.Tensor):
     """The bucket each row's radix select takes from a round's all-reduced
     :func:`shard_cut_histogram`, so that the rounds between the collectives run on the device

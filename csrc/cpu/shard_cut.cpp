@@ -1,13 +1,18 @@
-// shard_cut_histogram and shard_cut_pick on the CPU. The histogram: the rows in parallel, each in chunks of ids scaled into a buffer
+// shard_cut_histogram, shard_cut_pick and shard_cut_candidates on the CPU. The histogram: the rows in parallel, each in chunks of ids scaled into a buffer
 // (the ignored id at -inf). A chunk's candidates are first found by a float range that holds every
 // value of the round's keys (one compare pair an id: after the first round few pass), then keyed,
 // weighed and counted exactly (shard_cut.h); the masses come from one vector exp of the chunk.
+// The candidates: one pass a row, a heap of the lowest keys, the chunk's ids first tested against
+// the value of the heap's largest key.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <array>
+#include <cmath>
+#include <queue>
+#include <vector>
 
 #include "../ops/shard_cut.h"
 #include "dispatch.h"
@@ -129,11 +134,80 @@ std::tuple<at::Tensor, at::Tensor> shard_cut_pick_cpu(const at::Tensor& hist, co
   return {c.prefix, c.before};
 }
 
+// Row r's `count` lowest keys of ids above -inf, ascending (then kCutKeepAllKey), into keys; with
+// w.mass their weights (hi, lo) into weights: each from exp_row's vector lanes, as histogram_row
+// weighs it, so that both paths of filter_cuts weigh an id alike.
+template <typename T>
+void candidates_row(const T* src, int64_t n, float scale, const RowJob& job, int64_t count, int64_t* keys,
+                    int64_t* weights) {
+  std::priority_queue<uint64_t> heap;  // the lowest keys so far, the largest on top
+  std::array<float, kChunk> a;
+  std::array<int32_t, kChunk> pick;
+  const float finite_floor = std::nextafter(kNegInf, 0.0f);
+  for (int64_t c0 = 0; c0 < n && count > 0; c0 += kChunk) {
+    const int64_t len = std::min(kChunk, n - c0);
+    cpu::scale_row(src + c0, len, scale, a.data());
+    if (job.ignore >= c0 && job.ignore < c0 + len) a[job.ignore - c0] = kNegInf;
+    // Once the heap is full, an id enters only at or above its largest key's value.
+    const float lo = static_cast<int64_t>(heap.size()) == count ? cut_key_value(heap.top()) : finite_floor;
+    const int64_t found = cpu::indices_in_range(a.data(), len, lo, -kNegInf, pick.data());
+    for (int64_t j = 0; j < found; ++j) {
+      const int32_t i = pick[j];
+      const uint64_t key = cut_rank_key(a[i], static_cast<int32_t>(job.first + c0 + i));
+      if (static_cast<int64_t>(heap.size()) < count) {
+        heap.push(key);
+      } else if (key < heap.top()) {
+        heap.pop();
+        heap.push(key);
+      }
+    }
+  }
+  const auto found = static_cast<int64_t>(heap.size());
+  std::vector<float> value((found + 15) / 16 * 16, kNegInf), e(value.size());
+  for (int64_t j = found - 1; j >= 0; --j) {
+    keys[j] = static_cast<int64_t>(heap.top());
+    value[j] = cut_key_value(heap.top());
+    heap.pop();
+  }
+  for (int64_t j = found; j < count; ++j) keys[j] = static_cast<int64_t>(kCutKeepAllKey);
+  if (!job.w.mass) return;
+  cpu::exp_row(value.data(), static_cast<int64_t>(value.size()), job.w.row_max, e.data());
+  for (int64_t j = 0; j < found; ++j) {
+    const CutWeight cw = cut_weight(job.w, value[j], 0, e[j]);
+    weights[2 * j] = cw.hi;
+    weights[2 * j + 1] = cw.lo;
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> shard_cut_candidates_cpu(const at::Tensor& logits, const at::Tensor& scale,
+                                                            int64_t count, int64_t vocab_start, int64_t ignore_id,
+                                                            const std::optional<at::Tensor>& row_max) {
+  const ShardCandidatesCall c = shard_cut_candidates_call(logits, scale, count, vocab_start, row_max);
+  const float* scp = c.scale.const_data_ptr<float>();
+  const float* rmp = c.row_max.defined() ? c.row_max.const_data_ptr<float>() : nullptr;
+  int64_t* kp = c.keys.mutable_data_ptr<int64_t>();
+  int64_t* wp = c.weights.mutable_data_ptr<int64_t>();
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(c.s.v, 1));
+  cpu::dispatch_logits(c.logits.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* lp = c.logits.const_data_ptr<T>();
+    at::parallel_for(0, c.s.r, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const RowJob job{0, 0, CutWeights{rmp != nullptr, rmp ? rmp[r] : 0.0f, false, FilterCut{}}, vocab_start,
+                         ignore_id - vocab_start};
+        candidates_row(lp + r * c.s.v, c.s.v, scp[r], job, count, kp + r * count, wp + r * count * 2);
+      }
+    });
+  });
+  return {c.keys, c.weights};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(xkernels, CPU, m) {
   m.impl("shard_cut_histogram", &shard_cut_histogram_cpu);
   m.impl("shard_cut_pick", &shard_cut_pick_cpu);
+  m.impl("shard_cut_candidates", &shard_cut_candidates_cpu);
 }
 
 }  // namespace xkernels

@@ -91,6 +91,21 @@ __device__ __forceinline__ float block_sum(float x) {
   return x;
 }
 
+// Sorts n2 (a power of two) entries held in shared memory, by the block: first(j, i) says whether
+// entry j goes before entry i, swap(i, j) exchanges them. A bitonic network, a __syncthreads a step.
+template <typename First, typename Swap>
+__device__ __forceinline__ void block_bitonic_sort(int n2, const First& first, const Swap& swap) {
+  for (int size = 2; size <= n2; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int i = threadIdx.x; i < n2; i += static_cast<int>(blockDim.x)) {
+        const int j = i ^ stride;
+        if (j > i && ((i & size) == 0) == first(j, i)) swap(i, j);
+      }
+      __syncthreads();
+    }
+  }
+}
+
 __device__ __forceinline__ uint64_t read_or(const int64_t* ptr, uint64_t fallback) {
   return ptr ? static_cast<uint64_t>(*ptr) : fallback;
 }

@@ -196,24 +196,16 @@ __device__ int first_reaching(CutShared& sh, int n, unsigned long long base, dou
 __device__ __forceinline__ void rank_candidates(CutShared& sh, int n2) {
   uint32_t* key = sh.cand.key;
   int32_t* id = sh.cand.id;
-  for (int size = 2; size <= n2; size <<= 1) {
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      for (int i = threadIdx.x; i < n2; i += block_threads()) {
-        const int j = i ^ stride;
-        if (j <= i) continue;
-        const bool j_first = key[j] > key[i] || (key[j] == key[i] && id[j] < id[i]);
-        if (((i & size) == 0) == j_first) {
-          const uint32_t k = key[i];
-          key[i] = key[j];
-          key[j] = k;
-          const int32_t x = id[i];
-          id[i] = id[j];
-          id[j] = x;
-        }
-      }
-      __syncthreads();
-    }
-  }
+  block_bitonic_sort(
+      n2, [&](int j, int i) { return key[j] > key[i] || (key[j] == key[i] && id[j] < id[i]); },
+      [&](int i, int j) {
+        const uint32_t k = key[i];
+        key[i] = key[j];
+        key[j] = k;
+        const int32_t x = id[i];
+        id[i] = id[j];
+        id[j] = x;
+      });
 }
 
 // The largest value of first-level bin d (key bits 31-21): finite for the bins of finite values.

@@ -1,4 +1,4 @@
-// shard_cut_histogram and shard_cut_pick on CUDA: checks, the outputs and the launches on the current
+// shard_cut_histogram, shard_cut_pick and shard_cut_candidates on CUDA: checks, the outputs and the launches on the current
 // stream.
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -45,11 +45,29 @@ std::tuple<at::Tensor, at::Tensor> shard_cut_pick_cuda(const at::Tensor& hist, c
   return {c.prefix, c.before};
 }
 
+std::tuple<at::Tensor, at::Tensor> shard_cut_candidates_cuda(const at::Tensor& logits, const at::Tensor& scale,
+                                                             int64_t count, int64_t vocab_start, int64_t ignore_id,
+                                                             const std::optional<at::Tensor>& row_max) {
+  const c10::cuda::CUDAGuard guard(logits.device());
+  const ShardCandidatesCall c = shard_cut_candidates_call(logits, scale, count, vocab_start, row_max);
+  cuda::ShardCutCandidatesParams p{};
+  p.logits = c.logits.const_data_ptr();
+  p.dtype = cuda::logits_type(c.logits);
+  p.r = c.s.r, p.v = c.s.v, p.vocab_start = vocab_start, p.ignore_id = ignore_id, p.count = count;
+  p.scale = c.scale.const_data_ptr<float>();
+  p.row_max = c.row_max.defined() ? c.row_max.const_data_ptr<float>() : nullptr;
+  p.keys = c.keys.mutable_data_ptr<int64_t>();
+  p.weights = c.row_max.defined() ? c.weights.mutable_data_ptr<int64_t>() : nullptr;
+  cuda::check_launch(cuda::launch_shard_cut_candidates(p, cuda::stream()), "shard_cut_candidates");
+  return {c.keys, c.weights};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(xkernels, CUDA, m) {
   m.impl("shard_cut_histogram", &shard_cut_histogram_cuda);
   m.impl("shard_cut_pick", &shard_cut_pick_cuda);
+  m.impl("shard_cut_candidates", &shard_cut_candidates_cuda);
 }
 
 }  // namespace xkernels

@@ -1,4 +1,4 @@
-// The host interface of the shard_cut_histogram and shard_cut_pick CUDA kernels: plain pointers, no
+// The host interface of the shard_cut_histogram, shard_cut_pick and shard_cut_candidates CUDA kernels: plain pointers, no
 // torch headers.
 #pragma once
 
@@ -36,5 +36,17 @@ struct ShardCutPickParams {
 };
 
 cudaError_t launch_shard_cut_pick(const ShardCutPickParams& p, cudaStream_t stream);
+
+struct ShardCutCandidatesParams {
+  const void* logits;  // [r, v], global ids vocab_start .. vocab_start + v - 1
+  LogitsType dtype;
+  int64_t r, v, vocab_start, ignore_id, count;  // count in [0, kCutCandidatesMax]
+  const float* scale;    // [r]
+  const float* row_max;  // [r] or null: no weights
+  int64_t* keys;         // [r, count], every entry written
+  int64_t* weights;      // [r, count, 2] zero-filled by the caller, or null without row_max
+};
+
+cudaError_t launch_shard_cut_candidates(const ShardCutCandidatesParams& p, cudaStream_t stream);
 
 }  // namespace xkernels::cuda

@@ -105,6 +105,9 @@ TORCH_LIBRARY(xkernels, m) {
       "shard_cut_histogram(Tensor logits, Tensor scale, Tensor prefix, int shift, int vocab_start, "
       "int ignore_id=-1, Tensor? row_max=None, Tensor? keep_value=None, Tensor? keep_id=None) -> Tensor");
   m.def("shard_cut_pick(Tensor hist, Tensor prefix, Tensor before, Tensor target) -> (Tensor prefix, Tensor before)");
+  m.def(
+      "shard_cut_candidates(Tensor logits, Tensor scale, int count, int vocab_start, int ignore_id=-1, "
+      "Tensor? row_max=None) -> (Tensor keys, Tensor weights)");
 }
 
 }  // namespace xkernels

@@ -1,8 +1,9 @@
-// shard_cut_histogram and shard_cut_pick: the C++ API (through the dispatcher) and the argument
+// shard_cut_histogram, shard_cut_pick and shard_cut_candidates: the C++ API (through the dispatcher) and the argument
 // checks both kernels run.
 #include "shard_cut.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
@@ -29,6 +30,15 @@ std::tuple<at::Tensor, at::Tensor> shard_cut_pick(const at::Tensor& hist, const 
                        .findSchemaOrThrow("xkernels::shard_cut_pick", "")
                        .typed<decltype(shard_cut_pick)>();
   return op.call(hist, prefix, before, target);
+}
+
+std::tuple<at::Tensor, at::Tensor> shard_cut_candidates(const at::Tensor& logits, const at::Tensor& scale,
+                                                        int64_t count, int64_t vocab_start, int64_t ignore_id,
+                                                        const std::optional<at::Tensor>& row_max) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("xkernels::shard_cut_candidates", "")
+                       .typed<decltype(shard_cut_candidates)>();
+  return op.call(logits, scale, count, vocab_start, ignore_id, row_max);
 }
 
 static void check_row_tensor(const at::Tensor& t, const at::Tensor& logits, const char* name, int64_t r,
@@ -75,6 +85,24 @@ ShardCutCall shard_cut_histogram_call(const at::Tensor& logits, const at::Tensor
                       contiguous(keep_value),
                       id,
                       at::zeros({s.r, 2, kCutBuckets}, logits.options().dtype(at::kLong))};
+}
+
+ShardCandidatesCall shard_cut_candidates_call(const at::Tensor& logits, const at::Tensor& scale, int64_t count,
+                                              int64_t vocab_start, const std::optional<at::Tensor>& row_max) {
+  TORCH_CHECK(logits.dim() == 2, "logits must have shape [R, V_local], got ", logits.sizes());
+  const ShardCutShape s{logits.size(0), logits.size(1)};
+  check_shard_logits(logits, vocab_start);
+  TORCH_CHECK(count >= 0 && count <= kCutCandidatesMax, "count must be in [0, ", kCutCandidatesMax,
+              "] (the lowest keys a row keeps), got ", count);
+  check_row_tensor(scale, logits, "scale", s.r, false);
+  if (row_max.has_value()) check_row_tensor(*row_max, logits, "row_max", s.r, false);
+  const auto ids = logits.options().dtype(at::kLong);
+  return ShardCandidatesCall{s,
+                             logits.contiguous(),
+                             scale.contiguous(),
+                             row_max.has_value() ? row_max->contiguous() : at::Tensor(),
+                             at::empty({s.r, count}, ids),
+                             at::zeros({s.r, row_max.has_value() ? count : 0, 2}, ids)};
 }
 
 ShardPickCall shard_cut_pick_call(const at::Tensor& hist, const at::Tensor& prefix, const at::Tensor& before,

@@ -1,4 +1,4 @@
-// The argument checks of shard_cut_histogram and shard_cut_pick, the radix select of a sharded row's
+// The argument checks of shard_cut_histogram, shard_cut_pick and shard_cut_candidates: the radix select of a sharded row's
 // whole-vocabulary cut (xkernels/shard_cut.h), shared by their CPU and CUDA kernels.
 #pragma once
 
@@ -35,5 +35,15 @@ struct ShardPickCall {
 };
 ShardPickCall shard_cut_pick_call(const at::Tensor& hist, const at::Tensor& prefix, const at::Tensor& before,
                                   const at::Tensor& target);
+
+// A checked shard_cut_candidates call: logits, scale and row_max (undefined where absent) contiguous,
+// and the outputs: keys [R, count] (the kernels write every entry) and weights [R, count, 2]
+// zero-filled ([R, 0, 2] without row_max). count in [0, kCutCandidatesMax].
+struct ShardCandidatesCall {
+  ShardCutShape s;
+  at::Tensor logits, scale, row_max, keys, weights;
+};
+ShardCandidatesCall shard_cut_candidates_call(const at::Tensor& logits, const at::Tensor& scale, int64_t count,
+                                              int64_t vocab_start, const std::optional<at::Tensor>& row_max);
 
 }  // namespace xkernels

@@ -361,6 +361,21 @@ class CudaEmu:
         self._check(rc, msg)
         return prefix, before
 
+    def shard_cut_candidates(self, logits, scale, count, vocab_start, ignore_id=-1, row_max=None):
+        r, v = logits.shape
+        logits, scale = _c(logits), _c(scale.float())
+        row_max = None if row_max is None else _c(row_max.float())
+        keys = torch.empty(r, count, dtype=torch.int64)
+        weights = torch.zeros(r, count if row_max is not None else 0, 2, dtype=torch.int64)
+        msg = ctypes.create_string_buffer(1024)
+        i64 = ctypes.c_int64
+        rc = self.lib.xk_emu_shard_cut_candidates(
+            _ptr(logits), LOGITS_TYPES[logits.dtype], i64(r), i64(v), i64(vocab_start), i64(ignore_id), i64(count),
+            _ptr(scale), _ptr(row_max), _ptr(keys), _ptr(weights) if row_max is not None else None, msg,
+            ctypes.c_size_t(len(msg)))
+        self._check(rc, msg)
+        return keys, weights
+
     def shard_cut_blocks_per_row(self, r, v):
         self.lib.xk_emu_shard_cut_blocks_per_row.restype = ctypes.c_int64
         return self.lib.xk_emu_shard_cut_blocks_per_row(ctypes.c_int64(r), ctypes.c_int64(v))

@@ -512,6 +512,28 @@ int xk_emu_shard_cut_pick(const int64_t* hist, int64_t r, int64_t parts, const d
   return finish(err, message, message_len);
 }
 
+// keys [r, count] written whole; weights [r, count, 2] start at 0 (the binding zero-fills them), or
+// null without row_max.
+int xk_emu_shard_cut_candidates(const void* logits, int logits_type, int64_t r, int64_t v, int64_t vocab_start,
+                                int64_t ignore_id, int64_t count, const float* scale, const float* row_max,
+                                int64_t* keys, int64_t* weights, char* message, size_t message_len) {
+  using namespace xkernels::cuda;
+  Device dev;
+  ShardCutCandidatesParams p{};
+  p.logits = dev.copy(static_cast<const char*>(logits), r * v * logits_bytes(logits_type));
+  p.dtype = static_cast<LogitsType>(logits_type);
+  p.r = r, p.v = v, p.vocab_start = vocab_start, p.ignore_id = ignore_id, p.count = count;
+  p.scale = dev.copy(scale, sizeof(float) * r);
+  p.row_max = dev.copy(row_max, sizeof(float) * r);
+  const size_t key_bytes = sizeof(int64_t) * r * count, weight_bytes = 2 * key_bytes;
+  p.keys = dev.alloc<int64_t>(key_bytes, 0xA5);
+  p.weights = row_max ? dev.alloc<int64_t>(weight_bytes, 0) : nullptr;
+  const cudaError_t err = launch_shard_cut_candidates(p, nullptr);
+  copy_out(keys, p.keys, key_bytes);
+  if (row_max) copy_out(weights, p.weights, weight_bytes);
+  return finish(err, message, message_len);
+}
+
 // blocks a row takes (the launcher's grid.y)
 int64_t xk_emu_shard_cut_blocks_per_row(int64_t r, int64_t v) { return xkernels::cuda::shard_cut_blocks_per_row(r, v); }
 

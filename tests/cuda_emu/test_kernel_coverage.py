@@ -19,7 +19,7 @@ KERNELS = {
     "spiffy_kernel.cu": {"spiffy_rows_kernel", "spiffy_filtered_rows_kernel", "spiffy_materialize_kernel",
                          "spiffy_accept_kernel", "spiffy_mask_kernel"},
     "shard_row_stats_kernel.cu": {"shard_row_stats_kernel"},
-    "shard_cut_kernel.cu": {"shard_cut_histogram_kernel", "shard_cut_pick_kernel"},
+    "shard_cut_kernel.cu": {"shard_cut_histogram_kernel", "shard_cut_pick_kernel", "shard_cut_candidates_kernel"},
 }
 CUDA = Path(__file__).resolve().parents[2] / "csrc" / "cuda"
 

@@ -1,13 +1,15 @@
-"""The CUDA kernels of shard_cut_histogram and shard_cut_pick, run by the emulation, against the
-references and the CPU kernels: every round along a real key, rows over several blocks and a single
-id, the three weight modes, the ignored id, ids just below 2^31, prefixes no key has, picks of rows
-over several blocks and of any values, empty launches."""
+"""The CUDA kernels of shard_cut_histogram, shard_cut_pick and shard_cut_candidates, run by the
+emulation, against the references and the CPU kernels: every round along a real key, rows over
+several blocks and a single id, the three weight modes, the ignored id, ids just below 2^31,
+prefixes no key has, picks of rows over several blocks and of any values, the candidates of rows
+with ties, NaNs, -inf and flat rows at counts from 0 to 4096 (a select that ends early, one that
+runs every round, fewer ids than the count), empty launches."""
 import pytest
 import torch
 
 from xkernels import ops, reference
 from xkernels.reference.shard_cut import CUT_SHIFTS, cut_rank_keys
-from tests.test_shard_cut import assert_histograms_match, cut_case, modes, pick_case, scaled
+from tests.test_shard_cut import assert_histograms_match, cut_case, modes, pick_case, scaled, weight_values
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -79,3 +81,47 @@ def test_pick_of_any_values_and_no_rows(emu):
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     empty = emu.shard_cut_pick(hist[:0], prefix[:0], before[:0], target[:0])
     assert empty[0].shape == (0,)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("vocab_start,v,count", [(0, 1, 1), (7, 300, 0), (7, 300, 5), (8, 1032, 1032), (3, 1031, 2000),
+                                                 (1024, 5003, 64), (0, 9000, 4096), (2**31 - 2 - 2049, 2049, 33)])
+def test_candidates_match_reference(emu, dtype, vocab_start, v, count):
+    """Keys bit for bit as the reference and the CPU kernel (1032 ids: 16-byte loads; 9000: a sort
+    of 4096 keys); masses within an ulp of torch's exp (the CPU kernel's exp is another)."""
+    logits = cut_case(4, v, dtype, seed=v + count)
+    if v >= 2000:
+        logits[2, :1500] = 0.25  # a flat run: the count-th key among 1500 ties, every round
+    scale = torch.linspace(0.6, 1.4, 4)
+    ignore = vocab_start + v // 3 if v > 1 else -1
+    row_max = scaled(logits, scale, vocab_start, ignore).amax(-1).nan_to_num(nan=0.0)
+    want = reference.shard_cut_candidates(logits, scale, count, vocab_start, ignore_id=ignore, row_max=row_max)
+    got = emu.shard_cut_candidates(logits, scale, count, vocab_start, ignore_id=ignore, row_max=row_max)
+    cpu = ops.shard_cut_candidates(logits, scale, count, vocab_start, ignore_id=ignore, row_max=row_max)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[0], cpu[0])
+    torch.testing.assert_close(weight_values(got[1].transpose(1, 2)), weight_values(want[1].transpose(1, 2)),
+                               rtol=1e-6, atol=2.0**40)
+    keys, weights = emu.shard_cut_candidates(logits, scale, count, vocab_start, ignore_id=ignore)
+    assert torch.equal(keys, want[0]) and weights.shape == (4, 0, 2)
+
+
+def test_candidate_masses_are_the_histograms(emu):
+    """Each candidate's mass is bitwise what shard_cut_histogram's kernel gives its id (the last
+    round isolates one key): the two paths of filter_cuts weigh an id alike on a GPU too."""
+    logits = cut_case(3, 2000, torch.bfloat16, seed=4)
+    scale = torch.tensor([1.0, 0.7, 1.9])
+    row_max = scaled(logits, scale, 11, -1).amax(-1).nan_to_num(nan=0.0)
+    keys, weights = emu.shard_cut_candidates(logits, scale, 6, 11, row_max=row_max)
+    for j in range(6):
+        hist = emu.shard_cut_histogram(logits, scale, keys[:, j] >> 8, 0, 11, row_max=row_max)
+        at = hist.gather(2, (keys[:, j] & 255)[:, None, None].expand(-1, 2, 1))[..., 0]
+        assert torch.equal(at, weights[:, j]), j
+
+
+def test_candidates_of_empty_launches(emu):
+    for r, v, count in [(0, 8, 4), (3, 0, 4), (3, 8, 0)]:
+        keys, weights = emu.shard_cut_candidates(torch.zeros(r, v), torch.ones(r), count, 4, row_max=torch.zeros(r))
+        want = reference.shard_cut_candidates(torch.zeros(r, v), torch.ones(r), count, 4)[0]
+        assert keys.shape == (r, count) and not weights.any()
+        if count:  # the launch writes every key, fillers included (the buffer starts at 0xA5 bytes)
+            assert torch.equal(keys, want)

@@ -14,7 +14,7 @@ import torch
 
 import xkernels
 from xkernels import reference
-from xkernels.reference.shard_cut import CUT_SHIFTS, cut_rank_keys, cut_weight_values
+from xkernels.reference.shard_cut import CUT_SHIFTS, cut_keep_all_key, cut_rank_keys, cut_weight_values
 
 RAISE, EITHER, SAME = "raise", "either", "same"
 LOGITS = (torch.float32, torch.bfloat16, torch.float16)
@@ -1270,7 +1270,50 @@ class ShardCutPick(Spec):
         return reference.shard_cut_pick(args["hist"], args["prefix"], args["before"], args["target"])
 
 
+class ShardCutCandidates(Spec):
+    name = "shard_cut_candidates"
+    tensors = {"logits": "logits", "scale": "f32", "row_max": "f32"}
+    primary = "logits"
+    optional = ("row_max",)
+    huge_dims = {"logits": (1,)}
+
+    def valid(self, g):
+        r, v = g.int(0, 4), g.int(0, 30)
+        logits = g.logits(r, v, dtype=g.pick(LOGITS))
+        scale = torch.rand(r, generator=g.g) * 2
+        args = dict(logits=logits, scale=scale, count=g.pick((0, 1, 3, v, v + 5, 4096)), vocab_start=g.pick((0, 7, 1000)),
+                    ignore_id=g.pick((-1, 8)))
+        if g.coin():
+            args["row_max"] = (logits.float() * scale[:, None]).amax(-1) if v else torch.zeros(r)
+        return args
+
+    def value_mutations(self, g, args):
+        out = [(f"count={bad}", _set(args, count=bad), RAISE, {"count"}) for bad in (-1, 4097, 2**40)]
+        out += [("vocab_start=-1", _set(args, vocab_start=-1), RAISE, {"vocab_start"}),
+                ("ignore_id=2**40", _set(args, ignore_id=2**40), EITHER, set())]
+        if args.get("row_max") is not None and args["row_max"].numel():
+            out.append(("row_max below the max", _set(args, row_max=args["row_max"] - 5), EITHER, set()))
+            out.append(("row_max NaN", _set(args, row_max=_poke(args["row_max"], math.nan, g=g.g)), EITHER, set()))
+        return out + _nonfinite_logits(g, args, "logits")
+
+    def check(self, args, out):
+        keys, weights = out
+        r, count = args["logits"].shape[0], args["count"]
+        assert keys.shape == (r, count) and keys.dtype == torch.int64, f"keys of {list(keys.shape)}"
+        assert bool((keys[:, 1:] > keys[:, :-1]).logical_or(keys[:, 1:] == cut_keep_all_key()).all()), "keys not ascending"
+        assert bool((keys >= 0).all()), "a negative key"
+        assert weights.shape == (r, count if args.get("row_max") is not None else 0, 2), f"weights of {list(weights.shape)}"
+        assert bool((weights >= 0).all() & (weights <= 2**31).all()), "a weight part past its bound"
+
+    def reference(self, args):
+        if args.get("row_max") is not None:  # masses: the kernels' exp and torch's differ by ulps (tests compare)
+            return None
+        a = dict(args)
+        return reference.shard_cut_candidates(a.pop("logits"), a.pop("scale"), a.pop("count"), a.pop("vocab_start"),
+                                              **a)
+
+
 SPECS = {s.name: s for s in (ChainVerify(), ChainVerifyRagged(), RefineStep(), JacobiRefine(), SequentialRefine(),
                              BuildDraftTree(), TreeAttentionMask(), TreePositions(), TreeVerify(), CompactKv(),
                              DllmStep(), SpiffyMaterialize(), SpiffyAccept(), SpiffyAttentionMask(), ShardRowStats(),
-                             ShardCutHistogram(), ShardCutPick())}
+                             ShardCutHistogram(), ShardCutPick(), ShardCutCandidates())}

@@ -1,5 +1,5 @@
 """References of shard_cut_histogram and shard_cut_pick, a round of the radix select that finds a
-sharded row's whole-vocabulary cut (csrc/include/xkernels/shard_cut.h; xkernels/distributed.py runs
+sharded row's whole-vocabulary cut, and of shard_cut_candidates, a shard's lowest keys for a bounded top-k (csrc/include/xkernels/shard_cut.h; xkernels/distributed.py runs
 the rounds)."""
 
 import math
@@ -17,6 +17,11 @@ def cut_rank_keys(a: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     bits = torch.where(a == 0, 0.0, a).contiguous().view(torch.int32).long() & 0xFFFFFFFF
     ascending = torch.where(bits >= 2**31, bits ^ 0xFFFFFFFF, bits | 2**31)
     return ((0xFFFFFFFF - ascending) << CUT_ID_BITS) | ids
+
+
+def cut_keep_all_key() -> int:
+    """The key of (-inf, 2^31 - 1): past every id above -inf; as a cut, it keeps every id."""
+    return int(cut_rank_keys(torch.tensor(-math.inf), torch.tensor(_LOW31)))
 
 
 def cut_key_cut(key: torch.Tensor):
@@ -62,6 +67,23 @@ def shard_cut_histogram(logits, scale, prefix, shift, vocab_start, ignore_id=-1,
     out[:, 0].scatter_add_(1, digit, hi)
     out[:, 1].scatter_add_(1, digit, lo)
     return out.to(logits.device)
+
+
+def shard_cut_candidates(logits, scale, count, vocab_start, ignore_id=-1, row_max=None):
+    """See xkernels.ops.shard_cut_candidates: (keys [R, count], ascending, the keep-all key past the
+    row's ids above -inf; weights [R, count, 2], the keys' (hi, lo) masses with row_max, else
+    [R, 0, 2])."""
+    r, v = logits.shape
+    a = logits.detach().cpu().float() * scale.detach().cpu()[:, None]
+    if 0 <= ignore_id - vocab_start < v:
+        a[:, ignore_id - vocab_start] = -math.inf
+    keys = torch.where(a > -math.inf, cut_rank_keys(a, torch.arange(vocab_start, vocab_start + v)), cut_keep_all_key())
+    keys = torch.cat([keys.sort(1).values, torch.full((r, count), cut_keep_all_key())], 1)[:, :count]
+    weights = torch.zeros(r, 0, 2, dtype=torch.int64)
+    if row_max is not None:
+        value, ids = cut_key_cut(keys)
+        weights = torch.stack(cut_weights(value, ids, row_max.detach().cpu()), -1)
+    return keys.to(logits.device), weights.to(logits.device)
 
 
 def cut_weight_values(hist: torch.Tensor) -> torch.Tensor:

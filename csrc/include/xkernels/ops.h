@@ -231,6 +231,16 @@ at::Tensor shard_cut_histogram(const at::Tensor& logits, const at::Tensor& scale
 std::tuple<at::Tensor, at::Tensor> shard_cut_pick(const at::Tensor& hist, const at::Tensor& prefix,
                                                   const at::Tensor& before, const at::Tensor& target);
 
+// Each row's `count` (<= 4096) lowest keys (cut_rank_key) among its ids above -inf, for a bounded
+// top-k's whole-vocabulary cut in one all-gather (a shard's `count` lowest keys hold the row's k
+// lowest for every k <= count): logits [R, V_local] scaled by scale float32 [R], ignore_id's at
+// -inf. Returns (keys int64 [R, count], ascending, shard_cut.h's kCutKeepAllKey past the row's
+// finite ids; weights int64 [R, count, 2], with row_max float32 [R] each key's mass exp(a -
+// row_max) as cut_weight's (hi, lo), 0 for the filler; [R, 0, 2] without row_max).
+std::tuple<at::Tensor, at::Tensor> shard_cut_candidates(const at::Tensor& logits, const at::Tensor& scale,
+                                                        int64_t count, int64_t vocab_start, int64_t ignore_id = -1,
+                                                        const std::optional<at::Tensor>& row_max = std::nullopt);
+
 // How the library was built: version, whether CUDA kernels are compiled and
 // for which architectures.
 std::string build_info();

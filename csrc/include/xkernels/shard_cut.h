@@ -8,6 +8,10 @@
 // round histograms one 8-bit digit of the keys that share the prefix the rounds before chose, so 8
 // rounds end at one id: the cut itself, ties included, with no pass in id order.
 //
+// Where a top-k's k is bounded (k <= count, known on the host), each shard's `count` lowest keys
+// (shard_cut_candidates) hold the whole row's k lowest: one all-gather of them gives the cut, and
+// top-p within it, with no rounds.
+//
 // Between the rounds, each row's bucket is picked from the all-reduced histogram (cut_pick) on the
 // device: the first whose cumulative weight, compared as a float64 number, reaches the target.
 //
@@ -28,12 +32,20 @@ constexpr int kCutBuckets = 1 << kCutDigitBits;
 constexpr int kCutIdBits = 31;
 constexpr int kCutTopShift = 56;  // the first round's digit: key bits 63..56
 constexpr int64_t kCutWeightOne = int64_t{1} << 31;  // w = 1 as its hi part (lo 0)
+constexpr int kCutCandidatesMax = 4096;  // shard_cut_candidates' count: a CUDA block sorts them in shared memory
 
 // The key of scaled logit a at global id `id` (< 2^31). -0 is keyed as +0: they tie, as values.
 XK_HD uint64_t cut_rank_key(float a, int32_t id) {
   const uint32_t ascending = order_key(a == 0.0f ? 0.0f : a);
   return (static_cast<uint64_t>(~ascending) << kCutIdBits) | static_cast<uint32_t>(id);
 }
+
+// The key past every id above -inf (-inf's, at the largest id): shard_cut_candidates' filler, and
+// as a cut it keeps every id.
+constexpr uint64_t kCutKeepAllKey = (static_cast<uint64_t>(~0x007FFFFFu) << kCutIdBits) | 0x7FFFFFFFu;
+
+// The scaled logit a key was made from (+0 for -0).
+XK_HD float cut_key_value(uint64_t key) { return key_value(~static_cast<uint32_t>(key >> kCutIdBits)); }
 
 // Whether key is a candidate of the round at `shift` (the keys whose digits above it are prefix),
 // and the bucket it falls in.
