@@ -41,7 +41,7 @@ ESTIMATE_US = {("chain_verify", 0.0, False): 88, ("chain_verify", 1.0, False): 1
                ("tree_verify mixed",): 150, ("dllm_step T=1 top_k=50 top_p=0.9",): 110,
                ("spiffy_materialize top_k=50 top_p=0.9",): 110, ("refine_step top_k=50 top_p=0.9",): 120,
                ("shard_cut_histogram first round",): 15, ("shard_cut_histogram first round mass",): 18,
-               ("shard_cut_histogram later round",): 6, ("shard_cut_pick",): 4}
+               ("shard_cut_histogram later round",): 6, ("shard_cut_pick",): 4, ("shard_cut_candidates",): 20}
 
 
 def time_events(fn, warmup=25, iters=200):
@@ -506,7 +506,8 @@ def bench_spiffy(results, bench):
 def bench_shard(results, bench):
     """shard_cut_histogram at one rank's shard of Qwen's vocabulary over 8 ranks (151936 / 8 = 18992
     ids), the 40 rows of 8 trees of 5 nodes, bfloat16: the first round (every id a candidate, most in
-    a few buckets), with masses, and a later one (a few candidates); the pick between two rounds."""
+    a few buckets), with masses, and a later one (a few candidates); the pick between two rounds;
+    shard_cut_candidates of 50 keys and masses (a bounded top-k of 50 with top-p: its whole cut)."""
     rows, v = bench.shape((40, 18992), (3, 61))
     g = torch.Generator().manual_seed(0)
     logits = (torch.randn(rows, v, generator=g) * 3).bfloat16().to(bench.device)
@@ -527,7 +528,9 @@ def bench_shard(results, bench):
         ("shard_cut_histogram later round", shape,
          lambda: xkernels.shard_cut_histogram(logits, scale, later, 16, 0, row_max=row_max), moved, {}),
         ("shard_cut_pick", f"R={rows} P=2", lambda: xkernels.shard_cut_pick(hist, zero, before, target),
-         rows * 2 * 256 * 8, {})])
+         rows * 2 * 256 * 8, {}),
+        ("shard_cut_candidates", shape + " count=50",
+         lambda: xkernels.shard_cut_candidates(logits, scale, 50, 0, row_max=row_max), moved, {})])
 
 
 # Edge cases that must stay memory-safe, per section: odd and tiny V, K=0, N=0, bad ids, degenerate rows.
@@ -752,6 +755,8 @@ def sanitize_shard(device="cuda", cases=SHARD_CASES):
                 for target in (0.0, 2.0**61, float("nan")):
                     xkernels.shard_cut_pick(hist, prefix, torch.zeros(r, 2, dtype=torch.int64, device=device),
                                             torch.full((r,), target, dtype=torch.float64, device=device))
+            for count in (0, 1, min(v + 3, 4096), 4096):  # fewer ids than the count; 4096 keys sorted in shared memory
+                xkernels.shard_cut_candidates(logits, scale, count, start, ignore_id=start + 1, row_max=row_max)
 
 
 # In the order bench/gpu_check.sh times them: the kernels redesigned since the last GPU run first.

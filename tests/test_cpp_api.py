@@ -51,7 +51,8 @@ def test_shard_row_stats_matches_python(printed):
 
 def test_shard_cut_select_matches_python(printed):
     """The program's 8 rounds of shard_cut_histogram and shard_cut_pick (a top-k of 7 on one rank)
-    end at the key of each row's 7th-ranked id, as the Python ops and the reference's keys say."""
+    end at the key of each row's 7th-ranked id, as the Python ops and the reference's keys say; its
+    shard_cut_candidates are each row's 7 lowest keys."""
     from xkernels.reference.shard_cut import CUT_SHIFTS, cut_rank_keys
 
     torch.manual_seed(3)
@@ -65,6 +66,7 @@ def test_shard_cut_select_matches_python(printed):
     assert [int(x) for x in printed["cut_key"]] == prefix.tolist()
     keys = cut_rank_keys(logits.float() * 0.8, torch.arange(40, 340)).sort(1).values
     assert torch.equal(prefix, keys[:, 6])
+    assert [int(x) for x in printed["candidate_keys"]] == keys[:, :7].flatten().tolist()
 
 
 def test_per_row_sampling_matches_python(printed):

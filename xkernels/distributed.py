@@ -18,8 +18,11 @@ called with ``capturable=True``):
   same at any world size and as ``xkernels.chain_verify``), and top_k / top_p / min_p over the
   whole vocabulary: ``filter_cuts`` finds each row's cut from the shards (a radix select over
   all-reduced 256-bucket histograms, ``shard_cut_histogram`` and ``shard_cut_pick``: 8 collectives
-  each for top-k and top-p, none for min-p), then a second ``shard_row_stats`` pass with the cut
-  gives the filtered sums (1 all-gather more).
+  each for top-k and top-p, none for min-p; with ``top_k_bound``, a host bound on every sampled
+  request's top_k, or a scalar top_k, 1 all-gather of each shard's lowest keys, from
+  ``shard_cut_candidates``, for top-k and top-p within it), then a second ``shard_row_stats`` pass
+  with the cut gives the filtered sums (1 all-gather more). Every function with filters takes
+  ``top_k_bound``.
   Per-row filter tensors are not value-checked here (that would read them on the host): values
   outside their ranges read as off, as the CUDA kernels read them without ``XKERNELS_CHECK=1``.
   ``method="block"`` (block verification) with draft_probs at T > 0 and K > 1 adds 1 all-reduce

@@ -1,4 +1,5 @@
-// Calls chain_verify, shard_row_stats, shard_cut_histogram, shard_cut_pick, refine_step and dllm_step
+// Calls chain_verify, shard_row_stats, shard_cut_histogram, shard_cut_pick, shard_cut_candidates, refine_step
+// and dllm_step
 // through the C++ API:
 // checks a greedy case with a known answer, then prints sampled results and the
 // messages of bad arguments that tests/test_cpp_api.py compares with the Python
@@ -96,7 +97,8 @@ static void per_row_sampling_case() {
 
 // The radix select of a top-k count of 7 over a whole row (one rank: no all-reduce between the
 // rounds), as xkernels.distributed.filter_cuts runs it: 8 rounds of shard_cut_histogram and
-// shard_cut_pick; prints the final key of each row.
+// shard_cut_pick; prints the final key of each row, and the row's 7 lowest keys by
+// shard_cut_candidates (a bounded top-k's path), whose last is that cut.
 static void shard_cut_case() {
   at::manual_seed(3);
   const auto logits = at::randn({2, 300}).to(at::kBFloat16);
@@ -109,6 +111,7 @@ static void shard_cut_case() {
     std::tie(prefix, before) = xkernels::shard_cut_pick(hist.narrow(1, 0, 1).contiguous(), prefix, before, target);
   }
   print_values("cut_key", prefix);
+  print_values("candidate_keys", std::get<0>(xkernels::shard_cut_candidates(logits, scale, 7, 40)));
 }
 
 int main() {
