@@ -1,8 +1,8 @@
 // chain_verify_ragged_ on CUDA, two launches:
 //  1. rows: a block per (request, row) prepares every row of every request at once: a pass for its
 //     statistics; a row with filters then finds its cut (row_filter.cuh: radix selection, usually 1
-//     more pass), which also gives the kept ids' sum (a pass of its own only where min-p moves the
-//     cut). The rows' states go to the workspace.
+//     more pass), which also gives the kept ids' sum (a pass of its own only for min-p alone). The
+//     rows' states go to the workspace.
 //  2. residuals (block verification with draft probabilities): a block per drafted row computes
 //     its prefix weight from the prepared rows before it and its residual mass Z_i (a pass over the
 //     row and its q), every row at once.

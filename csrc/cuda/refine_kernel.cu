@@ -479,7 +479,8 @@ struct RefineHook {
 // reads of the logits the epilogue kept: the top, noting its key bits for the cut, then the
 // cut's gather, which draws too; the kept ids' sum comes from the ranked candidates. A draw pass
 // follows where the gather does not hold the final cut (min-p alone or moving the cut to a higher
-// bin, a second radix level), and a pass for the sum where min-p narrows the cut within its bin.
+// bin, a second radix level); where min-p narrows the cut within its bin, the gather's sum of the
+// ids above its floor is the kept sum.
 // A row without a softmax (a NaN, +inf, or all -inf) keeps the merged result (no cut, as the
 // reference). One block an SM: the selection with the draw in its gather takes the registers.
 __global__ void __launch_bounds__(kThreads, 1) filtered_pick_kernel(RefineParams p, RowSet rs, RefineWorkspace w,

@@ -268,11 +268,24 @@ struct NoCutHook {
 // ranked (FirstLevel::kFed). Either way ranked_n >= 0.
 // *kept gets the fixed-point mass of the ids the cut keeps within `within` (the kept sum, so the
 // caller needs no pass for it), or kMassUnknown where the cut was not found by ranked candidates.
+// floor_mass (or null): the first pass this call makes also sums the fixed-point masses of the ids
+// at or above `floor` into it (min-p's kept sum where min-p moves the cut); kMassUnknown where it
+// makes none.
 template <typename T, typename Hook>
 __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, const FilterCut& within, bool by_mass,
                                uint32_t k, float top_p, int mass_shift, FirstLevel first, bool feed,
-                               unsigned long long* kept, Hook& hook) {
+                               unsigned long long* kept, Hook& hook, float floor = 0.0f,
+                               unsigned long long* floor_mass = nullptr) {
   *kept = kMassUnknown;
+  if (floor_mass) *floor_mass = kMassUnknown;
+  unsigned long long above_floor = 0;  // this thread's share of floor_mass, in the first pass
+  // After the first pass: its floor sum, once (every thread takes part: the scan's barriers).
+  const auto finish_floor = [&]() {
+    if (floor_mass == nullptr || *floor_mass != kMassUnknown) return;
+    unsigned long long total;
+    block_exclusive_scan(sh, above_floor, &total);
+    *floor_mass = total;
+  };
   // The hook's bin of the claim this call may make: a kFed call ranks the previous call's gather.
   uint32_t hooked = kAllRanked;
   if constexpr (Hook::kActive) {
@@ -324,6 +337,7 @@ __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, co
       }
       __syncthreads();
       r.for_each_any_order([&](int64_t i, float a) {
+        if (floor_mass && a >= floor) above_floor += fixed_mass(a - top, mass_shift);
         uint32_t key;
         if (!in_bins(i, a, key)) return;
         const uint32_t d = (key >> shift) & (bins - 1);
@@ -340,6 +354,7 @@ __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, co
         }
       });
       __syncthreads();
+      finish_floor();
     }
     const auto bin_sum = [&](int pos) -> unsigned long long {  // bins in ranking order: the highest first
       const uint32_t d = bins - 1 - static_cast<uint32_t>(pos);
@@ -381,6 +396,7 @@ __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, co
             hooked = level == 0 && !whole ? d : kAllRanked;
           }
           r.for_each_any_order([&](int64_t i, float a) {  // the candidates' slots are ranked after
+            if (floor_mass && a >= floor) above_floor += fixed_mass(a - top, mass_shift);
             if (a == kNegInf) return;
             const uint32_t key = order_key(a);
             if (fed && !whole && (key >> 21) >= d) {  // these rank within the cut, but those of bin d after it
@@ -398,6 +414,7 @@ __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, co
               sh.cand.id[slot] = static_cast<int32_t>(i);
             }
           });
+          finish_floor();
         }
         int n2 = 1;
         while (n2 < static_cast<int>(n)) n2 <<= 1;
@@ -530,30 +547,39 @@ __device__ float row_top_noting_bits(CutShared& sh, const RowView<T>& r, TopBits
 
 // The cut of all three filters (top-k, then top-p within it, then min-p) of a row whose largest
 // scaled logit `top` is finite; the statistics pass has noted the top key bits as top_bits says.
-// *kept: as radix_cut's, for the ids all three keep (unknown where min-p moves the cut: its floor is
-// found without a pass, and so is not ranked).
+// *kept: as radix_cut's, for the ids all three keep. Where min-p moves the cut (its floor is found
+// without a pass), the ids at or above its floor, which the first radix pass sums (unknown where
+// none ran: min-p alone, or top-k found from the statistics pass's counts and ranked ids alone).
 template <typename T, typename Hook = NoCutHook>
 __device__ FilterCut filter_cut(CutShared& sh, const RowView<T>& r, float top, const RowSampling& rs, int mass_shift,
                                 unsigned long long* kept, Hook&& hook = Hook{}) {
   FilterCut cut = keep_all();
   *kept = kMassUnknown;
   const bool top_p = rs.top_p < 1.0f;
+  const float min_gap = rs.min_p > 0.0f ? log_f32(rs.min_p) : 0.0f;
+  const float floor = rs.min_p > 0.0f ? with_min_p(keep_all(), top, min_gap).val : 0.0f;
+  unsigned long long floor_mass = kMassUnknown;
+  unsigned long long* floor_sum = rs.min_p > 0.0f ? &floor_mass : nullptr;  // in the first radix pass
   if (threadIdx.x == 0) sh.ranked_n = -1, sh.hooked_n = -1;  // no claim without a radix cut (min-p alone)
   __syncthreads();
   const TopBits bits = top_bits(rs, r.v);
   if (bits == TopBits::kCount)
     cut = radix_cut(sh, r, top, keep_all(), false, static_cast<uint32_t>(rs.top_k), 1.0f, mass_shift,
-                    FirstLevel::kCounts, top_p, kept, hook);
+                    FirstLevel::kCounts, top_p, kept, hook, floor, floor_sum);
+  if (floor_mass != kMassUnknown) floor_sum = nullptr;
   if (top_p) {
     const FirstLevel first = bits == TopBits::kGuide ? FirstLevel::kGuided
                              : sh.ranked_n < 0       ? FirstLevel::kNone
                              : sh.ranked_bin == kAllRanked ? FirstLevel::kRanked
                                                            : FirstLevel::kFed;
-    cut = radix_cut(sh, r, top, cut, true, 0u, rs.top_p, mass_shift, first, false, kept, hook);
+    unsigned long long top_p_floor = kMassUnknown;
+    cut = radix_cut(sh, r, top, cut, true, 0u, rs.top_p, mass_shift, first, false, kept, hook, floor,
+                    floor_sum ? &top_p_floor : nullptr);
+    if (floor_sum) floor_mass = top_p_floor;
   }
   if (rs.min_p > 0.0f) {
-    const FilterCut narrowed = with_min_p(cut, top, log_f32(rs.min_p));
-    if (narrowed.val != cut.val || narrowed.idx != cut.idx) *kept = kMassUnknown;
+    const FilterCut narrowed = with_min_p(cut, top, min_gap);
+    if (narrowed.val != cut.val || narrowed.idx != cut.idx) *kept = floor_mass;  // every id above the floor
     cut = narrowed;
   }
   return cut;

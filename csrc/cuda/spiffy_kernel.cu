@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(kThreads) spiffy_rows_kernel(SpiffyMaterialize
 // Pass 1 of materialize for the masked rows whose sequence filters, a block a row, in two reads: the
 // raw statistics and top tokens, which also note the tempered row's top key bits for the cut, then
 // the cut (row_filter.cuh), whose ranked candidates give the kept ids' tempered sum (a pass more
-// where min-p moves the cut). The row's result goes to its first slice, the others are emptied;
+// for min-p alone). The row's result goes to its first slice, the others are emptied;
 // every row's cut goes to cuts (keep_all where the row is not filtered). One block an SM, as
 // dllm_step's filtered kernel, with 16 loads of 16 B in flight a thread in the first read (64 KB).
 template <typename T>

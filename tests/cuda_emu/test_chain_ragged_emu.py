@@ -112,14 +112,17 @@ def test_empty_batch(emu):
 def test_pass_counts(emu, dtype):
     """The passes over a row bench/floors.md states, for requests of no drafts (one row each, and
     its sample): the statistics pass, which also counts top-k's first level or guides top-p's;
-    one gather for the cut (top-k + top-p: one for both); the kept sum where min-p moves the cut;
-    the sample."""
+    one gather for the cut (top-k + top-p: one for both), which also sums the ids above min-p's floor
+    (the kept sum where min-p moves the cut: a pass of its own for min-p alone); the sample."""
     g = torch.Generator().manual_seed(8)
     logits = (torch.randn(1, 20011, generator=g) * 3).to(dtype)
     none = torch.empty(0, dtype=torch.int64)
     cases = [(dict(temperature=0.0, top_k=50), 1), (dict(temperature=1.0), 2), (dict(temperature=1.0, top_k=50), 3),
              (dict(temperature=1.0, top_p=0.9), 3), (dict(temperature=0.5, top_k=50, top_p=0.9), 3),
-             (dict(temperature=1.0, top_k=1000, top_p=0.9), 3), (dict(temperature=1.0, min_p=0.1), 3)]
+             (dict(temperature=1.0, top_k=1000, top_p=0.9), 3), (dict(temperature=1.0, min_p=0.1), 3),
+             # min-p moves these cuts (15-30 ids pass it): its kept sum comes from the gather
+             (dict(temperature=1.0, top_k=50, min_p=0.1), 3), (dict(temperature=1.0, top_p=0.9, min_p=0.1), 3),
+             (dict(temperature=1.0, top_k=50, top_p=0.9, min_p=0.1), 3)]
     for params, want in cases:
         emu.take_row_passes()
         got = emu.chain_verify_ragged(none, torch.tensor([0]), logits, 0, seed=3, **params)

@@ -217,7 +217,7 @@ def test_materialize_per_sequence_parameters(emu, v):
     (dict(top_k=20, top_p=0.8), 2),
     (dict(top_k=3000, top_p=0.9), 3),  # > 2048 ids at or above top-k's bin: top-p ranks another bin
     (dict(min_p=0.05), 2),  # min-p alone: no gather, the kept sum's pass
-    (dict(top_k=50, min_p=0.5), 3),  # min-p moves the cut above top-k's bin: the kept sum takes a pass
+    (dict(top_k=50, min_p=0.5), 2),  # min-p moves the cut above top-k's bin: the gather sums its ids too
     (dict(top_k=2500), 1),  # fewer finite ids than k: the cut keeps all, the statistics' sum stands
 ])
 def test_materialize_reads_a_filtered_row_twice(emu, filters, passes):
