@@ -86,11 +86,13 @@ struct GumbelHook {
   static constexpr bool kActive = true;
   uint64_t seed, offset;
   uint32_t sequence, position;
-  ArgMax best;
-  __device__ __forceinline__ void begin() { best = argmax_empty(); }
+  float floor;  // min-p's (+inf without): above_floor is the draw over the ids at or above it
+  ArgMax best, above_floor;
+  __device__ __forceinline__ void begin() { best = above_floor = argmax_empty(); }
   __device__ __forceinline__ void observe(int64_t i, float a) {
     const ArgMax s = gumbel_score(a, static_cast<int32_t>(i), seed, offset, sequence, position);
     best = argmax_merge(best, s);
+    if (a >= floor) above_floor = argmax_merge(above_floor, s);
   }
 };
 
@@ -99,8 +101,9 @@ struct GumbelHook {
 // ids the row's cut keeps, the same noise), the cut found on the row. A filtered row takes two
 // reads: one for the raw statistics, which also notes the tempered row's top key bits for the cut,
 // and the cut's gather, which also draws over the ids above the cut's bin (the candidates it ranks
-// draw after it). Where the cut takes more passes than that (min-p moves it to a higher bin; a
-// second radix level), and in rows without a filter, a draw pass follows; T = 0 takes the first.
+// draw after it; where min-p moves the cut to a higher bin, the draw over the ids above its floor).
+// Where the cut takes more passes than that (a second radix level), and in rows without a filter, a
+// draw pass follows; T = 0 takes the first.
 // kDepth: 16-byte loads a thread keeps in flight in the statistics pass (16, dllm_row_pick's: 64 KB
 // for the one block an SM; 8 where the caller's own registers leave no room for 16).
 template <int kDepth, typename T>
@@ -129,14 +132,14 @@ __device__ DllmPick dllm_filtered_pick(CutShared& sh, const T* src, int64_t v, i
     bool drawn = false;
     if (filters_active(rs, v)) {
       const RowView<T> r{src, v, inv_t, mask};
-      GumbelHook hook{seed, offset, sequence, position, argmax_empty()};
+      GumbelHook hook{seed, offset, sequence, position, min_p_floor(top, rs.min_p), argmax_empty(), argmax_empty()};
       unsigned long long kept;  // the draw needs no sum
       cut = filter_cut(sh, r, top, rs, mass_shift, &kept, hook);
       const int n = sh.hooked_n;
       const uint32_t bin = sh.hooked_bin;
-      drawn = n >= 0 && (bin == kAllRanked || order_key(cut.val) >> 21 == bin);
+      drawn = n >= 0 && hook_holds_cut(cut, bin, rs.min_p > 0.0f);
       if (drawn) {
-        if (bin != kAllRanked) best = hook.best;
+        if (bin != kAllRanked) best = hook_floor_draw(cut, bin) ? hook.above_floor : hook.best;
         for (int j = threadIdx.x; j < n; j += kThreads) {
           const float a = key_value(sh.cand.key[j]);
           const int32_t id = sh.cand.id[j];

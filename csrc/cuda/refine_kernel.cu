@@ -463,24 +463,27 @@ __device__ __forceinline__ float id_noise(const RowNoise& rn, int64_t i) {
 }
 
 // The draw over the ids above a cut's bin, in the cut's gather pass (row_filter.cuh's hook): the
-// pick, with the candidates' after it, of the filtered row.
+// pick, with the candidates' after it, of the filtered row; above_floor, the draw over those at or
+// above min-p's floor (+inf without), for a cut min-p moves to a higher bin.
 struct RefineHook {
   static constexpr bool kActive = true;
   RowNoise rn;
-  SampledRow best;
-  __device__ __forceinline__ void begin() { best = sampled_empty(); }
+  float floor;
+  SampledRow best, above_floor;
+  __device__ __forceinline__ void begin() { best = above_floor = sampled_empty(); }
   __device__ __forceinline__ void observe(int64_t i, float a) {
-    sampled_observe(best, a, id_noise(rn, i), static_cast<int32_t>(i));
+    const auto noise = id_noise(rn, i);
+    sampled_observe(best, a, noise, static_cast<int32_t>(i));
+    if (a >= floor) sampled_observe(above_floor, a, noise, static_cast<int32_t>(i));
   }
 };
 
 // A block per filtered row of the launch: the Gumbel-max pick over the ids its cut keeps (the
 // noise of the fused epilogue) and its log-probability, overwriting the row's merged result. Two
 // reads of the logits the epilogue kept: the top, noting its key bits for the cut, then the
-// cut's gather, which draws too; the kept ids' sum comes from the ranked candidates. A draw pass
-// follows where the gather does not hold the final cut (min-p alone or moving the cut to a higher
-// bin, a second radix level); where min-p narrows the cut within its bin, the gather's sum of the
-// ids above its floor is the kept sum.
+// cut's gather, which draws too (where min-p moves the cut, over the ids above its floor, which the
+// gather sums too: the kept sum); the kept ids' sum comes from the ranked candidates. A draw pass
+// follows where the gather does not hold the final cut (min-p alone, a second radix level).
 // A row without a softmax (a NaN, +inf, or all -inf) keeps the merged result (no cut, as the
 // reference). One block an SM: the selection with the draw in its gather takes the registers.
 __global__ void __launch_bounds__(kThreads, 1) filtered_pick_kernel(RefineParams p, RowSet rs, RefineWorkspace w,
@@ -495,15 +498,15 @@ __global__ void __launch_bounds__(kThreads, 1) filtered_pick_kernel(RefineParams
   const RowView<float> r{w.logits + m * p.v, p.v, rn.scale};
   const float t = row_top_noting_bits(sh, r, top_bits(samp, p.v));
   if (!is_finite_f32(t)) return;  // the whole block
-  RefineHook hook{rn, sampled_empty()};
+  RefineHook hook{rn, min_p_floor(t, samp.min_p), sampled_empty(), sampled_empty()};
   unsigned long long kept;
   const FilterCut cut = filter_cut(sh, r, t, samp, mass_shift, &kept, hook);
   const int hooked = sh.hooked_n;
   const uint32_t bin = sh.hooked_bin;
-  const bool drawn = hooked >= 0 && (bin == kAllRanked || order_key(cut.val) >> 21 == bin);
+  const bool drawn = hooked >= 0 && hook_holds_cut(cut, bin, samp.min_p > 0.0f);
   SampledRow best = sampled_empty();
   if (drawn) {
-    if (bin != kAllRanked) best = hook.best;
+    if (bin != kAllRanked) best = hook_floor_draw(cut, bin) ? hook.above_floor : hook.best;
     for (int j = threadIdx.x; j < hooked; j += kThreads) {
       const float a = key_value(sh.cand.key[j]);
       const int32_t id = sh.cand.id[j];

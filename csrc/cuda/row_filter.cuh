@@ -245,8 +245,10 @@ constexpr uint32_t kAllRanked = 0xFFFFFFFFu;
 // starts, observe(i, a) for each id that pass sees in the bins above d and `within` keeps. Where the
 // cut is then ranked from that gather, radix_cut sets sh.hooked_bin = d and sh.hooked_n: the ids the
 // final cut keeps are those observed since the last begin() and those of cand[0, hooked_n) it keeps,
-// when the final cut lies in first-level bin hooked_bin (min-p may move it); hooked_bin kAllRanked:
-// cand[0, hooked_n) holds every kept id. No pass, no claim (hooked_n = -1). NoCutHook compiles away.
+// when the final cut lies in first-level bin hooked_bin; hooked_bin kAllRanked: cand[0, hooked_n)
+// holds every kept id. Where min-p moves the cut above hooked_bin, the kept ids are the observed ones
+// at or above its floor (hook_holds_cut, hook_floor_draw: the hooks keep that draw apart). No pass,
+// no claim (hooked_n = -1). NoCutHook compiles away.
 struct NoCutHook {
   static constexpr bool kActive = false;
   __device__ __forceinline__ void begin() {}
@@ -494,15 +496,28 @@ __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, co
   return cut;
 }
 
-// `cut` narrowed by min-p (a - top >= min_gap, in float, as the filters test it), without a pass
-// over the row: a - top only grows with a, so min-p keeps the values at or above the smallest
-// float that passes, found by stepping the keys from top + min_gap (a few steps: rounding).
-__device__ __forceinline__ FilterCut with_min_p(const FilterCut& cut, float top, float min_gap) {
+// The least float min-p keeps (a - top >= log(min_p), in float, as the filters test it), or +inf
+// without min-p; found without a pass over the row: a - top only grows with a, so min-p keeps the
+// values at or above the smallest float that passes, found by stepping the keys from top +
+// log(min_p) (a few steps: rounding).
+__device__ __forceinline__ float min_p_floor(float top, float min_p) {
+  if (!(min_p > 0.0f)) return -kNegInf;
+  const float min_gap = log_f32(min_p);
   uint32_t key = order_key(top + min_gap);
   while (key_value(key) - top < min_gap) ++key;       // stops at top, or at +inf, at the latest
   while (key_value(key - 1) - top >= min_gap) --key;  // stops above -inf
-  const float floor = key_value(key);
-  return floor > cut.val ? FilterCut{floor, 0x7FFFFFFF} : cut;
+  return key_value(key);
+}
+
+// Whether a cut hook's claim on first-level bin `bin` (hooked_bin) holds the row's final cut:
+// the cut lies in that bin (or every kept id is ranked), or min-p moved it above: its kept ids, those
+// at or above its floor, all lie in bins above `bin`, which the hook saw (a hook's floor draw).
+__device__ __forceinline__ bool hook_holds_cut(const FilterCut& cut, uint32_t bin, bool min_p) {
+  const uint32_t cut_bin = order_key(cut.val) >> 21;
+  return bin == kAllRanked || cut_bin == bin || (min_p && cut_bin > bin);
+}
+__device__ __forceinline__ bool hook_floor_draw(const FilterCut& cut, uint32_t bin) {
+  return bin != kAllRanked && order_key(cut.val) >> 21 > bin;
 }
 
 // What the statistics pass of a row notes of the ids' top key bits for its cut: top-k's first-level
@@ -556,8 +571,7 @@ __device__ FilterCut filter_cut(CutShared& sh, const RowView<T>& r, float top, c
   FilterCut cut = keep_all();
   *kept = kMassUnknown;
   const bool top_p = rs.top_p < 1.0f;
-  const float min_gap = rs.min_p > 0.0f ? log_f32(rs.min_p) : 0.0f;
-  const float floor = rs.min_p > 0.0f ? with_min_p(keep_all(), top, min_gap).val : 0.0f;
+  const float floor = min_p_floor(top, rs.min_p);
   unsigned long long floor_mass = kMassUnknown;
   unsigned long long* floor_sum = rs.min_p > 0.0f ? &floor_mass : nullptr;  // in the first radix pass
   if (threadIdx.x == 0) sh.ranked_n = -1, sh.hooked_n = -1;  // no claim without a radix cut (min-p alone)
@@ -578,7 +592,7 @@ __device__ FilterCut filter_cut(CutShared& sh, const RowView<T>& r, float top, c
     if (floor_sum) floor_mass = top_p_floor;
   }
   if (rs.min_p > 0.0f) {
-    const FilterCut narrowed = with_min_p(cut, top, min_gap);
+    const FilterCut narrowed = floor > cut.val ? FilterCut{floor, 0x7FFFFFFF} : cut;
     if (narrowed.val != cut.val || narrowed.idx != cut.idx) *kept = floor_mass;  // every id above the floor
     cut = narrowed;
   }

@@ -272,7 +272,9 @@ def test_per_sequence_sampling_and_per_request_streams(emu, weight_dtype, read, 
     (dict(top_k=20, top_p=0.8), 2),
     (dict(top_k=2500, top_p=0.9), 3),  # > 2048 ids at or above top-k's bin: top-p ranks another bin
     (dict(min_p=0.05), 2),  # min-p alone: no gather, the draw's own pass
-    (dict(top_k=50, min_p=0.5), 3),  # min-p moves the cut above top-k's bin: a draw pass follows
+    (dict(top_k=50, min_p=0.5), 2),  # min-p moves the cut above top-k's bin: the gather draws above its floor
+    (dict(top_p=0.9, min_p=0.5), 2),  # and above top-p's guided bin
+    (dict(top_k=50, top_p=0.9, min_p=0.5), 2),  # and above the bin top-k's gather ranks for top-p
 ])
 @pytest.mark.parametrize("case", ["plain", "flat", "ties"])
 def test_a_filtered_row_is_read_twice(emu, filters, passes, case):
