@@ -84,7 +84,7 @@ import torch.distributed as dist
 
 from . import ops, reference
 from .reference.sampling import stream_coins
-from .reference.shard_cut import CUT_SHIFTS, cut_key_cut, cut_rank_keys, cut_weight_values
+from .reference.shard_cut import CUT_SHIFTS, cut_keep_all_key, cut_key_cut, cut_rank_keys, cut_weight_values
 from .refiner import RefinerWeights, refiner_hidden
 
 _NONE = torch.iinfo(torch.int64).max  # no id: loses every minimum
@@ -175,7 +175,7 @@ def _local_values(x: torch.Tensor, ids: torch.Tensor, vocab_start: int):
 
 _ID_MAX = 2**31 - 1  # an id past every vocabulary's: a cut at it keeps every tie of its value
 # A cut is the key (cut_rank_keys) of the last id it keeps; the stricter of two is the lesser key.
-_KEEP_ALL = int(cut_rank_keys(torch.tensor(float("-inf")), torch.tensor(_ID_MAX)))  # keeps everything
+_KEEP_ALL = cut_keep_all_key()  # keeps everything
 
 
 def _select(logits, scale, vocab_start: int, ignore_id: int, group, goal, row_max=None, keep=(None, None)):
@@ -253,10 +253,12 @@ def _value_checks() -> bool:
     return os.environ.get("XKERNELS_CHECK", "") not in ("", "0")
 
 
-def _check_k_bound(k: torch.Tensor, active: torch.Tensor, bound: int, values: bool):
+def _check_k_bound(k: torch.Tensor, active: torch.Tensor, bound: int):
+    """top_k_bound's range, and the active rows' top_k k within it (on the CPU; on CUDA with
+    XKERNELS_CHECK=1, a host read)."""
     if not 1 <= bound <= 4096:
         raise ValueError(f"top_k_bound must be in [1, 4096], got {bound}")
-    if values and (k.device.type == "cpu" or _value_checks()):
+    if k.device.type == "cpu" or _value_checks():
         bad = active & ((k < 1) | (k > bound))
         if bool(bad.any()):
             raise ValueError(f"top_k_bound={bound} needs every filtered row's top_k in [1, {bound}], got "
@@ -265,7 +267,7 @@ def _check_k_bound(k: torch.Tensor, active: torch.Tensor, bound: int, values: bo
 
 def filter_cuts(logits: torch.Tensor, big_m: torch.Tensor, vocab_start: int, group, active: torch.Tensor,
                 top_k=None, top_p=None, min_p=None, *, scale: Optional[torch.Tensor] = None, ignore_id: int = -1,
-                top_k_bound: Optional[int] = None, _check_bound: bool = True):
+                top_k_bound: Optional[int] = None):
     """The cut of the filtered target distribution (xkernels.reference.sampling.filter_mask: top-k,
     then top-p renormalised over the top-k set, then min-p) of rows of a vocabulary sharded over
     group, without gathering the rows: logits [R, V_local] this shard's (any float dtype), scaled
@@ -281,6 +283,14 @@ def filter_cuts(logits: torch.Tensor, big_m: torch.Tensor, vocab_start: int, gro
     on the CPU, and on CUDA with XKERNELS_CHECK=1; unchecked, a k outside reads as clamped into
     it). Then top-k, and top-p within it, take no rounds: one shard_cut_candidates pass and 1
     all-gather of top_k_bound keys (and masses, with top_p) a row from each rank; the same cuts."""
+    if top_k is not None and top_k_bound is not None:
+        _check_k_bound(top_k.long(), active, top_k_bound)
+    return _filter_cuts(logits, big_m, vocab_start, group, active, top_k, top_p, min_p, scale, ignore_id, top_k_bound)
+
+
+def _filter_cuts(logits, big_m, vocab_start: int, group, active, top_k, top_p, min_p, scale, ignore_id: int,
+                 top_k_bound: Optional[int]):
+    """filter_cuts without top_k_bound's checks."""
     rows = logits.shape[0]
     dev = logits.device
     scale = torch.ones(rows, device=dev) if scale is None else scale.float()
@@ -290,7 +300,6 @@ def filter_cuts(logits: torch.Tensor, big_m: torch.Tensor, vocab_start: int, gro
         k = top_k.long()
         on = active & (k > 0)  # a k past the finite ids keeps them all (_select's unreached rows)
         if top_k_bound is not None:
-            _check_k_bound(k, active, top_k_bound, _check_bound)
             k_cut, p_cut = _bounded_cuts(logits, scale, vocab_start, ignore_id, group, k, top_k_bound, big_m,
                                          top_p)
         else:
@@ -321,10 +330,11 @@ def _row_cuts(local_logits, inv_t, big_m, point_mass, vocab_start: int, group, f
     (cut_value, cut_id) [N, R]."""
     n, rows, v_local = local_logits.shape
     expand = lambda t: None if t is None else t[:, None].expand(n, rows).reshape(-1)  # noqa: E731
-    cut_value, cut_id = filter_cuts(local_logits.reshape(n * rows, v_local), big_m.reshape(-1), vocab_start, group,
-                                    ~point_mass.reshape(-1), *(expand(f) for f in filters), scale=expand(inv_t),
-                                    ignore_id=ignore_id, top_k_bound=top_k_bound[0],
-                                    _check_bound=top_k_bound[1])
+    bound, checked = top_k_bound
+    cuts = filter_cuts if checked else _filter_cuts  # a scalar top_k's own bound holds every row
+    cut_value, cut_id = cuts(local_logits.reshape(n * rows, v_local), big_m.reshape(-1), vocab_start, group,
+                             ~point_mass.reshape(-1), *(expand(f) for f in filters), scale=expand(inv_t),
+                             ignore_id=ignore_id, top_k_bound=bound)
     return cut_value.view(n, rows), cut_id.view(n, rows)
 
 

@@ -564,7 +564,7 @@ __device__ float row_top_noting_bits(CutShared& sh, const RowView<T>& r, TopBits
 // scaled logit `top` is finite; the statistics pass has noted the top key bits as top_bits says.
 // *kept: as radix_cut's, for the ids all three keep. Where min-p moves the cut (its floor is found
 // without a pass), the ids at or above its floor, which the first radix pass sums (unknown where
-// none ran: min-p alone, or top-k found from the statistics pass's counts and ranked ids alone).
+// none ran: min-p alone, or a top-k past the row's finite ids without top-p).
 template <typename T, typename Hook = NoCutHook>
 __device__ FilterCut filter_cut(CutShared& sh, const RowView<T>& r, float top, const RowSampling& rs, int mass_shift,
                                 unsigned long long* kept, Hook&& hook = Hook{}) {
@@ -580,16 +580,13 @@ __device__ FilterCut filter_cut(CutShared& sh, const RowView<T>& r, float top, c
   if (bits == TopBits::kCount)
     cut = radix_cut(sh, r, top, keep_all(), false, static_cast<uint32_t>(rs.top_k), 1.0f, mass_shift,
                     FirstLevel::kCounts, top_p, kept, hook, floor, floor_sum);
-  if (floor_mass != kMassUnknown) floor_sum = nullptr;
+  if (floor_mass != kMassUnknown) floor_sum = nullptr;  // top-p's passes leave it
   if (top_p) {
     const FirstLevel first = bits == TopBits::kGuide ? FirstLevel::kGuided
                              : sh.ranked_n < 0       ? FirstLevel::kNone
                              : sh.ranked_bin == kAllRanked ? FirstLevel::kRanked
                                                            : FirstLevel::kFed;
-    unsigned long long top_p_floor = kMassUnknown;
-    cut = radix_cut(sh, r, top, cut, true, 0u, rs.top_p, mass_shift, first, false, kept, hook, floor,
-                    floor_sum ? &top_p_floor : nullptr);
-    if (floor_sum) floor_mass = top_p_floor;
+    cut = radix_cut(sh, r, top, cut, true, 0u, rs.top_p, mass_shift, first, false, kept, hook, floor, floor_sum);
   }
   if (rs.min_p > 0.0f) {
     const FilterCut narrowed = floor > cut.val ? FilterCut{floor, 0x7FFFFFFF} : cut;
