@@ -404,9 +404,9 @@ def refine_step(
           a multiple of 8 up to 256) instead streams ``w_read`` once through a fused tensor-core
           kernel that samples on the products (``XKERNELS_REFINE_READ=gemm|fused|auto`` forces one).
           With a filter in the call the epilogue also writes filtered rows' logits to a workspace
-          (``N * D * V`` floats), then a block per filtered row finds its cut by radix selection
-          (no sort) and samples the kept ids in the cut's own gather: two reads of the row; no
-          host sync.
+          (``N * D * V`` floats), then a block per filtered row finds its cut without a sort and
+          samples the kept ids: usually in one read of the row (the epilogue's partial results give
+          its top and bound the cut's ids), else by radix selection in two; no host sync.
     """
     return torch.ops.xkernels.refine_step.default(
         _tensor(ctx, "ctx"), _tensor(prev_tokens, "prev_tokens"), _tensor(base_logits, "base_logits"),

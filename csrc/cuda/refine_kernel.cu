@@ -17,8 +17,9 @@
 //     softmax statistics (observe_group; the logits are never written to HBM)
 //  5. merge:        a warp per row merges its partial results (a shuffle tree)
 //  6. with filters (RefineParams::filter): filtered_pick, a block per row that samples with top-k,
-//     top-p or min-p, finds the row's cut on the logits the epilogue kept, draws over the kept ids
-//     (in the cut's gather) and overwrites the row's merged result
+//     top-p or min-p: from the row's partial results (its top, their maxima bounding the cut) and
+//     the logits the epilogue kept, it finds the row's cut, draws over the kept ids (usually in one
+//     read of them) and overwrites the row's merged result
 // Jacobi adds an update launch per pass (convergence flags live on the device), so max_iters
 // passes are a fixed launch sequence a CUDA graph can capture; blocks of converged sequences,
 // and of slots before a sequence's first change (final), exit at once (the GEMMs run over every
@@ -478,16 +479,48 @@ struct RefineHook {
   }
 };
 
+// The least key filtered_pick_kernel's first pass gathers, from the maxima of the row's partial
+// results (one a block or chunk of the epilogue, each an id's value), ranked: with top-k, the
+// top_k-th largest of them (or their least, when there are fewer), so that at least that many ids
+// are gathered; for top-p alone, the first at which their masses reach top_p of the row's sum (a
+// guess: each is one id's mass). The pass checks that what it gathers holds the cut.
+__device__ uint32_t prefix_least_key(CutShared& sh, const SampledRow* partial, int64_t partials, float top,
+                                     float sum, const RowSampling& rs, int64_t v, int mass_shift) {
+  const int n = static_cast<int>(partials < kCutCandidates ? partials : kCutCandidates);  // any of them bound top-k
+  for (int j = threadIdx.x; j < n; j += kThreads) {
+    sh.cand.key[j] = order_key(partial[j].stats.top.val);
+    sh.cand.id[j] = j;
+  }
+  rank_first(sh, n);
+  int j = n - 1;
+  if (rs.top_k > 0 && rs.top_k < v) {
+    j = rs.top_k < n ? rs.top_k - 1 : n - 1;
+  } else {
+    unsigned long long before;
+    const double target = static_cast<double>(rs.top_p) * static_cast<double>(sum) * static_cast<double>(1ull << mass_shift);
+    const int hit = first_reaching(sh, n, 0, target,
+                                   [&](int i) { return fixed_mass(key_value(sh.cand.key[i]) - top, mass_shift); }, &before);
+    if (hit >= 0) j = hit;
+  }
+  const uint32_t least = sh.cand.key[j];
+  __syncthreads();  // read before the gather overwrites cand
+  return least;
+}
+
 // A block per filtered row of the launch: the Gumbel-max pick over the ids its cut keeps (the
-// noise of the fused epilogue) and its log-probability, overwriting the row's merged result. Two
-// reads of the logits the epilogue kept: the top, noting its key bits for the cut, then the
-// cut's gather, which draws too (where min-p moves the cut, over the ids above its floor, which the
-// gather sums too: the kept sum); the kept ids' sum comes from the ranked candidates. A draw pass
-// follows where the gather does not hold the final cut (min-p alone, a second radix level).
+// noise of the fused epilogue) and its log-probability, overwriting the row's merged result. The
+// row's top comes from its partial results, so one read of the logits the epilogue kept usually
+// picks it: min-p alone draws in it; top-k and top-p gather the ranking's first ids in it
+// (prefix_least_key), and where those hold the cut, rank them and draw from them. Where they do not
+// (top_k above the partials and their gather, too many ids at the bound, top-p's guess short),
+// that read has noted the top key bits, and the cut's radix passes follow (its gather draws too;
+// where min-p moves the cut, over the ids above its floor, which the gather sums: the kept sum), a
+// draw pass after them where the gather does not hold the final cut (a second radix level).
 // A row without a softmax (a NaN, +inf, or all -inf) keeps the merged result (no cut, as the
 // reference). One block an SM: the selection with the draw in its gather takes the registers.
 __global__ void __launch_bounds__(kThreads, 1) filtered_pick_kernel(RefineParams p, RowSet rs, RefineWorkspace w,
-                                                                    int mass_shift, int64_t* tokens, float* logprobs) {
+                                                                    int64_t partials, int mass_shift, int64_t* tokens,
+                                                                    float* logprobs) {
   __shared__ CutShared sh;
   const int64_t m = blockIdx.x;
   if (!row_live(p, rs, m)) return;  // the whole block
@@ -496,23 +529,51 @@ __global__ void __launch_bounds__(kThreads, 1) filtered_pick_kernel(RefineParams
   const RowSampling samp = p.s.row(n);
   const RowNoise rn = row_noise(p, n, d);
   const RowView<float> r{w.logits + m * p.v, p.v, rn.scale};
-  const float t = row_top_noting_bits(sh, r, top_bits(samp, p.v));
+  const SampledRow* partial = w.partial + m * partials;
+  SampledRow merged = sampled_empty();
+  for (int64_t c = threadIdx.x; c < partials; c += kThreads) merged = sampled_merge(merged, partial[c]);
+  merged = block_merge_all(merged, sampled_empty());
+  const float t = merged.stats.top.val;  // the epilogue's top: the largest a of the kept logits
   if (!is_finite_f32(t)) return;  // the whole block
-  RefineHook hook{rn, min_p_floor(t, samp.min_p), sampled_empty(), sampled_empty()};
-  unsigned long long kept;
-  const FilterCut cut = filter_cut(sh, r, t, samp, mass_shift, &kept, hook);
-  const int hooked = sh.hooked_n;
-  const uint32_t bin = sh.hooked_bin;
-  const bool drawn = hooked >= 0 && hook_holds_cut(cut, bin, samp.min_p > 0.0f);
+  const bool cut_filters = (samp.top_k > 0 && samp.top_k < p.v) || samp.top_p < 1.0f;
+  const float floor = min_p_floor(t, samp.min_p);
+  FilterCut cut{floor, 0x7FFFFFFF};  // min-p alone
+  unsigned long long kept = kMassUnknown;
+  int prefix = -1;  // the gathered ids that hold the cut, ranked in cand
+  if (cut_filters) {
+    const uint32_t least = prefix_least_key(sh, partial, partials, t, merged.stats.sum, samp, p.v, mass_shift);
+    unsigned long long total = 0;
+    const bool by_k = samp.top_k > 0 && samp.top_k < p.v;
+    const int got = gather_ranking_prefix(sh, r, t, least, top_bits(samp, p.v), mass_shift, !by_k, total);
+    if (got <= kCutCandidates) {
+      rank_first(sh, got);
+      if (prefix_cut(sh, got, t, samp, p.v, total, mass_shift, &cut, &kept)) prefix = got;
+    }
+  }
   SampledRow best = sampled_empty();
+  bool drawn = prefix >= 0;
   if (drawn) {
-    if (bin != kAllRanked) best = hook_floor_draw(cut, bin) ? hook.above_floor : hook.best;
-    for (int j = threadIdx.x; j < hooked; j += kThreads) {
+    for (int j = threadIdx.x; j < prefix; j += kThreads) {
       const float a = key_value(sh.cand.key[j]);
       const int32_t id = sh.cand.id[j];
       if (filter_keeps(cut, a, id)) sampled_observe(best, a, id_noise(rn, id), id);
     }
-  } else {
+  } else if (cut_filters) {
+    RefineHook hook{rn, floor, sampled_empty(), sampled_empty()};
+    cut = filter_cut(sh, r, t, samp, mass_shift, &kept, hook);
+    const int hooked = sh.hooked_n;
+    const uint32_t bin = sh.hooked_bin;
+    drawn = hooked >= 0 && hook_holds_cut(cut, bin, samp.min_p > 0.0f);
+    if (drawn) {
+      if (bin != kAllRanked) best = hook_floor_draw(cut, bin) ? hook.above_floor : hook.best;
+      for (int j = threadIdx.x; j < hooked; j += kThreads) {
+        const float a = key_value(sh.cand.key[j]);
+        const int32_t id = sh.cand.id[j];
+        if (filter_keeps(cut, a, id)) sampled_observe(best, a, id_noise(rn, id), id);
+      }
+    }
+  }
+  if (!drawn) {
     XK_ROW_PASS();
     for (int64_t q = threadIdx.x; 4 * q < p.v; q += kThreads) {
       float x[4];
@@ -527,7 +588,7 @@ __global__ void __launch_bounds__(kThreads, 1) filtered_pick_kernel(RefineParams
   }
   __syncthreads();  // the candidates are read before block_merge's buffer, and kept_sum, reuse shared memory
   best = block_merge(best, sampled_empty());
-  // Drawn from the gather, the row's statistics are those of the kept ids: their sum from the cut.
+  // Drawn from a gather, the row's statistics are those of the kept ids: their sum from the cut.
   const float sum = drawn ? kept_sum(r, cut, t, kept, mass_shift) : 0.0f;
   if (threadIdx.x == 0) {
     const int64_t at = row_index(p, rs, m);
@@ -688,7 +749,8 @@ cudaError_t pass(const RefineParams& p, const ReadGemmRunner& gemm, const RowSet
   XK_RETURN_IF_FAILED(cudaGetLastError());
   if (p.filter) {
     // Rows that are not filtered (or not live) get a keep-all cut or one of stale logits, unread.
-    filtered_pick_kernel<<<rows, kThreads, 0, stream>>>(p, rs, w, cut_mass_shift(p.v), tokens, logprobs);
+    filtered_pick_kernel<<<rows, kThreads, 0, stream>>>(p, rs, w, plan.partials, cut_mass_shift(p.v), tokens,
+                                                        logprobs);
     XK_RETURN_IF_FAILED(cudaGetLastError());
   }
   return cudaSuccess;

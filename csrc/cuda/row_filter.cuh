@@ -560,6 +560,82 @@ __device__ float row_top_noting_bits(CutShared& sh, const RowView<T>& r, TopBits
   return block_merge_all(top, argmax_empty()).val;  // its barriers complete the top bits
 }
 
+// The first pass of a filtered row whose top is known before it is read (the refine ops' epilogue
+// merged it): notes the row's top key bits for the cut as row_top_noting_bits does, and gathers into
+// cand every finite id of key `least` or more, the ranking's first ids (unranked). total: with
+// sum_mass, every finite id's fixed-point mass (top-p's target without top-k), else 0. Returns how
+// many ids it gathered, kCutCandidates + 1 where they did not fit.
+template <typename T>
+__device__ int gather_ranking_prefix(CutShared& sh, const RowView<T>& r, float top, uint32_t least, TopBits bits,
+                                     int mass_shift, bool sum_mass, unsigned long long& total) {
+  if (bits != TopBits::kNone) clear_top_bits(sh);
+  if (threadIdx.x == 0) sh.n_cand = 0;
+  __syncthreads();
+  unsigned long long mass = 0;
+  r.for_each_any_order([&](int64_t i, float a) {
+    observe_top_bits(sh, a, bits);
+    if (a == kNegInf) return;
+    if (sum_mass) mass += fixed_mass(a - top, mass_shift);
+    const uint32_t key = order_key(a);
+    if (key < least) return;
+    const uint32_t slot = atomicAdd(&sh.n_cand, 1u);
+    if (slot < static_cast<uint32_t>(kCutCandidates)) {
+      sh.cand.key[slot] = key;
+      sh.cand.id[slot] = static_cast<int32_t>(i);
+    }
+  });
+  block_exclusive_scan(sh, mass, &total);  // its barriers complete the gather and the top bits
+  const uint32_t n = sh.n_cand;
+  __syncthreads();  // read before a cut resets it
+  return n <= static_cast<uint32_t>(kCutCandidates) ? static_cast<int>(n) : kCutCandidates + 1;
+}
+
+// Sorts cand[0, n) (n <= kCutCandidates) into ranking order, padding it to a power of two.
+__device__ __forceinline__ void rank_first(CutShared& sh, int n) {
+  int n2 = 1;
+  while (n2 < n) n2 <<= 1;
+  for (int j = n + threadIdx.x; j < n2; j += block_threads()) {  // rank last
+    sh.cand.key[j] = 0;
+    sh.cand.id[j] = 0x7FFFFFFF;
+  }
+  __syncthreads();
+  rank_candidates(sh, n2);
+}
+
+// The cut of all three filters (as filter_cut's) from the ranking's first n ids, ranked in
+// cand[0, n) (n <= kCutCandidates), given `total`, every finite id's fixed-point mass (read for top-p
+// without top-k only): false where those ids do not hold the cut (fewer than top_k; without top-k,
+// less than top_p of the row's mass). *kept: the kept ids' fixed-point mass.
+__device__ inline bool prefix_cut(CutShared& sh, int n, float top, const RowSampling& rs, int64_t v,
+                                  unsigned long long total, int mass_shift, FilterCut* cut, unsigned long long* kept) {
+  const bool by_k = rs.top_k > 0 && rs.top_k < v, by_p = rs.top_p < 1.0f;
+  if (by_k && n < rs.top_k) return false;
+  const int within = by_k ? static_cast<int>(rs.top_k) : n;  // the ids top-k keeps
+  const auto mass = [&](int j) { return fixed_mass(key_value(sh.cand.key[j]) - top, mass_shift); };
+  unsigned long long local = 0, within_mass;
+  for (int j = threadIdx.x; j < within; j += block_threads()) local += mass(j);
+  block_exclusive_scan(sh, local, &within_mass);
+  int last = within - 1;
+  *kept = within_mass;
+  if (by_p) {
+    unsigned long long before;
+    const double target = static_cast<double>(rs.top_p) * static_cast<double>(by_k ? within_mass : total);
+    const int j = first_reaching(sh, within, 0, target, mass, &before);
+    if (j < 0 && !by_k) return false;
+    if (j >= 0) last = j, *kept = before + mass(j);  // j < 0 with top-k: only by rounding, its cut
+  }
+  *cut = FilterCut{key_value(sh.cand.key[last]), sh.cand.id[last]};
+  const float floor = min_p_floor(top, rs.min_p);  // +inf without min-p
+  if (rs.min_p > 0.0f && floor > cut->val) {  // min-p keeps the ids at or above its floor, all ranked here
+    local = 0;
+    for (int j = threadIdx.x; j <= last; j += block_threads())
+      if (key_value(sh.cand.key[j]) >= floor) local += mass(j);
+    block_exclusive_scan(sh, local, kept);
+    *cut = FilterCut{floor, 0x7FFFFFFF};
+  }
+  return true;
+}
+
 // The cut of all three filters (top-k, then top-p within it, then min-p) of a row whose largest
 // scaled logit `top` is finite; the statistics pass has noted the top key bits as top_bits says.
 // *kept: as radix_cut's, for the ids all three keep. Where min-p moves the cut (its floor is found

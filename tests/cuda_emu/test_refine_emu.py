@@ -266,25 +266,30 @@ def test_per_sequence_sampling_and_per_request_streams(emu, weight_dtype, read, 
             torch.testing.assert_close(alone[1][0], got_logprobs[i], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("filters,passes", [
-    (dict(top_k=50), 2),
-    (dict(top_p=0.9), 2),
-    (dict(top_k=20, top_p=0.8), 2),
-    (dict(top_k=2500, top_p=0.9), 3),  # > 2048 ids at or above top-k's bin: top-p ranks another bin
-    (dict(min_p=0.05), 2),  # min-p alone: no gather, the draw's own pass
-    (dict(top_k=50, min_p=0.5), 2),  # min-p moves the cut above top-k's bin: the gather draws above its floor
-    (dict(top_p=0.9, min_p=0.5), 2),  # and above top-p's guided bin
-    (dict(top_k=50, top_p=0.9, min_p=0.5), 2),  # and above the bin top-k's gather ranks for top-p
-])
-@pytest.mark.parametrize("case", ["plain", "flat", "ties"])
-def test_a_filtered_row_is_read_twice(emu, filters, passes, case):
-    """filtered_pick reads each filtered row's kept logits twice in all (the top, noting the cut's
-    top key bits, then the cut's gather, which draws too), where the filters table of
-    bench/floors.md says, and no other row; tokens and log-probabilities equal the reference's on
-    plain rows, flat ones (top-p's cut far below the top: many bins drawn in the gather) and rows
-    of few distinct values (the cut inside a run of ties, broken to the lower id)."""
-    n, d, v = 5, 3, 3001
-    ctx, prev, base, weights = make_case(n, 4, d, v, 16, 8, seed=21)
+# The reads filtered_pick takes of the 6 filtered rows below (2 sequences of 3 slots), at 8 SMs (3
+# partial results a row: their maxima bound few ids) and at 132 (36). Its first read gathers the
+# ranking's first ids, down to the top_k-th largest partial maximum (or their least): they hold top-k's
+# cut whenever top_k <= the partials (20 and 36 at 132 SMs), and on these rows at 50 and 37 too;
+# top-p alone guesses from the maxima's masses (half its rows at 3 partials). Where the gather does
+# not hold the cut, the cut's radix passes follow it (a gather that draws: 2 reads), 3 where more
+# than 2,048 ids lie at or above top-k's bin. Min-p alone draws in the first read.
+READS_OF_FILTERED_ROWS = [
+    (dict(top_k=50), 12, 6),
+    (dict(top_k=20), 12, 6),
+    (dict(top_k=36), 12, 6),
+    (dict(top_k=37), 12, 6),
+    (dict(top_p=0.9), 9, 6),
+    (dict(top_k=20, top_p=0.8), 12, 6),
+    (dict(top_k=2500, top_p=0.9), 18, 18),
+    (dict(min_p=0.05), 6, 6),
+    (dict(top_k=50, min_p=0.5), 12, 6),  # min-p moves the cut above top-k's: from the ranked ids, or the hook's floor draw
+    (dict(top_p=0.9, min_p=0.5), 9, 6),
+    (dict(top_k=50, top_p=0.9, min_p=0.5), 12, 6),
+]
+
+
+def filtered_rows_case(case, filters, n=5, d=3, v=3001, **kw):
+    ctx, prev, base, weights = make_case(n, 4, d, v, 16, 8, seed=21, **kw)
     base = {"plain": base * 2, "flat": base * 0.2, "ties": (base * 2).round()}[case]
     on = torch.tensor([1, 1, 0, 0, 0], dtype=torch.bool)  # greedy, and unfiltered sampled, rows besides
     params = dict(temperature=torch.tensor([1.0, 0.8, 0.0, 0.7, 1.0]),
@@ -293,11 +298,72 @@ def test_a_filtered_row_is_read_twice(emu, filters, passes, case):
                   min_p=torch.where(on, filters.get("min_p", 0.0), 0.0),
                   seed=torch.arange(n) * 7919, offset=torch.arange(n) * 3)
     params["top_k"][2] = 5  # a greedy row's filter does nothing
+    return (ctx, prev, base, weights), params
+
+
+@pytest.mark.parametrize("filters,reads_8,reads_132", READS_OF_FILTERED_ROWS)
+@pytest.mark.parametrize("case", ["plain", "flat", "ties"])
+def test_reads_of_a_filtered_row(emu, filters, reads_8, reads_132, case):
+    """filtered_pick reads each filtered row's kept logits as READS_OF_FILTERED_ROWS says (and no
+    other row), and its tokens and log-probabilities equal the reference's, on plain rows, flat ones
+    (top-p's cut far below the top: its guess falls short, many bins drawn in the gather) and rows
+    of few distinct values (the cut inside a run of ties, broken to the lower id)."""
+    args, params = filtered_rows_case(case, filters)
+    want_tokens, want_logprobs = reference.refine_step(*args, **params)
+    for num_sms, reads in [(8, reads_8), (132, reads_132)]:
+        assert emu.refine_plan(5, 4, 3, 16, 8, 3001, 15, True, num_sms=num_sms)[0].partials == {8: 3, 132: 36}[num_sms]
+        emu.take_row_passes()
+        tokens, logprobs, _ = emu.refine("refine_step", *args, **params, num_sms=num_sms)
+        counted = emu.take_row_passes()
+        assert torch.equal(tokens, want_tokens), num_sms
+        torch.testing.assert_close(logprobs, want_logprobs, atol=1e-4, rtol=1e-4)
+        if case == "plain":
+            assert counted == reads, num_sms
+
+
+def test_one_read_on_the_fused_read_is_the_radix_passes_result(emu):
+    """The fused read's partial results (one a block: 16 at 8 SMs, 47 at 132) bound top_k=47 at 132
+    SMs: one read there; at 8 the first read holds the cut on 3 of the 6 rows, the radix passes
+    follow on the others. The logits are the same products either way, so tokens and
+    log-probabilities of the filtered rows (their sums fixed point) are bitwise equal."""
+    args, params = filtered_rows_case("plain", dict(top_k=47, top_p=0.8, min_p=0.05), weight_dtype=torch.bfloat16)
+    got = {}
+    for num_sms, reads in [(8, 9), (132, 6)]:
+        plan = emu.refine_plan(5, 4, 3, 16, 8, 3001, 15, True, torch.bfloat16, num_sms=num_sms, mode="fused")[0]
+        assert plan.fused and plan.partials == {8: 16, 132: 47}[num_sms]
+        emu.take_row_passes()
+        got[num_sms] = emu.refine("refine_step", *args, **params, num_sms=num_sms, read="fused")[:2]
+        assert emu.take_row_passes() == reads
+    assert torch.equal(got[8][0], got[132][0]) and torch.equal(got[8][1][:2], got[132][1][:2])
+    torch.testing.assert_close(got[8][1], got[132][1])  # the others' float sums merge 16 or 47 partials
+
+
+@pytest.mark.parametrize("filters", [dict(top_k=20), dict(top_p=0.9), dict(top_k=30, top_p=0.9, min_p=0.1)])
+@pytest.mark.parametrize("finite", [5, 40, 600])
+def test_a_filtered_row_with_few_finite_ids(emu, filters, finite):
+    """Rows whose ids past the first `finite` are -inf, so that most partial results' maxima are -inf:
+    the first read's bound then gathers every finite id (fewer than top_k at 5: the cut keeps them
+    all, as the reference's)."""
+    args, params = filtered_rows_case("plain", filters)
+    args[2][:, :, finite:] = float("-inf")
+    want_tokens, want_logprobs = reference.refine_step(*args, **params)
+    for num_sms in (8, 132):
+        tokens, logprobs, _ = emu.refine("refine_step", *args, **params, num_sms=num_sms)
+        assert torch.equal(tokens, want_tokens), num_sms
+        torch.testing.assert_close(logprobs, want_logprobs, atol=1e-4, rtol=1e-4)
+
+
+def test_more_partial_results_than_the_buffer(emu):
+    """One row of 10,001 ids at 1,024 SMs: 2,501 partial results (chunks of 4 ids), more than the
+    2,048 the bound ranks; any 2,048 of them bound top-k alike, so one read still picks the row."""
+    ctx, prev, base, weights = make_case(1, 4, 1, 10001, 16, 8, seed=5)
+    params = dict(temperature=torch.tensor([1.0]), top_k=torch.tensor([100], dtype=torch.int32),
+                  top_p=torch.tensor([0.95]), seed=torch.tensor([3]), offset=torch.tensor([0]))
+    plan = emu.refine_plan(1, 4, 1, 16, 8, 10001, 1, True, num_sms=1024)[0]
+    assert plan.partials == 2501
     emu.take_row_passes()
-    tokens, logprobs, _ = emu.refine("refine_step", ctx, prev, base, weights, **params, num_sms=8)
-    counted = emu.take_row_passes()
+    tokens, logprobs, _ = emu.refine("refine_step", ctx, prev, base, weights, **params, num_sms=1024)
+    assert emu.take_row_passes() == 1
     want_tokens, want_logprobs = reference.refine_step(ctx, prev, base, weights, **params)
     assert torch.equal(tokens, want_tokens)
     torch.testing.assert_close(logprobs, want_logprobs, atol=1e-4, rtol=1e-4)
-    if case == "plain":
-        assert counted == passes * 2 * d
