@@ -539,7 +539,8 @@ __global__ void __launch_bounds__(kThreads, 1) filtered_pick_kernel(RefineParams
   const float floor = min_p_floor(t, samp.min_p);
   FilterCut cut{floor, 0x7FFFFFFF};  // min-p alone
   unsigned long long kept = kMassUnknown;
-  int prefix = -1;  // the gathered ids that hold the cut, ranked in cand
+  // Drawn from cand: the kept ids are those of cand[0, ranked) the cut keeps (and a hook's).
+  int ranked = -1;
   if (cut_filters) {
     const uint32_t least = prefix_least_key(sh, partial, partials, t, merged.stats.sum, samp, p.v, mass_shift);
     unsigned long long total = 0;
@@ -547,31 +548,23 @@ __global__ void __launch_bounds__(kThreads, 1) filtered_pick_kernel(RefineParams
     const int got = gather_ranking_prefix(sh, r, t, least, top_bits(samp, p.v), mass_shift, !by_k, total);
     if (got <= kCutCandidates) {
       rank_first(sh, got);
-      if (prefix_cut(sh, got, t, samp, p.v, total, mass_shift, &cut, &kept)) prefix = got;
+      if (prefix_cut(sh, got, t, samp, p.v, total, mass_shift, &cut, &kept)) ranked = got;
     }
   }
   SampledRow best = sampled_empty();
-  bool drawn = prefix >= 0;
-  if (drawn) {
-    for (int j = threadIdx.x; j < prefix; j += kThreads) {
-      const float a = key_value(sh.cand.key[j]);
-      const int32_t id = sh.cand.id[j];
-      if (filter_keeps(cut, a, id)) sampled_observe(best, a, id_noise(rn, id), id);
-    }
-  } else if (cut_filters) {
+  bool drawn = ranked >= 0;
+  if (!drawn && cut_filters) {
     RefineHook hook{rn, floor, sampled_empty(), sampled_empty()};
     cut = filter_cut(sh, r, t, samp, mass_shift, &kept, hook);
-    const int hooked = sh.hooked_n;
+    ranked = sh.hooked_n;
     const uint32_t bin = sh.hooked_bin;
-    drawn = hooked >= 0 && hook_holds_cut(cut, bin, samp.min_p > 0.0f);
-    if (drawn) {
-      if (bin != kAllRanked) best = hook_floor_draw(cut, bin) ? hook.above_floor : hook.best;
-      for (int j = threadIdx.x; j < hooked; j += kThreads) {
-        const float a = key_value(sh.cand.key[j]);
-        const int32_t id = sh.cand.id[j];
-        if (filter_keeps(cut, a, id)) sampled_observe(best, a, id_noise(rn, id), id);
-      }
-    }
+    drawn = ranked >= 0 && hook_holds_cut(cut, bin, samp.min_p > 0.0f);
+    if (drawn && bin != kAllRanked) best = hook_floor_draw(cut, bin) ? hook.above_floor : hook.best;
+  }
+  for (int j = threadIdx.x; drawn && j < ranked; j += kThreads) {
+    const float a = key_value(sh.cand.key[j]);
+    const int32_t id = sh.cand.id[j];
+    if (filter_keeps(cut, a, id)) sampled_observe(best, a, id_noise(rn, id), id);
   }
   if (!drawn) {
     XK_ROW_PASS();
