@@ -493,7 +493,7 @@ __device__ uint32_t prefix_least_key(CutShared& sh, const SampledRow* partial, i
   }
   rank_first(sh, n);
   int j = n - 1;
-  if (rs.top_k > 0 && rs.top_k < v) {
+  if (top_bits(rs, v) == TopBits::kCount) {
     j = rs.top_k < n ? rs.top_k - 1 : n - 1;
   } else {
     unsigned long long before;
@@ -535,7 +535,8 @@ __global__ void __launch_bounds__(kThreads, 1) filtered_pick_kernel(RefineParams
   merged = block_merge_all(merged, sampled_empty());
   const float t = merged.stats.top.val;  // the epilogue's top: the largest a of the kept logits
   if (!is_finite_f32(t)) return;  // the whole block
-  const bool cut_filters = (samp.top_k > 0 && samp.top_k < p.v) || samp.top_p < 1.0f;
+  const TopBits bits = top_bits(samp, p.v);  // kNone: min-p alone
+  const bool cut_filters = bits != TopBits::kNone;
   const float floor = min_p_floor(t, samp.min_p);
   FilterCut cut{floor, 0x7FFFFFFF};  // min-p alone
   unsigned long long kept = kMassUnknown;
@@ -544,8 +545,7 @@ __global__ void __launch_bounds__(kThreads, 1) filtered_pick_kernel(RefineParams
   if (cut_filters) {
     const uint32_t least = prefix_least_key(sh, partial, partials, t, merged.stats.sum, samp, p.v, mass_shift);
     unsigned long long total = 0;
-    const bool by_k = samp.top_k > 0 && samp.top_k < p.v;
-    const int got = gather_ranking_prefix(sh, r, t, least, top_bits(samp, p.v), mass_shift, !by_k, total);
+    const int got = gather_ranking_prefix(sh, r, t, least, bits, mass_shift, bits != TopBits::kCount, total);
     if (got <= kCutCandidates) {
       rank_first(sh, got);
       if (prefix_cut(sh, got, t, samp, p.v, total, mass_shift, &cut, &kept)) ranked = got;

@@ -208,6 +208,18 @@ __device__ __forceinline__ void rank_candidates(CutShared& sh, int n2) {
       });
 }
 
+// Sorts cand[0, n) (n <= kCutCandidates) into ranking order, padding it to a power of two.
+__device__ __forceinline__ void rank_first(CutShared& sh, int n) {
+  int n2 = 1;
+  while (n2 < n) n2 <<= 1;
+  for (int j = n + threadIdx.x; j < n2; j += block_threads()) {  // rank last
+    sh.cand.key[j] = 0;
+    sh.cand.id[j] = 0x7FFFFFFF;
+  }
+  __syncthreads();
+  rank_candidates(sh, n2);
+}
+
 // The largest value of first-level bin d (key bits 31-21): finite for the bins of finite values.
 __device__ __forceinline__ float bin_ceiling(uint32_t d) { return key_value((d << 21) | 0x1FFFFFu); }
 
@@ -418,14 +430,7 @@ __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, co
           });
           finish_floor();
         }
-        int n2 = 1;
-        while (n2 < static_cast<int>(n)) n2 <<= 1;
-        for (int j = static_cast<int>(n) + threadIdx.x; j < n2; j += block_threads()) {  // rank last
-          sh.cand.key[j] = 0;
-          sh.cand.id[j] = 0x7FFFFFFF;
-        }
-        __syncthreads();
-        rank_candidates(sh, n2);
+        rank_first(sh, static_cast<int>(n));
       }
       const auto id_sum = [&](int j) -> unsigned long long { return by_mass ? mass_of(sh.cand.key[j]) : 1ull; };
       unsigned long long before_j;
@@ -590,25 +595,13 @@ __device__ int gather_ranking_prefix(CutShared& sh, const RowView<T>& r, float t
   return n <= static_cast<uint32_t>(kCutCandidates) ? static_cast<int>(n) : kCutCandidates + 1;
 }
 
-// Sorts cand[0, n) (n <= kCutCandidates) into ranking order, padding it to a power of two.
-__device__ __forceinline__ void rank_first(CutShared& sh, int n) {
-  int n2 = 1;
-  while (n2 < n) n2 <<= 1;
-  for (int j = n + threadIdx.x; j < n2; j += block_threads()) {  // rank last
-    sh.cand.key[j] = 0;
-    sh.cand.id[j] = 0x7FFFFFFF;
-  }
-  __syncthreads();
-  rank_candidates(sh, n2);
-}
-
 // The cut of all three filters (as filter_cut's) from the ranking's first n ids, ranked in
 // cand[0, n) (n <= kCutCandidates), given `total`, every finite id's fixed-point mass (read for top-p
 // without top-k only): false where those ids do not hold the cut (fewer than top_k; without top-k,
 // less than top_p of the row's mass). *kept: the kept ids' fixed-point mass.
 __device__ inline bool prefix_cut(CutShared& sh, int n, float top, const RowSampling& rs, int64_t v,
                                   unsigned long long total, int mass_shift, FilterCut* cut, unsigned long long* kept) {
-  const bool by_k = rs.top_k > 0 && rs.top_k < v, by_p = rs.top_p < 1.0f;
+  const bool by_k = top_bits(rs, v) == TopBits::kCount, by_p = rs.top_p < 1.0f;
   if (by_k && n < rs.top_k) return false;
   const int within = by_k ? static_cast<int>(rs.top_k) : n;  // the ids top-k keeps
   const auto mass = [&](int j) { return fixed_mass(key_value(sh.cand.key[j]) - top, mass_shift); };
