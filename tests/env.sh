@@ -13,6 +13,9 @@ XK_PY="$XK_VENV/bin/python"
 "$XK_PY" -m pip install -q --disable-pip-version-check "${XKERNELS_TORCH:-torch==2.14.1}" numpy scipy pytest \
   pytest-benchmark setuptools wheel tokenizers safetensors tqdm matplotlib transformers
 mkdir -p "$XK_ROOT/build"
+# One build at a time in a checkout: two test runs started together would share build/cmake.
+exec {XK_LOCK}> "$XK_ROOT/build/.install.lock"
+flock "$XK_LOCK"
 if ! "$XK_PY" -m pip install -v --disable-pip-version-check --no-build-isolation -e "$XK_ROOT" \
     > "$XK_ROOT/build/install.log" 2>&1; then
   tail -60 "$XK_ROOT/build/install.log"
@@ -20,4 +23,5 @@ if ! "$XK_PY" -m pip install -v --disable-pip-version-check --no-build-isolation
   exit 1
 fi
 grep -E "^ *xkernels build:" "$XK_ROOT/build/install.log" | sort -u
+flock -u "$XK_LOCK"
 export XK_ROOT XK_VENV XK_PY
