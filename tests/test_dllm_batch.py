@@ -1,12 +1,13 @@
-"""Batched block diffusion decoding: at T = 0 every sequence's tokens are dllm_generate's (ragged
-prompts, a threshold that completes blocks at different steps, different max_new_tokens); at T > 0
-each sequence's first token follows the model's distribution."""
+"""Batched block diffusion decoding: every sequence's tokens and calls are dllm_generate's (ragged
+prompts, a threshold that completes blocks at different steps, different max_new_tokens, Spiffy),
+at T = 0 and T > 0; at T > 0 each sequence's first token follows the model's distribution."""
 
 import pytest
 import torch
 
 from xkernels.decoding import dllm_generate, dllm_generate_batch
-from tests.test_spiffy import tiny_model
+from xkernels.spiffy import DraftGraph, SpiffyConfig
+from tests.test_spiffy import hand_graph, tiny_model
 from tests.utils import chi_squared_pvalue
 
 
@@ -17,9 +18,10 @@ def test_greedy_batch_decodes_what_each_prompt_decodes_alone(threshold):
     prompts = [torch.randint(2, 64, (n,), generator=g) for n in (5, 1, 13, 8)]
     max_new = [20, 9, 16, 3]
     got, stats = dllm_generate_batch(model, prompts, max_new, block_size=8, threshold=threshold)
-    for prompt, n, tokens in zip(prompts, max_new, got):
-        want, _ = dllm_generate(model, prompt, n, block_size=8, threshold=threshold)
+    for prompt, n, tokens, mine in zip(prompts, max_new, got, stats.sequences):
+        want, alone = dllm_generate(model, prompt, n, block_size=8, threshold=threshold)
         assert torch.equal(tokens, want)
+        assert (mine.model_calls, mine.steps_per_call) == (alone.model_calls, alone.steps_per_call)
     assert stats.new_tokens == sum(max_new)
     if threshold is None:  # one position per step
         assert stats.steps == sum(-(-n // 8) * 8 for n in max_new)
@@ -64,3 +66,33 @@ def test_a_sampled_sequence_decodes_what_it_decodes_alone(threshold):
     permuted, _ = dllm_generate_batch(model, [prompts[i] for i in perm], [max_new[i] for i in perm], block_size=8,
                                       threshold=threshold, temperature=1.0, seed=[seeds[i] for i in perm])
     assert all(torch.equal(a, got[i]) for a, i in zip(permuted, perm))
+
+
+CHAIN = DraftGraph([[]] + [[(i, 0) for i in range(d)] for d in range(1, 5)], [(d, d + 1) for d in range(4)])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("threshold", [None, 0.3])
+def test_batched_spiffy_decodes_and_calls_what_each_sequence_does_alone(temperature, threshold):
+    """With Spiffy, sequence i (ragged prompts and lengths, its own seed) gets dllm_generate's tokens,
+    and its own count of model calls, steps per call and drafts verified: the batch rows' drafts are
+    filled from each sequence's own last step distribution, and a finished sequence drafts nothing."""
+    model = tiny_model()
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(2, 64, (n,), generator=g) for n in (5, 1, 13, 8)]
+    max_new, seeds = [20, 9, 16, 3], [4, 40, -1, 2**63 - 1]
+    for graph, keep in [(CHAIN, 4), (hand_graph(), 5)]:
+        spiffy = SpiffyConfig(graph, keep)
+        got, stats = dllm_generate_batch(model, prompts, max_new, block_size=8, threshold=threshold,
+                                         temperature=temperature, seed=seeds, spiffy=spiffy)
+        vanilla_calls = 0
+        for prompt, n, seed, tokens, mine in zip(prompts, max_new, seeds, got, stats.sequences):
+            kwargs = dict(block_size=8, threshold=threshold, temperature=temperature, seed=seed)
+            want, alone = dllm_generate(model, prompt, n, spiffy=spiffy, **kwargs)
+            assert torch.equal(tokens, want)
+            assert (mine.model_calls, mine.steps_per_call, mine.drafts) == \
+                (alone.model_calls, alone.steps_per_call, alone.drafts)
+            vanilla_calls += dllm_generate(model, prompt, n, **kwargs)[1].model_calls
+        assert stats.drafts == sum(s.drafts for s in stats.sequences) > 0
+        if threshold is None:  # one token per step: the drafts save calls
+            assert sum(s.model_calls for s in stats.sequences) < vanilla_calls

@@ -37,6 +37,7 @@ class DllmStats:
     seconds: float = 0.0
     drafts: int = 0  # drafts verified, over all calls
     steps_per_call: List[int] = field(default_factory=list)  # steps committed by each block call
+    sequences: List["DllmStats"] = field(default_factory=list)  # dllm_generate_batch: each sequence's own
 
     @property
     def tokens_per_second(self) -> float:

@@ -1,17 +1,22 @@
-"""Block diffusion decoding of many prompts at once (dllm_generate's vanilla loop, batched).
+"""Block diffusion decoding of many prompts at once (dllm_generate's loop, batched), with Spiffy.
 
-Every sequence decodes its own block in the rows of one forward: the blocks [N, L] at positions
-after each sequence's prefix (a StaticKVCache with per-sequence lengths), each attending to its
-prefix and, bidirectionally, to itself. The same forward writes the blocks' keys and values after
-the prefixes; a sequence whose block was complete before the step keeps them (its length advances
+Every sequence decodes its own block in one forward: per sequence, its block and its K draft copies
+[N, (1 + K) * L] laid out one after another after the sequence's prefix (a StaticKVCache with
+per-sequence lengths), every copy at the block's positions, attending to the prefix and,
+bidirectionally, to itself only (xkernels.spiffy_attention_mask's rule, with each sequence's own
+prefix length). The forward writes the copies' keys and values after the prefix; the first L are
+the block's, so a sequence whose block was complete before the call keeps them (its length advances
 by L: the commit call of dllm_generate, in a row of a shared call) and starts a new block of masks,
-while the others take their dllm_step. Sequences therefore finish blocks at their own steps (with
-a threshold, ragged), and the host reads once per step which blocks completed and their tokens.
+while the others take their step: dllm_step's, or with Spiffy spiffy_accept's walk through the
+drafts that spiffy_materialize filled from the sequence's last step distribution (none in a
+block's first call, as in dllm_generate). Sequences therefore finish blocks at their own steps
+(with a threshold or Spiffy, ragged), and the host reads once per call which blocks completed,
+their tokens and the steps taken (with Spiffy on the CPU once more: how many drafts to compute).
 
 Each sequence's noise is dllm_generate's: its own seed, and the offset of its block and step within
 it (the ops' per-request form), so at any temperature sequence i gets dllm_generate(model,
-prompts[i], ..., seed=its seed)'s tokens whatever the rest of the batch holds (up to the rounding of
-the batched forward).
+prompts[i], ..., seed=its seed)'s tokens and calls whatever the rest of the batch holds (up to the
+rounding of the batched forward).
 """
 
 import time
@@ -21,62 +26,107 @@ import torch
 
 from ..models.block_diffusion import BlockDiffusionLM
 from ..models.static_cache import StaticKVCache
-from ..ops import dllm_step
+from ..ops import dllm_step, spiffy_accept, spiffy_materialize
+from ..spiffy import SpiffyConfig
 from .dllm import DllmStats
 from .modes import request_seeds
 
 
 class DllmBatchDecoder:
     def __init__(self, model: BlockDiffusionLM, prompts: List[torch.Tensor], max_new_tokens: int, block_size: int,
-                 temperature: float, seed: Union[int, Sequence[int]], threshold: Optional[float]):
+                 temperature: float, seed: Union[int, Sequence[int]], threshold: Optional[float],
+                 spiffy: Optional[SpiffyConfig] = None):
         device = model.lm_head.weight.device
-        self.model, self.block_size = model, block_size
+        self.model, self.block_size, self.spiffy = model, block_size, spiffy
         self.temperature, self.threshold = temperature, threshold
         self.seeds = request_seeds(seed, len(prompts), device)
         self.mask_id = model.cfg.mask_id
+        self.max_copies = 1 + (spiffy.keep if spiffy else 0)
         lengths = [p.numel() for p in prompts]
-        capacity = max(lengths) + -(-max_new_tokens // block_size) * block_size + block_size
+        capacity = max(lengths) + -(-max_new_tokens // block_size) * block_size + self.max_copies * block_size
         self.cache = StaticKVCache.for_model(model.cfg, len(prompts), capacity, model.lm_head.weight.dtype, device)
         for i, prompt in enumerate(prompts):  # each prompt's own block-causal layout (its blocks end where it does)
             alone = model.new_cache()
             model.commit(prompt.view(1, -1).to(device), alone)
             self.cache.load(i, alone.k, alone.v)
         self.cache.lengths.copy_(torch.tensor(lengths))
-        self.block = torch.full((len(prompts), block_size), self.mask_id, dtype=torch.int64, device=device)
+        n = len(prompts)
+        self.block = torch.full((n, block_size), self.mask_id, dtype=torch.int64, device=device)
         # Each sequence's block and step within it: the offset of its noise, as in dllm_generate.
-        self.block_index = torch.zeros(len(prompts), dtype=torch.int64, device=device)
-        self.block_step = torch.zeros(len(prompts), dtype=torch.int64, device=device)
+        self.block_index = torch.zeros(n, dtype=torch.int64, device=device)
+        self.block_step = torch.zeros(n, dtype=torch.int64, device=device)
+        # Spiffy: each sequence's last step distribution, valid once its block has taken a step.
+        self.stale = None
+        self.has_stale = torch.zeros(n, dtype=torch.bool, device=device)
 
-    def step(self):
-        """One call for every sequence: (completed [N] bool: the block this step completed,
-        block [N, L]: every sequence's block after the step)."""
+    def drafts(self):
+        """Each sequence's kept drafts from its last step distribution: (draft blocks [N, K, L],
+        node ids [N, K], -1 where unused: a block's first call and a finished sequence have none). On the CPU, where each
+        copy costs a forward, K is trimmed to the most any sequence uses (one host read)."""
+        if self.stale is None:
+            return None, None
+        drafts, node_ids, _ = spiffy_materialize(self.stale, self.block, self.mask_id, self.spiffy.graph,
+                                                 keep=self.spiffy.keep, temperature=self.temperature)
+        node_ids = torch.where((self.has_stale & self.cache.active.bool())[:, None], node_ids, -1)
+        if node_ids.device.type == "cpu":  # kept nodes come first, unused slots last
+            used = int((node_ids >= 0).sum(1).max())
+            drafts, node_ids = drafts[:, :used], node_ids[:, :used]
+        return drafts, node_ids
+
+    def forward(self, copies: torch.Tensor) -> torch.Tensor:
+        """Logits [N, C, L, V] of each sequence's C copies [N, C, L] of its block, each attending to
+        its prefix and to itself; the copies' keys and values are written after the prefix."""
         model, cache, length = self.model, self.cache, self.block_size
-        positions = cache.lengths[:, None] + torch.arange(length, device=self.block.device)
-        keys = torch.arange(cache.window, device=self.block.device)
-        mask = (keys < cache.lengths[:, None] + length)[:, None, None, :]  # the prefix and the whole block
-        x = model.embed(self.block)
+        n, c, _ = copies.shape
+        device = copies.device
+        q = torch.arange(c * length, device=device)
+        positions = cache.lengths[:, None] + q % length
+        rel = torch.arange(cache.window, device=device) - cache.lengths[:, None]  # [N, W]: key j is new entry rel
+        own = (rel[:, None, :] >= 0) & (rel[:, None, :].div(length, rounding_mode="floor") == (q // length)[:, None])
+        mask = ((rel < 0)[:, None, :] | own)[:, None]
+        x = model.embed(copies.reshape(n, c * length))
         for i, block in enumerate(model.blocks):
             x = x + block.attn(block.attn_norm(x), positions, mask=mask, cache=cache, layer=i)
             x = x + block.mlp(block.mlp_norm(x))
-        logits = model.lm_head(model.norm(x))
-        committing = (self.block != self.mask_id).all(1)  # complete before this call: it wrote their cache entries
+        return model.lm_head(model.norm(x)).view(n, c, length, -1)
+
+    def step(self, drafts: Optional[torch.Tensor] = None, node_ids: Optional[torch.Tensor] = None):
+        """One call for every sequence, with its drafts [N, K, L] and their node ids [N, K] (or
+        none): (completed [N] bool: the block this call completed, block [N, L]: every
+        sequence's block after the call, steps [N]: the steps it took)."""
+        length = self.block_size
+        committing = (self.block != self.mask_id).all(1)  # complete before this call: it writes their cache entries
         offset = (self.block_index * length + self.block_step) * length
-        stepped, _, _, _ = dllm_step(logits, self.block, self.mask_id, threshold=self.threshold,
-                                     temperature=self.temperature, seed=self.seeds, offset=offset)
+        copies = self.block[:, None] if drafts is None else torch.cat([self.block[:, None], drafts], 1)
+        logits = self.forward(copies)
+        if drafts is None:
+            stepped, _, _, _ = dllm_step(logits[:, 0], self.block, self.mask_id, threshold=self.threshold,
+                                         temperature=self.temperature, seed=self.seeds, offset=offset)
+            steps, last = (~committing).long(), torch.full_like(offset, -1)
+        else:
+            steps, _, _, stepped, last = spiffy_accept(
+                logits[:, 0], logits[:, 1:], drafts, node_ids, self.block, self.mask_id, threshold=self.threshold,
+                temperature=self.temperature, seed=self.seeds, offset=offset)
+        if self.spiffy is not None:  # the distribution of each sequence's last step fills its next drafts
+            self.stale = logits[torch.arange(len(last), device=last.device), last + 1]
+            self.has_stale = ~committing
         completed = (stepped != self.mask_id).all(1) & ~committing
+        cache = self.cache
         cache.lengths += length * (committing & cache.active.bool())
         self.block.copy_(torch.where(committing[:, None], self.mask_id, stepped))
-        self.block_index += committing  # a commit's step is dropped: the next block starts at step 0
-        self.block_step.copy_(torch.where(committing, 0, self.block_step + 1))
-        return completed, stepped
+        self.block_index += committing  # a commit takes no step: the next block starts at step 0
+        self.block_step.copy_(torch.where(committing, 0, self.block_step + steps))
+        return completed, stepped, steps
 
 
 @torch.inference_mode()
 def dllm_generate_batch(model: BlockDiffusionLM, prompts: Sequence, max_new_tokens: Union[int, Sequence[int]], *,
                         block_size: int = 32, temperature: float = 0.0, seed: Union[int, Sequence[int]] = 0,
-                        threshold: Optional[float] = None):
+                        threshold: Optional[float] = None, spiffy: Optional[SpiffyConfig] = None):
     """Returns (the new tokens of each prompt, int64 [max_new_tokens], and DllmStats over the batch:
-    model_calls counts batched calls after the prompts' own, steps every sequence's unmasking steps).
+    model_calls counts batched calls after the prompts' own, steps every sequence's unmasking steps,
+    drafts every draft verified; `sequences` holds each sequence's stats counted as dllm_generate
+    counts its own: model calls, steps, steps per call and drafts equal to that call's).
     prompts: int64 tensors [P] or token lists of any lengths; max_new_tokens an int or one per prompt;
     seed: one per prompt, or an int s giving prompt i request_seeds(s, N)[i] (s for prompt 0)."""
     prompts = [torch.as_tensor(p, dtype=torch.int64).reshape(-1) for p in prompts]
@@ -86,33 +136,46 @@ def dllm_generate_batch(model: BlockDiffusionLM, prompts: Sequence, max_new_toke
     if len(max_new) != len(prompts) or any(m < 1 for m in max_new):
         raise ValueError("max_new_tokens must be >= 1 (an int, or one per prompt)")
     began = time.perf_counter()
-    decoder = DllmBatchDecoder(model, prompts, max(max_new), block_size, temperature, seed, threshold)
-    stats = DllmStats(model_calls=len(prompts))
+    decoder = DllmBatchDecoder(model, prompts, max(max_new), block_size, temperature, seed, threshold, spiffy)
+    stats = DllmStats(model_calls=len(prompts), sequences=[DllmStats(model_calls=1) for _ in prompts])
     outs: List[List[int]] = [[] for _ in prompts]
     active = [True] * len(prompts)
     written = [p.numel() for p in prompts]  # each sequence's cache entries, as the host knows them
     pending = [False] * len(prompts)  # a completed block whose cache entries the next call writes
     while any(active):
-        decoder.cache.window = min(decoder.cache.capacity, max(written) + block_size)
-        completed, block = decoder.step()
-        rows = torch.cat([completed[:, None].long(), block], 1).tolist()  # the step's one host read
+        drafts, node_ids = decoder.drafts() if spiffy is not None else (None, None)
+        copies = 1 + (0 if drafts is None else drafts.shape[1])
+        if copies == 1:
+            drafts = node_ids = None
+        decoder.cache.window = min(decoder.cache.capacity, max(written) + copies * block_size)
+        completed, block, steps = decoder.step(drafts, node_ids)
+        used = (node_ids >= 0).sum(1) if node_ids is not None else torch.zeros_like(steps)
+        rows = torch.cat([completed[:, None].long(), steps[:, None], used[:, None], block], 1).tolist()  # one read
         stats.model_calls += 1
         finished = False
         for i, row in enumerate(rows):
             if not active[i]:
                 continue
+            mine = stats.sequences[i]
+            mine.model_calls += 1
             if pending[i]:  # this call was the sequence's commit of its last block
                 written[i], pending[i] = written[i] + block_size, False
                 continue
-            stats.steps += 1
+            mine.steps += row[1]
+            mine.steps_per_call.append(row[1])
+            mine.drafts += row[2]
             if row[0]:
-                outs[i] += row[1:]
+                outs[i] += row[3:]
                 pending[i] = True
                 active[i] = len(outs[i]) < max_new[i]
                 finished |= not active[i]
         if finished:
             decoder.cache.active.copy_(torch.tensor(active, dtype=torch.int64))
     tokens = [torch.tensor(o[:m], dtype=torch.int64) for o, m in zip(outs, max_new)]
-    stats.new_tokens = sum(t.numel() for t in tokens)
     stats.seconds = time.perf_counter() - began
+    for mine, t in zip(stats.sequences, tokens):
+        mine.new_tokens = t.numel()
+    stats.new_tokens = sum(t.numel() for t in tokens)
+    stats.steps = sum(s.steps for s in stats.sequences)
+    stats.drafts = sum(s.drafts for s in stats.sequences)
     return tokens, stats
