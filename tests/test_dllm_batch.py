@@ -96,3 +96,19 @@ def test_batched_spiffy_decodes_and_calls_what_each_sequence_does_alone(temperat
         assert stats.drafts == sum(s.drafts for s in stats.sequences) > 0
         if threshold is None:  # one token per step: the drafts save calls
             assert sum(s.model_calls for s in stats.sequences) < vanilla_calls
+
+
+def test_profiling_times_the_phases_and_changes_nothing():
+    """profile=True fills phase_seconds (the model, materialize, the batched mask, the step) within
+    the run's seconds, for both loops, with the tokens of an unprofiled run."""
+    model = tiny_model()
+    prompts = [torch.tensor([5, 9, 11]), torch.tensor([7])]
+    spiffy = SpiffyConfig(hand_graph(), 3)
+    want, plain = dllm_generate_batch(model, prompts, 12, block_size=8, spiffy=spiffy)
+    got, stats = dllm_generate_batch(model, prompts, 12, block_size=8, spiffy=spiffy, profile=True)
+    assert all(torch.equal(a, b) for a, b in zip(got, want)) and not plain.phase_seconds
+    assert set(stats.phase_seconds) == {"model", "draft", "mask", "step"}
+    assert sum(stats.phase_seconds.values()) <= stats.seconds
+    alone, single = dllm_generate(model, prompts[0], 12, block_size=8, spiffy=spiffy, profile=True)
+    assert torch.equal(alone, want[0]) and set(single.phase_seconds) == {"model", "draft", "step"}
+    assert sum(single.phase_seconds.values()) <= single.seconds

@@ -17,9 +17,10 @@ identical to vanilla decoding at any temperature, with and without a threshold, 
 dllm_generate_batch gives a sequence of the same seed the same tokens.
 """
 
+import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import torch
 
@@ -38,27 +39,54 @@ class DllmStats:
     drafts: int = 0  # drafts verified, over all calls
     steps_per_call: List[int] = field(default_factory=list)  # steps committed by each block call
     sequences: List["DllmStats"] = field(default_factory=list)  # dllm_generate_batch: each sequence's own
+    # profile=True: wall seconds per phase ("model": every forward; "draft": spiffy_materialize;
+    # "mask": the batched forward's attention mask; "step": dllm_step or spiffy_accept with the
+    # call's host read); the rest of `seconds` is the loop's own bookkeeping
+    phase_seconds: Dict[str, float] = field(default_factory=dict)
 
     @property
     def tokens_per_second(self) -> float:
         return self.new_tokens / max(self.seconds, 1e-9)
 
 
+class PhaseClock:
+    """Times a decoding loop's phases into stats.phase_seconds when profiling (on a GPU it waits
+    for the device around each phase, so that work is counted where it runs); otherwise free."""
+
+    def __init__(self, stats: DllmStats, profile: bool, device: torch.device):
+        self.stats, self.profile = stats, profile
+        self.sync = torch.cuda.synchronize if profile and device.type == "cuda" else (lambda: None)
+
+    @contextlib.contextmanager
+    def _timed(self, name: str):
+        self.sync()
+        began = time.perf_counter()
+        yield
+        self.sync()
+        self.stats.phase_seconds[name] = self.stats.phase_seconds.get(name, 0.0) + time.perf_counter() - began
+
+    def __call__(self, name: str):
+        return self._timed(name) if self.profile else contextlib.nullcontext()
+
+
 @torch.no_grad()
 def dllm_generate(model: BlockDiffusionLM, prompt_ids, max_new_tokens: int, *, block_size: int = 32,
                   temperature: float = 0.0, seed: int = 0, threshold: Optional[float] = None,
-                  spiffy: Optional[SpiffyConfig] = None, trace: Optional[list] = None):
+                  spiffy: Optional[SpiffyConfig] = None, trace: Optional[list] = None, profile: bool = False):
     """Returns (the new tokens, int64 [max_new_tokens], and DllmStats). prompt_ids: int64 [P] or
     [1, P]. trace, a list, receives per block the vanilla steps (logits, block before, block
-    after), which xkernels.decoding.spiffy_calibration.calibrate reads (vanilla decoding only)."""
+    after), which xkernels.decoding.spiffy_calibration.calibrate reads (vanilla decoding only).
+    profile: time each phase into DllmStats.phase_seconds (PhaseClock)."""
     if spiffy is not None and trace is not None:
         raise ValueError("dllm_generate: trace records vanilla decoding; give it without spiffy")
     began = time.perf_counter()
     mask_id = model.cfg.mask_id
     prompt = torch.as_tensor(prompt_ids).reshape(1, -1)
     stats = DllmStats()
+    clock = PhaseClock(stats, profile, prompt.device)
     cache = model.new_cache()
-    model.commit(prompt, cache)
+    with clock("model"):
+        model.commit(prompt, cache)
     stats.model_calls += 1
     seeds = request_seeds(seed, 1, prompt.device)
     out: List[torch.Tensor] = []
@@ -72,28 +100,32 @@ def dllm_generate(model: BlockDiffusionLM, prompt_ids, max_new_tokens: int, *, b
             offset = (b * block_size + t) * block_size
             drafts, node_ids = None, None
             if spiffy is not None and stale is not None:
-                drafts, node_ids, _ = spiffy_materialize(stale, block, mask_id, spiffy.graph, keep=spiffy.keep,
-                                                         temperature=temperature)
-                if node_ids.device.type == "cpu":  # drop unused slots (at the end): free to read here,
-                    used = int((node_ids[0] >= 0).sum())  # and on a CPU each copy costs a forward
-                    drafts, node_ids = drafts[:, :used], node_ids[:, :used]
+                with clock("draft"):
+                    drafts, node_ids, _ = spiffy_materialize(stale, block, mask_id, spiffy.graph, keep=spiffy.keep,
+                                                             temperature=temperature)
+                    if node_ids.device.type == "cpu":  # drop unused slots (at the end): free to read here,
+                        used = int((node_ids[0] >= 0).sum())  # and on a CPU each copy costs a forward
+                        drafts, node_ids = drafts[:, :used], node_ids[:, :used]
             copies = block if drafts is None else torch.cat([block, drafts[0]])
-            logits = model(copies, cache)
+            with clock("model"):
+                logits = model(copies, cache)
             stats.model_calls += 1
             if drafts is None:
-                new_block, _, _, _ = dllm_step(logits[:1], block, mask_id, threshold=threshold,
-                                               temperature=temperature, seed=seeds, offset=offset)
-                taken, last = 1, -1
-                masked = int((new_block == mask_id).sum())  # the step's one host read
+                with clock("step"):
+                    new_block, _, _, _ = dllm_step(logits[:1], block, mask_id, threshold=threshold,
+                                                   temperature=temperature, seed=seeds, offset=offset)
+                    taken, last = 1, -1
+                    masked = int((new_block == mask_id).sum())  # the step's one host read
                 if trace is not None:
                     steps.append((logits[0], block[0], new_block[0]))
             else:
                 stats.drafts += drafts.shape[1]
-                taken, _, _, new_block, last = spiffy_accept(
-                    logits[:1], logits[1:][None], drafts, node_ids, block, mask_id, threshold=threshold,
-                    temperature=temperature, seed=seeds, offset=offset)
-                # the call's one host read: steps taken, the draft they ended on, positions left
-                taken, last, masked = torch.stack([taken[0], last[0], (new_block == mask_id).sum()]).tolist()
+                with clock("step"):
+                    taken, _, _, new_block, last = spiffy_accept(
+                        logits[:1], logits[1:][None], drafts, node_ids, block, mask_id, threshold=threshold,
+                        temperature=temperature, seed=seeds, offset=offset)
+                    # the call's one host read: steps taken, the draft they ended on, positions left
+                    taken, last, masked = torch.stack([taken[0], last[0], (new_block == mask_id).sum()]).tolist()
             stale = logits[last + 1 : last + 2]
             block = new_block
             t += taken
@@ -103,7 +135,8 @@ def dllm_generate(model: BlockDiffusionLM, prompt_ids, max_new_tokens: int, *, b
             trace.append(steps)
         out.append(block[0])
         if b + 1 < blocks:
-            model.commit(block, cache)
+            with clock("model"):
+                model.commit(block, cache)
             stats.model_calls += 1
     tokens = torch.cat(out)[:max_new_tokens]
     stats.new_tokens = tokens.numel()

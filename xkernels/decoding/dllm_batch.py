@@ -28,16 +28,16 @@ from ..models.block_diffusion import BlockDiffusionLM
 from ..models.static_cache import StaticKVCache
 from ..ops import dllm_step, spiffy_accept, spiffy_materialize
 from ..spiffy import SpiffyConfig
-from .dllm import DllmStats
+from .dllm import DllmStats, PhaseClock
 from .modes import request_seeds
 
 
 class DllmBatchDecoder:
     def __init__(self, model: BlockDiffusionLM, prompts: List[torch.Tensor], max_new_tokens: int, block_size: int,
                  temperature: float, seed: Union[int, Sequence[int]], threshold: Optional[float],
-                 spiffy: Optional[SpiffyConfig] = None):
+                 spiffy: Optional[SpiffyConfig], clock: PhaseClock):
         device = model.lm_head.weight.device
-        self.model, self.block_size, self.spiffy = model, block_size, spiffy
+        self.model, self.block_size, self.spiffy, self.clock = model, block_size, spiffy, clock
         self.temperature, self.threshold = temperature, threshold
         self.seeds = request_seeds(seed, len(prompts), device)
         self.mask_id = model.cfg.mask_id
@@ -47,7 +47,8 @@ class DllmBatchDecoder:
         self.cache = StaticKVCache.for_model(model.cfg, len(prompts), capacity, model.lm_head.weight.dtype, device)
         for i, prompt in enumerate(prompts):  # each prompt's own block-causal layout (its blocks end where it does)
             alone = model.new_cache()
-            model.commit(prompt.view(1, -1).to(device), alone)
+            with clock("model"):
+                model.commit(prompt.view(1, -1).to(device), alone)
             self.cache.load(i, alone.k, alone.v)
         self.cache.lengths.copy_(torch.tensor(lengths))
         n = len(prompts)
@@ -65,30 +66,39 @@ class DllmBatchDecoder:
         copy costs a forward, K is trimmed to the most any sequence uses (one host read)."""
         if self.stale is None:
             return None, None
-        drafts, node_ids, _ = spiffy_materialize(self.stale, self.block, self.mask_id, self.spiffy.graph,
-                                                 keep=self.spiffy.keep, temperature=self.temperature)
-        node_ids = torch.where((self.has_stale & self.cache.active.bool())[:, None], node_ids, -1)
-        if node_ids.device.type == "cpu":  # kept nodes come first, unused slots last
-            used = int((node_ids >= 0).sum(1).max())
-            drafts, node_ids = drafts[:, :used], node_ids[:, :used]
+        with self.clock("draft"):
+            drafts, node_ids, _ = spiffy_materialize(self.stale, self.block, self.mask_id, self.spiffy.graph,
+                                                     keep=self.spiffy.keep, temperature=self.temperature)
+            node_ids = torch.where((self.has_stale & self.cache.active.bool())[:, None], node_ids, -1)
+            if node_ids.device.type == "cpu":  # kept nodes come first, unused slots last
+                used = int((node_ids >= 0).sum(1).max())
+                drafts, node_ids = drafts[:, :used], node_ids[:, :used]
         return drafts, node_ids
+
+    def layout(self, copies: int):
+        """Rotary positions [N, C * L] and the attention mask [N, 1, C * L, window] of C copies of
+        each sequence's block after its prefix: a copy sees the prefix and itself."""
+        cache, length = self.cache, self.block_size
+        device = cache.lengths.device
+        q = torch.arange(copies * length, device=device)
+        positions = cache.lengths[:, None] + q % length
+        rel = torch.arange(cache.window, device=device) - cache.lengths[:, None]  # [N, W]: key j is new entry rel
+        own = (rel[:, None, :] >= 0) & (rel[:, None, :].div(length, rounding_mode="floor") == (q // length)[:, None])
+        return positions, ((rel < 0)[:, None, :] | own)[:, None]
 
     def forward(self, copies: torch.Tensor) -> torch.Tensor:
         """Logits [N, C, L, V] of each sequence's C copies [N, C, L] of its block, each attending to
         its prefix and to itself; the copies' keys and values are written after the prefix."""
-        model, cache, length = self.model, self.cache, self.block_size
-        n, c, _ = copies.shape
-        device = copies.device
-        q = torch.arange(c * length, device=device)
-        positions = cache.lengths[:, None] + q % length
-        rel = torch.arange(cache.window, device=device) - cache.lengths[:, None]  # [N, W]: key j is new entry rel
-        own = (rel[:, None, :] >= 0) & (rel[:, None, :].div(length, rounding_mode="floor") == (q // length)[:, None])
-        mask = ((rel < 0)[:, None, :] | own)[:, None]
-        x = model.embed(copies.reshape(n, c * length))
-        for i, block in enumerate(model.blocks):
-            x = x + block.attn(block.attn_norm(x), positions, mask=mask, cache=cache, layer=i)
-            x = x + block.mlp(block.mlp_norm(x))
-        return model.lm_head(model.norm(x)).view(n, c, length, -1)
+        model, cache = self.model, self.cache
+        n, c, length = copies.shape
+        with self.clock("mask"):
+            positions, mask = self.layout(c)
+        with self.clock("model"):
+            x = model.embed(copies.reshape(n, c * length))
+            for i, block in enumerate(model.blocks):
+                x = x + block.attn(block.attn_norm(x), positions, mask=mask, cache=cache, layer=i)
+                x = x + block.mlp(block.mlp_norm(x))
+            return model.lm_head(model.norm(x)).view(n, c, length, -1)
 
     def step(self, drafts: Optional[torch.Tensor] = None, node_ids: Optional[torch.Tensor] = None):
         """One call for every sequence, with its drafts [N, K, L] and their node ids [N, K] (or
@@ -99,14 +109,15 @@ class DllmBatchDecoder:
         offset = (self.block_index * length + self.block_step) * length
         copies = self.block[:, None] if drafts is None else torch.cat([self.block[:, None], drafts], 1)
         logits = self.forward(copies)
-        if drafts is None:
-            stepped, _, _, _ = dllm_step(logits[:, 0], self.block, self.mask_id, threshold=self.threshold,
-                                         temperature=self.temperature, seed=self.seeds, offset=offset)
-            steps, last = (~committing).long(), torch.full_like(offset, -1)
-        else:
-            steps, _, _, stepped, last = spiffy_accept(
-                logits[:, 0], logits[:, 1:], drafts, node_ids, self.block, self.mask_id, threshold=self.threshold,
-                temperature=self.temperature, seed=self.seeds, offset=offset)
+        with self.clock("step"):
+            if drafts is None:
+                stepped, _, _, _ = dllm_step(logits[:, 0], self.block, self.mask_id, threshold=self.threshold,
+                                             temperature=self.temperature, seed=self.seeds, offset=offset)
+                steps, last = (~committing).long(), torch.full_like(offset, -1)
+            else:
+                steps, _, _, stepped, last = spiffy_accept(
+                    logits[:, 0], logits[:, 1:], drafts, node_ids, self.block, self.mask_id,
+                    threshold=self.threshold, temperature=self.temperature, seed=self.seeds, offset=offset)
         if self.spiffy is not None:  # the distribution of each sequence's last step fills its next drafts
             self.stale = logits[torch.arange(len(last), device=last.device), last + 1]
             self.has_stale = ~committing
@@ -122,13 +133,15 @@ class DllmBatchDecoder:
 @torch.inference_mode()
 def dllm_generate_batch(model: BlockDiffusionLM, prompts: Sequence, max_new_tokens: Union[int, Sequence[int]], *,
                         block_size: int = 32, temperature: float = 0.0, seed: Union[int, Sequence[int]] = 0,
-                        threshold: Optional[float] = None, spiffy: Optional[SpiffyConfig] = None):
+                        threshold: Optional[float] = None, spiffy: Optional[SpiffyConfig] = None,
+                        profile: bool = False):
     """Returns (the new tokens of each prompt, int64 [max_new_tokens], and DllmStats over the batch:
     model_calls counts batched calls after the prompts' own, steps every sequence's unmasking steps,
     drafts every draft verified; `sequences` holds each sequence's stats counted as dllm_generate
     counts its own: model calls, steps, steps per call and drafts equal to that call's).
     prompts: int64 tensors [P] or token lists of any lengths; max_new_tokens an int or one per prompt;
-    seed: one per prompt, or an int s giving prompt i request_seeds(s, N)[i] (s for prompt 0)."""
+    seed: one per prompt, or an int s giving prompt i request_seeds(s, N)[i] (s for prompt 0);
+    profile: time each phase into stats.phase_seconds (PhaseClock)."""
     prompts = [torch.as_tensor(p, dtype=torch.int64).reshape(-1) for p in prompts]
     max_new = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
     if not prompts or any(p.numel() < 1 for p in prompts):
@@ -136,8 +149,9 @@ def dllm_generate_batch(model: BlockDiffusionLM, prompts: Sequence, max_new_toke
     if len(max_new) != len(prompts) or any(m < 1 for m in max_new):
         raise ValueError("max_new_tokens must be >= 1 (an int, or one per prompt)")
     began = time.perf_counter()
-    decoder = DllmBatchDecoder(model, prompts, max(max_new), block_size, temperature, seed, threshold, spiffy)
     stats = DllmStats(model_calls=len(prompts), sequences=[DllmStats(model_calls=1) for _ in prompts])
+    clock = PhaseClock(stats, profile, model.lm_head.weight.device)
+    decoder = DllmBatchDecoder(model, prompts, max(max_new), block_size, temperature, seed, threshold, spiffy, clock)
     outs: List[List[int]] = [[] for _ in prompts]
     active = [True] * len(prompts)
     written = [p.numel() for p in prompts]  # each sequence's cache entries, as the host knows them
@@ -150,7 +164,8 @@ def dllm_generate_batch(model: BlockDiffusionLM, prompts: Sequence, max_new_toke
         decoder.cache.window = min(decoder.cache.capacity, max(written) + copies * block_size)
         completed, block, steps = decoder.step(drafts, node_ids)
         used = (node_ids >= 0).sum(1) if node_ids is not None else torch.zeros_like(steps)
-        rows = torch.cat([completed[:, None].long(), steps[:, None], used[:, None], block], 1).tolist()  # one read
+        with clock("step"):  # the call's one host read
+            rows = torch.cat([completed[:, None].long(), steps[:, None], used[:, None], block], 1).tolist()
         stats.model_calls += 1
         finished = False
         for i, row in enumerate(rows):
