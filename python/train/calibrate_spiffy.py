@@ -12,9 +12,8 @@ import time
 import torch
 
 from common import OUT
-from xkernels import data
 from xkernels.models.shipped import load_block_diffusion, load_tokenizer
-from xkernels.decoding.spiffy_calibration import OBJECTIVES, calibrate
+from xkernels.decoding.spiffy_calibration import OBJECTIVES, calibrate, calibration_prompts
 
 THRESHOLD = 0.9  # Fast-dLLM's default, also the demo's
 
@@ -28,8 +27,7 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(1)
     model, tok = load_block_diffusion(), load_tokenizer()
-    prompts = [torch.tensor(tok.encode(text).ids) for domain in data.DOMAINS
-               for text in data.training_prompts(domain, args.prompts, rng_seed=7)]
+    prompts = calibration_prompts(tok, args.prompts)
     for name, threshold in [("spiffy_graph", None), ("spiffy_graph_threshold", THRESHOLD)]:
         began = time.time()
         graph = calibrate(model, prompts, budget=args.budget, depth=args.depth, block_size=32, max_new_tokens=64,

@@ -9,8 +9,19 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
+from .. import data
 from ..spiffy import DraftGraph, Node, rank_coordinates
 from .dllm import dllm_generate
+
+CALIBRATION_SEED = 7  # the training prompts python/train/calibrate_spiffy.py calibrates the shipped graphs on
+
+
+def calibration_prompts(tokenizer, per_domain: int, rng_seed: int = CALIBRATION_SEED) -> List[torch.Tensor]:
+    """Token ids of `per_domain` training prompts of each domain (xkernels.data.training_prompts:
+    documents of the training split, never a held-out one, so a graph calibrated on them is
+    evaluated on prompts it never saw)."""
+    return [torch.tensor(tokenizer.encode(text).ids) for domain in data.DOMAINS
+            for text in data.training_prompts(domain, per_domain, rng_seed=rng_seed)]
 
 
 def trace_lookahead(trace: Sequence[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]], mask_id: int,
@@ -86,12 +97,12 @@ def select_graph(walks: Iterable[List[Node]], budget: int, objective: str = "fre
     return graph
 
 
-def calibrate(model, prompts: Sequence[torch.Tensor], *, budget: int, depth: int, block_size: int = 32,
-              max_new_tokens: int = 64, threshold: Optional[float] = None, temperature: float = 0.0,
-              seed: int = 0, objective: str = "frequency") -> DraftGraph:
-    """Runs vanilla decoding (xkernels.decoding.dllm_generate) on the prompts (token id tensors),
+def calibration_walks(model, prompts: Sequence[torch.Tensor], *, depth: int, block_size: int = 32,
+                      max_new_tokens: int = 64, threshold: Optional[float] = None, temperature: float = 0.0,
+                      seed: int = 0) -> List[List[Node]]:
+    """Runs vanilla decoding (xkernels.decoding.dllm_generate) on the prompts (token id tensors) and
     expresses each step's next `depth` unmaskings in the rank coordinates the loop will have there
-    (trace_lookahead), and keeps the best connected `budget` nodes (select_graph)."""
+    (trace_lookahead): the observed unmasking sequences select_graph counts."""
     walks: List[List[Node]] = []
     for k, prompt in enumerate(prompts):
         blocks: List[list] = []
@@ -99,6 +110,15 @@ def calibrate(model, prompts: Sequence[torch.Tensor], *, budget: int, depth: int
                       threshold=threshold, trace=blocks)
         for steps in blocks:
             walks += trace_lookahead(steps, model.cfg.mask_id, depth)
+    return walks
+
+
+def calibrate(model, prompts: Sequence[torch.Tensor], *, budget: int, depth: int, block_size: int = 32,
+              max_new_tokens: int = 64, threshold: Optional[float] = None, temperature: float = 0.0,
+              seed: int = 0, objective: str = "frequency") -> DraftGraph:
+    """The graph of the best connected `budget` nodes (select_graph) of the prompts' calibration_walks."""
+    walks = calibration_walks(model, prompts, depth=depth, block_size=block_size, max_new_tokens=max_new_tokens,
+                              threshold=threshold, temperature=temperature, seed=seed)
     graph = select_graph(walks, budget, objective)
     graph.meta.update({"budget": budget, "depth": depth, "block_size": block_size, "prompts": len(prompts),
                        "max_new_tokens": max_new_tokens, "threshold": threshold, "temperature": temperature,
