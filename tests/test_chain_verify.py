@@ -110,7 +110,7 @@ def test_seed_and_offset_tensors_match_ints(device):
     drafts, logits, q = make_case(16, 5, 64, torch.float32, True, seed=4)
     drafts, logits, q = to(device, drafts, logits, q)
     ints = xkernels.chain_verify(drafts, logits, draft_probs=q, temperature=1.0, seed=11, offset=5)
-    seed_t = torch.tensor([11], device=device)
+    seed_t = torch.tensor(11, device=device)  # 0-dim: the batch-row form, as an int
     offset_t = torch.tensor(5, device=device)
     tensors = xkernels.chain_verify(drafts, logits, draft_probs=q, temperature=1.0, seed=seed_t, offset=offset_t)
     assert all(torch.equal(a, b) for a, b in zip(ints, tensors))
@@ -131,7 +131,7 @@ def test_bad_inputs_name_the_argument():
     drafts, logits, q = make_case(2, 3, 10, torch.float32, True)
     cases = [
         (dict(draft_tokens=drafts[0]), "draft_tokens"),
-        (dict(draft_tokens=drafts.int()), "draft_tokens must be int64"),
+        (dict(draft_tokens=drafts.short()), "draft_tokens must be int64"),  # int32 is widened
         (dict(target_logits=logits[0]), "target_logits"),
         (dict(target_logits=logits[:, :3]), "target_logits must have shape"),
         (dict(target_logits=logits.double()), "target_logits must be float32"),
@@ -143,7 +143,7 @@ def test_bad_inputs_name_the_argument():
         (dict(draft_tokens=drafts + 10), "outside"),
         (dict(draft_tokens=drafts - 20), "outside"),
         (dict(seed=torch.tensor([1, 2, 3])), "seed"),  # [N] = [2] is a seed per sequence
-        (dict(offset=torch.tensor([1.0])), "offset"),
+        (dict(offset=torch.tensor(1.0)), "offset"),
     ]
     for change, message in cases:
         args = dict(draft_tokens=drafts, target_logits=logits, draft_probs=q, temperature=1.0)
@@ -151,6 +151,14 @@ def test_bad_inputs_name_the_argument():
         d, t = args.pop("draft_tokens"), args.pop("target_logits")
         with pytest.raises(RuntimeError, match=message):
             xkernels.chain_verify(d, t, **args)
+
+
+def test_int32_drafts_are_int64_drafts():
+    drafts, logits, q = make_case(3, 4, 30, torch.float32, True, seed=2)
+    for kw in (dict(), dict(temperature=1.0, seed=torch.tensor([4, 5, 6]), offset=torch.tensor([0, 9, 3]))):
+        want = xkernels.chain_verify(drafts, logits, draft_probs=q, **kw)
+        got = xkernels.chain_verify(drafts.int(), logits, draft_probs=q, **kw)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
 @pytest.mark.needs_cuda
@@ -196,7 +204,7 @@ def test_cpu_and_cuda_agree(dtype, temperature, with_q):
 @pytest.mark.needs_cuda
 def test_cuda_graph_capture_advances_offset():
     drafts, logits, q = to("cuda", *make_case(8, 4, 100, torch.float32, True))
-    offset = torch.zeros(1, dtype=torch.int64, device="cuda")
+    offset = torch.zeros((), dtype=torch.int64, device="cuda")  # 0-dim: one stream for the batch
     assert_replays_like_eager(
         lambda: xkernels.chain_verify(drafts, logits, draft_probs=q, temperature=1.0, seed=3, offset=offset), offset)
 

@@ -114,7 +114,7 @@ def test_bad_inputs_name_the_argument():
         (lambda: xkernels.dllm_step(logits[0], block, MASK), "logits must have shape"),
         (lambda: xkernels.dllm_step(logits.double(), block, MASK), "logits must be"),
         (lambda: xkernels.dllm_step(logits, block[:, :5], MASK), "block_tokens must have shape"),
-        (lambda: xkernels.dllm_step(logits, block.int(), MASK), "block_tokens must be int64"),
+        (lambda: xkernels.dllm_step(logits, block.short(), MASK), "block_tokens must be int64"),
         (lambda: xkernels.dllm_step(logits, block, MASK, num_unmask=0), "num_unmask must be >= 1"),
         (lambda: xkernels.dllm_step(logits, block, MASK, threshold=float("nan")), "threshold must be finite"),
         (lambda: xkernels.dllm_step(logits, block, MASK, temperature=-1.0), "temperature"),

@@ -60,7 +60,7 @@ def _rng_calls(name, value):
 
 @pytest.mark.parametrize("name", ["seed", "offset"])
 def test_a_meta_seed_or_offset_among_cpu_tensors_raises(name):
-    for op, call in _rng_calls(name, torch.tensor([5], device=META)).items():
+    for op, call in _rng_calls(name, torch.tensor(5, device=META)).items():
         with pytest.raises(RuntimeError) as info:
             call()
         assert first_line(info.value).startswith(f"{name} must be on cpu like "), (op, str(info.value))
@@ -77,8 +77,8 @@ def test_mixed_devices_raise_naming_the_tensor():
 
 def test_calls_all_on_meta_still_give_meta_outputs_of_the_real_shapes():
     drafts, logits = torch.randint(0, 50, (4, 2)), torch.randn(4, 3, 50)
-    real = xkernels.chain_verify(drafts, logits, temperature=1.0, seed=torch.tensor([5]))
-    fake = xkernels.chain_verify(drafts.to(META), logits.to(META), temperature=1.0, seed=torch.tensor([5], device=META))
+    real = xkernels.chain_verify(drafts, logits, temperature=1.0, seed=torch.tensor(5))
+    fake = xkernels.chain_verify(drafts.to(META), logits.to(META), temperature=1.0, seed=torch.tensor(5, device=META))
     assert [(t.device.type, t.shape) for t in fake] == [(META, t.shape) for t in real]
     cache = torch.zeros(1, 2, 8, 4, device=META)
     assert xkernels.compact_kv_(cache, long(0, 1)[None].to(META), long(1).to(META), 2) is cache
@@ -155,12 +155,15 @@ def test_a_confidence_is_never_above_one():
     assert conf.max() <= 1.0 and torch.allclose(conf, torch.ones(1, 2))
 
 
-def test_chain_verify_takes_int64_drafts_in_either_form():
-    drafts, logits = torch.randint(0, 5, (2, 1), dtype=torch.int32), torch.randn(2, 2, 5)
-    with pytest.raises(RuntimeError, match="^draft_tokens must be int64, got Int"):
+def test_chain_verify_takes_int64_or_int32_drafts_in_either_form():
+    drafts, logits = torch.randint(0, 5, (2, 1), dtype=torch.int16), torch.randn(2, 2, 5)
+    with pytest.raises(RuntimeError, match="^draft_tokens must be int64, got Short"):
         xkernels.chain_verify(drafts, logits)
-    with pytest.raises(ValueError, match="^draft_tokens must be int64, got torch.int32"):
+    with pytest.raises(ValueError, match="^draft_tokens must be int64 or int32, got torch.int16"):
         xkernels.chain_verify(drafts, logits, top_k=2)
+    for kw in (dict(), dict(top_k=2)):
+        assert torch.equal(xkernels.chain_verify(drafts.int(), logits, **kw)[1], xkernels.chain_verify(
+            drafts.long(), logits, **kw)[1])
 
 
 # ---- messages that did not name their argument ----

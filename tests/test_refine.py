@@ -296,7 +296,7 @@ def test_bad_inputs_name_the_argument():
         (dict(ctx=ctx.double()), "ctx must be float32"),
         (dict(prev=prev[:, :3]), "prev_tokens must have shape"),
         (dict(prev=prev + 100), "prev_tokens holds ids outside"),
-        (dict(prev=prev.int()), "prev_tokens must be int64"),
+        (dict(prev=prev.short()), "prev_tokens must be int64"),
         (dict(base=base[..., :60]), "must have shape"),  # V mismatch with the weights
         (dict(base=base.double()), "base_logits must be"),
         (dict(base=torch.randn(2, 6, 70)), "drafted slots"),
@@ -387,7 +387,7 @@ def test_xkernels_refine_read_forces_the_cpu_read(monkeypatch):
 def test_jacobi_is_cuda_graph_capturable():
     ctx, prev, base, weights = to("cuda", *make_case(4, 8, 7, 500, 32, 64)[:3]) + [make_case(4, 8, 7, 500, 32, 64)[3].to("cuda")]
     prefix = prev[:, :2].contiguous()
-    offset = torch.zeros(1, dtype=torch.int64, device="cuda")
+    offset = torch.zeros((), dtype=torch.int64, device="cuda")  # 0-dim: one stream for the batch
     assert_replays_like_eager(lambda: xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=4, temperature=1.0,
                                                              seed=2, offset=offset), offset)
 
@@ -404,7 +404,7 @@ def test_bf16_reads_are_cuda_graph_capturable(monkeypatch, read, op):
     ctx, prev, base = to("cuda", ctx, prev, base)
     weights = weights.to("cuda")
     prefix = prev[:, :2].contiguous()
-    offset = torch.zeros(1, dtype=torch.int64, device="cuda")
+    offset = torch.zeros((), dtype=torch.int64, device="cuda")  # 0-dim: one stream for the batch
     rng = dict(temperature=1.0, seed=2, offset=offset)
     step = {"refine_step": lambda: xkernels.refine_step(ctx, prev, base, weights, **rng),
             "jacobi_refine": lambda: xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=4, **rng),

@@ -182,7 +182,7 @@ def test_bad_inputs_name_the_argument():
          "draft_logits must have shape"),
         (lambda: xkernels.spiffy_accept(logits, draft_logits.half(), drafts, node_ids, block, MASK),
          "draft_logits must have root_logits' dtype"),
-        (lambda: xkernels.spiffy_accept(logits, draft_logits, drafts.int(), node_ids, block, MASK),
+        (lambda: xkernels.spiffy_accept(logits, draft_logits, drafts.short(), node_ids, block, MASK),
          "draft_blocks must be int64"),
         (lambda: xkernels.spiffy_accept(logits, draft_logits, drafts, node_ids[:, :1], block, MASK),
          "node_ids must be int64"),
@@ -355,7 +355,7 @@ def test_spiffy_ops_are_cuda_graph_capturable():
     logits, block = step_case(3, 12, 53, seed=6)
     logits, block = logits.cuda(), block.cuda()
     graph = hand_graph("cuda")
-    offset = torch.zeros(1, dtype=torch.int64, device="cuda")
+    offset = torch.zeros((), dtype=torch.int64, device="cuda")  # 0-dim: one stream for the batch
     lens = torch.tensor([4, 9, 0], device="cuda")
 
     def step():

@@ -369,6 +369,17 @@ def test_opcheck(device):
                           (torch.randn(3, 2, 12, 4, device=device), path, accept_len, 2))
 
 
+def test_int32_ids_are_int64_ids():
+    tokens, parents, logits, q = verify_case(2, 6, 20, "bushy")
+    kw = dict(draft_probs=q, temperature=1.0, seed=torch.tensor([3, 4]), offset=torch.tensor([0, 6]))
+    want = xkernels.tree_verify(tokens, parents, logits, **kw)
+    got = xkernels.tree_verify(tokens.int(), parents.int(), logits, **kw)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    lp, tok = topk_case(2, 3, 2)
+    assert all(torch.equal(a, b) for a, b in zip(xkernels.build_draft_tree(lp, tok.int(), 4),
+                                                 xkernels.build_draft_tree(lp, tok, 4), strict=True))
+
+
 def test_bad_inputs_name_the_argument():
     tokens, parents, logits, q = verify_case(2, 6, 20, "bushy")
     bad_parents = parents.clone()
@@ -382,7 +393,7 @@ def test_bad_inputs_name_the_argument():
         (lambda: xkernels.tree_verify(tokens, parents, logits[:, :5]), "target_logits must have shape"),
         (lambda: xkernels.tree_verify(tokens, parents, logits.double()), "target_logits must be"),
         (lambda: xkernels.tree_verify(tokens, parents, logits, draft_probs=q[:, :, :5]), "draft_probs must have"),
-        (lambda: xkernels.tree_verify(tokens.int(), parents, logits), "tokens must be int64"),
+        (lambda: xkernels.tree_verify(tokens.short(), parents, logits), "tokens must be int64"),
         (lambda: xkernels.tree_verify(tokens, parents, logits, num_nodes=torch.tensor([7, 1])),
          r"num_nodes must lie in \[1, M\]"),
         (lambda: xkernels.tree_verify(tokens, parents, logits, temperature=-1.0), "temperature"),
@@ -430,7 +441,7 @@ def test_flex_attention_mask_mod_covers_prefix_and_ancestors():
 def test_tree_ops_are_cuda_graph_capturable():
     lp, tok = topk_case(4, 5, 3)
     lp, tok = lp.cuda(), tok.cuda()
-    offset = torch.zeros(1, dtype=torch.int64, device="cuda")
+    offset = torch.zeros((), dtype=torch.int64, device="cuda")  # 0-dim: one stream for the batch
     logits = torch.randn(4, 13, 50, generator=torch.Generator().manual_seed(0)).cuda()
 
     def step():

@@ -29,15 +29,16 @@ def _load_library():
 _LIBRARY_PATH = _load_library()
 
 from . import _fake  # noqa: E402,F401  (registers the fake kernels)
-from .ops import (build_draft_tree, build_info, chain_verify, chain_verify_ragged, compact_kv_, dllm_step, jacobi_refine,  # noqa: E402
+from .ops import (build_draft_tree, build_info, chain_verify, chain_verify_ragged, chain_verify_ragged_, compact_kv_, dllm_step, jacobi_refine,  # noqa: E402
                   refine_step, sequential_refine, shard_cut_candidates, shard_cut_histogram, shard_cut_pick, shard_row_stats,
                   spiffy_accept, spiffy_attention_mask, spiffy_materialize, tree_attention_mask, tree_positions, tree_verify)
 from .refiner import RefinerWeights, XPressRefiner  # noqa: E402
+from .streams import offset_advance  # noqa: E402
 
 __version__ = "0.1.0"
 # The public API: every op and class here has a generated page in the docs (docs/api), whose build
 # fails on one without a docstring. The modules distributed, decoding, spiffy and tree are public too.
-__all__ = ["build_info", "chain_verify", "chain_verify_ragged", "refine_step", "jacobi_refine", "sequential_refine", "RefinerWeights",
+__all__ = ["build_info", "chain_verify", "chain_verify_ragged", "chain_verify_ragged_", "offset_advance", "refine_step", "jacobi_refine", "sequential_refine", "RefinerWeights",
            "XPressRefiner", "build_draft_tree", "tree_attention_mask", "tree_positions", "tree_verify", "compact_kv_",
            "dllm_step", "spiffy_materialize", "spiffy_accept", "spiffy_attention_mask", "shard_row_stats",
            "shard_cut_histogram", "shard_cut_pick", "shard_cut_candidates"]

@@ -22,6 +22,8 @@ def _tensor(value, name: str, optional: bool = False):
 def _scalar(value, name: str, kind=float):
     """float(value) or int(value), raising a TypeError that names the argument (a string is refused:
     it would be a caller's slip, even where it parses)."""
+    if kind is int and isinstance(value, float) and not value.is_integer():  # int(2.5) would drop the .5
+        raise TypeError(f"{name} must be an int, got {value}")
     if not isinstance(value, (str, bytes)):
         try:
             return kind(value)
@@ -40,18 +42,47 @@ def _rng(value: Seed, name: str):
     return (value - 2**64 if value >= 2**63 else value), None
 
 
-def _rng_args(seed: Seed, offset: Seed):
-    """The schema's (seed, offset, seed_tensor, offset_tensor) from Python ints or tensors."""
+def _stream_form(value, name: str, n: int) -> None:
+    """Refuses a one-element 1-D seed or offset with N > 1: the op layer reads it as one stream for
+    the batch (the form that predates per-request streams), a caller most likely meant a stream per
+    request. The batch-row form is chosen explicitly by an int or a 0-dim tensor."""
+    if isinstance(value, torch.Tensor) and value.dim() == 1 and value.numel() == 1 and n > 1:
+        raise ValueError(f"{name} is a one-element 1-D tensor but the batch has N = {n} rows: pass an int64 [N] "
+                         f"tensor (a stream per request) or, for one stream for the batch keyed by the row, an int "
+                         f"or a 0-dim tensor ({name}.reshape(()))")
+
+
+def _rng_args(seed: Seed, offset: Seed, n: Optional[int] = None):
+    """The schema's (seed, offset, seed_tensor, offset_tensor) from Python ints or tensors; with the
+    batch's ``n``, a one-element 1-D tensor at ``n > 1`` raises (_stream_form)."""
     seed_int, seed_tensor = _rng(seed, "seed")
     offset_int, offset_tensor = _rng(offset, "offset")
+    if n is not None:
+        _stream_form(seed_tensor, "seed", n)
+        _stream_form(offset_tensor, "offset", n)
     return seed_int, offset_int, seed_tensor, offset_tensor
 
 
-Param = Union[None, int, float, torch.Tensor]
+def _ids(value, name: str):
+    """A token-id tensor as the kernels take it: int32 ids widen to int64 (a copy of a few ids);
+    any other dtype passes through for the op to refuse, naming the argument."""
+    value = _tensor(value, name)
+    return value.long() if value.dtype == torch.int32 else value
 
 
-def _sampling_args(temperature, top_k: Param, top_p: Param, min_p: Param, seed: Seed, offset: Seed):
-    """The schemas' (value, tensor) pairs of the sampling parameters and the stream, in order."""
+def _rows(value) -> int:
+    """The batch size N of an argument whose first dimension is the batch (0 for a 0-dim one)."""
+    return value.shape[0] if isinstance(value, torch.Tensor) and value.dim() else 0
+
+
+Param = Union[None, int, float, torch.Tensor]  # a float parameter: None (off), a float or an [N] tensor
+IntParam = Union[None, int, torch.Tensor]  # an integer one (top_k): None (off), an int or an [N] tensor
+
+
+def _sampling_args(temperature, top_k: IntParam, top_p: Param, min_p: Param, seed: Seed, offset: Seed,
+                   n: Optional[int] = None):
+    """The schemas' (value, tensor) pairs of the sampling parameters and the stream, in order (with the
+    batch's ``n``, the stream's form is checked: _stream_form)."""
     def pair(value, name, default, cast, none_is_off=True):
         value = _tensor(value, name) if isinstance(value, torch.Tensor) or hasattr(value, "__dlpack__") else value
         if isinstance(value, torch.Tensor):
@@ -59,7 +90,7 @@ def _sampling_args(temperature, top_k: Param, top_p: Param, min_p: Param, seed: 
         # None turns a filter off; a temperature has no "off" (0 is greedy, given as 0), so None raises
         return _scalar(default if value is None and none_is_off else value, name, cast), None
 
-    seed_int, offset_int, seed_tensor, offset_tensor = _rng_args(seed, offset)
+    seed_int, offset_int, seed_tensor, offset_tensor = _rng_args(seed, offset, n)
     return (*pair(temperature, "temperature", 0.0, float, none_is_off=False), *pair(top_k, "top_k", 0, int),
             *pair(top_p, "top_p", 1.0, float), *pair(min_p, "min_p", 0.0, float),
             seed_int, seed_tensor, offset_int, offset_tensor)
@@ -79,7 +110,7 @@ def chain_verify(
     temperature: Union[float, torch.Tensor] = 0.0,
     seed: Seed = 0,
     offset: Seed = 0,
-    top_k: Param = None,
+    top_k: IntParam = None,
     top_p: Param = None,
     min_p: Param = None,
     method: str = "token",
@@ -88,7 +119,7 @@ def chain_verify(
     """Verify a chain of K draft tokens per sequence against the target's logits.
 
     Args:
-        draft_tokens: int64 ``[N, K]``.
+        draft_tokens: int64 or int32 ``[N, K]``.
         target_logits: float32, bfloat16 or float16 ``[N, K+1, V]``; row ``i`` holds the
             target's next-token logits after the prefix plus the first ``i`` drafts.
         draft_probs: optional float32 ``[N, K, V]``, the distributions the drafts were
@@ -99,10 +130,13 @@ def chain_verify(
         top_k, top_p, min_p: the filters of each sequence's target distribution, each None
             (off), a scalar, or an ``[N]`` tensor (top_k int32/int64, 0 off; top_p float32 in
             (0, 1], 1 off; min_p float32 in [0, 1], 0 off); see :func:`chain_verify_ragged`.
-        seed, offset: the Philox stream: ints or one-element int64 tensors on the logits'
-            device (a captured CUDA graph can advance them in place), keyed by the batch row;
-            or int64 ``[N]`` tensors, a stream per sequence that does not depend on the batch
-            (``offset[n]``: where the sequence's slots start; see :func:`chain_verify_ragged`).
+        seed, offset: the Philox stream: int64 ``[N]`` tensors, a stream per sequence that does
+            not depend on the batch (what an engine passes; ``offset[n]``: where the sequence's
+            slots start, the next call's ``K + 1`` further, :func:`xkernels.offset_advance`:
+            reusing a slot silently correlates the noise; see :func:`chain_verify_ragged`); or ints
+            or 0-dim int64 tensors on the logits' device (a captured CUDA graph can advance them in
+            place), one stream for the batch keyed by the batch row. A one-element 1-D tensor is
+            per-sequence at ``N = 1`` and raises at ``N > 1``.
         method: ``"token"`` (token-wise verification) or ``"block"`` (block verification).
         return_logprobs: also return the log-probabilities of the emitted tokens.
 
@@ -138,17 +172,18 @@ def chain_verify(
           with a ballot, then one Gumbel-max pass over the one row that needs a sample; never
           syncs the host, CUDA-graph capturable.
     """
-    draft_tokens, target_logits = _tensor(draft_tokens, "draft_tokens"), _tensor(target_logits, "target_logits")
+    draft_tokens, target_logits = _ids(draft_tokens, "draft_tokens"), _tensor(target_logits, "target_logits")
     draft_probs = _tensor(draft_probs, "draft_probs", optional=True)
-    n = draft_tokens.shape[0] if draft_tokens.dim() else 0
+    n = _rows(draft_tokens)
+    rng = _rng_args(seed, offset, n)
     engine_form = (isinstance(temperature, torch.Tensor) or any(x is not None for x in (top_k, top_p, min_p))
                    or is_per_row(seed, n) or is_per_row(offset, n) or method != "token" or return_logprobs)
     if not engine_form:
         return torch.ops.xkernels.chain_verify.default(
-            draft_tokens, target_logits, draft_probs, _scalar(temperature, "temperature"), *_rng_args(seed, offset))
+            draft_tokens, target_logits, draft_probs, _scalar(temperature, "temperature"), *rng)
     _check_method(method)
-    if draft_tokens.dtype != torch.int64:  # as the plain form (chain_verify_ragged takes int32 too)
-        raise ValueError(f"draft_tokens must be int64, got {draft_tokens.dtype}")
+    if draft_tokens.dtype != torch.int64:  # as the plain form
+        raise ValueError(f"draft_tokens must be int64 or int32, got {draft_tokens.dtype}")
     if draft_tokens.dim() != 2 or target_logits.dim() != 3 or tuple(target_logits.shape[:2]) != (
             n, draft_tokens.shape[1] + 1):
         raise ValueError(f"draft_tokens [N, K] and target_logits [N, K+1, V] do not match: "
@@ -173,7 +208,7 @@ def chain_verify_ragged(
     max_spec_len: int,
     draft_probs: Optional[torch.Tensor] = None,
     temperature: Union[float, torch.Tensor] = 0.0,
-    top_k: Param = None,
+    top_k: IntParam = None,
     top_p: Param = None,
     min_p: Param = None,
     seed: Seed = 0,
@@ -184,6 +219,11 @@ def chain_verify_ragged(
     logprobs: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Verify chains held flat, as vLLM holds them, with per-request sampling parameters.
+
+    This allocating form returns vLLM's counts (emitted tokens, tokens first) and always the
+    log-probabilities, as it did before the verify ops had one convention; kept for its callers.
+    :func:`chain_verify_ragged_` is the same kernel with the verify ops' convention (accepted drafts
+    first), into caller buffers, log-probabilities only when asked.
 
     Args:
         draft_tokens: int64 or int32 ``[T]``, every request's drafts one after another.
@@ -198,19 +238,24 @@ def chain_verify_ragged(
         top_k: None, an int or an int32/int64 ``[N]`` tensor; 0 is off.
         top_p: None, a float or a float32 ``[N]`` tensor in (0, 1]; 1 is off.
         min_p: None, a float or a float32 ``[N]`` tensor in [0, 1]; 0 is off.
-        seed, offset: ints or one-element int64 tensors: one stream for the batch, keyed by
-            the request's row (as :func:`chain_verify`'s); or int64 ``[N]`` tensors: request
-            ``n``'s noise at slot ``i`` is keyed by ``(seed[n], offset[n] + i)`` alone, so it gets
-            the same tokens at any row of any batch. Token-wise, ``offset[n]`` can be the absolute
-            position of the request's first verified slot (each position's noise is read only by
-            the call that emits it); block verification reads the coins of every drafted slot, so
-            the next call must start past them (e.g. position * (max_spec_len + 1)).
+        seed, offset: int64 ``[N]`` tensors (what an engine passes): request ``n``'s noise at slot
+            ``i`` is keyed by ``(seed[n], offset[n] + i)`` alone, so it gets the same tokens at any
+            row of any batch. A call reads slots up to ``offset[n] + max_spec_len``: the next call's
+            offset advances by :func:`xkernels.offset_advance` (``max_spec_len + 1``), or, keyed by
+            position, ``offset[n] = position * (max_spec_len + 1)``; reusing a slot silently
+            correlates the calls' noise. Token-wise, ``offset[n]`` may also be the absolute position
+            of the request's first verified slot (a call reads no slot past the one it emits);
+            block verification reads the coins of every drafted slot, so it may not. An int or a
+            0-dim int64 tensor is the batch-row form: one stream for the batch, keyed by the
+            request's row (:doc:`/concepts/random_streams`); a one-element 1-D tensor with ``N > 1``
+            raises (say which form you mean).
         method: ``"token"``: token-wise verification, stopping at the first rejection;
             ``"block"``: block verification (Sun et al., ICLR 2025), which judges the block
             jointly and in expectation accepts at least as many drafts.
         out, num_emitted, logprobs: optional caller buffers (int32 ``[N, max_spec_len + 1]``,
             int32 ``[N]``, float32 ``[N, max_spec_len + 1]``, contiguous, on the logits' device)
-            written in place, e.g. the buffers of an engine's CUDA graph.
+            written in place; those not given are allocated (:func:`chain_verify_ragged_` takes
+            buffers as its explicit in-place form).
 
     Returns:
         ``output_token_ids`` int32 ``[N, max_spec_len + 1]``: each request's accepted drafts,
@@ -250,25 +295,101 @@ def chain_verify_ragged(
           block per request walks its rows on those states; no host sync,
           CUDA-graph capturable, memory-safe on unchecked values.
     """
-    block = _check_method(method)
-    draft_tokens = _tensor(draft_tokens, "draft_tokens")
-    cu_num_draft_tokens = _tensor(cu_num_draft_tokens, "cu_num_draft_tokens")
-    target_logits = _tensor(target_logits, "target_logits")
     if not 0 <= int(max_spec_len) < 2**31:  # the buffers' width, allocated below
         raise ValueError(f"max_spec_len must lie in [0, 2^31), got {max_spec_len}")
-    if cu_num_draft_tokens.dim() != 1:
-        raise ValueError(f"cu_num_draft_tokens must have shape [N], got {list(cu_num_draft_tokens.shape)}")
-    n, width, device = cu_num_draft_tokens.shape[0], int(max_spec_len) + 1, target_logits.device
+    n, width = _requests(cu_num_draft_tokens), int(max_spec_len) + 1
+    device = _tensor(target_logits, "target_logits").device
     if out is None:
         out = torch.empty((n, width), dtype=torch.int32, device=device)
     if num_emitted is None:
         num_emitted = torch.empty((n,), dtype=torch.int32, device=device)
     if logprobs is None:
         logprobs = torch.empty((n, width), dtype=torch.float32, device=device)
-    torch.ops.xkernels.chain_verify_ragged_.default(
-        draft_tokens, cu_num_draft_tokens, target_logits, int(max_spec_len),
-        _tensor(draft_probs, "draft_probs", optional=True), *_sampling_args(temperature, top_k, top_p, min_p, seed, offset), block, out, num_emitted, logprobs)
+    _ragged(draft_tokens, cu_num_draft_tokens, target_logits, int(max_spec_len), draft_probs, temperature, top_k,
+            top_p, min_p, seed, offset, method, out, num_emitted, logprobs)
     return out, num_emitted, logprobs
+
+
+def _requests(cu_num_draft_tokens) -> int:
+    cu_num_draft_tokens = _tensor(cu_num_draft_tokens, "cu_num_draft_tokens")
+    if cu_num_draft_tokens.dim() != 1:
+        raise ValueError(f"cu_num_draft_tokens must have shape [N], got {list(cu_num_draft_tokens.shape)}")
+    return cu_num_draft_tokens.shape[0]
+
+
+def _ragged(draft_tokens, cu_num_draft_tokens, target_logits, max_spec_len, draft_probs, temperature, top_k, top_p,
+            min_p, seed, offset, method, out, num_emitted, logprobs):
+    """The one call of chain_verify_ragged_'s kernel both ragged forms make, into the given buffers."""
+    block = _check_method(method)
+    n = _requests(cu_num_draft_tokens)
+    torch.ops.xkernels.chain_verify_ragged_.default(
+        _tensor(draft_tokens, "draft_tokens"), _tensor(cu_num_draft_tokens, "cu_num_draft_tokens"),
+        _tensor(target_logits, "target_logits"), max_spec_len, _tensor(draft_probs, "draft_probs", optional=True),
+        *_sampling_args(temperature, top_k, top_p, min_p, seed, offset, n), block, out, num_emitted, logprobs)
+
+
+def chain_verify_ragged_(
+    draft_tokens: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    target_logits: torch.Tensor,
+    out: torch.Tensor,
+    accept_len: torch.Tensor,
+    *,
+    logprobs: Optional[torch.Tensor] = None,
+    draft_probs: Optional[torch.Tensor] = None,
+    temperature: Union[float, torch.Tensor] = 0.0,
+    top_k: IntParam = None,
+    top_p: Param = None,
+    min_p: Param = None,
+    seed: Seed = 0,
+    offset: Seed = 0,
+    method: str = "token",
+):
+    """:func:`chain_verify_ragged` into caller buffers, with the verify ops' one convention: the
+    accepted drafts' count first, then the tokens (as :func:`chain_verify` and :func:`tree_verify`).
+
+    The form an engine captures in a CUDA graph: every output is a buffer it owns, written in place
+    on the current stream, no host read, nothing allocated unless ``logprobs`` is None (then the
+    kernel, which always computes the log-probabilities, writes them to a scratch buffer of ``[N,
+    max_spec_len + 1]`` floats that is dropped).
+
+    Args:
+        draft_tokens, cu_num_draft_tokens, target_logits, draft_probs: as :func:`chain_verify_ragged`
+            takes them (``draft_tokens`` int32 or int64).
+        temperature, top_k, top_p, min_p, method: as :func:`chain_verify_ragged` takes them.
+        out: int32 ``[N, max_spec_len + 1]``, contiguous, on the logits' device: its width sets
+            ``max_spec_len``; receives each request's accepted drafts, then its correction or bonus
+            token, then -1.
+        accept_len: int32 ``[N]``, contiguous, on the logits' device: receives each request's
+            accepted drafts (it emits ``accept_len + 1`` tokens).
+        logprobs: optional float32 ``[N, max_spec_len + 1]``: receives the emitted tokens'
+            log-probabilities (as :func:`chain_verify_ragged` gives them, NaN padded).
+        seed, offset: int64 ``[N]`` tensors, a stream per request (request ``n``'s slot ``i`` keyed by
+            ``(seed[n], offset[n] + i)``); a call reads slots up to ``offset[n] + max_spec_len``, so
+            the next call's offset advances by :func:`xkernels.offset_advance` (``max_spec_len + 1``):
+            reusing a slot silently correlates the two calls' noise. An int or a 0-dim tensor is the
+            batch-row form (:doc:`/concepts/random_streams`).
+
+    Returns:
+        tuple: ``(accept_len, out)``, the buffers given, and ``logprobs`` after them when it is given.
+
+    Raises:
+        ValueError: ``out`` not 2-D, or a one-element 1-D ``seed`` / ``offset`` with ``N > 1``; and
+            what :func:`chain_verify_ragged` raises.
+
+    Kernels:
+        - CPU and CUDA: :func:`chain_verify_ragged`'s, then one in-place subtraction on ``accept_len``
+          (the kernel counts the emitted tokens).
+    """
+    out, accept_len = _tensor(out, "out"), _tensor(accept_len, "accept_len")
+    if out.dim() != 2:
+        raise ValueError(f"out must have shape [N, max_spec_len + 1], got {list(out.shape)}")
+    logprobs = _tensor(logprobs, "logprobs", optional=True)
+    scratch = logprobs if logprobs is not None else torch.empty(out.shape, dtype=torch.float32, device=out.device)
+    _ragged(draft_tokens, cu_num_draft_tokens, target_logits, out.shape[1] - 1, draft_probs, temperature, top_k,
+            top_p, min_p, seed, offset, method, out, accept_len, scratch)
+    accept_len.sub_(1)
+    return (accept_len, out) if logprobs is None else (accept_len, out, logprobs)
 
 
 def build_info() -> dict:
@@ -362,7 +483,7 @@ def refine_step(
     temperature: Union[float, torch.Tensor] = 0.0,
     seed: Seed = 0,
     offset: Seed = 0,
-    top_k: Param = None,
+    top_k: IntParam = None,
     top_p: Param = None,
     min_p: Param = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -409,8 +530,8 @@ def refine_step(
           its top and bound the cut's ids), else by radix selection in two; no host sync.
     """
     return torch.ops.xkernels.refine_step.default(
-        _tensor(ctx, "ctx"), _tensor(prev_tokens, "prev_tokens"), _tensor(base_logits, "base_logits"),
-        *_weights(weights), *_sampling_args(temperature, top_k, top_p, min_p, seed, offset))
+        _tensor(ctx, "ctx"), _ids(prev_tokens, "prev_tokens"), _tensor(base_logits, "base_logits"),
+        *_weights(weights), *_sampling_args(temperature, top_k, top_p, min_p, seed, offset, _rows(ctx)))
 
 
 @_refine_doc
@@ -424,7 +545,7 @@ def jacobi_refine(
     temperature: Union[float, torch.Tensor] = 0.0,
     seed: Seed = 0,
     offset: Seed = 0,
-    top_k: Param = None,
+    top_k: IntParam = None,
     top_p: Param = None,
     min_p: Param = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -458,8 +579,8 @@ def jacobi_refine(
           once.
     """
     return torch.ops.xkernels.jacobi_refine.default(
-        _tensor(ctx, "ctx"), _tensor(prefix_tokens, "prefix_tokens"), _tensor(base_logits, "base_logits"),
-        *_weights(weights), int(max_iters), *_sampling_args(temperature, top_k, top_p, min_p, seed, offset))
+        _tensor(ctx, "ctx"), _ids(prefix_tokens, "prefix_tokens"), _tensor(base_logits, "base_logits"),
+        *_weights(weights), int(max_iters), *_sampling_args(temperature, top_k, top_p, min_p, seed, offset, _rows(ctx)))
 
 
 @_refine_doc
@@ -472,7 +593,7 @@ def sequential_refine(
     temperature: Union[float, torch.Tensor] = 0.0,
     seed: Seed = 0,
     offset: Seed = 0,
-    top_k: Param = None,
+    top_k: IntParam = None,
     top_p: Param = None,
     min_p: Param = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -497,8 +618,8 @@ def sequential_refine(
         - CUDA: :func:`refine_step`'s kernels, one slot per step.
     """
     return torch.ops.xkernels.sequential_refine.default(
-        _tensor(ctx, "ctx"), _tensor(prefix_tokens, "prefix_tokens"), _tensor(base_logits, "base_logits"),
-        *_weights(weights), *_sampling_args(temperature, top_k, top_p, min_p, seed, offset))
+        _tensor(ctx, "ctx"), _ids(prefix_tokens, "prefix_tokens"), _tensor(base_logits, "base_logits"),
+        *_weights(weights), *_sampling_args(temperature, top_k, top_p, min_p, seed, offset, _rows(ctx)))
 
 
 # ---- draft trees (format: xkernels/tree.py) ----
@@ -536,7 +657,7 @@ def build_draft_tree(topk_logprobs: torch.Tensor, topk_tokens: torch.Tensor, bud
           lanes (in shared memory; global scratch past 48 KB).
     """
     return torch.ops.xkernels.build_draft_tree.default(
-        _tensor(topk_logprobs, "topk_logprobs"), _tensor(topk_tokens, "topk_tokens"), int(budget))
+        _tensor(topk_logprobs, "topk_logprobs"), _ids(topk_tokens, "topk_tokens"), int(budget))
 
 
 def tree_attention_mask(parents: torch.Tensor, *, num_nodes: Optional[torch.Tensor] = None,
@@ -566,7 +687,7 @@ def tree_attention_mask(parents: torch.Tensor, *, num_nodes: Optional[torch.Tens
     if layout not in ("bool", "packed"):
         raise ValueError(f"layout must be 'bool' or 'packed', got {layout!r}")
     return torch.ops.xkernels.tree_attention_mask.default(
-        _tensor(parents, "parents"), _tensor(num_nodes, "num_nodes", optional=True), layout == "packed")
+        _ids(parents, "parents"), _tensor(num_nodes, "num_nodes", optional=True), layout == "packed")
 
 
 def tree_positions(parents: torch.Tensor, *, num_nodes: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -588,7 +709,7 @@ def tree_positions(parents: torch.Tensor, *, num_nodes: Optional[torch.Tensor] =
         - CPU: a node's depth is its parent's plus one.
         - CUDA: a block per sequence, a thread per node walks its ancestors.
     """
-    return torch.ops.xkernels.tree_positions.default(_tensor(parents, "parents"),
+    return torch.ops.xkernels.tree_positions.default(_ids(parents, "parents"),
                                                     _tensor(num_nodes, "num_nodes", optional=True))
 
 
@@ -603,7 +724,7 @@ def tree_verify(
     seed: Seed = 0,
     offset: Seed = 0,
     num_nodes: Optional[torch.Tensor] = None,
-    top_k: Param = None,
+    top_k: IntParam = None,
     top_p: Param = None,
     min_p: Param = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -673,9 +794,10 @@ def tree_verify(
           no sort: usually one more pass over the row); never syncs the host.
     """
     return torch.ops.xkernels.tree_verify.default(
-        _tensor(tokens, "tokens"), _tensor(parents, "parents"), _tensor(target_logits, "target_logits"),
+        _ids(tokens, "tokens"), _ids(parents, "parents"), _tensor(target_logits, "target_logits"),
         _tensor(draft_probs, "draft_probs", optional=True), bool(without_replacement),
-        _tensor(num_nodes, "num_nodes", optional=True), *_sampling_args(temperature, top_k, top_p, min_p, seed, offset))
+        _tensor(num_nodes, "num_nodes", optional=True),
+        *_sampling_args(temperature, top_k, top_p, min_p, seed, offset, _rows(tokens)))
 
 
 def compact_kv_(cache: torch.Tensor, path: torch.Tensor, accept_len: torch.Tensor, prefix_len: int) -> torch.Tensor:
@@ -720,7 +842,7 @@ def dllm_step(
     num_unmask: int = 1,
     threshold: Optional[float] = None,
     temperature: Union[float, torch.Tensor] = 0.0,
-    top_k: Param = None,
+    top_k: IntParam = None,
     top_p: Param = None,
     min_p: Param = None,
     seed: Seed = 0,
@@ -785,9 +907,9 @@ def dllm_step(
           per-sequence tensors read on the device.
     """
     return torch.ops.xkernels.dllm_step.default(
-        _tensor(logits, "logits"), _tensor(block_tokens, "block_tokens"), int(mask_id), int(num_unmask),
+        _tensor(logits, "logits"), _ids(block_tokens, "block_tokens"), int(mask_id), int(num_unmask),
         None if threshold is None else _scalar(threshold, "threshold"),
-        *_sampling_args(temperature, top_k, top_p, min_p, seed, offset))
+        *_sampling_args(temperature, top_k, top_p, min_p, seed, offset, _rows(logits)))
 
 
 # ---- Spiffy ----
@@ -801,7 +923,7 @@ def spiffy_materialize(
     *,
     keep: int,
     temperature: Union[float, torch.Tensor] = 0.0,
-    top_k: Param = None,
+    top_k: IntParam = None,
     top_p: Param = None,
     min_p: Param = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -849,7 +971,7 @@ def spiffy_materialize(
           then a block per sequence: warps merge the rows, then one block-wide argmax per kept node.
     """
     return torch.ops.xkernels.spiffy_materialize.default(
-        _tensor(logits, "logits"), _tensor(block_tokens, "block_tokens"), int(mask_id),
+        _tensor(logits, "logits"), _ids(block_tokens, "block_tokens"), int(mask_id),
         _tensor(graph.ranks, "graph.ranks"), _tensor(graph.child_ptr, "graph.child_ptr"),
         _tensor(graph.children, "graph.children"), int(keep),
         *_sampling_args(temperature, top_k, top_p, min_p, 0, 0)[:8])
@@ -866,7 +988,7 @@ def spiffy_accept(
     num_unmask: int = 1,
     threshold: Optional[float] = None,
     temperature: Union[float, torch.Tensor] = 0.0,
-    top_k: Param = None,
+    top_k: IntParam = None,
     top_p: Param = None,
     min_p: Param = None,
     seed: Seed = 0,
@@ -919,9 +1041,9 @@ def spiffy_accept(
     """
     return torch.ops.xkernels.spiffy_accept.default(
         _tensor(root_logits, "root_logits"), _tensor(draft_logits, "draft_logits"),
-        _tensor(draft_blocks, "draft_blocks"), _tensor(node_ids, "node_ids"), _tensor(block_tokens, "block_tokens"),
+        _ids(draft_blocks, "draft_blocks"), _tensor(node_ids, "node_ids"), _ids(block_tokens, "block_tokens"),
         int(mask_id), int(num_unmask), None if threshold is None else _scalar(threshold, "threshold"),
-        *_sampling_args(temperature, top_k, top_p, min_p, seed, offset))
+        *_sampling_args(temperature, top_k, top_p, min_p, seed, offset, _rows(root_logits)))
 
 
 def spiffy_attention_mask(
@@ -1072,7 +1194,7 @@ def shard_row_stats(
           score so far; no host reads.
     """
     temperature, temperature_tensor, *_, seed_int, seed_tensor, offset_int, offset_tensor = _sampling_args(
-        temperature, None, None, None, seed, offset)
+        temperature, None, None, None, seed, offset, _rows(logits))
     return torch.ops.xkernels.shard_row_stats.default(
         _tensor(logits, "logits"), int(vocab_start), _tensor(rows, "rows", optional=True),
         _tensor(exclude, "exclude", optional=True), _tensor(draft_probs, "draft_probs", optional=True),

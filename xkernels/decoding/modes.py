@@ -21,6 +21,7 @@ import torch
 from .. import ops
 from ..models.target import Linear
 from ..ops import build_draft_tree, tree_attention_mask
+from ..streams import offset_advance
 from .candidates import whole_candidates
 
 Step = Union[int, torch.Tensor]
@@ -95,6 +96,13 @@ class Streams:
 
     def _offset(self, kind: int) -> Step:
         return (3 * self.step + kind) * self.SLOTS
+
+    def room(self, op: str, *args, **kwargs) -> None:
+        """Raises where a call of op reads more slots (xkernels.offset_advance) than a draw kind's
+        range of SLOTS holds: its noise would then overlap the next kind's, silently."""
+        width = offset_advance(op, *args, seed=self.seed, **kwargs)
+        if width > self.SLOTS:
+            raise ValueError(f"{op} reads {width} stream slots a call, more than the {self.SLOTS} of a block's range")
 
     @property
     def verify(self) -> Step:
@@ -312,6 +320,7 @@ class ChainVerifier:
         block = {"method": "block"} if self.method == "block" else {}
         if block and proposal.limit is not None:  # block acceptance reads every row: no cutting afterwards
             raise ValueError("block verification needs every verified draft proper (no per-sequence limit)")
+        rng.room("chain_verify", drafts)
         accept_len, out = self.vocab.chain_verify(drafts, logits, draft_probs=proposal.q, temperature=rng.temperature,
                                                   seed=rng.seed, offset=rng.verify, **block)
         if proposal.limit is not None:
@@ -360,6 +369,7 @@ class TreeVerifier:
         tokens = torch.where(root, anchor[:, None], tree.tokens.clamp(min=0))
         mask = tree_attention_mask(tree.parents, num_nodes=tree.num_nodes)
         logits, hidden = target(tokens, cache, hidden_layers=layers, tree_mask=mask, tree_depth=tree.depth)
+        rng.room("tree_verify", tokens)
         accept_len, path, out = self.vocab.tree_verify(tokens, tree.parents, logits.float(),
                                                        temperature=rng.temperature, seed=rng.seed, offset=rng.verify,
                                                        num_nodes=tree.num_nodes)
