@@ -2,7 +2,9 @@
 
 :class:`XKernelsRejectionSampler` subclasses vLLM's ``RejectionSampler`` with its constructor and
 ``forward``; the verification, the recovered tokens and the bonus token come from one
-:func:`xkernels.chain_verify_ragged` call, with each request's temperature, top-k, top-p and min-p.
+:func:`xkernels.chain_verify_ragged_` call (through
+:class:`xkernels.integrations.ragged_verifier.RaggedVerifier`, which builds the step on the device),
+with each request's temperature, top-k, top-p and min-p.
 vLLM's own code still does everything around it: penalties, allowed and bad words, the min-tokens
 and logit-bias processors, the thinking budget, and the log-probs. :func:`install` makes the model
 runner build it; the plugin (:mod:`xkernels.integrations.vllm_plugin`) calls it. Known to work
@@ -23,15 +25,12 @@ from vllm.v1.sample.logits_processor.builtin import (LogitBiasLogitsProcessor, M
 from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
 from vllm.v1.sample.rejection_sampler import MAX_SPEC_LEN, RejectionSampler
 
-import xkernels
-
-from .vllm_plugin import has_kernel
+from .ragged_verifier import RaggedVerifier, has_kernel, request_rows, row_requests
 
 logger = init_logger("vllm.xkernels")
 
 # Processors whose effect on every verified row this sampler knows; a batch with another falls back.
 _KNOWN_PROCESSORS = (MinPLogitsProcessor, LogitBiasLogitsProcessor, MinTokensLogitsProcessor)
-_INT64 = 1 << 64
 
 
 class XKernelsRejectionSampler(RejectionSampler):
@@ -56,10 +55,10 @@ class XKernelsRejectionSampler(RejectionSampler):
         super().__init__(sampler, spec_config, device)
         block = spec_config is not None and spec_config.rejection_sample_method == "block"
         self.method = "block" if block else "token"
+        self._verifier = None  # RaggedVerifier, made (and grown) by the first batch that needs it
         self._requests = None
-        self._unseeded: dict[str, int] = {}
         logger.info("xkernels: speculative tokens are verified by XKernelsRejectionSampler "
-                    "(xkernels.chain_verify_ragged, %s verification)", self.method)
+                    "(xkernels.chain_verify_ragged_, %s verification)", self.method)
 
     def set_requests(self, req_ids: Sequence[str], positions: torch.Tensor) -> None:
         """Names the requests of the next :meth:`forward` call and where they stand.
@@ -67,8 +66,8 @@ class XKernelsRejectionSampler(RejectionSampler):
         Args:
             req_ids: the batch's request ids, in row order (an unseeded request's stream is
                 keyed by its id).
-            positions: int64, one per row of the next call's ``logits``: the absolute position
-                of the token whose logits that row holds.
+            positions: int64 on the logits' device, one per row of the next call's ``logits``: the
+                absolute position of the token whose logits that row holds (read on the device).
 
         A call without them (vLLM's warm-up makes one) draws every request a fresh seed: still
         lossless, but a request's tokens then depend on the batch's order of draws.
@@ -78,10 +77,17 @@ class XKernelsRejectionSampler(RejectionSampler):
     def forward(self, metadata, draft_probs, logits, sampling_metadata) -> SamplerOutput:
         """Verifies the drafts of a batch and samples each request's correction or bonus token.
 
+        No host read: the rows, streams and parameters are built on the device from vLLM's device
+        tensors into buffers kept across steps, the logits are read in place (vLLM's V1 runner lays
+        them out as the op does), so the call can be captured in a CUDA graph once its batch's
+        requests are known (a new batch uploads its seeds first, outside a capture). vLLM's own
+        processing around it (penalties, bad words, log-probs when asked) is vLLM's code.
+
         Args:
             metadata: vLLM's ``SpecDecodeMetadata`` of the batch.
-            draft_probs: float32 ``[T, V]``, or None for deterministic drafts.
-            logits: the target's logits, ``[T + N, V]``, rows as ``metadata`` indexes them.
+            draft_probs: ``[T, V]``, or None for deterministic drafts.
+            logits: the target's logits, ``[T + N, V]``, request ``n``'s draft rows then its bonus
+                row (as vLLM's V1 runner computes them at ``metadata.logits_indices``).
             sampling_metadata: vLLM's ``SamplingMetadata``.
 
         Returns:
@@ -89,64 +95,74 @@ class XKernelsRejectionSampler(RejectionSampler):
             log-probs vLLM's sampler would give when they are asked for.
         """
         requests, self._requests = self._requests, None
-        reason = self._unsupported(logits, sampling_metadata)
+        reason = self._unsupported(logits, metadata, sampling_metadata)
         if reason is not None:
             logger.warning_once("xkernels: %s: vLLM's own RejectionSampler verifies these batches%s", reason,
                                 " (its sampled path is wrong on the CPU: vllm #55005)" if logits.device.type == "cpu" else "")
             return super().forward(metadata, draft_probs, logits, sampling_metadata)
         sm = sampling_metadata
-        device = logits.device
-        n, t = len(metadata.num_draft_tokens), metadata.draft_token_ids.shape[0]
-        # The op's layout: request n's K_n draft rows, then its bonus row, from row cu[n-1] + n.
-        # Built from the host's counts (torch's repeat_interleave costs milliseconds on a busy CPU).
-        target, bonus, owner, row = [], [], [], 0
-        for req, k in enumerate(metadata.num_draft_tokens):
-            target.extend(range(row, row + k))
-            bonus.append(row + k)
-            owner.extend([req] * (k + 1))
-            row += k + 1
-        target_rows, bonus_rows, request_of_row, first_rows = (
-            torch.tensor(x, dtype=torch.int64, device=device)
-            for x in (target, bonus, owner, [b - k for b, k in zip(bonus, metadata.num_draft_tokens)]))
-        source = torch.empty(t + n, dtype=torch.int64, device=device)
-        source[target_rows] = metadata.target_logits_indices.long()
-        source[bonus_rows] = metadata.bonus_logits_indices.long()
+        n = metadata.cu_num_draft_tokens.shape[0]
+        first_rows, bonus_rows = request_rows(metadata.cu_num_draft_tokens)
+        verifier = self._verifier_for(n, logits.device)
+        if requests is None or len(requests[0]) < n:
+            logger.debug("xkernels: a call without the requests' ids and positions: fresh seeds")
+            verifier.set_requests([None] * n, self._own_seed(sm))
+        else:
+            verifier.set_requests(requests[0][:n], self._own_seed(sm))
+            verifier.set_positions(requests[1].to(logits.device)[first_rows])  # a no-op .to on the runner's device
         reported = None  # the logits whose log-probs are reported
         if sm.max_num_logprobs is not None and not self.is_processed_logprobs_mode:
             reported = (logits[metadata.target_logits_indices].to(torch.float32),
-                   logits[metadata.bonus_logits_indices].to(torch.float32))
-        # The model runner's rows are already in the op's layout: no copy then. The edits below
-        # may then change `logits` in place, which vLLM's RejectionSampler contract allows.
-        in_layout = logits.dtype == torch.float32 and logits.shape[0] == t + n and bool(
-            (source == torch.arange(t + n, device=device)).all())
-        scores = logits if in_layout else logits.index_select(0, source).to(torch.float32)
-        self._process(scores, target_rows, bonus_rows, metadata, sm)
-        temperature, top_k, top_p, min_p = self._params(scores, request_of_row, sm)
-        seed, offset = self._streams(requests, source[first_rows], sm, n, device)
-        out, _, _ = xkernels.chain_verify_ragged(
-            metadata.draft_token_ids, metadata.cu_num_draft_tokens, scores, max_spec_len=metadata.max_spec_len,
-            draft_probs=draft_probs, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-            seed=seed, offset=offset, method=self.method)
+                        logits[metadata.bonus_logits_indices].to(torch.float32))
+        # The op's layout is the runner's: the edits below change `logits` in place, which vLLM's
+        # RejectionSampler contract allows.
+        request_of_row = row_requests(bonus_rows, logits.shape[0])
+        self._process(logits, metadata, sm)
+        temperature, top_k, top_p, min_p = self._params(logits, request_of_row, sm)
+        _, out = verifier.verify(metadata.draft_token_ids, metadata.cu_num_draft_tokens, logits, metadata.max_spec_len,
+                                 draft_probs=draft_probs, temperature=temperature, top_k=top_k, top_p=top_p,
+                                 min_p=min_p)
         logprobs = None
         if sm.max_num_logprobs is not None:
             if reported is None:
-                processed = self._filtered(scores, request_of_row, sm)
-                reported = processed[target_rows], processed[bonus_rows]
+                processed = self._filtered(logits, request_of_row, sm)
+                reported = processed[metadata.target_logits_indices], processed[metadata.bonus_logits_indices]
             logprobs = self._get_logprobs_tensors(sm.max_num_logprobs, metadata, logits, *reported, out)
-        return SamplerOutput(sampled_token_ids=out, logprobs_tensors=logprobs)
+        # A copy of [N, max_spec_len + 1] ids: vLLM may hold the step's output while the next step
+        # writes the verifier's buffers (asynchronous scheduling).
+        return SamplerOutput(sampled_token_ids=out.clone(), logprobs_tensors=logprobs)
 
-    def _unsupported(self, logits, sm):
+    def _verifier_for(self, n, device):
+        if self._verifier is None or self._verifier.seed.device != device:
+            self._verifier = RaggedVerifier(max(n, 1), MAX_SPEC_LEN, device, self.method)
+        elif n > self._verifier.max_requests:
+            self._verifier = self._verifier.resized(max(n, 2 * self._verifier.max_requests))
+        return self._verifier
+
+    @staticmethod
+    def _own_seed(sm):
+        """row -> the seed of a seeded request (its generator's initial seed), else None."""
+        def seed_of(row):
+            generator = sm.generators.get(row)
+            return None if generator is None else generator.initial_seed()
+        return seed_of
+
+    def _unsupported(self, logits, metadata, sm):
         """Why this batch must go to vLLM's sampler, or None."""
         if self.synthetic_mode:
             return "rejection_sample_method='synthetic'"
         if not has_kernel(logits.device.type):
             return f"chain_verify_ragged has no {logits.device.type.upper()} kernel"
+        if logits.shape[0] != metadata.draft_token_ids.shape[0] + metadata.cu_num_draft_tokens.shape[0]:
+            return "logits rows other than the V1 runner's draft and bonus rows"
+        if metadata.max_spec_len > MAX_SPEC_LEN:
+            return f"max_spec_len {metadata.max_spec_len} above vLLM's MAX_SPEC_LEN"
         unknown = sorted({type(p).__name__ for p in sm.logitsprocs.all if not isinstance(p, _KNOWN_PROCESSORS)})
         if unknown:
             return f"logits processors {', '.join(unknown)} (their effect on draft rows is not known)"
         return None
 
-    def _process(self, scores, target_rows, bonus_rows, metadata, sm):
+    def _process(self, scores, metadata, sm):
         """vLLM's logits processing and penalties, in place: its sampler's on the bonus rows, its
         rejection sampler's on the draft rows, plus the logit bias, which vLLM's rejection sampler
         leaves off the draft rows although its sampler applies it at every position."""
@@ -157,6 +173,7 @@ class XKernelsRejectionSampler(RejectionSampler):
                          for p in sm.logitsprocs.non_argmax_invariant))
         if not active:
             return
+        target_rows, bonus_rows = metadata.target_logits_indices, metadata.bonus_logits_indices
         scores[bonus_rows] = self.sampler.apply_logits_processors(scores[bonus_rows], sm, predict_bonus_token=True)
         targets = self.apply_logits_processors(scores[target_rows], sm, metadata)
         for processor in sm.logitsprocs.non_argmax_invariant:
@@ -187,21 +204,21 @@ class XKernelsRejectionSampler(RejectionSampler):
         min_p = self._min_p(sm)
         if min_p is not None and sm.top_p is not None:
             # vLLM's sampler applies min-p before top-p (whose mass is then renormalised over what
-            # min-p kept); the op applies it after. Where both are on, mask min-p here first.
+            # min-p kept); the op applies it after. Where both are on, mask min-p here first: a pass
+            # over every row, which beats asking the host which rows need it (a sync).
             both = (min_p > 0) & (sm.top_p < 1)
-            if bool(both.any()):
-                self._mask_min_p(scores, request_of_row, sm.temperature, min_p, both)
-                min_p = torch.where(both, 0.0, min_p)
+            self._mask_min_p(scores, request_of_row, sm.temperature, min_p, both)
+            min_p = torch.where(both, 0.0, min_p)
         return sm.temperature, top_k, sm.top_p, min_p
 
     @staticmethod
     def _mask_min_p(scores, request_of_row, temperature, min_p, which):
         """Sets to -inf, in the rows of the requests in ``which``, what vLLM's min-p drops:
-        p < min_p * max p, i.e. a logit below max + T * log(min_p)."""
-        rows = which[request_of_row].nonzero().reshape(-1)
-        sub, req = scores[rows], request_of_row[rows]
-        cut = sub.amax(dim=-1, keepdim=True) + (temperature[req] * torch.log(min_p[req])).unsqueeze(-1)
-        scores[rows] = sub.masked_fill(sub < cut, float("-inf"))
+        p < min_p * max p, i.e. a logit below max + T * log(min_p). In place, on the device."""
+        cut = scores.amax(dim=-1) + (temperature * torch.log(min_p))[request_of_row]
+        # Rows outside `which` compare with -inf: nothing dropped.
+        cut = torch.where(which[request_of_row], cut, float("-inf")).unsqueeze(-1)
+        scores.masked_fill_(scores < cut, float("-inf"))
 
     def _filtered(self, scores, request_of_row, sm):
         """The processed logits vLLM reports log-probs of in its processed modes: scaled by
@@ -215,34 +232,6 @@ class XKernelsRejectionSampler(RejectionSampler):
             self._mask_min_p(out, request_of_row, torch.ones_like(temperature), min_p, min_p > 0)
         return apply_top_k_top_p(out, None if sm.top_k is None else sm.top_k[request_of_row],
                                  None if sm.top_p is None else sm.top_p[request_of_row])
-
-    def _streams(self, requests, first_rows, sm, n, device):
-        """(seed, offset) int64 [N]: request n's noise at slot i is keyed by (seed[n], offset[n] + i)."""
-        if requests is None or len(requests[0]) < n:
-            logger.debug("xkernels: a call without the requests' ids and positions: fresh seeds")
-            seeds = [int(torch.randint(-(1 << 63), (1 << 63) - 1, (), generator=g, device=g.device if g else "cpu"))
-                     for g in (sm.generators.get(row) for row in range(n))]
-            return torch.tensor(seeds, dtype=torch.int64, device=device), torch.zeros(n, dtype=torch.int64, device=device)
-        req_ids, positions = requests
-        seeds, unseeded = [], {}
-        for row in range(n):
-            generator = sm.generators.get(row)
-            if generator is not None:
-                seed = generator.initial_seed()
-                seeds.append(seed - _INT64 if seed >= 1 << 63 else seed)
-            else:
-                seed = self._unseeded.get(req_ids[row])
-                if seed is None:
-                    seed = int(torch.randint(-(1 << 63), (1 << 63) - 1, ()))
-                unseeded[req_ids[row]] = seed
-                seeds.append(seed)
-        self._unseeded = unseeded  # finished requests drop out with the batch
-        # Keys (seed, position of the first verified row * (MAX_SPEC_LEN + 1) + slot): a step's
-        # first position is past every earlier step's, so no key is used twice. Block
-        # verification looks at the coins of slots that the next step verifies again, which is
-        # why the slot is not simply added to the position.
-        offset = positions.to(device=device, dtype=torch.int64)[first_rows] * (MAX_SPEC_LEN + 1)
-        return torch.tensor(seeds, dtype=torch.int64, device=device), offset
 
 
 def install(runner_module) -> None:

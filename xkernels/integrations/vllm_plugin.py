@@ -15,7 +15,7 @@ import importlib.util
 import os
 import sys
 
-import torch
+from .ragged_verifier import has_kernel
 
 # vLLM releases whose RejectionSampler.__init__/forward, SamplingMetadata and
 # GPUModelRunner._sample this plugin was written against and tested with.
@@ -34,18 +34,6 @@ def known_version(version: str) -> bool:
         bool.
     """
     return version.split("+")[0] in KNOWN_VLLM_VERSIONS
-
-
-def has_kernel(device_type: str) -> bool:
-    """Whether ``chain_verify_ragged`` has a kernel for ``device_type`` (``"cpu"``, ``"cuda"``).
-
-    Args:
-        device_type: a torch device type.
-
-    Returns:
-        bool.
-    """
-    return torch._C._dispatch_has_kernel_for_dispatch_key("xkernels::chain_verify_ragged_", device_type.upper())
 
 
 def register() -> None:

@@ -48,17 +48,17 @@ def plain(target):
 @pytest.fixture
 def verified(monkeypatch):
     """Records (drafts, emitted tokens per request, whether draft probabilities were given) of
-    every chain_verify_ragged call."""
-    import xkernels
+    every chain_verify_ragged_ call (the sampler's, through RaggedVerifier)."""
+    from xkernels import ops
 
     seen = []
-    op = xkernels.chain_verify_ragged
+    op = ops.chain_verify_ragged_
 
     def recorded(draft_tokens, *args, **kwargs):
-        out = op(draft_tokens, *args, **kwargs)
-        seen.append((draft_tokens.numel(), (out[0] >= 0).sum(1).tolist(), kwargs.get("draft_probs") is not None))
-        return out
+        result = op(draft_tokens, *args, **kwargs)
+        seen.append((draft_tokens.numel(), (result[1] >= 0).sum(1).tolist(), kwargs.get("draft_probs") is not None))
+        return result
 
-    monkeypatch.setattr(xkernels, "chain_verify_ragged", recorded)
+    monkeypatch.setattr(ops, "chain_verify_ragged_", recorded)
     return seen
 

@@ -32,15 +32,15 @@ def test_installed_build_is_imported():
 
 @pytest.fixture
 def calls(monkeypatch):
-    """Counts chain_verify_ragged calls (0 means vLLM's own sampler did the work)."""
+    """Counts chain_verify_ragged_ calls (0 means vLLM's own sampler did the work)."""
     seen = []
-    op = xkernels.chain_verify_ragged
+    op = xkernels.ops.chain_verify_ragged_
 
     def counted(*args, **kwargs):
         seen.append(kwargs)
         return op(*args, **kwargs)
 
-    monkeypatch.setattr(xkernels, "chain_verify_ragged", counted)
+    monkeypatch.setattr(xkernels.ops, "chain_verify_ragged_", counted)
     return seen
 
 
@@ -224,6 +224,28 @@ def test_seeded_request_is_batch_invariant(calls):
         assert torch.equal(a, b), (pos, a, b)
         results.append(a.tolist())
     assert len({tuple(r) for r in results}) > 1  # the position moves the stream
+
+
+def test_a_steady_forward_makes_no_host_read():
+    """A step whose requests the sampler has seen (their seeds on the device), mixed greedy and
+    sampled requests with top-k and top-p: no .item() / .tolist() / .cpu() / bool() / nonzero or
+    device-to-host copy in the forward (host_reads.py)."""
+    from host_reads import count_host_reads
+
+    torch.manual_seed(5)
+    drafts = [[3, 1], [], [5, 9, 2]]
+    logits = torch.randn(sum(map(len, drafts)) + len(drafts), V)
+    md = spec_metadata(drafts)
+    sm = sampling_metadata(3, V, temperature=[0.0, 0.8, 1.2], top_k=[V, 5, V], top_p=[1.0, 0.9, 0.95])
+    sampler = XKernelsRejectionSampler(Sampler())
+    positions = positions_of(drafts, [4, 9, 2])
+    sampler.set_requests(list("abc"), positions)
+    first = sampler(md, None, logits.clone(), sm).sampled_token_ids.clone()  # uploads the requests' seeds
+    sampler.set_requests(list("abc"), positions)
+    with count_host_reads() as seen:
+        again = sampler(md, None, logits.clone(), sm).sampled_token_ids
+    assert seen == []
+    assert torch.equal(first, again)  # same requests, positions and logits: the same noise
 
 
 def test_unseeded_request_keeps_its_stream_by_id():
