@@ -1,8 +1,9 @@
 """GPU timings of the xkernels ops beside the peers a user would pick instead, with the bytes each must read.
 
     python bench/gpu_bench.py [--only SECTION ...] [--json out.jsonl] [--profile] [--no-compile | --compile-only]
-    python bench/gpu_bench.py --sanitize SECTION  the small edge cases of one section, for compute-sanitizer
-    add --dry-run to either: CPU tensors, tiny shapes, one call a timing (bench/gpu_check.sh --dry-run)
+    python bench/gpu_bench.py --sanitize SECTION [--racecheck]  the small edge cases of one section, for compute-sanitizer
+    python bench/gpu_bench.py --profile-once [--only SECTION ...]  one call of each case, for Nsight Compute
+    add --dry-run to any: CPU tensors, tiny shapes, one call a timing (bench/gpu_check.sh --dry-run)
 
 Sections, in the default order (the redesigned kernels first): tree, spiffy, dllm, refine, chain.
 Each row reports CUDA-event medians, the op's floor (bytes over the datasheet bandwidth) and its
@@ -10,9 +11,13 @@ fraction of the read bandwidth this GPU achieves, measured in the same run (a bf
 4 GiB). Peers: eager PyTorch, for the refine read the bare cuBLAS GEMM of the same shapes, and
 (chain, refine) torch.compile of the eager code and, where CuPy is installed, chain_verify timed
 again with cupyx.profiler.benchmark (DLPack) as a cross-check of the event timings. Compiling costs
-tens of seconds a case, so --no-compile leaves those out and --compile-only times them alone (beside
-the op, for the ratio): bench/gpu_check.sh runs them last. --profile adds each case's CUDA kernels
-(torch.profiler). --json appends one JSON line per row, so sections run as separate processes
+tens of seconds a case, so they are timed at one case a section (chain_verify T=1 with q, refine
+N=8), each compile bounded by --compile-bound seconds (a case over it is recorded as skipped);
+--no-compile leaves them out and --compile-only times them alone (beside the op, for the ratio).
+--profile adds each case's CUDA kernels (torch.profiler). --profile-once runs each case's op once
+after warm-up, inside an NVTX range named after the case and cudaProfilerStart/Stop, so that
+`ncu --profile-from-start off --nvtx` sees one launch of each kernel and names its case
+(bench/ncu_table.py). --json appends one JSON line per row, so sections run as separate processes
 (bench/gpu_check.sh) add to one file and a crash in one leaves the others' rows.
 """
 
@@ -21,6 +26,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import statistics
 import time
 
@@ -58,7 +64,8 @@ def time_events(fn, warmup=25, iters=200):
 
 
 def time_once(fn, **_):
-    """Microseconds of one call on the host: the dry run's timing, which checks the flow, not the speed."""
+    """Microseconds of one call on the host: the dry run's and --profile-once's timing, which checks
+    the flow, not the speed."""
     start = time.perf_counter()
     fn()
     return (time.perf_counter() - start) * 1e6
@@ -89,21 +96,45 @@ def achievable_bandwidth(device, nbytes, timer):
     return nbytes / (timer(lambda: x.sum(), warmup=3, iters=20) * 1e-6)
 
 
+class PeerTimeout(BaseException):
+    """A peer's compile ran past the bound (Bench.peer). Not an Exception, so that the compiler's own
+    handlers (which wrap Exceptions in theirs) let it through."""
+
+
+@contextlib.contextmanager
+def time_bound(seconds):
+    """Raises PeerTimeout in the main thread once `seconds` have passed (SIGALRM): a compile that
+    waits on inductor's worker processes is interrupted too."""
+    def expire(*_):
+        raise PeerTimeout
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 class Bench:
     """Context of one run: the device and shapes (the GPU's, or the dry run's CPU and tiny ones), the
     timer, the bandwidths rows are compared with, and which peers and profiles to take."""
 
-    def __init__(self, profile=False, compile_peers="yes", dry_run=False):
+    def __init__(self, profile=False, compile_peers="yes", dry_run=False, once=False, compile_bound=45.0):
         self.dry_run = dry_run
+        self.once = once  # --profile-once: each case's op once, for ncu; no extras, no peers
         self.device = "cpu" if dry_run else "cuda"
-        self.time = time_once if dry_run else time_events
+        self.time = time_once if dry_run or once else time_events
         self.name, self.peak = ("cpu (dry run)", None) if dry_run else peak_bandwidth()
-        self.achievable = achievable_bandwidth(self.device, (1 << 20) if dry_run else (4 << 30), self.time)
+        # The rows' fractions need a bandwidth; --profile-once's rows are not timings, so a small sum does.
+        size = 1 << 20 if dry_run else 64 << 20 if once else 4 << 30
+        self.achievable = achievable_bandwidth(self.device, size, self.time)
         self.profile = profile
         self.compile_peers = compile_peers  # "yes", "no" (--no-compile) or "only" (--compile-only)
+        self.compile_bound = compile_bound
         print(f"device: {self.name}; datasheet {self.peak / 1e12 if self.peak else '?'} TB/s; "
-              f"achievable read {self.achievable / 1e12:.2f} TB/s (bf16 sum over "
-              f"{'1 MiB' if dry_run else '4 GiB'})", flush=True)
+              f"achievable read {self.achievable / 1e12:.2f} TB/s (bf16 sum over {size >> 20} MiB)", flush=True)
 
     def shape(self, full, tiny):
         """The case's shape on the GPU, or the dry run's."""
@@ -111,25 +142,36 @@ class Bench:
 
     @property
     def main(self):
-        """Whether to time the op's own rows (everything but the compile peers)."""
-        return self.compile_peers != "only"
+        """Whether to time the op's own rows' extras (eager, cuBLAS, other reads; not the compile peers)."""
+        return self.compile_peers != "only" and not self.once
 
-    @property
-    def compiled(self):
-        """Whether to time the torch.compile and CuPy peers."""
-        return self.compile_peers != "no"
+    def peer_case(self, case, peer):
+        """Whether to time the torch.compile and CuPy peers at this case: at `peer` only, the one
+        case a section they are timed at (a compile costs tens of seconds)."""
+        return self.compile_peers != "no" and not self.once and case == peer
+
+    def cases(self, every, peer):
+        """The cases to run: `every`, or with --compile-only the peers' case alone."""
+        return [peer] if self.compile_peers == "only" else every
 
     def compile(self, fn):
         # The dry run traces with dynamo but skips inductor's code generation (a C++ compile a graph).
         return torch.compile(fn, backend="eager" if self.dry_run else "inductor")
 
     def peer(self, fn, **kw):
-        """The time of a peer, or None (printed) where it fails, as torch.compile may: never fatal."""
+        """(microseconds, None) of a peer, or (None, why) where it fails, as torch.compile may, or where
+        its first call (the compile) takes over compile_bound seconds: never fatal."""
         try:
-            return round(self.time(fn, **kw), 1)
+            with time_bound(self.compile_bound):
+                fn()
+            return round(self.time(fn, **kw), 1), None
+        except PeerTimeout:
+            torch._dynamo.reset()  # drop the half-made compile
+            why = f"skipped: first call (compile) over {self.compile_bound:g} s"
         except Exception as e:  # noqa: BLE001
-            print(f"peer failed: {e!r}"[:400], flush=True)
-            return None
+            why = f"failed: {e!r}"[:400]
+        print(f"peer {why}", flush=True)
+        return None, why
 
     def graphed(self, fn):
         """fn captured in a CUDA graph, as its replay (the dry run: fn itself), to time a call without
@@ -176,7 +218,28 @@ class Bench:
                       reverse=True)
         return [f"{t:.1f} us x{c} {k[:90]}" for t, c, k in rows[:6]]
 
+    def profile_once(self, label, fn):
+        """fn once after warm-up, inside an NVTX range `label` and cudaProfilerStart/Stop: what
+        `ncu --profile-from-start off --nvtx` profiles, each kernel named with its case."""
+        for _ in range(2):  # lazy state and workspaces out of the profiled call
+            fn()
+        cuda = self.device == "cuda"
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.nvtx.range_push(label.replace(":", ";"))  # ncu's CSV separates its fields with ':'
+            torch.cuda.profiler.start()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
+            torch.cuda.nvtx.range_pop()
+        print(f"profiled once: {label}", flush=True)
+
     def emit(self, results, row, fn=None):
+        if self.once:
+            sampling = ["T=" + str(row["temperature"])] if "temperature" in row else []
+            sampling += ["with q"] if row.get("draft_probs") else []
+            return self.profile_once(" ".join([row["op"], row["shape"], *sampling]), fn)
         if self.profile and fn is not None:
             row["kernels"] = self.kernels(fn)
         results.append(row)
@@ -217,7 +280,8 @@ def eager_chain_verify(drafts, logits, q, temperature):
 
 def bench_chain_verify(results, bench):
     n, k, v = bench.shape((64, 16, 151936), (2, 3, 97))
-    for temperature, with_q in [(0.0, False), (1.0, False), (1.0, True)]:
+    every, peer = [(0.0, False), (1.0, False), (1.0, True)], (1.0, True)
+    for temperature, with_q in bench.cases(every, peer):
         drafts, logits, q = chain_verify_inputs(n, k, v, torch.bfloat16, temperature, with_q, device=bench.device)
         op = lambda d, l, qq: xkernels.chain_verify(d, l, draft_probs=qq, temperature=temperature, seed=1)  # noqa: E731
         ours = bench.time(lambda: op(drafts, logits, q))
@@ -232,11 +296,11 @@ def bench_chain_verify(results, bench):
                        speedup_vs_eager=round(eager / ours, 2),
                        h200_estimate_us=ESTIMATE_US[("chain_verify", temperature, with_q)])
             bench.bandwidth(row, read, ours)
-        if bench.compiled:
+        if bench.peer_case((temperature, with_q), peer):
             eager_compiled = bench.compile(eager_chain_verify)
-            compiled_us = bench.peer(lambda: eager_compiled(drafts, logits, q, temperature), warmup=3, iters=100)
+            compiled_us, why = bench.peer(lambda: eager_compiled(drafts, logits, q, temperature), warmup=3, iters=100)
             cupy_us = bench.cupy(op, [drafts, logits, q])
-            row.update(compiled_eager_us=compiled_us,
+            row.update(compiled_eager_us=compiled_us, compiled_note=why,
                        speedup_vs_compiled=None if compiled_us is None else round(compiled_us / ours, 2),
                        cupy_us=None if cupy_us is None else round(cupy_us, 1))
         bench.emit(results, row, lambda: op(drafts, logits, q))
@@ -315,7 +379,8 @@ def bench_refine(results, bench):
     from xkernels import reference
 
     b, v, r, h = bench.shape((16, 151936, 256, 512), (4, 97, 16, 32))
-    for n in bench.shape((1, 8, 32), (1, 2)):
+    peer_n = bench.shape(8, 2)
+    for n in bench.cases(bench.shape((1, 8, 32), (1, 2)), peer_n):
         ctx, prev, base, weights = refine_inputs(n, b, v, r, h, device=bench.device)
         prefix = prev[:, :2].contiguous()
         step_fn = lambda: xkernels.refine_step(ctx, prev, base, weights)  # noqa: E731
@@ -329,7 +394,7 @@ def bench_refine(results, bench):
             # the op's read runs (float32 products of bfloat16 operands).
             z = torch.randn(n * (b - 1), r, device=bench.device, dtype=weights.w_read.dtype)
             gemm = bench.time(lambda: z @ weights.w_read.T)
-            gemm_fp32_out = bench.peer(lambda: torch.mm(z, weights.w_read.T, out_dtype=torch.float32))
+            gemm_fp32_out = bench.peer(lambda: torch.mm(z, weights.w_read.T, out_dtype=torch.float32))[0]
             iters = xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=4)[2]
             # Both reads side by side (pass_us above: the one the plan picks); at T=0 their tokens
             # differ only where two logits lie within float32 accumulation-order rounding.
@@ -356,15 +421,15 @@ def bench_refine(results, bench):
                        speedup_pass_vs_eager=round(eager / step, 2))
             bench.bandwidth(row, floor_bytes, step, prefix="pass_")
             bench.bandwidth(row, floor_bytes, step_reads["fused"][0], prefix="pass_fused_read_")
-            if n == bench.shape(8, 2):  # per-request filters: filtered_pick_kernel after the pass (floors.md, refine)
+            if n == peer_n:  # per-request filters: filtered_pick_kernel after the pass (floors.md, refine)
                 filtered = per_request_filters(n, bench.device)
                 row.update(pass_top_k50_top_p09_us=round(
                                bench.time(lambda: xkernels.refine_step(ctx, prev, base, weights, **filtered)), 1),
                            pass_top_k50_top_p09_h200_estimate_us=ESTIMATE_US[("refine_step top_k=50 top_p=0.9",)])
-        if bench.compiled:
+        if bench.peer_case(n, peer_n):
             ref_compiled = bench.compile(reference.refine_step)
-            compiled_us = bench.peer(lambda: ref_compiled(ctx, prev, base, weights), warmup=3, iters=50)
-            row.update(compiled_reference_pass_us=compiled_us,
+            compiled_us, why = bench.peer(lambda: ref_compiled(ctx, prev, base, weights), warmup=3, iters=50)
+            row.update(compiled_reference_pass_us=compiled_us, compiled_note=why,
                        speedup_pass_vs_compiled=None if compiled_us is None else round(compiled_us / step, 2))
         bench.emit(results, row, step_fn)
 
@@ -535,6 +600,11 @@ def bench_shard(results, bench):
 
 # Edge cases that must stay memory-safe, per section: odd and tiny V, K=0, N=0, bad ids, degenerate rows.
 # Each section runs in its own process under compute-sanitizer, so one that dies leaves the others.
+# racecheck=True: the cases for racecheck, which looks at shared memory only and costs far more a
+# launch than memcheck: bfloat16 logits alone (the dtype changes the loads, not the shared-memory
+# code), and in the refine section the fused read alone, so that no cuBLAS GEMM runs under it (the
+# H200 run of 2026-12-04: racecheck failed inside sequential_refine's cuBLAS call, a kernel its
+# --kernel-name filter was to leave alone; float32 weights always take cuBLAS's SGEMM).
 # Each takes the device, so that tests/test_gpu_check.py runs every case on the CPU: a case that is
 # not valid fails CI there instead of a GPU window.
 
@@ -564,12 +634,17 @@ def run_case(device, fn, corrupt=None, match=None):
     return fn()
 
 
+def dtypes(racecheck, *every):
+    """The logits' dtypes a sanitizer case runs: all, or under racecheck bfloat16 alone."""
+    return (torch.bfloat16,) if racecheck else every
+
+
 CHAIN_CASES = ((3, 4, 7), (2, 0, 5), (0, 3, 9), (0, 0, 9), (5, 16, 4099), (2, 2, 1))  # N, K, V
 
 
-def sanitize_chain(device="cuda", cases=CHAIN_CASES):
+def sanitize_chain(device="cuda", cases=CHAIN_CASES, racecheck=False):
     for n, k, v in cases:
-        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for dtype in dtypes(racecheck, torch.float32, torch.bfloat16, torch.float16):
             for temperature, with_q in [(0.0, False), (1.0, False), (0.7, True)]:
                 drafts, logits, q = chain_verify_inputs(n, k, v, dtype, temperature, True, device=device)
                 if n:
@@ -588,10 +663,10 @@ def sanitize_chain(device="cuda", cases=CHAIN_CASES):
 RAGGED_CASES = (([2, 0, 3], 37), ([0], 5), ([], 9), ([4, 1], 4099), ([1, 1], 1))  # draft counts, V
 
 
-def sanitize_chain_ragged(device="cuda", cases=RAGGED_CASES):
+def sanitize_chain_ragged(device="cuda", cases=RAGGED_CASES, racecheck=False):
     for counts, v in cases:
         for method in ("token", "block"):
-            for dtype in (torch.float32, torch.bfloat16):
+            for dtype in dtypes(racecheck, torch.float32, torch.bfloat16):
                 drafts, cu, logits, q, params = ragged_inputs(counts, v, dtype, device=device)
                 if counts:
                     logits[0] = float("nan")
@@ -609,9 +684,11 @@ REFINE_CASES = ((3, 5, 97, 16, 32), (2, 16, 1000, 256, 512), (0, 4, 10, 8, 16), 
                 (2, 2, 1, 16, 16), (1, 2, 7, 16, 16))  # N, B, V, r, H
 
 
-def sanitize_refine(device="cuda", cases=REFINE_CASES):
+def sanitize_refine(device="cuda", cases=REFINE_CASES, racecheck=False):
+    # Both CUDA reads (racecheck: the fused one); on the CPU (the cases' check) the read changes no argument check.
+    reads = ("auto",) if device != "cuda" else ("fused",) if racecheck else ("gemm", "fused")
     for n, b, v, r, h in cases:
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype in dtypes(racecheck, torch.float32, torch.bfloat16):
             ctx, prev, base, weights = refine_inputs(n, b, v, r, h, dtype, device=device)
             prefix = prev[:, :2]  # F = B - D = 1 fixed slot
 
@@ -620,8 +697,7 @@ def sanitize_refine(device="cuda", cases=REFINE_CASES):
 
             def passes():
                 for sampling in (dict(temperature=0.0), dict(temperature=1.0), filtered):
-                    # Both CUDA reads; on the CPU (the cases' check) the read changes no argument check.
-                    for read in ("gemm", "fused") if device == "cuda" else ("auto",):
+                    for read in reads:
                         with refine_read(read):
                             xkernels.refine_step(ctx, prev, base, weights, **sampling)
                             xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=3, **sampling)
@@ -640,10 +716,10 @@ def sanitize_refine(device="cuda", cases=REFINE_CASES):
 TREE_CASES = ((3, 12, 97), (2, 63, 1000), (0, 4, 10), (2, 0, 10))  # N, budget, V
 
 
-def sanitize_tree(device="cuda", cases=TREE_CASES):
+def sanitize_tree(device="cuda", cases=TREE_CASES, racecheck=False):
     # budget 0: a tree of the root alone (M = 1), so no node below it to corrupt.
     for n, budget, v in cases:
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype in dtypes(racecheck, torch.float32, torch.bfloat16):
             lp, tok, tokens, parents, logits, q = tree_inputs(n, budget, v, dtype, device=device)
             xkernels.build_draft_tree(lp, tok, budget)
             xkernels.tree_attention_mask(parents, layout="packed")
@@ -668,9 +744,9 @@ def sanitize_tree(device="cuda", cases=TREE_CASES):
 DLLM_CASES = ((2, 32, 1000), (1, 7, 33), (0, 4, 10))  # N, L, V
 
 
-def sanitize_dllm(device="cuda", cases=DLLM_CASES):
+def sanitize_dllm(device="cuda", cases=DLLM_CASES, racecheck=False):
     for n, length, v in cases:
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype in dtypes(racecheck, torch.float32, torch.bfloat16):
             logits = torch.randn(n, length, v, device=device).to(dtype)
             block = torch.full((n, length), 5, device=device)
             if n:
@@ -700,16 +776,19 @@ def graph_within(graph, length, v, device):
 
 
 SPIFFY_CASES = ((2, 32, 1000, 8), (1, 7, 33, 3), (0, 4, 10, 2), (3, 40, 5, 31))  # N, L, V, keep
+# racecheck timed out at 90 s on SPIFFY_CASES (H200, 2026-12-04): a third of the first case's rows
+# (V past one 256-id tile still), the small cases as they are, no N=0 (no launch).
+SPIFFY_RACECHECK_CASES = ((2, 16, 300, 8), (1, 7, 33, 3), (3, 40, 5, 31))
 
 
-def sanitize_spiffy(device="cuda", cases=SPIFFY_CASES):
+def sanitize_spiffy(device="cuda", cases=SPIFFY_CASES, racecheck=False):
     from xkernels.spiffy import shipped_graph
 
     shipped = shipped_graph(device=device)
     for n, length, v, keep in cases:
         valid = graph_within(shipped, length, v, device)
         keep = min(keep, len(valid) - 1)
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype in dtypes(racecheck, torch.float32, torch.bfloat16):
             logits, block = spiffy_inputs(n, length, v, dtype, masked=min(length, 24), device=device)
             if n:
                 logits[0, 0, 3] = float("nan")
@@ -740,9 +819,9 @@ def sanitize_spiffy(device="cuda", cases=SPIFFY_CASES):
 SHARD_CASES = ((3, 7, 0), (2, 5003, 11), (0, 4, 0), (2, 0, 5), (1, 3, 2**31 - 5))  # R, V_local, vocab_start
 
 
-def sanitize_shard(device="cuda", cases=SHARD_CASES):
+def sanitize_shard(device="cuda", cases=SHARD_CASES, racecheck=False):
     for r, v, start in cases:
-        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for dtype in dtypes(racecheck, torch.float32, torch.bfloat16, torch.float16):
             logits = (torch.randn(r, v) * 3).to(dtype).to(device)
             if r and v:
                 logits[0, 0] = float("nan")
@@ -760,12 +839,14 @@ def sanitize_shard(device="cuda", cases=SHARD_CASES):
 
 
 # In the order bench/gpu_check.sh times them: the kernels redesigned since the last GPU run first.
-# Each section: its timings, its sanitizer cases and their list.
-SECTIONS = {"tree": (bench_tree, sanitize_tree, TREE_CASES), "spiffy": (bench_spiffy, sanitize_spiffy, SPIFFY_CASES),
-            "dllm": (bench_dllm, sanitize_dllm, DLLM_CASES), "refine": (bench_refine, sanitize_refine, REFINE_CASES),
-            "chain": (bench_chain_verify, sanitize_chain, CHAIN_CASES),
-            "ragged": (bench_chain_ragged, sanitize_chain_ragged, RAGGED_CASES),
-            "shard": (bench_shard, sanitize_shard, SHARD_CASES)}
+# Each section: its timings, its sanitizer cases, their list, and the list under racecheck.
+SECTIONS = {"tree": (bench_tree, sanitize_tree, TREE_CASES, TREE_CASES),
+            "spiffy": (bench_spiffy, sanitize_spiffy, SPIFFY_CASES, SPIFFY_RACECHECK_CASES),
+            "dllm": (bench_dllm, sanitize_dllm, DLLM_CASES, DLLM_CASES),
+            "refine": (bench_refine, sanitize_refine, REFINE_CASES, REFINE_CASES),
+            "chain": (bench_chain_verify, sanitize_chain, CHAIN_CASES, CHAIN_CASES),
+            "ragged": (bench_chain_ragged, sanitize_chain_ragged, RAGGED_CASES, RAGGED_CASES),
+            "shard": (bench_shard, sanitize_shard, SHARD_CASES, SHARD_CASES)}
 COMPILE_SECTIONS = ("refine", "chain")  # the sections with torch.compile or CuPy peers
 
 
@@ -773,10 +854,16 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sanitize", nargs="+", choices=list(SECTIONS),
                         help="run these sections' small edge cases only")
+    parser.add_argument("--racecheck", action="store_true", help="with --sanitize: the cases sized for racecheck")
     parser.add_argument("--only", nargs="+", choices=list(SECTIONS), default=list(SECTIONS),
                         help="the sections to time (default: all)")
     parser.add_argument("--json", help="append the rows here, one JSON object a line")
     parser.add_argument("--profile", action="store_true", help="add each case's CUDA kernels and their times")
+    parser.add_argument("--profile-once", action="store_true",
+                        help="each case's op once after warm-up, in an NVTX range and cudaProfilerStart/Stop (for "
+                             "ncu --profile-from-start off --nvtx); no peers, no rows")
+    parser.add_argument("--compile-bound", type=float, default=45.0,
+                        help="seconds a peer's compile may take before its case is skipped (default 45)")
     peers = parser.add_mutually_exclusive_group()
     peers.add_argument("--no-compile", dest="compile_peers", action="store_const", const="no", default="yes",
                        help="leave out the torch.compile and CuPy peers")
@@ -786,16 +873,22 @@ def main():
                         help="CPU tensors and tiny shapes, one call a timing: checks the flow, not the speed")
     args = parser.parse_args()
     if args.sanitize:
+        device = "cpu" if args.dry_run else "cuda"
         for section in args.sanitize:
-            _, sanitize, cases = SECTIONS[section]
-            if args.dry_run:  # the flow: each section's first case (tests/test_gpu_check.py runs them all)
-                sanitize("cpu", cases[:1])
-            else:
-                sanitize("cuda")
-                torch.cuda.synchronize()
+            _, sanitize, cases, racecheck_cases = SECTIONS[section]
+            cases = racecheck_cases if args.racecheck else cases
+            # The dry run's flow: each section's first case (tests/test_gpu_check.py runs them all). Each
+            # case's seconds in the log, to size the cases that come near the sanitizer step's limit.
+            for case in cases[:1] if args.dry_run else cases:
+                start = time.perf_counter()
+                sanitize(device, (case,), racecheck=args.racecheck)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                print(f"{section} case {case}: {time.perf_counter() - start:.1f} s", flush=True)
             print(f"sanitize cases of {section} ran", flush=True)
         return
-    bench = Bench(profile=args.profile, compile_peers=args.compile_peers, dry_run=args.dry_run)
+    bench = Bench(profile=args.profile, compile_peers="no" if args.profile_once else args.compile_peers,
+                  dry_run=args.dry_run, once=args.profile_once, compile_bound=args.compile_bound)
     for section in args.only:
         if args.compile_peers == "only" and section not in COMPILE_SECTIONS:
             continue
