@@ -18,8 +18,8 @@ def run(*args):
 
 
 def test_every_example_is_listed():
-    assert SCRIPTS == sorted(["spiffy_diffusion.py", "tensor_parallel.py", "transformers_target.py",
-                              "tree_from_layout.py", "verify_batch.py", "xpress_refine.py"])
+    assert SCRIPTS == sorted(["ragged_engine_step.py", "spiffy_diffusion.py", "tensor_parallel.py",
+                              "transformers_target.py", "tree_from_layout.py", "verify_batch.py", "xpress_refine.py"])
 
 
 @pytest.mark.parametrize("script", [s for s in SCRIPTS if s not in ("tensor_parallel.py", "transformers_target.py")])
