@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, for a machine with a GPU and no network (the device tool's H200), sized for one
 # window of 15 minutes: about 2 for the machine's start, and the whole check, build included, under
-# GPU_CHECK_SECONDS (default 540: one device command's 600 s limit, less the transfers). Every step
+# GPU_CHECK_SECONDS (default 570: one device command's 600 s limit, less 30 s). Every step
 # has its own limit, cut to what is left, so the summary (each step's seconds of its limit and its
 # verdict, to plan the next window from) is always printed, and a step that no longer fits is
 # recorded as skipped. The steps, most needed first (a step's limit, then what it took on the H200):
@@ -74,7 +74,7 @@ summary() {
 }
 trap summary EXIT
 step() { echo; echo "== $1 ($(date +%T), ${SECONDS}s)"; }
-BUDGET=${GPU_CHECK_SECONDS:-540}
+BUDGET=${GPU_CHECK_SECONDS:-570}
 DEADLINE=$((SECONDS + BUDGET))
 # limit SECONDS: the step's own limit, cut to what is left of the check's, less timeout's 10 s
 # grace before its kill and 5 s for the summary.

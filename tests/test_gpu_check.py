@@ -127,6 +127,8 @@ def test_dry_run_of_the_whole_check(tmp_path):
     assert "read_epilogue_kernel<bf16, float>" in (tmp_path / "profile.txt").read_text()
     assert (tmp_path / "gpu_check.log").read_text().rstrip().endswith(summary.splitlines()[-1])
     assert (tmp_path / "tests.xml").exists()
+    # racecheck's run took its own cases (the dry run: each section's first)
+    assert "spiffy case (2, 16, 300, 8)" in (tmp_path / "sanitize.log").read_text()
     timed = {json.loads(line)["op"] for line in (tmp_path / "timings.jsonl").read_text().splitlines()}
     assert {"tree_verify", "spiffy_accept", "dllm_step T=0", "refine_step / jacobi_refine", "chain_verify"} <= timed
     peers = [json.loads(line) for line in (tmp_path / "peers.jsonl").read_text().splitlines()]
