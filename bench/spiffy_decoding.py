@@ -112,12 +112,12 @@ def main():
         dllm_generate(model, prompts[0], 8)  # warm-up
         singles = measure(model, prompts, args.tokens, args.seed, modes, args.rounds, batched=False)
         report += ["", f"## {domain}: one prompt at a time", "", "```", table(singles, modes, prompts, False), "```"]
-        print("\n".join(report[-4:]), flush=True)
+        print("\n".join(report[-6:]), flush=True)
         if not args.no_batch:
             batch = measure(model, prompts, args.tokens, args.seed, modes, args.rounds, batched=True)
             report += ["", f"## {domain}: the {len(prompts)} prompts in one batch", "", "```",
                        table(batch, modes, prompts, True, singles), "```"]
-            print("\n".join(report[-4:]), flush=True)
+            print("\n".join(report[-6:]), flush=True)
     report += ["", f"Load average {os.getloadavg()[0]:.1f} at the end; {(time.time() - began) / 60:.1f} minutes."]
     if args.out:
         args.out.write_text("\n".join(report) + "\n")
