@@ -121,9 +121,13 @@ class Bench:
     """Context of one run: the device and shapes (the GPU's, or the dry run's CPU and tiny ones), the
     timer, the bandwidths rows are compared with, and which peers and profiles to take."""
 
-    def __init__(self, profile=False, compile_peers="yes", dry_run=False, once=False, compile_bound=45.0):
+    def __init__(self, profile=False, compile_peers="yes", dry_run=False, once=False, compile_bound=45.0,
+                 once_seconds=float("inf")):
         self.dry_run = dry_run
         self.once = once  # --profile-once: each case's op once, for ncu; no extras, no peers
+        # ncu writes its report when the program ends: past this, cases are left out, not profiled,
+        # so that the program ends before the step's limit kills it and the report with it.
+        self.once_deadline = time.monotonic() + once_seconds
         self.device = "cpu" if dry_run else "cuda"
         self.time = time_once if dry_run or once else time_events
         self.name, self.peak = ("cpu (dry run)", None) if dry_run else peak_bandwidth()
@@ -221,6 +225,9 @@ class Bench:
     def profile_once(self, label, fn):
         """fn once after warm-up, inside an NVTX range `label` and cudaProfilerStart/Stop: what
         `ncu --profile-from-start off --nvtx` profiles, each kernel named with its case."""
+        if time.monotonic() > self.once_deadline:
+            print(f"left out (--profile-seconds): {label}", flush=True)
+            return
         for _ in range(2):  # lazy state and workspaces out of the profiled call
             fn()
         cuda = self.device == "cuda"
@@ -862,6 +869,8 @@ def main():
     parser.add_argument("--profile-once", action="store_true",
                         help="each case's op once after warm-up, in an NVTX range and cudaProfilerStart/Stop (for "
                              "ncu --profile-from-start off --nvtx); no peers, no rows")
+    parser.add_argument("--profile-seconds", type=float, default=float("inf"),
+                        help="with --profile-once: leave out the cases that come after this many seconds")
     parser.add_argument("--compile-bound", type=float, default=45.0,
                         help="seconds a peer's compile may take before its case is skipped (default 45)")
     peers = parser.add_mutually_exclusive_group()
@@ -888,7 +897,8 @@ def main():
             print(f"sanitize cases of {section} ran", flush=True)
         return
     bench = Bench(profile=args.profile, compile_peers="no" if args.profile_once else args.compile_peers,
-                  dry_run=args.dry_run, once=args.profile_once, compile_bound=args.compile_bound)
+                  dry_run=args.dry_run, once=args.profile_once, compile_bound=args.compile_bound,
+                  once_seconds=args.profile_seconds)
     for section in args.only:
         if args.compile_peers == "only" and section not in COMPILE_SECTIONS:
             continue

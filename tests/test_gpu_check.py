@@ -58,6 +58,15 @@ def test_a_peer_over_its_compile_bound_is_skipped_and_recorded():
     assert us is None and why.startswith("failed: ValueError('no kernel')")
 
 
+def test_profile_once_leaves_out_the_cases_past_its_seconds(capsys):
+    calls = []
+    gpu_bench.Bench(dry_run=True, once=True, once_seconds=60).profile_once("early", lambda: calls.append(1))
+    gpu_bench.Bench(dry_run=True, once=True, once_seconds=-1).profile_once("late", lambda: calls.append(2))
+    assert calls == [1, 1, 1]  # two warm-up calls and the profiled one; none for the late case
+    printed = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("device:")]
+    assert printed == ["profiled once: early", "left out (--profile-seconds): late"]
+
+
 def test_the_profile_table_of_a_raw_ncu_csv(capsys):
     units, rows = ncu_table.read(FIXTURE)  # ==PROF== lines before the header and after the rows
     assert [row["ID"] for row in rows] == ["0", "1", "2", "3", "4"] and units[ncu_table.DURATION] == "nsecond"
