@@ -25,7 +25,9 @@
 # ncu: the table of a fixture CSV; CPU tensors at tiny shapes): tests/test_gpu_check.py runs it in
 # CI, so that a script error shows there and not in a GPU window. PYTHON picks the interpreter
 # (default python3). Writes under $OUT (default build/gpu_check): gpu_check.log build.log ptxas.txt
-# tests.log tests.xml sanitize.log timings.jsonl profile.log ncu.csv profile.txt peers.jsonl decode.log
+# tests.log tests.xml sanitize.log timings.jsonl profile.log ncu.csv profile.txt peers.jsonl decode.log.
+# The device tool brings back at most 8 files from its own $OUT: there, run it as
+#   D=$OUT; OUT=/tmp/gpu_check bash bench/gpu_check.sh; tar -C /tmp/gpu_check -czf "$D/gpu_check.tgz" .
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 DRY=0
