@@ -98,6 +98,21 @@ def test_batched_spiffy_decodes_and_calls_what_each_sequence_does_alone(temperat
             assert sum(s.model_calls for s in stats.sequences) < vanilla_calls
 
 
+@pytest.mark.parametrize("block_size, max_new, keep", [(1, 3, 2), (8, 1, 3), (8, 5, 0), (4, [1, 7], 8)])
+def test_batched_spiffy_at_edge_shapes(block_size, max_new, keep):
+    """Blocks of one position (never a second call to draft in), one new token, no drafts kept,
+    more drafts than a short block can use: each sequence still decodes and calls as alone."""
+    model = tiny_model()
+    prompts, seeds = [torch.tensor([3, 4]), torch.tensor([9])], [1, 2]
+    spiffy = SpiffyConfig(hand_graph(), keep)
+    got, stats = dllm_generate_batch(model, prompts, max_new, block_size=block_size, spiffy=spiffy, temperature=1.0,
+                                     seed=seeds)
+    lengths = max_new if isinstance(max_new, list) else [max_new] * 2
+    for prompt, n, seed, tokens, mine in zip(prompts, lengths, seeds, got, stats.sequences):
+        want, alone = dllm_generate(model, prompt, n, block_size=block_size, spiffy=spiffy, temperature=1.0, seed=seed)
+        assert torch.equal(tokens, want) and (mine.model_calls, mine.drafts) == (alone.model_calls, alone.drafts)
+
+
 def test_profiling_times_the_phases_and_changes_nothing():
     """profile=True fills phase_seconds (the model, materialize, the batched mask, the step) within
     the run's seconds, for both loops, with the tokens of an unprofiled run."""

@@ -64,7 +64,7 @@ class DllmBatchDecoder:
         """Each sequence's kept drafts from its last step distribution: (draft blocks [N, K, L],
         node ids [N, K], -1 where unused: a block's first call and a finished sequence have none). On the CPU, where each
         copy costs a forward, K is trimmed to the most any sequence uses (one host read)."""
-        if self.stale is None:
+        if self.stale is None or self.block_size == 1:  # a block of one position completes in its first call
             return None, None
         with self.clock("draft"):
             drafts, node_ids, _ = spiffy_materialize(self.stale, self.block, self.mask_id, self.spiffy.graph,
