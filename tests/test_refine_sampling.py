@@ -168,7 +168,7 @@ def test_the_per_request_stream_is_keyed_by_offset_plus_slot():
 @pytest.mark.parametrize("op", OPS)
 def test_the_scalar_form_is_unchanged(op):
     """A uniform [N] temperature, filters that are off (None, 0, 1, 0 or such tensors), and a
-    one-element seed tensor give today's scalar-form result bitwise."""
+    0-dim seed tensor give today's scalar-form result bitwise."""
     n = 5
     ctx, prev, base, weights = make_case(n, 5, 4, 300, 16, 32, seed=7)
     want = call(op, ctx, prev, base, weights, temperature=0.8, seed=9, offset=2)
@@ -176,7 +176,7 @@ def test_the_scalar_form_is_unchanged(op):
     assert torch.equal(want[0], want_ref[0])
     forms = [dict(temperature=torch.full((n,), 0.8)), dict(top_k=0, top_p=1.0, min_p=0.0),
              dict(top_k=torch.zeros(n, dtype=torch.int32), top_p=torch.ones(n), min_p=torch.zeros(n)),
-             dict(seed=torch.tensor([9]), offset=torch.tensor(2))]
+             dict(seed=torch.tensor(9), offset=torch.tensor(2))]
     for form in forms:
         kw = dict(temperature=0.8, seed=9, offset=2) | form
         got = call(op, ctx, prev, base, weights, **kw)

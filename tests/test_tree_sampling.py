@@ -50,9 +50,9 @@ def test_scalar_form_keeps_todays_stream():
             a, _, o = xkernels.tree_verify(tokens, parents, logits, draft_probs=qq, without_replacement=wr,
                                            temperature=temperature, seed=11, offset=2)
             assert a.tolist() == accept_len and o[:, :4].tolist() == out
-        # the scalar stream may come as one-element tensors, and the filters as their off values
+        # the scalar stream may come as 0-dim tensors, and the filters as their off values
         a, _, o = xkernels.tree_verify(tokens, parents, logits, draft_probs=qq, without_replacement=wr, temperature=t,
-                                       seed=torch.tensor([11]), offset=torch.tensor(2), top_k=0, top_p=1.0, min_p=0.0)
+                                       seed=torch.tensor(11), offset=torch.tensor(2), top_k=0, top_p=1.0, min_p=0.0)
         assert a.tolist() == accept_len and o[:, :4].tolist() == out
 
 

@@ -435,7 +435,9 @@ _REFINE_DOC = {
             ``d`` is keyed by ``(seed[n], offset[n] + d)`` alone, so a sequence gets the same tokens
             at any row of any batch. Every pass (Jacobi iterations, sequential steps) reads the
             same noise of a slot; ``offset[n]`` is the absolute position of the block's first
-            drafted slot, and the next call starts ``D`` further (the next block's position).
+            drafted slot, and the next call starts ``D`` further (the next block's position;
+            :func:`xkernels.offset_advance`): reusing a slot silently correlates the calls' noise.
+            A one-element 1-D tensor with ``N > 1`` raises (an int or a 0-dim tensor is the batch form).
         top_k: None, an int or an int32/int64 ``[N]`` tensor; 0 is off.
         top_p: None, a float or a float32 ``[N]`` tensor in (0, 1]; 1 is off.
         min_p: None, a float or a float32 ``[N]`` tensor in [0, 1]; 0 is off. A sampled row with
@@ -761,7 +763,8 @@ def tree_verify(
             sequence ``n``'s node ``i`` uses slot ``offset[n] + i`` of the stream of ``seed[n]``
             alone, so it gets the same tokens at any row of any batch. A call reads slots
             ``offset[n]`` to ``offset[n] + M - 1``: the next call's offset must advance by at least
-            ``M`` (e.g. ``offset = step * M``).
+            ``M`` (:func:`xkernels.offset_advance`; e.g. ``offset = step * M``): reusing a slot silently
+            correlates the calls' noise. A one-element 1-D tensor with ``N > 1`` raises.
         num_nodes: optional int64 ``[N]``; nodes at or past it are padding.
         top_k: None, an int or an int32/int64 ``[N]`` tensor; 0 is off.
         top_p: None, a float or a float32 ``[N]`` tensor in (0, 1]; 1 is off.
@@ -880,7 +883,9 @@ def dllm_step(
             an offset fixed by (block, step). Or int64 ``[N]`` tensors (a stream per request):
             sequence ``n``'s noise at position ``l`` is keyed by ``(seed[n], offset[n] + l)``
             alone, so it is the same at any row of any batch; the next call must advance
-            ``offset[n]`` by at least ``L``, as :func:`spiffy_accept` advances it between its steps.
+            ``offset[n]`` by at least ``L`` (:func:`xkernels.offset_advance`), as :func:`spiffy_accept`
+            advances it between its steps: reusing a slot silently correlates the calls' noise. A
+            one-element 1-D tensor with ``N > 1`` raises.
 
     Returns:
         tuple: ``(new_block, positions, tokens, confidence)``: the block with the chosen positions
@@ -1020,7 +1025,9 @@ def spiffy_accept(
             (from 0) draws what :func:`dllm_step` draws at offset ``offset + d`` in the scalar form,
             and at ``offset[n] + d * L`` per request; so the next call passes ``offset +
             num_steps`` (scalar form; a loop usually passes an offset fixed by (block, step) and
-            counts the steps taken) or ``offset + num_steps * L`` per request.
+            counts the steps taken) or ``offset + num_steps * L`` per request; a call reads at most
+            :func:`xkernels.offset_advance` of them (``min(K + 1, L) * L`` per request). Reusing a
+            slot silently correlates the calls' noise.
 
     Returns:
         tuple: ``(num_steps [N], positions [N, L], tokens [N, L], new_block [N, L], continue_from

@@ -28,8 +28,9 @@ start, stop = shard_bounds(logits.shape[-1], world, rank)  # this rank's ids [st
 local = logits[..., start:stop].contiguous()
 
 for temperature in (0.0, 1.0):
-    got = distributed.chain_verify(drafts, local, vocab_start=start, temperature=temperature, seed=5)
-    want = xkernels.chain_verify(drafts, logits, temperature=temperature, seed=5)
+    seed = torch.tensor([5, 6, 7, 8])  # a stream per sequence
+    got = distributed.chain_verify(drafts, local, vocab_start=start, temperature=temperature, seed=seed)
+    want = xkernels.chain_verify(drafts, logits, temperature=temperature, seed=seed)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
 if rank == 0:
     print(f"{world} ranks: sharded chain_verify equals the unsharded op")

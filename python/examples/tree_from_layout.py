@@ -57,6 +57,9 @@ kept = prefix_len + int(accept_len[0]) + 1
 assert cache.length == kept and torch.equal(cache.k[0], engine_k[:, :, :kept])
 
 # The same walk at T > 0 with the default (deterministic children) rule, and its reference.
-sampled = xkernels.tree_verify(tokens, parents, logits, temperature=1.0, seed=3)
+# The sequence's own stream ([N] tensors); a call reads its M slots, so the next call's offset moves
+# on by xkernels.offset_advance(xkernels.tree_verify, tokens, seed=seed), i.e. M.
+seed, offset = torch.tensor([3]), torch.tensor([0])
+sampled = xkernels.tree_verify(tokens, parents, logits, temperature=1.0, seed=seed, offset=offset)
 assert all(torch.equal(a, b) for a, b in zip(sampled, reference.tree_verify(
-    tokens, parents, logits, temperature=1.0, seed=3)))
+    tokens, parents, logits, temperature=1.0, seed=seed, offset=offset)))

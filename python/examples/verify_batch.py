@@ -36,13 +36,16 @@ with torch.no_grad():
 accept_len, out_tokens = xkernels.chain_verify(draft_tokens, target_logits)
 print("greedy accepted:", accept_len.tolist())
 
-# Sampled: seed and offset pick the Philox stream (ints, or int64 tensors on the device).
+# Sampled: each sequence's own Philox stream, int64 [N] tensors on the device: its seed, and where
+# this call's slots start (the next call's offset moves on by xkernels.offset_advance: K + 1).
+seed = torch.tensor([1234, 99, 7], device=device)
+offset = torch.zeros(len(prompts), dtype=torch.int64, device=device)
 accept_len, out_tokens = xkernels.chain_verify(draft_tokens, target_logits, draft_probs=draft_probs,
-                                               temperature=TEMPERATURE, seed=1234, offset=0)
+                                               temperature=TEMPERATURE, seed=seed, offset=offset)
 for n, prompt in enumerate(prompts):
     emitted = out_tokens[n, : accept_len[n] + 1].tolist()  # the accepted drafts, then one more token
     print(f"{prompt!r}: accepted {int(accept_len[n])} of {K}, emitted {tok.decode(emitted)!r}")
 
 # The plain PyTorch reference draws from the same stream: the same tokens, exactly.
-want = reference.chain_verify(draft_tokens, target_logits, draft_probs, TEMPERATURE, 1234, 0)
+want = reference.chain_verify(draft_tokens, target_logits, draft_probs, TEMPERATURE, seed, offset)
 assert torch.equal(out_tokens, want[1]) and torch.equal(accept_len, want[0])
