@@ -1,10 +1,13 @@
 """xkernels.compat.flashinfer.chain_speculative_sampling against FlashInfer's documented semantics."""
 
+import pytest
 import torch
 from scipy import stats
 
 import xkernels
 from xkernels.compat import flashinfer
+from tests.test_distributed import _unread
+from tests.utils import assert_replays_like_eager
 
 
 def _inputs(b, k, vocab, seed):
@@ -40,3 +43,43 @@ def test_first_token_follows_the_target():
     counts = torch.bincount(out[:, 0].long(), minlength=vocab).double()
     expected = target[0, 0].double() / target[0, 0].double().sum() * b
     assert stats.chisquare(counts.numpy(), expected.numpy()).pvalue > 1e-4
+
+
+def _streams(b, device="cpu"):
+    """Every seed form FlashInfer takes, with an offset of the same form."""
+    return [dict(seed=None, offset=None), dict(seed=5, offset=2),
+            dict(seed=torch.tensor(5, device=device), offset=torch.tensor(2, device=device)),
+            dict(seed=torch.tensor([5], device=device), offset=torch.tensor([2], device=device)),
+            dict(seed=torch.arange(b, device=device), offset=torch.zeros(b, dtype=torch.int64, device=device))]
+
+
+def test_reads_nothing_on_the_host():
+    """No .item() / .tolist() / int() of a tensor and no tensor made from host data, in every seed
+    form (seed None included: drawn on the device): on a GPU each would sync the host."""
+    draft, ids, target = _inputs(6, 3, 20, 3)
+    accepted, emitted = torch.zeros(6, dtype=torch.int32), torch.zeros(6, dtype=torch.int32)
+    for rng in _streams(6):
+        want = flashinfer.chain_speculative_sampling(draft, ids, target, **rng) if rng["seed"] is not None else None
+        with _unread():
+            out, acc, emi = flashinfer.chain_speculative_sampling(draft, ids, target, accepted, emitted, **rng)
+        assert out.shape == (6, 4) and acc is accepted and emi is emitted
+        if want is not None:
+            assert torch.equal(out, want[0])
+
+
+@pytest.mark.needs_cuda
+def test_captures_in_a_cuda_graph():
+    """Captured once, replayed as the offset tensor advances in place: the eager call's results; and
+    with seed None (drawn on the device) the capture succeeds and each replay gives a valid chain."""
+    draft, ids, target = (t.cuda() for t in _inputs(6, 3, 20, 3))
+    seed, offset = torch.tensor(5, device="cuda"), torch.tensor(2, device="cuda")
+    assert_replays_like_eager(lambda: flashinfer.chain_speculative_sampling(draft, ids, target, seed=seed,
+                                                                            offset=offset), offset)
+    for rng in _streams(6, "cuda")[:1] + _streams(6, "cuda")[3:]:
+        step = lambda: flashinfer.chain_speculative_sampling(draft, ids, target, **rng)  # noqa: E731
+        step()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out, _, emitted = step()
+        graph.replay()
+        assert ((out >= 0).sum(1) == emitted + 1).all()

@@ -5,6 +5,8 @@ import torch
 
 import xkernels
 from xkernels.compat import sglang
+from tests.test_distributed import _unread
+from tests.utils import assert_replays_like_eager
 
 
 def _random_tree(bs, m, vocab, seed):
@@ -66,11 +68,11 @@ def test_bad_lists_name_the_argument():
     parents, candidates, nxt, sib, _ = _random_tree(2, 6, 50, 1)
     bad = nxt.clone()
     bad[0, 3] = 1
-    with pytest.raises(ValueError, match="retrive_next_token"):
+    with pytest.raises(RuntimeError, match="retrive_next_token"):
         sglang.tree_from_sglang(candidates, bad, sib)
     bad = sib.clone()
     bad[1, 2] = 2
-    with pytest.raises(ValueError, match="retrive_next_sibling"):
+    with pytest.raises(RuntimeError, match="retrive_next_sibling"):
         sglang.tree_from_sglang(candidates, nxt, bad)
 
 
@@ -118,3 +120,46 @@ def test_target_only_sampling_is_tree_verify():
         sglang.tree_speculative_sampling_target_only(
             predicts, accept_index, accept_num, candidates, retrive_index, nxt, sib, None, None, target_probs,
             torch.zeros_like(target_probs), threshold_acc=0.5)
+
+
+def _sglang_case(device="cpu", steps=5):
+    """A greedy and a sampled call of each SGLang entry point on `device`, into fresh buffers."""
+    bs, m, vocab = 4, 8, 12
+    _, candidates, nxt, sib, retrive_index = _random_tree(bs, m, vocab, 3)
+    g = torch.Generator().manual_seed(4)
+    target_predict = torch.randint(0, vocab, (bs * m,), generator=g)
+    target_probs = torch.softmax(torch.randn(bs, m, vocab, generator=g) * 2, -1)
+    d = lambda *ts: [t.to(device) for t in ts]  # noqa: E731
+    candidates, nxt, sib, retrive_index, target_predict, target_probs = d(candidates, nxt, sib, retrive_index,
+                                                                         target_predict, target_probs)
+    seed, offset = torch.tensor(3, device=device), torch.tensor(1, device=device)
+
+    def buffers():
+        return (torch.zeros(bs * m, dtype=torch.int32, device=device),
+                torch.full((bs, steps), -1, dtype=torch.int32, device=device),
+                torch.zeros(bs, dtype=torch.int32, device=device))
+
+    greedy = lambda: sglang.verify_tree_greedy(*buffers(), candidates, retrive_index, nxt, sib,  # noqa: E731
+                                               target_predict)
+    sampled = lambda: sglang.tree_speculative_sampling_target_only(  # noqa: E731
+        *buffers(), candidates, retrive_index, nxt, sib, None, None, target_probs, torch.zeros_like(target_probs),
+        seed=seed, offset=offset)
+    return greedy, sampled, offset
+
+
+def test_reads_nothing_on_the_host():
+    """No .item() / .tolist() / int() of a tensor and no tensor made from host data in either entry
+    point (the layout conversion included): on a GPU each would sync the host."""
+    greedy, sampled, _ = _sglang_case()
+    want = greedy(), sampled()
+    with _unread():
+        got = greedy(), sampled()
+    for a, b in zip(got, want):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.needs_cuda
+def test_captures_in_a_cuda_graph():
+    greedy, sampled, offset = _sglang_case("cuda")
+    assert_replays_like_eager(greedy, offset)
+    assert_replays_like_eager(sampled, offset)

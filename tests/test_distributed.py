@@ -27,18 +27,45 @@ RNG = [(0, 5), (1, 5), (2**64 - 3, 2**63 + 5)]
 
 
 def _as_tensors(seed, offset, device="cpu"):
-    """(seed, offset) as int64 tensors of their 64 bits: a 0-dim seed, a one-element offset."""
+    """(seed, offset) as 0-dim int64 tensors of their 64 bits: one stream for the batch, keyed by the row
+    (a one-element 1-D tensor would be the per-request form, refused at N > 1)."""
     bits = lambda x: x - 2**64 if x >= 2**63 else x  # noqa: E731
-    return torch.tensor(bits(seed), device=device), torch.tensor([bits(offset)], device=device)
+    return torch.tensor(bits(seed), device=device), torch.tensor(bits(offset), device=device)
 
 
 _HOST_READS = ("item", "tolist", "numpy", "__int__", "__index__", "__float__", "__bool__")
 
 
+_FROM_HOST_DATA = ((torch, "tensor"), (torch, "as_tensor"), (torch, "asarray"), (torch.Tensor, "new_tensor"))
+
+
+@contextlib.contextmanager
+def _no_host_data():
+    """Fails torch.tensor / as_tensor / asarray / Tensor.new_tensor of Python data (a number, a list):
+    on a GPU that is a copy from pageable host memory, which syncs the host and breaks CUDA-graph
+    capture (the H200's sharded chain_verify); on the CPU only the call itself shows it."""
+    def guard(owner, name, original):
+        def make(*args, **kwargs):
+            data = args[1] if owner is torch.Tensor else (args[0] if args else kwargs.get("data"))
+            assert isinstance(data, torch.Tensor), f"{owner.__name__}.{name} of host data on a device path"
+            return original(*args, **kwargs)
+        return make
+
+    originals = [(owner, name, getattr(owner, name)) for owner, name in _FROM_HOST_DATA]
+    for owner, name, original in originals:
+        setattr(owner, name, guard(owner, name, original))
+    try:
+        yield
+    finally:
+        for owner, name, original in originals:
+            setattr(owner, name, original)
+
+
 @contextlib.contextmanager
 def _unread(*tensors):
     """Fails any host read (item, int(), bool(), tolist(), ...) of a tensor sharing storage with
-    tensors, or of any tensor when none is given: they may only be read by kernels and tensor ops."""
+    tensors, or of any tensor when none is given: they may only be read by kernels and tensor ops.
+    With none given it also fails tensors made from host data (_no_host_data)."""
     guarded = {t.untyped_storage().data_ptr() for t in tensors}
     own = {name: torch.Tensor.__dict__.get(name) for name in _HOST_READS}
 
@@ -51,7 +78,8 @@ def _unread(*tensors):
     for name in _HOST_READS:
         setattr(torch.Tensor, name, guard(name, getattr(torch.Tensor, name)))
     try:
-        yield
+        with contextlib.nullcontext() if guarded else _no_host_data():
+            yield
     finally:
         for name, original in own.items():
             if original is None:
@@ -525,6 +553,80 @@ def test_sharded_ops_match_the_unsharded_ops(world):
     mp.spawn(_worker, args=(world, _free_port()), nprocs=world, join=True)
 
 
+def _device_seed_steps(device):
+    """The sharded ops with seed and offset tensors on `device` (one rank holding the whole vocabulary;
+    BOUNDS[2] only plants the cases): name -> (sharded call, unsharded call, logprob index), and the
+    offset tensor a captured graph advances."""
+    n, k, m = 5, 4, 8
+    logits = _case_logits(n, m, 12, BOUNDS[2]).to(device)
+    g = torch.Generator().manual_seed(13)
+    drafts = torch.randint(0, V, (n, k), generator=g).to(device)
+    parents = torch.tensor([[-1, 0, 0, 1, 1, 2, 3, 3]]).repeat(n, 1).to(device)
+    tokens = torch.randint(0, V, (n, m), generator=g)
+    tokens[:, 0] = -1
+    tokens = tokens.to(device)
+    q = torch.softmax(torch.randn(n, m, V, generator=g), -1).to(device)
+    block = torch.randint(0, V, (n, m), generator=g).to(device)
+    block[:, ::2] = 3
+    ctx, prev, prefix, base, weights = _refiner_case(BOUNDS[2])
+    ctx, prev, prefix, base = ctx.to(device), prev.to(device), prefix.to(device), base.to(device)
+    weights = RefinerWeights(*(w.to(device) for w in weights))
+    seed, offset = _as_tensors(2**64 - 3, 4, device)
+    rng = dict(temperature=1.0, seed=seed, offset=offset)
+    filters = dict(top_k=torch.tensor([3, 0, 1, 5, 2]).to(device), top_p=0.9, min_p=torch.full((n,), 0.05).to(device))
+    per_request = dict(temperature=1.0, seed=torch.arange(n).to(device) + 3, offset=torch.arange(n).to(device) * 9)
+    chain = lambda: (drafts, logits[:, : k + 1])  # noqa: E731
+    steps = {
+        "chain_verify": (lambda: distributed.chain_verify(*chain(), vocab_start=0, **rng),
+                         lambda: xkernels.chain_verify(*chain(), **rng), None),
+        "chain_verify per request": (lambda: distributed.chain_verify(*chain(), vocab_start=0, **per_request),
+                                     lambda: xkernels.chain_verify(*chain(), **per_request), None),
+        "tree_verify": (lambda: distributed.tree_verify(tokens, parents, logits, vocab_start=0, **rng),
+                        lambda: xkernels.tree_verify(tokens, parents, logits, **rng), None),
+        "tree_verify with q": (
+            lambda: distributed.tree_verify(tokens, parents, logits, vocab_start=0, draft_probs=q,
+                                            without_replacement=True, capturable=True, **rng),
+            lambda: xkernels.tree_verify(tokens, parents, logits, draft_probs=q, without_replacement=True, **rng),
+            None),
+        # Filtered: the cut's shard_cut_histogram and shard_cut_pick rounds, on the device.
+        "chain_verify filtered": (
+            lambda: distributed.chain_verify(*chain(), vocab_start=0, **filters, **rng),
+            lambda: xkernels.chain_verify(*chain(), **filters, **rng), None),
+        "tree_verify filtered with q": (
+            lambda: distributed.tree_verify(tokens, parents, logits, vocab_start=0, draft_probs=q, capturable=True,
+                                            **filters, **rng),
+            lambda: xkernels.tree_verify(tokens, parents, logits, draft_probs=q, **filters, **rng), None),
+        "dllm_step": (lambda: distributed.dllm_step(logits, block, 3, vocab_start=0, **rng),
+                      lambda: xkernels.dllm_step(logits, block, 3, **rng), 3),
+        "refine_step": (lambda: distributed.refine_step(ctx, prev, base, weights, vocab_start=0, **rng),
+                        lambda: xkernels.refine_step(ctx, prev, base, weights, **rng), 1),
+        "jacobi_refine": (lambda: distributed.jacobi_refine(ctx, prefix, base, weights, max_iters=9, vocab_start=0,
+                                                            capturable=True, **rng),
+                          lambda: xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=9, **rng), 1),
+    }
+    return steps, offset
+
+
+def _check_device_seeds_on_cpu(rank, world, port):
+    """The CPU side of _check_cuda_graph: the same calls on gloo read no tensor on the host and make
+    no tensor from host data (what would sync a GPU), and match the unsharded ops."""
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        steps, _ = _device_seed_steps("cpu")
+        for name, (sharded, whole, logprob_index) in steps.items():
+            with _unread():
+                got = sharded()
+            _same(name, got, whole(), logprob_index)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_sharded_ops_with_device_seeds_make_no_host_copy():
+    mp.spawn(_check_device_seeds_on_cpu, args=(1, _free_port()), nprocs=1, join=True)
+
+
 def _check_cuda_graph(rank, world, port):
     """One rank on NCCL with device seed and offset tensors: the sharded ops sync nothing with the
     host (sync debug mode "error"), match the unsharded ops, and a CUDA graph of them replays like
@@ -533,49 +635,7 @@ def _check_cuda_graph(rank, world, port):
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", rank=rank, world_size=world)
     try:
-        n, k, m = 5, 4, 8  # the whole vocabulary on the one rank; BOUNDS[2] only plants the cases
-        logits = _case_logits(n, m, 12, BOUNDS[2]).cuda()
-        g = torch.Generator().manual_seed(13)
-        drafts = torch.randint(0, V, (n, k), generator=g).cuda()
-        parents = torch.tensor([[-1, 0, 0, 1, 1, 2, 3, 3]]).repeat(n, 1).cuda()
-        tokens = torch.randint(0, V, (n, m), generator=g)
-        tokens[:, 0] = -1
-        tokens = tokens.cuda()
-        q = torch.softmax(torch.randn(n, m, V, generator=g), -1).cuda()
-        block = torch.randint(0, V, (n, m), generator=g).cuda()
-        block[:, ::2] = 3
-        ctx, prev, prefix, base, weights = _refiner_case(BOUNDS[2])
-        ctx, prev, prefix, base = ctx.cuda(), prev.cuda(), prefix.cuda(), base.cuda()
-        weights = RefinerWeights(*(w.cuda() for w in weights))
-        seed, offset = _as_tensors(2**64 - 3, 4, "cuda")
-        rng = dict(temperature=1.0, seed=seed, offset=offset)
-        filters = dict(top_k=torch.tensor([3, 0, 1, 5, 2]).cuda(), top_p=0.9, min_p=torch.full((n,), 0.05).cuda())
-        steps = {
-            "chain_verify": (lambda: distributed.chain_verify(drafts, logits[:, : k + 1], vocab_start=0, **rng),
-                             lambda: xkernels.chain_verify(drafts, logits[:, : k + 1], **rng), None),
-            "tree_verify": (lambda: distributed.tree_verify(tokens, parents, logits, vocab_start=0, **rng),
-                            lambda: xkernels.tree_verify(tokens, parents, logits, **rng), None),
-            "tree_verify with q": (
-                lambda: distributed.tree_verify(tokens, parents, logits, vocab_start=0, draft_probs=q,
-                                                without_replacement=True, capturable=True, **rng),
-                lambda: xkernels.tree_verify(tokens, parents, logits, draft_probs=q, without_replacement=True, **rng),
-                None),
-            # Filtered: the cut's shard_cut_histogram and shard_cut_pick rounds, on the device.
-            "chain_verify filtered": (
-                lambda: distributed.chain_verify(drafts, logits[:, : k + 1], vocab_start=0, **filters, **rng),
-                lambda: xkernels.chain_verify(drafts, logits[:, : k + 1], **filters, **rng), None),
-            "tree_verify filtered with q": (
-                lambda: distributed.tree_verify(tokens, parents, logits, vocab_start=0, draft_probs=q, capturable=True,
-                                                **filters, **rng),
-                lambda: xkernels.tree_verify(tokens, parents, logits, draft_probs=q, **filters, **rng), None),
-            "dllm_step": (lambda: distributed.dllm_step(logits, block, 3, vocab_start=0, **rng),
-                          lambda: xkernels.dllm_step(logits, block, 3, **rng), 3),
-            "refine_step": (lambda: distributed.refine_step(ctx, prev, base, weights, vocab_start=0, **rng),
-                            lambda: xkernels.refine_step(ctx, prev, base, weights, **rng), 1),
-            "jacobi_refine": (lambda: distributed.jacobi_refine(ctx, prefix, base, weights, max_iters=9, vocab_start=0,
-                                                                capturable=True, **rng),
-                              lambda: xkernels.jacobi_refine(ctx, prefix, base, weights, max_iters=9, **rng), 1),
-        }
+        steps, offset = _device_seed_steps("cuda")
         for name, (sharded, whole, logprob_index) in steps.items():
             want = whole()
             sharded()  # warm-up: NCCL's communicator starts on the first collective
@@ -587,8 +647,11 @@ def _check_cuda_graph(rank, world, port):
                 torch.cuda.set_sync_debug_mode("default")
             _same(f"{name} on CUDA", got, want, logprob_index)
             assert_replays_like_eager(sharded, offset)
+        seed = offset.new_zeros(())
         with pytest.raises(RuntimeError, match="seed must be on"):
-            distributed.chain_verify(drafts, logits[:, : k + 1], vocab_start=0, temperature=1.0, seed=seed.cpu())
+            distributed.chain_verify(torch.zeros(1, 1, dtype=torch.int64, device="cuda"),
+                                     torch.zeros(1, 2, V, device="cuda"), vocab_start=0, temperature=1.0,
+                                     seed=seed.cpu())
     finally:
         dist.destroy_process_group()
 

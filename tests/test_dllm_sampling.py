@@ -136,13 +136,24 @@ def test_dllm_step_is_batch_invariant(device):
 
 
 def _accept_inputs(n, seed, device="cpu", params=None):
+    """spiffy_accept's inputs on `device`, drafted there by spiffy_materialize with params (on
+    `device` too: mixed devices are an error in every op)."""
     logits, block = step_case(n, 8, 20, seed=seed)
-    drafts, node_ids, _ = xkernels.spiffy_materialize(logits, block, MASK, hand_graph(), keep=3,
-                                                      **{k: v for k, v in (params or {}).items()
-                                                         if k not in ("seed", "offset")})
     g = torch.Generator().manual_seed(seed + 1)
     draft_logits = logits[:, None] + 0.3 * torch.randn(n, 3, 8, 20, generator=g)
-    return [t.to(device) for t in (logits, draft_logits, drafts, node_ids, block)]
+    logits, draft_logits, block = (t.to(device) for t in (logits, draft_logits, block))
+    drafts, node_ids, _ = xkernels.spiffy_materialize(logits, block, MASK, hand_graph(device), keep=3,
+                                                      **{k: v for k, v in (params or {}).items()
+                                                         if k not in ("seed", "offset")})
+    return [logits, draft_logits, drafts, node_ids, block]
+
+
+def test_accept_inputs_follow_the_device_of_the_parameters():
+    """The CPU side of the CUDA tests' inputs: with parameters on another device (meta stands in for
+    CUDA: an op refuses it among CPU tensors the same way), _accept_inputs makes and drafts every
+    tensor there."""
+    params = on(mixed_params(8, 8), "meta")
+    assert all(t.device.type == "meta" for t in _accept_inputs(8, 4, "meta", params))
 
 
 @pytest.mark.parametrize("per_request", [True, False])

@@ -7,6 +7,7 @@ every number in a TORCH_CHECK message crash the process or cut the message at it
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -105,6 +106,47 @@ def test_value_errors_are_whole_on_cuda_under_xkernels_check():
     out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True,
                          env={**os.environ, "XKERNELS_CHECK": "1"}, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+# Checked after the op's own tensors, as a group (ops/sampling_args.cpp): their order is their own.
+_SAMPLING_TENSORS = {"temperature_tensor", "top_k_tensor", "top_p_tensor", "min_p_tensor", "seed_tensor",
+                     "offset_tensor", "cut_value", "cut_id"}
+
+
+def _device_order_cases():
+    """(op, argument) for every op's own tensor arguments, where the op takes two or more."""
+    cases = []
+    for schema in torch._C._jit_get_all_schemas():
+        if schema.name.startswith("xkernels::"):
+            names = [a.name for a in schema.arguments
+                     if a.type.isSubtypeOf(torch._C.OptionalType(torch._C.TensorType.get()))
+                     and a.name not in _SAMPLING_TENSORS]
+            cases += [(schema.name.split("::")[1], name) for name in names] if len(names) > 1 else []
+    return sorted(cases)
+
+
+@pytest.mark.parametrize("op,name", _device_order_cases())
+def test_the_device_is_checked_before_the_shape(op, name):
+    """Device first, as torch does: the C++ checks report a tensor on the wrong device as that,
+    whatever else is wrong with it. Each of the op's own tensor arguments (optional ones too) is a
+    float32 [1, 1, 1, 1, 1] (no op's shape), `name`'s on meta, and the call goes to the CPU kernel itself (redispatch: a meta
+    tensor would otherwise send it to the fake kernel), so the checks the CUDA kernel runs too
+    (csrc/ops) meet a tensor on another device, as on a GPU with a CPU tensor among CUDA ones."""
+    overload = getattr(torch.ops.xkernels, op).default
+    args = []
+    for a in overload._schema.arguments:
+        tensor = a.type.isSubtypeOf(torch._C.OptionalType(torch._C.TensorType.get()))
+        if tensor and a.name not in _SAMPLING_TENSORS:
+            args.append(torch.zeros(1, 1, 1, 1, 1, device="meta" if a.name == name else "cpu"))
+        elif a.has_default_value():
+            args.append(a.default_value)
+        else:
+            args.append({"int": 0, "float": 0.0, "bool": False}.get(str(a.type)))  # None: an optional
+    with pytest.raises(RuntimeError) as info:
+        overload.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), *args)
+    message = first_line(info.value)
+    assert re.match(rf"{name} must be on cpu like \w+, got meta$|\w+ must be on meta like {name}, got cpu$",
+                    message), message
 
 
 @pytest.mark.skipif(shutil.which("nm") is None, reason="needs binutils' nm")

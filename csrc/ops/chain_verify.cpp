@@ -30,6 +30,7 @@ std::tuple<at::Tensor, at::Tensor> chain_verify(const at::Tensor& draft_tokens, 
 
 ChainVerifyShape check_chain_verify(const at::Tensor& draft_tokens, const at::Tensor& target_logits,
                                     const std::optional<at::Tensor>& draft_probs, double temperature) {
+  check_devices(target_logits, "target_logits", {{draft_tokens, "draft_tokens"}, {draft_probs, "draft_probs"}});
   TORCH_CHECK(draft_tokens.dim() == 2, "draft_tokens must have shape [N, K], got ", draft_tokens.sizes());
   TORCH_CHECK(draft_tokens.scalar_type() == at::kLong, "draft_tokens must be int64, got ",
               draft_tokens.scalar_type());
@@ -42,16 +43,12 @@ ChainVerifyShape check_chain_verify(const at::Tensor& draft_tokens, const at::Te
               n, ", ", k + 1, ", V] to match draft_tokens ", draft_tokens.sizes(), ", got ", target_logits.sizes());
   TORCH_CHECK(v > 0, "target_logits must have a non-empty vocabulary (V > 0)");
   TORCH_CHECK(v < std::numeric_limits<int32_t>::max(), "target_logits vocabulary V=", v, " is too large (V < 2^31)");
-  TORCH_CHECK(draft_tokens.device() == target_logits.device(), "draft_tokens must be on ", target_logits.device(),
-              " like target_logits, got ", draft_tokens.device());
   inverse_temperature(temperature);  // checks the range
   if (draft_probs.has_value()) {
     const auto& q = *draft_probs;
     TORCH_CHECK(q.scalar_type() == at::kFloat, "draft_probs must be float32, got ", q.scalar_type());
     TORCH_CHECK(q.dim() == 3 && q.size(0) == n && q.size(1) == k && q.size(2) == v,
                 "draft_probs must have shape [N, K, V] = [", n, ", ", k, ", ", v, "], got ", q.sizes());
-    TORCH_CHECK(q.device() == target_logits.device(), "draft_probs must be on ", target_logits.device(),
-                " like target_logits, got ", q.device());
   }
   return ChainVerifyShape{n, k, v};
 }
@@ -75,10 +72,11 @@ RaggedShape check_chain_verify_ragged(const at::Tensor& draft_tokens, const at::
                                       const std::optional<at::Tensor>& draft_probs,
                                       const at::Tensor& output_token_ids, const at::Tensor& num_emitted,
                                       const at::Tensor& logprobs) {
+  check_devices(target_logits, "target_logits",
+                {{draft_tokens, "draft_tokens"}, {cu_num_draft_tokens, "cu_num_draft_tokens"},
+                 {draft_probs, "draft_probs"}, {output_token_ids, "output_token_ids"}, {num_emitted, "num_emitted"},
+                 {logprobs, "logprobs"}});
   const auto device = target_logits.device();
-  const auto on_device = [&](const at::Tensor& t, const char* name) {
-    TORCH_CHECK(t.device() == device, name, " must be on ", device, " like target_logits, got ", t.device());
-  };
   TORCH_CHECK(draft_tokens.dim() == 1, "draft_tokens must have shape [T], got ", draft_tokens.sizes());
   TORCH_CHECK(draft_tokens.scalar_type() == at::kLong || draft_tokens.scalar_type() == at::kInt,
               "draft_tokens must be int64 or int32, got ", draft_tokens.scalar_type());
@@ -96,20 +94,16 @@ RaggedShape check_chain_verify_ragged(const at::Tensor& draft_tokens, const at::
   TORCH_CHECK(v > 0, "target_logits must have a non-empty vocabulary (V > 0)");
   TORCH_CHECK(v < std::numeric_limits<int32_t>::max(), "target_logits vocabulary V=", v, " is too large (V < 2^31)");
   TORCH_CHECK(max_spec_len >= 0, "max_spec_len must be >= 0, got ", max_spec_len);
-  on_device(draft_tokens, "draft_tokens");
-  on_device(cu_num_draft_tokens, "cu_num_draft_tokens");
   if (draft_probs.has_value()) {
     const auto& q = *draft_probs;
     TORCH_CHECK(q.scalar_type() == at::kFloat, "draft_probs must be float32, got ", q.scalar_type());
     TORCH_CHECK(q.dim() == 2 && q.size(0) == t && q.size(1) == v, "draft_probs must have shape [T, V] = [", t, ", ",
                 v, "], got ", q.sizes());
-    on_device(q, "draft_probs");
   }
   const auto buffer = [&](const at::Tensor& b, const char* name, at::ScalarType dtype, at::IntArrayRef shape) {
     TORCH_CHECK(b.scalar_type() == dtype, name, " must be ", dtype, ", got ", b.scalar_type());
     TORCH_CHECK(b.sizes() == shape, name, " must have shape ", shape, ", got ", b.sizes());
     TORCH_CHECK(b.is_contiguous(), name, " must be contiguous");
-    on_device(b, name);
   };
   buffer(output_token_ids, "output_token_ids", at::kInt, {n, max_spec_len + 1});
   buffer(num_emitted, "num_emitted", at::kInt, {n});

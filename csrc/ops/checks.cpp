@@ -23,6 +23,12 @@ bool value_checks_enabled() {
   return enabled;
 }
 
+void check_devices(const at::Tensor& like, const char* like_name, std::initializer_list<Arg> args) {
+  for (const Arg& a : args)
+    TORCH_CHECK(a.tensor == nullptr || a.tensor->device() == like.device(), a.name, " must be on ", like.device(),
+                " like ", like_name, ", got ", a.tensor->device());
+}
+
 at::Tensor empty_output(at::IntArrayRef sizes, const at::TensorOptions& options, const std::string& sized_by) {
   try {
     return at::empty(sizes, options);
@@ -36,9 +42,9 @@ at::Tensor empty_output(at::IntArrayRef sizes, const at::TensorOptions& options,
 static const int64_t* rng_tensor_ptr(const std::optional<at::Tensor>& t, const char* name,
                                      const at::Device& device) {
   if (!t.has_value()) return nullptr;
+  TORCH_CHECK(t->device() == device, name, " must be on ", device, " like the logits, got ", t->device());
   TORCH_CHECK(t->scalar_type() == at::kLong, name, " must be an int64 tensor, got ", t->scalar_type());
   TORCH_CHECK(t->numel() == 1, name, " must hold exactly one element, got shape ", t->sizes());
-  TORCH_CHECK(t->device() == device, name, " must be on ", device, " (the logits' device), got ", t->device());
   return t->const_data_ptr<int64_t>();
 }
 

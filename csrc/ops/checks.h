@@ -5,10 +5,24 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 
 namespace xkernels {
+
+// A tensor argument and its name in messages; an empty optional is an absent argument.
+struct Arg {
+  const at::Tensor* tensor;
+  const char* name;
+  Arg(const at::Tensor& t, const char* n) : tensor(&t), name(n) {}
+  Arg(const std::optional<at::Tensor>& t, const char* n) : tensor(t.has_value() ? &*t : nullptr), name(n) {}
+};
+
+// Device first, as torch's ops check it: every op checks that its tensors are on `like`'s device
+// ("<name> must be on <device> like <like_name>, got <device>") before any dtype or shape, so a
+// tensor on the wrong device is reported as that whatever else is wrong with it, on every device.
+void check_devices(const at::Tensor& like, const char* like_name, std::initializer_list<Arg> args);
 
 // Whether XKERNELS_CHECK=1 asks the CUDA kernels for value checks that need a
 // host sync (token ids in range).

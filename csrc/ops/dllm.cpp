@@ -32,6 +32,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step(
 
 DllmShape check_dllm_step(const at::Tensor& logits, const at::Tensor& block_tokens, int64_t num_unmask,
                           std::optional<double> threshold, const char* logits_name) {
+  check_devices(logits, logits_name, {{block_tokens, "block_tokens"}});
   TORCH_CHECK(logits.dim() == 3, logits_name, " must have shape [N, L, V], got ", logits.sizes());
   const auto dt = logits.scalar_type();
   TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf, logits_name,
@@ -41,8 +42,6 @@ DllmShape check_dllm_step(const at::Tensor& logits, const at::Tensor& block_toke
                   block_tokens.size(1) == logits.size(1),
               "block_tokens must have shape [N, L] = [", logits.size(0), ", ", logits.size(1), "], got ",
               block_tokens.sizes());
-  TORCH_CHECK(block_tokens.device() == logits.device(), "block_tokens must be on ", logits.device(), " like ",
-              logits_name, ", got ", block_tokens.device());
   const int64_t v = logits.size(2);
   TORCH_CHECK(v > 0 && v < std::numeric_limits<int32_t>::max(), logits_name, " vocabulary V must be in [1, 2^31)");
   TORCH_CHECK(logits.size(1) < std::numeric_limits<int32_t>::max(), logits_name, ": L must be below 2^31");

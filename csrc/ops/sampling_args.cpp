@@ -23,11 +23,11 @@ namespace {
 at::Tensor per_row(const std::optional<at::Tensor>& t, const char* name, int64_t n, const at::Device& device,
                    std::initializer_list<at::ScalarType> dtypes, at::ScalarType dtype) {
   if (!t.has_value()) return at::Tensor();
+  TORCH_CHECK(t->device() == device, name, " must be on ", device, " like the logits, got ", t->device());
   bool dtype_ok = false;
   for (auto d : dtypes) dtype_ok |= t->scalar_type() == d;
   TORCH_CHECK(dtype_ok, name, " must be a ", dtype, " tensor, got ", t->scalar_type());
   TORCH_CHECK(t->dim() == 1 && t->size(0) == n, name, " must have shape [N] = [", n, "], got ", t->sizes());
-  TORCH_CHECK(t->device() == device, name, " must be on ", device, " like the logits, got ", t->device());
   if (dtype == at::kInt && t->scalar_type() == at::kLong)  // top_k beyond int32 keeps everything, as V < 2^31
     return t->clamp_max(std::numeric_limits<int32_t>::max()).to(dtype).contiguous();
   return t->to(dtype).contiguous();
@@ -39,8 +39,8 @@ at::Tensor per_row(const std::optional<at::Tensor>& t, const char* name, int64_t
 at::Tensor stream_tensor(const std::optional<at::Tensor>& t, const char* name, int64_t n, const at::Device& device,
                          bool& per_request) {
   if (!t.has_value()) return at::Tensor();
-  TORCH_CHECK(t->scalar_type() == at::kLong, name, " must be an int64 tensor, got ", t->scalar_type());
   TORCH_CHECK(t->device() == device, name, " must be on ", device, " like the logits, got ", t->device());
+  TORCH_CHECK(t->scalar_type() == at::kLong, name, " must be an int64 tensor, got ", t->scalar_type());
   const bool scalar = t->dim() == 0 || (t->numel() == 1 && n != 1);
   TORCH_CHECK(scalar || (t->dim() == 1 && t->size(0) == n), name,
               " must be an int, a one-element tensor (one stream for the batch) or have shape [N] = [", n,

@@ -23,14 +23,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
                  XK_SHARD_SAMPLING_FORWARD);
 }
 
-static void check_same_device(const at::Tensor& t, const at::Tensor& logits, const char* name) {
-  TORCH_CHECK(t.device() == logits.device(), name, " must be on ", logits.device(), " like logits, got ", t.device());
-}
-
 ShardRowShape check_shard_row_stats(const at::Tensor& logits, int64_t vocab_start,
                                     const std::optional<at::Tensor>& rows, const std::optional<at::Tensor>& exclude,
                                     const std::optional<at::Tensor>& draft_probs,
                                     const std::optional<at::Tensor>& residual_stats, bool sample) {
+  check_devices(logits, "logits", {{rows, "rows"}, {exclude, "exclude"}, {draft_probs, "draft_probs"},
+                                   {residual_stats, "residual_stats"}});
   TORCH_CHECK(logits.dim() == 3, "logits must have shape [N, R, V_local], got ", logits.sizes());
   ShardRowShape s{logits.size(0), logits.size(1), logits.size(2), logits.size(1), 0, 0};
   check_shard_logits(logits, vocab_start);
@@ -38,14 +36,12 @@ ShardRowShape check_shard_row_stats(const at::Tensor& logits, int64_t vocab_star
     TORCH_CHECK(rows->scalar_type() == at::kLong, "rows must be int64, got ", rows->scalar_type());
     TORCH_CHECK(rows->dim() == 2 && rows->size(0) == s.n, "rows must have shape [N, S] with N = ", s.n, ", got ",
                 rows->sizes());
-    check_same_device(*rows, logits, "rows");
     s.s = rows->size(1);
   }
   if (exclude.has_value()) {
     TORCH_CHECK(exclude->scalar_type() == at::kLong, "exclude must be int64, got ", exclude->scalar_type());
     TORCH_CHECK(exclude->dim() == 3 && exclude->size(0) == s.n && exclude->size(1) == s.s,
                 "exclude must have shape [N, S, E] = [", s.n, ", ", s.s, ", E], got ", exclude->sizes());
-    check_same_device(*exclude, logits, "exclude");
     s.e = exclude->size(2);
   }
   TORCH_CHECK(draft_probs.has_value() == residual_stats.has_value(),
@@ -57,13 +53,11 @@ ShardRowShape check_shard_row_stats(const at::Tensor& logits, int64_t vocab_star
     TORCH_CHECK(q.dim() == 3 && q.size(0) == s.n && q.size(1) <= s.r && q.size(2) == s.v,
                 "draft_probs must have shape [N, Q, V_local] with Q <= R: [", s.n, ", <=", s.r, ", ", s.v, "], got ",
                 q.sizes());
-    check_same_device(q, logits, "draft_probs");
     s.q = q.size(1);
     const auto& st = *residual_stats;
     TORCH_CHECK(st.scalar_type() == at::kFloat, "residual_stats must be float32, got ", st.scalar_type());
     TORCH_CHECK(st.dim() == 3 && st.size(0) == s.n && st.size(1) == s.s && st.size(2) == 2,
                 "residual_stats must have shape [N, S, 2] = [", s.n, ", ", s.s, ", 2], got ", st.sizes());
-    check_same_device(st, logits, "residual_stats");
   }
   return s;
 }
@@ -76,6 +70,7 @@ ShardSampling shard_sampling(const ShardRowShape& s, const at::Tensor& logits, b
               "sample=True needs temperature > 0 (greedy rows need no sampling); a per-row temperature may hold 0s");
   TORCH_CHECK(cut_value.has_value() == cut_id.has_value(), "cut_value and cut_id go together (a cut is a value and an id)");
   if (cut_value.has_value()) {
+    check_devices(logits, "logits", {{cut_value, "cut_value"}, {cut_id, "cut_id"}});
     TORCH_CHECK(cut_value->scalar_type() == at::kFloat, "cut_value must be float32, got ", cut_value->scalar_type());
     TORCH_CHECK(cut_id->scalar_type() == at::kLong || cut_id->scalar_type() == at::kInt,
                 "cut_id must be int64 or int32, got ", cut_id->scalar_type());
@@ -83,7 +78,6 @@ ShardSampling shard_sampling(const ShardRowShape& s, const at::Tensor& logits, b
       const char* name = t == &*cut_value ? "cut_value" : "cut_id";
       TORCH_CHECK(t->dim() == 2 && t->size(0) == s.n && t->size(1) == s.s, name, " must have shape [N, S] = [", s.n,
                   ", ", s.s, "], got ", t->sizes());
-      check_same_device(*t, logits, name);
     }
     out.cut_value = cut_value->contiguous();
     out.cut_id = cut_ids_int32(*cut_id);

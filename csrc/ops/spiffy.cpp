@@ -58,10 +58,9 @@ at::Tensor spiffy_attention_mask(const at::Tensor& prefix_lens, int64_t num_draf
 
 namespace {
 
-void check_int32(const at::Tensor& t, const char* name, int64_t dim, const at::Device& device) {
+void check_int32(const at::Tensor& t, const char* name, int64_t dim) {
   TORCH_CHECK(t.scalar_type() == at::kInt, name, " must be int32, got ", t.scalar_type());
   TORCH_CHECK(t.dim() == dim, name, " must have ", dim, " dimensions, got shape ", t.sizes());
-  TORCH_CHECK(t.device() == device, name, " must be on ", device, " like logits, got ", t.device());
 }
 
 // The graph's values: ranks (root without operations; a node's operations first, then -1 rows;
@@ -108,15 +107,17 @@ void check_graph_values(const at::Tensor& ranks_t, const at::Tensor& ptr_t, cons
 SpiffyShape check_spiffy_materialize(const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id,
                                      const at::Tensor& graph_ranks, const at::Tensor& graph_child_ptr,
                                      const at::Tensor& graph_children, int64_t keep, bool check_values) {
+  check_devices(logits, "logits", {{block_tokens, "block_tokens"}, {graph_ranks, "graph_ranks"},
+                                   {graph_child_ptr, "graph_child_ptr"}, {graph_children, "graph_children"}});
   const DllmShape d = check_dllm_step(logits, block_tokens, 1, std::nullopt);
-  check_int32(graph_ranks, "graph_ranks", 3, logits.device());
+  check_int32(graph_ranks, "graph_ranks", 3);
   TORCH_CHECK(graph_ranks.size(0) >= 1 && graph_ranks.size(2) == 2,
               "graph_ranks must have shape [G, K, 2] with G >= 1, got ", graph_ranks.sizes());
   const int64_t g = graph_ranks.size(0);
-  check_int32(graph_child_ptr, "graph_child_ptr", 1, logits.device());
+  check_int32(graph_child_ptr, "graph_child_ptr", 1);
   TORCH_CHECK(graph_child_ptr.size(0) == g + 1, "graph_child_ptr must have G + 1 = ", g + 1, " entries, got ",
               graph_child_ptr.size(0));
-  check_int32(graph_children, "graph_children", 1, logits.device());
+  check_int32(graph_children, "graph_children", 1);
   TORCH_CHECK(g < std::numeric_limits<int32_t>::max() && graph_children.size(0) < std::numeric_limits<int32_t>::max(),
               "graph: too many nodes or edges");
   TORCH_CHECK(keep >= 0 && keep <= g - 1, "keep must be in [0, ", g - 1, "] (the graph's nodes besides the root), got ",
@@ -133,6 +134,8 @@ SpiffyAcceptShape check_spiffy_accept(const at::Tensor& root_logits, const at::T
                                       const at::Tensor& draft_blocks, const at::Tensor& node_ids,
                                       const at::Tensor& block_tokens, int64_t num_unmask,
                                       std::optional<double> threshold) {
+  check_devices(root_logits, "root_logits", {{draft_logits, "draft_logits"}, {draft_blocks, "draft_blocks"},
+                                             {node_ids, "node_ids"}, {block_tokens, "block_tokens"}});
   const DllmShape d = check_dllm_step(root_logits, block_tokens, num_unmask, threshold, "root_logits");
   TORCH_CHECK(draft_blocks.scalar_type() == at::kLong && draft_blocks.dim() == 3 && draft_blocks.size(0) == d.n &&
                   draft_blocks.size(2) == d.l,
@@ -149,10 +152,6 @@ SpiffyAcceptShape check_spiffy_accept(const at::Tensor& root_logits, const at::T
                   node_ids.size(1) == k,
               "node_ids must be int64 [N, K] = [", d.n, ", ", k, "], got ", node_ids.scalar_type(), " ",
               node_ids.sizes());
-  for (const auto& [t, name] : {std::pair{&draft_logits, "draft_logits"}, std::pair{&draft_blocks, "draft_blocks"},
-                                std::pair{&node_ids, "node_ids"}})
-    TORCH_CHECK(t->device() == root_logits.device(), name, " must be on ", root_logits.device(),
-                " like root_logits, got ", t->device());
   return SpiffyAcceptShape{d.n, d.l, d.v, k};
 }
 

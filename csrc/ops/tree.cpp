@@ -64,14 +64,13 @@ void compact_kv_(const T& cache, const T& path, const T& accept_len, int64_t pre
 }
 
 DraftTreeShape check_build_draft_tree(const T& topk_logprobs, const T& topk_tokens, int64_t budget) {
+  check_devices(topk_logprobs, "topk_logprobs", {{topk_tokens, "topk_tokens"}});
   TORCH_CHECK(topk_logprobs.dim() == 3, "topk_logprobs must have shape [N, D, k], got ", topk_logprobs.sizes());
   TORCH_CHECK(topk_logprobs.scalar_type() == at::kFloat, "topk_logprobs must be float32, got ",
               topk_logprobs.scalar_type());
   check_int64(topk_tokens, "topk_tokens");
   TORCH_CHECK(topk_tokens.sizes() == topk_logprobs.sizes(), "topk_tokens must have the shape of topk_logprobs ",
               topk_logprobs.sizes(), ", got ", topk_tokens.sizes());
-  TORCH_CHECK(topk_tokens.device() == topk_logprobs.device(), "topk_tokens must be on ", topk_logprobs.device(),
-              " like topk_logprobs, got ", topk_tokens.device());
   TORCH_CHECK(budget >= 0 && budget < std::numeric_limits<int32_t>::max(), "budget must be in [0, 2^31 - 1), got ",
               budget);
   TORCH_CHECK(topk_logprobs.size(1) < std::numeric_limits<int32_t>::max() &&
@@ -89,6 +88,7 @@ DraftTreeOutputs draft_tree_outputs(const T& topk_tokens, const DraftTreeShape& 
 }
 
 TreeShape check_tree(const T& parents, const Opt& num_nodes, const char* parents_name) {
+  check_devices(parents, parents_name, {{num_nodes, "num_nodes"}});
   TORCH_CHECK(parents.dim() == 2, parents_name, " must have shape [N, M], got ", parents.sizes());
   check_int64(parents, parents_name);
   TORCH_CHECK(parents.size(1) >= 1, parents_name, " must hold the root (M >= 1), got ", parents.sizes());
@@ -97,8 +97,6 @@ TreeShape check_tree(const T& parents, const Opt& num_nodes, const char* parents
     check_int64(*num_nodes, "num_nodes");
     TORCH_CHECK(num_nodes->dim() == 1 && num_nodes->size(0) == parents.size(0), "num_nodes must have shape [N] = [",
                 parents.size(0), "], got ", num_nodes->sizes());
-    TORCH_CHECK(num_nodes->device() == parents.device(), "num_nodes must be on ", parents.device(), " like ",
-                parents_name, ", got ", num_nodes->device());
   }
   return TreeShape{parents.size(0), parents.size(1)};
 }
@@ -133,6 +131,8 @@ void check_tree_tokens(const T& tokens, const Opt& num_nodes, int64_t vocab) {
 
 int64_t check_tree_verify(const T& tokens, const T& parents, const T& target_logits, const Opt& draft_probs,
                           const Opt& num_nodes) {
+  check_devices(target_logits, "target_logits",
+                {{tokens, "tokens"}, {parents, "parents"}, {draft_probs, "draft_probs"}, {num_nodes, "num_nodes"}});
   const auto shape = check_tree(parents, num_nodes, "parents");
   check_int64(tokens, "tokens");
   TORCH_CHECK(tokens.sizes() == parents.sizes(), "tokens must have the shape of parents ", parents.sizes(), ", got ",
@@ -145,21 +145,17 @@ int64_t check_tree_verify(const T& tokens, const T& parents, const T& target_log
               "target_logits must be float32, bfloat16 or float16, got ", dt);
   const int64_t v = target_logits.size(2);
   TORCH_CHECK(v > 0 && v < std::numeric_limits<int32_t>::max(), "target_logits vocabulary V must be in [1, 2^31)");
-  for (const auto& [t, name] : {std::pair{&tokens, "tokens"}, std::pair{&parents, "parents"}})
-    TORCH_CHECK(t->device() == target_logits.device(), name, " must be on ", target_logits.device(),
-                " like target_logits, got ", t->device());
   if (draft_probs.has_value()) {
     const auto& q = *draft_probs;
     TORCH_CHECK(q.scalar_type() == at::kFloat, "draft_probs must be float32, got ", q.scalar_type());
     TORCH_CHECK(q.sizes() == target_logits.sizes(), "draft_probs must have shape [N, M, V] = ", target_logits.sizes(),
                 ", got ", q.sizes());
-    TORCH_CHECK(q.device() == target_logits.device(), "draft_probs must be on ", target_logits.device(),
-                " like target_logits, got ", q.device());
   }
   return v;
 }
 
 void check_compact_kv(const T& cache, const T& path, const T& accept_len, int64_t prefix_len) {
+  check_devices(cache, "cache", {{path, "path"}, {accept_len, "accept_len"}});
   TORCH_CHECK(cache.dim() == 4, "cache must have shape [N, H, L, d], got ", cache.sizes());
   check_int64(path, "path");
   check_int64(accept_len, "accept_len");
@@ -167,8 +163,6 @@ void check_compact_kv(const T& cache, const T& path, const T& accept_len, int64_
               cache.size(0), ", got ", path.sizes());
   TORCH_CHECK(accept_len.dim() == 1 && accept_len.size(0) == cache.size(0), "accept_len must have shape [N] = [",
               cache.size(0), "], got ", accept_len.sizes());
-  for (const auto& [t, name] : {std::pair{&path, "path"}, std::pair{&accept_len, "accept_len"}})
-    TORCH_CHECK(t->device() == cache.device(), name, " must be on ", cache.device(), " like cache, got ", t->device());
   TORCH_CHECK(prefix_len >= 0 && prefix_len < cache.size(2), "prefix_len must lie in [0, L) = [0, ", cache.size(2),
               "), got ", prefix_len);
   TORCH_CHECK(cache.stride(3) == 1, "cache must be contiguous in its last dimension");

@@ -24,25 +24,31 @@ def tree_from_sglang(candidates: torch.Tensor, retrive_next_token: torch.Tensor,
         ``tokens`` (``candidates`` as int64) and ``parents`` (-1 for the root and for nodes no list
         reaches). Children must come after their parent and siblings in increasing index order, as
         SGLang builds them (xkernels' trees are in topological order and a node's children rank by
-        index); on the CPU, lists that break this raise naming the argument. The conversion is a
-        fixed sequence of ``num_draft`` scatters, so it reads nothing on the host.
+        index); on the CPU, lists that break this raise a RuntimeError naming the argument. A first child's parent
+        is where its link starts; a later sibling shares the parent of its chain's head, found by
+        pointer doubling: ``ceil(log2(num_draft))`` rounds of gathers, nothing read on the host.
     """
     bs, m = candidates.shape
+    device = candidates.device
     nxt, sib = retrive_next_token.long(), retrive_next_sibling.long()
-    if candidates.device.type == "cpu":
+    if device.type == "cpu":  # asserted in C++: no Python read of a tensor, the same path as on CUDA
         index = torch.arange(m)
-        if ((nxt >= 0) & (nxt <= index)).any() or (nxt >= m).any():
-            raise ValueError("retrive_next_token must point past each node (children after their parent), below num_draft")
-        if ((sib >= 0) & (sib <= index)).any() or (sib >= m).any():
-            raise ValueError("retrive_next_sibling must point past each node (siblings in index order), below num_draft")
+        torch._assert_async(~(((nxt >= 0) & (nxt <= index)) | (nxt >= m)).any(),
+                            "retrive_next_token must point past each node (children after their parent), below "
+                            "num_draft")
+        torch._assert_async(~(((sib >= 0) & (sib <= index)) | (sib >= m)).any(),
+                            "retrive_next_sibling must point past each node (siblings in index order), below num_draft")
+    node = torch.arange(m, device=device).expand(bs, m)
     # Column m catches the writes of -1 links.
-    parents = torch.full((bs, m + 1), -1, dtype=torch.int64, device=candidates.device)
-    node = torch.arange(m, device=candidates.device).expand(bs, m)
+    parents = torch.full((bs, m + 1), -1, dtype=torch.int64, device=device)
     parents.scatter_(1, torch.where(nxt >= 0, nxt, m), node)
-    for _ in range(m - 1):  # a sibling inherits its left neighbour's parent, one link a step
-        current = parents[:, :m]
-        parents.scatter_(1, torch.where((sib >= 0) & (current >= 0), sib, m), current)
-    return candidates.long(), parents[:, :m].contiguous()
+    left = torch.cat([node, node.new_full((bs, 1), m)], 1)  # each node's left sibling, itself if none
+    left.scatter_(1, torch.where(sib >= 0, sib, m), node)
+    parents, left = parents[:, :m], left[:, :m]
+    for _ in range(max(m - 1, 1).bit_length()):  # a chain has at most m - 1 links
+        parents = torch.where(parents >= 0, parents, parents.gather(1, left))
+        left = left.gather(1, left)
+    return candidates.long(), parents.contiguous()
 
 
 def _write_at_slots(predicts, slots, values, mask):
@@ -53,9 +59,22 @@ def _write_at_slots(predicts, slots, values, mask):
     flat.copy_(padded[:-1])
 
 
+def _write_path(predicts, accept_index, accept_token_num, retrive_index, accept_len, path, emitted):
+    """SGLang's outputs of a walk, in place: accept_index[:, d] = the flat slot of the path's d-th
+    node (d <= accept_len; the caller's -1 elsewhere), predicts at that slot = the token emitted
+    after the node (emitted[:, d]), accept_token_num = accept_len."""
+    width = min(accept_index.shape[1], path.shape[1])
+    on_path = torch.arange(width, device=path.device)[None] <= accept_len[:, None]
+    slots = retrive_index.long().gather(1, path[:, :width].clamp(min=0))
+    accept_index[:, :width] = torch.where(on_path, slots.to(accept_index.dtype), accept_index[:, :width])
+    _write_at_slots(predicts, slots, emitted[:, :width], on_path)
+    accept_token_num.copy_(accept_len.to(accept_token_num.dtype))
+    return predicts, accept_index, accept_token_num
+
+
 def verify_tree_greedy(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
                        retrive_next_sibling, target_predict):
-    """SGLang's greedy tree walk, in place.
+    """SGLang's greedy tree walk, in place, as one :func:`xkernels.tree_verify` call.
 
     Args:
         predicts: int32 ``[bs * num_draft]``, written at the flat slot of each accepted node (and
@@ -74,40 +93,22 @@ def verify_tree_greedy(predicts, accept_index, accept_token_num, candidates, ret
         ``(predicts, accept_index, accept_token_num)``, the buffers written.
 
     From the root, each step accepts the first child (in sibling order) whose token is the
-    target's prediction at the last accepted node, for at most ``num_spec_step - 1`` steps. The
-    walk runs as ``num_spec_step`` steps of tensor ops (no host read), after the layout
-    conversion of :func:`tree_from_sglang`.
+    target's prediction at the last accepted node, for at most ``num_spec_step - 1`` steps. SGLang
+    gives predictions, not logits: each node's token becomes 0 where it is its parent's prediction
+    and 1 elsewhere, and the kernel walks a two-id vocabulary whose argmax is 0 in every row (a
+    ``[bs, num_draft, 2]`` constant), so it takes the same children. No host read.
     """
     bs, m = candidates.shape
-    steps = accept_index.shape[1]
+    device = candidates.device
     _, parents = tree_from_sglang(candidates, retrive_next_token, retrive_next_sibling)
-    slots = retrive_index.long()
-    predicted = target_predict.reshape(-1).long()[slots]  # [bs, m]: the prediction after each node
-    parent_prediction = predicted.gather(1, parents.clamp(min=0))
-    match = (parents >= 0) & (candidates.long() == parent_prediction)
-    # chosen[b, p]: the first child of p that matches (m: none)
-    chosen = torch.full((bs, m + 1), m, dtype=torch.int64, device=candidates.device)
-    chosen.scatter_reduce_(1, torch.where(match, parents, m), torch.arange(m, device=candidates.device).expand(bs, m),
-                           reduce="amin")
-    current = torch.zeros(bs, dtype=torch.int64, device=candidates.device)
-    alive = torch.ones(bs, dtype=torch.bool, device=candidates.device)
-    count = torch.zeros(bs, dtype=torch.int64, device=candidates.device)
-    accept_index[:, 0] = slots[:, 0].to(accept_index.dtype)
-    visited = [current]
-    for step in range(1, steps):
-        nxt = chosen.gather(1, current[:, None])[:, 0]
-        ok = alive & (nxt < m)
-        nxt_slot = slots.gather(1, nxt.clamp(max=m - 1)[:, None])[:, 0]
-        accept_index[:, step] = torch.where(ok, nxt_slot.to(accept_index.dtype), accept_index[:, step])
-        count += ok.long()
-        current = torch.where(ok, nxt, current)
-        alive &= ok
-        visited.append(torch.where(ok, nxt, -1))
-    # every node of the path, root included, gets the target's prediction after it
-    nodes = torch.stack(visited, 1)
-    _write_at_slots(predicts, slots.gather(1, nodes.clamp(min=0)), predicted.gather(1, nodes.clamp(min=0)), nodes >= 0)
-    accept_token_num.copy_(count.to(accept_token_num.dtype))
-    return predicts, accept_index, accept_token_num
+    predicted = target_predict.reshape(-1).long().take(retrive_index.long())  # [bs, m]: the prediction after a node
+    match = candidates.long() == predicted.gather(1, parents.clamp(min=0))
+    logits = torch.zeros(bs, m, 2, device=device)
+    logits[..., 1] = -1.0
+    accept_len, path, _ = ops.tree_verify(torch.where(match, 0, 1), parents, logits)
+    accept_len = accept_len.clamp(max=accept_index.shape[1] - 1)  # SGLang's walk stops there
+    return _write_path(predicts, accept_index, accept_token_num, retrive_index, accept_len, path,
+                       predicted.gather(1, path.clamp(min=0)))
 
 
 def tree_speculative_sampling_target_only(predicts, accept_index, accept_token_num, candidates, retrive_index,
@@ -150,16 +151,7 @@ def tree_speculative_sampling_target_only(predicts, accept_index, accept_token_n
     if threshold_single != 1.0 or threshold_acc != 1.0:
         raise ValueError(f"threshold_single and threshold_acc must be 1 (exact verification), got "
                          f"{threshold_single} and {threshold_acc}")
-    bs, m = candidates.shape
     tokens, parents = tree_from_sglang(candidates, retrive_next_token, retrive_next_sibling)
     accept_len, path, out = ops.tree_verify(tokens, parents, torch.log(target_probs.float()), temperature=1.0,
                                             seed=seed, offset=offset)
-    steps = accept_index.shape[1]
-    width = min(steps, m)
-    depth = torch.arange(width, device=candidates.device)[None]
-    on_path = depth <= accept_len[:, None]
-    slots = retrive_index.long().gather(1, path[:, :width].clamp(min=0))
-    accept_index[:, :width] = torch.where(on_path, slots.to(accept_index.dtype), accept_index[:, :width])
-    _write_at_slots(predicts, slots, out[:, :width], on_path)
-    accept_token_num.copy_(accept_len.to(accept_token_num.dtype))
-    return predicts, accept_index, accept_token_num
+    return _write_path(predicts, accept_index, accept_token_num, retrive_index, accept_len, path, out)

@@ -36,6 +36,15 @@ def philox4x32_10(counter, key):
     return c0, c1, c2, c3
 
 
+def int64_on(x, device) -> torch.Tensor:
+    """x as an int64 tensor on `device` (a tensor's own device for None). A Python int is filled in
+    on the device: torch.tensor / as_tensor of it would copy from host memory, which syncs the host
+    and breaks CUDA-graph capture."""
+    if isinstance(x, torch.Tensor):
+        return x.to(dtype=torch.int64) if device is None else x.to(device=device, dtype=torch.int64)
+    return torch.full((), x, dtype=torch.int64, device=device)
+
+
 def philox_draw(seed, offset, sequence, position, draw) -> torch.Tensor:
     """The 4 words of Philox draw `draw` of (sequence, position): counter = (draw, position,
     sequence, offset_lo), key = (seed_lo, seed_hi ^ offset_hi). seed and offset: ints, or
@@ -44,8 +53,7 @@ def philox_draw(seed, offset, sequence, position, draw) -> torch.Tensor:
     none is one)."""
     seed, offset = (x.reshape(()) if isinstance(x, torch.Tensor) else x for x in (seed, offset))
     device = next((x.device for x in (sequence, position, draw) if isinstance(x, torch.Tensor)), None)
-    sequence, position, draw = torch.broadcast_tensors(
-        *(torch.as_tensor(x, dtype=torch.int64, device=device) for x in (sequence, position, draw)))
+    sequence, position, draw = torch.broadcast_tensors(*(int64_on(x, device) for x in (sequence, position, draw)))
     # Masks, not % 2**64: the same words from a Python int and from an int64 tensor's two's complement.
     counter = (draw, position, sequence, torch.zeros_like(draw) + (offset & _MASK32))
     key = (seed & _MASK32, ((seed >> 32) ^ (offset >> 32)) & _MASK32)

@@ -9,7 +9,8 @@ from typing import Sequence
 
 import torch
 
-from .rng import _MASK32, COIN_DRAW, gumbel_noise, inverse_temperature, philox4x32_10, philox_draw, uniform_open
+from .rng import (_MASK32, COIN_DRAW, gumbel_noise, int64_on, inverse_temperature, philox4x32_10, philox_draw,
+                  uniform_open)
 
 
 def filter_mask(a: torch.Tensor, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> torch.Tensor:
@@ -134,7 +135,7 @@ def stream_coins(seed, offset, n: int, k: int, device=None) -> torch.Tensor:
         return uniform_open(philox_draw(seed, offset, rows, slots, COIN_DRAW)[..., 0])
 
     def column(x):
-        x = torch.as_tensor(x, dtype=torch.int64, device=device)
+        x = int64_on(x, device)
         return x.reshape(-1, 1) if x.dim() == 1 and x.numel() == n else x.reshape(())
 
     seeds, offsets = column(seed), column(offset) + slots
