@@ -84,6 +84,20 @@ def test_calls_all_on_meta_still_give_meta_outputs_of_the_real_shapes():
     assert xkernels.compact_kv_(cache, long(0, 1)[None].to(META), long(1).to(META), 2) is cache
 
 
+def test_device_messages_name_the_tensor_in_the_kernels_checks():
+    """The CUDA test below on the CPU: the CPU kernel itself (redispatch; a meta tensor would send the
+    call to the fake kernel) runs the checks the CUDA kernel runs (csrc/ops), with meta in CUDA's
+    place. parents is [1, 1, 2] (wrong) and on another device: the device is reported first."""
+    cpu = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+    parents = long([-1, 0])[None]
+    with pytest.raises(RuntimeError, match="^parents must be on meta like target_logits, got cpu"):
+        torch.ops.xkernels.tree_verify.default.redispatch(cpu, parents.to(META), parents,
+                                                          torch.randn(1, 2, 5, device=META))
+    with pytest.raises(RuntimeError, match="^path must be on meta like cache, got cpu"):
+        torch.ops.xkernels.compact_kv_.default.redispatch(cpu, torch.zeros(1, 2, 8, 4, device=META),
+                                                          long(0, 1)[None], long(1).to(META), 2)
+
+
 @pytest.mark.needs_cuda
 def test_device_messages_name_the_tensor_on_cuda():
     cache = torch.zeros(1, 2, 8, 4, device="cuda")
