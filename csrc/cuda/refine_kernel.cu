@@ -24,14 +24,9 @@
 // passes are a fixed launch sequence a CUDA graph can capture; blocks of converged sequences,
 // and of slots before a sequence's first change (final), exit at once (the GEMMs run over every
 // row). Token ids outside [0, V) read a zero embedding row.
-#include <mma.h>
-
 #include <type_traits>
 
-#include "device_utils.cuh"
-#include "per_device.h"
-#include "refine_launch.h"
-#include "row_filter.cuh"
+#include "refine_kernels.cuh"
 
 namespace xkernels::cuda {
 namespace {
@@ -39,57 +34,6 @@ namespace {
 constexpr int kMixChannels = 32;  // channels of a front_mix block
 constexpr int kFrontRows = 8;     // rows of a front_hidden / front_down block (weights read once per 8 rows)
 constexpr int64_t kMaxChunkGroups = 1024;  // an epilogue block reads at most 4096 ids (16 a thread)
-// The fused read: a step reads a tile of 64 ids (4 wmma column tiles, a warp pair each), and a
-// thread issues at most 8 loads of 16 bytes a step (the tile at the largest rank): 32 KB in flight
-// a block, 64 KB an SM at two blocks an SM.
-constexpr int kReadTile = 64;
-constexpr int kReadTileGroups = kReadTile / 4;  // Philox groups of a tile
-constexpr int kReadLoads = kReadTile * static_cast<int>(kRefineFusedMaxRank) * 2 / 16 / kThreads;
-constexpr int kReadBlocksPerSm = 2;
-constexpr int kReadProdLd = kReadTile + 4;  // floats a row of a tile's products in shared memory
-
-// bfloat16 elements a row of z or of a w_read tile takes in shared memory: r rounded up to the
-// wmma depth (16) plus 8, so that consecutive rows start 4 banks apart (conflict-free fragment loads).
-__host__ __device__ __forceinline__ int read_ld(int64_t r) { return static_cast<int>((r + 15) / 16 * 16 + 8); }
-
-struct RefineWorkspace {
-  float* u;              // [n, b, r] after the mix
-  float* hid;            // [n, d, h]
-  void* z;               // [n, d, r] in the weights' type
-  float* dots;           // [rows, slice] products of one GEMM slice
-  SampledRow* partial;   // [rows, partials] of the launch
-  int64_t* new_tokens;   // [n, d]
-  float* new_logprobs;   // [n, d]
-  int32_t* active;       // [n]
-  int32_t* first_dirty;  // [n]: drafted slots before it read unchanged tokens (final)
-  float* logits;         // [rows, v] of a launch with filters: filtered rows' logits
-};
-
-// The rows one launch sequence works on: drafted slots [d_begin, d_begin + d_count) of the
-// active sequences; either every slot (d_begin = 0, d_count = d) or one.
-struct RowSet {
-  const int64_t* drafted;      // the current drafted tokens [n, d]
-  const int32_t* active;       // null: every sequence
-  const int32_t* first_dirty;  // null: every slot of the range
-  int64_t d_begin, d_count;
-  bool read;  // false: the drafter's own sample, s alone
-};
-
-__device__ __forceinline__ bool is_active(const RowSet& rs, int64_t n) { return !rs.active || rs.active[n]; }
-
-// Whether row (n, drafted slot d) is computed in this launch.
-__device__ __forceinline__ bool is_live(const RowSet& rs, int64_t n, int64_t d) {
-  return is_active(rs, n) && (!rs.first_dirty || d >= rs.first_dirty[n]);
-}
-
-__device__ __forceinline__ bool row_live(const RefineParams& p, const RowSet& rs, int64_t m) {
-  return m < p.n * rs.d_count && is_live(rs, m / rs.d_count, rs.d_begin + m % rs.d_count);
-}
-
-// Row m of the launch and its place in hid, z [n, d, .].
-__device__ __forceinline__ int64_t row_index(const RefineParams& p, const RowSet& rs, int64_t m) {
-  return m / rs.d_count * p.d + rs.d_begin + m % rs.d_count;
-}
 
 __device__ __forceinline__ int64_t prev_token(const RefineParams& p, const RowSet& rs, int64_t n, int64_t k) {
   return k < p.prefix_len ? p.prefix[n * p.prefix_len + k] : rs.drafted[n * p.d + (k - p.prefix_len)];
@@ -213,63 +157,6 @@ __global__ void __launch_bounds__(kThreads) front_down_kernel(RefineParams p, Ro
   }
 }
 
-// How row (sequence n, drafted slot d) scales and draws: its sequence's temperature, and the
-// Philox key of its slot in its sequence's stream.
-struct RowNoise {
-  float scale;
-  bool greedy;
-  uint64_t seed, offset;
-  uint32_t sequence, position;
-};
-
-__device__ __forceinline__ RowNoise row_noise(const RefineParams& p, int64_t n, int64_t d) {
-  const float inv_t = p.s.row(n).inv_t;
-  const RowStream st = p.s.stream(n);
-  const auto slot = static_cast<uint32_t>(d);
-  return RowNoise{inv_t == 0.0f ? 1.0f : inv_t, inv_t == 0.0f, st.seed, st.offset_at(slot), st.sequence_at(),
-                  st.position_at(slot)};
-}
-
-// Whether sequence n's rows sample with a filter (their logits are kept for the cut pass).
-__device__ __forceinline__ bool row_filtered(const RefineParams& p, int64_t n) {
-  if (!p.filter) return false;
-  const RowSampling r = p.s.row(n);
-  return r.inv_t != 0.0f && filters_active(r, p.v);
-}
-
-// Keeps logits x of ids 4q + j (those below v) of launch row m, a filtered row.
-__device__ __forceinline__ void keep_logits(const RefineParams& p, const RefineWorkspace& w, int64_t m, int64_t q,
-                                            const float (&x)[4], int64_t v) {
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-    if (4 * q + j < v) w.logits[m * p.v + 4 * q + j] = x[j];
-}
-
-// The epilogue of vocabulary ids 4q + j (j < 4; those below v) of one row, given their logits
-// x[j] = base logit + product: a = x * scale, then the Gumbel-max pick and softmax statistics.
-// The four ids share one Philox draw, drawn only if one of them can still win.
-__device__ __forceinline__ void observe_group(SampledRow& best, const float (&x)[4], int64_t q, int64_t v,
-                                              const RowNoise& rn) {
-  const float scale = rn.scale;
-  const bool greedy = rn.greedy;
-  float a[4];
-  bool live = false;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int64_t id = 4 * q + j;
-    a[j] = id < v ? x[j] * scale : kNegInf;
-    live |= id < v && a[j] + kGumbelBound >= best.pick.val;
-  }
-  Philox4 r{{0, 0, 0, 0}};
-  if (!greedy && live) r = philox_draw(rn.seed, rn.offset, rn.sequence, rn.position, static_cast<uint32_t>(q));
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    if (4 * q + j >= v) continue;
-    const float noise = greedy ? 0.0f : live ? gumbel_from_word(r.w[j]) : kNegInf;
-    sampled_observe(best, a[j], noise, static_cast<int32_t>(4 * q + j));
-  }
-}
-
 // One vocabulary slice of a pass: ids [v0, v0 + len), its products (null: s alone).
 struct ReadSlice {
   int64_t v0, len, first_chunk, chunks;
@@ -306,140 +193,6 @@ __global__ void __launch_bounds__(kThreads) read_epilogue_kernel(RefineParams p,
   if (threadIdx.x == 0) w.partial[m * plan.partials + s.first_chunk + c] = best;
 }
 
-// The fused read of a group of kMTiles * 16 rows (block b: group b % groups, the b / groups-th of
-// the group's blocks, which reads tiles part, part + blocks, ...): see the file's comment.
-// Per step: store the tile loaded into registers (w_read, and the base logits of the thread's ids)
-// to shared memory; issue the next tile's loads; multiply; then run the epilogue on the products
-// while those loads are in flight. Warp (col, half) multiplies column tile col (16 ids) with: at
-// one row tile, half of the depth (the epilogue adds the two halves); else row tiles half, half + 2.
-template <typename TB, int kMTiles>
-__global__ void __launch_bounds__(kThreads, kReadBlocksPerSm) read_fused_kernel(RefineParams p, RowSet rs,
-                                                                                RefineWorkspace w,
-                                                                                RefineReadPlan plan) {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800  // bfloat16 wmma (the plan requires cc_major >= 8)
-  namespace wmma = nvcuda::wmma;
-  constexpr int kRows = 16 * kMTiles;
-  constexpr bool kSplitK = kMTiles == 1;
-  constexpr int kAccs = kSplitK ? 1 : kMTiles / 2;
-  constexpr int kRowThreads = kThreads / kRows;  // epilogue threads of a row: consecutive lanes
-  constexpr int kGroups = kReadTileGroups / kRowThreads;  // Philox groups a thread observes a step
-  static_assert(kMTiles == 1 || kMTiles == 2 || kMTiles == 4, "row tiles: 1, 2 or 4");
-  extern __shared__ __align__(128) uint8_t read_smem[];
-  __shared__ int any_live;
-  const int ld = read_ld(p.r), row_chunks = static_cast<int>(p.r / 8);
-  __nv_bfloat16* zs = reinterpret_cast<__nv_bfloat16*>(read_smem);  // [kRows][ld]
-  __nv_bfloat16* ws = zs + kRows * ld;                              // [kReadTile][ld]
-  float* prod = reinterpret_cast<float*>(ws + kReadTile * ld);      // [max(kRows, 32)][kReadProdLd]
-  float* base_s = prod + (kRows > 32 ? kRows : 32) * kReadProdLd;   // [kRows][kReadTile]
-  const int64_t group = blockIdx.x % plan.groups, part = blockIdx.x / plan.groups, m0 = group * kRows;
-
-  // z of the group's rows (zero for padding and finished rows; a block whose rows have all
-  // finished exits here), and zero depth padding (r to a multiple of 16) in the w_read tile.
-  if (threadIdx.x == 0) any_live = 0;
-  __syncthreads();
-  const __nv_bfloat16* z = static_cast<const __nv_bfloat16*>(w.z);
-  for (int i = threadIdx.x; i < kRows * (ld / 8); i += kThreads) {
-    const int row = i / (ld / 8), c = i % (ld / 8);
-    const bool live = row_live(p, rs, m0 + row);
-    if (live && c == 0) atomicOr(&any_live, 1);
-    uint4 v{0u, 0u, 0u, 0u};
-    if (live && c < row_chunks) v = *reinterpret_cast<const uint4*>(z + row_index(p, rs, m0 + row) * p.r + 8 * c);
-    *reinterpret_cast<uint4*>(zs + row * ld + 8 * c) = v;
-  }
-  const int pad_chunks = (ld - 8) / 8 - row_chunks;  // 0 or 1
-  for (int i = threadIdx.x; i < kReadTile * pad_chunks; i += kThreads)
-    *reinterpret_cast<uint4*>(ws + i * ld + 8 * row_chunks) = uint4{0u, 0u, 0u, 0u};
-  __syncthreads();
-  if (!any_live) return;  // the whole block
-
-  // The epilogue's row of this thread and its ids: groups ej, ej + kRowThreads, ... of each tile.
-  const int em = threadIdx.x / kRowThreads, ej = threadIdx.x % kRowThreads;
-  const int64_t m = m0 + em;
-  const bool live = row_live(p, rs, m);
-  const uint32_t n = live ? static_cast<uint32_t>(m / rs.d_count) : 0;
-  const uint32_t d = live ? static_cast<uint32_t>(rs.d_begin + m % rs.d_count) : 0;
-  const TB* base = static_cast<const TB*>(p.base) + (static_cast<int64_t>(n) * p.d + d) * p.v;
-
-  // A tile's rows of w_read are contiguous: its 16-byte chunk c lies 8c elements past the tile's first id.
-  uint4 loaded[kReadLoads];     // chunks threadIdx.x + i * kThreads of the next tile
-  TB loaded_base[4 * kGroups];  // the next tile's base logits of this thread's ids
-  auto fetch = [&](int64_t tile) {
-    const int64_t id0 = tile * kReadTile;
-    const uint4* src = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.w_read) + id0 * p.r);
-    const int64_t ids = p.v - id0 < kReadTile ? p.v - id0 : kReadTile;
-    const int chunks = static_cast<int>(ids) * row_chunks;
-#pragma unroll
-    for (int i = 0; i < kReadLoads; ++i) {
-      const int c = threadIdx.x + i * kThreads;
-      loaded[i] = c < chunks ? src[c] : uint4{0u, 0u, 0u, 0u};
-    }
-#pragma unroll
-    for (int i = 0; i < 4 * kGroups; ++i) {
-      const int id = 4 * (ej + i / 4 * kRowThreads) + i % 4;
-      loaded_base[i] = live && id < ids ? base[id0 + id] : TB{};
-    }
-  };
-
-  const int warp = threadIdx.x / 32, col = warp % 4, half = warp / 4;
-  const int k_steps = (ld - 8) / 16;
-  const int k_begin = kSplitK && half ? k_steps / 2 : 0, k_end = kSplitK && !half ? k_steps / 2 : k_steps;
-  SampledRow best = sampled_empty();
-  fetch(part);  // part < plan.tiles: the plan gives a group at most one block a tile
-  for (int64_t tile = part; tile < plan.tiles; tile += plan.blocks) {
-#pragma unroll
-    for (int i = 0; i < kReadLoads; ++i) {
-      const int c = threadIdx.x + i * kThreads;
-      if (c < kReadTile * row_chunks)
-        *reinterpret_cast<uint4*>(ws + c / row_chunks * ld + 8 * (c % row_chunks)) = loaded[i];
-    }
-#pragma unroll
-    for (int i = 0; i < 4 * kGroups; ++i)
-      base_s[em * kReadTile + 4 * (ej + i / 4 * kRowThreads) + i % 4] = to_float(loaded_base[i]);
-    __syncthreads();  // the tile is in shared memory; the previous step's products are consumed
-    if (tile + plan.blocks < plan.tiles) fetch(tile + plan.blocks);
-
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kAccs];
-#pragma unroll
-    for (int a = 0; a < kAccs; ++a) wmma::fill_fragment(acc[a], 0.0f);
-    for (int k = k_begin; k < k_end; ++k) {
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b;
-      wmma::load_matrix_sync(b, ws + col * 16 * ld + k * 16, static_cast<unsigned>(ld));
-#pragma unroll
-      for (int a = 0; a < kAccs; ++a) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> za;
-        wmma::load_matrix_sync(za, zs + (kSplitK ? 0 : half + 2 * a) * 16 * ld + k * 16, static_cast<unsigned>(ld));
-        wmma::mma_sync(acc[a], za, b, acc[a]);
-      }
-    }
-#pragma unroll
-    for (int a = 0; a < kAccs; ++a)  // at one row tile, rows 16..31 hold the second half of the depth
-      wmma::store_matrix_sync(prod + (half + 2 * a) * 16 * kReadProdLd + col * 16, acc[a], kReadProdLd,
-                              wmma::mem_row_major);
-    __syncthreads();  // the products are in shared memory; the tile may be overwritten
-
-    if (live) {
-      // Read a step at a time (cached loads) rather than held across the multiply: at 4 row tiles
-      // the kernel sits at its 128-register bound.
-      const RowNoise rn = row_noise(p, n, d);
-      const bool filtered = row_filtered(p, n);
-#pragma unroll
-      for (int i = 0; i < kGroups; ++i) {
-        const int g = ej + i * kRowThreads;
-        const float4 dot = *reinterpret_cast<const float4*>(prod + em * kReadProdLd + 4 * g);
-        const float4 dot2 = kSplitK ? *reinterpret_cast<const float4*>(prod + (16 + em) * kReadProdLd + 4 * g) : dot;
-        const float4 b = *reinterpret_cast<const float4*>(base_s + em * kReadTile + 4 * g);
-        float x[4] = {b.x + (kSplitK ? dot.x + dot2.x : dot.x), b.y + (kSplitK ? dot.y + dot2.y : dot.y),
-                      b.z + (kSplitK ? dot.z + dot2.z : dot.z), b.w + (kSplitK ? dot.w + dot2.w : dot.w)};
-        if (filtered) keep_logits(p, w, m, tile * kReadTileGroups + g, x, p.v);
-        observe_group(best, x, tile * kReadTileGroups + g, p.v, rn);
-      }
-    }
-  }
-  best = warp_merge<kRowThreads>(best);
-  if (ej == 0 && live) w.partial[m * plan.partials + part] = best;
-#endif
-}
-
 // A warp per row: merges the row's partial results, writes its token and log-probability.
 __global__ void __launch_bounds__(kThreads) merge_kernel(RefineParams p, RowSet rs, RefineWorkspace w, int64_t partials,
                                                          int64_t* tokens, float* logprobs) {
@@ -453,140 +206,6 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(RefineParams p, RowSet 
     const int64_t at = row_index(p, rs, m);
     tokens[at] = sampled_token(r);
     logprobs[at] = sampled_logprob(r);
-  }
-}
-
-// The noise observe_group gives id i of a row (its group's Philox draw, word i % 4).
-__device__ __forceinline__ float id_noise(const RowNoise& rn, int64_t i) {
-  const Philox4 r = philox_draw(rn.seed, rn.offset, rn.sequence, rn.position, static_cast<uint32_t>(i / 4));
-  const int j = static_cast<int>(i % 4);
-  return gumbel_from_word(j == 0 ? r.w[0] : j == 1 ? r.w[1] : j == 2 ? r.w[2] : r.w[3]);
-}
-
-// The draw over the ids above a cut's bin, in the cut's gather pass (row_filter.cuh's hook): the
-// pick, with the candidates' after it, of the filtered row; above_floor, the draw over those at or
-// above min-p's floor (+inf without), for a cut min-p moves to a higher bin.
-struct RefineHook {
-  static constexpr bool kActive = true;
-  RowNoise rn;
-  float floor;
-  SampledRow best, above_floor;
-  __device__ __forceinline__ void begin() { best = above_floor = sampled_empty(); }
-  __device__ __forceinline__ void observe(int64_t i, float a) {
-    const auto noise = id_noise(rn, i);
-    sampled_observe(best, a, noise, static_cast<int32_t>(i));
-    if (a >= floor) sampled_observe(above_floor, a, noise, static_cast<int32_t>(i));
-  }
-};
-
-// The least key filtered_pick_kernel's first pass gathers, from the maxima of the row's partial
-// results (one a block or chunk of the epilogue, each an id's value), ranked: with top-k, the
-// top_k-th largest of them (or their least, when there are fewer), so that at least that many ids
-// are gathered; for top-p alone, the first at which their masses reach top_p of the row's sum (a
-// guess: each is one id's mass). The pass checks that what it gathers holds the cut.
-__device__ uint32_t prefix_least_key(CutShared& sh, const SampledRow* partial, int64_t partials, float top,
-                                     float sum, const RowSampling& rs, int64_t v, int mass_shift) {
-  const int n = static_cast<int>(partials < kCutCandidates ? partials : kCutCandidates);  // any of them bound top-k
-  for (int j = threadIdx.x; j < n; j += kThreads) {
-    sh.cand.key[j] = order_key(partial[j].stats.top.val);
-    sh.cand.id[j] = j;
-  }
-  rank_first(sh, n);
-  int j = n - 1;
-  if (top_bits(rs, v) == TopBits::kCount) {
-    j = rs.top_k < n ? rs.top_k - 1 : n - 1;
-  } else {
-    unsigned long long before;
-    const double target = static_cast<double>(rs.top_p) * static_cast<double>(sum) * static_cast<double>(1ull << mass_shift);
-    const int hit = first_reaching(sh, n, 0, target,
-                                   [&](int i) { return fixed_mass(key_value(sh.cand.key[i]) - top, mass_shift); }, &before);
-    if (hit >= 0) j = hit;
-  }
-  const uint32_t least = sh.cand.key[j];
-  __syncthreads();  // read before the gather overwrites cand
-  return least;
-}
-
-// A block per filtered row of the launch: the Gumbel-max pick over the ids its cut keeps (the
-// noise of the fused epilogue) and its log-probability, overwriting the row's merged result. The
-// row's top comes from its partial results, so one read of the logits the epilogue kept usually
-// picks it: min-p alone draws in it; top-k and top-p gather the ranking's first ids in it
-// (prefix_least_key), and where those hold the cut, rank them and draw from them. Where they do not
-// (top_k above the partials and their gather, too many ids at the bound, top-p's guess short),
-// that read has noted the top key bits, and the cut's radix passes follow (its gather draws too;
-// where min-p moves the cut, over the ids above its floor, which the gather sums: the kept sum), a
-// draw pass after them where the gather does not hold the final cut (a second radix level).
-// A row without a softmax (a NaN, +inf, or all -inf) keeps the merged result (no cut, as the
-// reference). One block an SM: the selection with the draw in its gather takes the registers.
-__global__ void __launch_bounds__(kThreads, 1) filtered_pick_kernel(RefineParams p, RowSet rs, RefineWorkspace w,
-                                                                    int64_t partials, int mass_shift, int64_t* tokens,
-                                                                    float* logprobs) {
-  __shared__ CutShared sh;
-  const int64_t m = blockIdx.x;
-  if (!row_live(p, rs, m)) return;  // the whole block
-  const int64_t n = m / rs.d_count, d = rs.d_begin + m % rs.d_count;
-  if (!row_filtered(p, n)) return;
-  const RowSampling samp = p.s.row(n);
-  const RowNoise rn = row_noise(p, n, d);
-  const RowView<float> r{w.logits + m * p.v, p.v, rn.scale};
-  const SampledRow* partial = w.partial + m * partials;
-  SampledRow merged = sampled_empty();
-  for (int64_t c = threadIdx.x; c < partials; c += kThreads) merged = sampled_merge(merged, partial[c]);
-  merged = block_merge_all(merged, sampled_empty());
-  const float t = merged.stats.top.val;  // the epilogue's top: the largest a of the kept logits
-  if (!is_finite_f32(t)) return;  // the whole block
-  const TopBits bits = top_bits(samp, p.v);  // kNone: min-p alone
-  const bool cut_filters = bits != TopBits::kNone;
-  const float floor = min_p_floor(t, samp.min_p);
-  FilterCut cut{floor, 0x7FFFFFFF};  // min-p alone
-  unsigned long long kept = kMassUnknown;
-  // Drawn from cand: the kept ids are those of cand[0, ranked) the cut keeps (and a hook's).
-  int ranked = -1;
-  if (cut_filters) {
-    const uint32_t least = prefix_least_key(sh, partial, partials, t, merged.stats.sum, samp, p.v, mass_shift);
-    unsigned long long total = 0;
-    const int got = gather_ranking_prefix(sh, r, t, least, bits, mass_shift, bits != TopBits::kCount, total);
-    if (got <= kCutCandidates) {
-      rank_first(sh, got);
-      if (prefix_cut(sh, got, t, samp, p.v, total, mass_shift, &cut, &kept)) ranked = got;
-    }
-  }
-  SampledRow best = sampled_empty();
-  bool drawn = ranked >= 0;
-  if (!drawn && cut_filters) {
-    RefineHook hook{rn, floor, sampled_empty(), sampled_empty()};
-    cut = filter_cut(sh, r, t, samp, mass_shift, &kept, hook);
-    ranked = sh.hooked_n;
-    const uint32_t bin = sh.hooked_bin;
-    drawn = ranked >= 0 && hook_holds_cut(cut, bin, samp.min_p > 0.0f);
-    if (drawn && bin != kAllRanked) best = hook_floor_draw(cut, bin) ? hook.above_floor : hook.best;
-  }
-  for (int j = threadIdx.x; drawn && j < ranked; j += kThreads) {
-    const float a = key_value(sh.cand.key[j]);
-    const int32_t id = sh.cand.id[j];
-    if (filter_keeps(cut, a, id)) sampled_observe(best, a, id_noise(rn, id), id);
-  }
-  if (!drawn) {
-    XK_ROW_PASS();
-    for (int64_t q = threadIdx.x; 4 * q < p.v; q += kThreads) {
-      float x[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int64_t id = 4 * q + j;
-        const float l = id < p.v ? r.row[id] : kNegInf;
-        x[j] = filter_keeps(cut, l * rn.scale, static_cast<int32_t>(id)) ? l : kNegInf;
-      }
-      observe_group(best, x, q, p.v, rn);
-    }
-  }
-  __syncthreads();  // the candidates are read before block_merge's buffer, and kept_sum, reuse shared memory
-  best = block_merge(best, sampled_empty());
-  // Drawn from a gather, the row's statistics are those of the kept ids: their sum from the cut.
-  const float sum = drawn ? kept_sum(r, cut, t, kept, mass_shift) : 0.0f;
-  if (threadIdx.x == 0) {
-    const int64_t at = row_index(p, rs, m);
-    tokens[at] = sampled_token(best);
-    logprobs[at] = drawn ? best.pick_a - t - log_f32(sum) : sampled_logprob(best);
   }
 }
 
@@ -675,34 +294,6 @@ RefineWorkspace carve(const RefineParams& p, void* workspace) {
   return w;
 }
 
-#define XK_RETURN_IF_FAILED(...)                  \
-  do {                                            \
-    const cudaError_t err_ = (__VA_ARGS__);       \
-    if (err_ != cudaSuccess) return err_;         \
-  } while (0)
-
-// The fused read of a pass (plan.fused), at the plan's row tiles.
-template <typename TB, int kMTiles>
-cudaError_t launch_read_fused_tiles(const RefineParams& p, const RowSet& rs, const RefineWorkspace& w,
-                                    const RefineReadPlan& plan, cudaStream_t stream) {
-  // Above 48 KB of dynamic shared memory a kernel must opt in: once a device, to the device's limit.
-  static PerDevice opted_in;
-  XK_RETURN_IF_FAILED(opt_in_max_dynamic_smem(opted_in, read_fused_kernel<TB, kMTiles>));
-  read_fused_kernel<TB, kMTiles><<<plan.groups * plan.blocks, kThreads, plan.smem_bytes, stream>>>(p, rs, w, plan);
-  return cudaGetLastError();
-}
-
-template <typename TB>
-cudaError_t launch_read_fused(const RefineParams& p, const RowSet& rs, const RefineWorkspace& w,
-                              const RefineReadPlan& plan, cudaStream_t stream) {
-  switch (plan.m_tiles) {
-    case 1: return launch_read_fused_tiles<TB, 1>(p, rs, w, plan, stream);
-    case 2: return launch_read_fused_tiles<TB, 2>(p, rs, w, plan, stream);
-    case 4: return launch_read_fused_tiles<TB, 4>(p, rs, w, plan, stream);
-  }
-  return cudaErrorInvalidValue;
-}
-
 // One pass over `rs`, writing tokens and logprobs [n, d] at the rows of rs.
 template <typename TB, typename TW>
 cudaError_t pass(const RefineParams& p, const ReadGemmRunner& gemm, const RowSet& rs, const RefineWorkspace& w,
@@ -742,9 +333,7 @@ cudaError_t pass(const RefineParams& p, const ReadGemmRunner& gemm, const RowSet
   XK_RETURN_IF_FAILED(cudaGetLastError());
   if (p.filter) {
     // Rows that are not filtered (or not live) get a keep-all cut or one of stale logits, unread.
-    filtered_pick_kernel<<<rows, kThreads, 0, stream>>>(p, rs, w, plan.partials, cut_mass_shift(p.v), tokens,
-                                                        logprobs);
-    XK_RETURN_IF_FAILED(cudaGetLastError());
+    XK_RETURN_IF_FAILED(launch_filtered_pick(p, rs, w, rows, plan.partials, tokens, logprobs, stream));
   }
   return cudaSuccess;
 }
@@ -876,3 +465,4 @@ cudaError_t launch_sequential_refine(const RefineParams& p, const ReadGemmRunner
 }
 
 }  // namespace xkernels::cuda
+

@@ -1,0 +1,151 @@
+// refine's filtered rows on CUDA (refine_kernel.cu's comment, step 6): filtered_pick_kernel, a block
+// per row that samples with top-k, top-p or min-p, finds the row's cut (row_filter.cuh) and draws
+// over the ids it keeps, in place of the row's merged result.
+#include "refine_kernels.cuh"
+
+namespace xkernels::cuda {
+namespace {
+
+// The noise observe_group gives id i of a row (its group's Philox draw, word i % 4).
+__device__ __forceinline__ float id_noise(const RowNoise& rn, int64_t i) {
+  const Philox4 r = philox_draw(rn.seed, rn.offset, rn.sequence, rn.position, static_cast<uint32_t>(i / 4));
+  const int j = static_cast<int>(i % 4);
+  return gumbel_from_word(j == 0 ? r.w[0] : j == 1 ? r.w[1] : j == 2 ? r.w[2] : r.w[3]);
+}
+
+// The draw over the ids above a cut's bin, in the cut's gather pass (row_filter.cuh's hook): the
+// pick, with the candidates' after it, of the filtered row; above_floor, the draw over those at or
+// above min-p's floor (+inf without), for a cut min-p moves to a higher bin.
+struct RefineHook {
+  static constexpr bool kActive = true;
+  RowNoise rn;
+  float floor;
+  SampledRow best, above_floor;
+  __device__ __forceinline__ void begin() { best = above_floor = sampled_empty(); }
+  __device__ __forceinline__ void observe(int64_t i, float a) {
+    const auto noise = id_noise(rn, i);
+    sampled_observe(best, a, noise, static_cast<int32_t>(i));
+    if (a >= floor) sampled_observe(above_floor, a, noise, static_cast<int32_t>(i));
+  }
+};
+
+// The least key filtered_pick_kernel's first pass gathers, from the maxima of the row's partial
+// results (one a block or chunk of the epilogue, each an id's value), ranked: with top-k, the
+// top_k-th largest of them (or their least, when there are fewer), so that at least that many ids
+// are gathered; for top-p alone, the first at which their masses reach top_p of the row's sum (a
+// guess: each is one id's mass). The pass checks that what it gathers holds the cut.
+__device__ uint32_t prefix_least_key(CutShared& sh, const SampledRow* partial, int64_t partials, float top,
+                                     float sum, const RowSampling& rs, int64_t v, int mass_shift) {
+  const int n = static_cast<int>(partials < kCutCandidates ? partials : kCutCandidates);  // any of them bound top-k
+  for (int j = threadIdx.x; j < n; j += kThreads) {
+    sh.cand.key[j] = order_key(partial[j].stats.top.val);
+    sh.cand.id[j] = j;
+  }
+  rank_first(sh, n);
+  int j = n - 1;
+  if (top_bits(rs, v) == TopBits::kCount) {
+    j = rs.top_k < n ? rs.top_k - 1 : n - 1;
+  } else {
+    unsigned long long before;
+    const double target = static_cast<double>(rs.top_p) * static_cast<double>(sum) * static_cast<double>(1ull << mass_shift);
+    const int hit = first_reaching(sh, n, 0, target,
+                                   [&](int i) { return fixed_mass(key_value(sh.cand.key[i]) - top, mass_shift); }, &before);
+    if (hit >= 0) j = hit;
+  }
+  const uint32_t least = sh.cand.key[j];
+  __syncthreads();  // read before the gather overwrites cand
+  return least;
+}
+
+// A block per filtered row of the launch: the Gumbel-max pick over the ids its cut keeps (the
+// noise of the fused epilogue) and its log-probability, overwriting the row's merged result. The
+// row's top comes from its partial results, so one read of the logits the epilogue kept usually
+// picks it: min-p alone draws in it; top-k and top-p gather the ranking's first ids in it
+// (prefix_least_key), and where those hold the cut, rank them and draw from them. Where they do not
+// (top_k above the partials and their gather, too many ids at the bound, top-p's guess short),
+// that read has noted the top key bits, and the cut's radix passes follow (its gather draws too;
+// where min-p moves the cut, over the ids above its floor, which the gather sums: the kept sum), a
+// draw pass after them where the gather does not hold the final cut (a second radix level).
+// A row without a softmax (a NaN, +inf, or all -inf) keeps the merged result (no cut, as the
+// reference). One block an SM: the selection with the draw in its gather takes the registers.
+__global__ void __launch_bounds__(kThreads, 1) filtered_pick_kernel(RefineParams p, RowSet rs, RefineWorkspace w,
+                                                                    int64_t partials, int mass_shift, int64_t* tokens,
+                                                                    float* logprobs) {
+  __shared__ CutShared sh;
+  const int64_t m = blockIdx.x;
+  if (!row_live(p, rs, m)) return;  // the whole block
+  const int64_t n = m / rs.d_count, d = rs.d_begin + m % rs.d_count;
+  if (!row_filtered(p, n)) return;
+  const RowSampling samp = p.s.row(n);
+  const RowNoise rn = row_noise(p, n, d);
+  const RowView<float> r{w.logits + m * p.v, p.v, rn.scale};
+  const SampledRow* partial = w.partial + m * partials;
+  SampledRow merged = sampled_empty();
+  for (int64_t c = threadIdx.x; c < partials; c += kThreads) merged = sampled_merge(merged, partial[c]);
+  merged = block_merge_all(merged, sampled_empty());
+  const float t = merged.stats.top.val;  // the epilogue's top: the largest a of the kept logits
+  if (!is_finite_f32(t)) return;  // the whole block
+  const TopBits bits = top_bits(samp, p.v);  // kNone: min-p alone
+  const bool cut_filters = bits != TopBits::kNone;
+  const float floor = min_p_floor(t, samp.min_p);
+  FilterCut cut{floor, 0x7FFFFFFF};  // min-p alone
+  unsigned long long kept = kMassUnknown;
+  // Drawn from cand: the kept ids are those of cand[0, ranked) the cut keeps (and a hook's).
+  int ranked = -1;
+  if (cut_filters) {
+    const uint32_t least = prefix_least_key(sh, partial, partials, t, merged.stats.sum, samp, p.v, mass_shift);
+    unsigned long long total = 0;
+    const int got = gather_ranking_prefix(sh, r, t, least, bits, mass_shift, bits != TopBits::kCount, total);
+    if (got <= kCutCandidates) {
+      rank_first(sh, got);
+      if (prefix_cut(sh, got, t, samp, p.v, total, mass_shift, &cut, &kept)) ranked = got;
+    }
+  }
+  SampledRow best = sampled_empty();
+  bool drawn = ranked >= 0;
+  if (!drawn && cut_filters) {
+    RefineHook hook{rn, floor, sampled_empty(), sampled_empty()};
+    cut = filter_cut(sh, r, t, samp, mass_shift, &kept, hook);
+    ranked = sh.hooked_n;
+    const uint32_t bin = sh.hooked_bin;
+    drawn = ranked >= 0 && hook_holds_cut(cut, bin, samp.min_p > 0.0f);
+    if (drawn && bin != kAllRanked) best = hook_floor_draw(cut, bin) ? hook.above_floor : hook.best;
+  }
+  for (int j = threadIdx.x; drawn && j < ranked; j += kThreads) {
+    const float a = key_value(sh.cand.key[j]);
+    const int32_t id = sh.cand.id[j];
+    if (filter_keeps(cut, a, id)) sampled_observe(best, a, id_noise(rn, id), id);
+  }
+  if (!drawn) {
+    XK_ROW_PASS();
+    for (int64_t q = threadIdx.x; 4 * q < p.v; q += kThreads) {
+      float x[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int64_t id = 4 * q + j;
+        const float l = id < p.v ? r.row[id] : kNegInf;
+        x[j] = filter_keeps(cut, l * rn.scale, static_cast<int32_t>(id)) ? l : kNegInf;
+      }
+      observe_group(best, x, q, p.v, rn);
+    }
+  }
+  __syncthreads();  // the candidates are read before block_merge's buffer, and kept_sum, reuse shared memory
+  best = block_merge(best, sampled_empty());
+  // Drawn from a gather, the row's statistics are those of the kept ids: their sum from the cut.
+  const float sum = drawn ? kept_sum(r, cut, t, kept, mass_shift) : 0.0f;
+  if (threadIdx.x == 0) {
+    const int64_t at = row_index(p, rs, m);
+    tokens[at] = sampled_token(best);
+    logprobs[at] = drawn ? best.pick_a - t - log_f32(sum) : sampled_logprob(best);
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_filtered_pick(const RefineParams& p, const RowSet& rs, const RefineWorkspace& w, int64_t rows,
+                                 int64_t partials, int64_t* tokens, float* logprobs, cudaStream_t stream) {
+  filtered_pick_kernel<<<rows, kThreads, 0, stream>>>(p, rs, w, partials, cut_mass_shift(p.v), tokens, logprobs);
+  return cudaGetLastError();
+}
+
+}  // namespace xkernels::cuda

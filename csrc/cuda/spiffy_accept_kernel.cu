@@ -1,0 +1,111 @@
+// spiffy_accept on CUDA, one launch, never waiting on the host: a thread block cluster of 8 or 4
+// blocks per sequence (sm_90+; one block below) walks the steps: the step's masked rows are dealt
+// out to its blocks, a block a row (dllm_step's row rule, dllm_row.cuh), on the logits of the block
+// reached; cluster.sync; thread 0 of block 0 applies the selection, looks for a kept draft equal to
+// the new block and lists the next step's rows; cluster.sync. A cluster's blocks are co-scheduled,
+// so they may wait for each other; ordinary blocks could deadlock doing so. The walk's kernel is
+// spiffy_kernels.cuh's; this file launches it unfiltered, spiffy_filtered_accept_<type>_kernel.cu
+// filtered.
+#include "per_device.h"
+#include "spiffy_kernels.cuh"
+
+namespace xkernels::cuda {
+namespace {
+
+// The workspace of spiffy_accept carved from `base` (null: only sized); *bytes is its size.
+AcceptWorkspace accept_workspace(const SpiffyAcceptParams& p, void* base, size_t* bytes) {
+  char* at = static_cast<char*>(base);
+  size_t used = 0;
+  const auto take = [&](size_t size) {
+    void* out = at ? at + used : nullptr;
+    used += align_up(size);
+    return out;
+  };
+  const size_t nl = static_cast<size_t>(p.n * p.l);
+  AcceptWorkspace ws;
+  ws.conf = static_cast<float*>(take(sizeof(float) * nl));
+  ws.x0 = static_cast<int64_t*>(take(sizeof(int64_t) * nl));
+  ws.chosen = static_cast<uint8_t*>(take(nl));
+  ws.rows = static_cast<int64_t*>(take(sizeof(int64_t) * nl));
+  ws.walk = static_cast<AcceptWalk*>(take(sizeof(AcceptWalk) * static_cast<size_t>(p.n)));
+  *bytes = used;
+  return ws;
+}
+
+template <typename T>
+cudaError_t accept_typed(const SpiffyAcceptParams& p, void* workspace, cudaStream_t stream) {
+  size_t bytes = 0;
+  const AcceptWorkspace ws = accept_workspace(p, workspace, &bytes);
+  // Every row of both logits tensors starts 16-byte aligned (the vector loads of dllm_row.cuh).
+  const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && reinterpret_cast<uintptr_t>(p.root_logits) % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(p.draft_logits) % 16 == 0;
+  const unsigned blocks = spiffy_accept_blocks(p);
+  return p.rule.filtered ? launch_filtered_accept_walk<T>(p, ws, blocks, vector_ok, stream)
+                         : launch_accept_walk<T, false>(p, ws, blocks, vector_ok, stream);
+}
+
+// Clusters of kSize blocks of spiffy_accept_kernel<T, true, false> the current device runs at once
+// (cudaOccupancyMaxActiveClusters), asked once a device; a failed query (not kept) reads as "all":
+// the cluster launch itself then says whether it can run. The filtered kernel is asked nothing: it
+// also runs one block an SM, its 41 KB of shared memory within any SM's.
+template <typename T, unsigned kSize>
+int accept_clusters_at_once() {
+  static PerDevice at_once;
+  return at_once.get([] {
+    cudaLaunchAttribute cluster{};
+    const cudaLaunchConfig_t config = accept_cluster_config(1, kSize, &cluster);
+    int count = 0;
+    if (cudaOccupancyMaxActiveClusters(&count, spiffy_accept_kernel<T, true, false>, &config) != cudaSuccess) {
+      (void)cudaGetLastError();  // a query's failure is no launch error
+      return PerDevice::Result{INT_MAX, false};
+    }
+    return PerDevice::Result{count, true};
+  });
+}
+
+// Clusters of 8 while every sequence's cluster runs at once; else of 4, which pack the SMs more
+// densely (a GPC with 14 SMs free holds one cluster of 8 but three of 4: on such a part 16
+// sequences in clusters of 8 leave the last to run alone, twice the time, while clusters of 4 run
+// all 16 together, each block reading twice the rows); none where neither size can run at all.
+template <typename T>
+unsigned accept_cluster_size(int64_t n) {
+  if (accept_clusters_at_once<T, kAcceptCluster>() >= n) return kAcceptCluster;
+  if (accept_clusters_at_once<T, kAcceptClusterSmall>() > 0) return kAcceptClusterSmall;
+  return accept_clusters_at_once<T, kAcceptCluster>() > 0 ? kAcceptCluster : 1;
+}
+
+}  // namespace
+
+size_t spiffy_accept_workspace_bytes(const SpiffyAcceptParams& p) {
+  size_t bytes = 0;
+  accept_workspace(p, nullptr, &bytes);
+  return bytes;
+}
+
+unsigned spiffy_accept_blocks(const SpiffyAcceptParams& p) {
+  if (!p.clusters || p.n > 0x7FFFFFFF / kAcceptCluster) return 1;
+  // A build without an sm_90+ image of the kernel (a JIT from compute_80's PTX) has no clusters.
+  // Asked once (the first call, on an sm_90+ device, usually comes before any graph capture).
+  static const bool built_for_clusters = [] {
+    cudaFuncAttributes attr{};
+    if (cudaFuncGetAttributes(&attr, spiffy_accept_kernel<float, true, false>) != cudaSuccess) {
+      (void)cudaGetLastError();  // a query's failure is no launch error
+      return false;
+    }
+    return attr.binaryVersion >= 90 && attr.ptxVersion >= 90;
+  }();
+  if (!built_for_clusters) return 1;
+  switch (p.dtype) {
+    case LogitsType::kFloat32: return accept_cluster_size<float>(p.n);
+    case LogitsType::kBFloat16: return accept_cluster_size<__nv_bfloat16>(p.n);
+    case LogitsType::kFloat16: return accept_cluster_size<__half>(p.n);
+  }
+  return 1;
+}
+
+cudaError_t launch_spiffy_accept(const SpiffyAcceptParams& p, void* workspace, cudaStream_t stream) {
+  if (p.n == 0 || p.l == 0) return cudaSuccess;
+  return by_dtype(p.dtype, [&](auto tag) { return accept_typed<decltype(tag)>(p, workspace, stream); });
+}
+
+}  // namespace xkernels::cuda

@@ -1,0 +1,7 @@
+// tree_verify's walks that cut their rows (top-k, top-p, min-p) on bfloat16 logits (tree_walk.cuh).
+#include "tree_walk.cuh"
+
+namespace xkernels::cuda {
+template cudaError_t launch_verify_walk<__nv_bfloat16, true>(const TreeVerifyParams&, const VerifyWorkspace&, bool,
+                                                             bool, cudaStream_t);
+}  // namespace xkernels::cuda

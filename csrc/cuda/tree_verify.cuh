@@ -1,0 +1,99 @@
+// What tree_verify's walk (tree_walk.cuh) shares with the rest of the op (tree_kernel.cu): the
+// workspace, the per-node state, the block sizes.
+#pragma once
+
+#include "device_utils.cuh"
+#include "row_filter.cuh"
+#include "row_reduce.cuh"
+#include "tree_launch.h"
+#include "xkernels/tree.h"
+
+namespace xkernels::cuda {
+
+__device__ __forceinline__ int64_t node_count(const int64_t* num_nodes, int64_t n, int64_t m) {
+  if (!num_nodes) return m;
+  const int64_t c = num_nodes[n];
+  return c < 1 ? 1 : c > m ? m : c;
+}
+
+// The draw a sequence still needs where its walk stopped, left by tree_verify_kernel for the split
+// sampling pass.
+struct StopJob {
+  int32_t node;   // the stop node, or -1: nothing to draw (the token is written)
+  int32_t acc;    // accepted tokens: the draw goes to out_tokens[acc]
+  int32_t nrej;   // tokens rejected at the node (w.rejected), or
+  bool residual;  // draw from max(e - coef q, 0) instead (xkernels/tree.h's TreeResidual)
+  int32_t top;    // the stop row's argmax: the token if nothing can be drawn
+  float top_log2;  // the row's max times log2(e)
+  float scale;     // the sequence's 1 / T
+  TreeCoef coef;   // the residual's
+};
+
+struct VerifyWorkspace {
+  int32_t* kids;      // [n, m] the children of the node being tested
+  int32_t* rejected;  // [n, m] tokens rejected at it (with draft_probs each once)
+  FilterCut* cuts;    // [n, m] the cuts of the visited rows (the walk's), or null: no filter
+  StopJob* jobs;      // [n]
+  ArgMax* slices;     // [n, sample_slices]: each slice's Gumbel-max
+  int sample_slices;
+  int q_depth;  // q_stage_depth
+};
+
+// What thread 0 decides and the block shares at one node.
+struct NodeState {
+  RowStats stats;
+  const float* q;  // the node's draft row
+  TreeResidual res;
+  int64_t chosen;
+  int32_t kids, rejected, x;
+  bool pass, empty;  // pass: res.sum is stale (a rejection came before child x): the block sums r
+};
+
+template <typename T>
+__device__ __forceinline__ float scaled(const T* row, int64_t x, float scale) {
+  return to_float(row[x]) * scale;
+}
+
+// A scaled logit as the node's filtered row p' holds it: -inf where the cut drops id x. A NaN
+// stays: its row has no softmax and is the point mass at torch.argmax it is unfiltered.
+__device__ __forceinline__ float kept(const FilterCut& cut, float a, int32_t x) {
+  return filter_keeps(cut, a, x) || is_nan_f32(a) ? a : kNegInf;
+}
+
+// e = exp(a - max) of a scaled logit a, as the row statistics compute it (one FMA, one exp2).
+__device__ __forceinline__ float softmax_weight(float a, float top_log2) { return exp2f(fmaf(a, kLog2e, -top_log2)); }
+
+// tree_verify_kernel's block (a sequence) and its loads of 16 bytes in flight a thread: 512 threads
+// with 16 reading a row (128 KB a block, 121-122 registers). With draft_probs (T > 0) the kernel
+// holds more state through its passes: ptxas fits 8 row loads in 128 registers without a spill
+// (sm_90a; deeper spills), 64 KB a block, and the passes that also read q (a node's first pass,
+// which sums q beside the row statistics, and the residual passes) copy q's float4s of those chunks
+// into shared memory asynchronously (cp.async), which holds no registers: 64 KB of the row and
+// 128 KB of q in flight a block at 16-bit logits (64 KB of q at float32), where the device lets a
+// block have that much shared memory (q_stage_depth). XKERNELS_PTXAS_VERBOSE=1 shows the registers.
+// A walk that cuts its rows (kFilter) runs 256 threads: the selection (row_filter.cuh) needs more
+// registers than 512 threads leave (128 a thread: ptxas spilled, inlined or called), and fits the
+// 255 of 256 threads without a spill beside the walk (sm_90a), which then keeps half the bytes in
+// flight.
+constexpr int kVerifyThreads = 512, kFilteredVerifyThreads = 256;
+template <bool kFilter>
+constexpr int kVerifyBlock = kFilter ? kFilteredVerifyThreads : kVerifyThreads;
+template <bool kDraft>
+constexpr int kRowDepth = kDraft ? 8 : 16;
+
+// What the draft kernel's q stage leaves of the shared memory a block may have: the kernel's static
+// shared memory (336 bytes, ptxas) and a margin.
+constexpr size_t kStaticSmemReserve = 1024;
+
+// The dynamic shared memory of the selection's state, ahead of the q stage (16-byte aligned).
+__host__ __device__ constexpr size_t cut_smem_bytes() { return (sizeof(CutShared) + 15) / 16 * 16; }
+
+// tree_verify's walk with draft_probs (draft) or without, that cuts its rows (kFilter) or not
+// (tree_walk.cuh; for float, __nv_bfloat16 and __half logits). Its instantiations take most of the
+// tree kernels' compile time: the unfiltered ones are tree_verify_kernel.cu's, the filtered ones have
+// a file a logits type (tree_filtered_verify_<type>_kernel.cu).
+template <typename T, bool kFilter>
+cudaError_t launch_verify_walk(const TreeVerifyParams& p, const VerifyWorkspace& w, bool draft, bool vector_ok,
+                               cudaStream_t stream);
+
+}  // namespace xkernels::cuda

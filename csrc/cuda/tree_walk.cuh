@@ -1,0 +1,376 @@
+// tree_verify's walk (tree_kernel.cu's comment): its kernel template and launch. Included only by
+// the files that instantiate it (tree_verify_kernel.cu, tree_filtered_verify_<type>_kernel.cu), each
+// combination in one file, so that no translation unit compiles for long.
+#pragma once
+
+#include <cuda_pipeline_primitives.h>
+
+#include "per_device.h"
+#include "tree_verify.cuh"
+
+namespace xkernels::cuda {
+
+// A row of logits and its row of q read side by side by the block (of kBlock threads), each thread's
+// ids in increasing order: when vector_ok (both rows start 16-byte aligned and hold whole chunks)
+// chunks of kIds ids, thread t taking chunks t, t + kBlock, ... (as thread_row_stats reads the row alone), `depth`
+// (q_stage_depth) a round: their 16-byte loads of the row into registers and their kIds / 4 float4
+// of q into `stage` (depth * kIds floats a thread of shared memory), each chunk then to
+// on_chunk(a[kIds], q[kIds], first id); otherwise every id to on_id(a, q, id). a: the logits times
+// scale.
+template <int kBlock, typename T, typename OnChunk, typename OnId>
+__device__ __forceinline__ void for_each_row_and_q(const T* row, const float* q, int64_t v, bool vector_ok,
+                                                   float scale, float4* stage, int depth, OnChunk&& on_chunk,
+                                                   OnId&& on_id) {
+  constexpr int kIds = 16 / sizeof(T), kQuads = kIds / 4;
+  // Where chunk c's q lands: its round slot's kQuads float4s, consecutive threads at consecutive
+  // float4s (no bank conflicts). Thread t's chunks of a round are t + kBlock u, u < depth.
+  const auto staged = [&](int64_t c) {
+    return stage + static_cast<int>(c / kBlock) % depth * kQuads * kBlock + threadIdx.x;
+  };
+  const int64_t whole = vector_ok ? v / kIds : 0;
+  for_each_batched<kRowDepth<true>>(
+      threadIdx.x, whole, kBlock, depth,
+      [&](int64_t c) {
+        float4* at = staged(c);
+#pragma unroll
+        for (int j = 0; j < kQuads; ++j)
+          __pipeline_memcpy_async(at + j * kBlock, reinterpret_cast<const float4*>(q) + kQuads * c + j,
+                                  sizeof(float4));
+        return reinterpret_cast<const uint4*>(row)[c];
+      },
+      [&](int64_t c, const uint4& x) {
+        // The round's copies, all of them at its first chunk (the later waits find none pending).
+        __pipeline_commit();
+        __pipeline_wait_prior(0);
+        float a[kIds], qs[kIds];
+        unpack<T>(x, scale, a);
+        const float4* at = staged(c);
+#pragma unroll
+        for (int j = 0; j < kQuads; ++j) {
+          const float4 y = at[j * kBlock];
+          qs[4 * j] = y.x, qs[4 * j + 1] = y.y, qs[4 * j + 2] = y.z, qs[4 * j + 3] = y.w;
+        }
+        on_chunk(a, qs, static_cast<int32_t>(kIds * c));
+      });
+  for (int64_t i = kIds * whole + threadIdx.x; i < v; i += kBlock)
+    on_id(scaled(row, i, scale), q[i], static_cast<int32_t>(i));
+}
+
+// The residual's sum, sum_i max(e_i - coef q_i, 0) with e_i = exp(a_i - max) from the row (at
+// thread 0): read-only, from the logits and q, nothing stored.
+template <int kBlock, typename T>
+__device__ __forceinline__ float residual_sum(const T* row, const float* q, int64_t v, bool vector_ok, float scale,
+                                              float4* stage, int depth, float top_log2, TreeCoef coef,
+                                              const FilterCut& cut) {
+  constexpr int kIds = 16 / sizeof(T);
+  float total = 0.0f;
+  for_each_row_and_q<kBlock>(
+      row, q, v, vector_ok, scale, stage, depth,
+      [&](const float (&a)[kIds], const float (&qs)[kIds], int32_t id) {
+        float add = 0.0f;
+#pragma unroll
+        for (int k = 0; k < kIds; ++k)
+          add += tree_residual_weight(softmax_weight(kept(cut, a[k], id + k), top_log2), qs[k], coef);
+        total += add;
+      },
+      [&](float a, float qx, int32_t id) {
+        total += tree_residual_weight(softmax_weight(kept(cut, a, id), top_log2), qx, coef);
+      });
+  return block_sum<kBlock>(total);
+}
+
+// One thread's share of a row's softmax statistics (exactly thread_row_stats's) and of q's sum, in
+// one pass over both rows: q's sum, needed at a node with children, rides on the row's pass.
+// observe(a): each scaled logit, as read (the cut's top key bits).
+template <int kBlock, typename T, typename Observe>
+__device__ __forceinline__ RowStats thread_row_stats_and_q_sum(const T* row, const float* q, int64_t v,
+                                                               bool vector_ok, float scale, float4* stage, int depth,
+                                                               float& zq, const Observe& observe) {
+  constexpr int kIds = 16 / sizeof(T);
+  RowStats s = stats_empty();
+  for_each_row_and_q<kBlock>(
+      row, q, v, vector_ok, scale, stage, depth,
+      [&](const float (&a)[kIds], const float (&qs)[kIds], int32_t id) {
+#pragma unroll
+        for (int k = 0; k < kIds; ++k) observe(a[k]);
+        observe_chunk_in_order<false>(s, a, id);
+        float add = 0.0f;
+#pragma unroll
+        for (int k = 0; k < kIds; k += 4) add += (qs[k] + qs[k + 1]) + (qs[k + 2] + qs[k + 3]);
+        zq += add;
+      },
+      [&](float a, float qx, int32_t id) {
+        observe(a);
+        stats_observe(s, a, id);
+        zq += qx;
+      });
+  return s;
+}
+
+struct VisitedCut {
+  FilterCut cut;
+  RowStats stats;  // of the filtered row p' (at thread 0)
+};
+
+// The cut of a visited row (row_filter.cuh) whose statistics pass noted its top key bits in cs, and
+// the filtered row's statistics: the kept ids' sum from the selection, or a pass where it is not
+// known. The filtered walk's (kFilteredVerifyThreads threads).
+template <typename T>
+__device__ __forceinline__ VisitedCut cut_visited_row(CutShared& cs, const T* row, int64_t v, float scale, RowSampling rs,
+                                                   RowStats s) {
+  const RowView<T> r{row, v, scale};
+  const int mass_shift = cut_mass_shift(v);
+  unsigned long long kept;
+  const FilterCut c = filter_cut(cs, r, s.top.val, rs, mass_shift, &kept);
+  return VisitedCut{c, RowStats{s.top, kept_sum<kFilteredVerifyThreads>(r, c, s.top.val, kept, mass_shift)}};
+}
+
+// Warp 0 tests the children of `node` in node order, 32 candidate nodes a round: at a point mass,
+// the first child whose token is the row's argmax; with deterministic children, the rule of
+// xkernels/tree.h, the loads and coins of a round's children in parallel and only the running
+// `remaining` lane by lane. Writes sh.chosen and the rejected tokens (sh.rejected of them).
+template <typename T>
+__device__ __forceinline__ void test_children(NodeState& sh, const RowStats& s, bool point_mass, const T* row,
+                                              float scale, const FilterCut& cut, const int64_t* tokens,
+                                              const int64_t* parents, int64_t node, int64_t count, int64_t v,
+                                              int32_t* rejected, const RowStream& st) {
+  const int lane = threadIdx.x;
+  int64_t chosen = -1;
+  int32_t nrej = 0;
+  float remaining = 1.0f;
+  for (int64_t c0 = node + 1; c0 < count && chosen < 0; c0 += 32) {
+    const int64_t c = c0 + lane;
+    const bool kid = c < count && parents[c] == node;
+    const int64_t x = kid ? tokens[c] : -1;
+    if (point_mass) {
+      const unsigned hits = __ballot_sync(kFullMask, kid && x == s.top.idx);
+      if (hits) chosen = c0 + __ffs(static_cast<int>(hits)) - 1;
+      continue;
+    }
+    // A token outside [0, V) is never accepted; one an earlier child had was rejected then (r(x) = 0).
+    bool live = kid && x >= 0 && x < v;
+    for (int j = 0; j < 32; ++j) {
+      const int64_t xj = __shfl_sync(kFullMask, x, j);
+      const int live_j = __shfl_sync(kFullMask, static_cast<int>(live), j);
+      if (j < lane && live_j && xj == x) live = false;
+    }
+    for (int32_t k = 0; k < nrej && live; ++k) live = rejected[k] != x;
+    float p_x = 0.0f, u = 0.0f;
+    if (live) {
+      p_x = stats_prob(s, kept(cut, scaled(row, x, scale), static_cast<int32_t>(x)));
+      u = st.coin(static_cast<uint32_t>(c));
+    }
+    for (unsigned tested = __ballot_sync(kFullMask, live); tested; tested &= tested - 1) {
+      const int j = __ffs(static_cast<int>(tested)) - 1;
+      const float p_j = __shfl_sync(kFullMask, p_x, j), u_j = __shfl_sync(kFullMask, u, j);
+      const int64_t x_j = __shfl_sync(kFullMask, x, j);
+      if (tree_accept_plain(u_j, p_j, remaining)) {
+        chosen = c0 + j;
+        break;
+      }
+      if (lane == 0) rejected[nrej] = static_cast<int32_t>(x_j);
+      ++nrej;
+      remaining -= p_j;
+    }
+    __syncwarp();  // the rejected tokens, read by every lane next round
+  }
+  if (lane == 0) sh.chosen = chosen, sh.rejected = nrej;
+}
+
+// Warp 0 lists the children of `node` in node order in kids (sh.kids of them), a ballot a round.
+__device__ __forceinline__ void list_children(NodeState& sh, const int64_t* parents, int64_t node, int64_t count,
+                                              int32_t* kids) {
+  const int lane = threadIdx.x;
+  int32_t k = 0;
+  for (int64_t c0 = node + 1; c0 < count; c0 += 32) {
+    const int64_t c = c0 + lane;
+    const bool kid = c < count && parents[c] == node;
+    const unsigned found = __ballot_sync(kFullMask, kid);
+    if (kid) kids[k + __popc(found & ((1u << lane) - 1u))] = static_cast<int32_t>(c);
+    k += __popc(found);
+  }
+  if (lane == 0) sh.kids = k;
+}
+
+// vector_ok: rows of logits (and of q) start 16-byte aligned, so whole chunks load as vectors.
+// kDraft: p.q is set (the residual passes are compiled only then). kFilter: w.cuts is set, some
+// sequence may filter (the selection is compiled only then).
+template <typename T, bool kDraft, bool kFilter>
+__global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
+    tree_verify_kernel(TreeVerifyParams p, VerifyWorkspace w, bool vector_ok) {
+  constexpr int kBlock = kVerifyBlock<kFilter>;
+  constexpr int kIds = 16 / sizeof(T);
+  __shared__ NodeState sh;
+  // kFilter: the selection's state (cut_smem_bytes), then the draft kernel's q stage (w.q_depth
+  // chunks a thread).
+  extern __shared__ __align__(16) float4 verify_smem[];
+  CutShared* cs = reinterpret_cast<CutShared*>(verify_smem);
+  float4* q_stage = verify_smem + (kFilter ? cut_smem_bytes() / sizeof(float4) : 0);
+  __shared__ RowStream st;  // thread 0's, kept out of the registers of the row passes
+  __shared__ FilterCut visited_cut;  // the visited row's
+  const int64_t n = blockIdx.x, m = p.m, v = p.v;
+  const int64_t count = node_count(p.num_nodes, n, m);
+  const int64_t* tokens = p.tokens + n * m;
+  const int64_t* parents = p.parents + n * m;
+  int32_t* kids = w.kids + n * m;
+  int32_t* rejected = w.rejected + n * m;
+  if (threadIdx.x == 0) st = p.s.stream(n);
+  const RowSampling rs = p.s.row(n);
+  const float inv_t = rs.inv_t;
+  const bool greedy = inv_t == 0.0f;  // a greedy row of the draft kernel reads no q
+  const float scale = greedy ? 1.0f : inv_t;
+  const bool filtering = kFilter && !greedy && filters_active(rs, v);  // the same for the whole block
+  const TopBits bits = filtering ? top_bits(rs, v) : TopBits::kNone;
+  const auto note = [&](float a) {  // the statistics pass's share of the cut
+    if (bits != TopBits::kNone) observe_top_bits(*cs, a, bits);
+  };
+  int64_t node = 0, acc = 0;
+  for (;;) {
+    const T* row = static_cast<const T*>(p.logits) + (n * m + node) * v;
+    if (bits != TopBits::kNone) {
+      clear_top_bits(*cs);
+      __syncthreads();
+    }
+    if (kDraft) {
+      // The children first (they depend on the parents alone): q's sum is needed only at a node
+      // with children, and then rides on the row's pass.
+      if (threadIdx.x == 0) sh.q = p.q + (n * m + node) * v;
+      if (threadIdx.x < 32) list_children(sh, parents, node, count, kids);
+      __syncthreads();
+    }
+    const bool with_q = kDraft && !greedy && sh.kids > 0;  // read before block_merge's barrier, then rewritten
+    // One block reads the row, 128 KB in flight (64 KB with draft_probs, and 128 KB of q beside it
+    // at a node with children; half of each in a filtered walk's 256 threads): 64 blocks then keep
+    // 4-12 MB in flight, about HBM's bandwidth times its latency or more.
+    const int64_t chunks = (v + kIds - 1) / kIds;
+    float zq = 0.0f;
+    RowStats s =
+        greedy ? thread_row_stats<T, true, kRowDepth<kDraft>>(row, v, 0, chunks, vector_ok, 1.0f, -1, threadIdx.x,
+                                                              kBlock)
+        : with_q ? thread_row_stats_and_q_sum<kBlock>(row, sh.q, v, vector_ok, scale, q_stage, w.q_depth, zq, note)
+                 : thread_row_stats<T, false, kRowDepth<kDraft>>(row, v, 0, chunks, vector_ok, scale, -1, threadIdx.x,
+                                                                 kBlock, note);
+    s = block_merge<kBlock>(s, stats_empty());
+    if (with_q) zq = block_sum<kBlock>(zq);  // block_merge's buffer is another: no barrier between
+    if constexpr (kFilter) {  // the row's cut, and p' = its filtered row's statistics
+      if (threadIdx.x == 0) {
+        sh.stats = s;
+        visited_cut = keep_all();
+      }
+      __syncthreads();
+      if (filtering && !stats_degenerate(sh.stats)) {
+        const VisitedCut c = cut_visited_row(*cs, row, v, scale, rs, sh.stats);
+        if (threadIdx.x == 0) s = c.stats, visited_cut = c.cut;
+      }
+      if (threadIdx.x == 0) w.cuts[n * m + node] = visited_cut;  // for the draw at the stop node
+      __syncthreads();  // sh.stats is read before the node's state rewrites it
+    }
+    if (threadIdx.x == 0)
+      sh = NodeState{s, kDraft ? sh.q : nullptr, tree_residual_start(s.sum, zq), -1, kDraft ? sh.kids : 0, 0, -1,
+                     false, false};
+    __syncthreads();
+    s = sh.stats;
+    const FilterCut cut = kFilter ? visited_cut : keep_all();
+    const bool point_mass = greedy || stats_degenerate(s);
+    const float top_log2 = s.top.val * kLog2e;
+    if (point_mass || !kDraft) {
+      if (threadIdx.x < 32)
+        test_children(sh, s, point_mass, row, scale, cut, tokens, parents, node, count, v, rejected, st);
+      __syncthreads();
+    }
+    if (kDraft && !point_mass && sh.kids > 0) {
+      // The residual in closed form (xkernels/tree.h's TreeResidual): thread 0 tests the children
+      // in order; before a test that follows a rejection, the block sums the residual over the row.
+      bool stale = false;  // thread 0's: res.sum is that of an earlier coef
+      for (int32_t i = 0; i < sh.kids; ++i) {
+        __syncthreads();
+        if (threadIdx.x == 0) {
+          const int64_t x = tokens[kids[i]];
+          sh.x = x >= 0 && x < v ? static_cast<int32_t>(x) : -1;
+          sh.pass = sh.x >= 0 && stale;
+        }
+        __syncthreads();
+        if (sh.x < 0) continue;  // a token outside [0, V): never accepted, no residual step
+        if (sh.pass) {
+          const float total = residual_sum<kBlock>(row, sh.q, v, vector_ok, scale, q_stage, w.q_depth, top_log2,
+                                           tree_coef(sh.res.coef), cut);
+          if (threadIdx.x == 0) {
+            sh.res.sum = total;
+            sh.empty = !(total > 0.0f);
+            stale = false;
+          }
+          __syncthreads();
+          if (sh.empty) break;
+        }
+        if (threadIdx.x == 0) {
+          const int32_t x = sh.x;
+          bool repeated = false;
+          for (int32_t k = 0; k < sh.rejected; ++k) repeated |= rejected[k] == x;
+          const float q_x = sh.q[x];
+          const float e_x = softmax_weight(kept(cut, scaled(row, x, scale), x), top_log2);
+          if (tree_residual_accepts(sh.res, st.coin(static_cast<uint32_t>(kids[i])), e_x, q_x, repeated)) {
+            sh.chosen = kids[i];
+          } else {
+            tree_residual_reject(sh.res, q_x, p.without_replacement && !repeated);
+            if (!repeated) rejected[sh.rejected++] = x;
+            stale = true;
+          }
+        }
+        __syncthreads();
+        if (sh.chosen >= 0) break;
+      }
+    }
+    __syncthreads();
+    const int64_t chosen = sh.chosen;
+    if (chosen < 0) {
+      if (threadIdx.x == 0) {  // the row's argmax, unless the sampling pass draws
+        const bool draw = !point_mass && !sh.empty;
+        const bool residual = kDraft && sh.rejected > 0;
+        const ArgMax top = sh.stats.top;
+        p.out_tokens[n * m + acc] = top.idx;
+        p.accept_len[n] = acc;
+        w.jobs[n] = StopJob{draw ? static_cast<int32_t>(node) : -1, static_cast<int32_t>(acc),
+                            residual ? 0 : sh.rejected, residual, top.idx, top.val * kLog2e, scale,
+                            tree_coef(sh.res.coef)};
+      }
+      break;
+    }
+    if (threadIdx.x == 0) {
+      p.out_tokens[n * m + acc] = tokens[chosen];
+      p.path[n * m + acc + 1] = chosen;
+    }
+    ++acc;
+    node = chosen;
+    __syncthreads();  // sh and the shared reduction buffers are reused for the next node
+  }
+  for (int64_t j = threadIdx.x; j < m; j += kBlock) {
+    if (j == 0) p.path[n * m] = 0;
+    if (j > acc) p.path[n * m + j] = -1;
+    if (j > acc) p.out_tokens[n * m + j] = -1;
+  }
+}
+
+// The walk's launch: dynamic shared memory for the cut's state (kFilter) and the q stage (kDraft).
+template <typename T, bool kDraft, bool kFilter>
+cudaError_t launch_walk(const TreeVerifyParams& p, const VerifyWorkspace& w, bool vector_ok, cudaStream_t stream) {
+  constexpr int kBlock = kVerifyBlock<kFilter>;
+  const size_t stage = kDraft ? sizeof(float) * (16 / sizeof(T)) * kBlock * w.q_depth : 0;
+  const size_t smem = (kFilter ? cut_smem_bytes() : 0) + stage;
+  if (kDraft) {
+    // Above 48 KB of dynamic shared memory a kernel must opt in: once a device, to the device's limit.
+    static PerDevice opted_in;
+    const cudaError_t err = opt_in_max_dynamic_smem(opted_in, tree_verify_kernel<T, kDraft, kFilter>);
+    if (err != cudaSuccess) return err;
+  }
+  tree_verify_kernel<T, kDraft, kFilter><<<p.n, kBlock, smem, stream>>>(p, w, vector_ok);
+  return cudaGetLastError();
+}
+
+template <typename T, bool kFilter>
+cudaError_t launch_verify_walk(const TreeVerifyParams& p, const VerifyWorkspace& w, bool draft, bool vector_ok,
+                               cudaStream_t stream) {
+  return draft ? launch_walk<T, true, kFilter>(p, w, vector_ok, stream)
+               : launch_walk<T, false, kFilter>(p, w, vector_ok, stream);
+}
+
+}  // namespace xkernels::cuda
