@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).parent.resolve()
@@ -83,6 +84,23 @@ def nvidia_wheel_paths(torch):
     return includes, (str(nvrtc[0]) if nvrtc else None)
 
 
+def compile_seconds(ninja_log, since_ns):
+    """(seconds, source) of each translation unit that ninja compiled since since_ns, slowest first.
+    Ninja's log (v5, the Ninja generator's) has a line per output built: start and end in ms, the
+    output's mtime in ns; a later line for an output replaces an earlier one."""
+    if not ninja_log.exists():
+        return []
+    built = {}
+    for line in ninja_log.read_text().splitlines():
+        fields = line.split("\t")
+        if len(fields) != 5 or not fields[0].isdigit() or not fields[3].endswith(".o"):
+            continue
+        start, end, mtime, output = int(fields[0]), int(fields[1]), int(fields[2]), fields[3]
+        built[output] = (end - start) / 1000 if mtime >= since_ns else None
+    table = [(sec, re.sub(r"^CMakeFiles/[^/]+\.dir/|\.o$", "", out)) for out, sec in built.items() if sec is not None]
+    return sorted(table, key=lambda row: -row[0])
+
+
 def build_with_cmake(library_path):
     """Configures and builds libxkernels with CMake in build/cmake and copies it to library_path.
     Needs only torch, CMake and a compiler (no setuptools): bench/gpu_check.sh calls it directly."""
@@ -128,7 +146,11 @@ def build_with_cmake(library_path):
         log(f"CUDA kernels OFF: {why}")
     jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
     subprocess.check_call(["cmake", "-S", str(ROOT), "-B", str(build_dir), *args], env=env)
+    started_ns = time.time_ns()
     subprocess.check_call(["cmake", "--build", str(build_dir), "-j", jobs], env=env)
+    # The slowest translation unit decides a parallel build: the log shows each one's time.
+    for seconds, source in compile_seconds(build_dir / ".ninja_log", started_ns):
+        log(f"compile seconds {seconds:6.1f} {source}")
     library_path = Path(library_path)
     library_path.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(build_dir / "libxkernels.so", library_path)
