@@ -583,6 +583,10 @@ def _device_seed_steps(device):
                                      lambda: xkernels.chain_verify(*chain(), **per_request), None),
         "tree_verify": (lambda: distributed.tree_verify(tokens, parents, logits, vocab_start=0, **rng),
                         lambda: xkernels.tree_verify(tokens, parents, logits, **rng), None),
+        "tree_verify per request": (
+            lambda: distributed.tree_verify(tokens, parents, logits, vocab_start=0, draft_probs=q, capturable=True,
+                                            **per_request),
+            lambda: xkernels.tree_verify(tokens, parents, logits, draft_probs=q, **per_request), None),
         "tree_verify with q": (
             lambda: distributed.tree_verify(tokens, parents, logits, vocab_start=0, draft_probs=q,
                                             without_replacement=True, capturable=True, **rng),
