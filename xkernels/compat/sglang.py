@@ -146,7 +146,11 @@ def tree_speculative_sampling_target_only(predicts, accept_index, accept_token_n
     Where it differs: SGLang's relaxations (thresholds other than 1) are not lossless and are
     refused; the probabilities are verified as the distribution ``log(target_probs)`` gives; the
     random numbers are the package's, so the same inputs give other (equally distributed) tokens;
-    duplicate sibling tokens cannot count twice (SGLang's kernel assumes distinct siblings).
+    duplicate sibling tokens cannot count twice (SGLang's kernel assumes distinct siblings). The log
+    is one float32 pass over ``target_probs`` (read and write) before the kernel. The walk is not cut
+    at ``num_spec_step - 1`` steps (a cut would change the distribution): SGLang's trees, of depth
+    ``num_spec_step - 1``, never reach it. No host read: with ``seed`` and ``offset`` as tensors on
+    the device, the call is CUDA-graph capturable.
     """
     if threshold_single != 1.0 or threshold_acc != 1.0:
         raise ValueError(f"threshold_single and threshold_acc must be 1 (exact verification), got "
