@@ -374,16 +374,20 @@ def chain_verify_ragged_(
         tuple: ``(accept_len, out)``, the buffers given, and ``logprobs`` after them when it is given.
 
     Raises:
-        ValueError: ``out`` not 2-D, or a one-element 1-D ``seed`` / ``offset`` with ``N > 1``; and
-            what :func:`chain_verify_ragged` raises.
+        ValueError: ``out`` not 2-D (or 0 wide), ``accept_len`` not int32 ``[N]``, or a one-element 1-D
+            ``seed`` / ``offset`` with ``N > 1``; and what :func:`chain_verify_ragged` raises.
 
     Kernels:
         - CPU and CUDA: :func:`chain_verify_ragged`'s, then one in-place subtraction on ``accept_len``
           (the kernel counts the emitted tokens).
     """
     out, accept_len = _tensor(out, "out"), _tensor(accept_len, "accept_len")
-    if out.dim() != 2:
+    if out.dim() != 2 or out.shape[1] < 1:
         raise ValueError(f"out must have shape [N, max_spec_len + 1], got {list(out.shape)}")
+    if (accept_len.dtype != torch.int32 or tuple(accept_len.shape) != (_requests(cu_num_draft_tokens),)
+            or not accept_len.is_contiguous()):
+        raise ValueError(f"accept_len must be a contiguous int32 [N] (N = cu_num_draft_tokens' length), got "
+                         f"{accept_len.dtype} {list(accept_len.shape)}")
     logprobs = _tensor(logprobs, "logprobs", optional=True)
     scratch = logprobs if logprobs is not None else torch.empty(out.shape, dtype=torch.float32, device=out.device)
     _ragged(draft_tokens, cu_num_draft_tokens, target_logits, out.shape[1] - 1, draft_probs, temperature, top_k,

@@ -119,7 +119,8 @@ def generic_mutations(spec, g, args, last, spare=()):
                 written = kind.startswith("out") or kind == "cache"
                 out.append((f"{a} as numpy", lambda a=a, t=t: {**args, a: t.numpy()}, EITHER if written else SAME,
                             blame, a))
-            out.append((f"{a} as list", lambda a=a, t=t: {**args, a: t.tolist()}, RAISE, blame))
+            # a 0-dim tensor's tolist() is a Python number, which a scalar argument takes
+            out.append((f"{a} as list", lambda a=a, t=t: {**args, a: t.tolist()}, RAISE if t.dim() else EITHER, blame))
             if a in spec.optional:
                 out.append((f"{a} None", {**args, a: None}, EITHER, names))
             elif kind != "rng":

@@ -57,9 +57,9 @@ class Gen:
         return self.pick((0.0, 0.0, 0.5, 1.0, 2.0))
 
     def rng_value(self):
-        """A seed or offset: an int or a one-element int64 tensor."""
+        """A seed or offset: an int or a 0-dim int64 tensor (the batch-row form)."""
         value = self.pick((0, 1, 12345, 2**63 - 1, 2**64 - 1, -1))
-        return torch.tensor([value - 2**64 if value >= 2**63 else value]) if self.coin(0.3) else value
+        return torch.tensor(value - 2**64 if value >= 2**63 else value) if self.coin(0.3) else value
 
 
 def _set(args, **changes):
@@ -179,7 +179,7 @@ def _filters(args):
 
 class ChainVerify(Spec):
     name = "chain_verify"
-    tensors = {"draft_tokens": "ids", "target_logits": "logits", "draft_probs": "f32", "seed": "rng", "offset": "rng",
+    tensors = {"draft_tokens": "ids32", "target_logits": "logits", "draft_probs": "f32", "seed": "rng", "offset": "rng",
                **SAMPLING_TENSORS}
     primary = "target_logits"
     optional = ("draft_probs",) + FILTERS
@@ -379,6 +379,44 @@ class ChainVerifyRagged(Spec):
                                              args["max_spec_len"], **{k: args[k] for k in keys if k in args})
 
 
+class ChainVerifyRaggedInPlace(ChainVerifyRagged):
+    """chain_verify_ragged_: the same cases, its buffers from the allocating form's arguments (out and
+    num_emitted given or zeros of max_spec_len + 1, the latter as accept_len; logprobs as given)."""
+    name, schema = "chain_verify_ragged_", "chain_verify_ragged_"
+    tensors = {("accept_len" if k == "num_emitted" else k): v for k, v in ChainVerifyRagged.tensors.items()}
+    optional = tuple("accept_len" if k == "num_emitted" else k for k in ChainVerifyRagged.optional)
+
+    def valid(self, g):
+        args = super().valid(g)
+        if "num_emitted" in args:
+            args["accept_len"] = args.pop("num_emitted")
+        return args
+
+    def call(self, args):
+        args = dict(args)
+        n, width = self.batch(args), args.pop("max_spec_len") + 1
+        out, accept_len = args.pop("out", None), args.pop("accept_len", args.pop("num_emitted", None))
+        device = getattr(args.get("target_logits"), "device", None)  # the buffers made here go where the logits are
+        return self.fn(args.pop("draft_tokens"), args.pop("cu_num_draft_tokens"), args.pop("target_logits"),
+                       torch.zeros(n, width, dtype=torch.int32, device=device) if out is None else out,
+                       torch.zeros(n, dtype=torch.int32, device=device) if accept_len is None else accept_len, **args)
+
+    def value_mutations(self, g, args):
+        # max_spec_len is the width of out here: its own bad values would be buffers of that width
+        kept = [m for m in super().value_mutations(g, args) if not m[0].startswith(("max_spec_len=", "out too"))]
+        return [(what, a, kind, set(names) | {"accept_len", "out"}) for what, a, kind, names in kept]
+
+    def check(self, args, out):
+        accept_len, toks, *lp = out
+        assert accept_len.dtype == torch.int32 and accept_len.shape == toks.shape[:1]
+        logprobs = lp[0] if lp else torch.full(toks.shape, float("nan"))
+        super().check(args, (toks, accept_len + 1, logprobs))
+
+    def reference(self, args):
+        toks, emitted, logprobs = super().reference(args)
+        return (emitted - 1, toks, logprobs) if args.get("logprobs") is not None else (emitted - 1, toks)
+
+
 # ---- the refine ops ----
 
 
@@ -391,7 +429,7 @@ class _Refine(Spec):
 
     @property
     def tensors(self):
-        return {"ctx": "f32", self.token_arg: "ids", "base_logits": "logits", "emb": "weight", "mix": "weight",
+        return {"ctx": "f32", self.token_arg: "ids32", "base_logits": "logits", "emb": "weight", "mix": "weight",
                 "w_gate": "weight", "w_up": "weight", "w_down": "weight", "w_read": "weight", "seed": "rng",
                 "offset": "rng", **SAMPLING_TENSORS}
 
@@ -524,7 +562,7 @@ def check_tree_shape(par, nn):
 
 class BuildDraftTree(Spec):
     name = "build_draft_tree"
-    tensors = {"topk_logprobs": "f32", "topk_tokens": "ids"}
+    tensors = {"topk_logprobs": "f32", "topk_tokens": "ids32"}
     primary = "topk_logprobs"
     huge_dims = {"topk_logprobs": (1, 2), "topk_tokens": (1, 2)}
 
@@ -577,7 +615,7 @@ class BuildDraftTree(Spec):
 
 class TreeAttentionMask(Spec):
     name = "tree_attention_mask"
-    tensors = {"parents": "ids", "num_nodes": "ids"}
+    tensors = {"parents": "ids32", "num_nodes": "ids"}
     primary = "parents"
     optional = ("num_nodes",)
 
@@ -604,7 +642,7 @@ class TreeAttentionMask(Spec):
 
 class TreePositions(Spec):
     name = "tree_positions"
-    tensors = {"parents": "ids", "num_nodes": "ids"}
+    tensors = {"parents": "ids32", "num_nodes": "ids"}
     primary = "parents"
     optional = ("num_nodes",)
 
@@ -639,7 +677,7 @@ def repeated_siblings(args):
 
 class TreeVerify(Spec):
     name = "tree_verify"
-    tensors = {"tokens": "ids", "parents": "ids", "target_logits": "logits", "draft_probs": "f32",
+    tensors = {"tokens": "ids32", "parents": "ids32", "target_logits": "logits", "draft_probs": "f32",
                "num_nodes": "ids", "seed": "rng", "offset": "rng", **SAMPLING_TENSORS}
     primary = "target_logits"
     optional = ("draft_probs", "num_nodes") + FILTERS
@@ -821,7 +859,7 @@ def unmask_mutations(args):
 
 class DllmStep(Spec):
     name = "dllm_step"
-    tensors = {"logits": "logits", "block_tokens": "ids", "seed": "rng", "offset": "rng", **SAMPLING_TENSORS}
+    tensors = {"logits": "logits", "block_tokens": "ids32", "seed": "rng", "offset": "rng", **SAMPLING_TENSORS}
     primary = "logits"
     optional = FILTERS
     huge_dims = {"logits": (1, 2)}
@@ -864,7 +902,7 @@ class DllmStep(Spec):
             elif int(masked.sum()):
                 assert c >= 1, "threshold unmasked nothing"
             assert _rows_of_ids(tokens[s, :c], v), "tokens outside [0, V)"
-            expect = block[s].clone()
+            expect = block[s].long()  # an int32 block comes back int64
             expect[chosen] = tokens[s, :c]
             assert torch.equal(new_block[s], expect), "new_block is not the block with the chosen tokens"
             assert bool(torch.isneginf(conf[s][~masked]).all()), "confidence of an unmasked position is not -inf"
@@ -908,7 +946,7 @@ def graph_ns(ranks, child_ptr, children):
 
 class SpiffyMaterialize(Spec):
     name = "spiffy_materialize"
-    tensors = {"logits": "logits", "block_tokens": "ids", "graph_ranks": "i32", "graph_child_ptr": "i32",
+    tensors = {"logits": "logits", "block_tokens": "ids32", "graph_ranks": "i32", "graph_child_ptr": "i32",
                "graph_children": "i32", **SAMPLING_TENSORS}
     primary = "logits"
     optional = FILTERS
@@ -986,8 +1024,8 @@ class SpiffyMaterialize(Spec):
 
 class SpiffyAccept(Spec):
     name = "spiffy_accept"
-    tensors = {"root_logits": "logits", "draft_logits": "logits_like_root", "draft_blocks": "ids",
-               "node_ids": "ids", "block_tokens": "ids", "seed": "rng", "offset": "rng", **SAMPLING_TENSORS}
+    tensors = {"root_logits": "logits", "draft_logits": "logits_like_root", "draft_blocks": "ids32",
+               "node_ids": "ids", "block_tokens": "ids32", "seed": "rng", "offset": "rng", **SAMPLING_TENSORS}
     primary = "root_logits"
     optional = FILTERS
 
@@ -1313,7 +1351,7 @@ class ShardCutCandidates(Spec):
                                               **a)
 
 
-SPECS = {s.name: s for s in (ChainVerify(), ChainVerifyRagged(), RefineStep(), JacobiRefine(), SequentialRefine(),
+SPECS = {s.name: s for s in (ChainVerify(), ChainVerifyRagged(), ChainVerifyRaggedInPlace(), RefineStep(), JacobiRefine(), SequentialRefine(),
                              BuildDraftTree(), TreeAttentionMask(), TreePositions(), TreeVerify(), CompactKv(),
                              DllmStep(), SpiffyMaterialize(), SpiffyAccept(), SpiffyAttentionMask(), ShardRowStats(),
                              ShardCutHistogram(), ShardCutPick(), ShardCutCandidates())}
