@@ -1,8 +1,12 @@
-// chain_verify_ragged_ on CUDA, two launches:
-//  1. rows: a block per (request, row) prepares every row of every request at once: a pass for its
-//     statistics; a row with filters then finds its cut (row_filter.cuh: radix selection, usually 1
-//     more pass), which also gives the kept ids' sum (a pass of its own only for min-p alone). The
-//     rows' states go to the workspace.
+// chain_verify_ragged_ on CUDA:
+//  0. filtered rows (candidates.cuh): a block per (row, slice) reads its slice once and keeps its
+//     argmax and best ids; then a block per filtered row merges them and finds the row's cut and
+//     kept sum from them, into the row's state, where they settle it (nearly every row of a trained
+//     model; not min-p alone).
+//  1. rows: a block per (request, row) prepares every other row of every request at once: a pass
+//     for its statistics; a filtered row the candidates did not settle then finds its cut
+//     (row_filter.cuh: radix selection, usually 1 more pass), which also gives the kept ids' sum (a
+//     pass of its own only for min-p alone). The rows' states go to the workspace.
 //  2. residuals (block verification with draft probabilities): a block per drafted row computes
 //     its prefix weight from the prepared rows before it and its residual mass Z_i (a pass over the
 //     row and its q), every row at once.
@@ -19,6 +23,7 @@
 
 #include <cstdint>
 
+#include "candidates.cuh"
 #include "chain_ragged_launch.h"
 #include "device_utils.cuh"
 #include "row_filter.cuh"
@@ -312,16 +317,61 @@ __device__ Request request_of(const ChainRaggedParams& p, int64_t n) {
   return req;
 }
 
-// Launch 1: block (n, i) prepares row i of request n (those past its drafts exit), into
-// states[n * (max_spec_len + 1) + i]. One block an SM: the selection takes the registers.
+// Where the candidates of the filtered rows live in the workspace (after the states and residuals).
+struct CandidateSpace {
+  SliceLayout layout;
+  SliceSummary* sums;  // [rows, slices]
+  Candidate* cands;    // [rows, slices, kSliceKeep]
+  int32_t* settled;    // [rows]: select settled the row's state
+};
+
+// Launch 0a: block (row, slice) of a filtered row scans its slice (unfiltered rows, rows past a
+// request's drafts and rows of the other kWithTotal exit; a launch for each).
+template <typename T, bool kWithTotal>
+__global__ void __launch_bounds__(kThreads, 4) chain_ragged_scan_kernel(ChainRaggedParams p, CandidateSpace c) {
+  __shared__ ScanShared sh;
+  const int64_t width = p.max_spec_len + 1;
+  const int64_t row = blockIdx.x / c.layout.slices, slice = blockIdx.x % c.layout.slices;
+  const int64_t n = row / width, i = row % width;
+  const Request req = request_of(p, n);
+  if (!req.filtered || i > req.k || select_needs_total(req.rs, p.v) != kWithTotal) return;  // the whole block
+  const RowView<T> r{static_cast<const T*>(p.logits) + (req.lo + n + i) * p.v, p.v, req.rs.inv_t};
+  const int64_t begin = slice * c.layout.chunks;
+  scan_slice<T, kWithTotal>(sh, r, begin, begin + c.layout.chunks, c.sums + blockIdx.x,
+                            c.cands + static_cast<int64_t>(blockIdx.x) * kSliceKeep);
+}
+
+// Launch 0b: a block per filtered row selects its cut from its slices' candidates into its state,
+// and notes whether it did.
+__global__ void __launch_bounds__(kThreads) chain_ragged_select_kernel(ChainRaggedParams p, CandidateSpace c,
+                                                                       RowState* states, int mass_shift) {
+  __shared__ SelectShared sh;
+  const int64_t width = p.max_spec_len + 1;
+  const int64_t row = blockIdx.x, n = row / width, i = row % width;
+  const Request req = request_of(p, n);
+  if (!req.filtered || i > req.k) return;  // the whole block
+  const int64_t first = row * c.layout.slices;
+  RowCut cut;
+  const bool settled = select_cut(sh, c.sums + first, c.cands + first * kSliceKeep, c.layout.slices, req.rs, p.v,
+                                  mass_shift, &cut);
+  if (threadIdx.x != 0) return;
+  c.settled[row] = settled;
+  if (!settled) return;
+  states[row] = cut.degenerate ? RowState{RowStats{cut.top, 0.0f}, keep_all(), true}
+                               : RowState{RowStats{cut.top, fixed_sum_value(cut.kept, mass_shift)}, cut.cut, false};
+}
+
+// Launch 1: block (n, i) prepares row i of request n (those past its drafts, and the filtered rows
+// select settled, exit), into states[n * (max_spec_len + 1) + i]. One block an SM: the selection
+// takes the registers.
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1) chain_ragged_rows_kernel(ChainRaggedParams p, RowState* states,
-                                                                         int mass_shift) {
+                                                                         const int32_t* settled, int mass_shift) {
   __shared__ RowShared sh;
   const int64_t width = p.max_spec_len + 1;
   const int64_t n = blockIdx.x / width, i = blockIdx.x % width;
   const Request req = request_of(p, n);
-  if (i > req.k) return;  // the whole block
+  if (i > req.k || (req.filtered && settled[blockIdx.x])) return;  // the whole block
   const RowView<T> r{static_cast<const T*>(p.logits) + (req.lo + n + i) * p.v, p.v, req.greedy ? 1.0f : req.rs.inv_t};
   prepare(sh, r, req.rs, req.greedy, req.filtered, mass_shift);
   if (threadIdx.x == 0) states[blockIdx.x] = sh.row;
@@ -376,17 +426,48 @@ __global__ void __launch_bounds__(kThreads) chain_ragged_kernel(ChainRaggedParam
   if (threadIdx.x == 0) p.num_emitted[n] = static_cast<int32_t>(emitted);
 }
 
-// The workspace: every row's state, then (block verification with draft probabilities) its Z.
-size_t states_bytes(const ChainRaggedParams& p) {
-  return (sizeof(RowState) * static_cast<size_t>(p.n * (p.max_spec_len + 1)) + 255) / 256 * 256;
+size_t aligned_bytes(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+int64_t row_count(const ChainRaggedParams& p) { return p.n * (p.max_spec_len + 1); }
+
+SliceLayout layout_of(const ChainRaggedParams& p) {
+  return slice_layout(p.v, p.dtype == LogitsType::kFloat32 ? 4 : 8);
+}
+
+// The workspace: every row's state, its Z (block verification with draft probabilities), then the
+// candidates: whether select settled the row, the slices' summaries and candidates.
+struct Workspace {
+  size_t states, residuals, settled, sums, cands;  // byte offsets
+  size_t bytes;
+};
+
+Workspace workspace_of(const ChainRaggedParams& p) {
+  const auto rows = static_cast<size_t>(row_count(p));
+  const auto slices = rows * static_cast<size_t>(layout_of(p).slices);
+  Workspace w{};
+  w.residuals = aligned_bytes(sizeof(RowState) * rows);
+  w.settled = w.residuals + (p.block && p.q ? aligned_bytes(sizeof(float) * rows) : 0);
+  w.sums = w.settled + aligned_bytes(sizeof(int32_t) * rows);
+  w.cands = w.sums + aligned_bytes(sizeof(SliceSummary) * slices);
+  w.bytes = w.cands + sizeof(Candidate) * kSliceKeep * slices;
+  return w;
 }
 
 template <typename T>
 cudaError_t launch_typed(const ChainRaggedParams& p, void* workspace, cudaStream_t stream) {
-  auto* states = static_cast<RowState*>(workspace);
-  auto* residuals = reinterpret_cast<float*>(static_cast<char*>(workspace) + states_bytes(p));
-  const auto rows = static_cast<unsigned>(p.n * (p.max_spec_len + 1));
-  chain_ragged_rows_kernel<T><<<rows, kThreads, 0, stream>>>(p, states, cut_mass_shift(p.v));
+  char* base = static_cast<char*>(workspace);
+  const Workspace w = workspace_of(p);
+  auto* states = reinterpret_cast<RowState*>(base + w.states);
+  auto* residuals = reinterpret_cast<float*>(base + w.residuals);
+  const CandidateSpace c{layout_of(p), reinterpret_cast<SliceSummary*>(base + w.sums),
+                         reinterpret_cast<Candidate*>(base + w.cands), reinterpret_cast<int32_t*>(base + w.settled)};
+  const auto rows = static_cast<unsigned>(row_count(p));
+  const int shift = cut_mass_shift(p.v);
+  const unsigned blocks = rows * static_cast<unsigned>(c.layout.slices);
+  chain_ragged_scan_kernel<T, false><<<blocks, kThreads, 0, stream>>>(p, c);
+  chain_ragged_scan_kernel<T, true><<<blocks, kThreads, 0, stream>>>(p, c);
+  chain_ragged_select_kernel<<<rows, kThreads, 0, stream>>>(p, c, states, shift);
+  chain_ragged_rows_kernel<T><<<rows, kThreads, 0, stream>>>(p, states, c.settled, shift);
   if (p.block && p.q) chain_ragged_residual_kernel<T><<<rows, kThreads, 0, stream>>>(p, states, residuals);
   chain_ragged_kernel<T><<<static_cast<unsigned>(p.n), kThreads, 0, stream>>>(p, states, residuals);
   return cudaGetLastError();
@@ -394,13 +475,11 @@ cudaError_t launch_typed(const ChainRaggedParams& p, void* workspace, cudaStream
 
 }  // namespace
 
-size_t chain_ragged_workspace_bytes(const ChainRaggedParams& p) {
-  return states_bytes(p) + (p.block && p.q ? sizeof(float) * static_cast<size_t>(p.n * (p.max_spec_len + 1)) : 0);
-}
+size_t chain_ragged_workspace_bytes(const ChainRaggedParams& p) { return workspace_of(p).bytes; }
 
 cudaError_t launch_chain_ragged(const ChainRaggedParams& p, void* workspace, cudaStream_t stream) {
   if (p.n == 0) return cudaSuccess;
-  if (p.n * (p.max_spec_len + 1) > 0x7FFFFFFF) return cudaErrorInvalidValue;
+  if (row_count(p) * layout_of(p).slices > 0x7FFFFFFF) return cudaErrorInvalidValue;
   switch (p.dtype) {
     case LogitsType::kFloat32: return launch_typed<float>(p, workspace, stream);
     case LogitsType::kBFloat16: return launch_typed<__nv_bfloat16>(p, workspace, stream);

@@ -25,10 +25,11 @@ struct ChainRaggedParams {
   float* logprobs;      // [n, max_spec_len + 1]
 };
 
-// The workspace launch_chain_ragged needs: every row's prepared state.
+// The workspace launch_chain_ragged needs: every row's prepared state, and the filtered rows'
+// slice summaries and candidates (candidates.cuh).
 size_t chain_ragged_workspace_bytes(const ChainRaggedParams& p);
-// Launches the kernels (a block per row, then a block per request) on `stream`; returns the launch
-// error, if any.
+// Launches the kernels (a block per row slice and a block per row for the filtered rows' cuts, a
+// block per row, then a block per request) on `stream`; returns the launch error, if any.
 cudaError_t launch_chain_ragged(const ChainRaggedParams& p, void* workspace, cudaStream_t stream);
 
 }  // namespace xkernels::cuda

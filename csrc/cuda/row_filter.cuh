@@ -33,6 +33,11 @@ __device__ __forceinline__ unsigned long long fixed_mass(float gap, int shift) {
   return static_cast<unsigned long long>(static_cast<double>(exp_f32(gap)) * static_cast<double>(1ull << shift));
 }
 
+// A fixed-point sum of fixed_mass's as the float the rows' states hold.
+__device__ __forceinline__ float fixed_sum_value(unsigned long long sum, int shift) {
+  return static_cast<float>(static_cast<double>(sum) / static_cast<double>(1ull << shift));
+}
+
 // The fractional bits of fixed_mass for rows of v ids: v masses of at most 1 sum below 2^62.
 __host__ __device__ inline int cut_mass_shift(int64_t v) {
   int bits = 0;
@@ -139,24 +144,29 @@ enum class FirstLevel {
 };
 
 // The block's exclusive prefix sum of one value a thread, in thread order; *total gets the sum.
-__device__ __forceinline__ unsigned long long block_exclusive_scan(CutShared& sh, unsigned long long x,
-                                                                   unsigned long long* total) {
+// warp_sums: the block's shared scratch of a value a warp.
+__device__ __forceinline__ unsigned long long block_exclusive_scan(unsigned long long (&warp_sums)[32],
+                                                                   unsigned long long x, unsigned long long* total) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   unsigned long long inclusive = x;
   for (int d = 1; d < 32; d <<= 1) {
     const unsigned long long y = __shfl_up_sync(kFullMask, inclusive, d);
     if (lane >= d) inclusive += y;
   }
-  if (lane == 31) sh.warp_sums[warp] = inclusive;
+  if (lane == 31) warp_sums[warp] = inclusive;
   __syncthreads();
   unsigned long long before = 0, sum = 0;
   for (int w = 0; w < block_threads() / 32; ++w) {
-    if (w < warp) before += sh.warp_sums[w];
-    sum += sh.warp_sums[w];
+    if (w < warp) before += warp_sums[w];
+    sum += warp_sums[w];
   }
   __syncthreads();  // warp_sums are read before a next scan writes them
   *total = sum;
   return before + inclusive - x;
+}
+__device__ __forceinline__ unsigned long long block_exclusive_scan(CutShared& sh, unsigned long long x,
+                                                                   unsigned long long* total) {
+  return block_exclusive_scan(sh.warp_sums, x, total);
 }
 
 // The first position i < n (n <= blockDim.x * 8) of a sequence in ranking order at which the running
@@ -670,7 +680,7 @@ __device__ FilterCut filter_cut(CutShared& sh, const RowView<T>& r, float top, c
 template <int kBlock = kThreads, typename T>
 __device__ float kept_sum(const RowView<T>& r, const FilterCut& cut, float top, unsigned long long kept,
                           int mass_shift) {
-  if (kept != kMassUnknown) return static_cast<float>(static_cast<double>(kept) / static_cast<double>(1ull << mass_shift));
+  if (kept != kMassUnknown) return fixed_sum_value(kept, mass_shift);
   float sum = 0.0f;
   r.for_each_in_order([&](int64_t i, float a) {
     if (a != kNegInf && filter_keeps(cut, a, static_cast<int32_t>(i))) sum += exp_f32(a - top);

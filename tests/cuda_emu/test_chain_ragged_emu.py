@@ -108,26 +108,90 @@ def test_empty_batch(emu):
     assert out.shape == (0, 3) and emitted.shape == (0,)
 
 
+# Passes over a row of 20011 ids (3 slices in bfloat16, 5 in float32) for requests of no drafts (one
+# row each, and its sample): greedy reads it once; unfiltered, its statistics and the sample; a
+# filtered row its slices once (candidates.cuh) and the sample where the candidates settle its cut
+# (2), else also the radix path's statistics, gather and sample (4: min-p alone, top-k beyond the
+# candidates, top-p alone whose nucleus holds thousands of these flat ids). Logits * 3.
+PASS_CASES = [(dict(temperature=0.0, top_k=50), 1), (dict(temperature=1.0), 2), (dict(temperature=1.0, top_k=50), 2),
+              (dict(temperature=1.0, top_p=0.9), 4), (dict(temperature=0.2, top_p=0.9), 2),
+              (dict(temperature=0.5, top_k=50, top_p=0.9), 2), (dict(temperature=1.0, top_k=1000, top_p=0.9), 4),
+              (dict(temperature=1.0, min_p=0.1), 4),
+              # min-p moves these cuts (15-30 ids pass it), above the candidates' least key
+              (dict(temperature=1.0, top_k=50, min_p=0.1), 2), (dict(temperature=1.0, top_p=0.9, min_p=0.1), 2),
+              (dict(temperature=1.0, top_k=50, top_p=0.9, min_p=0.1), 2)]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_pass_counts(emu, dtype):
-    """The passes over a row bench/floors.md states, for requests of no drafts (one row each, and
-    its sample): the statistics pass, which also counts top-k's first level or guides top-p's;
-    one gather for the cut (top-k + top-p: one for both), which also sums the ids above min-p's floor
-    (the kept sum where min-p moves the cut: a pass of its own for min-p alone); the sample."""
     g = torch.Generator().manual_seed(8)
     logits = (torch.randn(1, 20011, generator=g) * 3).to(dtype)
     none = torch.empty(0, dtype=torch.int64)
-    cases = [(dict(temperature=0.0, top_k=50), 1), (dict(temperature=1.0), 2), (dict(temperature=1.0, top_k=50), 3),
-             (dict(temperature=1.0, top_p=0.9), 3), (dict(temperature=0.5, top_k=50, top_p=0.9), 3),
-             (dict(temperature=1.0, top_k=1000, top_p=0.9), 3), (dict(temperature=1.0, min_p=0.1), 3),
-             # min-p moves these cuts (15-30 ids pass it): its kept sum comes from the gather
-             (dict(temperature=1.0, top_k=50, min_p=0.1), 3), (dict(temperature=1.0, top_p=0.9, min_p=0.1), 3),
-             (dict(temperature=1.0, top_k=50, top_p=0.9, min_p=0.1), 3)]
-    for params, want in cases:
+    for params, want in PASS_CASES:
         emu.take_row_passes()
         got = emu.chain_verify_ragged(none, torch.tensor([0]), logits, 0, seed=3, **params)
         assert emu.take_row_passes() == want, params
         _check(got, ref_chain.chain_verify_ragged(none, torch.tensor([0]), logits, 0, seed=3, **params))
+
+
+def _rows_case(emu, logits, params, seed=5):
+    """Each row of `logits` a request of no drafts under `params`: the emulation against the
+    reference; returns the passes over rows it made."""
+    rows = logits.shape[0]
+    none = torch.empty(0, dtype=torch.int64)
+    cu = torch.zeros(rows, dtype=torch.int64)
+    seeds = torch.arange(rows) + seed
+    offsets = torch.zeros(rows, dtype=torch.int64)
+    emu.take_row_passes()
+    got = emu.chain_verify_ragged(none, cu, logits, 0, seed=seeds, offset=offsets, **params)
+    passes = emu.take_row_passes()
+    _check(got, ref_chain.chain_verify_ragged(none, cu, logits, 0, seed=seeds, offset=offsets, **params))
+    return passes
+
+
+# Rows the candidates cannot settle take the radix path (4 passes a row), with the same results:
+# a flat row (every key tied with the dropped ones), ties at the cut, a top-k past the candidates,
+# min-p alone; rows they settle take 2 (a point mass 1: no sample pass).
+FALLBACK_CASES = [
+    ("flat", lambda g: torch.zeros(2, 5000), dict(top_k=10), 14),  # the radix path splits the ties: 6 a row
+    ("flat top-p", lambda g: torch.zeros(2, 5000), dict(top_p=0.5), 16),
+    ("ties at the cut", lambda g: torch.randint(0, 3, (2, 5000), generator=g).float(), dict(top_k=100), 8),
+    ("huge top-k", lambda g: torch.randn(2, 9000, generator=g) * 3, dict(top_k=2500), 8),
+    ("top-k above the head", lambda g: torch.randn(2, 9000, generator=g) * 3, dict(top_k=40, top_p=0.7), 4),
+    ("min-p alone", lambda g: torch.randn(2, 9000, generator=g) * 3, dict(min_p=0.2), 8),
+    ("top-p alone, peaked", lambda g: torch.randn(2, 9000, generator=g) * 9, dict(top_p=0.95), 4),
+    ("top-p and min-p", lambda g: torch.randn(2, 9000, generator=g) * 3, dict(top_p=0.95, min_p=0.05), 4),
+    ("V = 1", lambda g: torch.randn(3, 1, generator=g), dict(top_p=0.5), 6),
+    ("NaN and inf rows", lambda g: torch.tensor([[0.0, float("nan"), 1.0] * 700, [float("inf"), 0.0, 1.0] * 700]),
+     dict(top_k=5, top_p=0.9), 2),
+    ("-inf ids", lambda g: torch.where(torch.arange(3000) % 3 == 0, torch.randn(2, 3000, generator=g),
+                                       torch.tensor(float("-inf"))), dict(top_k=900), 8),
+]
+
+
+@pytest.mark.parametrize("name,make,params,passes", FALLBACK_CASES, ids=[c[0] for c in FALLBACK_CASES])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_candidates_settle_or_fall_back(emu, name, make, params, passes, dtype):
+    logits = make(torch.Generator().manual_seed(4)).to(dtype)
+    assert _rows_case(emu, logits, dict(temperature=1.0, **params)) == passes
+
+
+@pytest.mark.parametrize("vocab", [700, 8192 * 5 + 3, 4096 * 40 + 16])
+def test_rows_of_one_and_many_slices(emu, vocab):
+    """One slice; several (the last partial, a tail of 3 ids); more than 32 slices' worth of
+    chunks in float32 (each slice then takes more than one round of loads). A mix of every filter
+    kind, with drafts (token-wise and block), where the candidates settle nearly every row."""
+    g = torch.Generator().manual_seed(vocab)
+    counts = [2, 1, 3]
+    cu = torch.tensor(counts).cumsum(0)
+    logits = torch.randn(sum(counts) + len(counts), vocab, generator=g) * 6
+    drafts = torch.randint(0, vocab, (sum(counts),), generator=g)
+    params = dict(temperature=torch.tensor([1.0, 0.7, 1.3]), top_k=torch.tensor([20, 0, 5]),
+                  top_p=torch.tensor([0.9, 0.8, 1.0]), min_p=torch.tensor([0.0, 0.0, 0.3]),
+                  seed=torch.tensor([1, 2, 3]), offset=torch.tensor([0, 5, 9]))
+    for method in ("token", "block"):
+        got = emu.chain_verify_ragged(drafts, cu, logits, 3, method=method, **params)
+        _check(got, ref_chain.chain_verify_ragged(drafts, cu, logits, 3, method=method, **params))
 
 
 def test_block_verification_where_the_residuals_decide(emu):
