@@ -12,13 +12,17 @@ KERNELS = {
     "chain_verify_kernel.cu": {"row_stats_kernel", "chain_walk_kernel", "sample_slices_kernel",
                                "sample_finish_kernel"},
     "refine_kernel.cu": {"front_mix_kernel", "front_hidden_kernel", "front_down_kernel", "read_epilogue_kernel",
-                         "read_fused_kernel", "merge_kernel", "filtered_pick_kernel", "jacobi_init_kernel",
-                         "jacobi_update_kernel"},
-    "tree_kernel.cu": {"build_tree_kernel", "tree_mask_kernel", "tree_verify_kernel", "tree_sample_kernel",
-                       "tree_sample_finish_kernel", "compact_kv_kernel"},
+                         "merge_kernel", "jacobi_init_kernel", "jacobi_update_kernel"},
+    "refine_read_fused_kernel.cu": {"read_fused_kernel"},
+    "refine_filtered_pick_kernel.cu": {"filtered_pick_kernel"},
+    "tree_kernel.cu": {"build_tree_kernel", "tree_mask_kernel", "tree_sample_kernel", "tree_sample_finish_kernel",
+                       "compact_kv_kernel"},
+    "tree_walk.cuh": {"tree_verify_kernel"},
     "dllm_kernel.cu": {"dllm_filtered_kernel", "dllm_slices_kernel", "dllm_merge_kernel", "dllm_select_kernel"},
-    "spiffy_kernel.cu": {"spiffy_rows_kernel", "spiffy_filtered_rows_kernel", "spiffy_materialize_kernel",
-                         "spiffy_accept_kernel", "spiffy_mask_kernel"},
+    "spiffy_materialize_kernel.cu": {"spiffy_rows_kernel", "spiffy_materialize_kernel"},
+    "spiffy_filtered.cuh": {"spiffy_filtered_rows_kernel"},
+    "spiffy_kernels.cuh": {"spiffy_accept_kernel"},
+    "spiffy_mask_kernel.cu": {"spiffy_mask_kernel"},
     "shard_row_stats_kernel.cu": {"shard_row_stats_kernel"},
     "shard_cut_kernel.cu": {"shard_cut_histogram_kernel", "shard_cut_pick_kernel", "shard_cut_candidates_kernel"},
 }
@@ -27,7 +31,7 @@ CUDA = Path(__file__).resolve().parents[2] / "csrc" / "cuda"
 
 def test_the_list_names_every_kernel_of_the_sources():
     found = {}
-    for path in sorted(CUDA.glob("*.cu")):
+    for path in sorted([*CUDA.glob("*.cu"), *CUDA.glob("*.cuh")]):  # a kernel template may live in a header
         names = set(re.findall(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)", path.read_text()))
         if names:
             found[path.name] = names
