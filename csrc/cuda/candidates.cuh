@@ -423,4 +423,17 @@ __device__ bool select_cut(SelectShared& sh, const SliceSummary* sums, const Can
   return true;
 }
 
+// The ids a settled cut keeps (a prefix of the ranked head, filter_keeps), copied to out in rank
+// order; returns how many. The whole block, after select_cut returned true for a finite top.
+__device__ inline int select_keep(SelectShared& sh, int slices, const FilterCut& cut, Candidate* out) {
+  int lo = 0, hi = sh.offset[slices];
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (filter_keeps(cut, key_value(sh.head[mid].key), sh.head[mid].id)) lo = mid + 1;
+    else hi = mid;
+  }
+  for (int j = threadIdx.x; j < lo; j += kThreads) out[j] = sh.head[j];
+  return lo;
+}
+
 }  // namespace xkernels::cuda

@@ -37,6 +37,7 @@ struct RowState {
   RowStats s;  // of the filtered row
   FilterCut cut;  // all three filters
   bool point_mass;
+  int32_t kept_n = -1;  // select settled the row: its kept ids, ranked in the row's candidate slot
 
   __device__ __forceinline__ bool keeps(float a, int64_t v) const {
     return filter_keeps(cut, a, static_cast<int32_t>(v));
@@ -102,16 +103,36 @@ __device__ void prepare(RowShared& sh, const RowView<T>& r, const RowSampling& r
   __syncthreads();
 }
 
+// The block's draw from its threads' best scores (the row's argmax when nothing could be drawn).
+__device__ int32_t block_pick(Shared& sh, ArgMax best, const RowState& row) {
+  best = block_merge(best, argmax_empty());
+  if (threadIdx.x == 0) sh.best = best;
+  __syncthreads();
+  const ArgMax merged = sh.best;
+  __syncthreads();  // sh.best is read before anyone can write it again
+  return merged.val == kNegInf ? row.s.top.idx : merged.idx;
+}
+
 // The token drawn at the prepared row: the argmax at a point mass; else a Gumbel-max over p'
-// without `exclude`, or (q_row set) over max(p' - q * q_scale, 0).
+// without `exclude`, or (q_row set) over max(p' - q * q_scale, 0). Without q, a row select
+// settled draws from its kept ids (`kept`, from L2) instead of a pass: the same scores
+// (gumbel_group's skips never drop a winner). With q a pass still runs: a q outside [0, 1] could
+// give a dropped id a positive residual.
 template <typename T>
 __device__ int32_t sample_row(Shared& sh, const RowView<T>& r, const RowStream& st, uint32_t slot, int32_t exclude,
-                              const float* q_row, float q_scale) {
+                              const float* q_row, float q_scale, const Candidate* kept) {
   const RowState row = sh.row;
   if (row.point_mass) return row.s.top.idx;
   const uint64_t offset = st.offset_at(slot);
   const uint32_t sequence = st.sequence_at(), position = st.position_at(slot);
   ArgMax best = argmax_empty();
+  if (row.kept_n >= 0 && q_row == nullptr) {
+    for (int e = threadIdx.x; e < row.kept_n; e += kThreads) {
+      const Candidate c = kept[e];
+      if (c.id != exclude) best = argmax_merge(best, gumbel_score(key_value(c.key), c.id, st.seed, offset, sequence, position));
+    }
+    return block_pick(sh, best, row);
+  }
   // A thread's groups of 4 ids as a plain loop takes them (the ids of a draw are grouped by 4),
   // kIdDepth ids (and q's) loaded at once.
   struct Group {
@@ -148,13 +169,9 @@ __device__ int32_t sample_row(Shared& sh, const RowView<T>& r, const RowStream& 
       gumbel_group(best, st.seed, offset, sequence, position, static_cast<uint32_t>(g), w, count);
     }
   });
-  best = block_merge(best, argmax_empty());
-  if (threadIdx.x == 0) sh.best = best;
-  __syncthreads();
-  const ArgMax merged = sh.best;
-  __syncthreads();  // sh.best is read before anyone can write it again
-  return merged.val == kNegInf ? row.s.top.idx : merged.idx;
+  return block_pick(sh, best, row);
 }
+
 
 // The draft's scaled logit at row view r in state `row`, -inf where the filters drop it.
 template <typename T>
@@ -196,11 +213,14 @@ class RequestWalk {
  public:
   // states: the request's prepared rows; residuals: its rows' Z (block verification with draft
   // probabilities).
+  // kept: the request's rows' candidate slots (kept_stride apart), where select ranked a settled
+  // row's kept ids.
   __device__ RequestWalk(const T* logits, const int64_t* draft, const float* q, int64_t v, int32_t* out,
                          float* logprobs, const Request& req, const RowState* states, const float* residuals,
-                         Shared& sh)
-      : req_(req), sh_(sh), states_(states), residuals_(residuals), v_(v), rows_(logits + (req.lo + blockIdx.x) * v),
-        draft_(draft + req.lo), q_(q ? q + req.lo * v : nullptr), out_(out), logprobs_(logprobs) {}
+                         const Candidate* kept, int64_t kept_stride, Shared& sh)
+      : req_(req), sh_(sh), states_(states), residuals_(residuals), kept_(kept), kept_stride_(kept_stride), v_(v),
+        rows_(logits + (req.lo + blockIdx.x) * v), draft_(draft + req.lo), q_(q ? q + req.lo * v : nullptr), out_(out),
+        logprobs_(logprobs) {}
 
   __device__ int64_t token_wise() {
     int64_t i = 0;
@@ -225,7 +245,8 @@ class RequestWalk {
     }
     const bool bonus = i == req_.k;
     const int32_t exclude = bonus ? -1 : sh_.exclude;
-    const int32_t token = sample_row(sh_, view(i), req_.st, static_cast<uint32_t>(i), exclude, bonus ? nullptr : q(i), 1.0f);
+    const int32_t token =
+        sample_row(sh_, view(i), req_.st, static_cast<uint32_t>(i), exclude, bonus ? nullptr : q(i), 1.0f, kept(i));
     if (threadIdx.x == 0) emit(i, token, sh_.row.logprob(view(i).a(token)));
     return i + 1;
   }
@@ -263,7 +284,7 @@ class RequestWalk {
       exclude = x >= 0 && x < v_ ? static_cast<int32_t>(x) : -1;
     }
     const int32_t token = sample_row(sh_, view(tau), req_.st, static_cast<uint32_t>(tau), exclude,
-                                     bonus ? nullptr : q(tau), 1.0f / w_tau);
+                                     bonus ? nullptr : q(tau), 1.0f / w_tau, kept(tau));
     if (threadIdx.x == 0) emit(tau, token, sh_.row.logprob(view(tau).a(token)));
     return tau + 1;
   }
@@ -278,6 +299,7 @@ class RequestWalk {
     return RowView<T>{rows_ + i * v_, v_, req_.greedy ? 1.0f : req_.rs.inv_t};
   }
   __device__ const float* q(int64_t i) const { return q_ ? q_ + i * v_ : nullptr; }
+  __device__ const Candidate* kept(int64_t i) const { return kept_ + i * kept_stride_; }
   __device__ void emit(int64_t i, int64_t token, float logprob) const {
     out_[i] = static_cast<int32_t>(token);
     logprobs_[i] = logprob;
@@ -294,6 +316,8 @@ class RequestWalk {
   Shared& sh_;
   const RowState* states_;
   const float* residuals_;
+  const Candidate* kept_;
+  const int64_t kept_stride_;
   const int64_t v_;
   const T* rows_;
   const int64_t* draft_;
@@ -354,11 +378,13 @@ __global__ void __launch_bounds__(kThreads) chain_ragged_select_kernel(ChainRagg
   RowCut cut;
   const bool settled = select_cut(sh, c.sums + first, c.cands + first * kSliceKeep, c.layout.slices, req.rs, p.v,
                                   mass_shift, &cut);
+  // the kept ids, for the walk's draw, over the slot's candidates (select has read them)
+  const int kept = settled && !cut.degenerate ? select_keep(sh, c.layout.slices, cut.cut, c.cands + first * kSliceKeep) : -1;
   if (threadIdx.x != 0) return;
   c.settled[row] = settled;
   if (!settled) return;
   states[row] = cut.degenerate ? RowState{RowStats{cut.top, 0.0f}, keep_all(), true}
-                               : RowState{RowStats{cut.top, fixed_sum_value(cut.kept, mass_shift)}, cut.cut, false};
+                               : RowState{RowStats{cut.top, fixed_sum_value(cut.kept, mass_shift)}, cut.cut, false, kept};
 }
 
 // Launch 1: block (n, i) prepares row i of request n (those past its drafts, and the filtered rows
@@ -410,13 +436,14 @@ __global__ void __launch_bounds__(kThreads) chain_ragged_residual_kernel(ChainRa
 // Launch 3: a block per request walks its prepared rows.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) chain_ragged_kernel(ChainRaggedParams p, const RowState* states,
-                                                                const float* residuals) {
+                                                                const float* residuals, CandidateSpace c) {
   __shared__ Shared sh;
   const int64_t n = blockIdx.x;
   const Request req = request_of(p, n);
   const int64_t width = p.max_spec_len + 1;
   RequestWalk<T> walk(static_cast<const T*>(p.logits), p.draft, p.q, p.v, p.out + n * width, p.logprobs + n * width,
-                      req, states + n * width, residuals + n * width, sh);
+                      req, states + n * width, residuals + n * width,
+                      c.cands + n * width * c.layout.slices * kSliceKeep, c.layout.slices * kSliceKeep, sh);
   const int64_t emitted = p.block && !req.greedy ? walk.block_wise() : walk.token_wise();
   __syncthreads();  // thread 0's writes of the emitted slots come before the padding
   for (int64_t j = emitted + threadIdx.x; j < width; j += kThreads) {
@@ -469,7 +496,7 @@ cudaError_t launch_typed(const ChainRaggedParams& p, void* workspace, cudaStream
   chain_ragged_select_kernel<<<rows, kThreads, 0, stream>>>(p, c, states, shift);
   chain_ragged_rows_kernel<T><<<rows, kThreads, 0, stream>>>(p, states, c.settled, shift);
   if (p.block && p.q) chain_ragged_residual_kernel<T><<<rows, kThreads, 0, stream>>>(p, states, residuals);
-  chain_ragged_kernel<T><<<static_cast<unsigned>(p.n), kThreads, 0, stream>>>(p, states, residuals);
+  chain_ragged_kernel<T><<<static_cast<unsigned>(p.n), kThreads, 0, stream>>>(p, states, residuals, c);
   return cudaGetLastError();
 }
 
