@@ -4,7 +4,7 @@
 // reached; cluster.sync; thread 0 of block 0 applies the selection, looks for a kept draft equal to
 // the new block and lists the next step's rows; cluster.sync. A cluster's blocks are co-scheduled,
 // so they may wait for each other; ordinary blocks could deadlock doing so. The walk's kernel is
-// spiffy_kernels.cuh's; this file launches it unfiltered, spiffy_filtered_accept_<type>_kernel.cu
+// spiffy_kernels.cuh's; this file launches it unfiltered, spiffy_filtered_accept_[cluster_]<type>_kernel.cu
 // filtered.
 #include "per_device.h"
 #include "spiffy_kernels.cuh"
@@ -40,8 +40,11 @@ cudaError_t accept_typed(const SpiffyAcceptParams& p, void* workspace, cudaStrea
   const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && reinterpret_cast<uintptr_t>(p.root_logits) % 16 == 0 &&
                          reinterpret_cast<uintptr_t>(p.draft_logits) % 16 == 0;
   const unsigned blocks = spiffy_accept_blocks(p);
-  return p.rule.filtered ? launch_filtered_accept_walk<T>(p, ws, blocks, vector_ok, stream)
-                         : launch_accept_walk<T, false>(p, ws, blocks, vector_ok, stream);
+  if (p.rule.filtered)
+    return blocks == 1 ? launch_filtered_accept_walk<T, false>(p, ws, blocks, vector_ok, stream)
+                       : launch_filtered_accept_walk<T, true>(p, ws, blocks, vector_ok, stream);
+  return blocks == 1 ? launch_accept_walk<T, false, false>(p, ws, blocks, vector_ok, stream)
+                     : launch_accept_walk<T, true, false>(p, ws, blocks, vector_ok, stream);
 }
 
 // Clusters of kSize blocks of spiffy_accept_kernel<T, true, false> the current device runs at once

@@ -1,6 +1,6 @@
 // The launches of the Spiffy kernels for the rows whose sequence filters (declared in
 // spiffy_kernels.cuh). Included only by the files that instantiate them, one logits type each
-// (spiffy_filtered_rows_<type>_kernel.cu, spiffy_filtered_accept_<type>_kernel.cu): these
+// (spiffy_filtered_rows_<type>_kernel.cu, spiffy_filtered_accept_[cluster_]<type>_kernel.cu): these
 // instantiations take most of the Spiffy kernels' compile time.
 #pragma once
 
@@ -67,10 +67,10 @@ void launch_spiffy_filtered_rows(const SpiffyMaterializeParams& p, FilterCut* cu
 }
 
 // The filtered walk: every row picked by dllm_filtered_pick.
-template <typename T>
+template <typename T, bool kCluster>
 cudaError_t launch_filtered_accept_walk(const SpiffyAcceptParams& p, const AcceptWorkspace& ws, unsigned blocks,
                                         bool vector_ok, cudaStream_t stream) {
-  return launch_accept_walk<T, true>(p, ws, blocks, vector_ok, stream);
+  return launch_accept_walk<T, kCluster, true>(p, ws, blocks, vector_ok, stream);
 }
 
 }  // namespace xkernels::cuda

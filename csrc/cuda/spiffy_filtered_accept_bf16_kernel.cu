@@ -1,7 +1,8 @@
-// spiffy_accept's filtered walk on bfloat16 logits (spiffy_filtered.cuh).
+// spiffy_accept's filtered walk on bfloat16 logits, a block a sequence (spiffy_filtered.cuh).
 #include "spiffy_filtered.cuh"
 
 namespace xkernels::cuda {
-template cudaError_t launch_filtered_accept_walk<__nv_bfloat16>(const SpiffyAcceptParams&, const AcceptWorkspace&,
-                                                                unsigned, bool, cudaStream_t);
+template cudaError_t launch_filtered_accept_walk<__nv_bfloat16, false>(const SpiffyAcceptParams&,
+                                                                       const AcceptWorkspace&, unsigned, bool,
+                                                                       cudaStream_t);
 }  // namespace xkernels::cuda

@@ -1,7 +1,7 @@
 // What the files of the Spiffy CUDA kernels share (spiffy_kernel.cu's split, so that no
 // translation unit compiles for long): the masked rows' reduction of materialize's first pass, and
 // the accept walk, whose kernel template is instantiated unfiltered in spiffy_accept_kernel.cu and
-// filtered in spiffy_filtered_accept_<type>_kernel.cu (each combination in one file only).
+// filtered in spiffy_filtered_accept_[cluster_]<type>_kernel.cu (each combination in one file only).
 #pragma once
 
 #include <cooperative_groups.h>
@@ -258,23 +258,24 @@ inline cudaLaunchConfig_t accept_cluster_config(int64_t n, unsigned blocks, cuda
   return config;
 }
 
-// The walk's launch, a block or a cluster of `blocks` a sequence.
-template <typename T, bool kFilter>
+// The walk's launch, a block a sequence (kCluster false; blocks is 1) or a cluster of `blocks`.
+template <typename T, bool kCluster, bool kFilter>
 cudaError_t launch_accept_walk(const SpiffyAcceptParams& p, const AcceptWorkspace& ws, unsigned blocks, bool vector_ok,
                                cudaStream_t stream) {
-  if (blocks == 1) {
+  if constexpr (!kCluster) {
     spiffy_accept_kernel<T, false, kFilter><<<p.n, kThreads, 0, stream>>>(p, ws, 1u, vector_ok);
     return cudaGetLastError();
+  } else {
+    cudaLaunchAttribute cluster{};
+    cudaLaunchConfig_t config = accept_cluster_config(p.n, blocks, &cluster);
+    config.stream = stream;
+    return cudaLaunchKernelEx(&config, spiffy_accept_kernel<T, true, kFilter>, p, ws, blocks, vector_ok);
   }
-  cudaLaunchAttribute cluster{};
-  cudaLaunchConfig_t config = accept_cluster_config(p.n, blocks, &cluster);
-  config.stream = stream;
-  return cudaLaunchKernelEx(&config, spiffy_accept_kernel<T, true, kFilter>, p, ws, blocks, vector_ok);
 }
 
-// launch_accept_walk<T, true> (spiffy_filtered.cuh; for float, __nv_bfloat16 and __half logits, a
-// file each: spiffy_filtered_accept_<type>_kernel.cu).
-template <typename T>
+// launch_accept_walk<T, kCluster, true> (spiffy_filtered.cuh; for float, __nv_bfloat16 and __half
+// logits, a file each with clusters and one without: spiffy_filtered_accept_[cluster_]<type>_kernel.cu).
+template <typename T, bool kCluster>
 cudaError_t launch_filtered_accept_walk(const SpiffyAcceptParams& p, const AcceptWorkspace& ws, unsigned blocks,
                                         bool vector_ok, cudaStream_t stream);
 
