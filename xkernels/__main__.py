@@ -66,8 +66,9 @@ def demo(args):
         return
     from .demo_diffusion import format_diffusion_tables, run_diffusion_demo
 
+    keep = args.keep if args.keep is not None else (16 if args.device.startswith("cuda") else 2)
     report = run_diffusion_demo(prompts=args.prompts, tokens=args.tokens, temperature=args.temperature,
-                                keep=args.keep, seed=args.seed, out=Path(args.out), device=args.device)
+                                keep=keep, seed=args.seed, out=Path(args.out), device=args.device)
     print(format_diffusion_tables(report))
     print(f"\nwrote {args.out}/demo_diffusion.png and {args.out}/demo_diffusion.json")
 
@@ -108,7 +109,9 @@ def main(argv=None):
                         "skips the drafter where drafting does not pay) or a number")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--no-sweep", action="store_true", help="skip the chain-vs-tree sweep of verified tokens")
-    d.add_argument("--keep", type=int, default=16, help="Spiffy drafts kept per model call (default 16)")
+    d.add_argument("--keep", type=int, default=None,
+                   help="Spiffy drafts kept per model call (default 16 on CUDA, where a wider forward costs little; "
+                        "2 on the CPU, where each draft copy adds to the forward's time)")
     d.add_argument("--no-diffusion", action="store_true", help="skip the block diffusion (Spiffy) section")
     d.add_argument("--out", default="demo_out", help="folder for demo.png and demo.json (default demo_out)")
     d.add_argument("--tp", type=int, default=0,

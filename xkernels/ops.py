@@ -1105,7 +1105,9 @@ def spiffy_attention_mask(
         prefix_len = _scalar(prefix_len, "prefix_len", int)
         if not 0 <= prefix_len < 2**31:  # else max_prefix_len, taken from it, would be blamed
             raise ValueError(f"prefix_len must lie in [0, 2^31), got {prefix_len}")
-    lens = torch.tensor([prefix_len], device=device) if single else _tensor(prefix_len, "prefix_len")
+    # A fill, not a copy of host data: the int form stays capturable in a CUDA graph.
+    lens = (torch.full((1,), prefix_len, dtype=torch.int64, device=device) if single
+            else _tensor(prefix_len, "prefix_len"))
     if max_prefix_len is None:
         if not single:
             raise ValueError("spiffy_attention_mask: give max_prefix_len with a prefix_len tensor")

@@ -204,7 +204,9 @@ def sample_slots(logits: torch.Tensor, rng: Streams, vocab=WholeVocab) -> torch.
     each slot row's bonus token."""
     n, d, v = logits.shape
     slots = torch.arange(d, device=logits.device)
-    offset = (torch.as_tensor(rng.draft, device=logits.device).expand(n)[:, None] + slots).reshape(-1)
+    # An int or 0-dim draft offset is added as a scalar: no copy of host data (capturable).
+    draft = rng.draft[:, None] if isinstance(rng.draft, torch.Tensor) and rng.draft.dim() == 1 else rng.draft
+    offset = (slots + draft).expand(n, d).reshape(-1)
     seed = rng.seed[:, None].expand(n, d).reshape(-1)
     no_drafts = torch.empty(n * d, 0, dtype=torch.int64, device=logits.device)
     _, out = vocab.chain_verify(no_drafts, logits.reshape(n * d, 1, v), temperature=rng.temperature, seed=seed,
