@@ -48,35 +48,172 @@ __device__ __forceinline__ float scaled_sum_to(float sum, float from, float to, 
   return from == kNegInf ? 0.0f : sum * exp_f32((from - to) * scale);
 }
 
-// A block's reduction of chunks `range` of masked row `src` (every thread's ids first, first +
-// kThreads, ...): the raw statistics (at every thread), and, at thread 0, the slice's tempered sum
-// at kScaled and its top tokens; observe(a, id) sees each raw value read.
-template <typename T, bool kScaled, int kDepth, typename Observe>
-__device__ __forceinline__ RowSlice reduce_row_slice(const T* src, int64_t v, SliceRange range, int64_t mask,
-                                                     float scale, bool vector_ok, const Observe& observe) {
-  __shared__ TopTokens warp_tops[kWarps];
+// The order of argmax_before over values as one key: larger for a value that goes first, every NaN
+// above +inf, -0 equal to +0 (ties then go to the lower id); 0 is below every value (no id).
+__device__ __forceinline__ uint32_t top_value_key(float a) {
+  if (is_nan_f32(a)) return 0xFFFFFFFFu;
+  return order_key(a == 0.0f ? 0.0f : a);
+}
+
+// The kSpiffyMaxRank largest of the warp's keys, two a lane (repeats count): lane j <
+// kSpiffyMaxRank gets the (j + 1)-th, 0 past the keys the warp holds. A round takes one
+// occurrence of the warp's max out (the lowest lane's a, else its b): a REDUX and two ballots.
+__device__ __forceinline__ uint32_t warp_largest_keys(uint32_t a, uint32_t b) {
+  const int lane = threadIdx.x % 32;
+  uint32_t mine = 0;
+#pragma unroll
+  for (int j = 0; j < kSpiffyMaxRank; ++j) {
+    const uint32_t m = __reduce_max_sync(kFullMask, a > b ? a : b);
+    const unsigned in_a = __ballot_sync(kFullMask, a == m), in_b = __ballot_sync(kFullMask, b == m);
+    if (in_a != 0u) {
+      if (lane == __ffs(static_cast<int>(in_a)) - 1) a = 0;
+    } else if (lane == __ffs(static_cast<int>(in_b)) - 1) {
+      b = 0;
+    }
+    if (lane == j) mine = m;
+  }
+  return mine;
+}
+
+// A value and id that may be among a slice's top tokens.
+struct TopCandidate {
+  float val;
+  int32_t idx;
+};
+constexpr int kTopCandidates = 128;  // past this many, the slice's top tokens come by insertion
+
+// The order of argmax_before as one 64-bit key (unique: the id breaks ties, lower first).
+__device__ __forceinline__ uint64_t candidate_key(const TopCandidate& c) {
+  return static_cast<uint64_t>(top_value_key(c.val)) << 32 | (0xFFFFFFFFu - static_cast<uint32_t>(c.idx));
+}
+
+// A thread's top tokens of its chunks of `range` (values as reduce_row_slice reads them), by
+// insertion: reduce_row_slice's exact fallback for a slice whose candidate list overflows.
+template <typename T, int kDepth>
+__device__ __forceinline__ TopTokens thread_top_by_insertion(const T* src, int64_t v, SliceRange range, int64_t mask,
+                                                             bool vector_ok) {
   constexpr int kIds = 16 / sizeof(T);
-  const float scale_log2e = scale * kLog2e;
-  RowStats raw = stats_empty();
-  float scaled = 0.0f;
   TopTokens top;
   top_clear(top);
   for_each_row_value<T, kDepth>(
       src, v, range.begin, range.end, vector_ok, 1.0f, mask, threadIdx.x, kThreads,
       [&](const float (&a)[kIds], int32_t id) {
-        const float before = raw.top.val;
-        observe_chunk_in_order<false>(raw, a, id);
         float m = a[0];
 #pragma unroll
         for (int j = 1; j < kIds; ++j) m = max_nan(m, a[j]);
-#pragma unroll
-        for (int j = 0; j < kIds; ++j) observe(a[j], id + j);
         // Ids rise, so a chunk whose best loses to the eighth kept token has nothing to insert.
         const int last = kSpiffyMaxRank - 1;
         if (top.idx[last] == kNoIndex || (!(m <= top.val[last]) && !is_nan_f32(top.val[last]))) {
 #pragma unroll
           for (int j = 0; j < kIds; ++j) top_observe(top, a[j], id + j);
         }
+      },
+      [&](float a, int32_t id) { top_observe(top, a, id); });
+  return top;
+}
+
+// The merge of every thread's top tokens, at thread 0: each warp's, then warp 0 over the warps'.
+__device__ __forceinline__ TopTokens block_merge_top(TopTokens top) {
+  __shared__ TopTokens warp_tops[kWarps];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  top = warp_merge_top(top);
+  if (lane == 0) warp_tops[warp] = top;
+  __syncthreads();
+  if (warp == 0) {
+    if (lane < kWarps)
+      top = warp_tops[lane];
+    else
+      top_clear(top);
+    top = warp_merge_top(top);
+  }
+  __syncthreads();  // warp_tops is reused by a next call
+  return top;
+}
+
+// The top tokens of a slice, at thread 0, from each thread's best value key `best` (0: it read no
+// id). The kSpiffyMaxRank-th largest best of the block bounds the slice's kSpiffyMaxRank-th token
+// from below (that many threads each hold a value at least as large), so only the threads whose
+// best reaches the bound (a few on a real row) read their chunks again, just read (L1/L2), and
+// append the ids at or above it to a shared list, ranked once. A list past kTopCandidates (a run of
+// ties at the bound: a flat row) falls back to insertion over the slice, read again. The per-id
+// insertion it replaces ran on nearly every chunk and made the pass instruction-bound.
+template <typename T, int kDepth>
+__device__ __forceinline__ TopTokens slice_top_tokens(const T* src, int64_t v, SliceRange range, int64_t mask,
+                                                      bool vector_ok, uint32_t best) {
+  constexpr int kIds = 16 / sizeof(T);
+  static_assert(kWarps * kSpiffyMaxRank == 64, "warp 0 takes the warps' largest keys two a lane");
+  __shared__ uint32_t warp_keys[kWarps * kSpiffyMaxRank];
+  __shared__ TopCandidate candidates[kTopCandidates];
+  __shared__ int count;
+  __shared__ uint32_t bound;
+  __shared__ TopTokens top;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const uint32_t largest = warp_largest_keys(best, 0u);
+  if (lane < kSpiffyMaxRank) warp_keys[warp * kSpiffyMaxRank + lane] = largest;
+  if (threadIdx.x == 0) count = 0, top_clear(top);
+  __syncthreads();
+  if (warp == 0) {
+    const uint32_t b = warp_largest_keys(warp_keys[lane], warp_keys[lane + 32]);
+    if (lane == kSpiffyMaxRank - 1) bound = b;
+  }
+  __syncthreads();
+  const uint32_t at_least = bound;
+  const auto push = [&](float a, int32_t id) {
+    const int at = atomicAdd(&count, 1);
+    if (at < kTopCandidates) candidates[at] = TopCandidate{a, id};
+  };
+  if (best != 0u && best >= at_least) {
+    for_each_row_value<T, kDepth>(
+        src, v, range.begin, range.end, vector_ok, 1.0f, mask, threadIdx.x, kThreads,
+        [&](const float (&a)[kIds], int32_t id) {
+          float m = a[0];
+#pragma unroll
+          for (int j = 1; j < kIds; ++j) m = max_nan(m, a[j]);
+          if (top_value_key(m) < at_least) return;
+#pragma unroll
+          for (int j = 0; j < kIds; ++j)
+            if (top_value_key(a[j]) >= at_least) push(a[j], id + j);
+        },
+        [&](float a, int32_t id) {
+          if (top_value_key(a) >= at_least) push(a, id);
+        });
+  }
+  __syncthreads();
+  const int found = count;
+  if (found > kTopCandidates) {  // the same for the whole block
+    if (range.begin == 0) XK_ROW_PASS();  // the emulation counts the re-read where the row's first slice re-reads
+    return block_merge_top(thread_top_by_insertion<T, kDepth>(src, v, range, mask, vector_ok));
+  }
+  if (static_cast<int>(threadIdx.x) < found) {
+    const TopCandidate c = candidates[threadIdx.x];
+    const uint64_t key = candidate_key(c);
+    int rank = 0;
+    for (int u = 0; u < found; ++u) rank += candidate_key(candidates[u]) > key;
+    if (rank < kSpiffyMaxRank) top.val[rank] = c.val, top.idx[rank] = c.idx;
+  }
+  __syncthreads();
+  const TopTokens result = top;
+  __syncthreads();  // the shared state is reused by a next call
+  return result;
+}
+
+// A block's reduction of chunks `range` of masked row `src` (every thread's ids first, first +
+// kThreads, ...): the raw statistics (at every thread), and, at thread 0, the slice's tempered sum
+// at kScaled and its top tokens (slice_top_tokens); observe(a, id) sees each raw value read.
+template <typename T, bool kScaled, int kDepth, typename Observe>
+__device__ __forceinline__ RowSlice reduce_row_slice(const T* src, int64_t v, SliceRange range, int64_t mask,
+                                                     float scale, bool vector_ok, const Observe& observe) {
+  constexpr int kIds = 16 / sizeof(T);
+  const float scale_log2e = scale * kLog2e;
+  RowStats raw = stats_empty();
+  float scaled = 0.0f;
+  for_each_row_value<T, kDepth>(
+      src, v, range.begin, range.end, vector_ok, 1.0f, mask, threadIdx.x, kThreads,
+      [&](const float (&a)[kIds], int32_t id) {
+        const float before = raw.top.val;
+        observe_chunk_in_order<false>(raw, a, id);
+#pragma unroll
+        for (int j = 0; j < kIds; ++j) observe(a[j], id + j);
         if constexpr (kScaled) {
           if (raw.top.val != before) scaled = scaled_sum_to(scaled, before, raw.top.val, scale);
           const float off = raw.top.val == kNegInf ? 0.0f : raw.top.val * scale_log2e;
@@ -89,27 +226,16 @@ __device__ __forceinline__ RowSlice reduce_row_slice(const T* src, int64_t v, Sl
       [&](float a, int32_t id) {
         const float before = raw.top.val;
         stats_observe(raw, a, id);
-        top_observe(top, a, id);
         observe(a, id);
         if constexpr (kScaled) {
           if (raw.top.val != before) scaled = scaled_sum_to(scaled, before, raw.top.val, scale);
           if (a != kNegInf) scaled += exp_f32((a - raw.top.val) * scale);
         }
       });
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const uint32_t best = raw.top.idx == kNoIndex ? 0u : top_value_key(raw.top.val);
   const RowStats merged = block_merge_all(raw, stats_empty());
   if constexpr (kScaled) scaled = block_sum(scaled_sum_to(scaled, raw.top.val, merged.top.val, scale));
-  top = warp_merge_top(top);
-  if (lane == 0) warp_tops[warp] = top;
-  __syncthreads();
-  if (warp == 0) {
-    if (lane < kWarps)
-      top = warp_tops[lane];
-    else
-      top_clear(top);
-    top = warp_merge_top(top);
-  }
-  __syncthreads();  // warp_tops is reused by a next call
+  const TopTokens top = slice_top_tokens<T, kDepth>(src, v, range, mask, vector_ok, best);
   return RowSlice{merged, kScaled ? scaled : merged.sum, top};
 }
 

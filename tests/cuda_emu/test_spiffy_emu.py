@@ -72,6 +72,47 @@ def test_materialize_stays_in_bounds_on_a_bad_graph(emu):
     assert ((node_ids >= -1) & (node_ids < len(graph))).all()
 
 
+def top_token_graph(positions):
+    """A node per (position rank, token rank < 8) under the root: keeping them all lists every
+    position's top tokens in the drafts, tie order included."""
+    nodes = [[]] + [[(i, j)] for i in range(positions) for j in range(8)]
+    return DraftGraph(nodes, [(0, g) for g in range(1, len(nodes))])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+@pytest.mark.parametrize("v", [301, 49160])  # 49160: rows split over slices
+def test_materialize_top_tokens_of_hard_rows(emu, dtype, temperature, v):
+    """Each row's top 8 tokens where spiffy_rows' bound (the 8th best of the threads' maxima) is
+    tight or breaks: the top 10 ids in one thread's chunks, 12 ids tied at the top (the tie order by
+    id), -0 and +0 tied at the top of a negative row, and rows whose candidates overflow the list,
+    which fall back to insertion and read the row a second time: a flat row, a row of two values,
+    a row of -inf only. A NaN row (no tokens) besides."""
+    n, length = 2, 4
+    logits, block = step_case(n, length, v, dtype, seed=4)
+    block[:] = MASK
+    ids = torch.arange(v)
+    in_thread_0 = ids[ids % 2048 == 0][:10]  # chunks 0, 256, 512, ... of 8 or 4 ids: thread 0's
+    logits[0, 0] = 1.0
+    logits[0, 1] = (ids % 2).to(dtype)
+    logits[0, 2, in_thread_0] = (20 + torch.arange(len(in_thread_0))).to(dtype)
+    logits[0, 3, ids[6::(v // 12)][:12]] = 15.0
+    logits[1, 0] = -logits[1, 0].abs() - 1
+    zeros = ids[3::(v // 10)][:10]
+    logits[1, 0, zeros] = torch.tensor([0.0, -0.0] * 5, dtype=dtype)
+    logits[1, 1] = float("-inf")
+    logits[1, 2, [9, 40]] = float("nan")
+    graph = top_token_graph(length)
+    emu.take_row_passes()
+    got = emu.spiffy_materialize(logits, block, MASK, graph, len(graph) - 1, temperature)
+    counted = emu.take_row_passes()
+    want = reference.spiffy_materialize(logits, block, MASK, graph.ranks, graph.child_ptr, graph.children,
+                                        len(graph) - 1, temperature)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    torch.testing.assert_close(got[2], want[2], atol=1e-5, rtol=1e-4, equal_nan=True)
+    assert counted == n * length + 3  # the flat, two-value and -inf rows twice
+
+
 def check_accept(emu, args, clusters, num_unmask=1, threshold=None, temperature=0.0, seed=5, offset=11):
     got = emu.spiffy_accept(*args, MASK, num_unmask, threshold, temperature, seed, offset, clusters=clusters)
     want = reference.spiffy_accept(*args, MASK, num_unmask, threshold=threshold, temperature=temperature, seed=seed,
@@ -166,10 +207,16 @@ def test_accept_plan(emu, n, length):
 
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("n,num_drafts,block_size,max_prefix", [(4, 3, 4, 13), (0, 3, 4, 13), (3, 0, 1, 0),
-                                                                  (2, 2, 5, 70), (4100, 1, 4, 3)])
+                                                                  (2, 2, 5, 70), (4100, 1, 4, 3), (3, 4, 16, 500),
+                                                                  (2, 1, 8, 16), (5, 3, 32, 1037)])
 def test_attention_mask_matches_reference(emu, packed, n, num_drafts, block_size, max_prefix):
-    """Rows longer than a warp, a grid that strides (32,800 rows over 4096 blocks of 8), empty cases."""
+    """Rows longer than a warp, a grid that strides (32,800 rows over 4096 blocks of 8), empty cases;
+    rows of 16-byte stores between a bytewise head and tail (rows not 16-byte aligned, rows of
+    whole 16-byte words, rows under 16 bytes), intervals that start and end inside a word, a
+    negative prefix length (no prefix key)."""
     lens = torch.arange(n) % (max_prefix + 1)
+    if n >= 3:
+        lens[1] = -4
     got = emu.spiffy_attention_mask(lens, num_drafts, block_size, max_prefix, packed)
     if n == 0:  # the reference's packed view cannot infer a size of an empty batch
         assert got.numel() == 0
