@@ -14,7 +14,6 @@
 
 #include "chain_verify_launch.h"
 #include "device_utils.cuh"
-#include "per_device.h"
 #include "row_reduce.cuh"
 #include "xkernels/sampling.h"
 
@@ -131,23 +130,23 @@ __global__ void __launch_bounds__(kThreads) sample_slices_kernel(ChainVerifyPara
   // Whole groups by vector loads, several in flight; the row's last partial group id by id.
   const int64_t vector_end = vector_ok ? vector_span_end(range.begin, range.end, p.v / 4) : range.begin;
   using V = typename Quad<T>::type;
-  struct Group {
-    float a[4], q[4];
+  struct Group {  // raw vectors: unpacked where consumed, so that the load's wait sits there
+    V a;
+    float4 q;
   };
   for_each_batched<4>(
       range.begin + threadIdx.x, vector_end, kThreads,
-      [&](int64_t g) {  // one load of each vector (unpack from a reference to global memory would make 4)
+      [&](int64_t g) {
         Group x{};
-        const V a = reinterpret_cast<const V*>(logits)[g];
-        unpack<T>(a, p.inv_t, x.a);
-        if (q) {
-          const float4 qg = reinterpret_cast<const float4*>(q)[g];
-          unpack<float>(qg, 1.0f, x.q);
-        }
+        x.a = reinterpret_cast<const V*>(logits)[g];
+        if (q) x.q = reinterpret_cast<const float4*>(q)[g];
         return x;
       },
       [&](int64_t g, const Group& x) {
-        sample_group(best, job, seed, offset, sequence, static_cast<uint32_t>(g), x.a, x.q, 4);
+        float a[4], qg[4];
+        unpack<T>(x.a, p.inv_t, a);
+        unpack<float>(x.q, 1.0f, qg);
+        sample_group(best, job, seed, offset, sequence, static_cast<uint32_t>(g), a, qg, 4);
       });
   for (int64_t g = vector_end + threadIdx.x; g < range.end; g += kThreads) {
     float a[4], qg[4] = {};  // q is read only in the residual mode
@@ -178,38 +177,16 @@ struct Layout {
   size_t row_bytes, logit_bytes, job_bytes, sample_bytes;
 };
 
-// Blocks of row_stats_kernel<T, kGreedy> an SM holds (its registers decide: 58 a thread at sm_90a,
-// 4 blocks of 256 threads, not 8), asked once a device; 8 where the query fails (not kept).
-template <typename T, bool kGreedy>
-int row_stats_resident() {
-  static PerDevice resident;
-  return resident.get([] {
-    int blocks = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, row_stats_kernel<T, kGreedy>, kThreads, 0) !=
-            cudaSuccess ||
-        blocks < 1) {
-      (void)cudaGetLastError();  // a query's failure is no launch error
-      return PerDevice::Result{8, false};
-    }
-    return PerDevice::Result{blocks, true};
-  });
-}
-
-int row_stats_resident(const ChainVerifyParams& p) {
-  const bool greedy = p.inv_t == 0.0f;
-  switch (p.dtype) {
-    case LogitsType::kFloat32: return greedy ? row_stats_resident<float, true>() : row_stats_resident<float, false>();
-    case LogitsType::kBFloat16:
-      return greedy ? row_stats_resident<__nv_bfloat16, true>() : row_stats_resident<__nv_bfloat16, false>();
-    case LogitsType::kFloat16: return greedy ? row_stats_resident<__half, true>() : row_stats_resident<__half, false>();
-  }
-  return 8;
-}
+// The blocks an SM row_stats' slice plan assumes. The plan decides the order in which a row's
+// float sums combine, so it must not follow the occupancy the compiler's register allocation gives
+// (the kernel went from 58 registers, 4 blocks an SM at sm_90a, to 40, 6 blocks, when its read was
+// pipelined): 4, the 2026-12-04 build's occupancy, keeps the H200's sums bitwise what they were, at
+// about 5.5 waves of 6 blocks an SM.
+constexpr int kRowStatsPlanResident = 4;
 
 Layout layout(const ChainVerifyParams& p) {
   Layout l;
-  // The grid of row_stats sized for the blocks an SM really holds.
-  l.row_slices = row_slice_count(p.n * (p.k + 1), p.v, p.num_sms, row_stats_resident(p));
+  l.row_slices = row_slice_count(p.n * (p.k + 1), p.v, p.num_sms, kRowStatsPlanResident);
   l.sample_slices = row_slice_count(p.n, p.v, p.num_sms);
   l.row_bytes = align_up(sizeof(RowStats) * p.n * (p.k + 1) * l.row_slices);
   l.logit_bytes = align_up(sizeof(float) * p.n * p.k);

@@ -68,11 +68,16 @@ __global__ void __launch_bounds__(kThreads, 1) dllm_filtered_kernel(DllmParams p
   if (threadIdx.x == 0) x0[row] = pick.token, p.confidence[row] = pick.confidence;
 }
 
+// Blocks of dllm_slices_kernel an SM: 3 (80 registers, sm_90a) for 2-byte logits; float32 rows, whose
+// draw holds 16-byte groups in flight, take 2 (at 3 they spilled).
+template <typename T>
+constexpr int kSlicesBlocksPerSm = sizeof(T) == 4 ? 2 : 3;
+
 // vector_ok: every row starts 16-byte aligned (row_reduce.cuh's vector loads). The second and third
 // reads of the slice (a few KB a block) come from L2.
 template <typename T>
-__global__ void __launch_bounds__(kThreads) dllm_slices_kernel(DllmParams p, DllmSlice* out, int slices,
-                                                               bool vector_ok) {
+__global__ void __launch_bounds__(kThreads, kSlicesBlocksPerSm<T>) dllm_slices_kernel(DllmParams p, DllmSlice* out,
+                                                                                      int slices, bool vector_ok) {
   constexpr int kIds = 16 / sizeof(T);
   const int64_t row = blockIdx.x / slices;
   const int slice = static_cast<int>(blockIdx.x % slices);
@@ -86,41 +91,47 @@ __global__ void __launch_bounds__(kThreads) dllm_slices_kernel(DllmParams p, Dll
   const int64_t mask = p.rule.mask_id;
   const float inv_t = p.rule.s.row(row / p.l).inv_t;
   const SliceRange range = slice_range(p.v, kIds, slices, slice);
-  DllmSlice d{block_merge(thread_row_stats<T, false, 4>(src, p.v, range.begin, range.end, vector_ok, 1.0f, mask,
-                                                        threadIdx.x, kThreads),
-                          stats_empty()),
-              argmax_empty(), argmax_empty()};
-  if (inv_t != 0.0f) {
-    __shared__ ArgMax start;
-    if (inv_t == 1.0f) {
-      d.tempered = d.raw.top;  // the same values (x * 1 is x): no second read (thread 0 holds the merge)
-    } else {
-      __syncthreads();  // block_merge's buffer is reused
-      count_pass();
-      d.tempered = block_merge(thread_row_stats<T, true, 4>(src, p.v, range.begin, range.end, vector_ok, inv_t,
-                                                            mask, threadIdx.x, kThreads),
-                               stats_empty())
-                       .top;
-    }
-    const RowStream st = p.rule.s.stream(row / p.l);
-    const auto slot = static_cast<uint32_t>(row % p.l);
-    const uint64_t seed = st.seed, offset = st.offset_at(slot);
-    const uint32_t sequence = st.sequence_at(), position = st.position_at(slot);
-    // Every thread starts from the exact score of the slice's tempered argmax (its value is the weight
-    // dllm_draw computes for that id), so that gumbel_group skips most ids' logs from the first one.
-    if (threadIdx.x == 0) start = gumbel_score(d.tempered.val, d.tempered.idx, seed, offset, sequence, position);
-    __syncthreads();
-    // The slice's chunks of kIds ids as groups of 4 (kIds is a multiple of 4).
-    const int64_t groups = (p.v + 3) / 4, g_begin = range.begin * (kIds / 4);
-    const int64_t g_end = range.end * (kIds / 4) < groups ? range.end * (kIds / 4) : groups;
-    ArgMax best = start;
-    count_pass();
-    dllm_draw(src, p.v, mask, inv_t, keep_all(), seed, offset, sequence, position, vector_ok, g_begin, g_end, threadIdx.x,
-              kThreads, best);
-    __syncthreads();  // block_merge's buffer is reused
-    d.drawn = block_merge(best, argmax_empty());
+  __shared__ ArgMax start;  // the slice's tempered argmax, then its Gumbel score
+  const RowStats raw = block_merge(thread_row_stats<T, false, 4>(src, p.v, range.begin, range.end, vector_ok, 1.0f,
+                                                                 mask, threadIdx.x, kThreads),
+                                   stats_empty());
+  // Thread 0 holds each merge and stores it at once: nothing stays live through the later passes,
+  // which keeps the kernel within the 80 registers of 3 blocks an SM.
+  if (threadIdx.x == 0) {
+    out[blockIdx.x] = DllmSlice{raw, argmax_empty(), argmax_empty()};
+    start = raw.top;  // at T = 1 the tempered argmax (x * 1 is x): no second read
   }
-  if (threadIdx.x == 0) out[blockIdx.x] = d;
+  if (inv_t == 0.0f) return;  // the same for the whole block
+  if (inv_t != 1.0f) {
+    __syncthreads();  // block_merge's buffer is reused
+    count_pass();
+    const ArgMax tempered = block_merge(thread_row_stats<T, true, 4>(src, p.v, range.begin, range.end, vector_ok,
+                                                                     inv_t, mask, threadIdx.x, kThreads),
+                                        stats_empty())
+                                .top;
+    if (threadIdx.x == 0) start = tempered;
+  }
+  const RowStream st = p.rule.s.stream(row / p.l);
+  const auto slot = static_cast<uint32_t>(row % p.l);
+  const uint64_t seed = st.seed, offset = st.offset_at(slot);
+  const uint32_t sequence = st.sequence_at(), position = st.position_at(slot);
+  // Every thread starts from the exact score of the slice's tempered argmax (its value is the weight
+  // dllm_draw computes for that id), so that gumbel_group skips most ids' logs from the first one.
+  if (threadIdx.x == 0) {
+    out[blockIdx.x].tempered = start;
+    start = gumbel_score(start.val, start.idx, seed, offset, sequence, position);
+  }
+  __syncthreads();
+  // The slice's chunks of kIds ids as groups of 4 (kIds is a multiple of 4).
+  const int64_t groups = (p.v + 3) / 4, g_begin = range.begin * (kIds / 4);
+  const int64_t g_end = range.end * (kIds / 4) < groups ? range.end * (kIds / 4) : groups;
+  ArgMax best = start;
+  count_pass();
+  dllm_draw(src, p.v, mask, inv_t, keep_all(), seed, offset, sequence, position, vector_ok, g_begin, g_end, threadIdx.x,
+            kThreads, best);
+  __syncthreads();  // block_merge's buffer is reused
+  const ArgMax drawn = block_merge(best, argmax_empty());
+  if (threadIdx.x == 0) out[blockIdx.x].drawn = drawn;
 }
 
 template <typename T>

@@ -52,26 +52,41 @@ __host__ __device__ __forceinline__ int64_t vector_span_end(int64_t begin, int64
   return e > begin ? e : begin;
 }
 
-// For the items c = first, first + stride, ... below end: x = load(c), then f(c, x), issuing
-// `depth` (<= kDepth, at run time) loads before the first f of each round so that they are in
-// flight together.
+// For the items c = first, first + stride, ... below end: x = load(c), then f(c, x), in that order
+// of c, with up to `depth` (<= kDepth, at run time) loads in flight: the loads of a round of depth
+// items are issued before the first f, and each f is followed at once by the load of the same slot
+// of the next round, so the memory pipe never drains between rounds (a thread that issued a round,
+// consumed it and only then issued the next waited out a full latency every round, with nothing in
+// flight while f ran). The f calls, and so any reduction they do, keep the order of c.
 template <int kDepth, typename Load, typename F>
 __device__ __forceinline__ void for_each_batched(int64_t first, int64_t end, int64_t stride, int depth, Load&& load,
                                                  F&& f) {
   static_assert(kDepth <= 32, "one bit a load");
-  for (int64_t c0 = first; c0 < end; c0 += depth * stride) {
-    // Which loads of the round exist, as bits: the 64-bit indices are not kept live in registers
-    // between the loads and their uses (they cost two registers a load in flight).
+  const int64_t round = depth * stride;
+  // Which slots of the round at c0 exist, as bits: the 64-bit indices are not kept live in
+  // registers between the loads and their uses (they cost two registers a load in flight).
+  const auto live_at = [&](int64_t c0) {
     uint32_t live = 0;
 #pragma unroll
     for (int u = 0; u < kDepth; ++u) live |= static_cast<uint32_t>(u < depth && c0 + u * stride < end) << u;
-    decltype(load(c0)) x[kDepth];
+    return live;
+  };
+  decltype(load(first)) x[kDepth];
+  uint32_t live = live_at(first);
 #pragma unroll
-    for (int u = 0; u < kDepth; ++u)
-      if (live >> u & 1u) x[u] = load(c0 + u * stride);
+  for (int u = 0; u < kDepth; ++u)
+    if (live >> u & 1u) x[u] = load(first + u * stride);
+  // live is 0 past the end (slot 0 is the round's first item), and at once when depth < 1.
+  for (int64_t c0 = first; live != 0; c0 += round) {
+    const uint32_t next = live_at(c0 + round);  // a subset of live: slot u's item of the next round is further on
 #pragma unroll
-    for (int u = 0; u < kDepth; ++u)
-      if (live >> u & 1u) f(c0 + u * stride, x[u]);
+    for (int u = 0; u < kDepth; ++u) {
+      if (live >> u & 1u) {
+        f(c0 + u * stride, x[u]);
+        if (next >> u & 1u) x[u] = load(c0 + round + u * stride);
+      }
+    }
+    live = next;
   }
 }
 

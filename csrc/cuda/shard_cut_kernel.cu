@@ -1,9 +1,9 @@
 // shard_cut_histogram, shard_cut_pick and shard_cut_candidates on CUDA. The histogram: blocks of a row each take a strided share of its
 // 16-byte chunks, key, weigh and count the candidates into a shared histogram (shard_cut.h), then
 // add it into the row's histogram in global memory. The sums are integers, so the atomics' order
-// does not change them. The pick: a thread a row (256 buckets in sequence; rows are few). The
-// candidates: a block a row, a radix select of its count-th key in shared memory, one gather and a
-// bitonic sort. One launch each, no host reads.
+// does not change them. The pick: a warp a row, a warp scan over its 256 buckets. The candidates:
+// a block a row, a radix select of its count-th key in shared memory (a warp scans each round's
+// counts), one gather and a bitonic sort. One launch each, no host reads.
 #include "device_utils.cuh"
 #include "row_reduce.cuh"
 #include "shard_cut_launch.h"
@@ -12,12 +12,28 @@
 namespace xkernels::cuda {
 namespace {
 
-using Sum = unsigned long long;  // atomicAdd's 64-bit integer
+// A bucket's weight part in shared memory as two 32-bit words, value high 2^32 + low: a 64-bit
+// shared atomicAdd is a compare-and-swap loop on sm_90 (ATOMS.CAST.SPIN.64), which the ~6 buckets
+// that take nearly every id of the first round (the key's sign and exponent bits) kept retrying; a
+// 32-bit add is one native ATOMS.ADD, and `high` takes an add only when `low` wraps. Exact, so any
+// order gives the same sums.
+struct SplitSums {
+  unsigned low[2 * kCutBuckets], high[2 * kCutBuckets];  // hi parts, then lo parts
+
+  __device__ __forceinline__ void add(int i, uint64_t w) {  // w < 2^32 (a weight part is at most 2^31)
+    const auto w32 = static_cast<unsigned>(w);
+    const unsigned old = atomicAdd(&low[i], w32);
+    if (old > ~w32) atomicAdd(&high[i], 1u);  // low wrapped
+  }
+  __device__ __forceinline__ uint64_t sum(int i) const {
+    return static_cast<uint64_t>(high[i]) << 32 | low[i];
+  }
+};
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) shard_cut_histogram_kernel(ShardCutHistogramParams p) {
-  __shared__ Sum hist[2 * kCutBuckets];  // hi parts, then lo parts
-  for (int i = threadIdx.x; i < 2 * kCutBuckets; i += blockDim.x) hist[i] = 0;
+  __shared__ SplitSums hist;
+  for (int i = threadIdx.x; i < 2 * kCutBuckets; i += blockDim.x) hist.low[i] = hist.high[i] = 0;
   __syncthreads();
   const int64_t r = blockIdx.x;
   const T* row = static_cast<const T*>(p.logits) + r * p.v;
@@ -31,8 +47,10 @@ __global__ void __launch_bounds__(kThreads) shard_cut_histogram_kernel(ShardCutH
     if (!cut_candidate(key, prefix, p.shift)) return;
     const CutWeight cw = cut_weight(w, a, id, w.mass ? exp_f32(a - w.row_max) : 0.0f);
     const int d = cut_digit(key, p.shift);
-    if (cw.hi != 0) atomicAdd(&hist[d], static_cast<Sum>(cw.hi));
-    if (cw.lo != 0) atomicAdd(&hist[kCutBuckets + d], static_cast<Sum>(cw.lo));
+    // A count's weight is kCutWeightOne (2^31) or 0: counted as 1 and scaled at the flush, since
+    // 2^31 adds would wrap `low` every second id.
+    if (cw.hi != 0) hist.add(d, w.mass ? static_cast<uint64_t>(cw.hi) : 1u);
+    if (cw.lo != 0) hist.add(kCutBuckets + d, static_cast<uint64_t>(cw.lo));
   };
   // row_reduce.cuh's read: the row's blocks take its 16-byte chunks in turn, 4 in flight a thread,
   // where the row starts 16-byte aligned (else, and in a row's last partial chunk, id by id).
@@ -47,18 +65,72 @@ __global__ void __launch_bounds__(kThreads) shard_cut_histogram_kernel(ShardCutH
       },
       [&](float a, int32_t x) { observe(a, x); });
   __syncthreads();
-  auto* out = reinterpret_cast<Sum*>(p.out) + r * 2 * kCutBuckets;
+  auto* out = reinterpret_cast<unsigned long long*>(p.out) + r * 2 * kCutBuckets;  // atomicAdd's 64-bit integer
   for (int i = threadIdx.x; i < 2 * kCutBuckets; i += blockDim.x) {
-    if (hist[i] != 0) atomicAdd(&out[i], hist[i]);
+    const uint64_t sum = hist.sum(i) * (w.mass ? 1u : static_cast<uint64_t>(kCutWeightOne));  // a count's lo is 0
+    if (sum != 0) atomicAdd(&out[i], static_cast<unsigned long long>(sum));
   }
 }
 
+constexpr int kLaneBuckets = kCutBuckets / 32;  // a warp scans 256 buckets, 8 consecutive a lane
+
+// x summed over lanes 0 .. this lane. Unsigned sums wrap, so they are exact in any grouping.
+template <typename U>
+__device__ __forceinline__ U warp_inclusive_sum(U x) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const U y = __shfl_up_sync(kFullMask, x, d);
+    if (lane >= d) x += y;
+  }
+  return x;
+}
+
+__device__ __forceinline__ int warp_count(int x) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) x += __shfl_xor_sync(kFullMask, x, d);
+  return x;
+}
+
+// A warp a row (a thread a row made 256 dependent steps of strided 8-byte loads): lane l loads
+// buckets 8l .. 8l+7, all at once, and a warp scan gives each bucket's cumulative weight. The sums
+// wrap as cut_pick's do (xkernels/shard_cut.h), so the bucket and `before` are its bit for bit.
 __global__ void __launch_bounds__(kThreads) shard_cut_pick_kernel(ShardCutPickParams p) {
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (r >= p.r) return;
-  const int64_t* hi = p.hist + r * p.parts * kCutBuckets;
-  const int bucket = cut_pick(hi, p.parts == 2 ? hi + kCutBuckets : nullptr, p.before[2 * r], p.before[2 * r + 1],
-                              p.target[r]);
+  const int lane = threadIdx.x % 32;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (r >= p.r) return;  // the whole warp
+  const int64_t* hi = p.hist + r * p.parts * kCutBuckets + kLaneBuckets * lane;
+  const int64_t* lo = p.parts == 2 ? hi + kCutBuckets : nullptr;
+  uint64_t h[kLaneBuckets], l[kLaneBuckets];  // this lane's buckets, cumulative
+#pragma unroll
+  for (int u = 0; u < kLaneBuckets; ++u) {
+    h[u] = static_cast<uint64_t>(hi[u]);
+    l[u] = lo ? static_cast<uint64_t>(lo[u]) : 0;
+  }
+#pragma unroll
+  for (int u = 1; u < kLaneBuckets; ++u) h[u] += h[u - 1], l[u] += l[u - 1];
+  // The weight ranked before this lane's first bucket.
+  const uint64_t h0 = static_cast<uint64_t>(p.before[2 * r]) + warp_inclusive_sum(h[kLaneBuckets - 1]) -
+                      h[kLaneBuckets - 1];
+  const uint64_t l0 = static_cast<uint64_t>(p.before[2 * r + 1]) + warp_inclusive_sum(l[kLaneBuckets - 1]) -
+                      l[kLaneBuckets - 1];
+  const double target = p.target[r];
+  int below = 0;
+#pragma unroll
+  for (int u = 0; u < kLaneBuckets; ++u)
+    below += cut_weight_value(static_cast<int64_t>(h0 + h[u]), static_cast<int64_t>(l0 + l[u]), lo != nullptr) <
+             target;
+  below = warp_count(below);
+  const int bucket = below < kCutBuckets - 1 ? below : kCutBuckets - 1;
+  if (lane != bucket / kLaneBuckets) return;
+  // before becomes the weight ranked before the bucket: through its lane's previous bucket.
+  const int at = bucket % kLaneBuckets;
+  uint64_t bh = h0, bl = l0;
+#pragma unroll
+  for (int u = 0; u + 1 < kLaneBuckets; ++u)
+    if (u + 1 == at) bh = h0 + h[u], bl = l0 + l[u];  // a select: no run-time index into h
+  p.before[2 * r] = static_cast<int64_t>(bh);
+  p.before[2 * r + 1] = static_cast<int64_t>(bl);  // without lo, before_lo + 0: unchanged
   p.prefix[r] = static_cast<int64_t>(static_cast<uint64_t>(p.prefix[r]) * kCutBuckets + static_cast<uint64_t>(bucket));
 }
 
@@ -73,6 +145,11 @@ __global__ void __launch_bounds__(kThreads) shard_cut_candidates_kernel(ShardCut
   __shared__ Key keys[kCutCandidatesMax];
   __shared__ unsigned hist[kCutBuckets];
   __shared__ unsigned kept;
+  struct Pick {
+    int bucket;  // -1: fewer than count keys
+    unsigned before, through;  // the keys ranked before the bucket, and through it
+  };
+  __shared__ Pick pick;
   const int64_t r = blockIdx.x;
   const T* row = static_cast<const T*>(p.logits) + r * p.v;
   const float scale = p.scale[r];
@@ -101,14 +178,32 @@ __global__ void __launch_bounds__(kThreads) shard_cut_candidates_kernel(ShardCut
       if (cut_candidate(key, prefix, shift)) atomicAdd(&hist[cut_digit(key, shift)], 1u);
     });
     __syncthreads();
-    int bucket = -1;  // every thread scans the same counts
-    unsigned through = before;
-    for (int b = 0; b < kCutBuckets && bucket < 0; ++b) {
-      through += hist[b];
-      if (through >= count) bucket = b;
-      else before = through;
+    if (threadIdx.x < 32) {  // warp 0 finds the first bucket whose cumulative count reaches count
+      const int lane = threadIdx.x;
+      unsigned c[kLaneBuckets];  // cumulative over this lane's buckets
+#pragma unroll
+      for (int u = 0; u < kLaneBuckets; ++u) c[u] = hist[kLaneBuckets * lane + u] + (u > 0 ? c[u - 1] : 0u);
+      const unsigned c0 = before + warp_inclusive_sum(c[kLaneBuckets - 1]) - c[kLaneBuckets - 1];
+      int below = 0;  // the counts only grow: the buckets below count precede the first to reach it
+#pragma unroll
+      for (int u = 0; u < kLaneBuckets; ++u) below += c0 + c[u] < count;
+      below = warp_count(below);
+      if (below == kCutBuckets) {
+        if (lane == 0) pick.bucket = -1;
+      } else if (lane == below / kLaneBuckets) {
+        const int at = below % kLaneBuckets;
+        unsigned b = c0, t = c0 + c[0];
+#pragma unroll
+        for (int u = 1; u < kLaneBuckets; ++u)
+          if (u == at) b = c0 + c[u - 1], t = c0 + c[u];
+        pick = Pick{below, b, t};
+      }
     }
-    __syncthreads();  // counts read before the next round clears them
+    __syncthreads();
+    const int bucket = pick.bucket;
+    const unsigned through = pick.through;
+    if (bucket >= 0) before = pick.before;
+    __syncthreads();  // pick read before the next round writes it
     if (bucket < 0) break;  // fewer than count keys: all kept
     prefix = prefix * kCutBuckets + static_cast<Key>(bucket);
     if (through == count || shift == 0) {  // the bucket's keys are all kept
@@ -196,7 +291,7 @@ cudaError_t launch_shard_cut_candidates(const ShardCutCandidatesParams& p, cudaS
 
 cudaError_t launch_shard_cut_pick(const ShardCutPickParams& p, cudaStream_t stream) {
   if (p.r == 0) return cudaSuccess;
-  const int64_t blocks = (p.r + kThreads - 1) / kThreads;
+  const int64_t blocks = (p.r + kWarps - 1) / kWarps;
   if (blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
   shard_cut_pick_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
   return cudaGetLastError();

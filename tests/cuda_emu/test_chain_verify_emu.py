@@ -25,6 +25,18 @@ def test_matches_reference(emu, shape, dtype, temperature, with_q, num_sms):
         assert torch.equal(got[1], want[1])
 
 
+# 32 rows on one SM make one slice a row (row_slice_count), so a thread of row_stats reads floor or
+# ceil(chunks / 256) chunks of 8 ids: 1-2, 4-5 (one round of the pipelined read, and one more),
+# 8-9, and an unaligned row read id by id.
+@pytest.mark.parametrize("v", [2048 + 24, 4 * 2048 + 800, 8 * 2048 + 56, 4 * 2048 + 801])
+@pytest.mark.parametrize("temperature,with_q", [(0.0, False), (0.7, True)])
+def test_reads_across_round_boundaries(emu, v, temperature, with_q):
+    drafts, logits, q = make_case(8, 3, v, torch.bfloat16, with_q, seed=v)
+    got = emu.chain_verify(drafts, logits, q, temperature, 3, 1, num_sms=1)
+    want = reference.chain_verify(drafts, logits, q, temperature, 3, 1)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 def test_seed_and_offset_tensors(emu):
     drafts, logits, q = make_case(4, 3, 50, torch.float32, True, seed=2)
     got = emu.chain_verify(drafts, logits, q, 1.0, 0, 0, seed_tensor=torch.tensor([11]),

@@ -1,14 +1,15 @@
 """The CUDA kernels of shard_cut_histogram, shard_cut_pick and shard_cut_candidates, run by the
 emulation, against the references and the CPU kernels: every round along a real key, rows over
 several blocks and a single id, the three weight modes, the ignored id, ids just below 2^31,
-prefixes no key has, picks of rows over several blocks and of any values, the candidates of rows
+prefixes no key has, shared sums whose 32-bit words carry, picks of rows over several blocks, at
+every lane boundary of the warp's scan and of any values, the candidates of rows
 with ties, NaNs, -inf and flat rows at counts from 0 to 4096 (a select that ends early, one that
 runs every round, fewer ids than the count), empty launches."""
 import pytest
 import torch
 
 from xkernels import ops, reference
-from xkernels.reference.shard_cut import CUT_SHIFTS, cut_rank_keys
+from xkernels.reference.shard_cut import CUT_SHIFTS, cut_rank_keys, cut_weight_values
 from tests.test_shard_cut import assert_histograms_match, cut_case, modes, pick_case, scaled, weight_values
 
 
@@ -60,13 +61,52 @@ def test_prefixes_no_key_has_and_empty_launches(emu):
     assert not emu.shard_cut_histogram(torch.zeros(2, 0), torch.ones(2), torch.zeros(2).long(), 56, 0).any()
 
 
-@pytest.mark.parametrize("r,parts", [(1, 1), (40, 2), (300, 1), (300, 2)])  # 300: two blocks of 256 threads
+@pytest.mark.parametrize("r,parts", [(1, 1), (40, 2), (300, 1), (300, 2)])  # a warp a row: 300 is 38 blocks of 8
 def test_pick_matches_reference(emu, r, parts):
     hist, prefix, before, target = pick_case(r, parts, seed=r)
     want = reference.shard_cut_pick(hist, prefix, before, target)
     got = emu.shard_cut_pick(hist, prefix, before, target)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert torch.equal(got[0], ops.shard_cut_pick(hist, prefix, before, target)[0])
+
+
+def test_histogram_sums_carry_exactly(emu):
+    """A block sums each bucket in two 32-bit words (the high one takes the low one's carries): with
+    weights near 2^31 (the hi parts, and the lo parts of small masses) the low word wraps every few
+    ids, and the totals still equal the exact int64 sums of the ids' own weights
+    (shard_cut_candidates weighs each id with the same exp), and the counts v 2^31, bit for bit."""
+    v = 4000  # two blocks a row, about 2,000 ids each
+    logits = 5.0 - torch.rand(2, v, generator=torch.Generator().manual_seed(5)) * 0.01
+    logits[0, 1::2] -= 6.0 + torch.arange(v // 2) / v  # masses below 2^-8: lo parts up to 2^31 too
+    logits[1] = 5.0  # a flat row: every mass exactly 1, 2^31 in its hi part
+    scale, prefix, row_max = torch.ones(2), torch.zeros(2, dtype=torch.int64), logits.amax(-1)
+    hist = emu.shard_cut_histogram(logits, scale, prefix, 56, 0, row_max=row_max)
+    _, weights = emu.shard_cut_candidates(logits, scale, v, 0, row_max=row_max)
+    assert torch.equal(hist.sum(2), weights.sum(1))
+    assert (weights[:, :, 1] != 0).any() and torch.equal(hist[1, 0].sum(), torch.tensor(v * 2**31))
+    counts = emu.shard_cut_histogram(logits, scale, prefix, 56, 0)
+    assert torch.equal(counts.sum(2), torch.tensor([[v * 2**31, 0]] * 2))
+
+
+@pytest.mark.parametrize("parts", [1, 2])
+def test_pick_at_every_lane_boundary(emu, parts):
+    """A lane scans 8 buckets: targets reached at bucket 0, at a lane's first and last bucket, at
+    the last bucket and never (255), each with the weight before it from the lanes below."""
+    buckets = torch.tensor([0, 1, 7, 8, 9, 15, 16, 127, 128, 247, 248, 254, 255, 256])
+    r = len(buckets)
+    hist = torch.zeros(r, parts, 256, dtype=torch.int64)
+    hist[:, 0] = 2**31
+    if parts == 2:
+        hist[:, 1] = 5 + torch.arange(256)
+    before = torch.tensor([[3 * 2**31, 7]] * r)
+    prefix = torch.arange(r, dtype=torch.int64)
+    cum = before[:, :parts, None] + hist.cumsum(2)  # through each bucket
+    target = cut_weight_values(cum)[torch.arange(r), buckets.clamp(max=255)]
+    target[-1] = float("inf")
+    want = reference.shard_cut_pick(hist, prefix, before, target)
+    got = emu.shard_cut_pick(hist, prefix, before, target)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert torch.equal(got[0] % 256, buckets.clamp(max=255))
 
 
 def test_pick_of_any_values_and_no_rows(emu):
