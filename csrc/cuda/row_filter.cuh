@@ -3,9 +3,10 @@
 // selection over the order-preserving bits of the scaled logits (radix_cut: about 2 passes a cut,
 // top-k's first one fused into the statistics pass, top-p's guided by it; min-p without a pass).
 // Masses are summed in 64-bit fixed point, so the cut does not depend on the order of the atomics.
-// Every filtering kernel runs it inside its own reads of a row: chain_ragged_kernel.cu,
-// tree_kernel.cu (the walk's visited rows), dllm_row.cuh (dllm_step's and spiffy_accept's filtered
-// rows), spiffy_kernel.cu and refine_kernel.cu; tests/cuda_emu/row_cut_kernel.cu runs it alone.
+// Every filtering kernel runs it inside its own reads of a row: chain_ragged_kernel.cu (the rows
+// candidates.cuh does not settle), tree_walk.cuh (the walk's visited rows), dllm_row.cuh (dllm_step's
+// and spiffy_accept's filtered rows), spiffy_filtered.cuh and refine_filtered_pick_kernel.cu;
+// tests/cuda_emu/row_cut_kernel.cu runs it alone.
 #pragma once
 
 #include <cstdint>
