@@ -1,8 +1,8 @@
 // The xPress refine ops on CUDA. A pass is a fixed launch sequence that never waits on the host:
 //  1. front_mix:    u = ctx + emb[prev], then the per-channel causal mix (a block per sequence and
 //                   32 channels, the slots' u staged in shared memory)
-//  2. front_hidden: hid = silu(w_gate u) * (w_up u), a warp per hidden unit for 8 rows
-//  3. front_down:   z = u + w_down hid, a warp per channel for 8 rows; z is stored in the weights'
+//  2. front_hidden: hid = silu(w_gate u) * (w_up u), a warp per 2 hidden units for 8 rows
+//  3. front_down:   z = u + w_down hid, a warp per 2 channels for 8 rows; z is stored in the weights'
 //                   type, the input of the read's GEMM
 //  4. the read, one of two (refine_read_plan picks; RefineReadMode in refine_launch.h):
 //     - fused (bfloat16 weights, few rows): read_fused streams w_read once in tiles of 64 ids
@@ -33,6 +33,7 @@ namespace {
 
 constexpr int kMixChannels = 32;  // channels of a front_mix block
 constexpr int kFrontRows = 8;     // rows of a front_hidden / front_down block (weights read once per 8 rows)
+constexpr int kFrontOutputs = 2;  // units / channels of a front warp
 constexpr int64_t kMaxChunkGroups = 1024;  // an epilogue block reads at most 4096 ids (16 a thread)
 
 __device__ __forceinline__ int64_t prev_token(const RefineParams& p, const RowSet& rs, int64_t n, int64_t k) {
@@ -69,91 +70,113 @@ __global__ void __launch_bounds__(kThreads) front_mix_kernel(RefineParams p, Row
   }
 }
 
-// The rows [m0, m0 + kFrontRows) of a front block: which are live, and their place in hid and z.
+// The rows [m0, m0 + kFrontRows) of a front block: which are live, their place in hid and z, and
+// the offset of their u row. Computed once a block, a row a thread, into shared memory: every
+// thread recomputing them spent more on the 64-bit divisions than on its multiply-adds.
 struct FrontRows {
   bool live[kFrontRows];
   int64_t at[kFrontRows];  // row_index
-  int64_t n[kFrontRows];
+  int64_t u[kFrontRows];   // w.u + u[i]: the row's u
 };
 
-__device__ __forceinline__ FrontRows front_rows(const RefineParams& p, const RowSet& rs, int64_t m0) {
-  FrontRows f;
-#pragma unroll
-  for (int g = 0; g < kFrontRows; ++g) {
-    f.live[g] = row_live(p, rs, m0 + g);
-    f.at[g] = f.live[g] ? row_index(p, rs, m0 + g) : 0;
-    f.n[g] = f.live[g] ? (m0 + g) / rs.d_count : 0;
+// A front block: kFrontRows rows (into `rows`, a barrier) and kWarps * kFrontOutputs of the
+// `outputs` (units or channels), kFrontOutputs a warp; returns this warp's first.
+__device__ __forceinline__ int64_t front_block(const RefineParams& p, const RowSet& rs, int64_t outputs,
+                                               FrontRows& rows) {
+  // 32-bit division: output_blocks divides the grid (at most 2^31 - 1 blocks).
+  const auto output_blocks = static_cast<unsigned>((outputs + kWarps * kFrontOutputs - 1) / (kWarps * kFrontOutputs));
+  if (threadIdx.x < kFrontRows) {
+    const int g = threadIdx.x;
+    const int64_t m = static_cast<int64_t>(blockIdx.x / output_blocks) * kFrontRows + g;
+    const bool live = row_live(p, rs, m);
+    const int64_t at = live ? row_index(p, rs, m) : 0;
+    rows.live[g] = live;
+    rows.at[g] = at;
+    rows.u[g] = live ? (m / rs.d_count * p.b + p.f + at % p.d) * p.r : 0;
   }
-  return f;
+  __syncthreads();
+  return (blockIdx.x % output_blocks * kWarps + threadIdx.x / 32) * kFrontOutputs;
 }
 
-// A front block: kFrontRows rows and kWarps of the `outputs` (units or channels), one a warp;
-// `out` is this warp's.
-struct FrontWarp {
-  int64_t out;
-  FrontRows rows;
-};
-
-__device__ __forceinline__ FrontWarp front_warp(const RefineParams& p, const RowSet& rs, int64_t outputs) {
-  const int64_t output_blocks = (outputs + kWarps - 1) / kWarps;
-  return FrontWarp{blockIdx.x % output_blocks * kWarps + threadIdx.x / 32,
-                   front_rows(p, rs, blockIdx.x / output_blocks * kFrontRows)};
-}
-
-// u of the row at hid/z index `at` (sequence n).
-__device__ __forceinline__ const float* u_row(const RefineParams& p, const RefineWorkspace& w, int64_t n, int64_t at) {
-  return w.u + (n * p.b + p.f + at % p.d) * p.r;
-}
-
-// hid[j] = silu(w_gate[j] . u) * (w_up[j] . u): a warp per unit j (8 a block) for 8 rows.
+// hid[j] = silu(w_gate[j] . u) * (w_up[j] . u): a warp per kFrontOutputs units (16 a block) for 8
+// rows; each u value read serves both units. Each (row, unit) sum is a lane's multiply-adds over
+// c = lane, lane + 32, ... and a warp_sum, as with a unit a warp.
 template <typename TW>
 __global__ void __launch_bounds__(kThreads) front_hidden_kernel(RefineParams p, RowSet rs, RefineWorkspace w) {
-  const auto [j, rows] = front_warp(p, rs, p.h);
-  if (j >= p.h) return;
+  __shared__ FrontRows rows;
+  const int64_t j0 = front_block(p, rs, p.h, rows);
+  if (j0 >= p.h) return;
   const int lane = threadIdx.x % 32;
-  const TW* w_gate = static_cast<const TW*>(p.w_gate) + j * p.r;
-  const TW* w_up = static_cast<const TW*>(p.w_up) + j * p.r;
-  float g[kFrontRows], up[kFrontRows];
+  const TW* w_gate = static_cast<const TW*>(p.w_gate) + j0 * p.r;
+  const TW* w_up = static_cast<const TW*>(p.w_up) + j0 * p.r;
+  float g[kFrontOutputs][kFrontRows], up[kFrontOutputs][kFrontRows];
 #pragma unroll
-  for (int i = 0; i < kFrontRows; ++i) g[i] = up[i] = 0.0f;
+  for (int o = 0; o < kFrontOutputs; ++o)
+#pragma unroll
+    for (int i = 0; i < kFrontRows; ++i) g[o][i] = up[o][i] = 0.0f;
   for (int64_t c = lane; c < p.r; c += 32) {
-    const float wg = to_float(w_gate[c]), wu = to_float(w_up[c]);
+    float wg[kFrontOutputs], wu[kFrontOutputs];
+#pragma unroll
+    for (int o = 0; o < kFrontOutputs; ++o) {
+      const bool ok = j0 + o < p.h;
+      wg[o] = ok ? to_float(w_gate[o * p.r + c]) : 0.0f;
+      wu[o] = ok ? to_float(w_up[o * p.r + c]) : 0.0f;
+    }
 #pragma unroll
     for (int i = 0; i < kFrontRows; ++i) {
       if (!rows.live[i]) continue;
-      const float x = u_row(p, w, rows.n[i], rows.at[i])[c];
-      g[i] += wg * x;
-      up[i] += wu * x;
+      const float x = w.u[rows.u[i] + c];
+#pragma unroll
+      for (int o = 0; o < kFrontOutputs; ++o) {
+        g[o][i] += wg[o] * x;
+        up[o][i] += wu[o] * x;
+      }
     }
   }
 #pragma unroll
-  for (int i = 0; i < kFrontRows; ++i) {
-    const float gs = warp_sum(g[i]), us = warp_sum(up[i]);
-    if (lane == 0 && rows.live[i]) w.hid[rows.at[i] * p.h + j] = gs / (1.0f + expf(-gs)) * us;
+  for (int o = 0; o < kFrontOutputs; ++o) {
+#pragma unroll
+    for (int i = 0; i < kFrontRows; ++i) {
+      const float gs = warp_sum(g[o][i]), us = warp_sum(up[o][i]);
+      if (lane == 0 && rows.live[i] && j0 + o < p.h) w.hid[rows.at[i] * p.h + j0 + o] = gs / (1.0f + expf(-gs)) * us;
+    }
   }
 }
 
-// z[c] = u[c] + w_down[c] . hid: a warp per channel c (8 a block) for 8 rows.
+// z[c] = u[c] + w_down[c] . hid: a warp per kFrontOutputs channels (16 a block) for 8 rows; each hid
+// value read serves both channels (each sum as with a channel a warp).
 template <typename TW>
 __global__ void __launch_bounds__(kThreads) front_down_kernel(RefineParams p, RowSet rs, RefineWorkspace w) {
-  const auto [c, rows] = front_warp(p, rs, p.r);
-  if (c >= p.r) return;
+  __shared__ FrontRows rows;
+  const int64_t c0 = front_block(p, rs, p.r, rows);
+  if (c0 >= p.r) return;
   const int lane = threadIdx.x % 32;
-  const TW* w_down = static_cast<const TW*>(p.w_down) + c * p.h;
-  float acc[kFrontRows];
+  const TW* w_down = static_cast<const TW*>(p.w_down) + c0 * p.h;
+  float acc[kFrontOutputs][kFrontRows];
 #pragma unroll
-  for (int i = 0; i < kFrontRows; ++i) acc[i] = 0.0f;
+  for (int o = 0; o < kFrontOutputs; ++o)
+#pragma unroll
+    for (int i = 0; i < kFrontRows; ++i) acc[o][i] = 0.0f;
   for (int64_t j = lane; j < p.h; j += 32) {
-    const float wd = to_float(w_down[j]);
+    float wd[kFrontOutputs];
 #pragma unroll
-    for (int i = 0; i < kFrontRows; ++i)
-      if (rows.live[i]) acc[i] += wd * w.hid[rows.at[i] * p.h + j];
+    for (int o = 0; o < kFrontOutputs; ++o) wd[o] = c0 + o < p.r ? to_float(w_down[o * p.h + j]) : 0.0f;
+#pragma unroll
+    for (int i = 0; i < kFrontRows; ++i) {
+      if (!rows.live[i]) continue;
+      const float x = w.hid[rows.at[i] * p.h + j];
+#pragma unroll
+      for (int o = 0; o < kFrontOutputs; ++o) acc[o][i] += wd[o] * x;
+    }
   }
   TW* z = static_cast<TW*>(w.z);
 #pragma unroll
-  for (int i = 0; i < kFrontRows; ++i) {
-    const float sum = warp_sum(acc[i]);
-    if (lane == 0 && rows.live[i]) store(z + rows.at[i] * p.r + c, u_row(p, w, rows.n[i], rows.at[i])[c] + sum);
+  for (int o = 0; o < kFrontOutputs; ++o) {
+#pragma unroll
+    for (int i = 0; i < kFrontRows; ++i) {
+      const float sum = warp_sum(acc[o][i]);
+      if (lane == 0 && rows.live[i] && c0 + o < p.r) store(z + rows.at[i] * p.r + c0 + o, w.u[rows.u[i] + c0 + o] + sum);
+    }
   }
 }
 
@@ -303,9 +326,9 @@ cudaError_t pass(const RefineParams& p, const ReadGemmRunner& gemm, const RowSet
   if (rs.read) {
     front_mix_kernel<TW><<<p.n * ceil_div(p.r, kMixChannels), kThreads, 0, stream>>>(p, rs, w);
     XK_RETURN_IF_FAILED(cudaGetLastError());
-    front_hidden_kernel<TW><<<row_blocks * ceil_div(p.h, kWarps), kThreads, 0, stream>>>(p, rs, w);
+    front_hidden_kernel<TW><<<row_blocks * ceil_div(p.h, kWarps * kFrontOutputs), kThreads, 0, stream>>>(p, rs, w);
     XK_RETURN_IF_FAILED(cudaGetLastError());
-    front_down_kernel<TW><<<row_blocks * ceil_div(p.r, kWarps), kThreads, 0, stream>>>(p, rs, w);
+    front_down_kernel<TW><<<row_blocks * ceil_div(p.r, kWarps * kFrontOutputs), kThreads, 0, stream>>>(p, rs, w);
     XK_RETURN_IF_FAILED(cudaGetLastError());
   }
   const RefineReadPlan plan = refine_read_plan(p, rows, rs.read);

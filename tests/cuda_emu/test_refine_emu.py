@@ -203,6 +203,15 @@ def test_bf16_jacobi_reaches_sequential(emu, temperature, read, num_sms):
             torch.testing.assert_close(jac[1], seq[1])
 
 
+@pytest.mark.parametrize("weight_dtype,read", [(torch.float32, "auto"), (torch.bfloat16, "gemm")])
+@pytest.mark.parametrize("shape", [(3, 5, 4, 61, 17, 23), (9, 4, 3, 30, 33, 15)])
+def test_front_with_odd_units_and_channels(emu, weight_dtype, read, shape):
+    """Odd hidden units and channels: a front warp's second output past the end (skipped), blocks of
+    16 outputs half used, 9 row groups of which the last is partial (its rows not live)."""
+    check_refine_step(emu, shape, torch.float32, weight_dtype, 0.7, num_sms=8, slice_bytes=SLICE_BYTES["one slice"],
+                      read=read)
+
+
 def test_hidden_size_beyond_shared_memory(emu):
     """A hidden size far above what shared memory holds (the front reads hid from global memory)."""
     ctx, prev, base, weights = make_case(1, 3, 2, 40, 16, 12400, seed=8)
