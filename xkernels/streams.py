@@ -84,7 +84,7 @@ def offset_advance(op: Union[str, Callable], *args, **kwargs) -> int:
 
     Args:
         op: the op or its name, e.g. ``xkernels.chain_verify_ragged`` or ``"tree_verify"``.
-        *args, **kwargs: the call's arguments.
+        args, kwargs: the call's arguments, as the op takes them.
 
     Returns:
         int: the advance, ``>= 0`` (0 where a call reads no slot: an empty block).

@@ -24,9 +24,14 @@ bool value_checks_enabled() {
 }
 
 void check_devices(const at::Tensor& like, const char* like_name, std::initializer_list<Arg> args) {
-  for (const Arg& a : args)
-    TORCH_CHECK(a.tensor == nullptr || a.tensor->device() == like.device(), a.name, " must be on ", like.device(),
-                " like ", like_name, ", got ", a.tensor->device());
+  // An undefined tensor (None where the schema takes a Tensor) has no device to compare.
+  TORCH_CHECK(like.defined(), like_name, " must be a tensor, got None");
+  for (const Arg& a : args) {
+    if (a.tensor == nullptr) continue;
+    TORCH_CHECK(a.tensor->defined(), a.name, " must be a tensor, got None");
+    TORCH_CHECK(a.tensor->device() == like.device(), a.name, " must be on ", like.device(), " like ", like_name,
+                ", got ", a.tensor->device());
+  }
 }
 
 at::Tensor empty_output(at::IntArrayRef sizes, const at::TensorOptions& options, const std::string& sized_by) {

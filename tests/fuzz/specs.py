@@ -902,7 +902,7 @@ class DllmStep(Spec):
             elif int(masked.sum()):
                 assert c >= 1, "threshold unmasked nothing"
             assert _rows_of_ids(tokens[s, :c], v), "tokens outside [0, V)"
-            expect = block[s].long()  # an int32 block comes back int64
+            expect = block[s].to(torch.int64, copy=True)  # an int32 block comes back int64; never the input itself
             expect[chosen] = tokens[s, :c]
             assert torch.equal(new_block[s], expect), "new_block is not the block with the chosen tokens"
             assert bool(torch.isneginf(conf[s][~masked]).all()), "confidence of an unmasked position is not -inf"
