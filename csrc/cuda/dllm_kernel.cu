@@ -1,7 +1,8 @@
 // dllm_step on CUDA, launches that never wait on the host:
 //  0. filtered: with filters, a block per masked row that samples with a filter picks its token
 //             whole (dllm_filtered_pick: two reads of the row, the cut's gather drawing too); the
-//             other kernels skip those rows.
+//             other kernels skip those rows. In dllm_filtered.cuh, instantiated a logits type a
+//             file: the selection is most of this op's compile time.
 //  1. slices: every other masked row split in slices over the grid; a block reduces its slice to the raw
 //             row's softmax statistics and, at T > 0 (the sequence's temperature), the tempered
 //             row's argmax and the Gumbel-max with the noise of the position's slot of the
@@ -11,9 +12,8 @@
 //             softmax(raw)[x0]. The rule is dllm_row.cuh's (spiffy_accept's warps run it whole).
 //  3. select: a thread per sequence applies the unmasking rule of xkernels/dllm.h.
 #include "device_utils.cuh"
-#include "dllm_launch.h"
+#include "dllm_kernels.cuh"
 #include "dllm_row.cuh"
-#include "row_filter.cuh"
 #include "xkernels/dllm.h"
 
 namespace xkernels::cuda {
@@ -41,31 +41,6 @@ DllmLayout dllm_layout(const DllmParams& p) {
   d.chosen_bytes = align_up(static_cast<size_t>(p.n * p.l));
   d.slice_bytes = align_up(sizeof(DllmSlice) * p.n * p.l * d.slices);
   return d;
-}
-
-// Whether dllm_filtered_kernel picks row `row` (masked, sampled, some filter active); the same for
-// a whole block.
-__device__ __forceinline__ bool filtered_row(const DllmParams& p, int64_t row) {
-  if (!p.rule.filtered || p.block[row] != p.rule.mask_id) return false;
-  const RowSampling rs = p.rule.s.row(row / p.l);
-  return rs.inv_t != 0.0f && filters_active(rs, p.v);
-}
-
-// A block per row; rows it does not pick return at once. Per-row parameters come through
-// SamplingView.row, which reads values the host did not check as off. One block an SM: at two
-// (128 registers) the selection with the draw in its gather spilled (sm_90a).
-template <typename T>
-__global__ void __launch_bounds__(kThreads, 1) dllm_filtered_kernel(DllmParams p, int64_t* x0, int mass_shift,
-                                                                    bool vector_ok) {
-  __shared__ CutShared sh;
-  const int64_t row = blockIdx.x;
-  if (!filtered_row(p, row)) return;
-  const RowStream st = p.rule.s.stream(row / p.l);
-  const auto slot = static_cast<uint32_t>(row % p.l);
-  const DllmPick pick =
-      dllm_filtered_pick<16>(sh, static_cast<const T*>(p.logits) + row * p.v, p.v, p.rule.mask_id, p.rule.s.row(row / p.l),
-                         mass_shift, st.seed, st.offset_at(slot), st.sequence_at(), st.position_at(slot), vector_ok);
-  if (threadIdx.x == 0) x0[row] = pick.token, p.confidence[row] = pick.confidence;
 }
 
 // Blocks of dllm_slices_kernel an SM: 3 (80 registers, sm_90a) for 2-byte logits; float32 rows, whose
@@ -178,7 +153,7 @@ cudaError_t launch_typed(const DllmParams& p, void* workspace, cudaStream_t stre
   const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && reinterpret_cast<uintptr_t>(p.logits) % 16 == 0;
   const int64_t rows = p.n * p.l;
   if (p.rule.filtered)
-    dllm_filtered_kernel<T><<<rows, kThreads, 0, stream>>>(p, x0, cut_mass_shift(p.v), vector_ok);
+    launch_dllm_filtered<T>(p, x0, vector_ok, stream);
   dllm_slices_kernel<T><<<rows * d.slices, kThreads, 0, stream>>>(p, slices, d.slices, vector_ok);
   dllm_merge_kernel<T><<<(rows + kWarps - 1) / kWarps, kThreads, 0, stream>>>(p, slices, d.slices, x0);
   dllm_select_kernel<<<(p.n + 63) / 64, 64, 0, stream>>>(p, x0, chosen);
