@@ -70,9 +70,10 @@ The refinement functions compute each rank's shard of the refined logits ``s + w
 torch (they materialize the local shard's logits, [N, D, V_local] float32), unlike the
 unsharded kernels, which never write them. The code uses only tensor ops and collectives, so it
 runs on any backend: gloo on CPUs (tested), NCCL on GPUs (not testable here: two ranks cannot
-share one GPU). ``seed`` and ``offset`` are ints or one-element int64 tensors on the logits'
-device (as for the unsharded ops), or int64 [N] tensors (the per-request streams); a tensor is never read on the host: the kernels read it on the
-device and the acceptance coins are computed from it there. The first ``shard_row_stats`` call of
+share one GPU). ``seed`` and ``offset`` are ints or 0-dim int64 tensors on the logits'
+device (the batch-row form, as for the unsharded ops; a one-element 1-D tensor with N > 1 raises), or
+int64 [N] tensors (the per-request streams); a tensor is never read on the host: the kernels read it
+on the device and the acceptance coins are computed from it there. The first ``shard_row_stats`` call of
 each function checks them (a bad tensor raises naming ``seed`` or ``offset``).
 """
 
