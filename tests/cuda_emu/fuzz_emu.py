@@ -133,6 +133,8 @@ def _launchable(spec, args):
     for k, v in args.items():
         if type(v).__module__ == "numpy":
             v = torch.from_numpy(v)
+        if isinstance(v, torch.Tensor) and v.dtype == torch.int32 and spec.tensors.get(k) == "ids32":
+            v = v.long()  # the Python wrappers widen int32 ids before the op: the launch sees int64
         if (isinstance(v, torch.Tensor) and v.device.type != "cpu") or isinstance(v, list) or (
                 k in NUMBERS and isinstance(v, str)) or (k == "device" and v is not None) or (
                 spec.name == "chain_verify" and _per_row_form(k, v, n)) or (
