@@ -289,10 +289,11 @@ def chain_verify_ragged(
         - CPU: requests in parallel; the cut is found by a streaming top-k selection (a heap of
           k, blocks of 16 skipped by one vectorised max) or, for top-p alone, mass bands of 1/8
           nat and one ranked band, never a sort of the vocabulary.
-        - CUDA: two launches: a block per row prepares every row at once (statistics; a filtered
-          row's cut by radix selection over the scaled logits' order-preserving bits, count for
-          top-k, 64-bit fixed-point mass for top-p, an ordered pass splitting ties by id), then a
-          block per request walks its rows on those states; no host sync,
+        - CUDA: a filtered row's candidates by a streaming pass over (row, slice) items and a select
+          block per row that finds the exact cut (count for top-k, 64-bit fixed-point mass for
+          top-p, ties split by id) where the candidates hold it; a block per row prepares the other
+          rows (statistics, and the radix selection for a filtered row the candidates do not
+          settle); then a block per request walks its rows on those states; no host sync,
           CUDA-graph capturable, memory-safe on unchecked values.
     """
     if not 0 <= int(max_spec_len) < 2**31:  # the buffers' width, allocated below
