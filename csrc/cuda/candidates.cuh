@@ -319,7 +319,7 @@ __device__ __forceinline__ int first_at_least(const unsigned long long* incl, in
 
 // Pass B: the row's cut from its slices' summaries and candidates (see the top of this file), at
 // every thread; false where the candidates do not settle it (the caller takes the radix path).
-__device__ bool select_cut(SelectShared& sh, const SliceSummary* sums, const Candidate* cands, int slices,
+__device__ inline bool select_cut(SelectShared& sh, const SliceSummary* sums, const Candidate* cands, int slices,
                            const RowSampling& rs, int64_t v, int mass_shift, RowCut* out) {
   const int lane = threadIdx.x % 32;
   if (threadIdx.x < 32) {
