@@ -2,12 +2,19 @@
 // 16-byte chunks, key, weigh and count the candidates into a shared histogram (shard_cut.h), then
 // add it into the row's histogram in global memory. The sums are integers, so the atomics' order
 // does not change them. The pick: a warp a row, a warp scan over its 256 buckets. The candidates:
-// a block a row, a radix select of its count-th key in shared memory (a warp scans each round's
-// counts), one gather and a bitonic sort. One launch each, no host reads.
+// a block a row; a count up to kOnePassMaxCount in one pass over the row (each warp keeps the keys
+// below its threshold by ballot and raises it when its buffer fills, then the warps' lists merge by
+// rank), larger ones by a radix select of the count-th key in shared memory (a warp scans each
+// round's counts), one gather and a bitonic sort. One launch each, no host reads.
 #include "device_utils.cuh"
 #include "row_reduce.cuh"
 #include "shard_cut_launch.h"
 #include "xkernels/shard_cut.h"
+
+// A pass over a row starts: the CUDA emulation counts them (row_filter.cuh has the same default).
+#ifndef XK_ROW_PASS
+#define XK_ROW_PASS()
+#endif
 
 namespace xkernels::cuda {
 namespace {
@@ -136,10 +143,10 @@ __global__ void __launch_bounds__(kThreads) shard_cut_pick_kernel(ShardCutPickPa
 
 using Key = unsigned long long;
 
-// Row blockIdx.x's count lowest keys: rounds of 8 bits, each a pass counting the candidates' digits
-// in shared memory, until the bucket holding the count-th key holds no key past it (every key of
-// it kept: about 2-4 rounds for distinct values); then a pass gathers the kept keys (at most count)
-// and the block sorts them.
+// Row blockIdx.x's count lowest keys (a count above the one pass's): rounds of 8 bits, each a pass
+// counting the candidates' digits in shared memory, until the bucket holding the count-th key holds
+// no key past it (every key of it kept: about 2-4 rounds for distinct values); then a pass gathers
+// the kept keys (at most count) and the block sorts them.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) shard_cut_candidates_kernel(ShardCutCandidatesParams p) {
   __shared__ Key keys[kCutCandidatesMax];
@@ -158,6 +165,7 @@ __global__ void __launch_bounds__(kThreads) shard_cut_candidates_kernel(ShardCut
   const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && reinterpret_cast<uintptr_t>(p.logits) % 16 == 0;
   // Each key of an id above -inf (NaNs never), to f, in one pass over the row.
   const auto each_key = [&](auto&& f) {
+    XK_ROW_PASS();
     const auto take = [&](float a, int32_t x) {
       if (a > kNegInf) f(cut_rank_key(a, static_cast<int32_t>(p.vocab_start + x)));
     };
@@ -244,6 +252,190 @@ __global__ void __launch_bounds__(kThreads) shard_cut_candidates_kernel(ShardCut
   }
 }
 
+// The one-pass candidates: a warp's buffer of keys in shared memory, and the counts it serves (a
+// full buffer keeps the best count, so at least kOnePassSlots - kOnePassMaxCount appends come
+// between two sorts of it).
+constexpr int kOnePassSlots = 256;
+constexpr int kOnePassMaxCount = kOnePassSlots / 2;
+// 16-byte chunks in flight a thread: a 38 KB shard row of 16-bit logits in 2 rounds; fp32 takes 7
+// (8 spilled at sm_90a's 64 registers the compiler picks here)
+template <typename T>
+constexpr int kOnePassDepth = sizeof(T) == 4 ? 7 : 6;
+
+// Sorts buf[0, n) ascending by the warp (n <= kOnePassSlots), padded with ~0 keys up to a power of
+// two: a bitonic network, a lane taking every 32nd pair of a step.
+__device__ __forceinline__ void warp_sort_keys(Key* buf, int n) {
+  const int lane = threadIdx.x % 32;
+  int n2 = 2;
+  while (n2 < n) n2 <<= 1;
+  for (int i = n + lane; i < n2; i += 32) buf[i] = ~Key{0};
+  __syncwarp();
+  for (int size = 2; size <= n2; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int q = lane; q < n2 / 2; q += 32) {  // pair q: i has a 0 at stride's bit, j = i + stride
+        const int i = ((q & ~(stride - 1)) << 1) | (q & (stride - 1)), j = i | stride;
+        const Key x = buf[i], y = buf[j];
+        if ((x > y) == ((i & size) == 0)) buf[i] = y, buf[j] = x;
+      }
+      __syncwarp();
+    }
+  }
+}
+
+// A warp's share of a row: its buffer holds every key of its ids at or above `floor` with a key
+// below `limit` (keys are distinct: the id is in them); a sort that drops keys keeps the best
+// count, all below the new limit, so no dropped key is among the row's best count.
+struct WarpKeys {
+  int n = 0;
+  Key limit = ~Key{0};    // the best key dropped
+  float floor = kNegInf;  // no id below it is among the row's best count (limit's value, once set)
+};
+
+// Offers one key (hit: an id above -inf) to the warp's buffer; every lane of the warp calls it.
+__device__ __forceinline__ void offer_key(Key* buf, WarpKeys& s, int count, Key key, bool hit) {
+  const int lane = threadIdx.x % 32;
+  hit = hit && key < s.limit;
+  unsigned b = __ballot_sync(kFullMask, hit);
+  if (b == 0) return;
+  if (s.n + __popc(b) > kOnePassSlots) {  // keep the best count; the limit rises to the next
+    warp_sort_keys(buf, s.n);
+    s.limit = buf[count];
+    s.floor = cut_key_value(s.limit);
+    s.n = count;
+    __syncwarp();  // buf[count] read before an append overwrites it
+    hit = hit && key < s.limit;
+    b = __ballot_sync(kFullMask, hit);
+  }
+  if (hit) buf[s.n + __popc(b & ((1u << lane) - 1u))] = key;
+  s.n += __popc(b);
+}
+
+// Row blockIdx.x's count <= kOnePassMaxCount lowest keys in one pass: the warps offer the ids of
+// their chunks at or above the floor (the first round's bound, then each warp's limit), then each
+// warp sorts its buffer and every key among the warps' best count finds its rank in the row by
+// binary searches of the other warps' lists.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) shard_cut_candidates_one_pass_kernel(ShardCutCandidatesParams p) {
+  __shared__ Key buf[kWarps][kOnePassSlots];
+  __shared__ int listed[kWarps];
+  __shared__ float maxima[kThreads];
+  const int warp = threadIdx.x / 32;
+  const int64_t r = blockIdx.x;
+  const T* row = static_cast<const T*>(p.logits) + r * p.v;
+  const float scale = p.scale[r];
+  const auto count = static_cast<int>(p.count);
+  const int64_t excluded = p.ignore_id - p.vocab_start;
+  const int64_t vocab_start = p.vocab_start;
+  const auto key_of = [vocab_start](float a, int64_t x) {
+    return cut_rank_key(a, static_cast<int32_t>(vocab_start + x));
+  };
+  WarpKeys s;
+  XK_ROW_PASS();
+  constexpr int kIds = 16 / sizeof(T);
+  const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && reinterpret_cast<uintptr_t>(p.logits) % 16 == 0;
+  const int64_t chunks = vector_ok ? p.v / kIds : 0;
+  const uint4* chunk = reinterpret_cast<const uint4*>(row);
+  static_assert(kOnePassDepth<T> * kIds <= 64, "a bit a value of a round");
+  for (int64_t c0 = 0; c0 < chunks; c0 += kOnePassDepth<T> * kThreads) {  // the same rounds at every thread
+    uint4 x[kOnePassDepth<T>];
+#pragma unroll
+    for (int u = 0; u < kOnePassDepth<T>; ++u) {
+      const int64_t c = c0 + u * kThreads + threadIdx.x;
+      x[u] = c < chunks ? chunk[c] : uint4{};
+    }
+    if (c0 == 0) {
+      // The first round's thread maxima: count of them (distinct ids) lie at or above the count-th
+      // largest, so no id below it is among the row's best count. Most of a row's ids are then
+      // never offered, and most warps never sort a full buffer.
+      float top = kNegInf;
+#pragma unroll
+      for (int u = 0; u < kOnePassDepth<T>; ++u) {
+        const int64_t c = u * kThreads + threadIdx.x;
+        float a[kIds];
+        unpack<T>(x[u], scale, a);
+#pragma unroll
+        for (int j = 0; j < kIds; ++j)
+          if (c < chunks && kIds * c + j != excluded) top = fmaxf(top, a[j]);  // NaNs aside
+      }
+      maxima[threadIdx.x] = top;
+      __syncthreads();
+      block_bitonic_sort(
+          kThreads, [&](int j, int i) { return maxima[j] > maxima[i]; },
+          [&](int i, int j) {
+            const float t = maxima[i];
+            maxima[i] = maxima[j];
+            maxima[j] = t;
+          });
+      s.floor = maxima[count - 1];  // -inf where fewer than count threads saw a value above it
+    }
+    uint64_t hits = 0;  // bit kIds u + j: value j of load u is at or above the floor, its key below the limit
+#pragma unroll
+    for (int u = 0; u < kOnePassDepth<T>; ++u) {
+      const int64_t c = c0 + u * kThreads + threadIdx.x;
+      float a[kIds];
+      unpack<T>(x[u], scale, a);
+      float m = kNegInf;
+#pragma unroll
+      for (int j = 0; j < kIds; ++j) m = fmaxf(m, a[j]);  // NaNs, never kept, aside
+      if (c < chunks && m > kNegInf && m >= s.floor) {  // few chunks, once the limit has risen
+#pragma unroll
+        for (int j = 0; j < kIds; ++j) {
+          const int64_t id = kIds * c + j;
+          const bool hit = a[j] > kNegInf && a[j] >= s.floor && id != excluded && key_of(a[j], id) < s.limit;
+          hits |= static_cast<uint64_t>(hit) << (kIds * u + j);
+        }
+      }
+    }
+    // The hits, one a lane at a time (one copy of offer_key), each value read again (from L1 or
+    // L2: few ids pass the limit after the first rounds).
+    while (__any_sync(kFullMask, hits != 0)) {
+      const int bit = hits != 0 ? __ffsll(static_cast<long long>(hits)) - 1 : 0;
+      const int64_t x = kIds * (c0 + bit / kIds * kThreads + threadIdx.x) + bit % kIds;
+      const float a = hits != 0 ? to_float(row[x]) * scale : kNegInf;
+      offer_key(buf[warp], s, count, key_of(a, x), hits != 0);
+      hits &= hits - 1;
+    }
+  }
+  // An unaligned row id by id, or an aligned one's last partial chunk.
+  for (int64_t b = kIds * chunks; b < p.v; b += kThreads) {
+    const int64_t x = b + threadIdx.x;
+    const float a = x < p.v && x != excluded ? to_float(row[x]) * scale : kNegInf;
+    offer_key(buf[warp], s, count, key_of(a, x), a > kNegInf);
+  }
+  warp_sort_keys(buf[warp], s.n);
+  if (threadIdx.x % 32 == 0) listed[warp] = s.n < count ? s.n : count;
+  __syncthreads();
+  const CutWeights w{p.row_max != nullptr, p.row_max ? p.row_max[r] : 0.0f, false, FilterCut{}};
+  int total = 0;
+  for (int o = 0; o < kWarps; ++o) total += listed[o];
+  for (int q = threadIdx.x; q < kWarps * count; q += kThreads) {
+    const int from = q / count, at = q % count;
+    if (at >= listed[from]) continue;
+    const Key key = buf[from][at];
+    int rank = at;
+    for (int o = 0; o < kWarps; ++o) {
+      if (o == from) continue;
+      int lo = 0, hi = listed[o];  // the keys of list o below key
+      while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (buf[o][mid] < key) lo = mid + 1;
+        else hi = mid;
+      }
+      rank += lo;
+    }
+    if (rank >= count) continue;
+    p.keys[r * count + rank] = static_cast<int64_t>(key);
+    if (w.mass) {
+      const float a = cut_key_value(key);
+      const CutWeight cw = cut_weight(w, a, 0, exp_f32(a - w.row_max));
+      p.weights[2 * (r * count + rank)] = cw.hi;
+      p.weights[2 * (r * count + rank) + 1] = cw.lo;
+    }
+  }
+  for (int j = (total < count ? total : count) + threadIdx.x; j < count; j += kThreads)
+    p.keys[r * count + j] = static_cast<int64_t>(kCutKeepAllKey);  // weights stay 0
+}
+
 template <typename T>
 cudaError_t launch_typed(const ShardCutHistogramParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.r), static_cast<unsigned>(shard_cut_blocks_per_row(p.r, p.v)));
@@ -253,7 +445,10 @@ cudaError_t launch_typed(const ShardCutHistogramParams& p, cudaStream_t stream) 
 
 template <typename T>
 cudaError_t launch_candidates_typed(const ShardCutCandidatesParams& p, cudaStream_t stream) {
-  shard_cut_candidates_kernel<T><<<static_cast<unsigned>(p.r), kThreads, 0, stream>>>(p);
+  if (p.count <= kOnePassMaxCount)
+    shard_cut_candidates_one_pass_kernel<T><<<static_cast<unsigned>(p.r), kThreads, 0, stream>>>(p);
+  else
+    shard_cut_candidates_kernel<T><<<static_cast<unsigned>(p.r), kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -25,7 +25,8 @@ KERNELS = {
     "spiffy_kernels.cuh": {"spiffy_accept_kernel"},
     "spiffy_mask_kernel.cu": {"spiffy_mask_kernel"},
     "shard_row_stats_kernel.cu": {"shard_row_stats_kernel"},
-    "shard_cut_kernel.cu": {"shard_cut_histogram_kernel", "shard_cut_pick_kernel", "shard_cut_candidates_kernel"},
+    "shard_cut_kernel.cu": {"shard_cut_histogram_kernel", "shard_cut_pick_kernel", "shard_cut_candidates_kernel",
+                            "shard_cut_candidates_one_pass_kernel"},
 }
 CUDA = Path(__file__).resolve().parents[2] / "csrc" / "cuda"
 

@@ -165,3 +165,57 @@ def test_candidates_of_empty_launches(emu):
         assert keys.shape == (r, count) and not weights.any()
         if count:  # the launch writes every key, fillers included (the buffer starts at 0xA5 bytes)
             assert torch.equal(keys, want)
+
+
+def edge_rows(v, dtype, seed):
+    """Rows for the candidates' edge cases, each a [rows, v] tensor of dtype: ties at the count-th
+    key (values rounded to a few), a flat row, one that rises with the id (every id beats the last:
+    a warp's buffer fills and is sorted again and again), one that falls, rows of -inf and NaN with
+    a few finite ids, +0 and -0 mixed, +inf, and a spike of 200 ties above a random row."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.arange(v, dtype=torch.float32)
+    rows = [(torch.randn(v, generator=g) * 2).round(), torch.full((v,), 0.5), ids * 0.01, ids * -0.01,
+            torch.full((v,), float("-inf")), torch.full((v,), float("nan")), torch.randn(v, generator=g),
+            torch.where(ids % 2 == 0, 0.0, -0.0), torch.randn(v, generator=g) * 0.1]
+    rows[4][::97] = 1.0
+    rows[5][v // 2] = 3.0
+    rows[6][::7], rows[6][1::5], rows[6][-1] = float("nan"), float("-inf"), float("inf")
+    rows[8][::max(1, v // 200)] = 4.0
+    return torch.stack(rows).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("v", [1, 9, 300, 1032, 4099])
+@pytest.mark.parametrize("aligned", [True, False])
+def test_candidates_one_pass_against_the_radix_select(emu, dtype, v, aligned):
+    """Counts up to 128 take one pass a row (warps keep the keys below a rising threshold), larger
+    ones the radix select: a count's keys and masses are bitwise the first of a larger count's, so
+    both paths agree on every edge row (ties at the threshold, flat, rising, NaN, -inf, +-0), read
+    in 16-byte chunks or id by id (a row that does not start 16-byte aligned), and the one pass
+    reads each row once, the radix select more often."""
+    logits = edge_rows(v, dtype, seed=v)
+    r = logits.shape[0]
+    if not aligned:  # the same values one element into a buffer: the rows no longer 16-byte aligned
+        logits = torch.cat([logits.new_zeros(1), logits.reshape(-1)])[1:].view(r, v)
+    scale = torch.linspace(0.7, 1.3, r)
+    vocab_start = 2**31 - 2 - v  # ids up to 2^31 - 3
+    ignore = vocab_start + v // 2
+    row_max = scaled(logits, scale, vocab_start, ignore).nan_to_num(nan=0.0).amax(-1).clamp(min=0.0)
+    emu.take_row_passes()
+    radix = emu.shard_cut_candidates(logits, scale, 129, vocab_start, ignore_id=ignore, row_max=row_max)
+    assert emu.take_row_passes() >= 2 * r  # a round and the gather at least
+    want = reference.shard_cut_candidates(logits, scale, 129, vocab_start, ignore_id=ignore)[0]
+    assert torch.equal(radix[0], want)
+    for count in (1, 2, 33, 50, 127, 128):
+        keys, weights = emu.shard_cut_candidates(logits, scale, count, vocab_start, ignore_id=ignore, row_max=row_max)
+        assert emu.take_row_passes() == r, count
+        assert torch.equal(keys, radix[0][:, :count]) and torch.equal(weights, radix[1][:, :count]), count
+        assert torch.equal(keys, ops.shard_cut_candidates(logits, scale, count, vocab_start, ignore_id=ignore)[0])
+
+
+def test_candidates_one_pass_of_empty_shards(emu):
+    """A shard of no ids, or of ids all NaN or -inf: every key the keep-all filler, masses 0."""
+    for logits in (torch.zeros(2, 0), torch.full((2, 40), float("nan")), torch.full((2, 40), float("-inf"))):
+        keys, weights = emu.shard_cut_candidates(logits, torch.ones(2), 50, 9, row_max=torch.zeros(2))
+        assert torch.equal(keys, reference.shard_cut_candidates(logits, torch.ones(2), 50, 9)[0])
+        assert not weights.any()
