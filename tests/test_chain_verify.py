@@ -136,7 +136,7 @@ def test_bad_inputs_name_the_argument():
         (dict(target_logits=logits[:, :3]), "target_logits must have shape"),
         (dict(target_logits=logits.double()), "target_logits must be float32"),
         (dict(draft_probs=q[:, :2]), "draft_probs must have shape"),
-        (dict(draft_probs=q.half()), "draft_probs must be float32"),
+        (dict(draft_probs=q.double()), "draft_probs must be float32, bfloat16 or float16"),
         (dict(temperature=-1.0), "temperature must be finite and >= 0"),
         (dict(temperature=float("inf")), "temperature must be finite and >= 0"),
         (dict(temperature=float("nan")), "temperature must be finite and >= 0"),

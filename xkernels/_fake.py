@@ -16,11 +16,22 @@ def _same_device(like_name, like, **tensors):
                          lambda: f"{name} must be on {like.device} like {like_name}, got {t.device}")
 
 
+_PROBS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _probs_dtype(draft_probs):
+    """The verify ops' draft probabilities: float32, bfloat16 or float16 (the kernels read each)."""
+    if draft_probs is not None:
+        torch._check(draft_probs.dtype in _PROBS_DTYPES,
+                     lambda: f"draft_probs must be float32, bfloat16 or float16, got {draft_probs.dtype}")
+
+
 @torch.library.register_fake("xkernels::chain_verify")
 def _chain_verify_fake(draft_tokens, target_logits, draft_probs=None, temperature=0.0, seed=0, offset=0,
                        seed_tensor=None, offset_tensor=None):
     _same_device("target_logits", target_logits, draft_tokens=draft_tokens, draft_probs=draft_probs, seed=seed_tensor,
                  offset=offset_tensor)
+    _probs_dtype(draft_probs)
     torch._check(draft_tokens.dim() == 2, lambda: "draft_tokens must have shape [N, K]")
     torch._check(target_logits.dim() == 3, lambda: "target_logits must have shape [N, K+1, V]")
     n, k = draft_tokens.shape
@@ -39,9 +50,10 @@ def _chain_verify_ragged_fake(draft_tokens, cu_num_draft_tokens, target_logits, 
                  draft_probs=draft_probs, temperature=temperature_tensor, top_k=top_k_tensor, top_p=top_p_tensor,
                  min_p=min_p_tensor, seed=seed_tensor, offset=offset_tensor, output_token_ids=output_token_ids,
                  num_emitted=num_emitted, logprobs=logprobs)
+    _probs_dtype(draft_probs)
     torch._check(draft_tokens.dim() == 1, lambda: "draft_tokens must have shape [T]")
     torch._check(target_logits.dim() == 2, lambda: "target_logits must have shape [T + N, V]")
-    return None
+    return None  # logprobs may be None: the kernels then neither compute nor write it
 
 
 _WEIGHTS = ("emb", "mix", "w_gate", "w_up", "w_down", "w_read")
@@ -119,6 +131,7 @@ def _tree_verify_fake(tokens, parents, target_logits, draft_probs=None, without_
     _same_device("target_logits", target_logits, tokens=tokens, parents=parents, draft_probs=draft_probs,
                  num_nodes=num_nodes, temperature=temperature_tensor, top_k=top_k_tensor, top_p=top_p_tensor,
                  min_p=min_p_tensor, seed=seed_tensor, offset=offset_tensor)
+    _probs_dtype(draft_probs)
     torch._check(parents.dim() == 2, lambda: "parents must have shape [N, M]")
     n, m = parents.shape
     return tokens.new_empty((n,)), tokens.new_empty((n, m)), tokens.new_empty((n, m))

@@ -122,8 +122,10 @@ def chain_verify(
         draft_tokens: int64 or int32 ``[N, K]``.
         target_logits: float32, bfloat16 or float16 ``[N, K+1, V]``; row ``i`` holds the
             target's next-token logits after the prefix plus the first ``i`` drafts.
-        draft_probs: optional float32 ``[N, K, V]``, the distributions the drafts were
-            sampled from. Without it the drafts are treated as deterministic proposals.
+        draft_probs: optional float32, bfloat16 or float16 ``[N, K, V]`` (an EAGLE drafter's
+            bfloat16 q as it is: the kernels read it in its dtype, no float32 copy), the
+            distributions the drafts were sampled from. Without it the drafts are treated as
+            deterministic proposals.
         temperature: a float, or a float32 ``[N]`` tensor (a temperature per sequence; rows
             at 0 are greedy in the same call). 0 is greedy verification (ties go to the
             lowest index).
@@ -192,10 +194,10 @@ def chain_verify(
     if draft_probs is not None and tuple(draft_probs.shape) != (n, k, vocab):  # before the reshape loses it
         raise ValueError(f"draft_probs must have shape [N, K, V] = [{n}, {k}, {vocab}], got {list(draft_probs.shape)}")
     cu = torch.arange(1, n + 1, dtype=torch.int64, device=draft_tokens.device) * k
-    out, emitted, logprobs = chain_verify_ragged(
-        draft_tokens.reshape(-1), cu, target_logits.reshape(n * (k + 1), vocab), max_spec_len=k,
-        draft_probs=None if draft_probs is None else draft_probs.reshape(n * k, vocab), temperature=temperature,
-        top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, offset=offset, method=method)
+    out, emitted, logprobs = _ragged_buffers(n, k, target_logits.device, with_logprobs=return_logprobs)
+    _ragged(draft_tokens.reshape(-1), cu, target_logits.reshape(n * (k + 1), vocab), k,
+            None if draft_probs is None else draft_probs.reshape(n * k, vocab), temperature, top_k, top_p, min_p, seed,
+            offset, method, out, emitted, logprobs)
     result = (emitted.long() - 1, out.long())
     return result + (logprobs,) if return_logprobs else result
 
@@ -232,8 +234,9 @@ def chain_verify_ragged(
         target_logits: float32, bfloat16 or float16 ``[T + N, V]``: request ``n``'s ``K_n + 1``
             rows are contiguous, from row ``cu[n-1] + n`` (``cu[-1] = 0``).
         max_spec_len: the width of the output less one; at least every ``K_n``.
-        draft_probs: optional float32 ``[T, V]``: the distributions the drafts were sampled
-            from; without it the drafts are deterministic proposals.
+        draft_probs: optional float32, bfloat16 or float16 ``[T, V]`` (read in its dtype, no
+            float32 copy): the distributions the drafts were sampled from; without it the drafts
+            are deterministic proposals.
         temperature: a float, or a float32 ``[N]`` tensor; rows at 0 are greedy.
         top_k: None, an int or an int32/int64 ``[N]`` tensor; 0 is off.
         top_p: None, a float or a float32 ``[N]`` tensor in (0, 1]; 1 is off.
@@ -298,16 +301,25 @@ def chain_verify_ragged(
     """
     if not 0 <= int(max_spec_len) < 2**31:  # the buffers' width, allocated below
         raise ValueError(f"max_spec_len must lie in [0, 2^31), got {max_spec_len}")
-    n, width = _requests(cu_num_draft_tokens), int(max_spec_len) + 1
-    device = _tensor(target_logits, "target_logits").device
+    out, num_emitted, logprobs = _ragged_buffers(_requests(cu_num_draft_tokens), int(max_spec_len),
+                                                 _tensor(target_logits, "target_logits").device, out, num_emitted,
+                                                 logprobs, with_logprobs=True)
+    _ragged(draft_tokens, cu_num_draft_tokens, target_logits, int(max_spec_len), draft_probs, temperature, top_k,
+            top_p, min_p, seed, offset, method, out, num_emitted, logprobs)
+    return out, num_emitted, logprobs
+
+
+def _ragged_buffers(n: int, max_spec_len: int, device, out=None, num_emitted=None, logprobs=None,
+                    with_logprobs: bool = False):
+    """The ragged kernel's buffers: those given, the others allocated; logprobs only with_logprobs
+    (else None: the kernels neither compute nor write log-probabilities)."""
+    width = max_spec_len + 1
     if out is None:
         out = torch.empty((n, width), dtype=torch.int32, device=device)
     if num_emitted is None:
         num_emitted = torch.empty((n,), dtype=torch.int32, device=device)
-    if logprobs is None:
+    if logprobs is None and with_logprobs:
         logprobs = torch.empty((n, width), dtype=torch.float32, device=device)
-    _ragged(draft_tokens, cu_num_draft_tokens, target_logits, int(max_spec_len), draft_probs, temperature, top_k,
-            top_p, min_p, seed, offset, method, out, num_emitted, logprobs)
     return out, num_emitted, logprobs
 
 
@@ -350,9 +362,8 @@ def chain_verify_ragged_(
     accepted drafts' count first, then the tokens (as :func:`chain_verify` and :func:`tree_verify`).
 
     The form an engine captures in a CUDA graph: every output is a buffer it owns, written in place
-    on the current stream, no host read, nothing allocated unless ``logprobs`` is None (then the
-    kernel, which always computes the log-probabilities, writes them to a scratch buffer of ``[N,
-    max_spec_len + 1]`` floats that is dropped).
+    on the current stream, no host read, nothing allocated; without ``logprobs`` the kernels neither
+    compute nor write log-probabilities.
 
     Args:
         draft_tokens, cu_num_draft_tokens, target_logits, draft_probs: as :func:`chain_verify_ragged`
@@ -364,7 +375,8 @@ def chain_verify_ragged_(
         accept_len: int32 ``[N]``, contiguous, on the logits' device: receives each request's
             accepted drafts (it emits ``accept_len + 1`` tokens).
         logprobs: optional float32 ``[N, max_spec_len + 1]``: receives the emitted tokens'
-            log-probabilities (as :func:`chain_verify_ragged` gives them, NaN padded).
+            log-probabilities (as :func:`chain_verify_ragged` gives them, NaN padded); None (the
+            default): none are computed.
         seed, offset: int64 ``[N]`` tensors, a stream per request (request ``n``'s slot ``i`` keyed by
             ``(seed[n], offset[n] + i)``); a call reads slots up to ``offset[n] + max_spec_len``, so
             the next call's offset advances by :func:`xkernels.offset_advance` (``max_spec_len + 1``):
@@ -390,9 +402,8 @@ def chain_verify_ragged_(
         raise ValueError(f"accept_len must be a contiguous int32 [N] (N = cu_num_draft_tokens' length), got "
                          f"{accept_len.dtype} {list(accept_len.shape)}")
     logprobs = _tensor(logprobs, "logprobs", optional=True)
-    scratch = logprobs if logprobs is not None else torch.empty(out.shape, dtype=torch.float32, device=out.device)
     _ragged(draft_tokens, cu_num_draft_tokens, target_logits, out.shape[1] - 1, draft_probs, temperature, top_k,
-            top_p, min_p, seed, offset, method, out, accept_len, scratch)
+            top_p, min_p, seed, offset, method, out, accept_len, logprobs)
     accept_len.sub_(1)
     return (accept_len, out) if logprobs is None else (accept_len, out, logprobs)
 
@@ -755,8 +766,9 @@ def tree_verify(
         parents: int64 ``[N, M]``, the tree.
         target_logits: float32, bfloat16 or float16 ``[N, M, V]``: row ``i`` holds the target's
             next-token logits after node ``i``'s path.
-        draft_probs: optional float32 ``[N, M, V]``: row ``i`` is the distribution the children of
-            node ``i`` were drawn from (i.i.d., or ``without_replacement``); entries >= 0, each row
+        draft_probs: optional float32, bfloat16 or float16 ``[N, M, V]`` (read in its dtype on
+            the CPU; the CUDA binding widens a 16-bit one to float32, a copy): row ``i`` is the
+            distribution the children of node ``i`` were drawn from (i.i.d., or ``without_replacement``); entries >= 0, each row
             divided by its sum (a row summing to 0 proposes nothing: its children are rejected).
             Without it the children are deterministic proposals (top-k, a best-first tree).
         without_replacement: the children of a node were drawn without replacement from its row.

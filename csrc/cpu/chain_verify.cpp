@@ -12,6 +12,7 @@
 #include "../ops/chain_verify_ragged.h"
 #include "../ops/checks.h"
 #include "dispatch.h"
+#include "draft_probs.h"
 #include "row_reduce.h"
 #include "top_filter.h"
 #include "xkernels/sampling.h"
@@ -21,11 +22,12 @@ namespace xkernels {
 namespace {
 
 // A thread's row buffers: the scaled (and filtered) row, the residual (with draft probabilities:
-// the only case that reads it), the filter's scratch. Left uninitialised: a zeroed V-float row
-// would cost a pass and page faults per call.
+// the only case that reads it), a draft row converted to float (q not float32), the filter's
+// scratch. Left uninitialised: a zeroed V-float row would cost a pass and page faults per call.
 struct RowScratch {
-  RowScratch(int64_t v, bool with_q) : a(new float[v]), residual(with_q ? new float[v] : nullptr) {}
-  std::unique_ptr<float[]> a, residual;
+  RowScratch(int64_t v, const cpu::DraftProbs& q)
+      : a(new float[v]), residual(q ? new float[v] : nullptr), q(q.converts() ? new float[v] : nullptr) {}
+  std::unique_ptr<float[]> a, residual, q;
   cpu::FilterScratch filter;
 };
 
@@ -35,7 +37,7 @@ struct Request {
   int64_t k, v;
   const T* logits;
   const int64_t* draft;
-  const float* q;
+  cpu::DraftProbs q;
 };
 
 // A prepared row: the scaled, filtered logits and their statistics; a point mass when greedy or
@@ -68,12 +70,12 @@ class RequestVerifier {
       row = prepare(i);
       if (i == r_.k) break;
       const int64_t x = r_.draft[i];
-      const float* q_row = r_.q ? r_.q + i * r_.v : nullptr;
-      const bool accepted = draft_accepted(row.point_mass, static_cast<int32_t>(x), row.s, row.a[x],
-                                           q_row != nullptr, q_row ? q_row[x] : 0.0f,
+      const bool with_q = static_cast<bool>(r_.q);
+      const bool accepted = draft_accepted(row.point_mass, static_cast<int32_t>(x), row.s, row.a[x], with_q,
+                                           with_q ? r_.q.at(i, x) : 0.0f,
                                            row.point_mass ? 0.0f : st_.coin(static_cast<uint32_t>(i)));
       if (!accepted) {
-        residual = q_row != nullptr;
+        residual = with_q;
         exclude = static_cast<int32_t>(x);
         break;
       }
@@ -91,14 +93,13 @@ class RequestVerifier {
     for (int64_t i = 0; i < r_.k; ++i) {
       const Row row = prepare(i);
       const int64_t x = r_.draft[i];
-      const float* q_row = r_.q ? r_.q + i * r_.v : nullptr;
-      if (i > 0 && st_.coin(static_cast<uint32_t>(i - 1)) < block_threshold(residual_mass(row, q_row, x, w), w)) {
+      if (i > 0 && st_.coin(static_cast<uint32_t>(i - 1)) < block_threshold(residual_mass(row, i, x, w), w)) {
         tau = i;
         w_tau = w;
       }
       if (logprobs) logprobs[i] = row.logprob(x);
       out[i] = x;
-      w = block_weight(w, row.prob(x), q_row ? q_row[x] : 1.0f);
+      w = block_weight(w, row.prob(x), r_.q ? r_.q.at(i, x) : 1.0f);
     }
     if (r_.k > 0 && st_.coin(static_cast<uint32_t>(r_.k - 1)) < w) {
       tau = r_.k;
@@ -106,7 +107,8 @@ class RequestVerifier {
     }
     const Row row = prepare(tau);
     const bool bonus = tau == r_.k;
-    const int64_t token = sample(tau, row, bonus ? -1 : static_cast<int32_t>(r_.draft[tau]), !bonus && r_.q, w_tau);
+    const int64_t token =
+        sample(tau, row, bonus ? -1 : static_cast<int32_t>(r_.draft[tau]), !bonus && static_cast<bool>(r_.q), w_tau);
     emit(out, logprobs, tau, token, row);
     return tau + 1;
   }
@@ -126,16 +128,17 @@ class RequestVerifier {
     return Row{a, s, point_mass};
   }
 
-  // Z = sum_v max(w p'(v) - q(v), 0) at the row (q = one-hot(x) without draft probabilities).
-  float residual_mass(const Row& row, const float* q_row, int64_t x, float w) {
-    if (!q_row) return w * (1.0f - row.prob(x));
+  // Z = sum_v max(w p'(v) - q(v), 0) at row i (q = one-hot(x) without draft probabilities).
+  float residual_mass(const Row& row, int64_t i, int64_t x, float w) {
+    if (!r_.q) return w * (1.0f - row.prob(x));
     if (!(w > 0.0f)) return 0.0f;  // sum of max(-q, 0)
     if (row.point_mass) {
-      const float z = w - q_row[row.s.top.idx];
+      const float z = w - r_.q.at(i, row.s.top.idx);
       return z > 0.0f ? z : 0.0f;
     }
     float* e = scratch_.residual.get();
     cpu::exp_row(row.a, r_.v, row.s.top.val, e);
+    const float* q_row = r_.q.row(i, scratch_.q.get());
     return static_cast<float>(cpu::residual_sum(e, q_row, r_.v, row.s.sum / w) * (w / row.s.sum));
   }
 
@@ -149,7 +152,8 @@ class RequestVerifier {
     SampleJob job{kSamplePlain, static_cast<int32_t>(i), exclude, row.s.top.idx, row.s};
     ArgMax best;
     if (residual) {
-      cpu::residual_row(row.a, r_.q + i * r_.v, r_.v, row.s.top.val, row.s.sum, scratch_.residual.get(), 1.0f / w);
+      cpu::residual_row(row.a, r_.q.row(i, scratch_.q.get()), r_.v, row.s.top.val, row.s.sum, scratch_.residual.get(),
+                        1.0f / w);
       best = cpu::sample_positive(st_.seed, offset, sequence, position, scratch_.residual.get(), r_.v);
     } else {
       best = cpu::sample_logits(st_.seed, offset, sequence, position, row.a, r_.v, exclude);
@@ -178,9 +182,9 @@ int64_t verify_request(const Request<T>& r, const RowSampling& rs, const RowStre
 
 // Requests in parallel, each thread with its scratch, allocated once for its requests.
 template <typename F>
-void for_each_request(int64_t n, int64_t v, bool with_q, F&& f) {
+void for_each_request(int64_t n, int64_t v, const cpu::DraftProbs& q, F&& f) {
   at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
-    RowScratch scratch(v, with_q);
+    RowScratch scratch(v, q);
     for (int64_t i = begin; i < end; ++i) f(i, scratch);
   });
 }
@@ -208,12 +212,12 @@ std::tuple<at::Tensor, at::Tensor> chain_verify_cpu(const at::Tensor& draft_toke
     using T = decltype(tag);
     const auto* l = logits.const_data_ptr<T>();
     const auto* d = draft.const_data_ptr<int64_t>();
-    const float* qp = q.defined() ? q.const_data_ptr<float>() : nullptr;
     auto* acc = accept_len.mutable_data_ptr<int64_t>();
     auto* o = out.mutable_data_ptr<int64_t>();
     const int64_t k = shape.k, v = shape.v;
-    for_each_request(shape.n, v, qp != nullptr, [&](int64_t n, RowScratch& scratch) {
-      const Request<T> r{k, v, l + n * (k + 1) * v, d + n * k, qp ? qp + n * k * v : nullptr};
+    const cpu::DraftProbs qp(q, v);
+    for_each_request(shape.n, v, qp, [&](int64_t n, RowScratch& scratch) {
+      const Request<T> r{k, v, l + n * (k + 1) * v, d + n * k, qp.rows_from(n * k)};
       const RowStream st{seed_v, offset_v, static_cast<uint32_t>(n), false};
       int64_t* row_out = o + n * (k + 1);
       const int64_t emitted = verify_request(r, rs, st, false, scratch, row_out, nullptr);
@@ -228,7 +232,7 @@ void chain_verify_ragged_cpu(const at::Tensor& draft_tokens, const at::Tensor& c
                              const at::Tensor& target_logits, int64_t max_spec_len,
                              const std::optional<at::Tensor>& draft_probs, XK_SAMPLING_ARGS, bool block,
                              const at::Tensor& output_token_ids, const at::Tensor& num_emitted,
-                             const at::Tensor& logprobs) {
+                             const std::optional<at::Tensor>& logprobs) {
   const auto shape = check_chain_verify_ragged(draft_tokens, cu_num_draft_tokens, target_logits, max_spec_len,
                                                draft_probs, output_token_ids, num_emitted, logprobs);
   const SamplingArgs sampling = sampling_args(shape.n, target_logits.device(), XK_SAMPLING_FORWARD);
@@ -244,20 +248,20 @@ void chain_verify_ragged_cpu(const at::Tensor& draft_tokens, const at::Tensor& c
     const auto* l = logits.const_data_ptr<T>();
     const auto* d = draft.const_data_ptr<int64_t>();
     const auto* c = cu.const_data_ptr<int64_t>();
-    const float* qp = q.defined() ? q.const_data_ptr<float>() : nullptr;
     auto* o = output_token_ids.mutable_data_ptr<int32_t>();
     auto* e = num_emitted.mutable_data_ptr<int32_t>();
-    auto* lp = logprobs.mutable_data_ptr<float>();
+    float* lp = logprobs.has_value() ? logprobs->mutable_data_ptr<float>() : nullptr;  // null: not computed
     const SamplingView view = sampling_view(sampling);
-    for_each_request(shape.n, v, qp != nullptr, [&](int64_t n, RowScratch& scratch) {
+    const cpu::DraftProbs qp(q, v);
+    for_each_request(shape.n, v, qp, [&](int64_t n, RowScratch& scratch) {
       const int64_t start = n == 0 ? 0 : c[n - 1], k = c[n] - start;
-      const Request<T> r{k, v, l + (start + n) * v, d + start, qp ? qp + start * v : nullptr};
+      const Request<T> r{k, v, l + (start + n) * v, d + start, qp.rows_from(start)};
       std::vector<int64_t> tokens(k + 1);
-      float* row_lp = lp + n * width;
+      float* row_lp = lp ? lp + n * width : nullptr;
       const int64_t emitted = verify_request(r, view.row(n), view.stream(n), block, scratch,
                                              tokens.data(), row_lp);
       for (int64_t j = 0; j < width; ++j) o[n * width + j] = j < emitted ? static_cast<int32_t>(tokens[j]) : -1;
-      for (int64_t j = emitted; j < width; ++j) row_lp[j] = __builtin_nanf("");
+      for (int64_t j = emitted; row_lp && j < width; ++j) row_lp[j] = __builtin_nanf("");
       e[n] = static_cast<int32_t>(emitted);
     });
   });

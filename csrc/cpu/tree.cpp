@@ -14,6 +14,7 @@
 #include "../ops/checks.h"
 #include "../ops/sampling_args.h"
 #include "dispatch.h"
+#include "draft_probs.h"
 #include "row_reduce.h"
 #include "top_filter.h"
 #include "xkernels/tree.h"
@@ -116,10 +117,11 @@ struct VerifyArgs {
 };
 
 // A thread's row buffers, reused across sequences: the scaled (and filtered) row, the residual,
-// the filter's scratch.
+// a node's draft row converted to float (q not float32), the filter's scratch.
 struct VerifyScratch {
-  explicit VerifyScratch(int64_t v) : a(static_cast<size_t>(v)), e(static_cast<size_t>(v)) {}
-  std::vector<float> a, e;
+  VerifyScratch(int64_t v, const cpu::DraftProbs& q)
+      : a(static_cast<size_t>(v)), e(static_cast<size_t>(v)), q(q.converts() ? static_cast<size_t>(v) : 0) {}
+  std::vector<float> a, e, q;
   cpu::FilterScratch filter;
 };
 
@@ -144,7 +146,7 @@ int32_t sample_weights(const VerifyArgs& c, const RowStream& st, int64_t node, W
 // they leave every residual.
 template <typename TL>
 void verify_tree(const VerifyArgs& c, const RowSampling& rs, const RowStream& st, int64_t count,
-                 const int64_t* tokens, const int64_t* parents, const TL* logits, const float* draft_probs,
+                 const int64_t* tokens, const int64_t* parents, const TL* logits, const cpu::DraftProbs& draft_probs,
                  int64_t* accept_len, int64_t* path, int64_t* out, VerifyScratch& scratch) {
   float* a = scratch.a.data();
   float* e = scratch.e.data();
@@ -170,7 +172,7 @@ void verify_tree(const VerifyArgs& c, const RowSampling& rs, const RowStream& st
     if (point_mass) {
       for (int64_t ch = first[node]; ch >= 0 && chosen < 0; ch = next[ch])
         if (tokens[ch] == s.top.idx) chosen = ch;
-    } else if (draft_probs == nullptr) {
+    } else if (!draft_probs) {
       // Deterministic children: rejected tokens leave r (their probability mass leaves `remaining`).
       std::vector<int32_t> rejected;
       float remaining = 1.0f;
@@ -193,8 +195,9 @@ void verify_tree(const VerifyArgs& c, const RowSampling& rs, const RowStream& st
     } else {
       // Children drawn from q: the residual in closed form (xkernels/tree.h's TreeResidual), from
       // e = exp(a - top), made into a row at the first rejection; a pass sums it when a test needs it.
-      const float* q_row = draft_probs + node * c.v;
-      TreeResidual res = tree_residual_start(s.sum, first[node] >= 0 ? cpu::row_sum(q_row, c.v) : 0.0f);
+      // read only where the node has children (a leaf's residual is p'), converted once a node
+      const float* q_row = first[node] >= 0 ? draft_probs.row(node, scratch.q.data()) : nullptr;
+      TreeResidual res = tree_residual_start(s.sum, q_row ? cpu::row_sum(q_row, c.v) : 0.0f);
       std::vector<int32_t> rejected;
       bool stale = false, empty = false;
       for (int64_t ch = first[node]; ch >= 0 && chosen < 0; ch = next[ch]) {
@@ -254,6 +257,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_cpu(
   const VerifyArgs c{m, v, without_replacement};
   const SamplingView view = sampling_view(sampling);
   const auto q = draft_probs.has_value() ? draft_probs->contiguous() : at::Tensor();
+  const cpu::DraftProbs qp(q, v);
   auto accept_len = at::empty({n}, tokens.options());
   auto path = at::full({n, m}, -1, tokens.options());
   auto out = at::full({n, m}, -1, tokens.options());
@@ -261,11 +265,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_cpu(
     using TL = decltype(tag);
     const TL* l = logits.const_data_ptr<TL>();
     at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
-      VerifyScratch scratch(v);
+      VerifyScratch scratch(v, qp);
       for (int64_t s = begin; s < end; ++s)
         verify_tree(c, view.row(s), view.stream(s), counts[s], tok.const_data_ptr<int64_t>() + s * m,
-                    par.const_data_ptr<int64_t>() + s * m, l + s * m * v,
-                    q.defined() ? q.const_data_ptr<float>() + s * m * v : nullptr,
+                    par.const_data_ptr<int64_t>() + s * m, l + s * m * v, qp.rows_from(s * m),
                     accept_len.mutable_data_ptr<int64_t>() + s, path.mutable_data_ptr<int64_t>() + s * m,
                     out.mutable_data_ptr<int64_t>() + s * m, scratch);
     });

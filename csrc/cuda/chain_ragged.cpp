@@ -17,7 +17,7 @@ void chain_verify_ragged_cuda(const at::Tensor& draft_tokens, const at::Tensor& 
                               const at::Tensor& target_logits, int64_t max_spec_len,
                               const std::optional<at::Tensor>& draft_probs, XK_SAMPLING_ARGS, bool block,
                               const at::Tensor& output_token_ids, const at::Tensor& num_emitted,
-                              const at::Tensor& logprobs) {
+                              const std::optional<at::Tensor>& logprobs) {
   const auto shape = check_chain_verify_ragged(draft_tokens, cu_num_draft_tokens, target_logits, max_spec_len,
                                                draft_probs, output_token_ids, num_emitted, logprobs);
   const SamplingArgs s = sampling_args(shape.n, target_logits.device(), XK_SAMPLING_FORWARD);
@@ -33,13 +33,14 @@ void chain_verify_ragged_cuda(const at::Tensor& draft_tokens, const at::Tensor& 
   p.dtype = cuda::logits_type(logits);
   p.draft = draft.const_data_ptr<int64_t>();
   p.cu = cu.const_data_ptr<int64_t>();
-  p.q = q.defined() ? q.const_data_ptr<float>() : nullptr;
+  p.q = q.defined() ? q.const_data_ptr() : nullptr;
+  p.q_dtype = q.defined() ? cuda::logits_type(q) : cuda::LogitsType::kFloat32;  // checked dtype
   p.t = shape.t, p.n = shape.n, p.v = shape.v, p.max_spec_len = shape.max_spec_len;
   p.s = sampling_view(s);
   p.block = block;
   p.out = output_token_ids.mutable_data_ptr<int32_t>();
   p.num_emitted = num_emitted.mutable_data_ptr<int32_t>();
-  p.logprobs = logprobs.mutable_data_ptr<float>();
+  p.logprobs = logprobs.has_value() ? logprobs->mutable_data_ptr<float>() : nullptr;  // null: not computed
   auto workspace = cuda::workspace(cuda::chain_ragged_workspace_bytes(p), target_logits);
   cuda::check_launch(cuda::launch_chain_ragged(p, workspace.mutable_data_ptr(), cuda::stream()), "chain_verify_ragged");
 }

@@ -26,6 +26,7 @@
 #include "candidates.cuh"
 #include "chain_ragged_launch.h"
 #include "device_utils.cuh"
+#include "draft_probs.cuh"
 #include "row_filter.cuh"
 #include "xkernels/sampling.h"
 #include "xkernels/sampling_params.h"
@@ -120,13 +121,13 @@ __device__ int32_t block_pick(Shared& sh, ArgMax best, const RowState& row) {
 // give a dropped id a positive residual.
 template <typename T>
 __device__ int32_t sample_row(Shared& sh, const RowView<T>& r, const RowStream& st, uint32_t slot, int32_t exclude,
-                              const float* q_row, float q_scale, const Candidate* kept) {
+                              ProbsPtr q_row, float q_scale, const Candidate* kept) {
   const RowState row = sh.row;
   if (row.point_mass) return row.s.top.idx;
   const uint64_t offset = st.offset_at(slot);
   const uint32_t sequence = st.sequence_at(), position = st.position_at(slot);
   ArgMax best = argmax_empty();
-  if (row.kept_n >= 0 && q_row == nullptr) {
+  if (row.kept_n >= 0 && !q_row) {
     for (int e = threadIdx.x; e < row.kept_n; e += kThreads) {
       const Candidate c = kept[e];
       if (c.id != exclude) best = argmax_merge(best, gumbel_score(key_value(c.key), c.id, st.seed, offset, sequence, position));
@@ -184,14 +185,14 @@ __device__ __forceinline__ float filtered_logit(const RowState& row, const RowVi
 // null: a deterministic proposal).
 template <typename T>
 __device__ __forceinline__ float weight_after(float w, const RowState& row, const RowView<T>& r, int64_t x, bool valid,
-                                              const float* q_row) {
+                                              ProbsPtr q_row) {
   const float p_x = valid ? row.prob(filtered_logit(row, r, x), x) : 0.0f;
   return block_weight(w, p_x, q_row ? (valid ? q_row[x] : 0.0f) : 1.0f);
 }
 
 // Z = sum_v max(w p'(v) - q(v), 0) over row r in state `row`, at thread 0 of the block.
 template <typename T>
-__device__ float residual_sum(const RowState& row, const RowView<T>& r, const float* q_row, float w) {
+__device__ float residual_sum(const RowState& row, const RowView<T>& r, ProbsPtr q_row, float w) {
   float z = 0.0f;
   r.for_each_in_order([&](int64_t v) { return q_row[v]; },
                       [&](int64_t v, float a, float q_v) {
@@ -215,11 +216,11 @@ class RequestWalk {
   // probabilities).
   // kept: the request's rows' candidate slots (kept_stride apart), where select ranked a settled
   // row's kept ids.
-  __device__ RequestWalk(const T* logits, const int64_t* draft, const float* q, int64_t v, int32_t* out,
+  __device__ RequestWalk(const T* logits, const int64_t* draft, ProbsPtr q, int64_t v, int32_t* out,
                          float* logprobs, const Request& req, const RowState* states, const float* residuals,
                          const Candidate* kept, int64_t kept_stride, Shared& sh)
       : req_(req), sh_(sh), states_(states), residuals_(residuals), kept_(kept), kept_stride_(kept_stride), v_(v),
-        rows_(logits + (req.lo + blockIdx.x) * v), draft_(draft + req.lo), q_(q ? q + req.lo * v : nullptr), out_(out),
+        rows_(logits + (req.lo + blockIdx.x) * v), draft_(draft + req.lo), q_(q + req.lo * v), out_(out),
         logprobs_(logprobs) {}
 
   __device__ int64_t token_wise() {
@@ -232,13 +233,13 @@ class RequestWalk {
         const bool valid = x >= 0 && x < v_;
         const RowState& row = sh_.row;
         const float a_x = valid ? filtered_logit(row, view(i), x) : kNegInf;
-        const float* q_row = q(i);
+        const ProbsPtr q_row = q(i);
         const bool accepted =
-            valid && draft_accepted(row.point_mass, static_cast<int32_t>(x), row.s, a_x, q_row != nullptr,
+            valid && draft_accepted(row.point_mass, static_cast<int32_t>(x), row.s, a_x, static_cast<bool>(q_row),
                                     q_row ? q_row[x] : 0.0f, row.point_mass ? 0.0f : req_.st.coin(static_cast<uint32_t>(i)));
         sh_.flag = accepted;
         sh_.exclude = valid ? static_cast<int32_t>(x) : -1;
-        if (accepted) emit(i, x, row.logprob(a_x));
+        if (accepted) emit(i, x, [&] { return row.logprob(a_x); });
       }
       __syncthreads();
       if (!sh_.flag) break;
@@ -246,8 +247,8 @@ class RequestWalk {
     const bool bonus = i == req_.k;
     const int32_t exclude = bonus ? -1 : sh_.exclude;
     const int32_t token =
-        sample_row(sh_, view(i), req_.st, static_cast<uint32_t>(i), exclude, bonus ? nullptr : q(i), 1.0f, kept(i));
-    if (threadIdx.x == 0) emit(i, token, sh_.row.logprob(view(i).a(token)));
+        sample_row(sh_, view(i), req_.st, static_cast<uint32_t>(i), exclude, bonus ? ProbsPtr{} : q(i), 1.0f, kept(i));
+    if (threadIdx.x == 0) emit(i, token, [&] { return sh_.row.logprob(view(i).a(token)); });
     return i + 1;
   }
 
@@ -267,8 +268,8 @@ class RequestWalk {
           w_tau = w;
         }
       }
-      const float a_x = valid ? filtered_logit(sh_.row, view(i), x) : kNegInf;
-      if (threadIdx.x == 0) emit(i, x, sh_.row.logprob(a_x));
+      if (threadIdx.x == 0)
+        emit(i, x, [&] { return sh_.row.logprob(valid ? filtered_logit(sh_.row, view(i), x) : kNegInf); });
       w = weight_after(w, sh_.row, view(i), x, valid, q(i));
       __syncthreads();  // sh.row is read before the next row's state replaces it
     }
@@ -284,8 +285,8 @@ class RequestWalk {
       exclude = x >= 0 && x < v_ ? static_cast<int32_t>(x) : -1;
     }
     const int32_t token = sample_row(sh_, view(tau), req_.st, static_cast<uint32_t>(tau), exclude,
-                                     bonus ? nullptr : q(tau), 1.0f / w_tau, kept(tau));
-    if (threadIdx.x == 0) emit(tau, token, sh_.row.logprob(view(tau).a(token)));
+                                     bonus ? ProbsPtr{} : q(tau), 1.0f / w_tau, kept(tau));
+    if (threadIdx.x == 0) emit(tau, token, [&] { return sh_.row.logprob(view(tau).a(token)); });
     return tau + 1;
   }
 
@@ -298,11 +299,13 @@ class RequestWalk {
   __device__ RowView<T> view(int64_t i) const {
     return RowView<T>{rows_ + i * v_, v_, req_.greedy ? 1.0f : req_.rs.inv_t};
   }
-  __device__ const float* q(int64_t i) const { return q_ ? q_ + i * v_ : nullptr; }
+  __device__ ProbsPtr q(int64_t i) const { return q_ + i * v_; }
   __device__ const Candidate* kept(int64_t i) const { return kept_ + i * kept_stride_; }
-  __device__ void emit(int64_t i, int64_t token, float logprob) const {
+  // Token i and, when asked for (logprobs_ set), its log-probability: logprob() runs only then.
+  template <typename F>
+  __device__ void emit(int64_t i, int64_t token, F&& logprob) const {
     out_[i] = static_cast<int32_t>(token);
-    logprobs_[i] = logprob;
+    if (logprobs_) logprobs_[i] = logprob();
   }
 
   // Z = sum_v max(w p'(v) - q(v), 0) at row i, the walk's: closed form without draft probabilities
@@ -321,7 +324,7 @@ class RequestWalk {
   const int64_t v_;
   const T* rows_;
   const int64_t* draft_;
-  const float* q_;
+  const ProbsPtr q_;
   int32_t* out_;
   float* logprobs_;
 };
@@ -418,7 +421,7 @@ __global__ void __launch_bounds__(kThreads) chain_ragged_residual_kernel(ChainRa
   if (req.greedy || i < 1 || i >= req.k) return;  // the whole block; greedy requests walk token-wise
   const T* rows = static_cast<const T*>(p.logits) + (req.lo + n) * p.v;
   const auto view = [&](int64_t j) { return RowView<T>{rows + j * p.v, p.v, req.rs.inv_t}; };
-  const float* q = p.q + req.lo * p.v;
+  const ProbsPtr q = ProbsPtr{p.q, p.q_dtype} + req.lo * p.v;
   if (threadIdx.x == 0) {
     float w = 1.0f;
     for (int64_t j = 0; j < i; ++j) {
@@ -441,14 +444,15 @@ __global__ void __launch_bounds__(kThreads) chain_ragged_kernel(ChainRaggedParam
   const int64_t n = blockIdx.x;
   const Request req = request_of(p, n);
   const int64_t width = p.max_spec_len + 1;
-  RequestWalk<T> walk(static_cast<const T*>(p.logits), p.draft, p.q, p.v, p.out + n * width, p.logprobs + n * width,
+  RequestWalk<T> walk(static_cast<const T*>(p.logits), p.draft, ProbsPtr{p.q, p.q_dtype}, p.v, p.out + n * width,
+                      p.logprobs ? p.logprobs + n * width : nullptr,
                       req, states + n * width, residuals + n * width,
                       c.cands + n * width * c.layout.slices * kSliceKeep, c.layout.slices * kSliceKeep, sh);
   const int64_t emitted = p.block && !req.greedy ? walk.block_wise() : walk.token_wise();
   __syncthreads();  // thread 0's writes of the emitted slots come before the padding
   for (int64_t j = emitted + threadIdx.x; j < width; j += kThreads) {
     p.out[n * width + j] = -1;
-    p.logprobs[n * width + j] = __uint_as_float(0x7FC00000u);
+    if (p.logprobs) p.logprobs[n * width + j] = __uint_as_float(0x7FC00000u);
   }
   if (threadIdx.x == 0) p.num_emitted[n] = static_cast<int32_t>(emitted);
 }

@@ -16,13 +16,14 @@ struct ChainRaggedParams {
   LogitsType dtype;
   const int64_t* draft;  // [t]
   const int64_t* cu;     // [n], inclusive cumsum of the drafts per request
-  const float* q;        // [t, v] or null
+  const void* q;         // [t, v] or null, of q_dtype (read in it)
+  LogitsType q_dtype;
   int64_t t, n, v, max_spec_len;
   SamplingView s;  // per-row parameters and streams
   bool block;                         // block verification
   int32_t* out;         // [n, max_spec_len + 1]
   int32_t* num_emitted;  // [n]
-  float* logprobs;      // [n, max_spec_len + 1]
+  float* logprobs;      // [n, max_spec_len + 1], or null: not computed
 };
 
 // The workspace launch_chain_ragged needs: every row's prepared state, and the filtered rows'

@@ -33,7 +33,8 @@ std::tuple<at::Tensor, at::Tensor> chain_verify_cuda(const at::Tensor& draft_tok
   p.logits = logits.const_data_ptr();
   p.dtype = cuda::logits_type(logits);
   p.draft = draft.const_data_ptr<int64_t>();
-  p.q = q.defined() ? q.const_data_ptr<float>() : nullptr;
+  p.q = q.defined() ? q.const_data_ptr() : nullptr;
+  p.q_dtype = q.defined() ? cuda::logits_type(q) : cuda::LogitsType::kFloat32;  // checked dtype
   p.n = shape.n, p.k = shape.k, p.v = shape.v;
   p.inv_t = inverse_temperature(temperature);
   p.seed = rng.seed, p.offset = rng.offset;

@@ -14,6 +14,7 @@
 
 #include "chain_verify_launch.h"
 #include "device_utils.cuh"
+#include "draft_probs.cuh"
 #include "row_reduce.cuh"
 #include "xkernels/sampling.h"
 
@@ -80,9 +81,9 @@ __global__ void __launch_bounds__(kThreads) chain_walk_kernel(ChainVerifyParams 
       } else {
         x = p.draft[n * p.k + i];
         valid = x >= 0 && x < p.v;
-        const float* q = p.q ? p.q + (n * p.k + i) * p.v : nullptr;
+        const ProbsPtr q = ProbsPtr{p.q, p.q_dtype} + (n * p.k + i) * p.v;
         stop = !(valid && draft_accepted(point_mass, static_cast<int32_t>(x), s, w.draft_logit[n * p.k + i],
-                                         q != nullptr, q ? q[x] : 0.0f,
+                                         static_cast<bool>(q), q ? q[x] : 0.0f,
                                          point_mass ? 0.0f
                                                     : acceptance_coin(seed, offset, static_cast<uint32_t>(n),
                                                                       static_cast<uint32_t>(i))));
@@ -107,7 +108,8 @@ __global__ void __launch_bounds__(kThreads) chain_walk_kernel(ChainVerifyParams 
   }
 }
 
-template <typename T>
+// Q: q's element type (read only in the residual mode).
+template <typename T, typename Q>
 __global__ void __launch_bounds__(kThreads) sample_slices_kernel(ChainVerifyParams p, Workspace w, bool vector_ok) {
   __shared__ ArgMax start;
   const int64_t n = blockIdx.x / w.sample_slice_count;
@@ -117,10 +119,11 @@ __global__ void __launch_bounds__(kThreads) sample_slices_kernel(ChainVerifyPara
   const uint64_t seed = read_or(p.seed_ptr, p.seed), offset = read_or(p.offset_ptr, p.offset);
   const uint32_t sequence = static_cast<uint32_t>(n);
   const T* logits = static_cast<const T*>(p.logits) + (n * (p.k + 1) + job.row) * p.v;
-  const float* q = job.mode == kSampleResidual ? p.q + (n * p.k + job.row) * p.v : nullptr;
+  const Q* q = job.mode == kSampleResidual ? static_cast<const Q*>(p.q) + (n * p.k + job.row) * p.v : nullptr;
   if (threadIdx.x == 0) {  // every thread starts from the score of the row's argmax (row_reduce.cuh)
     const int32_t x = job.fallback;
-    start = gumbel_score(sample_log_weight(job, to_float(logits[x]) * p.inv_t, x, q ? q[x] : 0.0f), x, seed, offset,
+    start = gumbel_score(sample_log_weight(job, to_float(logits[x]) * p.inv_t, x, q ? to_float(q[x]) : 0.0f), x,
+                         seed, offset,
                          sequence, static_cast<uint32_t>(job.row));
   }
   __syncthreads();
@@ -130,22 +133,23 @@ __global__ void __launch_bounds__(kThreads) sample_slices_kernel(ChainVerifyPara
   // Whole groups by vector loads, several in flight; the row's last partial group id by id.
   const int64_t vector_end = vector_ok ? vector_span_end(range.begin, range.end, p.v / 4) : range.begin;
   using V = typename Quad<T>::type;
+  using VQ = typename Quad<Q>::type;
   struct Group {  // raw vectors: unpacked where consumed, so that the load's wait sits there
     V a;
-    float4 q;
+    VQ q;
   };
   for_each_batched<4>(
       range.begin + threadIdx.x, vector_end, kThreads,
       [&](int64_t g) {
         Group x{};
         x.a = reinterpret_cast<const V*>(logits)[g];
-        if (q) x.q = reinterpret_cast<const float4*>(q)[g];
+        if (q) x.q = reinterpret_cast<const VQ*>(q)[g];
         return x;
       },
       [&](int64_t g, const Group& x) {
         float a[4], qg[4];
         unpack<T>(x.a, p.inv_t, a);
-        unpack<float>(x.q, 1.0f, qg);
+        unpack<Q>(x.q, 1.0f, qg);
         sample_group(best, job, seed, offset, sequence, static_cast<uint32_t>(g), a, qg, 4);
       });
   for (int64_t g = vector_end + threadIdx.x; g < range.end; g += kThreads) {
@@ -195,11 +199,12 @@ Layout layout(const ChainVerifyParams& p) {
   return l;
 }
 
-template <typename T>
+template <typename T, typename Q>
 cudaError_t launch_typed(const ChainVerifyParams& p, const Workspace& w, cudaStream_t stream) {
-  // 16-byte row loads need every row start 16-byte aligned (row_stats); sample_slices loads 4 ids.
+  // 16-byte row loads need every row start 16-byte aligned (row_stats); sample_slices loads 4 ids
+  // of q at once (V a multiple of 4 then, so q's rows start aligned where q does).
   const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && reinterpret_cast<uintptr_t>(p.logits) % 16 == 0 &&
-                         (p.q == nullptr || reinterpret_cast<uintptr_t>(p.q) % 16 == 0);
+                         (p.q == nullptr || reinterpret_cast<uintptr_t>(p.q) % sizeof(typename Quad<Q>::type) == 0);
   const bool greedy = p.inv_t == 0.0f;
   const int64_t row_blocks = p.n * (p.k + 1) * w.row_slice_count;
   const int64_t warp_blocks = (p.n + kWarps - 1) / kWarps;
@@ -209,10 +214,21 @@ cudaError_t launch_typed(const ChainVerifyParams& p, const Workspace& w, cudaStr
     row_stats_kernel<T, false><<<row_blocks, kThreads, 0, stream>>>(p, w, vector_ok);
   chain_walk_kernel<<<warp_blocks, kThreads, 0, stream>>>(p, w);
   if (!greedy) {
-    sample_slices_kernel<T><<<p.n * w.sample_slice_count, kThreads, 0, stream>>>(p, w, vector_ok);
+    sample_slices_kernel<T, Q><<<p.n * w.sample_slice_count, kThreads, 0, stream>>>(p, w, vector_ok);
     sample_finish_kernel<<<warp_blocks, kThreads, 0, stream>>>(p, w);
   }
   return cudaGetLastError();
+}
+
+// q's element type (float32 when there is no q: nothing reads it then).
+template <typename T>
+cudaError_t launch_q(const ChainVerifyParams& p, const Workspace& w, cudaStream_t stream) {
+  switch (p.q ? p.q_dtype : LogitsType::kFloat32) {
+    case LogitsType::kFloat32: return launch_typed<T, float>(p, w, stream);
+    case LogitsType::kBFloat16: return launch_typed<T, __nv_bfloat16>(p, w, stream);
+    case LogitsType::kFloat16: return launch_typed<T, __half>(p, w, stream);
+  }
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace
@@ -234,9 +250,9 @@ cudaError_t launch_chain_verify(const ChainVerifyParams& p, void* workspace, cud
   w.row_slice_count = l.row_slices;
   w.sample_slice_count = l.sample_slices;
   switch (p.dtype) {
-    case LogitsType::kFloat32: return launch_typed<float>(p, w, stream);
-    case LogitsType::kBFloat16: return launch_typed<__nv_bfloat16>(p, w, stream);
-    case LogitsType::kFloat16: return launch_typed<__half>(p, w, stream);
+    case LogitsType::kFloat32: return launch_q<float>(p, w, stream);
+    case LogitsType::kBFloat16: return launch_q<__nv_bfloat16>(p, w, stream);
+    case LogitsType::kFloat16: return launch_q<__half>(p, w, stream);
   }
   return cudaErrorInvalidValue;
 }

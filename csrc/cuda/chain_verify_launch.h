@@ -16,7 +16,8 @@ struct ChainVerifyParams {
   const void* logits;  // [n, k+1, v]
   LogitsType dtype;
   const int64_t* draft;  // [n, k]
-  const float* q;        // [n, k, v] or null
+  const void* q;         // [n, k, v] or null, of q_dtype (read in it)
+  LogitsType q_dtype;
   int64_t n, k, v;
   float inv_t;  // 0: greedy
   uint64_t seed, offset;

@@ -74,7 +74,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_cuda(
   }
   const auto tok = tokens.contiguous(), par = parents.contiguous(), logits = target_logits.contiguous();
   const auto nn = num_nodes.has_value() ? num_nodes->contiguous() : at::Tensor();
-  const auto q = draft_probs.has_value() ? draft_probs->contiguous() : at::Tensor();
+  // The tree walk stages q as float32 rows (tree_walk.cuh): a bfloat16 or float16 q is widened here
+  // (a copy of [N, M, V] on the stream; the chain kernels read q in its dtype).
+  const auto q = draft_probs.has_value() ? draft_probs->to(at::kFloat).contiguous() : at::Tensor();
   auto accept_len = at::empty({n}, tok.options()), path = at::empty({n, m}, tok.options());
   auto out = at::empty({n, m}, tok.options());
   cuda::TreeVerifyParams p{};

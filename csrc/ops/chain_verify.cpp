@@ -46,7 +46,7 @@ ChainVerifyShape check_chain_verify(const at::Tensor& draft_tokens, const at::Te
   inverse_temperature(temperature);  // checks the range
   if (draft_probs.has_value()) {
     const auto& q = *draft_probs;
-    TORCH_CHECK(q.scalar_type() == at::kFloat, "draft_probs must be float32, got ", q.scalar_type());
+    check_probs_dtype(q, "draft_probs");
     TORCH_CHECK(q.dim() == 3 && q.size(0) == n && q.size(1) == k && q.size(2) == v,
                 "draft_probs must have shape [N, K, V] = [", n, ", ", k, ", ", v, "], got ", q.sizes());
   }
@@ -57,12 +57,12 @@ void chain_verify_ragged_(const at::Tensor& draft_tokens, const at::Tensor& cu_n
                           const at::Tensor& target_logits, int64_t max_spec_len,
                           const std::optional<at::Tensor>& draft_probs, const Sampling& sampling, bool block,
                           const at::Tensor& output_token_ids, const at::Tensor& num_emitted,
-                          const at::Tensor& logprobs) {
+                          const std::optional<at::Tensor>& logprobs) {
   using T = at::Tensor;
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("xkernels::chain_verify_ragged_", "")
                        .typed<void(const T&, const T&, const T&, int64_t, const std::optional<T>&, XK_SAMPLING_TYPES,
-                                   bool, const T&, const T&, const T&)>();
+                                   bool, const T&, const T&, const std::optional<T>&)>();
   op.call(draft_tokens, cu_num_draft_tokens, target_logits, max_spec_len, draft_probs, XK_SAMPLING_OF(sampling), block,
           output_token_ids, num_emitted, logprobs);
 }
@@ -71,7 +71,7 @@ RaggedShape check_chain_verify_ragged(const at::Tensor& draft_tokens, const at::
                                       const at::Tensor& target_logits, int64_t max_spec_len,
                                       const std::optional<at::Tensor>& draft_probs,
                                       const at::Tensor& output_token_ids, const at::Tensor& num_emitted,
-                                      const at::Tensor& logprobs) {
+                                      const std::optional<at::Tensor>& logprobs) {
   check_devices(target_logits, "target_logits",
                 {{draft_tokens, "draft_tokens"}, {cu_num_draft_tokens, "cu_num_draft_tokens"},
                  {draft_probs, "draft_probs"}, {output_token_ids, "output_token_ids"}, {num_emitted, "num_emitted"},
@@ -96,7 +96,7 @@ RaggedShape check_chain_verify_ragged(const at::Tensor& draft_tokens, const at::
   TORCH_CHECK(max_spec_len >= 0, "max_spec_len must be >= 0, got ", max_spec_len);
   if (draft_probs.has_value()) {
     const auto& q = *draft_probs;
-    TORCH_CHECK(q.scalar_type() == at::kFloat, "draft_probs must be float32, got ", q.scalar_type());
+    check_probs_dtype(q, "draft_probs");
     TORCH_CHECK(q.dim() == 2 && q.size(0) == t && q.size(1) == v, "draft_probs must have shape [T, V] = [", t, ", ",
                 v, "], got ", q.sizes());
   }
@@ -107,7 +107,7 @@ RaggedShape check_chain_verify_ragged(const at::Tensor& draft_tokens, const at::
   };
   buffer(output_token_ids, "output_token_ids", at::kInt, {n, max_spec_len + 1});
   buffer(num_emitted, "num_emitted", at::kInt, {n});
-  buffer(logprobs, "logprobs", at::kFloat, {n, max_spec_len + 1});
+  if (logprobs.has_value()) buffer(*logprobs, "logprobs", at::kFloat, {n, max_spec_len + 1});
   if ((device.is_cpu() || value_checks_enabled()) && n > 0) {
     const auto cu = cu_num_draft_tokens.to(at::kLong);
     const auto counts = at::diff(cu, 1, 0, cu.new_zeros({1}));

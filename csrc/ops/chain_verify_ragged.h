@@ -21,6 +21,6 @@ RaggedShape check_chain_verify_ragged(const at::Tensor& draft_tokens, const at::
                                       const at::Tensor& target_logits, int64_t max_spec_len,
                                       const std::optional<at::Tensor>& draft_probs,
                                       const at::Tensor& output_token_ids, const at::Tensor& num_emitted,
-                                      const at::Tensor& logprobs);
+                                      const std::optional<at::Tensor>& logprobs);
 
 }  // namespace xkernels

@@ -73,6 +73,12 @@ void check_token_ids(const at::Tensor& tokens, int64_t vocab, const char* name) 
   TORCH_CHECK(!bad, name, " holds ids outside [0, ", vocab, ")");
 }
 
+void check_probs_dtype(const at::Tensor& probs, const char* name) {
+  const auto dt = probs.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf, name,
+              " must be float32, bfloat16 or float16, got ", dt);
+}
+
 at::Tensor cut_ids_int32(const at::Tensor& ids) {
   return ids.clamp(std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()).to(at::kInt).contiguous();
 }

@@ -173,4 +173,8 @@ at::Tensor spiffy_mask_output(const at::Tensor& prefix_lens, int64_t num_drafts,
 // Raises if any id of `tokens` lies outside [0, vocab) (reads the values).
 void check_token_ids(const at::Tensor& tokens, int64_t vocab, const char* name);
 
+// Draft probabilities of a verify op: float32, bfloat16 or float16 (the kernels read them in their
+// dtype; an EAGLE drafter's are bfloat16).
+void check_probs_dtype(const at::Tensor& probs, const char* name);
+
 }  // namespace xkernels

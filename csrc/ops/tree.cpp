@@ -147,7 +147,7 @@ int64_t check_tree_verify(const T& tokens, const T& parents, const T& target_log
   TORCH_CHECK(v > 0 && v < std::numeric_limits<int32_t>::max(), "target_logits vocabulary V must be in [1, 2^31)");
   if (draft_probs.has_value()) {
     const auto& q = *draft_probs;
-    TORCH_CHECK(q.scalar_type() == at::kFloat, "draft_probs must be float32, got ", q.scalar_type());
+    check_probs_dtype(q, "draft_probs");
     TORCH_CHECK(q.sizes() == target_logits.sizes(), "draft_probs must have shape [N, M, V] = ", target_logits.sizes(),
                 ", got ", q.sizes());
   }

@@ -32,6 +32,11 @@ def _c(t):
     return None if t is None else t.contiguous()
 
 
+def _probs_type(q):
+    """The launchers' q_dtype of draft probabilities (float32 where there are none)."""
+    return ctypes.c_int(LOGITS_TYPES[torch.float32 if q is None else q.dtype])
+
+
 def _inv_t(temperature):
     return 0.0 if temperature == 0 else 1.0 / temperature
 
@@ -98,7 +103,8 @@ class CudaEmu:
         out = torch.empty(n, k1, dtype=torch.int64)
         msg = ctypes.create_string_buffer(1024)
         rc = self.lib.xk_emu_chain_verify(
-            _ptr(logits), LOGITS_TYPES[logits.dtype], _ptr(drafts), _ptr(q), ctypes.c_int64(n), ctypes.c_int64(k1 - 1),
+            _ptr(logits), LOGITS_TYPES[logits.dtype], _ptr(drafts), _ptr(q), _probs_type(q), ctypes.c_int64(n),
+            ctypes.c_int64(k1 - 1),
             ctypes.c_int64(v), ctypes.c_float(_inv_t(temperature)), ctypes.c_uint64(seed % 2**64),
             ctypes.c_uint64(offset % 2**64), _ptr(seed_tensor), _ptr(offset_tensor), ctypes.c_int(num_sms),
             _ptr(accept_len), _ptr(out), msg, ctypes.c_size_t(len(msg)))
@@ -106,20 +112,21 @@ class CudaEmu:
         return accept_len, out
 
     def chain_verify_ragged(self, drafts, cu, logits, max_spec_len, q=None, temperature=0.0, top_k=None, top_p=None,
-                            min_p=None, seed=0, offset=0, method="token"):
+                            min_p=None, seed=0, offset=0, method="token", logprobs=True):
         """chain_verify_ragged_'s kernel, with the arguments as xkernels.chain_verify_ragged takes
-        them (per-row values as [N] tensors, per-row seeds and offsets as int64 [N] tensors)."""
+        them (per-row values as [N] tensors, per-row seeds and offsets as int64 [N] tensors);
+        logprobs=False passes no log-probability buffer (None comes back)."""
         n, v = cu.shape[0], logits.shape[-1]
         t = drafts.shape[0]
         sampling, _held = _sampling_args(n, v, temperature, top_k, top_p, min_p, seed, offset)
         drafts, cu, logits, q = _c(drafts.to(torch.int64)), _c(cu.to(torch.int64)), _c(logits), _c(q)
         out = torch.empty(n, max_spec_len + 1, dtype=torch.int32)
         emitted = torch.empty(n, dtype=torch.int32)
-        logprobs = torch.empty(n, max_spec_len + 1)
+        logprobs = torch.empty(n, max_spec_len + 1) if logprobs else None
         msg = ctypes.create_string_buffer(1024)
         self.lib.xk_emu_chain_ragged.restype = ctypes.c_int
         rc = self.lib.xk_emu_chain_ragged(
-            _ptr(logits), LOGITS_TYPES[logits.dtype], _ptr(drafts), _ptr(cu), _ptr(q), ctypes.c_int64(t),
+            _ptr(logits), LOGITS_TYPES[logits.dtype], _ptr(drafts), _ptr(cu), _ptr(q), _probs_type(q), ctypes.c_int64(t),
             ctypes.c_int64(n), ctypes.c_int64(v), ctypes.c_int64(max_spec_len), *sampling,
             ctypes.c_int(method == "block"), _ptr(out), _ptr(emitted), _ptr(logprobs), msg, ctypes.c_size_t(len(msg)))
         self._check(rc, msg)

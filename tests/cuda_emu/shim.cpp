@@ -121,8 +121,8 @@ bool may_filter(const xkernels::SamplingView& s, int64_t v) {
 
 extern "C" {
 
-int xk_emu_chain_verify(const void* logits, int logits_type, const int64_t* draft, const float* q, int64_t n,
-                        int64_t k, int64_t v, float inv_t, uint64_t seed, uint64_t offset, const int64_t* seed_tensor,
+int xk_emu_chain_verify(const void* logits, int logits_type, const int64_t* draft, const void* q, int q_type,
+                        int64_t n, int64_t k, int64_t v, float inv_t, uint64_t seed, uint64_t offset, const int64_t* seed_tensor,
                         const int64_t* offset_tensor, int num_sms, int64_t* accept_len, int64_t* out_tokens,
                         char* message, size_t message_len) {
   using namespace xkernels::cuda;
@@ -131,7 +131,8 @@ int xk_emu_chain_verify(const void* logits, int logits_type, const int64_t* draf
   p.logits = dev.copy(static_cast<const char*>(logits), n * (k + 1) * v * logits_bytes(logits_type));
   p.dtype = static_cast<LogitsType>(logits_type);
   p.draft = dev.copy(draft, sizeof(int64_t) * n * k);
-  p.q = dev.copy(q, sizeof(float) * n * k * v);
+  p.q = dev.copy(static_cast<const char*>(q), n * k * v * logits_bytes(q_type));
+  p.q_dtype = static_cast<LogitsType>(q_type);
   p.n = n, p.k = k, p.v = v, p.inv_t = inv_t, p.seed = seed, p.offset = offset;
   p.seed_ptr = dev.copy(seed_tensor, sizeof(int64_t));
   p.offset_ptr = dev.copy(offset_tensor, sizeof(int64_t));
@@ -145,8 +146,8 @@ int xk_emu_chain_verify(const void* logits, int logits_type, const int64_t* draf
   return finish(err, message, message_len);
 }
 
-int xk_emu_chain_ragged(const void* logits, int logits_type, const int64_t* draft, const int64_t* cu, const float* q,
-                        int64_t t, int64_t n, int64_t v, int64_t max_spec_len, XK_EMU_SAMPLING_ARGS, int block,
+int xk_emu_chain_ragged(const void* logits, int logits_type, const int64_t* draft, const int64_t* cu, const void* q,
+                        int q_type, int64_t t, int64_t n, int64_t v, int64_t max_spec_len, XK_EMU_SAMPLING_ARGS, int block,
                         int32_t* out, int32_t* num_emitted, float* logprobs, char* message, size_t message_len) {
   using namespace xkernels::cuda;
   Device dev;
@@ -155,19 +156,20 @@ int xk_emu_chain_ragged(const void* logits, int logits_type, const int64_t* draf
   p.dtype = static_cast<LogitsType>(logits_type);
   p.draft = dev.copy(draft, sizeof(int64_t) * t);
   p.cu = dev.copy(cu, sizeof(int64_t) * n);
-  p.q = dev.copy(q, sizeof(float) * t * v);
+  p.q = dev.copy(static_cast<const char*>(q), t * v * logits_bytes(q_type));
+  p.q_dtype = static_cast<LogitsType>(q_type);
   p.t = t, p.n = n, p.v = v, p.max_spec_len = max_spec_len;
   p.s = sampling_view(dev, n, XK_EMU_SAMPLING_FORWARD);
   p.block = block != 0;
   const int64_t width = max_spec_len + 1;
   p.out = dev.alloc<int32_t>(sizeof(int32_t) * n * width, 0xA5);
   p.num_emitted = dev.alloc<int32_t>(sizeof(int32_t) * n, 0xA5);
-  p.logprobs = dev.alloc<float>(sizeof(float) * n * width, 0xA5);
+  p.logprobs = logprobs ? dev.alloc<float>(sizeof(float) * n * width, 0xA5) : nullptr;  // null: not asked for
   void* workspace = dev.alloc(chain_ragged_workspace_bytes(p), 0xA5);
   const cudaError_t err = launch_chain_ragged(p, workspace, nullptr);
   copy_out(out, p.out, sizeof(int32_t) * n * width);
   copy_out(num_emitted, p.num_emitted, sizeof(int32_t) * n);
-  copy_out(logprobs, p.logprobs, sizeof(float) * n * width);
+  if (logprobs) copy_out(logprobs, p.logprobs, sizeof(float) * n * width);
   return finish(err, message, message_len);
 }
 

@@ -35,10 +35,11 @@ from tests.fuzz.specs import EITHER, LOGITS, RAISE, SAME, SPECS, Gen
 ERRORS = (RuntimeError, ValueError, TypeError)
 DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64, torch.bool,
           torch.uint8)
-# The dtypes each kind of argument takes (a weight: only w_read's; draft_logits: only root_logits').
+# The dtypes each kind of argument takes (a weight: only w_read's; draft_logits: only root_logits'; probs:
+# the verify ops' draft probabilities, the logits' dtypes).
 ACCEPTED = {"ids": (torch.int64,), "ids32": (torch.int64, torch.int32), "rng": (torch.int64,), "logits": LOGITS,
-            "f32": (torch.float32,), "f64": (torch.float64,), "i32": (torch.int32,), "out_i32": (torch.int32,),
-            "out_f32": (torch.float32,), "weight": (), "logits_like_root": (), "cache": DTYPES}
+            "probs": LOGITS, "f32": (torch.float32,), "f64": (torch.float64,), "i32": (torch.int32,),
+            "out_i32": (torch.int32,), "out_f32": (torch.float32,), "weight": (), "logits_like_root": (), "cache": DTYPES}
 # Python arguments whose C++ name differs.
 ALIASES = {"prefix_len": {"prefix_lens"}, "seed": {"seed_tensor"}, "offset": {"offset_tensor"},
            "graph_ranks": {"graph"}, "graph_child_ptr": {"graph"}, "graph_children": {"graph"},

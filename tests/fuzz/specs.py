@@ -179,8 +179,8 @@ def _filters(args):
 
 class ChainVerify(Spec):
     name = "chain_verify"
-    tensors = {"draft_tokens": "ids32", "target_logits": "logits", "draft_probs": "f32", "seed": "rng", "offset": "rng",
-               **SAMPLING_TENSORS}
+    tensors = {"draft_tokens": "ids32", "target_logits": "logits", "draft_probs": "probs", "seed": "rng",
+               "offset": "rng", **SAMPLING_TENSORS}
     primary = "target_logits"
     optional = ("draft_probs",) + FILTERS
     huge_dims = {"target_logits": (2,)}
@@ -290,9 +290,9 @@ def sampling_mutations(args, n):
 
 class ChainVerifyRagged(Spec):
     name, schema = "chain_verify_ragged", "chain_verify_ragged_"
-    tensors = {"draft_tokens": "ids32", "cu_num_draft_tokens": "ids32", "target_logits": "logits", "draft_probs": "f32",
-               "seed": "rng", "offset": "rng", "out": "out_i32", "num_emitted": "out_i32", "logprobs": "out_f32",
-               **SAMPLING_TENSORS}
+    tensors = {"draft_tokens": "ids32", "cu_num_draft_tokens": "ids32", "target_logits": "logits",
+               "draft_probs": "probs", "seed": "rng", "offset": "rng", "out": "out_i32", "num_emitted": "out_i32",
+               "logprobs": "out_f32", **SAMPLING_TENSORS}
     primary = "target_logits"
     optional = ("draft_probs", "out", "num_emitted", "logprobs") + FILTERS
     huge_dims = {"target_logits": (1,)}
@@ -677,7 +677,7 @@ def repeated_siblings(args):
 
 class TreeVerify(Spec):
     name = "tree_verify"
-    tensors = {"tokens": "ids32", "parents": "ids32", "target_logits": "logits", "draft_probs": "f32",
+    tensors = {"tokens": "ids32", "parents": "ids32", "target_logits": "logits", "draft_probs": "probs",
                "num_nodes": "ids", "seed": "rng", "offset": "rng", **SAMPLING_TENSORS}
     primary = "target_logits"
     optional = ("draft_probs", "num_nodes") + FILTERS

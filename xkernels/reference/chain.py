@@ -150,12 +150,14 @@ def chain_verify_ragged(
     seed=0,
     offset=0,
     method: str = "token",
+    return_logprobs: bool = True,
 ):
     """Chains held flat, as vLLM holds them; see xkernels.chain_verify_ragged. Request n has
     K_n = cu[n] - cu[n-1] drafts at draft_tokens[cu[n-1]:cu[n]] and its K_n + 1 target rows at
-    target_logits[cu[n-1] + n : cu[n] + n + 1]. Returns (output_token_ids int32 [N,
-    max_spec_len + 1], -1 padded; num_emitted int32 [N]; logprobs float32 [N, max_spec_len + 1],
-    NaN padded)."""
+    target_logits[cu[n-1] + n : cu[n] + n + 1]; draft_probs of any float dtype (the values read as
+    float32). Returns (output_token_ids int32 [N, max_spec_len + 1], -1 padded; num_emitted int32
+    [N]; logprobs float32 [N, max_spec_len + 1], NaN padded, or None without return_logprobs, as
+    chain_verify_ragged_ without a logprobs buffer)."""
     _check_method(method)
     n = cu_num_draft_tokens.shape[0]
     device = target_logits.device
@@ -173,4 +175,4 @@ def chain_verify_ragged(
         num_emitted[s] = len(tokens)
         out[s, :len(tokens)] = torch.tensor(tokens, dtype=torch.int32)
         logprobs[s, :len(tokens)] = torch.tensor(lp)
-    return out.to(device), num_emitted.to(device), logprobs.to(device)
+    return out.to(device), num_emitted.to(device), logprobs.to(device) if return_logprobs else None

@@ -40,8 +40,8 @@ struct Sampling {
 //   draft_tokens  int64 [N, K]
 //   target_logits float32 / bfloat16 / float16 [N, K+1, V]; row i is the
 //                 target's next-token logits after the prefix and i drafts
-//   draft_probs   optional float32 [N, K, V], the distributions the drafts
-//                 were sampled from
+//   draft_probs   optional float32 / bfloat16 / float16 [N, K, V], the
+//                 distributions the drafts were sampled from (read in their dtype)
 //   temperature   0 for greedy verification
 //   seed, offset  the Philox stream; seed_tensor / offset_tensor (int64, one
 //                 element, on the logits' device) override them at run time so
@@ -61,17 +61,18 @@ std::tuple<at::Tensor, at::Tensor> chain_verify(const at::Tensor& draft_tokens,
 //   cu_num_draft_tokens  int32 or int64 [N], the inclusive cumsum of K_n (K_n may be 0)
 //   target_logits        float32 / bfloat16 / float16 [T + N, V]; request n's K_n + 1 rows
 //                        start at cu[n-1] + n
-//   draft_probs          optional float32 [T, V]
+//   draft_probs          optional float32 / bfloat16 / float16 [T, V] (read in its dtype)
 //   sampling             each request's parameters and stream (slot i of request n: its i-th row)
 //   block                block verification (Sun et al.) instead of token-wise
 // Writes output_token_ids int32 [N, max_spec_len + 1] (-1 padded), num_emitted int32 [N]
-// (accepted drafts plus the correction or bonus token) and logprobs float32 [N, max_spec_len + 1]
-// (log p' of each emitted token under its row's filtered distribution, NaN padded).
+// (accepted drafts plus the correction or bonus token) and, when given, logprobs float32
+// [N, max_spec_len + 1] (log p' of each emitted token under its row's filtered distribution, NaN
+// padded; not computed without it).
 void chain_verify_ragged_(const at::Tensor& draft_tokens, const at::Tensor& cu_num_draft_tokens,
                           const at::Tensor& target_logits, int64_t max_spec_len,
                           const std::optional<at::Tensor>& draft_probs, const Sampling& sampling, bool block,
                           const at::Tensor& output_token_ids, const at::Tensor& num_emitted,
-                          const at::Tensor& logprobs);
+                          const std::optional<at::Tensor>& logprobs = std::nullopt);
 
 // Folded inference weights of an xPress refiner (see xkernels/refiner.py):
 // emb [V, r], mix [r, B, B] (only j <= k of mix[c, k, j] is read), w_gate and
@@ -126,7 +127,7 @@ at::Tensor tree_positions(const at::Tensor& parents, const std::optional<at::Ten
 
 // Lossless verification of a draft tree. target_logits [N, M, V]: the target's next-token logits
 // after each node's path. Greedy at T = 0; at T > 0 deterministic children (no draft_probs), or
-// children drawn i.i.d. (or without_replacement) from draft_probs float32 [N, M, V] (row i: the
+// children drawn i.i.d. (or without_replacement) from draft_probs float32 / bfloat16 / float16 [N, M, V] (row i: the
 // distribution node i's children were drawn from), verified against each row's filtered
 // distribution p' (top_k, top_p, min_p). With per-request streams node i of sequence n uses slot
 // offset[n] + i (a call reads slots offset .. offset + M - 1). Returns (accept_len [N], path [N, M]:
