@@ -9,6 +9,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <algorithm>
+
 #include "../ops/checks.h"
 #include "../ops/refine_read.h"
 #include "../ops/sampling_args.h"
@@ -91,10 +93,10 @@ Prepared prepare(const at::Tensor& ctx, const at::Tensor& tokens, const char* to
   p.num_sms = props->multiProcessorCount;
   p.cc_major = props->major;
   p.read_mode = refine_read_mode();
-  // A slice's products and w_read rows within one of L2's two partitions (data all SMs read may be
-  // held in both: 30 MB of the H200's 60), less an eighth of that for the base logits' evict-first
-  // lines in flight, z and the rest: 14 slices at N=32 (refine_read_plan).
-  p.slice_bytes = props->l2CacheSize / 16 * 7;
+  // The read is one GEMM into float32 products in HBM where they take at most kRefineGemmBytes (or a
+  // sixteenth of the device's memory): slices sized for L2 ran 13 GEMMs of ~22 us at N=32 on the
+  // H200 where one GEMM of the whole read took 77 us (issue 41, the run of 2026-12-04).
+  p.slice_bytes = std::min<int64_t>(cuda::kRefineGemmBytes, static_cast<int64_t>(props->totalGlobalMem / 16));
   out.device = ctx.options();
   out.workspace = cuda::workspace(cuda::refine_workspace_bytes(p), ctx);
   return out;

@@ -10,9 +10,11 @@
 //       each tile with the rows' z staged in shared memory on tensor cores (wmma, float32
 //       accumulation) and runs the epilogue below on the products; a persistent grid of about
 //       two blocks an SM, divided among groups of up to 64 rows; one partial result a (row, block)
-//     - GEMM: per vocabulary slice (sized so that its float32 products stay in L2) the GEMM
-//       z w_read^T of the slice, run by the caller (ReadGemmRunner: cuBLAS through ATen), then
-//       read_epilogue: a block per (row, chunk of ids)
+//     - GEMM: the GEMM z w_read^T into float32 products, run by the caller (ReadGemmRunner:
+//       cuBLAS through ATen), one for the whole vocabulary (per vocabulary slice where the
+//       products pass the binding's budget), then read_epilogue: a block per (row, chunk of
+//       ids), 16-byte loads of the products and 8- or 16-byte ones of the base logits, several
+//       in flight
 //     The epilogue adds the base logits, scales by 1/T and keeps the Gumbel-max pick and the
 //     softmax statistics (observe_group; the logits are never written to HBM)
 //  5. merge:        a warp per row merges its partial results (a shuffle tree)
@@ -27,6 +29,7 @@
 #include <type_traits>
 
 #include "refine_kernels.cuh"
+#include "row_reduce.cuh"
 
 namespace xkernels::cuda {
 namespace {
@@ -186,31 +189,71 @@ struct ReadSlice {
   const float* dots;  // [rows, len]
 };
 
-// A block per (row, chunk of the slice): its partial result.
+// Bytes an epilogue thread has loaded ahead: 4 groups of 4 ids at 2-byte base logits, 3 at
+// float32 ones (4 spilled at 64 registers); 96 KB an SM at 4 blocks an SM.
+constexpr int kEpilogueBytesAhead = 96;
+constexpr int kEpilogueBlocksPerSm = 4;
+
+// A group's 4 products and 4 base logits, each in one load.
 template <typename TB>
-__global__ void __launch_bounds__(kThreads) read_epilogue_kernel(RefineParams p, RowSet rs, RefineWorkspace w,
-                                                                 RefineReadPlan plan, ReadSlice s) {
+struct EpilogueLoad {
+  float4 dots;
+  typename Quad<TB>::type base;
+};
+
+// A block per (row, chunk of the slice): its partial result. Thread t takes groups id0 / 4 + t,
+// + kThreads, ... in that order (as every plan of the same chunks, so the sums are the same):
+// where the row's products and base logits are aligned for them, whole groups by one load each
+// (16 bytes of products, 8 or 16 of base logits), kEpilogueDepth groups in flight; a chunk's
+// partial last group, and every group of an unaligned row, by scalar loads.
+template <typename TB>
+__global__ void __launch_bounds__(kThreads, kEpilogueBlocksPerSm)
+    read_epilogue_kernel(RefineParams p, RowSet rs, RefineWorkspace w, RefineReadPlan plan, ReadSlice s) {
   const int64_t m = blockIdx.x / s.chunks, c = blockIdx.x % s.chunks;
   if (!row_live(p, rs, m)) return;  // the whole block
   const int64_t n = m / rs.d_count, d = rs.d_begin + m % rs.d_count;
   const int64_t id0 = s.v0 + c * plan.chunk;
   const int64_t id_end = id0 + plan.chunk < s.v0 + s.len ? id0 + plan.chunk : s.v0 + s.len;
   const TB* base = static_cast<const TB*>(p.base) + (n * p.d + d) * p.v;
-  const float* dots = s.dots ? s.dots + m * s.len : nullptr;
+  const float* dots = s.dots ? s.dots + m * s.len : nullptr;  // from id v0 (a multiple of 4, as the chunk)
   const RowNoise rn = row_noise(p, n, d);
   const bool filtered = row_filtered(p, n);
   SampledRow best = sampled_empty();
-  for (int64_t q = id0 / 4 + threadIdx.x; 4 * q < id_end; q += kThreads) {
+  // The base logits and products are each read once: evict-first (__ldcs), so that they pass
+  // through L2 without displacing what is read again (a slice's w_read rows, where there are slices).
+  const auto observe = [&](int64_t q, const float (&x)[4]) {
+    if (filtered) keep_logits(p, w, m, q, x, id_end);
+    observe_group(best, x, q, id_end, rn);
+  };
+  using BaseQuad = typename Quad<TB>::type;
+  const bool vector_ok = reinterpret_cast<uintptr_t>(base) % sizeof(BaseQuad) == 0 &&
+                         reinterpret_cast<uintptr_t>(dots) % sizeof(float4) == 0;
+  const int64_t q0 = id0 / 4, q_whole = vector_ok ? id_end / 4 : q0, q_v0 = s.v0 / 4;
+  for_each_batched<kEpilogueBytesAhead / (sizeof(float4) + sizeof(BaseQuad))>(
+      q0 + threadIdx.x, q_whole, kThreads,
+      [&](int64_t q) {
+        EpilogueLoad<TB> l;
+        l.base = __ldcs(reinterpret_cast<const BaseQuad*>(base) + q);
+        l.dots = dots ? __ldcs(reinterpret_cast<const float4*>(dots) + (q - q_v0)) : float4{0.0f, 0.0f, 0.0f, 0.0f};
+        return l;
+      },
+      [&](int64_t q, const EpilogueLoad<TB>& l) {
+        float x[4];
+        unpack<TB>(l.base, 1.0f, x);
+        x[0] += l.dots.x, x[1] += l.dots.y, x[2] += l.dots.z, x[3] += l.dots.w;
+        observe(q, x);
+      });
+  // This thread's groups from q_whole on, in the same order.
+  int64_t q = q0 + threadIdx.x;
+  if (q < q_whole) q += (q_whole - q + kThreads - 1) / kThreads * kThreads;
+  for (; 4 * q < id_end; q += kThreads) {
     float x[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int64_t id = 4 * q + j;
-      // The base logits are read once: evict-first (__ldcs), so that they pass through L2 without
-      // displacing the slice's products and w_read rows (refine_read_plan's budget).
-      x[j] = id < id_end ? to_float(__ldcs(base + id)) + (dots ? dots[id - s.v0] : 0.0f) : 0.0f;
+      x[j] = id < id_end ? to_float(__ldcs(base + id)) + (dots ? __ldcs(dots + (id - s.v0)) : 0.0f) : 0.0f;
     }
-    if (filtered) keep_logits(p, w, m, q, x, id_end);
-    observe_group(best, x, q, id_end, rn);
+    observe(q, x);
   }
   best = block_merge(best, sampled_empty());
   if (threadIdx.x == 0) w.partial[m * plan.partials + s.first_chunk + c] = best;
@@ -442,12 +485,11 @@ RefineReadPlan refine_read_plan(const RefineParams& p, int64_t rows, bool read) 
   int64_t groups = ceil_div(ceil_div(v, 4), want);
   groups = groups < kMaxChunkGroups ? groups : kMaxChunkGroups;
   plan.chunk = 4 * groups;
-  // A slice's L2 working set, its float32 products and its rows of w_read (which the GEMM re-reads
-  // for each of its row tiles), fits slice_bytes: ids of `fit` (the base logits are read past L2,
-  // read_epilogue_kernel). Slices take as many ids as fit, in chunks no larger than the one above,
-  // so that the slices (a GEMM and an epilogue launch each, host-bound when many) are as few as the
-  // budget allows; below one chunk a slice is one chunk. Without a read there are no products and
-  // one slice covers the vocabulary.
+  // A slice's working set, its float32 products and its rows of w_read, fits slice_bytes: ids of
+  // `fit`. Slices take as many ids as fit, in chunks no larger than the one above, so that the
+  // slices (a GEMM and an epilogue launch each: small GEMMs run far below the whole read's rate)
+  // are as few as the budget allows, one where the whole read fits; below one chunk a slice is one
+  // chunk. Without a read there are no products and one slice covers the vocabulary.
   const int64_t id_bytes = rows * static_cast<int64_t>(sizeof(float)) + p.r * static_cast<int64_t>(weight_bytes(p));
   const int64_t fit = p.slice_bytes / (id_bytes < 1 ? 1 : id_bytes) / 4 * 4;
   if (!read || fit >= v) {

@@ -15,7 +15,8 @@ namespace xkernels::cuda {
 constexpr int64_t kRefineMaxSlots = 64;
 
 // How a pass computes the read z w_read^T (the binding takes it from XKERNELS_REFINE_READ):
-//  kGemm:  per vocabulary slice a GEMM of the caller (cuBLAS) into float32 products, then
+//  kGemm:  a GEMM of the caller (cuBLAS) into float32 products, one for the whole vocabulary where
+//          they fit RefineParams::slice_bytes, else one a vocabulary slice; then
 //          read_epilogue_kernel over them
 //  kFused: read_fused_kernel streams w_read once and runs the epilogue on its tensor-core
 //          products (bfloat16 weights, r a multiple of 8 up to kRefineFusedMaxRank, w_read
@@ -27,6 +28,9 @@ constexpr int64_t kRefineFusedMaxRank = 256;  // z and a w_read tile of 64 ids s
 // to N=4 and N=8 at D=15, every Jacobi and sequential pass to N=8). A design estimate (bench/floors.md),
 // not measured: the override lets a GPU run compare both paths.
 constexpr int64_t kRefineFusedAutoRows = 128;
+// The binding's budget of one GEMM slice (products in HBM, read back once by the epilogue): the
+// whole read in one GEMM to N=64 at D=15, V=151936 (583 MB of products).
+constexpr int64_t kRefineGemmBytes = int64_t{1} << 30;
 
 struct RefineParams {
   const float* ctx;  // [n, b, r]
@@ -50,8 +54,8 @@ struct RefineParams {
   int num_sms;
   int cc_major;  // compute capability: the fused read's bfloat16 tensor cores need 8 or more
   RefineReadMode read_mode;
-  // Bytes of float32 products one GEMM slice of the read may write: the slice is read back by
-  // the epilogue while it is still in L2 (the binding passes a third of the device's L2).
+  // Bytes one GEMM slice of the read may take, its float32 products and w_read rows (the binding
+  // passes kRefineGemmBytes, or a sixteenth of the device's memory where that is less).
   int64_t slice_bytes;
 };
 

@@ -46,8 +46,8 @@ def test_refine_step(emu, shape, logits_dtype, weight_dtype, read, temperature, 
 @pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
 def test_gemm_read_slices_of_several_chunks(emu, shape, weight_dtype, temperature):
-    """Slices of several chunks each, as the budget makes them at large shapes (N=32: 14 slices of 3),
-    here about half the vocabulary a slice."""
+    """Slices of several chunks each, as the binding's budget makes them past N=64 (N=128 at D=15: 2
+    slices of 32 chunks), here about half the vocabulary a slice."""
     n, b, d, v, r, h = shape
     slice_bytes = (n * d * 4 + r * (4 if weight_dtype == torch.float32 else 2)) * (v // 2)
     plan, _ = emu.refine_plan(n, b, d, r, h, v, n * d, True, weight_dtype, num_sms=132, slice_bytes=slice_bytes,
@@ -55,6 +55,46 @@ def test_gemm_read_slices_of_several_chunks(emu, shape, weight_dtype, temperatur
     assert plan.chunks_per_slice > 1 and plan.slices > 1
     check_refine_step(emu, shape, torch.bfloat16, weight_dtype, temperature, num_sms=132, slice_bytes=slice_bytes,
                       read="gemm")
+
+
+# The GEMM read's epilogue (N, B, D, V, r, H): N = 1 and B = 1; V = 1 (no whole group of 4 ids), 8,
+# 77 (a partial last group), 150 and 1002 (every other row of products 16-byte aligned), 1000, and
+# 4101 (two chunks of the largest size, at 1 SM).
+EPILOGUE_SHAPES = [(1, 1, 1, 1, 8, 8), (1, 1, 1, 8, 8, 8), (1, 1, 1, 77, 16, 8), (9, 5, 4, 150, 16, 8),
+                   (2, 3, 3, 1002, 8, 8), (2, 2, 2, 1000, 8, 8), (1, 2, 2, 4101, 8, 8)]
+
+
+def shifted(x):
+    """x's values one element past an aligned address: rows of no 16-byte (or 8-byte) alignment."""
+    flat = torch.empty(x.numel() + 1, dtype=x.dtype)
+    out = flat[1:].view(x.shape)
+    out.copy_(x)
+    return out
+
+
+@pytest.mark.parametrize("shape", EPILOGUE_SHAPES)
+@pytest.mark.parametrize("logits_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
+def test_vector_loads_of_the_epilogue_equal_scalar_loads(emu, shape, logits_dtype, weight_dtype):
+    """read_epilogue reads whole groups of aligned rows by one load each, kEpilogueBytesAhead a thread
+    in flight, and unaligned rows id by id, each thread in the same order of groups: with the base
+    logits shifted off alignment every group takes the scalar loads, and tokens and log-probabilities
+    are bitwise the aligned run's, for one GEMM or a slice a chunk, greedy and filtered (the kept
+    logits), and Jacobi's first pass without a read (no products); the aligned run agrees with the
+    reference."""
+    ctx, prev, base, weights = make_case(*shape, logits_dtype, weight_dtype, seed=sum(shape))
+    prefix = prev[:, : shape[1] - shape[2] + 1]
+    cases = [(0.0, {}, ["refine_step"]), (0.7, dict(top_k=3, top_p=0.9), ["refine_step", "jacobi_refine"])]
+    for temperature, filters, ops in cases:
+        for slice_bytes in SLICE_BYTES.values():
+            kw = dict(num_sms=1, slice_bytes=slice_bytes, read="gemm", max_iters=1, **filters)
+            for op in ops:
+                tokens = prev if op == "refine_step" else prefix
+                got = emu.refine(op, ctx, tokens, base, weights, temperature, 5, 2, **kw)
+                unaligned = emu.refine(op, ctx, tokens, shifted(base), weights, temperature, 5, 2, **kw)
+                for a, b in zip(got, unaligned):
+                    assert torch.equal(a, b), (op, temperature, filters, slice_bytes)
+    check_refine_step(emu, shape, logits_dtype, weight_dtype, 0.7, num_sms=1, slice_bytes=1 << 20, read="gemm")
 
 
 # The fused read's edge shapes (N, B, D, V, r, H): rows (N * D) 1, 15, 16, 17, 33 (a padded fourth
@@ -132,13 +172,17 @@ def test_read_plan_covers_the_vocabulary(emu, num_sms, slice_bytes, mode, weight
                         assert fit - slice_ < 4 * per_slice
 
 
-def test_read_plan_slices_at_n32(emu):
-    """The shipped shape's GEMM read at N=32 (480 rows, bf16, r=256) on the binding's budget for the
-    H200 (7/16 of its 60 MB L2): 14 slices of 3 chunks of 3772 ids (products and w_read rows 26.2 MB),
-    where the products alone within a third of L2 took 19 slices of 8192 ids."""
-    plan, _ = emu.refine_plan(32, 16, 15, 256, 512, 151936, 480, True, torch.bfloat16, slice_bytes=(60 << 20) // 16 * 7,
-                              mode="gemm")
-    assert (plan.slices, plan.chunks_per_slice, plan.chunk, plan.chunks) == (14, 3, 3772, 41)
+def test_read_plan_at_the_bindings_budget(emu):
+    """The binding's budget of a GEMM slice (kRefineGemmBytes, 1 GiB: its products in HBM) makes the
+    shipped shape's read one GEMM and one epilogue launch to N=64 (bf16, r=256, D=15): at N=32, 480
+    rows, 38 chunks of 4096 ids (the L2-sized slices of before took 14 GEMMs of 3 chunks of 3772);
+    at N=128 the products (1.2 GB) take two slices."""
+    budget = 1 << 30
+    for n, per_slice in [(1, 38), (8, 38), (32, 38), (64, 38), (128, 32)]:
+        plan, _ = emu.refine_plan(n, 16, 15, 256, 512, 151936, 15 * n, True, torch.bfloat16, slice_bytes=budget,
+                                  mode="gemm")
+        assert (plan.chunk, plan.chunks, plan.chunks_per_slice) == (4096, 38, per_slice), n
+        assert plan.slices == (1 if n <= 64 else 2)
 
 
 @pytest.mark.parametrize("mode", ["auto", "fused"])
