@@ -11,9 +11,14 @@
 //                       row and q) when a test needs it. Only visited rows are read. At T > 0 two
 //                       more launches draw the token at the stop node (Gumbel-max, each row split
 //                       over many blocks) and merge. With filters the walk finds the cut of each
-//                       row it visits (row_filter.cuh, after that row's statistics pass, which
-//                       notes the row's top key bits for it) and leaves it for the draw; the walk
-//                       and the draw read p' through it.
+//                       row it visits and leaves it for the draw; the walk and the draw read p'
+//                       through it. Without draft_probs a top-k cut comes from the candidates
+//                       that row's statistics pass keeps (candidates.cuh's warp buffers,
+//                       select_cut), with no other pass where they settle it, and the stop draw
+//                       from such a row is drawn in the walk from the kept ids (the sampling
+//                       launches skip it); other cuts take the radix path (row_filter.cuh), whose
+//                       top key bits the statistics pass notes, and so do the rows the candidates
+//                       do not settle, after a pass that notes them.
 //  compact_kv_:         a block per (sequence, head) moves the accepted entries in path order.
 // Values the host cannot check without a sync (parents, num_nodes, token ids, path) are handled
 // memory-safely: an invalid parent ends a walk, a child whose token lies outside [0, V) is never
@@ -259,6 +264,7 @@ __global__ void __launch_bounds__(kThreads) tree_sample_kernel(TreeVerifyParams 
   const int slice = static_cast<int>(blockIdx.x % w.sample_slices);
   const StopJob job = w.jobs[n];
   if (job.node < 0) return;  // the same for the whole block
+  if (slice == 0) XK_ROW_PASS();  // the slices read the stop row once between them
   // The noise of the stop node's slot of the sequence's stream.
   const RowStream st = p.s.stream(n);
   const uint64_t seed = st.seed, offset = st.offset_at(static_cast<uint32_t>(job.node));

@@ -2,6 +2,7 @@
 // workspace, the per-node state, the block sizes.
 #pragma once
 
+#include "candidates.cuh"
 #include "device_utils.cuh"
 #include "row_filter.cuh"
 #include "row_reduce.cuh"
@@ -80,13 +81,36 @@ template <bool kFilter>
 constexpr int kVerifyBlock = kFilter ? kFilteredVerifyThreads : kVerifyThreads;
 template <bool kDraft>
 constexpr int kRowDepth = kDraft ? 8 : 16;
+// The statistics pass's chunks in flight a thread: a filtered walk without draft_probs, which also
+// keeps the row's candidates, reads 12 (48 KB a block): at 16 it spilled (sm_90a, 255 registers).
+template <bool kDraft, bool kFilter>
+constexpr int kWalkDepth = kFilter && !kDraft ? 12 : kRowDepth<kDraft>;
 
 // What the draft kernel's q stage leaves of the shared memory a block may have: the kernel's static
 // shared memory (336 bytes, ptxas) and a margin.
 constexpr size_t kStaticSmemReserve = 1024;
 
+// A filtered walk's candidates (candidates.cuh) of the row it stands on: each warp's buffer, which
+// the statistics pass fills by ballot (a warp a slice of select_cut's: kWarpSlots = kSliceKeep), the
+// warps' summaries, and the selection over them.
+constexpr int kWalkWarps = kFilteredVerifyThreads / 32;
+static_assert(kFilteredVerifyThreads == kThreads, "select_cut and select_keep run kThreads threads");
+static_assert(kWarpSlots == kSliceKeep, "a warp's buffer is a slice's candidates");
+struct WalkCandidates {
+  Candidate cands[kWalkWarps][kSliceKeep];
+  SliceSummary sums[kWalkWarps];
+  SelectShared select;
+};
+
+// The selection's state: the radix cut's, or over it the candidates' (a row takes one, then the
+// other only where the candidates do not settle its cut).
+union WalkCutShared {
+  CutShared radix;
+  WalkCandidates cand;
+};
+
 // The dynamic shared memory of the selection's state, ahead of the q stage (16-byte aligned).
-__host__ __device__ constexpr size_t cut_smem_bytes() { return (sizeof(CutShared) + 15) / 16 * 16; }
+__host__ __device__ constexpr size_t cut_smem_bytes() { return (sizeof(WalkCutShared) + 15) / 16 * 16; }
 
 // tree_verify's walk with draft_probs (draft) or without, that cuts its rows (kFilter) or not
 // (tree_walk.cuh; for float, __nv_bfloat16 and __half logits). Its instantiations take most of the

@@ -107,22 +107,117 @@ __device__ __forceinline__ RowStats thread_row_stats_and_q_sum(const T* row, con
   return s;
 }
 
+// A filtered row's statistics pass that keeps the row's candidates (candidates.cuh): each thread's
+// statistics exactly as thread_row_stats has them, the same ids in the same order (chunks t,
+// t + kBlock, ..., then single ids), but in rounds of kDepth chunks a thread the whole block takes
+// together, so that each warp offers the ids above its threshold to its buffer `buf` by ballot,
+// ranked at the end. No histogram atomics. A round's chunks that hold such an id (rare once the
+// buffers have filled) are offered after the round, loaded again (from L1, just read): an offer
+// inlined a chunk of the unrolled round took ptxas minutes and spilled (sm_90a).
+template <int kBlock, int kDepth, typename T>
+__device__ __forceinline__ RowStats row_stats_keeping_candidates(const T* row, int64_t v, bool vector_ok, float scale,
+                                                                 Candidate* buf, WarpCandidates& wc) {
+  constexpr int kIds = 16 / sizeof(T);
+  static_assert(kDepth <= 32, "a bit a chunk of the round");
+  RowStats s = stats_empty();
+  const int64_t whole = vector_ok ? v / kIds : 0;
+  const uint4* chunks = reinterpret_cast<const uint4*>(row);
+  for (int64_t c0 = 0; c0 < whole; c0 += static_cast<int64_t>(kDepth) * kBlock) {
+    uint4 x[kDepth];
+#pragma unroll
+    for (int u = 0; u < kDepth; ++u) {
+      const int64_t c = c0 + u * kBlock + threadIdx.x;
+      if (c < whole) x[u] = chunks[c];
+    }
+    uint32_t pending = 0;  // the round's chunks some lane of the warp offers from (the same at every lane)
+#pragma unroll
+    for (int u = 0; u < kDepth; ++u) {
+      const int64_t c = c0 + u * kBlock + threadIdx.x;
+      float m = kNegInf;
+      if (c < whole) {
+        float a[kIds];
+        unpack<T>(x[u], scale, a);
+        observe_chunk_in_order<false>(s, a, static_cast<int32_t>(kIds * c));
+#pragma unroll
+        for (int j = 0; j < kIds; ++j) m = max_nan(m, a[j]);
+      }
+      // most chunks hold no id above the warp's threshold: one ballot settles them
+      pending |= static_cast<uint32_t>(__ballot_sync(kFullMask, m != kNegInf && order_key(m) > wc.tau) != 0) << u;
+    }
+    for (; pending != 0; pending &= pending - 1) {
+      const int64_t c = c0 + (__ffs(static_cast<int>(pending)) - 1) * kBlock + threadIdx.x;
+      const bool live = c < whole;
+      float a[kIds];
+      if (live) unpack<T>(chunks[c], scale, a);
+#pragma unroll
+      for (int j = 0; j < kIds; ++j)
+        offer(buf, wc, live ? order_key(a[j]) : 0u, static_cast<int32_t>(kIds * c + j), live && a[j] != kNegInf);
+    }
+  }
+  for (int64_t b = kIds * whole; b < v; b += kBlock) {  // a partial last chunk, or an unaligned row
+    const int64_t i = b + threadIdx.x;
+    const bool live = i < v;
+    const float a = live ? scaled(row, i, scale) : kNegInf;
+    if (live) stats_observe(s, a, static_cast<int32_t>(i));
+    offer(buf, wc, order_key(a), static_cast<int32_t>(i), live && a != kNegInf);
+  }
+  warp_keep_best(buf, wc, kWarpSlots);  // ranks the buffer, drops nothing
+  return s;
+}
+
 struct VisitedCut {
   FilterCut cut;
   RowStats stats;  // of the filtered row p' (at thread 0)
+  bool settled;    // by the candidates: the kept ids are the ranked head's first (select_keep)
 };
 
-// The cut of a visited row (row_filter.cuh) whose statistics pass noted its top key bits in cs, and
-// the filtered row's statistics: the kept ids' sum from the selection, or a pass where it is not
-// known. The filtered walk's (kFilteredVerifyThreads threads).
+// The cut of a visited row (row_filter.cuh) and the filtered row's statistics: the kept ids' sum
+// from the selection, or a pass where it is not known. by_candidates: the statistics pass kept the
+// row's candidates in cs.cand (a warp a slice), and where select_cut settles the cut from them the
+// row takes no other pass; where it does not, one pass notes the top key bits (the statistics pass
+// did not) and the radix path runs as for the other rows, whose statistics pass noted them. The
+// filtered walk's (kFilteredVerifyThreads threads).
 template <typename T>
-__device__ __forceinline__ VisitedCut cut_visited_row(CutShared& cs, const T* row, int64_t v, float scale, RowSampling rs,
-                                                   RowStats s) {
+__device__ __forceinline__ VisitedCut cut_visited_row(WalkCutShared& cs, const T* row, int64_t v, float scale,
+                                                      RowSampling rs, RowStats s, bool by_candidates) {
   const RowView<T> r{row, v, scale};
   const int mass_shift = cut_mass_shift(v);
+  if (by_candidates) {
+    RowCut c;
+    if (select_cut(cs.cand.select, cs.cand.sums, cs.cand.cands[0], kWalkWarps, rs, v, mass_shift, &c))
+      return VisitedCut{c.cut, RowStats{s.top, fixed_sum_value(c.kept, mass_shift)}, true};
+    __syncthreads();  // the selection's state is read before the radix path's overwrites it
+    clear_top_bits(cs.radix);
+    __syncthreads();
+    r.for_each_any_order([&](int64_t, float a) { observe_top_bits(cs.radix, a, TopBits::kCount); });
+    __syncthreads();
+  }
   unsigned long long kept;
-  const FilterCut c = filter_cut(cs, r, s.top.val, rs, mass_shift, &kept);
-  return VisitedCut{c, RowStats{s.top, kept_sum<kFilteredVerifyThreads>(r, c, s.top.val, kept, mass_shift)}};
+  const FilterCut c = filter_cut(cs.radix, r, s.top.val, rs, mass_shift, &kept);
+  return VisitedCut{c, RowStats{s.top, kept_sum<kFilteredVerifyThreads>(r, c, s.top.val, kept, mass_shift)}, false};
+}
+
+// The stop node's draw where the candidates settled its cut: a Gumbel-max over the kept ids (the
+// ranked head's prefix) but the `nrej` rejected ones, each scored as tree_sample_kernel scores it
+// (gumbel_score: the same Philox words; that kernel's groups skip only ids that cannot win), so the
+// same token without a pass over the row; the row's argmax `top` where none can be drawn. The whole
+// block; the token at thread 0.
+__device__ __forceinline__ int32_t draw_kept(WalkCandidates& wc, const FilterCut& cut, const int32_t* rejected,
+                                             int32_t nrej, const RowStream& st, uint32_t node, int32_t top) {
+  Candidate* kept = wc.cands[0];  // the selection has read the warps' candidates
+  const int n = select_keep(wc.select, kWalkWarps, cut, kept);
+  __syncthreads();
+  const uint64_t offset = st.offset_at(node);
+  const uint32_t sequence = st.sequence_at(), position = st.position_at(node);
+  ArgMax best = argmax_empty();
+  for (int e = threadIdx.x; e < n; e += kFilteredVerifyThreads) {
+    const Candidate c = kept[e];
+    bool seen = false;
+    for (int32_t k = 0; k < nrej; ++k) seen |= rejected[k] == c.id;
+    if (!seen) best = argmax_merge(best, gumbel_score(key_value(c.key), c.id, st.seed, offset, sequence, position));
+  }
+  best = block_merge<kFilteredVerifyThreads>(best, argmax_empty());
+  return best.idx == kNoIndex ? top : best.idx;
 }
 
 // Warp 0 tests the children of `node` in node order, 32 candidate nodes a round: at a point mass,
@@ -204,7 +299,7 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
   // kFilter: the selection's state (cut_smem_bytes), then the draft kernel's q stage (w.q_depth
   // chunks a thread).
   extern __shared__ __align__(16) float4 verify_smem[];
-  CutShared* cs = reinterpret_cast<CutShared*>(verify_smem);
+  WalkCutShared* cs = reinterpret_cast<WalkCutShared*>(verify_smem);
   float4* q_stage = verify_smem + (kFilter ? cut_smem_bytes() / sizeof(float4) : 0);
   __shared__ RowStream st;  // thread 0's, kept out of the registers of the row passes
   __shared__ FilterCut visited_cut;  // the visited row's
@@ -220,15 +315,19 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
   const bool greedy = inv_t == 0.0f;  // a greedy row of the draft kernel reads no q
   const float scale = greedy ? 1.0f : inv_t;
   const bool filtering = kFilter && !greedy && filters_active(rs, v);  // the same for the whole block
-  const TopBits bits = filtering ? top_bits(rs, v) : TopBits::kNone;
+  // A top-k cut is selected from the candidates the statistics pass keeps (cut_visited_row); top-p
+  // without top-k (the candidates hold no bound of the row's mass), min-p alone, and every cut of
+  // the walk with draft_probs as before (beside its residual passes the candidates spilled, sm_90a).
+  const bool by_candidates = !kDraft && filtering && top_bits(rs, v) == TopBits::kCount;
+  const TopBits bits = filtering && !by_candidates ? top_bits(rs, v) : TopBits::kNone;
   const auto note = [&](float a) {  // the statistics pass's share of the cut
-    if (bits != TopBits::kNone) observe_top_bits(*cs, a, bits);
+    if (bits != TopBits::kNone) observe_top_bits(cs->radix, a, bits);
   };
   int64_t node = 0, acc = 0;
   for (;;) {
     const T* row = static_cast<const T*>(p.logits) + (n * m + node) * v;
     if (bits != TopBits::kNone) {
-      clear_top_bits(*cs);
+      clear_top_bits(cs->radix);
       __syncthreads();
     }
     if (kDraft) {
@@ -240,18 +339,29 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
     }
     const bool with_q = kDraft && !greedy && sh.kids > 0;  // read before block_merge's barrier, then rewritten
     // One block reads the row, 128 KB in flight (64 KB with draft_probs, and 128 KB of q beside it
-    // at a node with children; half of each in a filtered walk's 256 threads): 64 blocks then keep
-    // 4-12 MB in flight, about HBM's bandwidth times its latency or more.
+    // at a node with children; half of each in a filtered walk's 256 threads, and 48 KB there
+    // without draft_probs, kWalkDepth): 64 blocks then keep 3-12 MB in flight, about HBM's
+    // bandwidth times its latency or more.
     const int64_t chunks = (v + kIds - 1) / kIds;
     float zq = 0.0f;
-    RowStats s =
-        greedy ? thread_row_stats<T, true, kRowDepth<kDraft>>(row, v, 0, chunks, vector_ok, 1.0f, -1, threadIdx.x,
-                                                              kBlock)
-        : with_q ? thread_row_stats_and_q_sum<kBlock>(row, sh.q, v, vector_ok, scale, q_stage, w.q_depth, zq, note)
-                 : thread_row_stats<T, false, kRowDepth<kDraft>>(row, v, 0, chunks, vector_ok, scale, -1, threadIdx.x,
-                                                                 kBlock, note);
+    RowStats s;
+    if (kFilter && !kDraft && by_candidates) {
+      WarpCandidates wc;
+      const int warp = threadIdx.x / 32;
+      s = row_stats_keeping_candidates<kBlock, kWalkDepth<kDraft, kFilter>>(row, v, vector_ok, scale,
+                                                                            cs->cand.cands[warp], wc);
+      const ArgMax top = warp_merge(s.top);
+      if (threadIdx.x % 32 == 0) cs->cand.sums[warp] = SliceSummary{top, 0.0, 0.0, wc.tau, wc.count};
+    } else {
+      constexpr int kDepth = kWalkDepth<kDraft, kFilter>;
+      s = greedy ? thread_row_stats<T, true, kDepth>(row, v, 0, chunks, vector_ok, 1.0f, -1, threadIdx.x, kBlock)
+          : with_q ? thread_row_stats_and_q_sum<kBlock>(row, sh.q, v, vector_ok, scale, q_stage, w.q_depth, zq, note)
+                   : thread_row_stats<T, false, kDepth>(row, v, 0, chunks, vector_ok, scale, -1, threadIdx.x, kBlock,
+                                                        note);
+    }
     s = block_merge<kBlock>(s, stats_empty());
     if (with_q) zq = block_sum<kBlock>(zq);  // block_merge's buffer is another: no barrier between
+    bool settled = false;  // the candidates settled the row's cut
     if constexpr (kFilter) {  // the row's cut, and p' = its filtered row's statistics
       if (threadIdx.x == 0) {
         sh.stats = s;
@@ -259,8 +369,9 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
       }
       __syncthreads();
       if (filtering && !stats_degenerate(sh.stats)) {
-        const VisitedCut c = cut_visited_row(*cs, row, v, scale, rs, sh.stats);
+        const VisitedCut c = cut_visited_row(*cs, row, v, scale, rs, sh.stats, by_candidates);
         if (threadIdx.x == 0) s = c.stats, visited_cut = c.cut;
+        settled = c.settled;
       }
       if (threadIdx.x == 0) w.cuts[n * m + node] = visited_cut;  // for the draw at the stop node
       __syncthreads();  // sh.stats is read before the node's state rewrites it
@@ -323,13 +434,18 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
     __syncthreads();
     const int64_t chosen = sh.chosen;
     if (chosen < 0) {
-      if (threadIdx.x == 0) {  // the row's argmax, unless the sampling pass draws
-        const bool draw = !point_mass && !sh.empty;
-        const bool residual = kDraft && sh.rejected > 0;
-        const ArgMax top = sh.stats.top;
-        p.out_tokens[n * m + acc] = top.idx;
+      const bool draw = !point_mass && !sh.empty;
+      const bool residual = kDraft && sh.rejected > 0;
+      const ArgMax top = sh.stats.top;
+      // A cut the candidates settled (a walk without draft_probs) draws here, from its kept ids.
+      const bool here = settled && draw;
+      int32_t token = top.idx;  // the row's argmax, unless a draw finds another
+      if (kFilter && here)
+        token = draw_kept(cs->cand, cut, rejected, sh.rejected, st, static_cast<uint32_t>(node), top.idx);
+      if (threadIdx.x == 0) {
+        p.out_tokens[n * m + acc] = token;
         p.accept_len[n] = acc;
-        w.jobs[n] = StopJob{draw ? static_cast<int32_t>(node) : -1, static_cast<int32_t>(acc),
+        w.jobs[n] = StopJob{draw && !here ? static_cast<int32_t>(node) : -1, static_cast<int32_t>(acc),
                             residual ? 0 : sh.rejected, residual, top.idx, top.val * kLog2e, scale,
                             tree_coef(sh.res.coef)};
       }

@@ -290,10 +290,14 @@ def test_tree_verify_unchecked_sampling_values_stay_memory_safe(emu):
 @pytest.mark.parametrize("dtype,v", [(torch.bfloat16, 20011), (torch.float32, 9001)])
 @pytest.mark.parametrize("with_q", [False, True])
 def test_tree_verify_filtered_long_rows(emu, dtype, v, with_q):
-    """Filters on rows of thousands of ids (the selection's radix levels and gathers, rows that start
-    unaligned at V = 9001): the walk cuts each row it visits, one selection pass a row (the
-    emulation's count of row passes: the statistics pass is the walk's own and not counted), none
-    for the rows it does not visit."""
+    """Filters on rows of thousands of ids (rows that start unaligned at V = 9001), and the passes
+    each row takes (the emulation's count of row passes; the walk's statistics pass is not counted,
+    the stop row's draw by the sampling launches is, once a row): without draft_probs a top-k cut
+    the statistics pass's candidates settle (top_k 50) takes none, its stop draw none either (from
+    the kept ids, in the walk); a top-k beyond the candidates (1000, with top-p) two (a pass noting
+    the top key bits the candidates' statistics pass did not, and the radix gather); with
+    draft_probs every top-k cut one (the radix gather its statistics pass feeds); top-p alone one
+    (the guided gather); rows the walk does not visit none."""
     n = 6
     tokens, parents, logits, q = verify_case(n, 9, v, "bushy", dtype, seed=v)
     logits = logits * 3
@@ -308,8 +312,80 @@ def test_tree_verify_filtered_long_rows(emu, dtype, v, with_q):
     want = reference.tree_verify(tokens, parents, logits, qq, False, **params)
     for a, b in zip(got, want):
         assert torch.equal(a, b)
-    filtered = torch.tensor([True, True, True, False, True, False])  # sampled, with a filter
-    assert passes == int(((got[0] + 1) * filtered).sum())
+    accept_len = got[0]
+    # passes a visited row, by the sequence's filters; the candidates settle sequence 0's cuts
+    walk = torch.tensor([1, 1, 1, 0, 1, 0] if with_q else [0, 1, 2, 0, 1, 0])
+    settled = torch.tensor([not with_q, False, False, False, False, False])
+    draws = (params["temperature"] > 0) & ~settled
+    assert passes == int(((accept_len + 1) * walk).sum() + draws.sum())
+
+
+def _mixed_params(n, seed):
+    """Per-row filters of every kind (greedy, unfiltered, top-k alone and with top-p and/or min-p,
+    top-k beyond the candidates, top-k 1, top-p alone, min-p alone) and per-request streams."""
+    g = torch.Generator().manual_seed(seed)
+    kinds = [(0.0, 0, 1.0, 0.0), (1.0, 0, 1.0, 0.0), (1.0, 3, 1.0, 0.0), (0.8, 20, 0.8, 0.0), (1.2, 50, 1.0, 0.05),
+             (1.0, 40, 0.9, 0.02), (1.0, 600, 1.0, 0.0), (0.9, 1, 1.0, 0.0), (1.0, 0, 0.7, 0.0), (1.0, 0, 1.0, 0.1),
+             (0.7, 64, 0.95, 0.0), (1.0, 300, 0.5, 0.3)]
+    rows = [kinds[i % len(kinds)] for i in range(n)]
+    return dict(temperature=torch.tensor([r[0] for r in rows]), top_k=torch.tensor([r[1] for r in rows]),
+                top_p=torch.tensor([r[2] for r in rows]), min_p=torch.tensor([r[3] for r in rows]),
+                seed=torch.randint(0, 2**40, (n,), generator=g), offset=torch.randint(0, 1000, (n,), generator=g))
+
+
+@pytest.mark.parametrize("dtype,v", [(torch.float32, 304), (torch.bfloat16, 4104), (torch.float16, 4103),
+                                     (torch.bfloat16, 37), (torch.float32, 1)])
+@pytest.mark.parametrize("with_q,without_replacement", [(False, False), (True, False), (True, True)])
+def test_tree_verify_filtered_mixed_rows(emu, dtype, v, with_q, without_replacement):
+    """Every filter kind in one batch (_mixed_params), on rows the candidates settle and rows they
+    do not: flat rows (every id ties: no head), rows of many ties at the cut (rounded logits), a top-k
+    beyond the candidates, min-p alone, top-p alone, a NaN row and -inf rows, V = 1 and V not a
+    multiple of 8 (rows read id by id), against the reference, bitwise."""
+    n = 12
+    tokens, parents, logits, q = verify_case(n, 7, v, "bushy", torch.float32, seed=v + 3)
+    logits = logits * 2
+    logits[1] = logits[1].round()  # ties at every cut
+    logits[3] = logits[3].round() / 4
+    logits[5, :3] = 0.0  # flat rows: the candidates hold no head
+    logits[6, 1:] = 1.5
+    logits[4, 0, : v // 2] = float("-inf")
+    logits[7, 2] = float("nan")
+    logits = logits.to(dtype)
+    params = _mixed_params(n, v)
+    qq = q if with_q else None
+    for m_nodes in (torch.tensor([7, 3, 1, 7, 5, 7] * 2), None):
+        got = emu.tree_verify(tokens, parents, logits, qq, without_replacement, num_nodes=m_nodes, **params)
+        want = reference.tree_verify(tokens, parents, logits, qq, without_replacement, num_nodes=m_nodes, **params)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype,v", [(torch.bfloat16, 8200), (torch.float32, 3001)])
+def test_tree_verify_settled_rows_take_no_pass(emu, dtype, v):
+    """Top-k cuts the candidates settle (with top-p, min-p, both): no row pass beyond the walk's
+    statistics pass, the stop draws included (from the kept ids, in the walk), at M = 1 too; the
+    same rows made flat (every id ties: the candidates hold no head) take the radix path, and their
+    stop draws the sampling launches: two passes a visited row, one a draw, at least. Both bitwise
+    as the reference."""
+    n = 4
+    tokens, parents, logits, _ = verify_case(n, 9, v, "chain", dtype, seed=v)
+    params = dict(temperature=torch.tensor([1.0, 0.8, 1.1, 1.0]), top_k=torch.tensor([10, 64, 30, 1]),
+                  top_p=torch.tensor([1.0, 0.9, 0.8, 1.0]), min_p=torch.tensor([0.0, 0.0, 0.05, 0.0]),
+                  seed=torch.arange(n) + 1, offset=torch.arange(n))
+    for m in (9, 1):
+        emu.take_row_passes()
+        got = emu.tree_verify(tokens[:, :m], parents[:, :m], logits[:, :m], **params)
+        assert emu.take_row_passes() == 0
+        want = reference.tree_verify(tokens[:, :m], parents[:, :m], logits[:, :m], **params)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+    flat = torch.zeros_like(logits)
+    got = emu.tree_verify(tokens, parents, flat, **params)
+    passes = emu.take_row_passes()
+    want = reference.tree_verify(tokens, parents, flat, **params)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    assert passes >= int(2 * (got[0] + 1).sum() + n)
 
 
 def test_tree_verify_filtered_with_draft_probs_needs_room_for_the_cut(emu):
