@@ -1,10 +1,11 @@
 // A filtered row's cut from its candidates, in two launches instead of a block per row (issue 41):
 //  1. scan_slice: a block per (row, slice) reads its slice once (16-byte loads, kScanDepth chunks in
-//     flight a thread) and keeps its argmax, optionally its total mass (for top-p without top-k), and
-//     its best kSliceKeep ids by the ranking order (key desc, id asc): each warp appends the ids above
-//     its threshold to a buffer by ballot and, when the buffer fills, keeps its best kWarpKeep and
-//     raises the threshold to the best id it dropped. The slice notes tau, the largest key it
-//     dropped: every id of the slice with a larger key is among its candidates.
+//     flight a thread; the view's excluded id reads as -inf, as RowView::a has it) and keeps its
+//     argmax, optionally its total mass (for top-p without top-k), and its best kSliceKeep ids by
+//     the ranking order (key desc, id asc): each warp appends the ids above its threshold to a
+//     buffer by ballot and, when the buffer fills, keeps its best kWarpKeep and raises the
+//     threshold to the best id it dropped. The slice notes tau, the largest key it dropped: every
+//     id of the slice with a larger key is among its candidates.
 //  2. select_cut: a block per row merges its slices' candidates above tau* (the largest tau), the
 //     exact head of the row's ranking, from L2, and finds the cut of all three filters and the kept
 //     fixed-point mass exactly as row_filter.cuh's radix path defines them (filter_cut, kept_sum).
@@ -188,10 +189,11 @@ __device__ void scan_slice(ScanShared& sh, const RowView<T>& r, int64_t begin, i
       const bool live = c < vector_end;
       float a[kIds];
       if (live) unpack<T>(x[u], r.scale, a);
+      const bool excludes = static_cast<uint64_t>(r.exclude - kIds * c) < static_cast<uint64_t>(kIds);
       float m = kNegInf;
 #pragma unroll
       for (int j = 0; j < kIds; ++j) {
-        if (!live) a[j] = kNegInf;
+        if (!live || (excludes && kIds * c + j == r.exclude)) a[j] = kNegInf;
         if (live) observe_value<kWithTotal>(st, a[j], static_cast<int32_t>(kIds * c + j));
         m = max_nan(m, a[j]);
       }
