@@ -29,11 +29,6 @@ inline int masked_row_slices(int64_t rows, int64_t v, int num_sms, LogitsType dt
 // Whether a row's cut drops anything (keep_all() is {-inf, ...}).
 __device__ __forceinline__ bool cut_active(const FilterCut& cut) { return cut.val > kNegInf; }
 
-// The cut of a row, or one that keeps every id where no cuts were computed.
-__device__ __forceinline__ FilterCut row_cut_or_all(const FilterCut* cuts, int64_t row) {
-  return cuts ? cuts[row] : FilterCut{kNegInf, 0x7FFFFFFF};
-}
-
 // Gumbel-max of the tempered row (plain sampling over the ids `cut` keeps, the mask token never
 // drawn) over groups [g_begin, g_end) of 4 ids, groups g_begin + first, + stride, ... by this
 // thread (vector loads of 4 ids, 4 in flight, when vector_ok), into best.

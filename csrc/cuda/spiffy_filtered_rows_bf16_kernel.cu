@@ -1,7 +1,7 @@
-// spiffy_materialize's first pass for the filtered rows on bfloat16 logits (spiffy_filtered.cuh).
-#include "spiffy_filtered.cuh"
+// spiffy_materialize's filtered rows on bfloat16 logits: the scan and the radix path (spiffy_filtered_rows.cuh).
+#include "spiffy_filtered_rows.cuh"
 
 namespace xkernels::cuda {
-template void launch_spiffy_filtered_rows<__nv_bfloat16>(const SpiffyMaterializeParams&, FilterCut*, RowSlice*, int,
-                                                         bool, cudaStream_t);
+template void launch_spiffy_filtered_scan<__nv_bfloat16>(const SpiffyMaterializeParams&, const FilteredSpace&, cudaStream_t);
+template void launch_spiffy_filtered_rows<__nv_bfloat16>(const SpiffyMaterializeParams&, const FilteredSpace&, cudaStream_t);
 }  // namespace xkernels::cuda

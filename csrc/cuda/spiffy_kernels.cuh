@@ -239,19 +239,13 @@ __device__ __forceinline__ RowSlice reduce_row_slice(const T* src, int64_t v, Sl
   return RowSlice{merged, kScaled ? scaled : merged.sum, top};
 }
 
-// Whether spiffy_filtered_rows_kernel reduces row `row` (masked, its sequence sampled with some
-// filter active); the same for a whole block.
+// Whether masked row `row` filters (its sequence sampled with some filter active): its cut comes
+// from spiffy_filtered.cuh's launches; the same for a whole block.
 __device__ __forceinline__ bool filtered_row(const SpiffyMaterializeParams& p, int64_t row) {
   if (!p.filtered || p.block[row] != p.mask_id) return false;
   const RowSampling rs = p.s.row(row / p.l);
   return rs.inv_t != 0.0f && filters_active(rs, p.v);
 }
-
-// Pass 1 of materialize for the rows whose sequence filters (spiffy_filtered.cuh; for float,
-// __nv_bfloat16 and __half logits, a file each: spiffy_filtered_rows_<type>_kernel.cu).
-template <typename T>
-void launch_spiffy_filtered_rows(const SpiffyMaterializeParams& p, FilterCut* cuts, RowSlice* rows, int slices,
-                                 bool vector_ok, cudaStream_t stream);
 
 // What the blocks walking one sequence share between steps, in the workspace (the team's barrier
 // orders it): written by the leader (thread 0 of block 0), read by every thread after the barrier.

@@ -19,7 +19,7 @@ struct SpiffyMaterializeParams {
   GraphView graph;
   int64_t n, l, v, mask_id, keep;
   SamplingView s;             // sequence n scores with spiffy_scale(s.row(n)) under its filters
-  bool filtered;              // some sequence may filter: spiffy_filtered_rows_kernel reads its filtered rows
+  bool filtered;              // some sequence may filter: spiffy_filtered.cuh cuts its filtered rows
   int64_t* drafts;            // [n, keep, l]
   int64_t* node_ids;          // [n, keep], filled with -1 by the caller
   float* scores;              // [n, keep], filled with 0 by the caller

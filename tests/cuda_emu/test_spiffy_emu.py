@@ -41,12 +41,15 @@ def test_materialize_splits_rows_over_slices(emu, dtype, temperature, num_sms):
     torch.testing.assert_close(got[2], want[2], atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("filters", [{}, dict(temperature=1.0, top_p=0.5)])  # the candidate launches too
 @pytest.mark.parametrize("n,length,v", [(0, 4, 16), (2, 0, 16), (2, 4, 1)])
-def test_materialize_edge_shapes(emu, n, length, v):
+def test_materialize_edge_shapes(emu, n, length, v, filters):
     logits, block = step_case(n, length, v, seed=1, masked_share=1.0)
     graph = hand_graph()
-    got = emu.spiffy_materialize(logits, block, MASK, graph, 2)
-    want = reference.spiffy_materialize(logits, block, MASK, graph.ranks, graph.child_ptr, graph.children, 2)
+    got = emu.spiffy_materialize(logits, block, MASK, graph, 2, **filters)
+    # the reference cannot stack the rows of an empty block under filters: they change nothing there
+    want = reference.spiffy_materialize(logits, block, MASK, graph.ranks, graph.child_ptr, graph.children, 2,
+                                        **(filters if length else {}))
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
@@ -262,17 +265,18 @@ def test_materialize_per_sequence_parameters(emu, v):
     (dict(top_k=50), 2),
     (dict(top_p=0.9), 2),
     (dict(top_k=20, top_p=0.8), 2),
-    (dict(top_k=3000, top_p=0.9), 3),  # > 2048 ids at or above top-k's bin: top-p ranks another bin
-    (dict(min_p=0.05), 2),  # min-p alone: no gather, the kept sum's pass
-    (dict(top_k=50, min_p=0.5), 2),  # min-p moves the cut above top-k's bin: the gather sums its ids too
-    (dict(top_k=2500), 1),  # fewer finite ids than k: the cut keeps all, the statistics' sum stands
+    (dict(top_k=50, min_p=0.5), 2),  # min-p moves the cut above top-k's: the head holds its ids
+    (dict(top_k=3000, top_p=0.9), 5),  # top-k beyond the candidates: the radix path's 3 passes
+    (dict(min_p=0.05), 3),  # min-p alone: the radix path's kept sum (a float sum), select's top
+    (dict(top_k=2500), 3),  # fewer finite ids than k: the counts' pass, the cut keeps all
 ])
-def test_materialize_reads_a_filtered_row_twice(emu, filters, passes):
-    """A masked row whose sequence filters is read twice in all (the statistics and top tokens,
-    noting the cut's top key bits, then the cut's gather, whose ranked candidates give the kept
-    sum), where the filters table of bench/floors.md says; the slices read the other masked rows
-    once (greedy, unfiltered at T = 0.7 and at 1) and no row that is not masked. The scores are
-    those of p' (a wrong kept sum moves them)."""
+def test_materialize_filtered_row_passes(emu, filters, passes):
+    """A masked row whose sequence filters is read by the slices pass (its statistics and top tokens,
+    as every masked row) and by the candidates' scan; a row the candidates do not settle also by the
+    radix path (bench/floors.md's filters table): its statistics pass noting the top key bits (not
+    for min-p alone, whose top is select's), its gathers, min-p alone's kept sum. Greedy and
+    unfiltered masked rows are read once, unmasked rows never. The scores are those of p' (a wrong
+    kept sum moves them)."""
     n, length, v = 5, 6, 3001
     logits, block = step_case(n, length, v, torch.float32, seed=9)
     logits = logits * 3
@@ -286,7 +290,7 @@ def test_materialize_reads_a_filtered_row_twice(emu, filters, passes):
                   min_p=torch.where(on, filters.get("min_p", 0.0), 0.0))
     params["top_k"][2] = 5  # a greedy row's filter does nothing
     if few:
-        params["top_k"][1] = 0  # sequence 1 without a filter: its rows go to the slices
+        params["top_k"][1] = 0  # sequence 1 without a filter
     graph = hand_graph()
     emu.take_row_passes()
     got = emu.spiffy_materialize(logits, block, MASK, graph, 3, **params)
@@ -301,11 +305,95 @@ def test_materialize_reads_a_filtered_row_twice(emu, filters, passes):
     assert counted == passes * int(filtered) + int(masked.sum() - filtered)
 
 
+def filter_params(rows):
+    """Per-sequence parameters from (temperature, top_k, top_p, min_p) tuples."""
+    t, k, p, m = zip(*rows)
+    return dict(temperature=torch.tensor(t), top_k=torch.tensor(k, dtype=torch.int32), top_p=torch.tensor(p),
+                min_p=torch.tensor(m))
+
+
+def check_materialize(emu, logits, block, params, keep, num_sms=132):
+    """Every position's top tokens, their log probabilities under p' (the scores of top_token_graph's
+    nodes) and the positions' order (the drafts) against the reference; returns the emulation's."""
+    graph = top_token_graph(logits.shape[1])
+    got = emu.spiffy_materialize(logits, block, MASK, graph, keep, num_sms=num_sms, **params)
+    want = reference.spiffy_materialize(logits, block, MASK, graph.ranks, graph.child_ptr, graph.children, keep,
+                                        **params)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    torch.testing.assert_close(got[2], want[2], atol=1e-5, rtol=1e-4)
+    return got
+
+
+# (temperature, top_k, top_p, min_p) of each sequence of the mixed cases: top-k, top-p, both, min-p
+# alone, greedy with filters, top-k beyond the candidates (alone and with top-p), top-k of 1, top-p
+# and min-p, all three, unfiltered, top-p alone at a low temperature.
+MIXED = [(1.0, 50, 1.0, 0.0), (0.7, 0, 0.9, 0.0), (1.3, 20, 0.8, 0.0), (1.0, 0, 1.0, 0.1), (0.0, 5, 0.5, 0.1),
+         (1.0, 3000, 1.0, 0.0), (1.0, 2500, 0.9, 0.0), (0.8, 1, 1.0, 0.0), (1.0, 0, 0.5, 0.05), (1.1, 40, 0.9, 0.2),
+         (1.0, 0, 1.0, 0.0), (0.5, 0, 0.95, 0.0)]
+
+
+@pytest.mark.parametrize("dtype,v", [(torch.float32, 3001), (torch.bfloat16, 3008), (torch.float16, 20011)])
+def test_materialize_mixed_filtered_rows(emu, dtype, v):
+    """Each filter kind beside the others, on rows the candidates settle and rows they do not (a
+    flat row, a row of ties, half the ids -inf, min-p alone, top-k beyond them), rows holding a NaN
+    or +inf (no cut), an -inf row, the mask token on top of a row (never a candidate), V not a
+    multiple of 8 (unaligned rows) and several slices a row (v = 20011); keep = 1 besides."""
+    logits, block = step_case(len(MIXED), 4, v, dtype, seed=v)
+    logits = logits * 2
+    block[:, 0] = MASK
+    logits[0, 1, MASK] = 40.0
+    logits[1, 0] = 0.0
+    logits[2, 0] = torch.randint(0, 3, (v,), generator=torch.Generator().manual_seed(v)).to(dtype)
+    logits[3, 1, 11] = float("nan")
+    logits[4, 2, 5] = float("inf")
+    logits[5, 0, :v // 2] = float("-inf")
+    logits[6, 3] = float("-inf")
+    logits[8, 0] = (logits[8, 0] * 6).round() / 6
+    logits[9, 2, MASK] = 10.0
+    params = filter_params(MIXED)
+    check_materialize(emu, logits, block, params, 8 * 4)
+    check_materialize(emu, logits, block, params, 1, num_sms=4)
+
+
+@pytest.mark.parametrize("v", [1, 5, 9])
+def test_materialize_filtered_rows_of_a_small_vocabulary(emu, v):
+    logits, block = step_case(4, 3, v, seed=v, masked_share=1.0)
+    check_materialize(emu, logits, block, filter_params([(1.0, 1, 0.5, 0.0), (1.0, 0, 0.6, 0.3), (0.7, 2, 1.0, 0.0),
+                                                         (1.0, 0, 1.0, 0.5)]), 8 * 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_materialize_settled_and_radix_cuts_agree(emu, dtype):
+    """The same rows in two sequences under filters that cut them alike: top-p alone, which the
+    candidates settle, and top-p after a top-k past the row's 40 finite ids (a cut that keeps all),
+    which they cannot: the radix path. Bitwise the same scores and drafts (the cut and the kept
+    fixed-point sum agree), each path counted: 2 passes a settled row, 5 a radix one."""
+    length, v = 3, 49160
+    g = torch.Generator().manual_seed(2)
+    row = torch.full((length, v), float("-inf"))
+    row[:, torch.randperm(v, generator=g)[:40]] = torch.randn(length, 40, generator=g) * 2
+    logits = torch.stack([row, row]).to(dtype)
+    block = torch.full((2, length), MASK)
+    graph = top_token_graph(length)
+    keep = len(graph) - 1
+    emu.take_row_passes()
+    settled = emu.spiffy_materialize(logits[:1], block[:1], MASK, graph, keep, num_sms=132,
+                                     **filter_params([(1.0, 0, 0.8, 0.0)]))
+    assert emu.take_row_passes() == 2 * length
+    radix = emu.spiffy_materialize(logits[1:], block[1:], MASK, graph, keep, num_sms=132,
+                                   **filter_params([(1.0, 60, 0.8, 0.0)]))
+    assert emu.take_row_passes() == 5 * length
+    for a, b in zip(settled, radix):
+        assert torch.equal(a, b)
+    assert (settled[2] == 0).any() and (settled[2] > 0).any()  # the cut drops some top tokens
+    check_materialize(emu, logits, block, filter_params([(1.0, 0, 0.8, 0.0), (1.0, 60, 0.8, 0.0)]), keep)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_materialize_filtered_rows_without_a_softmax_and_of_ties(emu, dtype):
     """Filtered rows holding a NaN or +inf (scored as they are, no cut), of -inf only, and of runs
     of ties (the cut inside a run, broken to the lower id), each filter kind in one batch, over a
-    vocabulary of several slices (the filtered row's result in its first slice, the others empty)."""
+    vocabulary of several slices (both the slices pass's and the candidates')."""
     n, length, v = 6, 5, 49160
     logits, block = step_case(n, length, v, dtype, seed=12)
     logits[1] = (logits[1] * 2).round() / 2  # few distinct values
