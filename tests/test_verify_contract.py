@@ -20,19 +20,20 @@ def _q16(q, dtype):
     return q16, q16.float()
 
 
-def _chain_case(n, k, v, seed, dtype=torch.float32):
+def peaked_q_case(n, k, v, seed, dtype=torch.float32):
     """Drafts drawn from a peaked q that the target does not share: rejections and residual draws
     are common, so q decides the tokens."""
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(n, k + 1, v, generator=g).to(dtype)
     q = torch.softmax(torch.randn(n, k, v, generator=g) * 3, -1)
-    drafts = torch.multinomial(q.reshape(-1, v), 1, generator=g).reshape(n, k)
+    drafts = torch.multinomial(q.reshape(-1, v), 1, generator=g).reshape(n, k) if n * k else torch.zeros(
+        n, k, dtype=torch.int64)
     return drafts, logits, q
 
 
 def _ragged_case(device, seed=0):
     """A flat batch with requests of 3, 0, 2 and 4 drafts; q rows of the drafts."""
-    drafts, logits, q = _chain_case(4, 4, 57, seed)
+    drafts, logits, q = peaked_q_case(4, 4, 57, seed)
     counts = torch.tensor([3, 0, 2, 4])
     keep = torch.arange(4)[None, :] < counts[:, None]
     rows = torch.cat([logits[i, :c + 1] for i, c in enumerate(counts.tolist())])
@@ -54,7 +55,7 @@ def _same(got, want):
                                      top_k=12, top_p=0.9, method="block", return_logprobs=True),
                                 dict(temperature=1.0, min_p=0.05, return_logprobs=True)])
 def test_chain_verify_reads_16_bit_draft_probs(device, q_dtype, kw):
-    drafts, logits, q = _chain_case(4, 5, 300, 11, torch.bfloat16)
+    drafts, logits, q = peaked_q_case(4, 5, 300, 11, torch.bfloat16)
     q16, q32 = _q16(q, q_dtype)
     kw = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
     drafts, logits = drafts.to(device), logits.to(device)
@@ -70,7 +71,7 @@ def test_chain_verify_reads_16_bit_draft_probs(device, q_dtype, kw):
 def test_a_case_where_q_decides():
     """The 16-bit cases above would pass with q ignored if q never decided: here it does (the
     tokens differ from those of another q), so they compare what q makes."""
-    drafts, logits, q = _chain_case(4, 5, 300, 11, torch.bfloat16)
+    drafts, logits, q = peaked_q_case(4, 5, 300, 11, torch.bfloat16)
     other = torch.softmax(torch.randn(q.shape, generator=torch.Generator().manual_seed(1)), -1)
     a = xkernels.chain_verify(drafts, logits, draft_probs=q.bfloat16(), temperature=1.0, seed=3, offset=1)
     b = xkernels.chain_verify(drafts, logits, draft_probs=other.bfloat16(), temperature=1.0, seed=3, offset=1)

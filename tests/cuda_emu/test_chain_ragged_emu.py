@@ -216,3 +216,42 @@ def test_block_verification_where_the_residuals_decide(emu):
     want = ref_chain.chain_verify_ragged(drafts, cu, logits, k, q, method="block", **params)
     _check(got, want)
     assert 1 < got[1].float().mean() < k  # decisions within the block: the residuals matter
+
+
+def _peaked_q_case(counts, vocab, seed):
+    """_case with drafts drawn from a peaked q (rejections and residual draws common: q decides)."""
+    drafts, cu, logits, _ = _case(counts, vocab, seed)
+    q = torch.softmax(torch.randn(drafts.shape[0], vocab, generator=torch.Generator().manual_seed(seed)) * 3, -1)
+    drafts = torch.multinomial(q, 1).reshape(-1) if drafts.numel() else drafts
+    return drafts, cu, logits, q
+
+
+# Draft probabilities in bfloat16 / float16, read in their dtype by the walk (q(x), the residual
+# draw's loads) and the residual kernel (block verification): the outputs of the same values in
+# float32, bit for bit, and the reference's.
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("method", ["token", "block"])
+@pytest.mark.parametrize("counts,vocab", [([2, 0, 3, 1], 301), ([4, 4], 64), ([1], 1)])
+def test_16_bit_draft_probs(emu, q_dtype, method, counts, vocab):
+    torch.manual_seed(vocab)
+    drafts, cu, logits, q = _peaked_q_case(counts, vocab, 5)
+    q16 = q.to(q_dtype)
+    params = _params(len(counts), 7)
+    got = emu.chain_verify_ragged(drafts, cu, logits, 4, q16, method=method, **params)
+    want = emu.chain_verify_ragged(drafts, cu, logits, 4, q16.float(), method=method, **params)
+    assert all(torch.equal(g.nan_to_num(9.0), w.nan_to_num(9.0)) for g, w in zip(got, want))
+    _check(got, ref_chain.chain_verify_ragged(drafts, cu, logits, 4, q16, method=method, **params))
+
+
+# Without a logprobs buffer (null in the launch) the kernels write none, and the tokens and counts
+# are those with one.
+@pytest.mark.parametrize("method", ["token", "block"])
+@pytest.mark.parametrize("with_q", [False, True])
+@pytest.mark.parametrize("counts,vocab", [([2, 0, 3, 1], 37), ([0, 0], 5), ([3], 1)])
+def test_without_logprobs(emu, method, with_q, counts, vocab):
+    drafts, cu, logits, q = _case(counts, vocab, 3)
+    params = _params(len(counts), 5)
+    got = emu.chain_verify_ragged(drafts, cu, logits, 4, q if with_q else None, method=method, logprobs=False,
+                                  **params)
+    want = emu.chain_verify_ragged(drafts, cu, logits, 4, q if with_q else None, method=method, **params)
+    assert got[2] is None and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -4,6 +4,7 @@ import torch
 
 from xkernels import reference
 from tests.test_chain_verify import make_case
+from tests.test_verify_contract import peaked_q_case
 
 # (N, K, V): tails of the 16-byte chunks, one id, rows longer than 32 (two warp rounds of the walk),
 # many slices per row (num_sms), a batch over several warps of chain_walk, and vocabularies whose
@@ -92,3 +93,20 @@ def test_ties_and_nan_inside_vector_chunks(emu):
         got = emu.chain_verify(drafts, logits.bfloat16(), None, temperature, 4, 2, num_sms=64)
         want = reference.chain_verify(drafts, logits.bfloat16(), None, temperature, 4, 2)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+# Draft probabilities in bfloat16 / float16, read in their dtype: sample_slices' loads of 4 ids of q
+# at once (V a multiple of 4 with aligned rows) and id by id (the rest), chain_walk's q(x). The
+# tokens are those of the same values in float32 (the conversion is exact), and the reference's.
+@pytest.mark.parametrize("shape", [(3, 5, 37), (2, 3, 72), (2, 2, 4104), (1, 1, 1), (0, 2, 8)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
+def test_16_bit_draft_probs(emu, shape, dtype, q_dtype):
+    drafts, logits, q = peaked_q_case(*shape, seed=sum(shape), dtype=dtype)
+    q16 = q.to(q_dtype)
+    for temperature, num_sms in [(1.0, 64), (0.6, 1)]:
+        got = emu.chain_verify(drafts, logits, q16, temperature, 3, 1, num_sms=num_sms)
+        want = emu.chain_verify(drafts, logits, q16.float(), temperature, 3, 1, num_sms=num_sms)
+        ref = reference.chain_verify(drafts, logits, q16, temperature, 3, 1)
+        for g, w, r in zip(got, want, ref):
+            assert torch.equal(g, w) and torch.equal(g, r)
