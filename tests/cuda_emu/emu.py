@@ -228,6 +228,7 @@ class CudaEmu:
         n, m, v = logits.shape
         sampling, held = _sampling_args(n, v, temperature, top_k, top_p, min_p, seed, offset)
         may_sample, filtered = held[-2:]
+        q = None if q is None else q.float()  # as the CUDA binding widens a 16-bit q (the walk stages float32)
         tokens, parents, logits, q, num_nodes = _c(tokens), _c(parents), _c(logits), _c(q), _c(num_nodes)
         accept_len = torch.empty(n, dtype=torch.int64)
         path = torch.empty(n, m, dtype=torch.int64)
