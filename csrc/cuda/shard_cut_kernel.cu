@@ -48,29 +48,74 @@ __global__ void __launch_bounds__(kThreads) shard_cut_histogram_kernel(ShardCutH
   const auto prefix = static_cast<uint64_t>(p.prefix[r]);
   const CutWeights w{p.row_max != nullptr, p.row_max ? p.row_max[r] : 0.0f, p.keep_value != nullptr,
                      FilterCut{p.keep_value ? p.keep_value[r] : 0.0f, p.keep_id ? p.keep_id[r] : 0}};
-  const auto observe = [&](float a, int64_t x) {
+  // An id's bucket and weight (in: a candidate of nonzero weight). A count's weight is
+  // kCutWeightOne (2^31) or 0: counted as 1 and scaled at the flush, since 2^31 adds would wrap
+  // `low` every second id.
+  struct Weighed {
+    bool in;
+    int d;
+    uint64_t hi, lo;
+  };
+  const int64_t excluded = p.ignore_id - p.vocab_start;
+  const auto weigh = [&](float a, int64_t x) {
     const auto id = static_cast<int32_t>(p.vocab_start + x);
     const uint64_t key = cut_rank_key(a, id);
-    if (!cut_candidate(key, prefix, p.shift)) return;
     const CutWeight cw = cut_weight(w, a, id, w.mass ? exp_f32(a - w.row_max) : 0.0f);
-    const int d = cut_digit(key, p.shift);
-    // A count's weight is kCutWeightOne (2^31) or 0: counted as 1 and scaled at the flush, since
-    // 2^31 adds would wrap `low` every second id.
-    if (cw.hi != 0) hist.add(d, w.mass ? static_cast<uint64_t>(cw.hi) : 1u);
-    if (cw.lo != 0) hist.add(kCutBuckets + d, static_cast<uint64_t>(cw.lo));
+    const bool in = cut_candidate(key, prefix, p.shift) && (cw.hi != 0 || cw.lo != 0);
+    return Weighed{in, cut_digit(key, p.shift), w.mass ? static_cast<uint64_t>(cw.hi) : (cw.hi != 0 ? 1u : 0u),
+                   static_cast<uint64_t>(cw.lo)};
   };
-  // row_reduce.cuh's read: the row's blocks take its 16-byte chunks in turn, 4 in flight a thread,
-  // where the row starts 16-byte aligned (else, and in a row's last partial chunk, id by id).
-  constexpr int kIds = 16 / sizeof(T);
+  const auto add = [&](const Weighed& e) {  // an atomic a part
+    if (e.in && e.hi != 0) hist.add(e.d, e.hi);
+    if (e.in && e.lo != 0) hist.add(kCutBuckets + e.d, e.lo);
+  };
+  // The 16-byte chunks: the row's blocks take them in turn, 4 in flight a thread, in rounds the
+  // whole block makes, so that a warp counts each of its values at once: the lanes of one bucket
+  // (in the first round most ids share the few buckets of the key's sign and exponent bits) are
+  // counted by one atomic of their number, not one an id.
+  constexpr int kIds = 16 / sizeof(T), kDepth = 4;
   const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && reinterpret_cast<uintptr_t>(p.logits) % 16 == 0;
-  for_each_row_value<T, 4>(
-      row, p.v, 0, (p.v + kIds - 1) / kIds, vector_ok, scale, p.ignore_id - p.vocab_start,
-      static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x, static_cast<int64_t>(gridDim.y) * blockDim.x,
-      [&](const float (&a)[kIds], int32_t x) {
+  const int64_t chunks = vector_ok ? p.v / kIds : 0;
+  const int64_t first = static_cast<int64_t>(blockIdx.y) * blockDim.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.y) * blockDim.x;
+  const uint4* chunk = reinterpret_cast<const uint4*>(row);
+  const int lane = threadIdx.x % 32;
+  for (int64_t c0 = first; c0 < chunks; c0 += kDepth * stride) {
+    uint4 x[kDepth];
 #pragma unroll
-        for (int j = 0; j < kIds; ++j) observe(a[j], x + j);
-      },
-      [&](float a, int32_t x) { observe(a, x); });
+    for (int u = 0; u < kDepth; ++u) {
+      const int64_t c = c0 + u * stride + threadIdx.x;
+      x[u] = c < chunks ? chunk[c] : uint4{};
+    }
+#pragma unroll
+    for (int u = 0; u < kDepth; ++u) {
+      const int64_t c = c0 + u * stride + threadIdx.x;
+      float a[kIds];
+      unpack<T>(x[u], scale, a);
+#pragma unroll 1
+      for (int j = 0; j < kIds; ++j) {
+        float value = a[0];
+#pragma unroll
+        for (int k = 1; k < kIds; ++k) value = k == j ? a[k] : value;  // no run-time index into a
+        const int64_t id = kIds * c + j;
+        const Weighed e = c < chunks && id != excluded ? weigh(value, id) : Weighed{false, 0, 0, 0};
+        if (w.mass) {  // a mass: summing a bucket's lanes would take more shuffles than the atomics
+          add(e);
+          continue;
+        }
+        for (unsigned pending = __ballot_sync(kFullMask, e.in); pending != 0;) {  // a count: 1 a lane
+          const int leader = __ffs(static_cast<int>(pending)) - 1;
+          const int d = __shfl_sync(kFullMask, e.d, leader);
+          const unsigned group = __ballot_sync(kFullMask, e.in && e.d == d);
+          pending &= ~group;
+          if (lane == leader) hist.add(d, __popc(group));
+        }
+      }
+    }
+  }
+  // A row not 16-byte aligned, and an aligned row's last partial chunk: id by id, an atomic an id.
+  for (int64_t x = kIds * chunks + first + threadIdx.x; x < p.v; x += stride)
+    add(weigh(x == excluded ? kNegInf : to_float(row[x]) * scale, x));
   __syncthreads();
   auto* out = reinterpret_cast<unsigned long long*>(p.out) + r * 2 * kCutBuckets;  // atomicAdd's 64-bit integer
   for (int i = threadIdx.x; i < 2 * kCutBuckets; i += blockDim.x) {
