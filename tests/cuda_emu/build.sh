@@ -26,7 +26,11 @@ objs=()
 stale() {  # object: missing, or older than a file its dependency file names (flags in the stamp)
   [ -f "$1" ] && [ -f "$1.d" ] && [ "$(cat "$1.flags" 2>/dev/null)" = "$CXX ${FLAGS[*]}" ] || return 0
   local dep
-  for dep in $(sed -e 's/^[^:]*://' -e 's/\\$//' "$1.d"); do [ "$dep" -nt "$1" ] && return 0; done
+  for dep in $(sed -e 's/^[^:]*://' -e 's/\\$//' "$1.d"); do
+    # a folder copied from another names that one's translations: this folder's are the ones compiled
+    case "$dep" in "$OUT"/* | "$ROOT"/csrc/* | "$EMU"/* | /usr/*) ;; *.cpp | *.cuh) dep="$OUT/$(basename "$dep")" ;; esac
+    [ "$dep" -nt "$1" ] && return 0
+  done
   return 1
 }
 compile() {  # source, object
