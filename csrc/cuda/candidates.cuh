@@ -160,13 +160,22 @@ __device__ __forceinline__ void observe_value(SliceStats& s, float a, int32_t id
   s.moment += e * static_cast<double>(a);
 }
 
+// What scan_slice shows its caller of what it reads, before any scaling, in each thread's order of
+// ids: chunk(x, c) for each 16-byte chunk c as loaded, id(i) for each id read alone. The default
+// sees nothing; dllm_step folds its raw row statistics in it (over a whole row, a block-a-row
+// pass's order).
+struct NoReadHook {
+  __device__ __forceinline__ void chunk(const uint4&, int64_t) {}
+  __device__ __forceinline__ void id(int64_t) {}
+};
+
 // Pass A over chunks [begin, end) of row r (ids kIds * begin .. min(kIds * end, v)): the slice's
 // summary and its best kSliceKeep candidates, ranked, into out / cands (kWithTotal: with the mass
 // sums select_cut bounds top-p's total by; a kernel of its own, as they cost registers). The whole
-// block.
-template <typename T, bool kWithTotal>
+// block. on_read: see NoReadHook.
+template <typename T, bool kWithTotal, typename OnRead = NoReadHook>
 __device__ void scan_slice(ScanShared& sh, const RowView<T>& r, int64_t begin, int64_t end, SliceSummary* out,
-                           Candidate* cands) {
+                           Candidate* cands, OnRead&& on_read = OnRead{}) {
   constexpr int kIds = 16 / sizeof(T);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   Candidate* buf = sh.buf[warp];
@@ -188,7 +197,10 @@ __device__ void scan_slice(ScanShared& sh, const RowView<T>& r, int64_t begin, i
       const int64_t c = c0 + u * kThreads + threadIdx.x;
       const bool live = c < vector_end;
       float a[kIds];
-      if (live) unpack<T>(x[u], r.scale, a);
+      if (live) {
+        unpack<T>(x[u], r.scale, a);
+        on_read.chunk(x[u], c);
+      }
       const bool excludes = static_cast<uint64_t>(r.exclude - kIds * c) < static_cast<uint64_t>(kIds);
       float m = kNegInf;
 #pragma unroll
@@ -208,7 +220,10 @@ __device__ void scan_slice(ScanShared& sh, const RowView<T>& r, int64_t begin, i
   for (int64_t b = kIds * vector_end; b < id_end; b += kThreads) {  // a partial last chunk, or an unaligned row
     const int64_t i = b + threadIdx.x;
     const float a = i < id_end ? r.a(i) : kNegInf;
-    if (i < id_end) observe_value<kWithTotal>(st, a, static_cast<int32_t>(i));
+    if (i < id_end) {
+      observe_value<kWithTotal>(st, a, static_cast<int32_t>(i));
+      on_read.id(i);
+    }
     offer(buf, wc, order_key(a), static_cast<int32_t>(i), a != kNegInf);
   }
   warp_keep_best(buf, wc, kWarpSlots);  // ranks the buffer, drops nothing

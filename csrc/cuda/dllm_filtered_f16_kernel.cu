@@ -2,5 +2,5 @@
 #include "dllm_filtered.cuh"
 
 namespace xkernels::cuda {
-template void launch_dllm_filtered<__half>(const DllmParams&, int64_t*, bool, cudaStream_t);
+template void launch_dllm_filtered<__half>(const DllmParams&, int64_t*, const DllmCandidates&, bool, cudaStream_t);
 }  // namespace xkernels::cuda

@@ -1,8 +1,9 @@
 // dllm_step on CUDA, launches that never wait on the host:
-//  0. filtered: with filters, a block per masked row that samples with a filter picks its token
-//             whole (dllm_filtered_pick: two reads of the row, the cut's gather drawing too); the
-//             other kernels skip those rows. In dllm_filtered.cuh, instantiated a logits type a
-//             file: the selection is most of this op's compile time.
+//  0. filtered: with filters, the masked rows that sample with a filter (dllm_filtered.cuh): a
+//             block a row reads it once for its candidates and raw statistics, a block a row picks
+//             its token from them, and a block a row the candidates did not settle picks it whole
+//             (dllm_filtered_pick: two reads of the row); the other kernels skip those rows.
+//             Instantiated a logits type a file: the selection is most of this op's compile time.
 //  1. slices: every other masked row split in slices over the grid; a block reduces its slice to the raw
 //             row's softmax statistics and, at T > 0 (the sequence's temperature), the tempered
 //             row's argmax and the Gumbel-max with the noise of the position's slot of the
@@ -28,18 +29,27 @@ struct DllmSlice {
 
 size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
 
-// Slices per row (row_reduce.cuh's plan), and the workspace: x0, chosen, the slices.
+// Slices per row (row_reduce.cuh's plan), and the workspace: x0, chosen, the slices, and with
+// filters the candidate pipeline's (DllmCandidates, in that order of its fields).
 struct DllmLayout {
   int slices;
-  size_t x0_bytes, chosen_bytes, slice_bytes;
+  size_t x0_bytes, chosen_bytes, slice_bytes, sums_bytes, cands_bytes, raw_bytes, settled_bytes;
+  size_t total() const { return x0_bytes + chosen_bytes + slice_bytes + sums_bytes + cands_bytes + raw_bytes + settled_bytes; }
 };
 
 DllmLayout dllm_layout(const DllmParams& p) {
-  DllmLayout d;
+  DllmLayout d{};
+  const auto rows = static_cast<size_t>(p.n * p.l);
   d.slices = masked_row_slices(p.n * p.l, p.v, p.num_sms, p.dtype);
-  d.x0_bytes = align_up(sizeof(int64_t) * p.n * p.l);
-  d.chosen_bytes = align_up(static_cast<size_t>(p.n * p.l));
-  d.slice_bytes = align_up(sizeof(DllmSlice) * p.n * p.l * d.slices);
+  d.x0_bytes = align_up(sizeof(int64_t) * rows);
+  d.chosen_bytes = align_up(rows);
+  d.slice_bytes = align_up(sizeof(DllmSlice) * rows * d.slices);
+  if (p.rule.filtered) {
+    d.sums_bytes = align_up(sizeof(SliceSummary) * rows);
+    d.cands_bytes = align_up(sizeof(Candidate) * kSliceKeep * rows);
+    d.raw_bytes = align_up(sizeof(RowStats) * rows);
+    d.settled_bytes = align_up(sizeof(int32_t) * rows);
+  }
   return d;
 }
 
@@ -152,8 +162,13 @@ cudaError_t launch_typed(const DllmParams& p, void* workspace, cudaStream_t stre
   DllmSlice* slices = reinterpret_cast<DllmSlice*>(at + d.x0_bytes + d.chosen_bytes);
   const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && reinterpret_cast<uintptr_t>(p.logits) % 16 == 0;
   const int64_t rows = p.n * p.l;
-  if (p.rule.filtered)
-    launch_dllm_filtered<T>(p, x0, vector_ok, stream);
+  if (p.rule.filtered) {
+    char* c = at + d.x0_bytes + d.chosen_bytes + d.slice_bytes;
+    const DllmCandidates cands{reinterpret_cast<SliceSummary*>(c), reinterpret_cast<Candidate*>(c + d.sums_bytes),
+                               reinterpret_cast<RowStats*>(c + d.sums_bytes + d.cands_bytes),
+                               reinterpret_cast<int32_t*>(c + d.sums_bytes + d.cands_bytes + d.raw_bytes)};
+    launch_dllm_filtered<T>(p, x0, cands, vector_ok, stream);
+  }
   dllm_slices_kernel<T><<<rows * d.slices, kThreads, 0, stream>>>(p, slices, d.slices, vector_ok);
   dllm_merge_kernel<T><<<(rows + kWarps - 1) / kWarps, kThreads, 0, stream>>>(p, slices, d.slices, x0);
   dllm_select_kernel<<<(p.n + 63) / 64, 64, 0, stream>>>(p, x0, chosen);
@@ -162,10 +177,7 @@ cudaError_t launch_typed(const DllmParams& p, void* workspace, cudaStream_t stre
 
 }  // namespace
 
-size_t dllm_workspace_bytes(const DllmParams& p) {
-  const DllmLayout d = dllm_layout(p);
-  return d.x0_bytes + d.chosen_bytes + d.slice_bytes;
-}
+size_t dllm_workspace_bytes(const DllmParams& p) { return dllm_layout(p).total(); }
 
 cudaError_t launch_dllm_step(const DllmParams& p, void* workspace, cudaStream_t stream) {
   if (p.n * p.l == 0) return cudaSuccess;

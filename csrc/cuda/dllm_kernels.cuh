@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "candidates.cuh"
 #include "device_utils.cuh"
 #include "dllm_launch.h"
 #include "xkernels/sampling_params.h"
@@ -18,9 +19,19 @@ __device__ __forceinline__ bool filtered_row(const DllmParams& p, int64_t row) {
   return rs.inv_t != 0.0f && filters_active(rs, p.v);
 }
 
-// Launches dllm_filtered_kernel over every row (rows it does not pick return at once); instantiated
-// in dllm_filtered_<type>_kernel.cu.
+// The candidate pipeline's workspace for the filtered rows (dllm_filtered.cuh), a row one slice.
+struct DllmCandidates {
+  SliceSummary* sums;  // [rows]
+  Candidate* cands;    // [rows, kSliceKeep]
+  RowStats* raw;       // [rows]: the raw statistics, as dllm_filtered_kernel's pass sums them
+  int32_t* settled;    // [rows]: the pipeline picked the row
+};
+
+// Launches the filtered rows' kernels over every row (rows they do not pick return at once): the
+// candidate pipeline, then dllm_filtered_kernel for the rows it did not settle; instantiated in
+// dllm_filtered_<type>_kernel.cu. vector_ok: every row starts 16-byte aligned.
 template <typename T>
-void launch_dllm_filtered(const DllmParams& p, int64_t* x0, bool vector_ok, cudaStream_t stream);
+void launch_dllm_filtered(const DllmParams& p, int64_t* x0, const DllmCandidates& c, bool vector_ok,
+                          cudaStream_t stream);
 
 }  // namespace xkernels::cuda

@@ -31,6 +31,8 @@ struct DllmParams {
   int64_t *new_block, *positions, *tokens;
   float* confidence;  // [n, l]
   int num_sms;        // sizes the split of the rows over the grid
+  bool radix_only;    // every filtered row by dllm_filtered_kernel, as before the candidate pipeline
+                      // (the emulation's tests compare the two paths; the op leaves it false)
 };
 
 size_t dllm_workspace_bytes(const DllmParams& p);

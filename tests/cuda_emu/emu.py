@@ -256,9 +256,9 @@ class CudaEmu:
         return cache
 
     def dllm_step(self, logits, block, mask_id, num_unmask=1, threshold=None, temperature=0.0, seed=0, offset=0,
-                  num_sms=4, top_k=None, top_p=None, min_p=None):
+                  num_sms=4, top_k=None, top_p=None, min_p=None, radix_only=False):
         """temperature, top_k, top_p, min_p: scalars or [N]; seed, offset: ints or int64 tensors (one
-        element or [N])."""
+        element or [N]); radix_only: every filtered row by dllm_filtered_kernel (DllmParams)."""
         n, length, v = logits.shape
         logits, block = _c(logits), _c(block)
         outs = [torch.empty(n, length, dtype=torch.int64) for _ in range(3)] + [torch.empty(n, length)]
@@ -268,7 +268,7 @@ class CudaEmu:
         rc = self.lib.xk_emu_dllm_step(
             _ptr(logits), LOGITS_TYPES[logits.dtype], _ptr(block), i64(n), i64(length), i64(v), i64(mask_id),
             i64(num_unmask), ctypes.c_int(threshold is not None), ctypes.c_float(threshold or 0.0), *stream,
-            ctypes.c_int(num_sms), *[_ptr(t) for t in outs], msg, ctypes.c_size_t(len(msg)))
+            ctypes.c_int(num_sms), ctypes.c_int(radix_only), *[_ptr(t) for t in outs], msg, ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
         return tuple(outs)
 

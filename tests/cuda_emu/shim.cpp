@@ -338,11 +338,12 @@ int xk_emu_compact_kv(void* cache, int64_t n, int64_t heads, int64_t len, int64_
 
 int xk_emu_dllm_step(const void* logits, int logits_type, const int64_t* block, int64_t n, int64_t l, int64_t v,
                      int64_t mask_id, int64_t num_unmask, int use_threshold, float threshold, XK_EMU_SAMPLING_ARGS,
-                     int num_sms, int64_t* new_block, int64_t* positions, int64_t* tokens, float* confidence,
-                     char* message, size_t message_len) {
+                     int num_sms, int radix_only, int64_t* new_block, int64_t* positions, int64_t* tokens,
+                     float* confidence, char* message, size_t message_len) {
   using namespace xkernels::cuda;
   Device dev;
   DllmParams p{};
+  p.radix_only = radix_only != 0;
   p.logits = dev.copy(static_cast<const char*>(logits), n * l * v * logits_bytes(logits_type));
   p.dtype = static_cast<LogitsType>(logits_type);
   p.block = dev.copy(block, sizeof(int64_t) * n * l);

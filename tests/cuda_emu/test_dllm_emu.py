@@ -89,22 +89,25 @@ def test_per_sequence_parameters_and_streams(emu, dtype, v, per_request):
     assert torch.equal(one_element[2], want[2])  # one-element tensors: the scalar form, read on the device
 
 
-@pytest.mark.parametrize("filters,passes", [
-    (dict(top_k=50), 2),
-    (dict(top_p=0.9), 2),
-    (dict(top_k=20, top_p=0.8), 2),
-    (dict(top_k=3000, top_p=0.9), 3),  # > 2048 ids at or above top-k's bin: top-p ranks another bin
-    (dict(min_p=0.05), 2),  # min-p alone: no gather, the draw's own pass
-    (dict(top_k=50, min_p=0.5), 2),  # min-p moves the cut above top-k's bin: the gather draws above its floor
-    (dict(top_p=0.9, min_p=0.5), 2),  # and above top-p's guided bin
-    (dict(top_k=50, top_p=0.9, min_p=0.5), 2),  # and above the bin top-k's gather ranks for top-p
+# Passes over a filtered row: by dllm_filtered_kernel alone (radix_only) and through the candidate
+# pipeline (1 where its 64 candidates settle the cut; else its scan, then the radix path's).
+@pytest.mark.parametrize("filters,radix,pipeline", [
+    (dict(top_k=50), 2, 1),
+    (dict(top_p=0.9), 2, 1),  # these peaked rows' nucleus lies within the candidates
+    (dict(top_k=20, top_p=0.8), 2, 1),
+    (dict(top_k=3000, top_p=0.9), 3, 4),  # > 2048 ids at or above top-k's bin: top-p ranks another bin
+    (dict(min_p=0.05), 2, 1),  # min-p alone: no gather, the draw's own pass; its floor above the candidates' least
+    (dict(top_k=50, min_p=0.5), 2, 1),  # min-p moves the cut above top-k's bin: the gather draws above its floor
+    (dict(top_p=0.9, min_p=0.5), 2, 1),  # and above top-p's guided bin
+    (dict(top_k=50, top_p=0.9, min_p=0.5), 2, 1),  # and above the bin top-k's gather ranks for top-p
 ])
-def test_a_filtered_row_is_read_twice(emu, filters, passes):
-    """A masked row that samples with a filter is read twice in all (the raw statistics noting
-    the cut's top key bits, then the cut's gather, which draws too), where the filters table of
-    bench/floors.md says; the slices read the other masked rows (once at T = 0, three times at
+def test_a_filtered_row_is_read_once_or_twice(emu, filters, radix, pipeline):
+    """A masked row that samples with a filter is read once where the candidates settle its cut,
+    else scanned and then read by dllm_filtered_kernel, twice in all there (the raw statistics
+    noting the cut's top key bits, then the cut's gather, which draws too) where the filters table
+    of bench/floors.md says; the slices read the other masked rows (once at T = 0, three times at
     T = 0.7 and twice at T = 1: raw, tempered, draw) and no row that is not masked."""
-    n, length, v = 5, 6, 3001
+    n, length, v = 5, 6, 3008
     logits, block = step_case(n, length, v, torch.float32, seed=9)
     logits = logits * 3
     temperature = torch.tensor([1.0, 0.8, 0.0, 0.7, 1.0])
@@ -114,16 +117,18 @@ def test_a_filtered_row_is_read_twice(emu, filters, passes):
                   top_p=torch.where(on, filters.get("top_p", 1.0), 1.0),
                   min_p=torch.where(on, filters.get("min_p", 0.0), 0.0))
     params["top_k"][2] = 5  # a greedy row's filter does nothing
-    emu.take_row_passes()
-    got = emu.dllm_step(logits, block, MASK, 2, None, **params)
-    counted = emu.take_row_passes()
     want = reference.dllm_step(logits, block, MASK, 2, None, **params)
-    for a, b in zip(got[:3], want[:3]):
-        assert torch.equal(a, b)
-    torch.testing.assert_close(got[3], want[3], atol=1e-5, rtol=1e-4)
     masked = (block == MASK).sum(1)
     assert masked.min() > 0 and masked.sum() < n * length
-    assert counted == passes * int(masked[:2].sum()) + int(masked[2]) + 3 * int(masked[3]) + 2 * int(masked[4])
+    others = int(masked[2]) + 3 * int(masked[3]) + 2 * int(masked[4])
+    for radix_only, passes in ((True, radix), (False, pipeline)):
+        emu.take_row_passes()
+        got = emu.dllm_step(logits, block, MASK, 2, None, radix_only=radix_only, **params)
+        counted = emu.take_row_passes()
+        for a, b in zip(got[:3], want[:3]):
+            assert torch.equal(a, b)
+        torch.testing.assert_close(got[3], want[3], atol=1e-5, rtol=1e-4)
+        assert counted == passes * int(masked[:2].sum()) + others, radix_only
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -153,3 +158,93 @@ def test_filtered_picks_where_the_draw_spans_bins(emu, dtype, case):
         for a, b in zip(got[:3], want[:3]):
             assert torch.equal(a, b)
         torch.testing.assert_close(got[3], want[3], atol=1e-5, rtol=1e-4)
+
+
+def _bits(confidence):
+    return confidence.view(torch.int32)
+
+
+def _both_paths(emu, logits, block, params):
+    """dllm_step through the candidate pipeline and through dllm_filtered_kernel alone (radix_only):
+    both results, and the passes over rows each made."""
+    emu.take_row_passes()
+    new = emu.dllm_step(logits, block, MASK, 40, None, **params)
+    new_passes = emu.take_row_passes()
+    old = emu.dllm_step(logits, block, MASK, 40, None, radix_only=True, **params)
+    return new, old, new_passes, emu.take_row_passes()
+
+
+# Filtered rows (every position masked, T > 0, mask token 7) the candidates settle ("settle": a
+# pass a row, the scan), cannot settle ("fall back": the scan, then the radix path's passes as
+# before) or both. n sequences of 2 positions.
+def _randn(scale, v, n=3):
+    return lambda g: torch.randn(n, 2, v, generator=g) * scale
+
+
+PIPELINE_CASES = [
+    ("top-k", _randn(3, 2048), dict(top_k=50), "settle"),
+    ("top-k and top-p", _randn(3, 2048), dict(top_k=50, top_p=0.9), "settle"),
+    ("all filters", _randn(3, 2048), dict(top_k=40, top_p=0.8, min_p=0.1), "settle"),
+    ("top-p alone, peaked", _randn(9, 2048), dict(top_p=0.95), "settle"),
+    ("top-p alone, flat", _randn(1, 2048), dict(top_p=0.9), "fall back"),
+    ("min-p alone", _randn(3, 2048), dict(min_p=0.2), "settle"),  # the floor above every dropped key
+    ("min-p alone, low", _randn(3, 2048), dict(min_p=0.001), "fall back"),  # below the 64th id
+    ("top-k beyond the candidates", _randn(3, 2048), dict(top_k=300), "fall back"),
+    ("huge top-k", _randn(3, 2048), dict(top_k=2047, top_p=0.99), "fall back"),
+    ("flat", lambda g: torch.zeros(3, 2, 2048), dict(top_k=10), "fall back"),
+    ("flat top-p", lambda g: torch.zeros(3, 2, 2048), dict(top_p=0.5), "fall back"),
+    ("ties at the cut", lambda g: torch.randint(0, 3, (3, 2, 2048), generator=g).float(), dict(top_k=100), "fall back"),
+    ("V = 8", _randn(3, 8), dict(top_k=3), "settle"),
+    ("V not a multiple of 8", _randn(3, 1001), dict(top_k=20), "both"),  # aligned rows fall back
+    ("NaN and inf rows", lambda g: torch.tensor([[0.0, float("nan"), 1.0] * 683, [float("inf"), 0.0, 1.0] * 683,
+                                                 [float("-inf")] * 2049])[:, :2048].reshape(3, 1, 2048).expand(3, 2, 2048),
+     dict(top_k=5, top_p=0.9), "settle"),
+    ("-inf ids", lambda g: torch.where(torch.arange(2048) % 3 == 0, torch.randn(3, 2, 2048, generator=g),
+                                       torch.tensor(float("-inf"))), dict(top_k=30), "settle"),
+]
+
+
+@pytest.mark.parametrize("name,make,filters,path", PIPELINE_CASES, ids=[c[0] for c in PIPELINE_CASES])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_candidates_match_the_radix_path(emu, name, make, filters, path, dtype):
+    """The candidate pipeline picks the tokens and confidences (bitwise) dllm_filtered_kernel picks,
+    the mask token holding the largest logit; a row it settles is read once, one it does not is
+    scanned and then takes the radix path."""
+    g = torch.Generator().manual_seed(12)
+    logits = make(g).to(dtype).contiguous()
+    n, length, v = logits.shape
+    if v > MASK:
+        logits[:, :, MASK] = 30.0
+    block = torch.full((n, length), MASK)
+    params = dict(temperature=torch.tensor([1.0, 0.7, 1.3])[:n], seed=torch.arange(n) + 3,
+                  offset=torch.arange(n, dtype=torch.int64) * 5, **filters)
+    new, old, new_passes, old_passes = _both_paths(emu, logits, block, params)
+    for a, b in zip(new[:3], old[:3]):
+        assert torch.equal(a, b)
+    assert torch.equal(_bits(new[3]), _bits(old[3]))
+    want = reference.dllm_step(logits, block, MASK, 40, None, **params)
+    assert torch.equal(new[2], want[2])
+    rows = n * length
+    if path == "settle":
+        assert new_passes == rows
+    elif path == "fall back":
+        assert new_passes == rows + old_passes
+    else:
+        assert rows < new_passes < rows + old_passes
+
+
+def test_candidates_in_mixed_batches(emu):
+    """Greedy, unfiltered and filtered sequences in one batch (every filter kind, unmasked
+    positions, the mask token's logit the largest), and an empty batch: both paths agree bitwise."""
+    for dtype, v in ((torch.float32, 3000), (torch.bfloat16, 2048), (torch.float16, 1000)):
+        logits, block = step_case(16, 5, v, dtype, seed=v)
+        logits = logits * 2
+        logits[:, :, MASK] = 30.0
+        params = mixed_params(16, 2)
+        new, old, _, _ = _both_paths(emu, logits, block, params)
+        for a, b in zip(new[:3], old[:3]):
+            assert torch.equal(a, b)
+        assert torch.equal(_bits(new[3]), _bits(old[3]))
+    logits, block = step_case(0, 5, 64, torch.bfloat16)
+    new, old, _, _ = _both_paths(emu, logits, block, dict(temperature=1.0, top_k=3))
+    assert all(t.numel() == 0 for t in new + old)

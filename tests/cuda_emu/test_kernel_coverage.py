@@ -19,7 +19,7 @@ KERNELS = {
                        "compact_kv_kernel"},
     "tree_walk.cuh": {"tree_verify_kernel"},
     "dllm_kernel.cu": {"dllm_slices_kernel", "dllm_merge_kernel", "dllm_select_kernel"},
-    "dllm_filtered.cuh": {"dllm_filtered_kernel"},
+    "dllm_filtered.cuh": {"dllm_scan_kernel", "dllm_pick_kernel", "dllm_filtered_kernel"},
     "spiffy_materialize_kernel.cu": {"spiffy_rows_kernel", "spiffy_select_kernel", "spiffy_materialize_kernel"},
     "spiffy_filtered_rows.cuh": {"spiffy_scan_kernel", "spiffy_filtered_rows_kernel"},
     "spiffy_kernels.cuh": {"spiffy_accept_kernel"},
