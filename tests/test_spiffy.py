@@ -56,6 +56,31 @@ def test_materialize_matches_reference(device, dtype, temperature, keep):
     torch.testing.assert_close(got[2].cpu(), want[2], atol=1e-5, rtol=1e-4)
 
 
+EMPTY_FILTERS = [{}, dict(temperature=0.7, top_k=5, top_p=0.9), dict(temperature=0.7, min_p=0.1)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("filters", EMPTY_FILTERS)
+@pytest.mark.parametrize("n, length", [(0, 4), (2, 0), (0, 0)])
+def test_materialize_and_accept_of_empty_batches_and_blocks(device, filters, n, length):
+    """No sequences, or blocks of no positions (where only the root-only graph fits): empty outputs
+    of the right shapes on every path, filtered ones included, and the reference's the same."""
+    graph = hand_graph(device) if length else DraftGraph([[]], [], device=device)
+    keep = min(3, len(graph.ranks) - 1)
+    logits, block = torch.randn(n, length, 11), torch.full((n, length), MASK, dtype=torch.int64)
+    got = xkernels.spiffy_materialize(logits.to(device), block.to(device), MASK, graph, keep=keep, **filters)
+    want = reference.spiffy_materialize(logits, block, MASK, graph.ranks, graph.child_ptr, graph.children, keep,
+                                        filters.get("temperature", 0.0), filters.get("top_k"), filters.get("top_p"),
+                                        filters.get("min_p"))
+    assert [t.shape for t in got] == [(n, keep, length), (n, keep), (n, keep)]
+    assert all(torch.equal(a.cpu(), b) for a, b in zip(got, want))
+    draft_logits = torch.randn(n, 2, length, 11)
+    drafts, node_ids = torch.full((n, 2, length), MASK, dtype=torch.int64), torch.full((n, 2), -1, dtype=torch.int64)
+    args = (logits, draft_logits, drafts, node_ids, block, MASK)
+    got = xkernels.spiffy_accept(*(a.to(device) if torch.is_tensor(a) else a for a in args), **filters)
+    assert all(torch.equal(a.cpu(), b) for a, b in zip(got, reference.spiffy_accept(*args, **filters)))
+
+
 def test_materialize_keeps_a_connected_set_of_filled_drafts():
     logits, block = step_case(4, 12, 53, seed=3)
     graph = hand_graph()

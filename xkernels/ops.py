@@ -537,10 +537,11 @@ def refine_step(
           filter is the exception: the epilogue copies its scaled logits to a V-float row, cut by
           a streaming top-k selection or top-p mass bands (no sort of the vocabulary), then
           sampled: two more passes over that row (bench/floors.md).
-        - CUDA: three front kernels in rank space, then per L2-sized vocabulary slice the cuBLAS GEMM
-          of the read (bf16 in, fp32 out for bfloat16 weights) and a fused epilogue over (row,
-          chunk) while the products are in L2; a pass of up to 128 rows with bfloat16 weights (rank
-          a multiple of 8 up to 256) instead streams ``w_read`` once through a fused tensor-core
+        - CUDA: three front kernels in rank space, then one cuBLAS GEMM of the whole read (bf16 in,
+          fp32 out for bfloat16 weights; sliced over the vocabulary only where the products and
+          weights pass 1 GiB or a sixteenth of the device memory) and a fused epilogue over (row,
+          chunk) with 16-byte loads; a pass of up to 128 rows with bfloat16 weights (rank a
+          multiple of 8 up to 256) instead streams ``w_read`` once through a fused tensor-core
           kernel that samples on the products (``XKERNELS_REFINE_READ=gemm|fused|auto`` forces one).
           With a filter in the call the epilogue also writes filtered rows' logits to a workspace
           (``N * D * V`` floats), then a block per filtered row finds its cut without a sort and

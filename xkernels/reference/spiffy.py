@@ -80,7 +80,7 @@ def spiffy_materialize(logits, block_tokens, mask_id, graph_ranks, graph_child_p
 
 def _step_logits(raw, params):
     """The logits [L, V] whose softmax spiffy_materialize scores by: raw / T filtered, raw at T = 0."""
-    if not params.inv_t:
+    if not params.inv_t or not len(raw):
         return raw
     return torch.stack([filtered_logits(row * params.inv_t, params.top_k, params.top_p, params.min_p) for row in raw])
 
