@@ -155,9 +155,9 @@ class CudaEmu:
                slice_bytes=1 << 20, read="auto", seed_tensor=None, offset_tensor=None, top_k=None, top_p=None,
                min_p=None):
         """slice_bytes: the byte budget of one GEMM slice of the read (the binding passes 1 GiB or a
-        sixteenth of the device memory; small values: many slices); read: the read's mode (XKERNELS_REFINE_READ: auto, gemm or fused). temperature, top_k,
-        top_p, min_p: scalars (None: off) or [N] tensors; seed, offset: ints, or tensors as
-        xkernels.refine_step takes them (seed_tensor / offset_tensor: the older spelling of a
+        sixteenth of the device memory; small values: many slices); read: the read's mode
+        (XKERNELS_REFINE_READ: auto, gemm or fused). temperature, top_k, top_p, min_p: scalars
+        (None: off) or [N] tensors; seed, offset: ints, or tensors as xkernels.refine_step takes them (seed_tensor / offset_tensor: the older spelling of a
         one-element tensor)."""
         n, b, r = ctx.shape
         seed = seed if seed_tensor is None else seed_tensor
