@@ -45,15 +45,20 @@ def _chain_verify_fake(draft_tokens, target_logits, draft_probs=None, temperatur
 @torch.library.register_fake("xkernels::chain_verify_ragged_")
 def _chain_verify_ragged_fake(draft_tokens, cu_num_draft_tokens, target_logits, max_spec_len, draft_probs, temperature,
                               temperature_tensor, top_k, top_k_tensor, top_p, top_p_tensor, min_p, min_p_tensor, seed,
-                              seed_tensor, offset, offset_tensor, block, output_token_ids, num_emitted, logprobs):
+                              seed_tensor, offset, offset_tensor, block, output_token_ids, num_emitted, logprobs,
+                              errors=None):
     _same_device("target_logits", target_logits, draft_tokens=draft_tokens, cu_num_draft_tokens=cu_num_draft_tokens,
                  draft_probs=draft_probs, temperature=temperature_tensor, top_k=top_k_tensor, top_p=top_p_tensor,
                  min_p=min_p_tensor, seed=seed_tensor, offset=offset_tensor, output_token_ids=output_token_ids,
-                 num_emitted=num_emitted, logprobs=logprobs)
+                 num_emitted=num_emitted, logprobs=logprobs, errors=errors)
     _probs_dtype(draft_probs)
     torch._check(draft_tokens.dim() == 1, lambda: "draft_tokens must have shape [T]")
     torch._check(target_logits.dim() == 2, lambda: "target_logits must have shape [T + N, V]")
-    return None  # logprobs may be None: the kernels then neither compute nor write it
+    if errors is not None:
+        torch._check(errors.dtype == torch.int32 and errors.dim() == 1
+                     and errors.shape[0] == cu_num_draft_tokens.shape[0],
+                     lambda: f"errors must be int32 [N], got {errors.dtype} {list(errors.shape)}")
+    return None  # logprobs and errors may be None: the kernels then neither compute nor write them
 
 
 _WEIGHTS = ("emb", "mix", "w_gate", "w_up", "w_down", "w_read")

@@ -219,6 +219,7 @@ def chain_verify_ragged(
     out: Optional[torch.Tensor] = None,
     num_emitted: Optional[torch.Tensor] = None,
     logprobs: Optional[torch.Tensor] = None,
+    errors: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Verify chains held flat, as vLLM holds them, with per-request sampling parameters.
 
@@ -259,6 +260,15 @@ def chain_verify_ragged(
             int32 ``[N]``, float32 ``[N, max_spec_len + 1]``, contiguous, on the logits' device)
             written in place; those not given are allocated (:func:`chain_verify_ragged_` takes
             buffers as its explicit in-place form).
+        errors: optional int32 ``[N]``, contiguous, on the logits' device: the asynchronous error
+            flag. The kernels OR each request's invalid per-row values into its word as
+            :class:`xkernels.errors.SamplingError` bits (1 ``temperature`` NaN, infinite or
+            negative; 2 ``top_k < 0``; 4 ``top_p`` NaN or outside (0, 1]; 8 ``min_p`` NaN or
+            outside [0, 1]) on the device, with no host sync (CUDA-graph capturable), instead of
+            raising, on the CPU as on CUDA (with ``XKERNELS_CHECK=1`` too). Zero it before the
+            call (or once for several calls: bits accumulate); read it when the step already
+            syncs. The flagged values are read as off as without it (a temperature as greedy,
+            ``top_k`` 0, ``top_p`` 1, ``min_p`` 0): the results are the same.
 
     Returns:
         ``output_token_ids`` int32 ``[N, max_spec_len + 1]``: each request's accepted drafts,
@@ -278,14 +288,16 @@ def chain_verify_ragged(
     on that request alone with the same parameters, seed and offset.
 
     Raises:
-        RuntimeError: naming the argument: a negative or NaN temperature, ``top_p`` outside
-            (0, 1], ``min_p`` outside [0, 1], ``top_k < 0``, per-row tensors of another length,
-            dtype or device, ``cu_num_draft_tokens`` that decreases or does not end at T,
+        RuntimeError: naming the argument: a negative, NaN or infinite temperature, ``top_p``
+            outside (0, 1], ``min_p`` outside [0, 1], ``top_k < 0``, per-row tensors of another
+            length, dtype or device, ``cu_num_draft_tokens`` that decreases or does not end at T,
             ``max_spec_len`` below a request's drafts, draft ids outside [0, V), and buffers of
             the wrong shape or dtype. Values are checked on the CPU, and on CUDA only with
             ``XKERNELS_CHECK=1``; without it the kernel stays memory-safe: counts are clamped into
             [0, T] and ``max_spec_len``, drafts outside [0, V) count as rejected, invalid per-row
-            values read as off (a temperature as greedy).
+            values read as off (a temperature as greedy). With ``errors`` the per-row values are
+            never raised for, on any device: they are flagged there (scalar values still raise:
+            they are checked on the host without a sync).
         ValueError: a ``method`` other than ``"token"`` or ``"block"``.
 
     Kernels:
@@ -305,7 +317,7 @@ def chain_verify_ragged(
                                                  _tensor(target_logits, "target_logits").device, out, num_emitted,
                                                  logprobs, with_logprobs=True)
     _ragged(draft_tokens, cu_num_draft_tokens, target_logits, int(max_spec_len), draft_probs, temperature, top_k,
-            top_p, min_p, seed, offset, method, out, num_emitted, logprobs)
+            top_p, min_p, seed, offset, method, out, num_emitted, logprobs, errors)
     return out, num_emitted, logprobs
 
 
@@ -331,14 +343,15 @@ def _requests(cu_num_draft_tokens) -> int:
 
 
 def _ragged(draft_tokens, cu_num_draft_tokens, target_logits, max_spec_len, draft_probs, temperature, top_k, top_p,
-            min_p, seed, offset, method, out, num_emitted, logprobs):
+            min_p, seed, offset, method, out, num_emitted, logprobs, errors=None):
     """The one call of chain_verify_ragged_'s kernel both ragged forms make, into the given buffers."""
     block = _check_method(method)
     n = _requests(cu_num_draft_tokens)
     torch.ops.xkernels.chain_verify_ragged_.default(
         _tensor(draft_tokens, "draft_tokens"), _tensor(cu_num_draft_tokens, "cu_num_draft_tokens"),
         _tensor(target_logits, "target_logits"), max_spec_len, _tensor(draft_probs, "draft_probs", optional=True),
-        *_sampling_args(temperature, top_k, top_p, min_p, seed, offset, n), block, out, num_emitted, logprobs)
+        *_sampling_args(temperature, top_k, top_p, min_p, seed, offset, n), block, out, num_emitted, logprobs,
+        _tensor(errors, "errors", optional=True))
 
 
 def chain_verify_ragged_(
@@ -357,6 +370,7 @@ def chain_verify_ragged_(
     seed: Seed = 0,
     offset: Seed = 0,
     method: str = "token",
+    errors: Optional[torch.Tensor] = None,
 ):
     """:func:`chain_verify_ragged` into caller buffers, with the verify ops' one convention: the
     accepted drafts' count first, then the tokens (as :func:`chain_verify` and :func:`tree_verify`).
@@ -369,6 +383,10 @@ def chain_verify_ragged_(
         draft_tokens, cu_num_draft_tokens, target_logits, draft_probs: as :func:`chain_verify_ragged`
             takes them (``draft_tokens`` int32 or int64).
         temperature, top_k, top_p, min_p, method: as :func:`chain_verify_ragged` takes them.
+        errors: optional int32 ``[N]``: the asynchronous error flag, as :func:`chain_verify_ragged`
+            takes it: each request's invalid per-row values OR-ed in as
+            :class:`xkernels.errors.SamplingError` bits, on the device, instead of raising; the
+            results are unchanged (those values read as off).
         out: int32 ``[N, max_spec_len + 1]``, contiguous, on the logits' device: its width sets
             ``max_spec_len``; receives each request's accepted drafts, then its correction or bonus
             token, then -1.
@@ -403,7 +421,7 @@ def chain_verify_ragged_(
                          f"{accept_len.dtype} {list(accept_len.shape)}")
     logprobs = _tensor(logprobs, "logprobs", optional=True)
     _ragged(draft_tokens, cu_num_draft_tokens, target_logits, out.shape[1] - 1, draft_probs, temperature, top_k,
-            top_p, min_p, seed, offset, method, out, accept_len, logprobs)
+            top_p, min_p, seed, offset, method, out, accept_len, logprobs, errors)
     accept_len.sub_(1)
     return (accept_len, out) if logprobs is None else (accept_len, out, logprobs)
 
@@ -767,8 +785,8 @@ def tree_verify(
         parents: int64 ``[N, M]``, the tree.
         target_logits: float32, bfloat16 or float16 ``[N, M, V]``: row ``i`` holds the target's
             next-token logits after node ``i``'s path.
-        draft_probs: optional float32, bfloat16 or float16 ``[N, M, V]`` (read in its dtype on
-            the CPU; the CUDA binding widens a 16-bit one to float32, a copy): row ``i`` is the
+        draft_probs: optional float32, bfloat16 or float16 ``[N, M, V]`` (read in its dtype, no
+            float32 copy): row ``i`` is the
             distribution the children of node ``i`` were drawn from (i.i.d., or ``without_replacement``); entries >= 0, each row
             divided by its sum (a row summing to 0 proposes nothing: its children are rejected).
             Without it the children are deterministic proposals (top-k, a best-first tree).

@@ -15,6 +15,7 @@
 #include "draft_probs.h"
 #include "row_reduce.h"
 #include "top_filter.h"
+#include "xkernels/param_errors.h"
 #include "xkernels/sampling.h"
 #include "xkernels/sampling_params.h"
 
@@ -232,10 +233,12 @@ void chain_verify_ragged_cpu(const at::Tensor& draft_tokens, const at::Tensor& c
                              const at::Tensor& target_logits, int64_t max_spec_len,
                              const std::optional<at::Tensor>& draft_probs, XK_SAMPLING_ARGS, bool block,
                              const at::Tensor& output_token_ids, const at::Tensor& num_emitted,
-                             const std::optional<at::Tensor>& logprobs) {
+                             const std::optional<at::Tensor>& logprobs, const std::optional<at::Tensor>& errors) {
   const auto shape = check_chain_verify_ragged(draft_tokens, cu_num_draft_tokens, target_logits, max_spec_len,
-                                               draft_probs, output_token_ids, num_emitted, logprobs);
-  const SamplingArgs sampling = sampling_args(shape.n, target_logits.device(), XK_SAMPLING_FORWARD);
+                                               draft_probs, output_token_ids, num_emitted, logprobs, errors);
+  // With errors the per-row values are flagged, not raised, as on CUDA.
+  const SamplingArgs sampling =
+      sampling_args(shape.n, target_logits.device(), XK_SAMPLING_FORWARD, !errors.has_value());
   if (shape.n == 0) return;
   const auto logits = target_logits.contiguous();
   const auto draft = draft_tokens.to(at::kLong).contiguous();
@@ -251,6 +254,7 @@ void chain_verify_ragged_cpu(const at::Tensor& draft_tokens, const at::Tensor& c
     auto* o = output_token_ids.mutable_data_ptr<int32_t>();
     auto* e = num_emitted.mutable_data_ptr<int32_t>();
     float* lp = logprobs.has_value() ? logprobs->mutable_data_ptr<float>() : nullptr;  // null: not computed
+    int32_t* err = errors.has_value() ? errors->mutable_data_ptr<int32_t>() : nullptr;
     const SamplingView view = sampling_view(sampling);
     const cpu::DraftProbs qp(q, v);
     for_each_request(shape.n, v, qp, [&](int64_t n, RowScratch& scratch) {
@@ -263,6 +267,7 @@ void chain_verify_ragged_cpu(const at::Tensor& draft_tokens, const at::Tensor& c
       for (int64_t j = 0; j < width; ++j) o[n * width + j] = j < emitted ? static_cast<int32_t>(tokens[j]) : -1;
       for (int64_t j = emitted; row_lp && j < width; ++j) row_lp[j] = __builtin_nanf("");
       e[n] = static_cast<int32_t>(emitted);
+      if (err) err[n] |= row_param_errors(view, n);
     });
   });
 }

@@ -17,7 +17,7 @@
 // walk no longer waits on any row's statistics. Draft ids outside [0, V) and
 // any values of cu_num_draft_tokens or of the per-row parameters stay memory-safe: ids count as
 // rejected, counts are clamped into [0, T] and max_spec_len, invalid parameters read as off (greedy
-// for a temperature).
+// for a temperature) and, given an errors buffer, are flagged in it by the walk.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -28,6 +28,7 @@
 #include "device_utils.cuh"
 #include "draft_probs.cuh"
 #include "row_filter.cuh"
+#include "xkernels/param_errors.h"
 #include "xkernels/sampling.h"
 #include "xkernels/sampling_params.h"
 
@@ -454,7 +455,10 @@ __global__ void __launch_bounds__(kThreads) chain_ragged_kernel(ChainRaggedParam
     p.out[n * width + j] = -1;
     if (p.logprobs) p.logprobs[n * width + j] = __uint_as_float(0x7FC00000u);
   }
-  if (threadIdx.x == 0) p.num_emitted[n] = static_cast<int32_t>(emitted);
+  if (threadIdx.x == 0) {
+    p.num_emitted[n] = static_cast<int32_t>(emitted);
+    if (p.errors) p.errors[n] |= row_param_errors(p.s, n);  // this block is the word's only writer
+  }
 }
 
 size_t aligned_bytes(size_t bytes) { return (bytes + 255) / 256 * 256; }

@@ -24,6 +24,7 @@ struct ChainRaggedParams {
   int32_t* out;         // [n, max_spec_len + 1]
   int32_t* num_emitted;  // [n]
   float* logprobs;      // [n, max_spec_len + 1], or null: not computed
+  int32_t* errors;      // [n], or null: each request's row_param_errors OR-ed in
 };
 
 // The workspace launch_chain_ragged needs: every row's prepared state, and the filtered rows'

@@ -57,25 +57,26 @@ void chain_verify_ragged_(const at::Tensor& draft_tokens, const at::Tensor& cu_n
                           const at::Tensor& target_logits, int64_t max_spec_len,
                           const std::optional<at::Tensor>& draft_probs, const Sampling& sampling, bool block,
                           const at::Tensor& output_token_ids, const at::Tensor& num_emitted,
-                          const std::optional<at::Tensor>& logprobs) {
+                          const std::optional<at::Tensor>& logprobs, const std::optional<at::Tensor>& errors) {
   using T = at::Tensor;
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("xkernels::chain_verify_ragged_", "")
                        .typed<void(const T&, const T&, const T&, int64_t, const std::optional<T>&, XK_SAMPLING_TYPES,
-                                   bool, const T&, const T&, const std::optional<T>&)>();
+                                   bool, const T&, const T&, const std::optional<T>&, const std::optional<T>&)>();
   op.call(draft_tokens, cu_num_draft_tokens, target_logits, max_spec_len, draft_probs, XK_SAMPLING_OF(sampling), block,
-          output_token_ids, num_emitted, logprobs);
+          output_token_ids, num_emitted, logprobs, errors);
 }
 
 RaggedShape check_chain_verify_ragged(const at::Tensor& draft_tokens, const at::Tensor& cu_num_draft_tokens,
                                       const at::Tensor& target_logits, int64_t max_spec_len,
                                       const std::optional<at::Tensor>& draft_probs,
                                       const at::Tensor& output_token_ids, const at::Tensor& num_emitted,
-                                      const std::optional<at::Tensor>& logprobs) {
+                                      const std::optional<at::Tensor>& logprobs,
+                                      const std::optional<at::Tensor>& errors) {
   check_devices(target_logits, "target_logits",
                 {{draft_tokens, "draft_tokens"}, {cu_num_draft_tokens, "cu_num_draft_tokens"},
                  {draft_probs, "draft_probs"}, {output_token_ids, "output_token_ids"}, {num_emitted, "num_emitted"},
-                 {logprobs, "logprobs"}});
+                 {logprobs, "logprobs"}, {errors, "errors"}});
   const auto device = target_logits.device();
   TORCH_CHECK(draft_tokens.dim() == 1, "draft_tokens must have shape [T], got ", draft_tokens.sizes());
   TORCH_CHECK(draft_tokens.scalar_type() == at::kLong || draft_tokens.scalar_type() == at::kInt,
@@ -108,6 +109,7 @@ RaggedShape check_chain_verify_ragged(const at::Tensor& draft_tokens, const at::
   buffer(output_token_ids, "output_token_ids", at::kInt, {n, max_spec_len + 1});
   buffer(num_emitted, "num_emitted", at::kInt, {n});
   if (logprobs.has_value()) buffer(*logprobs, "logprobs", at::kFloat, {n, max_spec_len + 1});
+  if (errors.has_value()) buffer(*errors, "errors", at::kInt, {n});
   if ((device.is_cpu() || value_checks_enabled()) && n > 0) {
     const auto cu = cu_num_draft_tokens.to(at::kLong);
     const auto counts = at::diff(cu, 1, 0, cu.new_zeros({1}));

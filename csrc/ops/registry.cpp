@@ -43,7 +43,7 @@ TORCH_LIBRARY(xkernels, m) {
       "int max_spec_len, Tensor? draft_probs, float temperature, Tensor? temperature_tensor, int top_k, "
       "Tensor? top_k_tensor, float top_p, Tensor? top_p_tensor, float min_p, Tensor? min_p_tensor, int seed, "
       "Tensor? seed_tensor, int offset, Tensor? offset_tensor, bool block, Tensor(a!) output_token_ids, "
-      "Tensor(b!) num_emitted, Tensor(c!)? logprobs) -> ()");
+      "Tensor(b!) num_emitted, Tensor(c!)? logprobs, Tensor(d!)? errors=None) -> ()");
   m.def(
       "refine_step(Tensor ctx, Tensor prev_tokens, Tensor base_logits, Tensor emb, Tensor mix, Tensor w_gate, "
       "Tensor w_up, Tensor w_down, Tensor w_read, "

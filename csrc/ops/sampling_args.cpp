@@ -28,8 +28,9 @@ at::Tensor per_row(const std::optional<at::Tensor>& t, const char* name, int64_t
   for (auto d : dtypes) dtype_ok |= t->scalar_type() == d;
   TORCH_CHECK(dtype_ok, name, " must be a ", dtype, " tensor, got ", t->scalar_type());
   TORCH_CHECK(t->dim() == 1 && t->size(0) == n, name, " must have shape [N] = [", n, "], got ", t->sizes());
-  if (dtype == at::kInt && t->scalar_type() == at::kLong)  // top_k beyond int32 keeps everything, as V < 2^31
-    return t->clamp_max(std::numeric_limits<int32_t>::max()).to(dtype).contiguous();
+  if (dtype == at::kInt && t->scalar_type() == at::kLong)  // top_k beyond int32 keeps everything, as V < 2^31;
+    // below it stays negative (invalid), not wrapped
+    return t->clamp(std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()).to(dtype).contiguous();
   return t->to(dtype).contiguous();
 }
 
@@ -55,7 +56,7 @@ void check_values(const at::Tensor& bad, const char* what) {
 
 }  // namespace
 
-SamplingArgs sampling_args(int64_t n, const at::Device& device, XK_SAMPLING_ARGS) {
+SamplingArgs sampling_args(int64_t n, const at::Device& device, XK_SAMPLING_ARGS, bool check_rows) {
   TORCH_CHECK(top_k >= 0, "top_k must be >= 0 (0: off), got ", top_k);
   TORCH_CHECK(top_p > 0.0 && top_p <= 1.0, "top_p must be in (0, 1] (1: off), got ", top_p);
   TORCH_CHECK(min_p >= 0.0 && min_p <= 1.0, "min_p must be in [0, 1] (0: off), got ", min_p);
@@ -73,7 +74,7 @@ SamplingArgs sampling_args(int64_t n, const at::Device& device, XK_SAMPLING_ARGS
   s.per_request = false;
   s.seed_t = stream_tensor(seed_tensor, "seed", n, device, s.per_request);
   s.offset_t = stream_tensor(offset_tensor, "offset", n, device, s.per_request);
-  if (device.is_cpu() || value_checks_enabled()) {
+  if (check_rows && (device.is_cpu() || value_checks_enabled())) {
     if (s.temperature.defined())
       check_values(at::logical_or(at::logical_not(at::isfinite(s.temperature)), at::lt(s.temperature, 0)),
                    "temperature must be finite and >= 0 in every row");

@@ -48,7 +48,9 @@ struct SamplingArgs {
 
 // Checks shapes, dtypes and devices (and, on the CPU or with XKERNELS_CHECK=1, the values: a
 // temperature finite and >= 0, top_k >= 0, top_p in (0, 1], min_p in [0, 1]), naming the argument.
-SamplingArgs sampling_args(int64_t n, const at::Device& device, XK_SAMPLING_ARGS);
+// The scalars' values always; the per-row tensors' only with check_rows (false: the op flags them
+// instead, xkernels/param_errors.h).
+SamplingArgs sampling_args(int64_t n, const at::Device& device, XK_SAMPLING_ARGS, bool check_rows = true);
 
 // The arguments as kernels read them (pointers into s's tensors, which must outlive the view).
 SamplingView sampling_view(const SamplingArgs& s);

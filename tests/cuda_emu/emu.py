@@ -60,6 +60,8 @@ def _sampling_args(n, v, temperature, top_k, top_p, min_p, seed, offset):
             return 0, x, x.numel()
         return x % 2**64, None, 0
 
+    if isinstance(top_k, torch.Tensor):  # as the bindings narrow int64: past int32 clamped, not wrapped
+        top_k = top_k.clamp(-2**31, 2**31 - 1)
     temp_rows, k_rows, p_rows, m_rows = (rows(temperature, torch.float32), rows(top_k, torch.int32),
                                          rows(top_p, torch.float32), rows(min_p, torch.float32))
     seed_int, seed_t, seed_numel = stream(seed)
@@ -112,10 +114,11 @@ class CudaEmu:
         return accept_len, out
 
     def chain_verify_ragged(self, drafts, cu, logits, max_spec_len, q=None, temperature=0.0, top_k=None, top_p=None,
-                            min_p=None, seed=0, offset=0, method="token", logprobs=True):
+                            min_p=None, seed=0, offset=0, method="token", logprobs=True, errors=None):
         """chain_verify_ragged_'s kernel, with the arguments as xkernels.chain_verify_ragged takes
         them (per-row values as [N] tensors, per-row seeds and offsets as int64 [N] tensors);
-        logprobs=False passes no log-probability buffer (None comes back)."""
+        logprobs=False passes no log-probability buffer (None comes back); errors: an int32 [N]
+        tensor the kernel ORs each request's error bits into (in place)."""
         n, v = cu.shape[0], logits.shape[-1]
         t = drafts.shape[0]
         sampling, _held = _sampling_args(n, v, temperature, top_k, top_p, min_p, seed, offset)
@@ -128,7 +131,8 @@ class CudaEmu:
         rc = self.lib.xk_emu_chain_ragged(
             _ptr(logits), LOGITS_TYPES[logits.dtype], _ptr(drafts), _ptr(cu), _ptr(q), _probs_type(q), ctypes.c_int64(t),
             ctypes.c_int64(n), ctypes.c_int64(v), ctypes.c_int64(max_spec_len), *sampling,
-            ctypes.c_int(method == "block"), _ptr(out), _ptr(emitted), _ptr(logprobs), msg, ctypes.c_size_t(len(msg)))
+            ctypes.c_int(method == "block"), _ptr(out), _ptr(emitted), _ptr(logprobs), _ptr(errors), msg,
+            ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
         return out, emitted, logprobs
 

@@ -148,7 +148,8 @@ int xk_emu_chain_verify(const void* logits, int logits_type, const int64_t* draf
 
 int xk_emu_chain_ragged(const void* logits, int logits_type, const int64_t* draft, const int64_t* cu, const void* q,
                         int q_type, int64_t t, int64_t n, int64_t v, int64_t max_spec_len, XK_EMU_SAMPLING_ARGS, int block,
-                        int32_t* out, int32_t* num_emitted, float* logprobs, char* message, size_t message_len) {
+                        int32_t* out, int32_t* num_emitted, float* logprobs, int32_t* errors, char* message,
+                        size_t message_len) {
   using namespace xkernels::cuda;
   Device dev;
   ChainRaggedParams p{};
@@ -165,11 +166,14 @@ int xk_emu_chain_ragged(const void* logits, int logits_type, const int64_t* draf
   p.out = dev.alloc<int32_t>(sizeof(int32_t) * n * width, 0xA5);
   p.num_emitted = dev.alloc<int32_t>(sizeof(int32_t) * n, 0xA5);
   p.logprobs = logprobs ? dev.alloc<float>(sizeof(float) * n * width, 0xA5) : nullptr;  // null: not asked for
+  p.errors = errors ? dev.alloc<int32_t>(sizeof(int32_t) * n, 0) : nullptr;  // null: no flag
+  if (errors) std::memcpy(p.errors, errors, sizeof(int32_t) * n);  // the caller's words, which the kernel ORs into
   void* workspace = dev.alloc(chain_ragged_workspace_bytes(p), 0xA5);
   const cudaError_t err = launch_chain_ragged(p, workspace, nullptr);
   copy_out(out, p.out, sizeof(int32_t) * n * width);
   copy_out(num_emitted, p.num_emitted, sizeof(int32_t) * n);
   if (logprobs) copy_out(logprobs, p.logprobs, sizeof(float) * n * width);
+  if (errors) copy_out(errors, p.errors, sizeof(int32_t) * n);
   return finish(err, message, message_len);
 }
 

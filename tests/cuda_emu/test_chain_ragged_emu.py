@@ -255,3 +255,49 @@ def test_without_logprobs(emu, method, with_q, counts, vocab):
                                   **params)
     want = emu.chain_verify_ragged(drafts, cu, logits, 4, q if with_q else None, method=method, **params)
     assert got[2] is None and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def _ref_flagged(drafts, cu, logits, max_spec_len, q, method, params, errors):
+    """The reference's outputs and error words (it ORs into `errors` as the kernel does)."""
+    return ref_chain.chain_verify_ragged(drafts, cu, logits, max_spec_len, q, method=method, errors=errors, **params)
+
+
+@pytest.mark.parametrize("method", ["token", "block"])
+def test_error_flag(emu, method):
+    """Each invalid per-row value ORs its bit (xkernels.errors.SamplingError) into its request's word,
+    on top of what the word held; valid values set none; the tokens are the reference's (the values
+    read as off)."""
+    from tests.test_error_flags import INVALID
+    counts = [2, 0, 3, 1, 2, 1]
+    drafts, cu, logits, q = _case(counts, 300, 8)
+    n = len(counts)
+    for name, value, bit in INVALID:
+        params = _params(n, 5)
+        row = params[name].clone().to(torch.int64 if name == "top_k" else params[name].dtype)
+        row[2] = value  # request 2 only
+        params[name] = row
+        held = torch.tensor([0, 0, 32, 0, 1, 0], dtype=torch.int32)  # 32: no bit of ours; 1 on a valid request
+        errors, ref_errors = held.clone(), held.clone()
+        got = emu.chain_verify_ragged(drafts, cu, logits, 4, q, method=method, errors=errors, **params)
+        want = _ref_flagged(drafts, cu, logits, 4, q, method, params, ref_errors)
+        assert errors.tolist() == ref_errors.tolist() == [0, 0, 32 | int(bit), 0, 1, 0], (name, value)
+        _check(got, want)
+    errors = torch.zeros(n, dtype=torch.int32)
+    emu.chain_verify_ragged(drafts, cu, logits, 4, q, method=method, errors=errors, **_params(n, 5))
+    assert errors.tolist() == [0] * n
+
+
+def test_error_flag_on_unchecked_counts_and_empty_batch(emu):
+    """Every request's word is written whatever cu holds (memory-safe counts), and an empty batch
+    writes nothing."""
+    logits = torch.randn(9, 20)
+    drafts = torch.tensor([3, -1, 2**40, 25, 4, 5])
+    for cu in (torch.tensor([2, 1, 6]), torch.tensor([-4, 9, 100])):
+        errors = torch.zeros(3, dtype=torch.int32)
+        emu.chain_verify_ragged(drafts, cu, logits, 2, temperature=torch.tensor([1.0, float("nan"), -1.0]),
+                                top_k=torch.tensor([-3, 2, 0]), top_p=torch.tensor([0.0, 0.5, float("nan")]),
+                                min_p=torch.tensor([0.0, 3.0, 0.5]), seed=1, offset=2, errors=errors)
+        assert errors.tolist() == [2 | 4, 1 | 8, 1 | 4]
+    errors = torch.empty(0, dtype=torch.int32)
+    emu.chain_verify_ragged(torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64), torch.empty(0, 8), 2,
+                            temperature=1.0, errors=errors)

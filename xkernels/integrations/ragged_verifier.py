@@ -67,7 +67,9 @@ class RaggedVerifier:
     reads them at replay. Request ``n``'s offset is ``position[n] * width``, ``position[n]`` the
     absolute position of its first verified row and ``width`` :func:`xkernels.offset_advance` of the
     widest step (``max_spec_len + 1``): positions grow by at least one a step, so no two steps share a
-    ``(seed, slot)``.
+    ``(seed, slot)``. ``errors[:N]`` holds, after a step, each request's invalid per-row sampling values
+    as :class:`xkernels.errors.SamplingError` bits (the op's asynchronous error flag, cleared on the
+    device at each step), for the engine to read when it already syncs.
 
     Args:
         max_requests: the most requests a step holds.
@@ -86,6 +88,7 @@ class RaggedVerifier:
         self.accept_len = torch.zeros(self.max_requests, dtype=torch.int32, device=device)
         self.seed = torch.zeros(self.max_requests, dtype=torch.int64, device=device)
         self.offset = torch.zeros(self.max_requests, dtype=torch.int64, device=device)
+        self.errors = torch.zeros(self.max_requests, dtype=torch.int32, device=device)
         self._ids: list = []  # the requests whose seeds self.seed holds, in row order
         self._known: dict = {}  # request id -> seed, for the requests of the last batch
 
@@ -144,11 +147,13 @@ class RaggedVerifier:
 
         Returns:
             tuple: ``(accept_len [N], out [N, max_spec_len + 1])``, int32 views of the held buffers,
-            valid until the next call.
+            valid until the next call (and ``errors[:N]``, this step's error words).
         """
         n, width = cu_num_draft_tokens.shape[0], int(max_spec_len) + 1
         if width > self.width:
             raise ValueError(f"max_spec_len {max_spec_len} is above the verifier's {self.max_spec_len}")
         out = self._out[:n * width].view(n, width)
+        errors = self.errors[:n].zero_()  # the op ORs into it: this step's words only
         return ops.chain_verify_ragged_(draft_tokens, cu_num_draft_tokens, target_logits, out, self.accept_len[:n],
-                                        seed=self.seed[:n], offset=self.offset[:n], method=self.method, **params)
+                                        seed=self.seed[:n], offset=self.offset[:n], method=self.method,
+                                        errors=errors, **params)

@@ -8,6 +8,7 @@ every name is re-exported here, so `xkernels.reference.X` reaches any of them.
 
 from .chain import chain_verify
 from .dllm import dllm_step
+from .param_errors import param_errors, read_as_off
 from .refine import (_drafted_slots, _prev_tokens, jacobi_iterate, jacobi_refine, perturbed_scores, refine_logits,
                      refine_step, sample_rows, sequential_refine)
 from .rng import (COIN_DRAW, _as_int, acceptance_coins, acceptance_coins_at, gumbel_noise, gumbel_noise_of_ids,
@@ -19,7 +20,8 @@ from .tree import build_draft_tree, compact_kv, tree_attention_mask, tree_positi
 
 __all__ = ["COIN_DRAW", "SPIFFY_MAX_RANK", "acceptance_coins", "acceptance_coins_at", "build_draft_tree", "chain_verify",
            "compact_kv", "dllm_step", "gumbel_noise", "gumbel_noise_of_ids", "inverse_temperature", "jacobi_iterate",
-           "jacobi_refine", "perturbed_scores", "philox4x32_10", "philox_draw", "refine_logits", "refine_step",
+           "jacobi_refine", "param_errors", "perturbed_scores", "philox4x32_10", "philox_draw", "read_as_off",
+           "refine_logits", "refine_step",
            "sample_rows", "sequential_refine", "shard_cut_candidates", "shard_cut_histogram", "shard_cut_pick",
            "shard_row_stats",
            "spiffy_accept", "spiffy_attention_mask", "spiffy_materialize", "tree_attention_mask", "tree_positions",

@@ -8,6 +8,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
+from .param_errors import param_errors, read_as_off
 from .sampling import (RowParams, RowStream, filtered_logits, gumbel_argmax, log_weights_of_linear, row_params,
                        row_streams)
 
@@ -151,15 +152,21 @@ def chain_verify_ragged(
     offset=0,
     method: str = "token",
     return_logprobs: bool = True,
+    errors: Optional[torch.Tensor] = None,
 ):
     """Chains held flat, as vLLM holds them; see xkernels.chain_verify_ragged. Request n has
     K_n = cu[n] - cu[n-1] drafts at draft_tokens[cu[n-1]:cu[n]] and its K_n + 1 target rows at
     target_logits[cu[n-1] + n : cu[n] + n + 1]; draft_probs of any float dtype (the values read as
     float32). Returns (output_token_ids int32 [N, max_spec_len + 1], -1 padded; num_emitted int32
     [N]; logprobs float32 [N, max_spec_len + 1], NaN padded, or None without return_logprobs, as
-    chain_verify_ragged_ without a logprobs buffer)."""
+    chain_verify_ragged_ without a logprobs buffer). errors (int32 [N]): each request's invalid
+    per-row values are OR-ed into it as bits (param_errors) and read as off, as the kernels do."""
     _check_method(method)
     n = cu_num_draft_tokens.shape[0]
+    if errors is not None:
+        bits = param_errors(n, temperature, top_k, top_p, min_p)
+        errors |= bits.to(errors.device)
+        temperature, top_k, top_p, min_p = read_as_off(bits, temperature, top_k, top_p, min_p)
     device = target_logits.device
     cu = [0] + [int(c) for c in cu_num_draft_tokens.cpu()]
     params, streams = row_params(n, temperature, top_k, top_p, min_p), row_streams(n, seed, offset)

@@ -68,11 +68,16 @@ std::tuple<at::Tensor, at::Tensor> chain_verify(const at::Tensor& draft_tokens,
 // (accepted drafts plus the correction or bonus token) and, when given, logprobs float32
 // [N, max_spec_len + 1] (log p' of each emitted token under its row's filtered distribution, NaN
 // padded; not computed without it).
+// errors, when given (int32 [N], contiguous): each request's invalid per-row sampling values are
+// OR-ed into its word as bits (xkernels/param_errors.h: 1 temperature NaN, infinite or negative,
+// 2 top_k < 0, 4 top_p outside (0, 1], 8 min_p outside [0, 1]) instead of raising, on every device,
+// with no host sync; those values read as off (a temperature as greedy) as on unchecked CUDA.
 void chain_verify_ragged_(const at::Tensor& draft_tokens, const at::Tensor& cu_num_draft_tokens,
                           const at::Tensor& target_logits, int64_t max_spec_len,
                           const std::optional<at::Tensor>& draft_probs, const Sampling& sampling, bool block,
                           const at::Tensor& output_token_ids, const at::Tensor& num_emitted,
-                          const std::optional<at::Tensor>& logprobs = std::nullopt);
+                          const std::optional<at::Tensor>& logprobs = std::nullopt,
+                          const std::optional<at::Tensor>& errors = std::nullopt);
 
 // Folded inference weights of an xPress refiner (see xkernels/refiner.py):
 // emb [V, r], mix [r, B, B] (only j <= k of mix[c, k, j] is read), w_gate and

@@ -1,0 +1,141 @@
+"""chain_verify_ragged_'s asynchronous error flag (issue 44, section 2): each invalid per-row value
+ORs its bit into its request's word (SamplingError), on every device, instead of raising; valid
+values set none; the results are those of the values read as off, as without the flag."""
+import pytest
+import torch
+
+import xkernels
+from xkernels.errors import SamplingError
+from xkernels.reference import chain as ref_chain
+from xkernels.reference import param_errors
+from tests.test_verify_contract import _ragged_case, _same
+from tests.utils import DEVICES
+
+NAN, INF = float("nan"), float("inf")
+N = 4  # _ragged_case's requests
+
+# (parameter, an invalid value, its bit); the other requests hold valid values
+INVALID = [("temperature", NAN, SamplingError.TEMPERATURE), ("temperature", INF, SamplingError.TEMPERATURE),
+           ("temperature", -INF, SamplingError.TEMPERATURE), ("temperature", -0.5, SamplingError.TEMPERATURE),
+           ("top_k", -1, SamplingError.TOP_K), ("top_k", -2**40, SamplingError.TOP_K),
+           ("top_p", 0.0, SamplingError.TOP_P), ("top_p", 1.5, SamplingError.TOP_P), ("top_p", -0.2, SamplingError.TOP_P),
+           ("top_p", NAN, SamplingError.TOP_P), ("min_p", -0.1, SamplingError.MIN_P), ("min_p", 1.01, SamplingError.MIN_P),
+           ("min_p", NAN, SamplingError.MIN_P)]
+VALID = dict(temperature=[0.7, 0.0, 1.3, 0.9], top_k=[5, 0, 40, 3], top_p=[0.9, 1.0, 0.5, 1.0],
+             min_p=[0.0, 0.1, 1.0, 0.05])
+DTYPES = dict(temperature=torch.float32, top_k=torch.int32, top_p=torch.float32, min_p=torch.float32)
+
+
+def _params(device, **rows):
+    """The per-request tensors, VALID's values where `rows` gives none (rows: name -> list)."""
+    out = {}
+    for name, values in {**VALID, **rows}.items():
+        dtype = torch.int64 if name == "top_k" and not -2**31 <= min(values) <= max(values) < 2**31 else DTYPES[name]
+        out[name] = torch.tensor(values, dtype=dtype, device=device)
+    return out
+
+
+def _call(device, params, method, errors=None, inplace=False):
+    drafts, cu, logits, q = _ragged_case(device, seed=5)
+    seed, offset = torch.tensor([11, 12, 13, 14], device=device), torch.arange(4, device=device) * 5
+    if inplace:
+        out, accept = torch.empty(N, 5, dtype=torch.int32, device=device), torch.empty(N, dtype=torch.int32, device=device)
+        lp = torch.empty(N, 5, device=device)
+        return xkernels.chain_verify_ragged_(drafts, cu, logits, out, accept, logprobs=lp, draft_probs=q, seed=seed,
+                                             offset=offset, method=method, errors=errors, **params)
+    return xkernels.chain_verify_ragged(drafts, cu, logits, max_spec_len=4, draft_probs=q, seed=seed, offset=offset,
+                                        method=method, errors=errors, **params)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("method", ["token", "block"])
+@pytest.mark.parametrize("name,value,bit", INVALID)
+def test_each_invalid_value_sets_its_bit(device, method, name, value, bit):
+    values = list(VALID[name])
+    values[1] = value  # request 1 only
+    params = _params(device, **{name: values})
+    errors = torch.tensor([0, 16, 0, 0], dtype=torch.int32, device=device)  # 16: no bit of ours, kept (OR)
+    got = _call(device, params, method, errors)
+    assert errors.cpu().tolist() == [0, 16 | int(bit), 0, 0]
+    # the results of the value read as off, as without the flag
+    off_value = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0)[name]
+    off = _params(device, **{name: [off_value if i == 1 else v for i, v in enumerate(values)]})
+    _same(got, _call(device, off, method))
+    # the reference: the same bits and results
+    ref_errors = torch.zeros(N, dtype=torch.int32)
+    drafts, cu, logits, q = _ragged_case("cpu", seed=5)
+    want = ref_chain.chain_verify_ragged(drafts, cu, logits, 4, q, seed=torch.tensor([11, 12, 13, 14]),
+                                         offset=torch.arange(4) * 5, method=method, errors=ref_errors,
+                                         **{k: v.cpu() for k, v in params.items()})
+    assert ref_errors.tolist() == [0, int(bit), 0, 0]
+    assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+    torch.testing.assert_close(got[2].cpu(), want[2], atol=2e-5, rtol=1e-5, equal_nan=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("inplace", [False, True])
+def test_valid_values_set_no_bit(device, inplace):
+    tiny = dict(temperature=[1e-40, 0.0, -0.0, 2.0])  # a temperature whose inverse overflows is greedy, not invalid
+    for rows in ({}, tiny, dict(top_k=[2**40, 0, 1, 57])):
+        params = _params(device, **rows)
+        errors = torch.zeros(N, dtype=torch.int32, device=device)
+        got = _call(device, params, "token", errors, inplace)
+        assert errors.cpu().tolist() == [0] * N
+        _same(got, _call(device, params, "token", None, inplace))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_several_bits_and_scalars(device):
+    params = _params(device, temperature=[0.5, NAN, 1.0, -1.0], top_k=[-3, -1, 0, 4], top_p=[2.0, 0.5, 1.0, 1.0],
+                     min_p=[0.0, 3.0, 0.0, 0.0])
+    errors = torch.zeros(N, dtype=torch.int32, device=device)
+    _call(device, params, "token", errors, inplace=True)
+    e = SamplingError
+    assert [SamplingError(x) for x in errors.cpu().tolist()] == [e.TOP_K | e.TOP_P, e.TEMPERATURE | e.TOP_K | e.MIN_P,
+                                                                 e(0), e.TEMPERATURE]
+    assert param_errors(N, **{k: v.cpu() for k, v in params.items()}).tolist() == errors.cpu().tolist()
+    # scalars are checked on the host (no sync needed): still raised, with or without the flag
+    with pytest.raises(RuntimeError, match="top_p"):
+        _call(device, dict(temperature=1.0, top_p=1.5), "token", torch.zeros(N, dtype=torch.int32, device=device))
+
+
+def test_without_errors_the_cpu_raises():
+    with pytest.raises(RuntimeError, match="temperature"):
+        _call("cpu", _params("cpu", temperature=[1.0, NAN, 1.0, 1.0]), "token")
+
+
+@pytest.mark.parametrize("bad", [torch.zeros(N, dtype=torch.int64), torch.zeros(N + 1, dtype=torch.int32),
+                                 torch.zeros(N, 2, dtype=torch.int32)[:, 0]])
+def test_bad_errors_buffer_raises_naming_it(bad):
+    with pytest.raises(RuntimeError, match="errors"):
+        _call("cpu", _params("cpu"), "token", bad)
+
+
+def test_opcheck_and_fake():
+    from tests.test_verify_contract import _ragged_op_args
+    for errors in (torch.zeros(2, dtype=torch.int32), torch.tensor([4, 0], dtype=torch.int32)):
+        args = _ragged_op_args(None, True)
+        temperature = torch.tensor([NAN, 0.0])  # request 0 flagged
+        args = args[:6] + (temperature,) + args[7:] + (errors,)
+        torch.library.opcheck(torch.ops.xkernels.chain_verify_ragged_.default, args)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+        torch.ops.xkernels.chain_verify_ragged_.default(*fake)
+        with pytest.raises(RuntimeError, match="errors"):
+            torch.ops.xkernels.chain_verify_ragged_.default(*fake[:-1], mode.from_tensor(torch.zeros(3, dtype=torch.int32)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ragged_verifier_holds_each_steps_words(device):
+    from tests.test_ragged_verifier import DRAFTS, step_case
+    from xkernels.integrations.ragged_verifier import RaggedVerifier
+    flat, cu, logits = step_case(DRAFTS, seed=2, device=device)
+    verifier = RaggedVerifier(8, 3, device)
+    verifier.set_requests(list("abcde"))
+    verifier.set_positions(torch.arange(5, device=device))
+    bad = torch.tensor([1.0, NAN, 0.5, 1.0, 1.0], device=device)
+    verifier.verify(flat, cu, logits, 3, temperature=bad, top_p=torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0], device=device))
+    assert verifier.errors[:5].cpu().tolist() == [0, int(SamplingError.TEMPERATURE), 0, int(SamplingError.TOP_P), 0]
+    verifier.verify(flat, cu, logits, 3, temperature=torch.ones(5, device=device))  # the next step's words only
+    assert verifier.errors.cpu().tolist() == [0] * 8
