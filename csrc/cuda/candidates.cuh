@@ -185,13 +185,19 @@ __device__ void scan_slice(ScanShared& sh, const RowView<T>& r, int64_t begin, i
   const int64_t vector_end = vector_ok ? vector_span_end(begin, end, r.v / kIds) : begin;
   const uint4* chunks = reinterpret_cast<const uint4*>(r.row);
   if (begin == 0) XK_ROW_PASS();  // the row's slices read it once between them
-  for (int64_t c0 = begin; c0 < vector_end; c0 += kSliceChunks) {  // the same rounds at every thread
-    uint4 x[kScanDepth];
+  // A thread's chunks c = begin + threadIdx.x + k kThreads in order of k, in rounds of kScanDepth
+  // slots: the first round's loads are issued up front, and each slot's load of the next round right
+  // after the slot is unpacked, so kScanDepth loads stay in flight across rounds (issuing a round
+  // only after consuming the last one drained them every round). The rounds are the same at every
+  // thread (the ballots below are warp-wide); the consumption order, and so every statistic, offer
+  // and on_read call, is that of one round at a time.
+  uint4 x[kScanDepth];
 #pragma unroll
-    for (int u = 0; u < kScanDepth; ++u) {
-      const int64_t c = c0 + u * kThreads + threadIdx.x;
-      if (c < vector_end) x[u] = chunks[c];
-    }
+  for (int u = 0; u < kScanDepth; ++u) {
+    const int64_t c = begin + u * kThreads + threadIdx.x;
+    if (c < vector_end) x[u] = chunks[c];
+  }
+  for (int64_t c0 = begin; c0 < vector_end; c0 += kSliceChunks) {
 #pragma unroll
     for (int u = 0; u < kScanDepth; ++u) {
       const int64_t c = c0 + u * kThreads + threadIdx.x;
@@ -200,6 +206,7 @@ __device__ void scan_slice(ScanShared& sh, const RowView<T>& r, int64_t begin, i
       if (live) {
         unpack<T>(x[u], r.scale, a);
         on_read.chunk(x[u], c);
+        if (c + kSliceChunks < vector_end) x[u] = chunks[c + kSliceChunks];
       }
       const bool excludes = static_cast<uint64_t>(r.exclude - kIds * c) < static_cast<uint64_t>(kIds);
       float m = kNegInf;
