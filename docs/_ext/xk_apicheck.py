@@ -12,7 +12,7 @@ import re
 # Public modules besides the package itself: their __all__, or else every function and class they
 # define whose name does not start with an underscore.
 MODULES = ("xkernels.distributed", "xkernels.decoding", "xkernels.decoding.spiffy_calibration", "xkernels.spiffy",
-           "xkernels.tree", "xkernels.compat.flashinfer", "xkernels.compat.sglang")
+           "xkernels.tree", "xkernels.compat.flashinfer", "xkernels.compat.sglang", "xkernels.errors")
 SECTION = re.compile(r"^(\w[\w ]*):\s*$")
 
 
