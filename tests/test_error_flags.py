@@ -18,8 +18,9 @@ N = 4  # _ragged_case's requests
 INVALID = [("temperature", NAN, SamplingError.TEMPERATURE), ("temperature", INF, SamplingError.TEMPERATURE),
            ("temperature", -INF, SamplingError.TEMPERATURE), ("temperature", -0.5, SamplingError.TEMPERATURE),
            ("top_k", -1, SamplingError.TOP_K), ("top_k", -2**40, SamplingError.TOP_K),
-           ("top_p", 0.0, SamplingError.TOP_P), ("top_p", 1.5, SamplingError.TOP_P), ("top_p", -0.2, SamplingError.TOP_P),
-           ("top_p", NAN, SamplingError.TOP_P), ("min_p", -0.1, SamplingError.MIN_P), ("min_p", 1.01, SamplingError.MIN_P),
+           ("top_p", 0.0, SamplingError.TOP_P), ("top_p", 1.5, SamplingError.TOP_P),
+           ("top_p", -0.2, SamplingError.TOP_P), ("top_p", NAN, SamplingError.TOP_P),
+           ("min_p", -0.1, SamplingError.MIN_P), ("min_p", 1.01, SamplingError.MIN_P),
            ("min_p", NAN, SamplingError.MIN_P)]
 VALID = dict(temperature=[0.7, 0.0, 1.3, 0.9], top_k=[5, 0, 40, 3], top_p=[0.9, 1.0, 0.5, 1.0],
              min_p=[0.0, 0.1, 1.0, 0.05])
@@ -39,7 +40,8 @@ def _call(device, params, method, errors=None, inplace=False):
     drafts, cu, logits, q = _ragged_case(device, seed=5)
     seed, offset = torch.tensor([11, 12, 13, 14], device=device), torch.arange(4, device=device) * 5
     if inplace:
-        out, accept = torch.empty(N, 5, dtype=torch.int32, device=device), torch.empty(N, dtype=torch.int32, device=device)
+        out, accept = (torch.empty(N, 5, dtype=torch.int32, device=device),
+                       torch.empty(N, dtype=torch.int32, device=device))
         lp = torch.empty(N, 5, device=device)
         return xkernels.chain_verify_ragged_(drafts, cu, logits, out, accept, logprobs=lp, draft_probs=q, seed=seed,
                                              offset=offset, method=method, errors=errors, **params)
@@ -123,7 +125,8 @@ def test_opcheck_and_fake():
         fake = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
         torch.ops.xkernels.chain_verify_ragged_.default(*fake)
         with pytest.raises(RuntimeError, match="errors"):
-            torch.ops.xkernels.chain_verify_ragged_.default(*fake[:-1], mode.from_tensor(torch.zeros(3, dtype=torch.int32)))
+            wrong = mode.from_tensor(torch.zeros(3, dtype=torch.int32))
+            torch.ops.xkernels.chain_verify_ragged_.default(*fake[:-1], wrong)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -139,3 +142,28 @@ def test_ragged_verifier_holds_each_steps_words(device):
     assert verifier.errors[:5].cpu().tolist() == [0, int(SamplingError.TEMPERATURE), 0, int(SamplingError.TOP_P), 0]
     verifier.verify(flat, cu, logits, 3, temperature=torch.ones(5, device=device))  # the next step's words only
     assert verifier.errors.cpu().tolist() == [0] * 8
+
+
+@pytest.mark.needs_cuda
+def test_the_flag_is_captured_and_follows_the_replayed_values():
+    """A captured step reads the parameters' current values at each replay and flags them."""
+    params = _params("cuda")
+    drafts, cu, logits, q = _ragged_case("cuda", seed=5)
+    seed, offset = torch.tensor([11, 12, 13, 14], device="cuda"), torch.arange(4, device="cuda") * 5
+    out, accept = torch.empty(N, 5, dtype=torch.int32, device="cuda"), torch.empty(N, dtype=torch.int32, device="cuda")
+    errors = torch.zeros(N, dtype=torch.int32, device="cuda")
+
+    def step():  # every tensor made beforehand: a capture copies nothing from the host
+        errors.zero_()
+        xkernels.chain_verify_ragged_(drafts, cu, logits, out, accept, draft_probs=q, seed=seed, offset=offset,
+                                      errors=errors, **params)
+
+    step()  # warm-up: lazy initialisation must not be captured
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for bad, want in ((NAN, int(SamplingError.TEMPERATURE)), (0.8, 0), (-1.0, int(SamplingError.TEMPERATURE))):
+        params["temperature"][2] = bad
+        graph.replay()
+        torch.cuda.synchronize()
+        assert errors.cpu().tolist() == [0, 0, want, 0]
