@@ -74,9 +74,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_cuda(
   }
   const auto tok = tokens.contiguous(), par = parents.contiguous(), logits = target_logits.contiguous();
   const auto nn = num_nodes.has_value() ? num_nodes->contiguous() : at::Tensor();
-  // The tree walk stages q as float32 rows (tree_walk.cuh): a bfloat16 or float16 q is widened here
-  // (a copy of [N, M, V] on the stream; the chain kernels read q in its dtype).
-  const auto q = draft_probs.has_value() ? draft_probs->to(at::kFloat).contiguous() : at::Tensor();
+  const auto q = draft_probs.has_value() ? draft_probs->contiguous() : at::Tensor();  // read in its dtype
   auto accept_len = at::empty({n}, tok.options()), path = at::empty({n, m}, tok.options());
   auto out = at::empty({n, m}, tok.options());
   cuda::TreeVerifyParams p{};
@@ -84,7 +82,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_cuda(
   p.num_nodes = nn.defined() ? nn.const_data_ptr<int64_t>() : nullptr;
   p.logits = logits.const_data_ptr();
   p.dtype = cuda::logits_type(logits);
-  p.q = q.defined() ? q.const_data_ptr<float>() : nullptr;
+  p.q = q.defined() ? q.const_data_ptr() : nullptr;
+  p.q_dtype = q.defined() ? cuda::logits_type(q) : cuda::LogitsType::kFloat32;  // checked dtype
   p.without_replacement = without_replacement;
   p.n = n, p.m = m, p.v = v;
   p.s = sampling_view(sampling);

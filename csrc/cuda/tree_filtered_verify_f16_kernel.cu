@@ -1,7 +1,6 @@
-// tree_verify's walks that cut their rows (top-k, top-p, min-p) on float16 logits (tree_walk.cuh).
+// tree_verify's walks that cut their rows (top-k, top-p, min-p) on float16 logits (tree_walk.cuh):
+// without draft_probs and with float32 ones (16-bit ones: tree_filtered_verify_f16_q16_kernel.cu).
 #include "tree_walk.cuh"
 
-namespace xkernels::cuda {
-template cudaError_t launch_verify_walk<__half, true>(const TreeVerifyParams&, const VerifyWorkspace&, bool, bool,
-                                                      cudaStream_t);
-}  // namespace xkernels::cuda
+XK_TREE_VERIFY_WALK(__half, float, false, true)
+XK_TREE_VERIFY_WALK(__half, float, true, true)

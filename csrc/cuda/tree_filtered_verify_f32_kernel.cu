@@ -1,7 +1,6 @@
-// tree_verify's walks that cut their rows (top-k, top-p, min-p) on float32 logits (tree_walk.cuh).
+// tree_verify's walks that cut their rows (top-k, top-p, min-p) on float32 logits (tree_walk.cuh):
+// without draft_probs and with float32 ones (16-bit ones: tree_filtered_verify_f32_q16_kernel.cu).
 #include "tree_walk.cuh"
 
-namespace xkernels::cuda {
-template cudaError_t launch_verify_walk<float, true>(const TreeVerifyParams&, const VerifyWorkspace&, bool, bool,
-                                                     cudaStream_t);
-}  // namespace xkernels::cuda
+XK_TREE_VERIFY_WALK(float, float, false, true)
+XK_TREE_VERIFY_WALK(float, float, true, true)

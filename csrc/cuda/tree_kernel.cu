@@ -236,16 +236,18 @@ __device__ __forceinline__ void stop_weights(const float (&a)[4], int64_t g, int
 }
 
 // The chunks a thread of the draft kernel reads at once in the passes that read q (at most
-// kRowDepth<true>): as many as the block's q stage (16 bytes a thread per 4 ids of a chunk) fits in
-// the shared memory the device allows (max_smem; 0: 48 KB) beside the cut's state with filters. 8
-// on an H100/H200 (227 KB) and A100 (163 KB), filtered or not; at 16-bit logits 6 on parts with
-// 99 KB (7 filtered, at half the threads). At least 1 unfiltered; filtered 0 where the cut's
-// state leaves no room for a chunk (48 KB at 16-bit logits).
+// kRowDepth<true>): as many as the block's q stage (a chunk's q a thread: 16 bytes per 4 ids of
+// float32 q, 8 of 16-bit q) fits in the shared memory the device allows (max_smem; 0: 48 KB) beside
+// the cut's state with filters. 8 on an H100/H200 (227 KB) and A100 (163 KB), filtered or not; at
+// 16-bit logits and float32 q 6 on parts with 99 KB (7 filtered, at half the threads). At least 1
+// unfiltered; filtered 0 where the cut's state leaves no room for a chunk (48 KB at 16-bit logits
+// and float32 q).
 int q_stage_depth(const TreeVerifyParams& p) {
   const size_t limit = p.max_smem > 0 ? static_cast<size_t>(p.max_smem) : 48 * 1024;
   const size_t reserve = kStaticSmemReserve + (p.filtered ? cut_smem_bytes() : 0);
   const size_t ids = p.dtype == LogitsType::kFloat32 ? 4 : 8;  // a chunk's: 16 bytes of logits
-  const size_t chunk = sizeof(float) * ids * (p.filtered ? kFilteredVerifyThreads : kVerifyThreads);
+  const size_t q_bytes = p.q_dtype == LogitsType::kFloat32 ? 4 : 2;
+  const size_t chunk = q_bytes * ids * (p.filtered ? kFilteredVerifyThreads : kVerifyThreads);
   const size_t fit = limit > reserve ? (limit - reserve) / chunk : 0;
   const size_t least = p.filtered ? 0 : 1;
   return static_cast<int>(fit < least ? least : fit > kRowDepth<true> ? kRowDepth<true> : fit);
@@ -255,8 +257,8 @@ int q_stage_depth(const TreeVerifyParams& p) {
 // sequence had left the draw, Philox-bound, on a single SM). Weights: the scaled logits without the
 // rejected tokens, or the residual max(e - coef q, 0) from the row and q, linear (linear_group).
 // Every block starts from the exact score of the row's argmax. kDraft: residual draws can occur (p.q
-// set; the plain draws alone take 48 registers, with residual ones 80).
-template <typename T, bool kDraft>
+// set, of type Q; the plain draws alone take 62 registers, with residual ones 76, sm_90a).
+template <typename T, typename Q, bool kDraft>
 __global__ void __launch_bounds__(kThreads) tree_sample_kernel(TreeVerifyParams p, VerifyWorkspace w, bool vector_ok) {
   __shared__ ArgMax start;
   __shared__ FilterCut cut;  // thread 0's, kept out of the registers of the pass (it spilled there)
@@ -271,7 +273,7 @@ __global__ void __launch_bounds__(kThreads) tree_sample_kernel(TreeVerifyParams 
   const uint32_t sequence = st.sequence_at(), node = st.position_at(static_cast<uint32_t>(job.node));
   const float scale = job.scale;
   const T* row = static_cast<const T*>(p.logits) + (n * m + job.node) * v;
-  const float* q = kDraft && job.residual ? p.q + (n * m + job.node) * v : nullptr;
+  const Q* q = kDraft && job.residual ? static_cast<const Q*>(p.q) + (n * m + job.node) * v : nullptr;
   const int32_t* rejected = w.rejected + n * m;
   // The residual of scaled logit a and draft probability qx.
   const auto residual = [&](float a, float qx) {
@@ -282,7 +284,7 @@ __global__ void __launch_bounds__(kThreads) tree_sample_kernel(TreeVerifyParams 
     const int32_t x = job.top;
     float wt = kNegInf;
     if (q) {
-      const float r = residual(scaled(row, x, scale), q[x]);  // the argmax: always kept
+      const float r = residual(scaled(row, x, scale), to_float(q[x]));  // the argmax: always kept
       wt = r > 0.0f ? log_f32(r) : kNegInf;
     } else {
       bool seen = false;
@@ -316,7 +318,7 @@ __global__ void __launch_bounds__(kThreads) tree_sample_kernel(TreeVerifyParams 
       [&](int64_t g) {
         Group x{};
         unpack<T>(reinterpret_cast<const typename Quad<T>::type*>(row)[g], scale, x.a.x);
-        if (q) unpack<float>(reinterpret_cast<const float4*>(q)[g], 1.0f, x.q.x);
+        if (q) unpack<Q>(reinterpret_cast<const typename Quad<Q>::type*>(q)[g], 1.0f, x.q.x);
         return x;
       },
       [&](int64_t g, const Group& x) { observe(g, x.a, x.q, 4); });
@@ -326,7 +328,7 @@ __global__ void __launch_bounds__(kThreads) tree_sample_kernel(TreeVerifyParams 
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       x.a.x[j] = j < cnt ? scaled(row, 4 * g + j, scale) : 0.0f;
-      x.q.x[j] = j < cnt && q ? q[4 * g + j] : 0.0f;
+      x.q.x[j] = j < cnt && q ? to_float(q[4 * g + j]) : 0.0f;
     }
     observe(g, x.a, x.q, cnt);
   }
@@ -368,30 +370,42 @@ __global__ void compact_kv_kernel(CompactKvParams p) {
 
 size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
 
-template <typename T>
+template <typename T, typename Q>
 cudaError_t launch_walks(const TreeVerifyParams& p, const VerifyWorkspace& w, bool vector_ok, cudaStream_t stream) {
   const bool draft = p.q && p.may_sample;  // at T = 0 draft_probs play no part
   if (draft && w.q_depth < 1) return cudaErrorInvalidConfiguration;  // the cut's state and one chunk do not fit
-  return w.cuts ? launch_verify_walk<T, true>(p, w, draft, vector_ok, stream)
-                : launch_verify_walk<T, false>(p, w, draft, vector_ok, stream);
+  if (w.cuts)
+    return draft ? launch_verify_walk<T, Q, true, true>(p, w, vector_ok, stream)
+                 : launch_verify_walk<T, float, false, true>(p, w, vector_ok, stream);
+  return draft ? launch_verify_walk<T, Q, true, false>(p, w, vector_ok, stream)
+               : launch_verify_walk<T, float, false, false>(p, w, vector_ok, stream);
 }
 
-template <typename T>
+template <typename T, typename Q>
 cudaError_t launch_verify_typed(const TreeVerifyParams& p, const VerifyWorkspace& w, cudaStream_t stream) {
-  // Rows of logits and q start 16-byte aligned.
+  // Rows of logits start 16-byte aligned, and rows of q at a multiple of their chunk's q (8 bytes at
+  // least: V a multiple of 4).
   const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && p.v % 4 == 0 &&
                          reinterpret_cast<uintptr_t>(p.logits) % 16 == 0 &&
                          (p.q == nullptr || reinterpret_cast<uintptr_t>(p.q) % 16 == 0);
-  const cudaError_t err = launch_walks<T>(p, w, vector_ok, stream);
+  const cudaError_t err = launch_walks<T, Q>(p, w, vector_ok, stream);
   if (err != cudaSuccess) return err;
   if (p.may_sample) {  // greedy walks write every token themselves
     if (p.q)
-      tree_sample_kernel<T, true><<<p.n * w.sample_slices, kThreads, 0, stream>>>(p, w, vector_ok);
+      tree_sample_kernel<T, Q, true><<<p.n * w.sample_slices, kThreads, 0, stream>>>(p, w, vector_ok);
     else
-      tree_sample_kernel<T, false><<<p.n * w.sample_slices, kThreads, 0, stream>>>(p, w, vector_ok);
+      tree_sample_kernel<T, float, false><<<p.n * w.sample_slices, kThreads, 0, stream>>>(p, w, vector_ok);
     tree_sample_finish_kernel<<<(p.n + kWarps - 1) / kWarps, kThreads, 0, stream>>>(p, w);
   }
   return cudaGetLastError();
+}
+
+// q's element type (float32 when there is no q: nothing reads it then; the binding checked the type).
+template <typename T>
+cudaError_t launch_verify_q(const TreeVerifyParams& p, const VerifyWorkspace& w, cudaStream_t stream) {
+  if (p.q && p.q_dtype == LogitsType::kBFloat16) return launch_verify_typed<T, __nv_bfloat16>(p, w, stream);
+  if (p.q && p.q_dtype == LogitsType::kFloat16) return launch_verify_typed<T, __half>(p, w, stream);
+  return launch_verify_typed<T, float>(p, w, stream);
 }
 
 }  // namespace
@@ -439,9 +453,9 @@ cudaError_t launch_tree_verify(const TreeVerifyParams& p, void* workspace, cudaS
   w.sample_slices = row_slice_count(p.n, p.v, p.num_sms);
   w.q_depth = q_stage_depth(p);
   switch (p.dtype) {
-    case LogitsType::kFloat32: return launch_verify_typed<float>(p, w, stream);
-    case LogitsType::kBFloat16: return launch_verify_typed<__nv_bfloat16>(p, w, stream);
-    case LogitsType::kFloat16: return launch_verify_typed<__half>(p, w, stream);
+    case LogitsType::kFloat32: return launch_verify_q<float>(p, w, stream);
+    case LogitsType::kBFloat16: return launch_verify_q<__nv_bfloat16>(p, w, stream);
+    case LogitsType::kFloat16: return launch_verify_q<__half>(p, w, stream);
   }
   return cudaErrorInvalidValue;
 }

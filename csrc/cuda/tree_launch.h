@@ -42,7 +42,8 @@ struct TreeVerifyParams {
   const int64_t *tokens, *parents, *num_nodes;  // [n, m], [n, m], [n] or null
   const void* logits;                           // [n, m, v]
   LogitsType dtype;
-  const float* q;  // [n, m, v] or null
+  const void* q;         // [n, m, v] or null, of q_dtype (read in it: draft_probs.cuh)
+  LogitsType q_dtype;
   bool without_replacement;
   int64_t n, m, v;
   SamplingView s;

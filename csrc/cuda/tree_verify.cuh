@@ -43,7 +43,7 @@ struct VerifyWorkspace {
 // What thread 0 decides and the block shares at one node.
 struct NodeState {
   RowStats stats;
-  const float* q;  // the node's draft row
+  const void* q;  // the node's draft row (of the walk's q type)
   TreeResidual res;
   int64_t chosen;
   int32_t kids, rejected, x;
@@ -68,10 +68,11 @@ __device__ __forceinline__ float softmax_weight(float a, float top_log2) { retur
 // with 16 reading a row (128 KB a block, 121-122 registers). With draft_probs (T > 0) the kernel
 // holds more state through its passes: ptxas fits 8 row loads in 128 registers without a spill
 // (sm_90a; deeper spills), 64 KB a block, and the passes that also read q (a node's first pass,
-// which sums q beside the row statistics, and the residual passes) copy q's float4s of those chunks
+// which sums q beside the row statistics, and the residual passes) copy q's part of those chunks
 // into shared memory asynchronously (cp.async), which holds no registers: 64 KB of the row and
-// 128 KB of q in flight a block at 16-bit logits (64 KB of q at float32), where the device lets a
-// block have that much shared memory (q_stage_depth). XKERNELS_PTXAS_VERBOSE=1 shows the registers.
+// 128 KB of float32 q in flight a block at 16-bit logits (64 KB of q at float32 logits; half of
+// each with 16-bit q), where the device lets a block have that much shared memory (q_stage_depth).
+// XKERNELS_PTXAS_VERBOSE=1 shows the registers.
 // A walk that cuts its rows (kFilter) runs 256 threads: the selection (row_filter.cuh) needs more
 // registers than 512 threads leave (128 a thread: ptxas spilled, inlined or called), and fits the
 // 255 of 256 threads without a spill beside the walk (sm_90a), which then keeps half the bytes in
@@ -112,12 +113,13 @@ union WalkCutShared {
 // The dynamic shared memory of the selection's state, ahead of the q stage (16-byte aligned).
 __host__ __device__ constexpr size_t cut_smem_bytes() { return (sizeof(WalkCutShared) + 15) / 16 * 16; }
 
-// tree_verify's walk with draft_probs (draft) or without, that cuts its rows (kFilter) or not
-// (tree_walk.cuh; for float, __nv_bfloat16 and __half logits). Its instantiations take most of the
-// tree kernels' compile time: the unfiltered ones are tree_verify_kernel.cu's, the filtered ones have
-// a file a logits type (tree_filtered_verify_<type>_kernel.cu).
-template <typename T, bool kFilter>
-cudaError_t launch_verify_walk(const TreeVerifyParams& p, const VerifyWorkspace& w, bool draft, bool vector_ok,
+// tree_verify's walk with draft_probs of type Q (kDraft) or without (Q float, unread), that cuts its
+// rows (kFilter) or not (tree_walk.cuh; logits T and q each float, __nv_bfloat16 or __half). Its
+// instantiations take most of the tree kernels' compile time: the unfiltered ones are
+// tree_verify_kernel.cu's, the filtered ones have a file a logits type
+// (tree_filtered_verify_<type>_kernel.cu).
+template <typename T, typename Q, bool kDraft, bool kFilter>
+cudaError_t launch_verify_walk(const TreeVerifyParams& p, const VerifyWorkspace& w, bool vector_ok,
                                cudaStream_t stream);
 
 }  // namespace xkernels::cuda

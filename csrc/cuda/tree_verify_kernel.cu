@@ -1,11 +1,13 @@
-// tree_verify's walks that do not cut their rows (tree_walk.cuh).
+// tree_verify's walks that do not cut their rows (tree_walk.cuh): without draft_probs, and with them
+// of each q type.
 #include "tree_walk.cuh"
 
-namespace xkernels::cuda {
-template cudaError_t launch_verify_walk<float, false>(const TreeVerifyParams&, const VerifyWorkspace&, bool, bool,
-                                                      cudaStream_t);
-template cudaError_t launch_verify_walk<__nv_bfloat16, false>(const TreeVerifyParams&, const VerifyWorkspace&, bool,
-                                                              bool, cudaStream_t);
-template cudaError_t launch_verify_walk<__half, false>(const TreeVerifyParams&, const VerifyWorkspace&, bool, bool,
-                                                       cudaStream_t);
-}  // namespace xkernels::cuda
+#define XK_TREE_WALKS(T)                             \
+  XK_TREE_VERIFY_WALK(T, float, false, false)        \
+  XK_TREE_VERIFY_WALK(T, float, true, false)         \
+  XK_TREE_VERIFY_WALK(T, __nv_bfloat16, true, false) \
+  XK_TREE_VERIFY_WALK(T, __half, true, false)
+XK_TREE_WALKS(float)
+XK_TREE_WALKS(__nv_bfloat16)
+XK_TREE_WALKS(__half)
+#undef XK_TREE_WALKS

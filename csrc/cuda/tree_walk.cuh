@@ -5,37 +5,49 @@
 
 #include <cuda_pipeline_primitives.h>
 
+#include <type_traits>
+
 #include "per_device.h"
 #include "tree_verify.cuh"
 
 namespace xkernels::cuda {
 
-// A row of logits and its row of q read side by side by the block (of kBlock threads), each thread's
-// ids in increasing order: when vector_ok (both rows start 16-byte aligned and hold whole chunks)
-// chunks of kIds ids, thread t taking chunks t, t + kBlock, ... (as thread_row_stats reads the row alone), `depth`
-// (q_stage_depth) a round: their 16-byte loads of the row into registers and their kIds / 4 float4
-// of q into `stage` (depth * kIds floats a thread of shared memory), each chunk then to
+// A chunk's q (kIds values of Q) in the q stage: kUnits copies of a Unit, 8 or 16 bytes (cp.async's
+// sizes; float logits with 16-bit q: 8 bytes a chunk).
+template <typename T, typename Q>
+struct QChunk {
+  static constexpr int kIds = 16 / sizeof(T), kBytes = kIds * sizeof(Q);
+  using Unit = std::conditional_t<(kBytes >= 16), uint4, uint2>;
+  static constexpr int kUnits = kBytes / sizeof(Unit), kUnitIds = sizeof(Unit) / sizeof(Q);
+};
+
+// A row of logits and its row of q (of type Q, each value converted to float where it is used:
+// exact, so the floats of a float32 copy) read side by side by the block (of kBlock threads), each
+// thread's ids in increasing order: when vector_ok (both rows start aligned and hold whole chunks)
+// chunks of kIds ids, thread t taking chunks t, t + kBlock, ... (as thread_row_stats reads the row
+// alone), `depth` (q_stage_depth) a round: their 16-byte loads of the row into registers and their
+// q units (QChunk) into `stage` (depth chunks of q a thread of shared memory), each chunk then to
 // on_chunk(a[kIds], q[kIds], first id); otherwise every id to on_id(a, q, id). a: the logits times
 // scale.
-template <int kBlock, typename T, typename OnChunk, typename OnId>
-__device__ __forceinline__ void for_each_row_and_q(const T* row, const float* q, int64_t v, bool vector_ok,
-                                                   float scale, float4* stage, int depth, OnChunk&& on_chunk,
-                                                   OnId&& on_id) {
-  constexpr int kIds = 16 / sizeof(T), kQuads = kIds / 4;
-  // Where chunk c's q lands: its round slot's kQuads float4s, consecutive threads at consecutive
-  // float4s (no bank conflicts). Thread t's chunks of a round are t + kBlock u, u < depth.
+template <int kBlock, typename T, typename Q, typename OnChunk, typename OnId>
+__device__ __forceinline__ void for_each_row_and_q(const T* row, const Q* q, int64_t v, bool vector_ok, float scale,
+                                                   void* stage, int depth, OnChunk&& on_chunk, OnId&& on_id) {
+  using C = QChunk<T, Q>;
+  using Unit = typename C::Unit;
+  constexpr int kIds = C::kIds, kUnits = C::kUnits;
+  // Where chunk c's q lands: its round slot's kUnits units, consecutive threads at consecutive
+  // units (no bank conflicts). Thread t's chunks of a round are t + kBlock u, u < depth.
   const auto staged = [&](int64_t c) {
-    return stage + static_cast<int>(c / kBlock) % depth * kQuads * kBlock + threadIdx.x;
+    return static_cast<Unit*>(stage) + static_cast<int>(c / kBlock) % depth * kUnits * kBlock + threadIdx.x;
   };
   const int64_t whole = vector_ok ? v / kIds : 0;
   for_each_batched<kRowDepth<true>>(
       threadIdx.x, whole, kBlock, depth,
       [&](int64_t c) {
-        float4* at = staged(c);
+        Unit* at = staged(c);
 #pragma unroll
-        for (int j = 0; j < kQuads; ++j)
-          __pipeline_memcpy_async(at + j * kBlock, reinterpret_cast<const float4*>(q) + kQuads * c + j,
-                                  sizeof(float4));
+        for (int j = 0; j < kUnits; ++j)
+          __pipeline_memcpy_async(at + j * kBlock, reinterpret_cast<const Unit*>(q) + kUnits * c + j, sizeof(Unit));
         return reinterpret_cast<const uint4*>(row)[c];
       },
       [&](int64_t c, const uint4& x) {
@@ -44,23 +56,25 @@ __device__ __forceinline__ void for_each_row_and_q(const T* row, const float* q,
         __pipeline_wait_prior(0);
         float a[kIds], qs[kIds];
         unpack<T>(x, scale, a);
-        const float4* at = staged(c);
+        const Unit* at = staged(c);
 #pragma unroll
-        for (int j = 0; j < kQuads; ++j) {
-          const float4 y = at[j * kBlock];
-          qs[4 * j] = y.x, qs[4 * j + 1] = y.y, qs[4 * j + 2] = y.z, qs[4 * j + 3] = y.w;
+        for (int j = 0; j < kUnits; ++j) {
+          const Unit y = at[j * kBlock];
+          const Q* e = reinterpret_cast<const Q*>(&y);
+#pragma unroll
+          for (int k = 0; k < C::kUnitIds; ++k) qs[C::kUnitIds * j + k] = to_float(e[k]);
         }
         on_chunk(a, qs, static_cast<int32_t>(kIds * c));
       });
   for (int64_t i = kIds * whole + threadIdx.x; i < v; i += kBlock)
-    on_id(scaled(row, i, scale), q[i], static_cast<int32_t>(i));
+    on_id(scaled(row, i, scale), to_float(q[i]), static_cast<int32_t>(i));
 }
 
 // The residual's sum, sum_i max(e_i - coef q_i, 0) with e_i = exp(a_i - max) from the row (at
 // thread 0): read-only, from the logits and q, nothing stored.
-template <int kBlock, typename T>
-__device__ __forceinline__ float residual_sum(const T* row, const float* q, int64_t v, bool vector_ok, float scale,
-                                              float4* stage, int depth, float top_log2, TreeCoef coef,
+template <int kBlock, typename T, typename Q>
+__device__ __forceinline__ float residual_sum(const T* row, const Q* q, int64_t v, bool vector_ok, float scale,
+                                              void* stage, int depth, float top_log2, TreeCoef coef,
                                               const FilterCut& cut) {
   constexpr int kIds = 16 / sizeof(T);
   float total = 0.0f;
@@ -82,10 +96,10 @@ __device__ __forceinline__ float residual_sum(const T* row, const float* q, int6
 // One thread's share of a row's softmax statistics (exactly thread_row_stats's) and of q's sum, in
 // one pass over both rows: q's sum, needed at a node with children, rides on the row's pass.
 // observe(a): each scaled logit, as read (the cut's top key bits).
-template <int kBlock, typename T, typename Observe>
-__device__ __forceinline__ RowStats thread_row_stats_and_q_sum(const T* row, const float* q, int64_t v,
-                                                               bool vector_ok, float scale, float4* stage, int depth,
-                                                               float& zq, const Observe& observe) {
+template <int kBlock, typename T, typename Q, typename Observe>
+__device__ __forceinline__ RowStats thread_row_stats_and_q_sum(const T* row, const Q* q, int64_t v, bool vector_ok,
+                                                               float scale, void* stage, int depth, float& zq,
+                                                               const Observe& observe) {
   constexpr int kIds = 16 / sizeof(T);
   RowStats s = stats_empty();
   for_each_row_and_q<kBlock>(
@@ -287,10 +301,10 @@ __device__ __forceinline__ void list_children(NodeState& sh, const int64_t* pare
   if (lane == 0) sh.kids = k;
 }
 
-// vector_ok: rows of logits (and of q) start 16-byte aligned, so whole chunks load as vectors.
-// kDraft: p.q is set (the residual passes are compiled only then). kFilter: w.cuts is set, some
+// vector_ok: rows of logits (and of q) start aligned, so whole chunks load as vectors. kDraft: p.q
+// is set, of type Q (the residual passes are compiled only then). kFilter: w.cuts is set, some
 // sequence may filter (the selection is compiled only then).
-template <typename T, bool kDraft, bool kFilter>
+template <typename T, typename Q, bool kDraft, bool kFilter>
 __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
     tree_verify_kernel(TreeVerifyParams p, VerifyWorkspace w, bool vector_ok) {
   constexpr int kBlock = kVerifyBlock<kFilter>;
@@ -300,7 +314,7 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
   // chunks a thread).
   extern __shared__ __align__(16) float4 verify_smem[];
   WalkCutShared* cs = reinterpret_cast<WalkCutShared*>(verify_smem);
-  float4* q_stage = verify_smem + (kFilter ? cut_smem_bytes() / sizeof(float4) : 0);
+  void* q_stage = verify_smem + (kFilter ? cut_smem_bytes() / sizeof(float4) : 0);
   __shared__ RowStream st;  // thread 0's, kept out of the registers of the row passes
   __shared__ FilterCut visited_cut;  // the visited row's
   const int64_t n = blockIdx.x, m = p.m, v = p.v;
@@ -333,7 +347,7 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
     if (kDraft) {
       // The children first (they depend on the parents alone): q's sum is needed only at a node
       // with children, and then rides on the row's pass.
-      if (threadIdx.x == 0) sh.q = p.q + (n * m + node) * v;
+      if (threadIdx.x == 0) sh.q = static_cast<const Q*>(p.q) + (n * m + node) * v;
       if (threadIdx.x < 32) list_children(sh, parents, node, count, kids);
       __syncthreads();
     }
@@ -355,7 +369,8 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
     } else {
       constexpr int kDepth = kWalkDepth<kDraft, kFilter>;
       s = greedy ? thread_row_stats<T, true, kDepth>(row, v, 0, chunks, vector_ok, 1.0f, -1, threadIdx.x, kBlock)
-          : with_q ? thread_row_stats_and_q_sum<kBlock>(row, sh.q, v, vector_ok, scale, q_stage, w.q_depth, zq, note)
+          : with_q ? thread_row_stats_and_q_sum<kBlock>(row, static_cast<const Q*>(sh.q), v, vector_ok, scale, q_stage,
+                                                        w.q_depth, zq, note)
                    : thread_row_stats<T, false, kDepth>(row, v, 0, chunks, vector_ok, scale, -1, threadIdx.x, kBlock,
                                                         note);
     }
@@ -403,8 +418,8 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
         __syncthreads();
         if (sh.x < 0) continue;  // a token outside [0, V): never accepted, no residual step
         if (sh.pass) {
-          const float total = residual_sum<kBlock>(row, sh.q, v, vector_ok, scale, q_stage, w.q_depth, top_log2,
-                                           tree_coef(sh.res.coef), cut);
+          const float total = residual_sum<kBlock>(row, static_cast<const Q*>(sh.q), v, vector_ok, scale, q_stage,
+                                                   w.q_depth, top_log2, tree_coef(sh.res.coef), cut);
           if (threadIdx.x == 0) {
             sh.res.sum = total;
             sh.empty = !(total > 0.0f);
@@ -417,7 +432,7 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
           const int32_t x = sh.x;
           bool repeated = false;
           for (int32_t k = 0; k < sh.rejected; ++k) repeated |= rejected[k] == x;
-          const float q_x = sh.q[x];
+          const float q_x = to_float(static_cast<const Q*>(sh.q)[x]);
           const float e_x = softmax_weight(kept(cut, scaled(row, x, scale), x), top_log2);
           if (tree_residual_accepts(sh.res, st.coin(static_cast<uint32_t>(kids[i])), e_x, q_x, repeated)) {
             sh.chosen = kids[i];
@@ -467,26 +482,25 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
 }
 
 // The walk's launch: dynamic shared memory for the cut's state (kFilter) and the q stage (kDraft).
-template <typename T, bool kDraft, bool kFilter>
-cudaError_t launch_walk(const TreeVerifyParams& p, const VerifyWorkspace& w, bool vector_ok, cudaStream_t stream) {
+template <typename T, typename Q, bool kDraft, bool kFilter>
+cudaError_t launch_verify_walk(const TreeVerifyParams& p, const VerifyWorkspace& w, bool vector_ok,
+                               cudaStream_t stream) {
   constexpr int kBlock = kVerifyBlock<kFilter>;
-  const size_t stage = kDraft ? sizeof(float) * (16 / sizeof(T)) * kBlock * w.q_depth : 0;
+  const size_t stage = kDraft ? sizeof(Q) * (16 / sizeof(T)) * kBlock * w.q_depth : 0;
   const size_t smem = (kFilter ? cut_smem_bytes() : 0) + stage;
   if (kDraft) {
     // Above 48 KB of dynamic shared memory a kernel must opt in: once a device, to the device's limit.
     static PerDevice opted_in;
-    const cudaError_t err = opt_in_max_dynamic_smem(opted_in, tree_verify_kernel<T, kDraft, kFilter>);
+    const cudaError_t err = opt_in_max_dynamic_smem(opted_in, tree_verify_kernel<T, Q, kDraft, kFilter>);
     if (err != cudaSuccess) return err;
   }
-  tree_verify_kernel<T, kDraft, kFilter><<<p.n, kBlock, smem, stream>>>(p, w, vector_ok);
+  tree_verify_kernel<T, Q, kDraft, kFilter><<<p.n, kBlock, smem, stream>>>(p, w, vector_ok);
   return cudaGetLastError();
 }
 
-template <typename T, bool kFilter>
-cudaError_t launch_verify_walk(const TreeVerifyParams& p, const VerifyWorkspace& w, bool draft, bool vector_ok,
-                               cudaStream_t stream) {
-  return draft ? launch_walk<T, true, kFilter>(p, w, vector_ok, stream)
-               : launch_walk<T, false, kFilter>(p, w, vector_ok, stream);
-}
-
 }  // namespace xkernels::cuda
+
+// An explicit instantiation of the walk's launch (in the files that compile the walks).
+#define XK_TREE_VERIFY_WALK(T, Q, kDraft, kFilter)                \
+  template cudaError_t xkernels::cuda::launch_verify_walk<T, Q, kDraft, kFilter>( \
+      const xkernels::cuda::TreeVerifyParams&, const xkernels::cuda::VerifyWorkspace&, bool, cudaStream_t);

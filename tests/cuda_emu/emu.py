@@ -232,7 +232,6 @@ class CudaEmu:
         n, m, v = logits.shape
         sampling, held = _sampling_args(n, v, temperature, top_k, top_p, min_p, seed, offset)
         may_sample, filtered = held[-2:]
-        q = None if q is None else q.float()  # as the CUDA binding widens a 16-bit q (the walk stages float32)
         tokens, parents, logits, q, num_nodes = _c(tokens), _c(parents), _c(logits), _c(q), _c(num_nodes)
         accept_len = torch.empty(n, dtype=torch.int64)
         path = torch.empty(n, m, dtype=torch.int64)
@@ -241,9 +240,9 @@ class CudaEmu:
         i64 = ctypes.c_int64
         rc = self.lib.xk_emu_tree_verify(
             _ptr(tokens), _ptr(parents), _ptr(num_nodes), _ptr(logits), LOGITS_TYPES[logits.dtype], _ptr(q),
-            ctypes.c_int(without_replacement), i64(n), i64(m), i64(v), *sampling, ctypes.c_int(may_sample),
-            ctypes.c_int(filtered), ctypes.c_int(num_sms), ctypes.c_int(max_smem), _ptr(accept_len), _ptr(path),
-            _ptr(out), msg, ctypes.c_size_t(len(msg)))
+            _probs_type(q), ctypes.c_int(without_replacement), i64(n), i64(m), i64(v), *sampling,
+            ctypes.c_int(may_sample), ctypes.c_int(filtered), ctypes.c_int(num_sms), ctypes.c_int(max_smem),
+            _ptr(accept_len), _ptr(path), _ptr(out), msg, ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
         return accept_len, path, out
 

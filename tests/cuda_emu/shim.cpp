@@ -298,8 +298,8 @@ int xk_emu_tree_mask(const int64_t* parents, const int64_t* num_nodes, int64_t n
 }
 
 int xk_emu_tree_verify(const int64_t* tokens, const int64_t* parents, const int64_t* num_nodes, const void* logits,
-                       int logits_type, const float* q, int without_replacement, int64_t n, int64_t m, int64_t v,
-                       XK_EMU_SAMPLING_ARGS, int may_sample, int filtered, int num_sms, int max_smem,
+                       int logits_type, const void* q, int q_type, int without_replacement, int64_t n, int64_t m,
+                       int64_t v, XK_EMU_SAMPLING_ARGS, int may_sample, int filtered, int num_sms, int max_smem,
                        int64_t* accept_len, int64_t* path, int64_t* out_tokens, char* message, size_t message_len) {
   using namespace xkernels::cuda;
   Device dev;
@@ -309,7 +309,8 @@ int xk_emu_tree_verify(const int64_t* tokens, const int64_t* parents, const int6
   p.num_nodes = dev.copy(num_nodes, sizeof(int64_t) * n);
   p.logits = dev.copy(static_cast<const char*>(logits), n * m * v * logits_bytes(logits_type));
   p.dtype = static_cast<LogitsType>(logits_type);
-  p.q = dev.copy(q, sizeof(float) * n * m * v);
+  p.q = dev.copy(static_cast<const char*>(q), n * m * v * logits_bytes(q_type));
+  p.q_dtype = static_cast<LogitsType>(q_type);
   p.without_replacement = without_replacement != 0;
   p.n = n, p.m = m, p.v = v, p.num_sms = num_sms;
   p.s = sampling_view(dev, n, XK_EMU_SAMPLING_FORWARD);

@@ -200,6 +200,20 @@ def test_tree_verify_sampled_edge_rows(emu, without_replacement):
             assert torch.equal(a, b)
 
 
+def draft_mass_case(v, where):
+    """Three trees of 7 nodes (bushy) whose q rows hold all their mass, and the logits (float32)
+    most of p's, on the 8 ids of one chunk: the first, one in the middle or the last; every child's
+    token lies in it."""
+    tokens, parents, logits, _ = verify_case(3, 7, v, "bushy", torch.float32, seed=v % 5)
+    start = {"first": 0, "middle": v // 16 * 8, "last": v // 8 * 8 - 8}[where]
+    g = torch.Generator().manual_seed(start)
+    logits[..., start:start + 8] += 12.0
+    q = torch.zeros(3, 7, v)
+    q[..., start:start + 8] = torch.softmax(torch.randn(3, 7, 8, generator=g) * 1.5, -1)
+    tokens[:, 1:] = start + torch.randint(0, 8, (3, 6), generator=g)
+    return tokens, parents, logits, q
+
+
 # max_smem: 227 KB (8 chunks a thread a round), 99 KB (6 at 16-bit logits), 48 KB (2 at 16-bit,
 # 5 at float32), 20,000 bytes (1 at 16-bit, 2 at float32): the rounds of q_stage_depth.
 @pytest.mark.parametrize("dtype,v,max_smem", [(torch.bfloat16, 70008, 227 * 1024), (torch.float32, 20000, 227 * 1024),
@@ -216,14 +230,8 @@ def test_tree_verify_draft_mass_in_one_chunk(emu, dtype, v, max_smem, where):
     both through the copies: a chunk they miss or misplace changes q's sum or the residuals, and the
     walks with it. 4,103 ids: rows read id by id. Every child's token lies in the chunk; nodes with
     children in the middle of the walks (a bushy tree), leaves read no q."""
-    tokens, parents, logits, _ = verify_case(3, 7, v, "bushy", torch.float32, seed=v % 5)
-    start = {"first": 0, "middle": v // 16 * 8, "last": v // 8 * 8 - 8}[where]
-    g = torch.Generator().manual_seed(start)
-    logits[..., start:start + 8] += 12.0
+    tokens, parents, logits, q = draft_mass_case(v, where)
     logits = logits.to(dtype)
-    q = torch.zeros(3, 7, v)
-    q[..., start:start + 8] = torch.softmax(torch.randn(3, 7, 8, generator=g) * 1.5, -1)
-    tokens[:, 1:] = start + torch.randint(0, 8, (3, 6), generator=g)
     for seed in range(3):
         for without_replacement in (False, True):
             got = emu.tree_verify(tokens, parents, logits, q, without_replacement, 1.0, seed, 1, max_smem=max_smem)

@@ -1,0 +1,7 @@
+// tree_verify's walks that cut their rows (top-k, top-p, min-p) on float16 logits with bfloat16 or
+// float16 draft_probs (tree_walk.cuh), apart from the others (tree_filtered_verify_f16_kernel.cu)
+// so that no translation unit compiles for long.
+#include "tree_walk.cuh"
+
+XK_TREE_VERIFY_WALK(__half, __nv_bfloat16, true, true)
+XK_TREE_VERIFY_WALK(__half, __half, true, true)
