@@ -145,9 +145,16 @@ struct SliceStats {
   double mass = 0.0, moment = 0.0;
 };
 
+// Whether a chunk whose largest value (max_nan) is m can move a thread's running argmax, all of
+// whose ids precede the chunk's: only a NaN over a number, a larger number, or any value over the
+// empty state can (ties keep the earlier id).
+__device__ __forceinline__ bool may_move(const ArgMax& top, float m) {
+  return is_nan_f32(m) ? !is_nan_f32(top.val) : m > top.val || top.idx == kNoIndex;
+}
+
+// kWithTotal: a's share of the mass and moment sums, at the thread's running scale.
 template <bool kWithTotal>
-__device__ __forceinline__ void observe_value(SliceStats& s, float a, int32_t id) {
-  argmax_observe(s.top, a, id);
+__device__ __forceinline__ void observe_mass(SliceStats& s, float a) {
   if (!kWithTotal || a == kNegInf) return;
   if (a > s.m) {
     const double f = s.m == kNegInf ? 0.0 : exp(static_cast<double>(s.m) - static_cast<double>(a));
@@ -158,6 +165,12 @@ __device__ __forceinline__ void observe_value(SliceStats& s, float a, int32_t id
   const double e = exp_f32(a - s.m);
   s.mass += e;
   s.moment += e * static_cast<double>(a);
+}
+
+template <bool kWithTotal>
+__device__ __forceinline__ void observe_value(SliceStats& s, float a, int32_t id) {
+  argmax_observe(s.top, a, id);
+  observe_mass<kWithTotal>(s, a);
 }
 
 // What scan_slice shows its caller of what it reads, before any scaling, in each thread's order of
@@ -202,25 +215,37 @@ __device__ void scan_slice(ScanShared& sh, const RowView<T>& r, int64_t begin, i
     for (int u = 0; u < kScanDepth; ++u) {
       const int64_t c = c0 + u * kThreads + threadIdx.x;
       const bool live = c < vector_end;
+      const auto id0 = static_cast<uint32_t>(kIds * c);  // the chunk's first id (ids are int32)
       float a[kIds];
+      float m = kNegInf;
       if (live) {
         unpack<T>(x[u], r.scale, a);
         on_read.chunk(x[u], c);
         if (c + kSliceChunks < vector_end) x[u] = chunks[c + kSliceChunks];
-      }
-      const bool excludes = static_cast<uint64_t>(r.exclude - kIds * c) < static_cast<uint64_t>(kIds);
-      float m = kNegInf;
+        // the excluded id's place in the chunk, or -1: one 64-bit test a chunk
+        const int skip = static_cast<uint64_t>(r.exclude - kIds * c) < static_cast<uint64_t>(kIds)
+                             ? static_cast<int>(r.exclude - kIds * c) : -1;
 #pragma unroll
-      for (int j = 0; j < kIds; ++j) {
-        if (!live || (excludes && kIds * c + j == r.exclude)) a[j] = kNegInf;
-        if (live) observe_value<kWithTotal>(st, a[j], static_cast<int32_t>(kIds * c + j));
-        m = max_nan(m, a[j]);
+        for (int j = 0; j < kIds; ++j) {
+          if (j == skip) a[j] = kNegInf;
+          m = max_nan(m, a[j]);
+        }
+        // the same argmax as observing every id: the others cannot move it (most chunks)
+        if (may_move(st.top, m)) {
+#pragma unroll
+          for (int j = 0; j < kIds; ++j) argmax_observe(st.top, a[j], static_cast<int32_t>(id0 + j));
+        }
+#pragma unroll
+        for (int j = 0; j < kIds; ++j) observe_mass<kWithTotal>(st, a[j]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kIds; ++j) a[j] = kNegInf;
       }
       // most chunks hold no id above the warp's threshold: one ballot settles them
       if (__ballot_sync(kFullMask, m != kNegInf && order_key(m) > wc.tau) == 0) continue;
 #pragma unroll
       for (int j = 0; j < kIds; ++j)
-        offer(buf, wc, order_key(a[j]), static_cast<int32_t>(kIds * c + j), a[j] != kNegInf);
+        offer(buf, wc, order_key(a[j]), static_cast<int32_t>(id0 + j), a[j] != kNegInf);
     }
   }
   const int64_t id_end = kIds * end < r.v ? kIds * end : r.v;
