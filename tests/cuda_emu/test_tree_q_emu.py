@@ -39,6 +39,19 @@ def test_tree_verify_with_16_bit_draft_probs(emu, qdtype, dtype, v, temperature,
         _check(emu, tokens, parents, logits, q, without_replacement, temperature, 11, 2, num_nodes)
 
 
+@pytest.mark.parametrize("qdtype", Q_DTYPES)
+@pytest.mark.parametrize("dtype,v", [(torch.bfloat16, 4104), (torch.float32, 4000), (torch.float16, 4103)])
+def test_tree_verify_residual_draws_from_16_bit_draft_probs(emu, qdtype, dtype, v):
+    """Stars whose children are drawn from a q far from p (most rejected, often all of them): the
+    residual passes and the stop draw from max(p - c q, 0), which every id's q shapes."""
+    tokens, parents, logits, _ = verify_case(4, 9, v, "star", dtype, seed=v % 7)
+    g = torch.Generator().manual_seed(v)
+    q = torch.softmax(torch.randn(4, 9, v, generator=g) * 3, -1)
+    tokens[:, 1:] = torch.multinomial(q[:, 0], 8, replacement=True, generator=g)
+    for seed in range(6):
+        _check(emu, tokens, parents, logits, q.to(qdtype), seed % 2 == 1, 1.0, seed, 3)
+
+
 # The rounds of the q stage (q_stage_depth, at half the bytes a chunk of float32 q's): 8 chunks a
 # thread a round with 227 KB (20,000 float32 ids: 2 rounds of 8-byte copies; 70,008 bf16 ids 3 of
 # 16-byte ones), 16-bit logits at 99 KB, 48 KB (0) and 20,000 bytes (1 chunk at 16-bit logits).
