@@ -1,11 +1,13 @@
-// spiffy_accept on CUDA, one launch, never waiting on the host: a thread block cluster of 8 or 4
-// blocks per sequence (sm_90+; one block below) walks the steps: the step's masked rows are dealt
-// out to its blocks, a block a row (dllm_step's row rule, dllm_row.cuh), on the logits of the block
-// reached; cluster.sync; thread 0 of block 0 applies the selection, looks for a kept draft equal to
-// the new block and lists the next step's rows; cluster.sync. A cluster's blocks are co-scheduled,
-// so they may wait for each other; ordinary blocks could deadlock doing so. The walk's kernel is
-// spiffy_kernels.cuh's; this file launches it unfiltered, spiffy_filtered_accept_[cluster_]<type>_kernel.cu
-// filtered.
+// spiffy_accept on CUDA, two launches, never waiting on the host. First a block a (sequence, node,
+// row) picks the masked rows of the root and of each kept draft at the step the rule fixes for the
+// node (dllm_step's row rule, dllm_row.cuh; spiffy_kernels.cuh's accept_prepared_step): the whole
+// GPU at once. Then a thread block cluster of 8 or 4 blocks per sequence (sm_90+; one block below)
+// walks the steps: a step whose picks were not prepared (a threshold's) has its masked rows dealt
+// out to the team's blocks, a block a row, on the logits of the node reached, then cluster.sync;
+// warp 0 of block 0 applies the selection, looks for a kept draft equal to the new block and lists
+// the next step's rows; cluster.sync. A cluster's blocks are co-scheduled, so they may wait for
+// each other; ordinary blocks could deadlock doing so. Both kernels are spiffy_kernels.cuh's; this
+// file launches them unfiltered, spiffy_filtered_accept_[prepare_|cluster_]<type>_kernel.cu filtered.
 #include "per_device.h"
 #include "spiffy_kernels.cuh"
 
@@ -21,24 +23,49 @@ AcceptWorkspace accept_workspace(const SpiffyAcceptParams& p, void* base, size_t
     used += align_up(size);
     return out;
   };
-  const size_t nl = static_cast<size_t>(p.n * p.l);
+  const size_t nl = static_cast<size_t>(p.n * p.l), nodes = nl * static_cast<size_t>(p.k + 1);
   AcceptWorkspace ws;
-  ws.conf = static_cast<float*>(take(sizeof(float) * nl));
-  ws.x0 = static_cast<int64_t*>(take(sizeof(int64_t) * nl));
+  ws.conf = static_cast<float*>(take(sizeof(float) * nodes));
+  ws.x0 = static_cast<int64_t*>(take(sizeof(int64_t) * nodes));
   ws.chosen = static_cast<uint8_t*>(take(nl));
   ws.rows = static_cast<int64_t*>(take(sizeof(int64_t) * nl));
-  ws.walk = static_cast<AcceptWalk*>(take(sizeof(AcceptWalk) * static_cast<size_t>(p.n)));
+  ws.walk = static_cast<AcceptWalk*>(take(sizeof(AcceptWalk) * 2 * static_cast<size_t>(p.n)));
   *bytes = used;
   return ws;
+}
+
+// Whether the prepare kernel picks the kept drafts' rows as well as the root's: where the walk's
+// teams (n clusters of up to 8 blocks) would cover a small part of the SMs. A team reads a step's
+// R rows in R / 8 rounds; the prepare reads up to n * (k + 1) * R rows a wave of num_sms, so it
+// saves time over walks of S steps where n * (k + 1) < S * num_sms / 8, and it is wasted on the
+// drafts no walk reaches. At n * (k + 1) <= num_sms / 4 it pays from walks of two steps (an
+// estimate: no measurement calibrates it yet).
+bool prepare_drafts(const SpiffyAcceptParams& p) {
+  static PerDevice sms;
+  const int num_sms = sms.get([] {
+    int device = 0, count = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      (void)cudaGetLastError();  // a query's failure is no launch error: nothing prepared
+      return PerDevice::Result{0, false};
+    }
+    return PerDevice::Result{count, true};
+  });
+  return p.n * (p.k + 1) <= num_sms / 4;
 }
 
 template <typename T>
 cudaError_t accept_typed(const SpiffyAcceptParams& p, void* workspace, cudaStream_t stream) {
   size_t bytes = 0;
-  const AcceptWorkspace ws = accept_workspace(p, workspace, &bytes);
+  AcceptWorkspace ws = accept_workspace(p, workspace, &bytes);
+  ws.drafts = prepare_drafts(p);
   // Every row of both logits tensors starts 16-byte aligned (the vector loads of dllm_row.cuh).
   const bool vector_ok = (p.v * sizeof(T)) % 16 == 0 && reinterpret_cast<uintptr_t>(p.root_logits) % 16 == 0 &&
                          reinterpret_cast<uintptr_t>(p.draft_logits) % 16 == 0;
+  // The rows whose step the rule fixes, picked before the walk (spiffy_accept_prepare_kernel).
+  const cudaError_t prepared = p.rule.filtered ? launch_filtered_accept_prepare<T>(p, ws, vector_ok, stream)
+                                               : launch_accept_prepare<T, false>(p, ws, vector_ok, stream);
+  if (prepared != cudaSuccess) return prepared;
   const unsigned blocks = spiffy_accept_blocks(p);
   if (p.rule.filtered)
     return blocks == 1 ? launch_filtered_accept_walk<T, false>(p, ws, blocks, vector_ok, stream)

@@ -8,8 +8,8 @@
 //     rows) finds its cut by row_filter.cuh's radix path, as before the pipeline.
 // The cut and kept fixed-point sum are the radix path's either way, so the drafts and scores are too.
 // The kernels of 1 and 3 (spiffy_filtered_rows.cuh) are instantiated a logits type a file
-// (spiffy_filtered_rows_<type>_kernel.cu), as the filtered accept walk here is
-// (spiffy_filtered_accept_[cluster_]<type>_kernel.cu): they take most of the Spiffy kernels'
+// (spiffy_filtered_rows_<type>_kernel.cu), as the filtered accept walk and its prepare kernel here are
+// (spiffy_filtered_accept_[prepare_|cluster_]<type>_kernel.cu): they take most of the Spiffy kernels'
 // compile time.
 #pragma once
 
@@ -39,6 +39,13 @@ template <typename T>
 void launch_spiffy_filtered_scan(const SpiffyMaterializeParams& p, const FilteredSpace& f, cudaStream_t stream);
 template <typename T>
 void launch_spiffy_filtered_rows(const SpiffyMaterializeParams& p, const FilteredSpace& f, cudaStream_t stream);
+
+// The filtered walk's prepare kernel: every row picked by dllm_filtered_pick.
+template <typename T>
+cudaError_t launch_filtered_accept_prepare(const SpiffyAcceptParams& p, const AcceptWorkspace& ws, bool vector_ok,
+                                           cudaStream_t stream) {
+  return launch_accept_prepare<T, true>(p, ws, vector_ok, stream);
+}
 
 // The filtered walk: every row picked by dllm_filtered_pick.
 template <typename T, bool kCluster>

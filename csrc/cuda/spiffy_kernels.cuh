@@ -1,7 +1,8 @@
 // What the files of the Spiffy CUDA kernels share (spiffy_kernel.cu's split, so that no
 // translation unit compiles for long): the masked rows' reduction of materialize's first pass, and
-// the accept walk, whose kernel template is instantiated unfiltered in spiffy_accept_kernel.cu and
-// filtered in spiffy_filtered_accept_[cluster_]<type>_kernel.cu (each combination in one file only).
+// the accept walk and its prepare kernel, whose templates are instantiated unfiltered in
+// spiffy_accept_kernel.cu and filtered in spiffy_filtered_accept_[prepare_|cluster_]<type>_kernel.cu
+// (each combination in one file only).
 #pragma once
 
 #include <cooperative_groups.h>
@@ -248,7 +249,9 @@ __device__ __forceinline__ bool filtered_row(const SpiffyMaterializeParams& p, i
 }
 
 // What the blocks walking one sequence share between steps, in the workspace (the team's barrier
-// orders it): written by the leader (thread 0 of block 0), read by every thread after the barrier.
+// orders it): written by the leader (warp 0 of block 0), read by every thread after the barrier.
+// Two a sequence, step s's plan in the (s % 2)-th: a step whose rows were prepared has no barrier
+// before the leader plans the next, so a block may still be reading this step's plan then.
 struct AcceptWalk {
   int64_t cur;    // the kept draft the walk stands on; -1: the root
   int64_t count;  // the masked rows of the next step, listed in AcceptWorkspace::rows
@@ -256,11 +259,12 @@ struct AcceptWalk {
 };
 
 struct AcceptWorkspace {
-  float* conf;      // [n, l], a step's confidence of each masked row
-  int64_t* x0;      // [n, l], its pick
+  float* conf;      // [n, k + 1, l], each node's (the root, then the drafts) confidence of each masked row
+  int64_t* x0;      // [n, k + 1, l], its pick
   uint8_t* chosen;  // [n, l], dllm_select's scratch
   int64_t* rows;    // [n, l], the masked rows of the step, ascending
-  AcceptWalk* walk;  // [n]
+  AcceptWalk* walk;  // [n, 2]
+  bool drafts = false;  // the prepare kernel picks the kept drafts' rows too (accept_prepared_step)
 };
 
 // The blocks that walk one sequence: a thread block cluster (kCluster, sm_90+: co-scheduled, so they
@@ -288,84 +292,255 @@ __device__ __forceinline__ void team_sync() {
   }
 }
 
-// The leader's plan of the next step: lists the masked rows of state; the walk stops when none is
+// The masked positions of tokens[0, l), at every lane of the (full) warp.
+__device__ inline int64_t warp_count_masked(const int64_t* tokens, int64_t l, int64_t mask_id) {
+  int64_t count = 0;
+  for (int64_t base = 0; base < l; base += 32) {
+    const int64_t p = base + threadIdx.x % 32;
+    count += __popc(__ballot_sync(kFullMask, p < l && tokens[p] == mask_id));
+  }
+  return count;
+}
+
+// The step at which the walk stands on a node with `count` masked rows when `masked0` rows of the
+// root are masked, where the rule fixes it: 0 at the root; without a threshold each step commits
+// num_unmask tokens (fewer only at a last step, which leaves none masked), so a node is reached
+// after (masked0 - count) / num_unmask steps or never. -1 where the rule does not fix it (a
+// threshold commits a data-dependent number) or the drafts are not prepared (drafts false).
+// spiffy_accept_prepare_kernel picks each node's rows at that step; the walk picks a step's rows
+// itself only where it is not that step.
+__device__ __forceinline__ int64_t accept_prepared_step(const DllmRule& rule, bool drafts, int64_t masked0,
+                                                        int64_t count) {
+  if (count == masked0) return 0;
+  if (!drafts || rule.use_threshold || rule.num_unmask <= 0 || count > masked0 || (masked0 - count) % rule.num_unmask != 0)
+    return -1;
+  return (masked0 - count) / rule.num_unmask;
+}
+
+// The shared memory of a row's pick: the cut's where the walk may filter.
+template <bool kFilter>
+using AcceptShared = std::conditional_t<kFilter, CutShared, char>;
+
+// The pick of masked row q of a node's logits `node` at a step's stream st, by a block: the
+// prepare kernel's and the walk's (the same code, so the same token and confidence).
+template <typename T, bool kFilter>
+__device__ __forceinline__ DllmPick accept_row_pick(AcceptShared<kFilter>& sh, const SpiffyAcceptParams& p,
+                                                    const T* node, int64_t q, const RowSampling& rs, int mass_shift,
+                                                    const RowStream& st, bool vector_ok) {
+  const auto slot = static_cast<uint32_t>(q);
+  if constexpr (kFilter)
+    return dllm_filtered_pick<8>(sh, node + q * p.v, p.v, p.rule.mask_id, rs, mass_shift, st.seed, st.offset_at(slot),
+                                 st.sequence_at(), st.position_at(slot), vector_ok);
+  else
+    return dllm_row_pick(node + q * p.v, p.v, p.rule.mask_id, rs.inv_t, keep_all(), st.seed, st.offset_at(slot),
+                         st.sequence_at(), st.position_at(slot), vector_ok, threadIdx.x, kThreads,
+                         [](auto s, auto empty) { return block_merge_all(s, empty); });
+}
+
+// The logits of node c of sequence n (0: the root, d + 1: draft d).
+template <typename T>
+__device__ __forceinline__ const T* accept_node_logits(const SpiffyAcceptParams& p, int64_t n, int64_t c) {
+  return c == 0 ? static_cast<const T*>(p.root_logits) + n * p.l * p.v
+                : static_cast<const T*>(p.draft_logits) + (n * p.k + c - 1) * p.l * p.v;
+}
+
+// Every (sequence, node, row) a block, before the walk: the masked rows of the root, and with
+// ws.drafts of each kept draft where the rule fixes the step the walk would reach it at
+// (accept_prepared_step), are picked at that step's stream into the node's slots of ws.x0 and
+// ws.conf. All rows at once over the whole GPU, where the walk's team reads a step's rows a few
+// blocks at a time; a draft the walk never reaches is read for nothing (spiffy_accept_kernel.cu
+// asks for the drafts only where the walk's teams leave most of the GPU idle).
+template <typename T, bool kFilter>
+__global__ void __launch_bounds__(kThreads, 1) spiffy_accept_prepare_kernel(SpiffyAcceptParams p, AcceptWorkspace ws,
+                                                                          bool vector_ok) {
+  __shared__ AcceptShared<kFilter> sh;
+  __shared__ int64_t step;
+  const int64_t nodes = ws.drafts ? p.k + 1 : 1, rows = p.n * nodes * p.l;
+  const int mass_shift = cut_mass_shift(p.v);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {  // the same for the whole block
+    const int64_t q = r % p.l, c = r / p.l % nodes, n = r / (p.l * nodes);
+    const int64_t slot = (n * (p.k + 1) + c) * p.l + q;
+    const int64_t* root = p.new_block + n * p.l;  // the block: the walk has not started
+    const int64_t* tokens = c == 0 ? root : p.drafts + (n * p.k + c - 1) * p.l;
+    if (tokens[q] != p.rule.mask_id || (c > 0 && p.node_ids[n * p.k + c - 1] < 0)) continue;
+    if (threadIdx.x < 32) {
+      const int64_t masked0 = warp_count_masked(root, p.l, p.rule.mask_id);
+      const int64_t count = c == 0 ? masked0 : warp_count_masked(tokens, p.l, p.rule.mask_id);
+      const int64_t s = accept_prepared_step(p.rule, ws.drafts, masked0, count);
+      if (threadIdx.x == 0) step = c == 0 || s > 0 ? s : -1;  // a draft is never the walk's step 0
+    }
+    __syncthreads();
+    const int64_t s = step;
+    __syncthreads();  // step is reused by the next row
+    if (s < 0) continue;
+    const RowSampling rs = p.rule.s.row(n);
+    const RowStream st = dllm_step_stream(p.rule.s.stream(n), s, p.l);
+    const DllmPick pick = accept_row_pick<T, kFilter>(sh, p, accept_node_logits<T>(p, n, c), q, rs, mass_shift, st,
+                                                      vector_ok);
+    if (threadIdx.x == 0) ws.x0[slot] = pick.token, ws.conf[slot] = pick.confidence;
+  }
+}
+
+// The leader's work, on warp 0 of the team's block 0 (every lane of it calls each, gets the same
+// results): positions over the lanes, where a thread did all of it in turn, a load at a time.
+
+// The plan of the next step: lists the masked rows of state, ascending; the walk stops when none is
 // left or when committing them all would overflow the outputs (only a row without a softmax can
 // pick the mask token).
-__device__ inline void accept_plan(const int64_t* state, int64_t l, int64_t mask_id, int64_t committed, int64_t* rows,
-                                   AcceptWalk* walk) {
+__device__ inline void warp_accept_plan(const int64_t* state, int64_t l, int64_t mask_id, int64_t committed,
+                                        int64_t* rows, AcceptWalk* walk) {
+  const int lane = threadIdx.x % 32;
   int64_t count = 0;
-  for (int64_t q = 0; q < l; ++q)
-    if (state[q] == mask_id) rows[count++] = q;
-  walk->count = count;
-  walk->done = count == 0 || committed + count > l;
+  for (int64_t base = 0; base < l; base += 32) {
+    const int64_t q = base + lane;
+    const bool masked = q < l && state[q] == mask_id;
+    const unsigned ballot = __ballot_sync(kFullMask, masked);
+    if (masked) rows[count + __popc(ballot & ((1u << lane) - 1u))] = q;
+    count += __popc(ballot);
+  }
+  if (lane == 0) walk->count = count, walk->done = count == 0 || committed + count > l;
+}
+
+// A masked position and its confidence; p < 0: none.
+struct RankedPosition {
+  float conf;
+  int64_t p;
+};
+
+// The first of a and b by dllm_before (a total order: the choice does not depend on the order of
+// the merges, so the warp finds what dllm_select's loop finds).
+__device__ __forceinline__ RankedPosition ranked_first(RankedPosition a, RankedPosition b) {
+  if (b.p < 0) return a;
+  return a.p < 0 || dllm_before(b.conf, b.p, a.conf, a.p) ? b : a;
+}
+
+// The first of the masked positions of state not yet chosen (chosen null: none is), at every lane.
+__device__ inline RankedPosition warp_first_masked(const float* conf, const int64_t* state, const uint8_t* chosen,
+                                                   int64_t l, int64_t mask_id) {
+  RankedPosition best{0.0f, -1};
+  for (int64_t p = threadIdx.x % 32; p < l; p += 32)
+    if (state[p] == mask_id && (chosen == nullptr || !chosen[p])) best = ranked_first(best, RankedPosition{conf[p], p});
+  for (int d = 16; d > 0; d >>= 1)
+    best = ranked_first(best, RankedPosition{__shfl_xor_sync(kFullMask, best.conf, d),
+                                             __shfl_xor_sync(kFullMask, best.p, d)});
+  return best;
+}
+
+// dllm_select (xkernels/dllm.h) on the warp, state both the block and the new block: the same
+// positions chosen, written and listed ascending. Returns how many.
+__device__ inline int64_t warp_dllm_select(const float* conf, int64_t* state, const int64_t* x0, int64_t l,
+                                           const DllmRule& rule, uint8_t* chosen, int64_t* positions,
+                                           int64_t* tokens) {
+  const int lane = threadIdx.x % 32;
+  const RankedPosition best = warp_first_masked(conf, state, nullptr, l, rule.mask_id);
+  if (best.p < 0) return 0;
+  const int64_t masked = warp_count_masked(state, l, rule.mask_id);
+  const int64_t take = rule.use_threshold ? 1 : rule.num_unmask < masked ? rule.num_unmask : masked;
+  for (int64_t p = lane; p < l; p += 32)
+    chosen[p] = rule.use_threshold && state[p] == rule.mask_id && conf[p] > rule.threshold;
+  __syncwarp();
+  if (lane == 0 && take > 0) chosen[best.p] = 1;  // with a threshold, the best at least
+  __syncwarp();
+  if (!rule.use_threshold) {
+    for (int64_t t = 1; t < take; ++t) {  // the best not yet chosen, take times (best was the first)
+      const RankedPosition next = warp_first_masked(conf, state, chosen, l, rule.mask_id);
+      __syncwarp();  // every lane has read chosen
+      if (lane == 0) chosen[next.p] = 1;
+      __syncwarp();
+    }
+  }
+  int64_t count = 0;
+  for (int64_t base = 0; base < l; base += 32) {
+    const int64_t p = base + lane;
+    const bool picked = p < l && chosen[p];
+    const unsigned ballot = __ballot_sync(kFullMask, picked);
+    if (picked) {
+      const int64_t j = count + __popc(ballot & ((1u << lane) - 1u));
+      state[p] = x0[p], positions[j] = p, tokens[j] = x0[p];
+    }
+    count += __popc(ballot);
+  }
+  __syncwarp();  // the new block, to every lane
+  return count;
+}
+
+// spiffy_match (xkernels/spiffy.h) on the warp: the first kept draft equal to block, or -1.
+__device__ inline int64_t warp_spiffy_match(const int64_t* block, const int64_t* drafts, const int64_t* node_ids,
+                                            int64_t k, int64_t l) {
+  for (int64_t d = 0; d < k; ++d) {
+    if (node_ids[d] < 0) continue;
+    bool equal = true;
+    for (int64_t base = 0; base < l && equal; base += 32) {
+      const int64_t p = base + threadIdx.x % 32;
+      equal = __all_sync(kFullMask, p >= l || drafts[d * l + p] == block[p]);
+    }
+    if (equal) return d;
+  }
+  return -1;
 }
 
 // The walk of sequence blockIdx.x / blocks (blocks: the cluster's size with kCluster, else 1). Each
-// step the team's blocks read the masked rows of the node reached, a block a row (its threads over
-// the row, 16 loads of 16 B in flight each: 64 KB a block; dllm_row.cuh's rule), rows dealt out in
-// turn; then the leader applies the selection, looks for a kept draft equal to the new block and
-// plans the next step. Two team barriers a step. kFilter (some sequence may filter): every row is
-// picked by dllm_filtered_pick, each filtered row's cut found on it (two reads of the row, the rows
-// the walk visits only); a kernel of its own, as dllm_row_pick's loads beside the selection spilled.
+// step stands on a node: where spiffy_accept_prepare_kernel picked its masked rows at this step
+// (accept_prepared_step), the leader reads those picks; else the team's blocks read the rows, a
+// block a row (its threads over the row, 16 loads of 16 B in flight each: 64 KB a block; dllm_row.cuh's
+// rule), rows dealt out in turn, and a team barrier hands the picks over. Then the leader applies
+// the selection, looks for a kept draft equal to the new block and plans the next step; a team
+// barrier hands the plan over. kFilter (some sequence may filter): every row is picked by
+// dllm_filtered_pick, each filtered row's cut found on it (two reads of the row); a kernel of its
+// own, as dllm_row_pick's loads beside the selection spilled.
 // 255 registers, no spill (sm_90a), 8 loads in flight a thread in the statistics pass (32 KB an SM).
 template <typename T, bool kCluster, bool kFilter>
 __global__ void __launch_bounds__(kThreads, 1) spiffy_accept_kernel(SpiffyAcceptParams p, AcceptWorkspace ws,
                                                                  unsigned blocks, bool vector_ok) {
-  __shared__ std::conditional_t<kFilter, CutShared, char> sh;
+  __shared__ AcceptShared<kFilter> sh;
   const unsigned rank = team_rank<kCluster>();
   const int64_t n = blockIdx.x / blocks;
-  const bool leader = rank == 0 && threadIdx.x == 0;
   int64_t* state = p.new_block + n * p.l;
-  float* conf = ws.conf + n * p.l;
-  int64_t *x0 = ws.x0 + n * p.l, *rows = ws.rows + n * p.l;
-  AcceptWalk* walk = ws.walk + n;
+  int64_t* rows = ws.rows + n * p.l;
+  AcceptWalk* walk = ws.walk + 2 * n;
   const RowSampling rs = p.rule.s.row(n);
-  const float inv_t = rs.inv_t;
   const int mass_shift = cut_mass_shift(p.v);
   const RowStream stream = p.rule.s.stream(n);
-  int64_t committed = 0;  // the leader's
-  if (leader) {
-    walk->cur = -1;
-    accept_plan(state, p.l, p.rule.mask_id, committed, rows, walk);
+  const bool leader_warp = rank == 0 && threadIdx.x < 32;
+  int64_t committed = 0;  // the leader warp's
+  if (leader_warp) {
+    if (threadIdx.x == 0) walk->cur = -1;
+    warp_accept_plan(state, p.l, p.rule.mask_id, committed, rows, walk);
   }
   team_sync<kCluster>();
   int64_t steps = 0;
   AcceptWalk w = *walk;
+  const int64_t masked0 = w.count;
   for (; !w.done; ++steps) {
-    const T* logits = w.cur < 0 ? static_cast<const T*>(p.root_logits) + n * p.l * p.v
-                                : static_cast<const T*>(p.draft_logits) + (n * p.k + w.cur) * p.l * p.v;
-    const RowStream st = dllm_step_stream(stream, steps, p.l);
-    for (int64_t j = rank; j < w.count; j += blocks) {  // the same for the whole block
-      const int64_t q = rows[j];
-      const auto slot = static_cast<uint32_t>(q);
-      DllmPick pick;
-      if constexpr (kFilter)
-        pick = dllm_filtered_pick<8>(sh, logits + q * p.v, p.v, p.rule.mask_id, rs, mass_shift, st.seed,
-                                  st.offset_at(slot), st.sequence_at(), st.position_at(slot), vector_ok);
-      else
-        pick = dllm_row_pick(logits + q * p.v, p.v, p.rule.mask_id, inv_t, keep_all(), st.seed, st.offset_at(slot),
-                             st.sequence_at(), st.position_at(slot), vector_ok, threadIdx.x, kThreads,
-                             [](auto s, auto empty) { return block_merge_all(s, empty); });
-      if (threadIdx.x == 0) x0[q] = pick.token, conf[q] = pick.confidence;
+    const int64_t node = (n * (p.k + 1) + w.cur + 1) * p.l;  // the node's slots of ws.x0 and ws.conf
+    float* conf = ws.conf + node;
+    int64_t* x0 = ws.x0 + node;
+    if (accept_prepared_step(p.rule, ws.drafts, masked0, w.count) != steps) {  // the same for the whole team
+      const T* logits = accept_node_logits<T>(p, n, w.cur + 1);
+      const RowStream st = dllm_step_stream(stream, steps, p.l);
+      for (int64_t j = rank; j < w.count; j += blocks) {  // the same for the whole block
+        const int64_t q = rows[j];
+        const DllmPick pick = accept_row_pick<T, kFilter>(sh, p, logits, q, rs, mass_shift, st, vector_ok);
+        if (threadIdx.x == 0) x0[q] = pick.token, conf[q] = pick.confidence;
+      }
+      team_sync<kCluster>();  // the picks, to the leader
     }
-    team_sync<kCluster>();  // the picks, to the leader
-    if (leader) {
-      uint8_t* chosen = ws.chosen + n * p.l;
-      dllm_select(conf, state, x0, p.l, p.rule.mask_id, p.rule.num_unmask, p.rule.use_threshold, p.rule.threshold,
-                  chosen, state, p.positions + n * p.l + committed, p.tokens + n * p.l + committed);
-      for (int64_t q = 0; q < p.l; ++q) committed += chosen[q];
-      const int64_t m = spiffy_match(state, p.drafts + n * p.k * p.l, p.node_ids + n * p.k, p.k, p.l);
+    if (leader_warp) {
+      committed += warp_dllm_select(conf, state, x0, p.l, p.rule, ws.chosen + n * p.l, p.positions + n * p.l + committed,
+                                    p.tokens + n * p.l + committed);
+      const int64_t m = warp_spiffy_match(state, p.drafts + n * p.k * p.l, p.node_ids + n * p.k, p.k, p.l);
+      AcceptWalk* next = walk + (steps + 1) % 2;
       if (m < 0) {
-        walk->done = 1;
+        if (threadIdx.x == 0) next->cur = w.cur, next->count = 0, next->done = 1;
       } else {
-        walk->cur = m;
-        accept_plan(state, p.l, p.rule.mask_id, committed, rows, walk);
+        if (threadIdx.x == 0) next->cur = m;
+        warp_accept_plan(state, p.l, p.rule.mask_id, committed, rows, next);
       }
     }
     team_sync<kCluster>();  // the plan, to every block
-    w = *walk;
+    w = walk[(steps + 1) % 2];
   }
-  if (leader) p.num_steps[n] = steps, p.continue_from[n] = w.cur;
+  if (rank == 0 && threadIdx.x == 0) p.num_steps[n] = steps, p.continue_from[n] = w.cur;
 }
 
 // The launch of n sequences a cluster of `blocks` (the attribute lives in *cluster).
@@ -392,6 +567,23 @@ cudaError_t launch_accept_walk(const SpiffyAcceptParams& p, const AcceptWorkspac
     return cudaLaunchKernelEx(&config, spiffy_accept_kernel<T, true, kFilter>, p, ws, blocks, vector_ok);
   }
 }
+
+// The prepare kernel's launch, a block a (sequence, prepared node, row) up to the grid's limit, which
+// it strides.
+template <typename T, bool kFilter>
+cudaError_t launch_accept_prepare(const SpiffyAcceptParams& p, const AcceptWorkspace& ws, bool vector_ok,
+                                  cudaStream_t stream) {
+  const int64_t rows = p.n * (ws.drafts ? p.k + 1 : 1) * p.l;
+  const auto grid = static_cast<unsigned>(rows < 0x7FFFFFFF ? rows : 0x7FFFFFFF);
+  spiffy_accept_prepare_kernel<T, kFilter><<<grid, kThreads, 0, stream>>>(p, ws, vector_ok);
+  return cudaGetLastError();
+}
+
+// launch_accept_prepare<T, true> (spiffy_filtered.cuh; a file a logits type:
+// spiffy_filtered_accept_prepare_<type>_kernel.cu, as the filtered walks' files would each compile it).
+template <typename T>
+cudaError_t launch_filtered_accept_prepare(const SpiffyAcceptParams& p, const AcceptWorkspace& ws, bool vector_ok,
+                                           cudaStream_t stream);
 
 // launch_accept_walk<T, kCluster, true> (spiffy_filtered.cuh; for float, __nv_bfloat16 and __half
 // logits, a file each with clusters and one without: spiffy_filtered_accept_[cluster_]<type>_kernel.cu).

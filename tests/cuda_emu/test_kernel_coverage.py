@@ -22,7 +22,7 @@ KERNELS = {
     "dllm_filtered.cuh": {"dllm_scan_kernel", "dllm_pick_kernel", "dllm_filtered_kernel"},
     "spiffy_materialize_kernel.cu": {"spiffy_rows_kernel", "spiffy_select_kernel", "spiffy_materialize_kernel"},
     "spiffy_filtered_rows.cuh": {"spiffy_scan_kernel", "spiffy_filtered_rows_kernel"},
-    "spiffy_kernels.cuh": {"spiffy_accept_kernel"},
+    "spiffy_kernels.cuh": {"spiffy_accept_prepare_kernel", "spiffy_accept_kernel"},
     "spiffy_mask_kernel.cu": {"spiffy_mask_kernel"},
     "shard_row_stats_kernel.cu": {"shard_row_stats_kernel"},
     "shard_cut_kernel.cu": {"shard_cut_histogram_kernel", "shard_cut_pick_kernel", "shard_cut_candidates_kernel",

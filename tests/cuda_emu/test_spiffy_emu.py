@@ -198,11 +198,12 @@ def test_accept_edge_shapes(emu, clusters, n, length, v, k, masked):
 def test_accept_plan(emu, n, length):
     """What the binding plans: a cluster of 8 blocks a sequence when the device runs clusters and
     all n of them at once (the emulated device: 132 SMs, one block an SM, so 16), else of 4; one
-    block without clusters. The workspace holds per position a confidence, a pick, a byte and a row
-    index, and a walk record a sequence, each region 256-byte aligned."""
+    block without clusters. The workspace holds per position of each node (here the root: k = 0) a
+    confidence and a pick, per position a byte and a row index, and two walk records a sequence (a
+    step's plan and the next's), each region 256-byte aligned."""
     align = lambda b: (b + 255) // 256 * 256  # noqa: E731
     nl = n * length
-    bytes_ = align(4 * nl) + align(8 * nl) + align(nl) + align(8 * nl) + align(24 * n)
+    bytes_ = align(4 * nl) + align(8 * nl) + align(nl) + align(8 * nl) + align(48 * n)
     assert emu.spiffy_accept_plan(n, length, clusters=True) == (8 if n <= 16 else 4, bytes_)
     assert emu.spiffy_accept_plan(n, length, clusters=False) == (1, bytes_)
     assert emu.spiffy_accept_plan(2**31 // 8, 1)[0] == 1  # the grid (n * 8 blocks) would not fit
