@@ -263,6 +263,11 @@ def sampling_params(g, n):
     return out
 
 
+# sampling_mutations' per-row values that an op with an errors flag given (chain_verify_ragged_)
+# reports there, read as off, instead of raising.
+FLAGGED = {"temperature [N] negative", "temperature [N] NaN", "top_k [N] negative", "top_p [N] zero", "min_p [N] 1.5"}
+
+
 def sampling_mutations(args, n):
     """Bad sampling parameters, scalar and per row (a per-row value is checked only where N > 0),
     each blaming the argument it changes."""
@@ -292,14 +297,14 @@ class ChainVerifyRagged(Spec):
     name, schema = "chain_verify_ragged", "chain_verify_ragged_"
     tensors = {"draft_tokens": "ids32", "cu_num_draft_tokens": "ids32", "target_logits": "logits",
                "draft_probs": "probs", "seed": "rng", "offset": "rng", "out": "out_i32", "num_emitted": "out_i32",
-               "logprobs": "out_f32", **SAMPLING_TENSORS}
+               "logprobs": "out_f32", "errors": "out_i32", **SAMPLING_TENSORS}
     primary = "target_logits"
-    optional = ("draft_probs", "out", "num_emitted", "logprobs") + FILTERS
+    optional = ("draft_probs", "out", "num_emitted", "logprobs", "errors") + FILTERS
     huge_dims = {"target_logits": (1,)}
 
     def batch(self, args):
-        cu = args.get("cu_num_draft_tokens")
-        return cu.shape[0] if isinstance(cu, torch.Tensor) and cu.dim() else 0
+        cu = args.get("cu_num_draft_tokens")  # a tensor, or a numpy array (the "as numpy" mutation)
+        return cu.shape[0] if getattr(cu, "ndim", 0) else 0
 
     def valid(self, g):
         n, v = g.int(0, 3), g.int(1, 30)
@@ -318,12 +323,17 @@ class ChainVerifyRagged(Spec):
             width = args["max_spec_len"] + 1
             args.update(out=torch.zeros(n, width, dtype=torch.int32), num_emitted=torch.zeros(n, dtype=torch.int32),
                         logprobs=torch.zeros(n, width))
+        if g.coin(0.3):
+            args["errors"] = torch.zeros(n, dtype=torch.int32)
         return args
 
     def value_mutations(self, g, args):
         d, cu, v = args["draft_tokens"], args["cu_num_draft_tokens"], args["target_logits"].shape[-1]
         n = cu.shape[0]
-        out = _nonfinite_logits(g, args, "target_logits") + self.sampling_mutations(args)
+        flagged = args.get("errors") is not None
+        out = _nonfinite_logits(g, args, "target_logits") + [
+            (what, a, EITHER, names) if flagged and what in FLAGGED else (what, a, kind, names)
+            for what, a, kind, names in self.sampling_mutations(args)]
         for bad in (v, -1, 2**31 - 1):
             if d.numel():
                 out.append((f"draft id {bad}", _set(args, draft_tokens=_poke(d, bad, g=g.g)), RAISE, {"draft_tokens"}))
@@ -379,6 +389,16 @@ class ChainVerifyRagged(Spec):
                                              args["max_spec_len"], **{k: args[k] for k in keys if k in args})
 
 
+def _as_accept_len(args):
+    """args with a mutated num_emitted buffer passed as accept_len (the in-place form's name for it),
+    which call() would otherwise drop in favour of the valid accept_len."""
+    if "num_emitted" not in args:
+        return args
+    args = dict(args)
+    args["accept_len"] = args.pop("num_emitted")
+    return args
+
+
 class ChainVerifyRaggedInPlace(ChainVerifyRagged):
     """chain_verify_ragged_: the same cases, its buffers from the allocating form's arguments (out and
     num_emitted given or zeros of max_spec_len + 1, the latter as accept_len; logprobs as given)."""
@@ -402,9 +422,11 @@ class ChainVerifyRaggedInPlace(ChainVerifyRagged):
                        torch.zeros(n, dtype=torch.int32, device=device) if accept_len is None else accept_len, **args)
 
     def value_mutations(self, g, args):
-        # max_spec_len is the width of out here: its own bad values would be buffers of that width
-        kept = [m for m in super().value_mutations(g, args) if not m[0].startswith(("max_spec_len=", "out too"))]
-        return [(what, a, kind, set(names) | {"accept_len", "out"}) for what, a, kind, names in kept]
+        # max_spec_len is the width of out here: its own bad values would be buffers of that width, and
+        # with out given it is not read at all
+        dropped = ("max_spec_len", "out too") if args.get("out") is not None else ("max_spec_len=", "out too")
+        kept = [m for m in super().value_mutations(g, args) if not m[0].startswith(dropped)]
+        return [(what, _as_accept_len(a), kind, set(names) | {"accept_len", "out"}) for what, a, kind, names in kept]
 
     def check(self, args, out):
         accept_len, toks, *lp = out
