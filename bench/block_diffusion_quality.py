@@ -9,16 +9,17 @@ target it was adapted from, on held-out prompts, greedy, 64 new tokens in blocks
 - next position: how often a step unmasks the position that the previous step's distribution
   ranked most confident among those still masked (Spiffy's first draft, node (0, 0)'s position).
 
-    python bench/block_diffusion_quality.py [--prompts 8]
+    python bench/block_diffusion_quality.py [--prompts 8] [--weights DIR]
 """
 
 import argparse
+from pathlib import Path
 
 import torch
 
 from xkernels import data
 from xkernels.decoding import dllm_generate, generate
-from xkernels.models.shipped import load_block_diffusion, load_target, load_tokenizer
+from xkernels.models.shipped import WEIGHTS, load_block_diffusion, load_target, load_tokenizer
 from xkernels.spiffy import rank_coordinates
 
 
@@ -26,9 +27,11 @@ from xkernels.spiffy import rank_coordinates
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=8, help="held-out prompts per domain")
+    parser.add_argument("--weights", type=Path, default=WEIGHTS,
+                        help="the block diffusion LM's folder (default: the shipped one); the target is the shipped one")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    model, target, tok = load_block_diffusion(), load_target(), load_tokenizer()
+    model, target, tok = load_block_diffusion(args.weights), load_target(), load_tokenizer()
     mask_id = model.cfg.mask_id
     print(f"{'domain':<6} {'AR agrees':>10} {'= AR greedy':>12} {'confidence':>11} {'next position':>14}")
     for domain in data.DOMAINS:

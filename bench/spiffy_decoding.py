@@ -1,14 +1,14 @@
 """Spiffy against vanilla block diffusion decoding on held-out prompts, the shipped model and
-graphs: model calls (NFE, every forward counted), tokens per second, whether the tokens equal
-vanilla's, and where the time goes (the model; outside it: spiffy_materialize, the batched loop's
-attention mask, dllm_step / spiffy_accept with the call's host read, the loop's own), one token
-per step and with threshold unmasking, one prompt at a time (dllm_generate) and all of a domain's
+graphs (or those in --weights): model calls (NFE, every forward counted), tokens per second, whether
+the tokens equal vanilla's, and where the time goes (the model; outside it: spiffy_materialize,
+the batched loop's attention mask, dllm_step / spiffy_accept with the call's host read, the loop's
+own), one token per step and with threshold unmasking, one prompt at a time (dllm_generate) and all of a domain's
 prompts in one batch (dllm_generate_batch). Best of --rounds rounds per mode, the modes taking
 turns within a round (a busy machine's load then weighs on all alike); tokens and NFE are
 deterministic. Writes a markdown results file with --out.
 
     python bench/spiffy_decoding.py [--prompts 4] [--tokens 64] [--keeps 1,2,4,8,16] [--rounds 3]
-        [--threads 1] [--out bench/results/<date>-spiffy-decoding-cpu.md]
+        [--threads 1] [--weights DIR] [--out bench/results/<date>-spiffy-decoding-cpu.md]
 """
 
 import argparse
@@ -23,8 +23,8 @@ import torch
 from xkernels import data
 from xkernels.decoding import dllm_generate, dllm_generate_batch
 from xkernels.demo_diffusion import THRESHOLD, format_shares, phase_shares
-from xkernels.models.shipped import load_block_diffusion, load_tokenizer
-from xkernels.spiffy import SpiffyConfig, shipped_graph
+from xkernels.models.shipped import WEIGHTS, load_block_diffusion, load_tokenizer
+from xkernels.spiffy import DraftGraph, SpiffyConfig
 
 PAPER = "the paper: drafting ~6% and acceptance ~5% of a model call (~11% outside the model)"
 
@@ -89,10 +89,13 @@ def main():
     parser.add_argument("--no-batch", action="store_true", help="skip the batched runs")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, help="write the results as markdown here")
+    parser.add_argument("--weights", type=Path, default=WEIGHTS,
+                        help="the folder of the block diffusion LM and its graphs (default: the shipped ones)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model, tok = load_block_diffusion().to(args.device), load_tokenizer()
-    graphs = {None: shipped_graph(device=args.device), THRESHOLD: shipped_graph(threshold=True, device=args.device)}
+    model, tok = load_block_diffusion(args.weights).to(args.device), load_tokenizer()
+    graphs = {thr: DraftGraph.load(args.weights / name, device=args.device)
+              for thr, name in [(None, "spiffy_graph.json"), (THRESHOLD, "spiffy_graph_threshold.json")]}
     keeps = [int(k) for k in args.keeps.split(",") if k]
     modes = [("vanilla", None, None), ("threshold", THRESHOLD, None)]
     modes += [(f"spiffy-{k}{suffix}", thr, SpiffyConfig(graphs[thr], k))

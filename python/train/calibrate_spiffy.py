@@ -4,10 +4,12 @@ xkernels/models/weights/spiffy_graph.json (one token per step) and spiffy_graph_
 evaluates), greedy, 64 new tokens in blocks of 32.
 
     python python/train/calibrate_spiffy.py [--prompts 24] [--budget 33] [--depth 8] [--objective frequency]
+        [--weights DIR]
 """
 
 import argparse
 import time
+from pathlib import Path
 
 import torch
 
@@ -24,16 +26,18 @@ def main():
     parser.add_argument("--budget", type=int, default=33)
     parser.add_argument("--depth", type=int, default=8)
     parser.add_argument("--objective", choices=OBJECTIVES, default="frequency")
+    parser.add_argument("--weights", type=Path, default=OUT,
+                        help="the block diffusion LM's folder, where the graphs go (default: the shipped one)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    model, tok = load_block_diffusion(), load_tokenizer()
+    model, tok = load_block_diffusion(args.weights), load_tokenizer()
     prompts = calibration_prompts(tok, args.prompts)
     for name, threshold in [("spiffy_graph", None), ("spiffy_graph_threshold", THRESHOLD)]:
         began = time.time()
         graph = calibrate(model, prompts, budget=args.budget, depth=args.depth, block_size=32, max_new_tokens=64,
                           threshold=threshold, objective=args.objective)
         graph.meta["minutes"] = round((time.time() - began) / 60, 1)
-        graph.save(OUT / f"{name}.json")
+        graph.save(args.weights / f"{name}.json")
         print(name, len(graph), "nodes,", len(graph.edges), "edges,", graph.meta["minutes"], "min")
 
 

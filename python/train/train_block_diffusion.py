@@ -11,9 +11,12 @@ batch, so a prompt of any length can end a block.
 
     python python/train/train_block_diffusion.py [--steps 900] [--lr 1e-3]
     python python/train/train_block_diffusion.py --init shipped --steps 1200 --lr 5e-4   # a second stage
+    python python/train/train_block_diffusion.py --init shipped --data distill ...        # distillation
 
-The shipped weights come from the first command (defaults) followed by the second; the model card
-lists the stages.
+--data distill trains on the AR target's greedy continuations of training prompts (distill_corpus.py,
+cached under build/distill/), mixed with the real text at --text-share of each batch's rows; held-out
+loss is always measured on the real held-out text. The model card lists the stages the shipped
+weights come from, each with its command; --out writes a stage elsewhere (to compare before shipping).
 """
 
 import argparse
@@ -21,11 +24,13 @@ import json
 import random
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from common import OUT, fit, plot_losses, token_streams, windows
+from distill_corpus import distilled_streams
 from xkernels.models.block_diffusion import BlockDiffusionConfig, BlockDiffusionLM
 from xkernels.models.shipped import load_block_diffusion, load_config, load_target, save
 
@@ -73,10 +78,23 @@ def main():
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--init", choices=["target", "shipped"], default="target",
                         help="start from the AR target (default) or continue the shipped block diffusion LM")
+    parser.add_argument("--data", choices=["text", "distill"], default="text",
+                        help="the training text: the corpus (default) or the AR target's greedy continuations")
+    parser.add_argument("--distill-prompts", type=int, default=3000, help="--data distill: prompts per domain")
+    parser.add_argument("--text-share", type=float, default=0.0,
+                        help="--data distill: the share of each batch's rows drawn from the real text")
+    parser.add_argument("--out", type=Path, default=OUT, help="where the weights, card and curve go")
+    parser.add_argument("--threads", type=int, help="intra-op threads (default: torch's)")
     args = parser.parse_args()
+    if not 0.0 <= args.text_share <= 1.0:
+        parser.error(f"--text-share must be in [0, 1], got {args.text_share}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     began = time.time()
     train, held = token_streams("train"), token_streams("held_out")
+    distilled = distilled_streams(args.distill_prompts) if args.data == "distill" else None
+    text_rows = BATCH if distilled is None else round(BATCH * args.text_share)
     if args.init == "target":
         cfg = BlockDiffusionConfig(**load_config("target"))
         model = BlockDiffusionLM(cfg)
@@ -89,21 +107,35 @@ def main():
     start_loss = held_out_loss(model.eval(), held)
     model.train()
     rng, gen = random.Random(len(stages)), torch.Generator().manual_seed(len(stages))  # new batches per stage
-    losses = fit(model, args.steps, args.lr,
-                 lambda: loss_of(model, windows(train, BATCH, LENGTH, rng), rng.randrange(cfg.block_size), gen),
+
+    def batch():
+        rows = [windows(train, text_rows, LENGTH, rng)] if text_rows else []
+        if text_rows < BATCH:
+            rows.append(windows(distilled, BATCH - text_rows, LENGTH, rng))
+        return torch.cat(rows)
+
+    losses = fit(model, args.steps, args.lr, lambda: loss_of(model, batch(), rng.randrange(cfg.block_size), gen),
                  "block diffusion")
     model.eval()
     held_loss = held_out_loss(model, held)
-    save(model, cfg.to_dict(), "block_diffusion")
+    save(model, cfg.to_dict(), "block_diffusion", args.out)
     plot = "block_diffusion_loss.png" if not stages else f"block_diffusion_loss_stage{len(stages) + 1}.png"
-    plot_losses({"train": losses}, OUT / plot, "block diffusion LM (masked-token cross-entropy)")
-    stages.append({"loss_curve": plot, "command": " ".join(["python python/train/train_block_diffusion.py"] + sys.argv[1:]),
-                   "init": args.init, "steps": args.steps, "lr": args.lr, "minutes": round((time.time() - began) / 60, 1),
-                   "held_out_loss_at_start": round(start_loss, 3), "held_out_loss": round(held_loss, 3)})
+    plot_losses({"train": losses}, args.out / plot, "block diffusion LM (masked-token cross-entropy)")
+    # The command as it makes the shipped weights: --out changes where they go, not what they are.
+    given = sys.argv[1:]
+    argv = [a for i, a in enumerate(given) if not a.startswith("--out") and (i == 0 or given[i - 1] != "--out")]
+    stage = {"loss_curve": plot, "command": " ".join(["python python/train/train_block_diffusion.py"] + argv),
+             "init": args.init, "data": args.data, "steps": args.steps, "lr": args.lr,
+             "minutes": round((time.time() - began) / 60, 1),
+             "held_out_loss_at_start": round(start_loss, 3), "held_out_loss": round(held_loss, 3)}
+    if distilled is not None:
+        stage.update(distill_prompts_per_domain=args.distill_prompts, text_share=args.text_share,
+                     distill_tokens={d: s.numel() for d, s in distilled.items()})
+    stages.append(stage)
     card = {"batch": BATCH, "length": LENGTH, "block_size": cfg.block_size, "mask_id": cfg.mask_id,
             "held_out_loss": round(held_loss, 3), "parameters": sum(p.numel() for p in model.parameters()),
             "stages": stages}
-    (OUT / "block_diffusion_card.json").write_text(json.dumps(card, indent=1))
+    (args.out / "block_diffusion_card.json").write_text(json.dumps(card, indent=1))
     print(json.dumps(card, indent=1))
 
 
