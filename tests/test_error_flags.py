@@ -1,6 +1,8 @@
-"""chain_verify_ragged_'s asynchronous error flag (issue 44, section 2): each invalid per-row value
-ORs its bit into its request's word (SamplingError), on every device, instead of raising; valid
-values set none; the results are those of the values read as off, as without the flag."""
+"""The asynchronous error flag (issue 44, section 2) of chain_verify_ragged_ (its kernels set it) and
+of dllm_step, the Spiffy ops and the refine ops (param_errors_kernel, a launch of its own): each
+invalid per-row value ORs its bit into its request's word (SamplingError), on every device, instead
+of raising; valid values set none; the results are those of the values read as off, as without the
+flag."""
 import pytest
 import torch
 
@@ -157,6 +159,184 @@ def test_the_flag_is_captured_and_follows_the_replayed_values():
         errors.zero_()
         xkernels.chain_verify_ragged_(drafts, cu, logits, out, accept, draft_probs=q, seed=seed, offset=offset,
                                       errors=errors, **params)
+
+    step()  # warm-up: lazy initialisation must not be captured
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for bad, want in ((NAN, int(SamplingError.TEMPERATURE)), (0.8, 0), (-1.0, int(SamplingError.TEMPERATURE))):
+        params["temperature"][2] = bad
+        graph.replay()
+        torch.cuda.synchronize()
+        assert errors.cpu().tolist() == [0, 0, want, 0]
+
+
+# ---- the ops whose bindings flag the rows (param_errors_kernel on CUDA): a word a sequence
+
+SEQUENCE_OPS = ["dllm_step", "spiffy_materialize", "spiffy_accept", "refine_step", "jacobi_refine",
+                "sequential_refine"]
+STREAMS = dict(seed=[11, 12, 13, 14], offset=[0, 40, 80, 120])
+
+
+def _sequence_case(op, device):
+    """op's call and its reference's on a small case of N sequences, the inputs on `device` made
+    once (a captured call copies nothing): each takes the per-sequence parameters (tensors moved to
+    `device` for the op, none where there already) and errors, and returns its outputs."""
+    from tests.test_dllm import MASK, step_case
+    from tests.test_dllm_sampling import _accept_inputs
+    from tests.test_refine import make_case
+    from tests.test_refine_sampling import call, reference_call
+    from tests.test_spiffy import hand_graph
+    from xkernels import reference
+
+    stream = {} if op == "spiffy_materialize" else {k: torch.tensor(v) for k, v in STREAMS.items()}
+    on_device = {k: v.to(device) for k, v in stream.items()}
+
+    def dev(params):
+        return {**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in params.items()}, **on_device}
+
+    def cpu(params):
+        return {**{k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in params.items()}, **stream}
+
+    if op == "dllm_step":
+        logits, block = step_case(N, 8, 20, seed=1)
+        d_logits, d_block = logits.to(device), block.to(device)
+        return (lambda p, e: xkernels.dllm_step(d_logits, d_block, MASK, num_unmask=2, errors=e, **dev(p)),
+                lambda p, e: reference.dllm_step(logits, block, MASK, 2, errors=e, **cpu(p)))
+    if op == "spiffy_materialize":
+        logits, block = step_case(N, 8, 20, seed=2)
+        g, d_graph, d_logits, d_block = hand_graph(), hand_graph(device), logits.to(device), block.to(device)
+        return (lambda p, e: xkernels.spiffy_materialize(d_logits, d_block, MASK, d_graph, keep=3, errors=e, **dev(p)),
+                lambda p, e: reference.spiffy_materialize(logits, block, MASK, g.ranks, g.child_ptr, g.children, 3,
+                                                          errors=e, **cpu(p)))
+    if op == "spiffy_accept":
+        inputs = _accept_inputs(N, 3)
+        d_inputs = [t.to(device) for t in inputs]
+        return (lambda p, e: xkernels.spiffy_accept(*d_inputs, MASK, errors=e, **dev(p)),
+                lambda p, e: reference.spiffy_accept(*inputs, MASK, errors=e, **cpu(p)))
+    ctx, prev, base, weights = make_case(N, 5, 4, 70, 8, 16, seed=4)
+    d_case = [ctx.to(device), prev.to(device), base.to(device), weights.to(device)]
+    return (lambda p, e: call(op, *d_case, errors=e, **dev(p)),
+            lambda p, e: reference_call(op, ctx, prev, base, weights, errors=e, **cpu(p)))
+
+
+def _assert_same(got, want):
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.cpu(), b.cpu(), rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", SEQUENCE_OPS)
+@pytest.mark.parametrize("name,value,bit", INVALID)
+def test_each_invalid_value_sets_its_bit_per_sequence(device, op, name, value, bit):
+    """Sequence 2 (a sampled one) holds the value; the bit lands in its word on top of the held bits,
+    the reference's words agree, and the results are those of the value read as off."""
+    call, reference_call = _sequence_case(op, device)
+    values = list(VALID[name])
+    values[2] = value
+    params = _params("cpu", **{name: values})
+    errors = torch.tensor([0, 16, 0, 1], dtype=torch.int32, device=device)  # 16: no bit of ours, kept (OR)
+    got = call(params, errors)
+    assert errors.cpu().tolist() == [0, 16, int(bit), 1]
+    off_value = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0)[name]
+    _assert_same(got, call(_params("cpu", **{name: [off_value if i == 2 else v for i, v in enumerate(values)]}), None))
+    ref_errors = torch.zeros(N, dtype=torch.int32)
+    reference_call(params, ref_errors)
+    assert ref_errors.tolist() == [0, 0, int(bit), 0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", SEQUENCE_OPS)
+def test_valid_values_set_no_bit_and_change_nothing_per_sequence(device, op):
+    call, _ = _sequence_case(op, device)
+    for rows in ({}, dict(temperature=[1e-40, 0.0, -0.0, 2.0]), dict(top_k=[2**40, 0, 1, 57])):
+        params = _params("cpu", **rows)
+        errors = torch.zeros(N, dtype=torch.int32, device=device)
+        got = call(params, errors)
+        assert errors.cpu().tolist() == [0] * N
+        _assert_same(got, call(params, None))
+
+
+@pytest.mark.parametrize("op", SEQUENCE_OPS)
+def test_several_bits_the_reference_reads_them_as_off_and_the_cpu_raises_without(op):
+    call, reference_call = _sequence_case(op, "cpu")
+    bad = dict(temperature=[0.5, NAN, 1.0, -1.0], top_k=[-3, -1, 0, 4], top_p=[2.0, 0.5, 1.0, 1.0],
+               min_p=[0.0, 3.0, 0.0, 0.0])
+    off = dict(temperature=[0.5, 0.0, 1.0, 0.0], top_k=[0, 0, 0, 4], top_p=[1.0, 0.5, 1.0, 1.0],
+               min_p=[0.0, 0.0, 0.0, 0.0])
+    e = SamplingError
+    words = [e.TOP_K | e.TOP_P, e.TEMPERATURE | e.TOP_K | e.MIN_P, e(0), e.TEMPERATURE]
+    errors, ref_errors = torch.zeros(N, dtype=torch.int32), torch.zeros(N, dtype=torch.int32)
+    got = call(_params("cpu", **bad), errors)
+    assert [SamplingError(x) for x in errors.tolist()] == words
+    _assert_same(got, call(_params("cpu", **off), None))
+    _assert_same(reference_call(_params("cpu", **bad), ref_errors), reference_call(_params("cpu", **off), None))
+    assert ref_errors.tolist() == errors.tolist()
+    with pytest.raises(RuntimeError, match="temperature"):
+        call(_params("cpu", **bad), None)
+    # scalars are checked on the host: still raised with the flag
+    with pytest.raises(RuntimeError, match="top_p"):
+        call(dict(temperature=torch.ones(N), top_p=1.5), torch.zeros(N, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("op", SEQUENCE_OPS)
+@pytest.mark.parametrize("bad", [torch.zeros(N, dtype=torch.int64), torch.zeros(N + 1, dtype=torch.int32),
+                                 torch.zeros(N, 2, dtype=torch.int32)[:, 0], torch.zeros(N, dtype=torch.int32,
+                                                                                         device="meta")])
+def test_bad_errors_buffer_raises_naming_it_per_sequence(op, bad):
+    call, _ = _sequence_case(op, "cpu")
+    with pytest.raises(RuntimeError, match="errors"):
+        call(_params("cpu"), bad)
+
+
+def _sequence_op_args(op, errors):
+    """op's schema arguments on the CPU, a flagged NaN temperature in sequence 0, then errors."""
+    from tests.test_dllm import MASK, step_case
+    from tests.test_dllm_sampling import _accept_inputs
+    from tests.test_refine import make_case
+    from tests.test_spiffy import hand_graph
+    t = torch.tensor([NAN, 0.7, 1.3, 0.0])
+    k, p, m = torch.tensor([0, 2, 5, 0]), torch.tensor([1.0, 0.8, 0.5, 1.0]), torch.tensor([0.0, 0.1, 0.0, 0.0])
+    sampling = (1.0, t, 0, k, 1.0, p, 0.0, m, 0, torch.tensor([3, 4, 5, 6]), 0, torch.tensor([0, 100, 7, 9]))
+    if op in ("refine_step", "jacobi_refine", "sequential_refine"):
+        ctx, prev, base, weights = make_case(N, 5, 4, 70, 8, 16)
+        tokens = prev if op == "refine_step" else prev[:, :2].contiguous()
+        return (ctx, tokens, base, *weights, *((3,) if op == "jacobi_refine" else ()), *sampling, errors)
+    if op == "spiffy_accept":
+        return (*_accept_inputs(N, 1), MASK, 1, None, *sampling, errors)
+    logits, block = step_case(N, 8, 20, seed=1)
+    if op == "dllm_step":
+        return (logits, block, MASK, 2, None, *sampling, errors)
+    g = hand_graph()
+    return (logits, block, MASK, g.ranks, g.child_ptr, g.children, 3, *sampling[:8], errors)
+
+
+@pytest.mark.parametrize("op", SEQUENCE_OPS)
+def test_opcheck_and_fake_per_sequence(op):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    schema_op = getattr(torch.ops.xkernels, op).default
+    for errors in (torch.zeros(N, dtype=torch.int32), torch.tensor([0, 4, 0, 0], dtype=torch.int32)):
+        torch.library.opcheck(schema_op, _sequence_op_args(op, errors))
+    args = _sequence_op_args(op, torch.zeros(N, dtype=torch.int32))
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+        schema_op(*fake)
+        with pytest.raises(RuntimeError, match="errors"):
+            schema_op(*fake[:-1], mode.from_tensor(torch.zeros(N + 1, dtype=torch.int32)))
+
+
+@pytest.mark.needs_cuda
+@pytest.mark.parametrize("op", SEQUENCE_OPS)
+def test_the_flag_of_each_op_is_captured_and_follows_the_replayed_values(op):
+    """A captured call reads the per-sequence values at each replay and flags them (the flag's
+    launch is in the graph)."""
+    call, _ = _sequence_case(op, "cuda")
+    params = {k: v.cuda() for k, v in _params("cpu").items()}
+    errors = torch.zeros(N, dtype=torch.int32, device="cuda")
+
+    def step():
+        errors.zero_()
+        call(params, errors)
 
     step()  # warm-up: lazy initialisation must not be captured
     graph = torch.cuda.CUDAGraph()

@@ -26,6 +26,13 @@ def _probs_dtype(draft_probs):
                      lambda: f"draft_probs must be float32, bfloat16 or float16, got {draft_probs.dtype}")
 
 
+def _errors(errors, n):
+    """The asynchronous error flag's buffer, when given: int32 [N] (its device checked with the others)."""
+    if errors is not None:
+        torch._check(errors.dtype == torch.int32 and errors.dim() == 1 and errors.shape[0] == n,
+                     lambda: f"errors must be int32 [N] = [{n}], got {errors.dtype} {list(errors.shape)}")
+
+
 @torch.library.register_fake("xkernels::chain_verify")
 def _chain_verify_fake(draft_tokens, target_logits, draft_probs=None, temperature=0.0, seed=0, offset=0,
                        seed_tensor=None, offset_tensor=None):
@@ -54,10 +61,7 @@ def _chain_verify_ragged_fake(draft_tokens, cu_num_draft_tokens, target_logits, 
     _probs_dtype(draft_probs)
     torch._check(draft_tokens.dim() == 1, lambda: "draft_tokens must have shape [T]")
     torch._check(target_logits.dim() == 2, lambda: "target_logits must have shape [T + N, V]")
-    if errors is not None:
-        torch._check(errors.dtype == torch.int32 and errors.dim() == 1
-                     and errors.shape[0] == cu_num_draft_tokens.shape[0],
-                     lambda: f"errors must be int32 [N], got {errors.dtype} {list(errors.shape)}")
+    _errors(errors, cu_num_draft_tokens.shape[0])
     return None  # logprobs and errors may be None: the kernels then neither compute nor write them
 
 
@@ -65,31 +69,33 @@ _WEIGHTS = ("emb", "mix", "w_gate", "w_up", "w_down", "w_read")
 
 
 def _refine_outputs(ctx, base_logits, tokens_like, tokens_name, weights, temperature_tensor, top_k_tensor,
-                    top_p_tensor, min_p_tensor, seed_tensor, offset_tensor):
+                    top_p_tensor, min_p_tensor, seed_tensor, offset_tensor, errors):
     _same_device("ctx", ctx, base_logits=base_logits, **{tokens_name: tokens_like}, **dict(zip(_WEIGHTS, weights)),
                  temperature=temperature_tensor, top_k=top_k_tensor, top_p=top_p_tensor, min_p=min_p_tensor,
-                 seed=seed_tensor, offset=offset_tensor)
+                 seed=seed_tensor, offset=offset_tensor, errors=errors)
     torch._check(ctx.dim() == 3 and base_logits.dim() == 3, lambda: "ctx and base_logits must be 3-D")
     n, d = base_logits.shape[0], base_logits.shape[1]
+    _errors(errors, ctx.shape[0])
     return tokens_like.new_empty((n, d)), ctx.new_empty((n, d))
 
 
 @torch.library.register_fake("xkernels::refine_step")
 def _refine_step_fake(ctx, prev_tokens, base_logits, emb, mix, w_gate, w_up, w_down, w_read, temperature=0.0,
                       temperature_tensor=None, top_k=0, top_k_tensor=None, top_p=1.0, top_p_tensor=None, min_p=0.0,
-                      min_p_tensor=None, seed=0, seed_tensor=None, offset=0, offset_tensor=None):
+                      min_p_tensor=None, seed=0, seed_tensor=None, offset=0, offset_tensor=None, errors=None):
     return _refine_outputs(ctx, base_logits, prev_tokens, "prev_tokens", (emb, mix, w_gate, w_up, w_down, w_read),
-                           temperature_tensor, top_k_tensor, top_p_tensor, min_p_tensor, seed_tensor, offset_tensor)
+                           temperature_tensor, top_k_tensor, top_p_tensor, min_p_tensor, seed_tensor, offset_tensor,
+                           errors)
 
 
 @torch.library.register_fake("xkernels::jacobi_refine")
 def _jacobi_refine_fake(ctx, prefix_tokens, base_logits, emb, mix, w_gate, w_up, w_down, w_read, max_iters,
                         temperature=0.0, temperature_tensor=None, top_k=0, top_k_tensor=None, top_p=1.0,
                         top_p_tensor=None, min_p=0.0, min_p_tensor=None, seed=0, seed_tensor=None, offset=0,
-                        offset_tensor=None):
+                        offset_tensor=None, errors=None):
     tokens, logprobs = _refine_outputs(ctx, base_logits, prefix_tokens, "prefix_tokens",
                                        (emb, mix, w_gate, w_up, w_down, w_read), temperature_tensor, top_k_tensor,
-                                       top_p_tensor, min_p_tensor, seed_tensor, offset_tensor)
+                                       top_p_tensor, min_p_tensor, seed_tensor, offset_tensor, errors)
     return tokens, logprobs, prefix_tokens.new_empty((ctx.shape[0],), dtype=torch.int32)
 
 
@@ -97,9 +103,10 @@ def _jacobi_refine_fake(ctx, prefix_tokens, base_logits, emb, mix, w_gate, w_up,
 def _sequential_refine_fake(ctx, prefix_tokens, base_logits, emb, mix, w_gate, w_up, w_down, w_read,
                             temperature=0.0, temperature_tensor=None, top_k=0, top_k_tensor=None, top_p=1.0,
                             top_p_tensor=None, min_p=0.0, min_p_tensor=None, seed=0, seed_tensor=None, offset=0,
-                            offset_tensor=None):
+                            offset_tensor=None, errors=None):
     return _refine_outputs(ctx, base_logits, prefix_tokens, "prefix_tokens", (emb, mix, w_gate, w_up, w_down, w_read),
-                           temperature_tensor, top_k_tensor, top_p_tensor, min_p_tensor, seed_tensor, offset_tensor)
+                           temperature_tensor, top_k_tensor, top_p_tensor, min_p_tensor, seed_tensor, offset_tensor,
+                           errors)
 
 
 @torch.library.register_fake("xkernels::build_draft_tree")
@@ -150,11 +157,13 @@ def _compact_kv_fake(cache, path, accept_len, prefix_len):
 
 @torch.library.register_fake("xkernels::dllm_step")
 def _dllm_step_fake(logits, block_tokens, mask_id, num_unmask, threshold, temperature, temperature_tensor, top_k,
-                    top_k_tensor, top_p, top_p_tensor, min_p, min_p_tensor, seed, seed_tensor, offset, offset_tensor):
+                    top_k_tensor, top_p, top_p_tensor, min_p, min_p_tensor, seed, seed_tensor, offset, offset_tensor,
+                    errors=None):
     _same_device("logits", logits, block_tokens=block_tokens, temperature=temperature_tensor, top_k=top_k_tensor,
-                 top_p=top_p_tensor, min_p=min_p_tensor, seed=seed_tensor, offset=offset_tensor)
+                 top_p=top_p_tensor, min_p=min_p_tensor, seed=seed_tensor, offset=offset_tensor, errors=errors)
     torch._check(logits.dim() == 3, lambda: "logits must have shape [N, L, V]")
     n, length = logits.shape[0], logits.shape[1]
+    _errors(errors, n)
     return (block_tokens.new_empty((n, length)), block_tokens.new_empty((n, length)),
             block_tokens.new_empty((n, length)), logits.new_empty((n, length), dtype=torch.float32))
 
@@ -162,12 +171,13 @@ def _dllm_step_fake(logits, block_tokens, mask_id, num_unmask, threshold, temper
 @torch.library.register_fake("xkernels::spiffy_materialize")
 def _spiffy_materialize_fake(logits, block_tokens, mask_id, graph_ranks, graph_child_ptr, graph_children, keep,
                              temperature, temperature_tensor, top_k, top_k_tensor, top_p, top_p_tensor, min_p,
-                             min_p_tensor):
+                             min_p_tensor, errors=None):
     _same_device("logits", logits, block_tokens=block_tokens, graph_ranks=graph_ranks, graph_child_ptr=graph_child_ptr,
                  graph_children=graph_children, temperature=temperature_tensor, top_k=top_k_tensor,
-                 top_p=top_p_tensor, min_p=min_p_tensor)
+                 top_p=top_p_tensor, min_p=min_p_tensor, errors=errors)
     torch._check(logits.dim() == 3, lambda: "logits must have shape [N, L, V]")
     n, length = logits.shape[0], logits.shape[1]
+    _errors(errors, n)
     return (block_tokens.new_empty((n, keep, length)), block_tokens.new_empty((n, keep)),
             logits.new_empty((n, keep), dtype=torch.float32))
 
@@ -175,12 +185,13 @@ def _spiffy_materialize_fake(logits, block_tokens, mask_id, graph_ranks, graph_c
 @torch.library.register_fake("xkernels::spiffy_accept")
 def _spiffy_accept_fake(root_logits, draft_logits, draft_blocks, node_ids, block_tokens, mask_id, num_unmask,
                         threshold, temperature, temperature_tensor, top_k, top_k_tensor, top_p, top_p_tensor, min_p,
-                        min_p_tensor, seed, seed_tensor, offset, offset_tensor):
+                        min_p_tensor, seed, seed_tensor, offset, offset_tensor, errors=None):
     _same_device("root_logits", root_logits, draft_logits=draft_logits, draft_blocks=draft_blocks, node_ids=node_ids,
                  block_tokens=block_tokens, temperature=temperature_tensor, top_k=top_k_tensor, top_p=top_p_tensor,
-                 min_p=min_p_tensor, seed=seed_tensor, offset=offset_tensor)
+                 min_p=min_p_tensor, seed=seed_tensor, offset=offset_tensor, errors=errors)
     torch._check(root_logits.dim() == 3, lambda: "root_logits must have shape [N, L, V]")
     n, length = root_logits.shape[0], root_logits.shape[1]
+    _errors(errors, n)
     return (block_tokens.new_empty((n,)), block_tokens.new_empty((n, length)), block_tokens.new_empty((n, length)),
             block_tokens.new_empty((n, length)), block_tokens.new_empty((n,)))
 

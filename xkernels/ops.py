@@ -478,6 +478,9 @@ _REFINE_DOC = {
             a filter draws from the filtered distribution p' (:func:`chain_verify_ragged` states
             it; ``reference.sampling.filtered_probs``), and its log-prob is ``log p'(token)``.
             Greedy rows ignore the filters (the argmax is always kept).
+        errors: optional int32 ``[N]``, a word a sequence: the asynchronous error flag, as
+            :func:`dllm_step` takes it (the invalid per-sequence values flagged and read as off
+            instead of raised; the results unchanged; one small extra launch on CUDA).
 """,
     "raises": """\
         RuntimeError: a tensor of the wrong shape, dtype or device, a token id outside ``[0, V)``
@@ -487,7 +490,7 @@ _REFINE_DOC = {
             ``min_p`` outside [0, 1], or per-sequence tensors of another length, dtype or device:
             each message names the argument. Per-sequence values are checked on the CPU, and on
             CUDA only with ``XKERNELS_CHECK=1``; without it invalid values read as off (a
-            temperature as greedy).
+            temperature as greedy). With ``errors`` they are flagged there, never raised.
         TypeError: ``weights`` is not a ``RefinerWeights``, or an argument is neither a tensor nor
             a DLPack array.
 """,
@@ -522,6 +525,7 @@ def refine_step(
     top_k: IntParam = None,
     top_p: Param = None,
     min_p: Param = None,
+    errors: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """One xPress refinement pass over a block of ``B`` slots whose last ``D`` are drafted.
 
@@ -568,7 +572,8 @@ def refine_step(
     """
     return torch.ops.xkernels.refine_step.default(
         _tensor(ctx, "ctx"), _ids(prev_tokens, "prev_tokens"), _tensor(base_logits, "base_logits"),
-        *_weights(weights), *_sampling_args(temperature, top_k, top_p, min_p, seed, offset, _rows(ctx)))
+        *_weights(weights), *_sampling_args(temperature, top_k, top_p, min_p, seed, offset, _rows(ctx)),
+        _tensor(errors, "errors", optional=True))
 
 
 @_refine_doc
@@ -585,6 +590,7 @@ def jacobi_refine(
     top_k: IntParam = None,
     top_p: Param = None,
     min_p: Param = None,
+    errors: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Jacobi iteration of :func:`refine_step` over a batch, with a per-sequence early stop.
 
@@ -617,7 +623,8 @@ def jacobi_refine(
     """
     return torch.ops.xkernels.jacobi_refine.default(
         _tensor(ctx, "ctx"), _ids(prefix_tokens, "prefix_tokens"), _tensor(base_logits, "base_logits"),
-        *_weights(weights), int(max_iters), *_sampling_args(temperature, top_k, top_p, min_p, seed, offset, _rows(ctx)))
+        *_weights(weights), int(max_iters), *_sampling_args(temperature, top_k, top_p, min_p, seed, offset, _rows(ctx)),
+        _tensor(errors, "errors", optional=True))
 
 
 @_refine_doc
@@ -633,6 +640,7 @@ def sequential_refine(
     top_k: IntParam = None,
     top_p: Param = None,
     min_p: Param = None,
+    errors: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Left-to-right refinement, one drafted slot per step: slot ``d`` is decided from the
     decided slots before it (the DSpark Markov-head decode, which :func:`jacobi_refine` converges
@@ -656,7 +664,8 @@ def sequential_refine(
     """
     return torch.ops.xkernels.sequential_refine.default(
         _tensor(ctx, "ctx"), _ids(prefix_tokens, "prefix_tokens"), _tensor(base_logits, "base_logits"),
-        *_weights(weights), *_sampling_args(temperature, top_k, top_p, min_p, seed, offset, _rows(ctx)))
+        *_weights(weights), *_sampling_args(temperature, top_k, top_p, min_p, seed, offset, _rows(ctx)),
+        _tensor(errors, "errors", optional=True))
 
 
 # ---- draft trees (format: xkernels/tree.py) ----
@@ -886,6 +895,7 @@ def dllm_step(
     min_p: Param = None,
     seed: Seed = 0,
     offset: Seed = 0,
+    errors: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One step of a masked diffusion LM's block decoding: LLaDA's low-confidence unmasking.
 
@@ -922,6 +932,18 @@ def dllm_step(
             ``offset[n]`` by at least ``L`` (:func:`xkernels.offset_advance`), as :func:`spiffy_accept`
             advances it between its steps: reusing a slot silently correlates the calls' noise. A
             one-element 1-D tensor with ``N > 1`` raises.
+        errors: optional int32 ``[N]``, a word a sequence (as the per-sequence parameters),
+            contiguous, on the logits' device: the asynchronous error flag. Each sequence's invalid
+            per-sequence values are OR-ed into its word as :class:`xkernels.errors.SamplingError`
+            bits (1 ``temperature`` NaN, infinite or negative; 2 ``top_k < 0``; 4 ``top_p`` NaN or
+            outside (0, 1]; 8 ``min_p`` NaN or outside [0, 1]) on the device, with no host sync
+            (CUDA-graph capturable), instead of raising, on the CPU as on CUDA (with
+            ``XKERNELS_CHECK=1`` too). They are read as off as without it (a temperature as greedy,
+            ``top_k`` 0, ``top_p`` 1, ``min_p`` 0): the results are the same. Clamped, not flagged:
+            an int64 ``top_k`` past int32 (it keeps every id, as any ``top_k >= V``) and a
+            temperature whose float32 reciprocal overflows (greedy). Zero it before the call (bits
+            accumulate); read it when the step already syncs. On CUDA it costs one small extra
+            launch (a thread a sequence), made only with ``errors`` and a per-sequence tensor.
 
     Returns:
         tuple: ``(new_block, positions, tokens, confidence)``: the block with the chosen positions
@@ -935,22 +957,26 @@ def dllm_step(
             per-sequence tensors of another length, dtype or device, naming the argument;
             ``block_tokens`` holding ids outside ``[0, V)`` other than ``mask_id`` on the CPU, and
             on CUDA with ``XKERNELS_CHECK=1`` (a host sync; unchecked, the kernels only compare and
-            copy them, and invalid per-sequence values read as off, a temperature as greedy).
+            copy them, and invalid per-sequence values read as off, a temperature as greedy). With
+            ``errors`` the per-sequence values are flagged there, never raised, on any device
+            (scalars still raise: they are checked on the host without a sync).
 
     Kernels:
         - CPU: masked rows in parallel (a filtered row's cut as :func:`chain_verify_ragged`'s CPU
           kernel finds it, no sort), then the selection per sequence (the rule shared in
           ``csrc/include/xkernels/dllm.h``).
-        - CUDA: with filters, a block per masked row that samples with one picks its token in two
-          reads of the row (the statistics, then the cut's radix selection over the scaled logits'
-          order-preserving bits, the mask token ranked as -inf, whose gather also draws); blocks
-          over slices of the other masked rows; then a thread per sequence. No host sync,
-          per-sequence tensors read on the device.
+        - CUDA: with filters, the masked rows that sample with one: a block a row reads it once for
+          its best candidates and raw statistics (the scan), a block a row picks the token from the
+          candidates, and only a row they do not settle (top-k past them, ties at the cut, flat
+          rows) takes the radix path (two more reads: the cut's radix selection, then the draw);
+          the other masked rows in slices over the grid, merged by a warp a row; then a thread per
+          sequence selects. No host sync, per-sequence tensors read on the device.
     """
     return torch.ops.xkernels.dllm_step.default(
         _tensor(logits, "logits"), _ids(block_tokens, "block_tokens"), int(mask_id), int(num_unmask),
         None if threshold is None else _scalar(threshold, "threshold"),
-        *_sampling_args(temperature, top_k, top_p, min_p, seed, offset, _rows(logits)))
+        *_sampling_args(temperature, top_k, top_p, min_p, seed, offset, _rows(logits)),
+        _tensor(errors, "errors", optional=True))
 
 
 # ---- Spiffy ----
@@ -967,6 +993,7 @@ def spiffy_materialize(
     top_k: IntParam = None,
     top_p: Param = None,
     min_p: Param = None,
+    errors: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fills a Spiffy draft graph with concrete drafts and keeps the most promising.
 
@@ -990,6 +1017,9 @@ def spiffy_materialize(
             :func:`dllm_step` takes them (scalars or ``[N]`` tensors): ``softmax(logits / T)``
             filtered (a token the filters drop has probability 0, so a node holding it is
             unusable); ``softmax(logits)``, unfiltered, at ``T = 0``.
+        errors: optional int32 ``[N]``, a word a sequence: the asynchronous error flag, as
+            :func:`dllm_step` takes it (the invalid per-sequence values flagged and read as off
+            instead of raised; the results unchanged; one small extra launch on CUDA).
 
     Returns:
         tuple: ``(draft_blocks [N, keep, L], node_ids [N, keep], scores [N, keep])``, int64, int64
@@ -1006,16 +1036,17 @@ def spiffy_materialize(
     Kernels:
         - CPU: rows in parallel (statistics and top 8 tokens), then ranking, scores and selection per
           sequence (``csrc/include/xkernels/spiffy.h``).
-        - CUDA: with filters, a block per masked row whose sequence filters (statistics and top 8
-          tokens, then the cut, whose ranked candidates give the tempered sum over the kept ids);
-          blocks over slices of the other masked rows (statistics, tempered sum, top 8 tokens);
-          then a block per sequence: warps merge the rows, then one block-wide argmax per kept node.
+        - CUDA: every masked row in slices over the grid (statistics, tempered sum, top 8 tokens);
+          with filters, then the filtered rows' scan (a block a slice keeps its best candidates) and
+          a select on those candidates (a block a row: the cut and the kept ids' tempered sum), and
+          the radix path only for a row the candidates do not settle; then a block per sequence:
+          warps merge the rows, then one block-wide argmax per kept node.
     """
     return torch.ops.xkernels.spiffy_materialize.default(
         _tensor(logits, "logits"), _ids(block_tokens, "block_tokens"), int(mask_id),
         _tensor(graph.ranks, "graph.ranks"), _tensor(graph.child_ptr, "graph.child_ptr"),
         _tensor(graph.children, "graph.children"), int(keep),
-        *_sampling_args(temperature, top_k, top_p, min_p, 0, 0)[:8])
+        *_sampling_args(temperature, top_k, top_p, min_p, 0, 0)[:8], _tensor(errors, "errors", optional=True))
 
 
 def spiffy_accept(
@@ -1034,6 +1065,7 @@ def spiffy_accept(
     min_p: Param = None,
     seed: Seed = 0,
     offset: Seed = 0,
+    errors: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Spiffy's verification: commits every step that one-step-per-call decoding would take and
     whose logits the forward already computed.
@@ -1064,6 +1096,9 @@ def spiffy_accept(
             counts the steps taken) or ``offset + num_steps * L`` per request; a call reads at most
             :func:`xkernels.offset_advance` of them (``min(K + 1, L) * L`` per request). Reusing a
             slot silently correlates the calls' noise.
+        errors: optional int32 ``[N]``, a word a sequence: the asynchronous error flag, as
+            :func:`dllm_step` takes it (the invalid per-sequence values flagged and read as off
+            instead of raised; the results unchanged; one small extra launch on CUDA).
 
     Returns:
         tuple: ``(num_steps [N], positions [N, L], tokens [N, L], new_block [N, L], continue_from
@@ -1078,15 +1113,20 @@ def spiffy_accept(
 
     Kernels:
         - CPU: sequences in parallel, each step's rows with :func:`dllm_step`'s row rule.
-        - CUDA: one launch, a thread block cluster of 8 blocks per sequence (sm_90+; a block below)
-          walks the steps, a block a masked row (with filters, the row's cut found in its own
-          reads, as :func:`dllm_step`'s filtered rows), two cluster barriers a step.
+        - CUDA: a prepare kernel first picks, over the whole GPU, the root's masked rows and (where
+          the sequences are few) each kept draft's at the step the walk would reach it at; then a
+          thread block cluster of 8 blocks per sequence (sm_90+; a block below) walks the steps: a
+          step not prepared has its masked rows dealt out a block a row (with filters, the row's
+          cut found in its own reads, as :func:`dllm_step`'s radix path), then warp 0 of block 0
+          selects, matches the new block against the kept drafts and plans the next step; two
+          cluster barriers a step.
     """
     return torch.ops.xkernels.spiffy_accept.default(
         _tensor(root_logits, "root_logits"), _tensor(draft_logits, "draft_logits"),
         _ids(draft_blocks, "draft_blocks"), _tensor(node_ids, "node_ids"), _ids(block_tokens, "block_tokens"),
         int(mask_id), int(num_unmask), None if threshold is None else _scalar(threshold, "threshold"),
-        *_sampling_args(temperature, top_k, top_p, min_p, seed, offset, _rows(root_logits)))
+        *_sampling_args(temperature, top_k, top_p, min_p, seed, offset, _rows(root_logits)),
+        _tensor(errors, "errors", optional=True))
 
 
 def spiffy_attention_mask(
@@ -1302,9 +1342,10 @@ def shard_cut_histogram(
     Kernels:
         - CPU: the rows in parallel, each a scaled copy of the row, then one loop that keys, weighs and
           counts the candidates.
-        - CUDA: one launch, blocks of a row each over a strided slice of its ids into a shared-memory
-          histogram (integer atomics, so any order gives the same sums), then into the row's; no host
-          reads.
+        - CUDA: one launch, several blocks a row, each over a strided share of its 16-byte chunks in
+          rounds of 4 loads in flight a thread, into a shared-memory histogram: a count's lanes of one
+          bucket added by one atomic of their number (ballot), a mass an atomic an id (integer sums,
+          so any order gives the same); then into the row's; no host reads.
     """
     return torch.ops.xkernels.shard_cut_histogram.default(
         _tensor(logits, "logits"), _tensor(scale, "scale"), _tensor(prefix, "prefix"), int(shift), int(vocab_start),
@@ -1355,9 +1396,11 @@ def shard_cut_candidates(
     Kernels:
         - CPU: the rows in parallel, one pass a row into a heap of the lowest keys (a chunk's ids
           tested first against the value of the heap's largest).
-        - CUDA: one launch, a block a row: a radix select of the ``count``-th key in shared memory
-          (8-bit rounds until its bucket is wholly kept, about 2-4 passes for distinct values), one
-          gather pass and a bitonic sort of the kept keys; no host reads.
+        - CUDA: one launch, a block a row. A ``count`` up to 128 in one pass over the row: each warp
+          keeps the keys below its threshold by ballot and raises it when its buffer fills, then the
+          warps' lists merge by rank. A larger one: a radix select of the ``count``-th key in
+          shared memory (8-bit rounds until its bucket is wholly kept, about 2-4 passes for distinct
+          values), one gather pass and a bitonic sort of the kept keys. No host reads.
     """
     return torch.ops.xkernels.shard_cut_candidates.default(
         _tensor(logits, "logits"), _tensor(scale, "scale"), int(count), int(vocab_start), int(ignore_id),

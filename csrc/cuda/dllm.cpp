@@ -1,4 +1,5 @@
-// dllm_step on CUDA: checks, allocation and the launches on the current stream.
+// dllm_step on CUDA: checks, allocation and the launches on the current stream (with `errors`, first
+// param_errors_kernel's).
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
@@ -8,17 +9,21 @@
 #include "../ops/checks.h"
 #include "binding.h"
 #include "dllm_launch.h"
+#include "param_errors_binding.h"
 
 namespace xkernels {
 namespace {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step_cuda(
     const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id, int64_t num_unmask,
-    std::optional<double> threshold, XK_SAMPLING_ARGS) {
+    std::optional<double> threshold, XK_SAMPLING_ARGS, const std::optional<at::Tensor>& errors) {
+  check_devices(logits, "logits", {{errors, "errors"}});  // first, as the op's own tensors
   const auto s = check_dllm_step(logits, block_tokens, num_unmask, threshold);
   if (value_checks_enabled()) check_block_tokens(block_tokens, mask_id, s.v);
-  const SamplingArgs sampling = sampling_args(s.n, logits.device(), XK_SAMPLING_FORWARD);
+  check_errors(errors, s.n);
+  const SamplingArgs sampling = sampling_args(s.n, logits.device(), XK_SAMPLING_FORWARD, !errors.has_value());
   const c10::cuda::CUDAGuard guard(logits.device());
+  cuda::flag_param_errors(sampling, errors, "dllm_step");
   const auto l = logits.contiguous();
   auto [block, new_block, positions, tokens, confidence] = dllm_outputs(logits, block_tokens, s);
   cuda::DllmParams p{};

@@ -1,5 +1,6 @@
 // refine_step, jacobi_refine and sequential_refine on CUDA: checks, allocation, the read's GEMM
-// (cuBLAS through ATen, where the plan does not fuse the read) and the launches on the current stream.
+// (cuBLAS through ATen, where the plan does not fuse the read) and the launches on the current stream
+// (with `errors`, first param_errors_kernel's).
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
@@ -15,6 +16,7 @@
 #include "../ops/refine_read.h"
 #include "../ops/sampling_args.h"
 #include "binding.h"
+#include "param_errors_binding.h"
 #include "refine_launch.h"
 
 namespace xkernels {
@@ -64,15 +66,19 @@ struct Prepared {
 Prepared prepare(const at::Tensor& ctx, const at::Tensor& tokens, const char* tokens_name, bool tokens_are_prefix,
                  const at::Tensor& base_logits, const at::Tensor& emb, const at::Tensor& mix,
                  const at::Tensor& w_gate, const at::Tensor& w_up, const at::Tensor& w_down,
-                 const at::Tensor& w_read, XK_SAMPLING_ARGS) {
+                 const at::Tensor& w_read, XK_SAMPLING_ARGS, const std::optional<at::Tensor>& errors,
+                 const char* op) {
+  check_devices(ctx, "ctx", {{errors, "errors"}});  // first, as the op's own tensors
   const auto s = check_refine(ctx, tokens, tokens_name, tokens_are_prefix, base_logits, emb, mix, w_gate, w_up,
                               w_down, w_read, temperature);
   TORCH_CHECK(s.b <= cuda::kRefineMaxSlots, "ctx: the CUDA kernels take blocks of at most ",
               cuda::kRefineMaxSlots, " slots, got B=", s.b);
   if (value_checks_enabled()) check_token_ids(tokens, s.v, tokens_name);
+  check_errors(errors, s.n);
 
   Prepared out;
-  out.sampling = sampling_args(s.n, ctx.device(), XK_SAMPLING_FORWARD);
+  out.sampling = sampling_args(s.n, ctx.device(), XK_SAMPLING_FORWARD, !errors.has_value());
+  cuda::flag_param_errors(out.sampling, errors, op);
   auto keep = [&](const at::Tensor& t) -> const void* {
     out.keep_alive.push_back(t.contiguous());
     return out.keep_alive.back().const_data_ptr();
@@ -104,10 +110,10 @@ Prepared prepare(const at::Tensor& ctx, const at::Tensor& tokens, const char* to
 
 std::tuple<at::Tensor, at::Tensor> refine_step_cuda(const at::Tensor& ctx, const at::Tensor& prev_tokens,
                                                     const at::Tensor& base_logits, XK_REFINE_WEIGHT_ARGS,
-                                                    XK_SAMPLING_ARGS) {
+                                                    XK_SAMPLING_ARGS, const std::optional<at::Tensor>& errors) {
   const c10::cuda::CUDAGuard guard(ctx.device());
   auto prep = prepare(ctx, prev_tokens, "prev_tokens", false, base_logits, emb, mix, w_gate, w_up, w_down, w_read,
-                      XK_SAMPLING_FORWARD);
+                      XK_SAMPLING_FORWARD, errors, "refine_step");
   const auto& p = prep.params;
   auto tokens = at::empty({p.n, p.d}, prev_tokens.options());
   auto logprobs = at::empty({p.n, p.d}, ctx.options());
@@ -121,11 +127,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> jacobi_refine_cuda(const at::Tens
                                                                   const at::Tensor& prefix_tokens,
                                                                   const at::Tensor& base_logits,
                                                                   XK_REFINE_WEIGHT_ARGS, int64_t max_iters,
-                                                                  XK_SAMPLING_ARGS) {
+                                                                  XK_SAMPLING_ARGS,
+                                                                  const std::optional<at::Tensor>& errors) {
   TORCH_CHECK(max_iters >= 0, "max_iters must be >= 0, got ", max_iters);
   const c10::cuda::CUDAGuard guard(ctx.device());
   auto prep = prepare(ctx, prefix_tokens, "prefix_tokens", true, base_logits, emb, mix, w_gate, w_up, w_down, w_read,
-                      XK_SAMPLING_FORWARD);
+                      XK_SAMPLING_FORWARD, errors, "jacobi_refine");
   const auto& p = prep.params;
   auto tokens = at::empty({p.n, p.d}, prefix_tokens.options());
   auto logprobs = at::empty({p.n, p.d}, ctx.options());
@@ -139,10 +146,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> jacobi_refine_cuda(const at::Tens
 
 std::tuple<at::Tensor, at::Tensor> sequential_refine_cuda(const at::Tensor& ctx, const at::Tensor& prefix_tokens,
                                                           const at::Tensor& base_logits, XK_REFINE_WEIGHT_ARGS,
-                                                          XK_SAMPLING_ARGS) {
+                                                          XK_SAMPLING_ARGS, const std::optional<at::Tensor>& errors) {
   const c10::cuda::CUDAGuard guard(ctx.device());
   auto prep = prepare(ctx, prefix_tokens, "prefix_tokens", true, base_logits, emb, mix, w_gate, w_up, w_down, w_read,
-                      XK_SAMPLING_FORWARD);
+                      XK_SAMPLING_FORWARD, errors, "sequential_refine");
   const auto& p = prep.params;
   auto tokens = at::zeros({p.n, p.d}, prefix_tokens.options());
   auto logprobs = at::empty({p.n, p.d}, ctx.options());

@@ -21,13 +21,13 @@ namespace xkernels {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step(
     const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id, int64_t num_unmask,
-    std::optional<double> threshold, const Sampling& sampling) {
+    std::optional<double> threshold, const Sampling& sampling, const std::optional<at::Tensor>& errors) {
   using T = at::Tensor;
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("xkernels::dllm_step", "")
                        .typed<std::tuple<T, T, T, T>(const T&, const T&, int64_t, int64_t, std::optional<double>,
-                                                     XK_SAMPLING_TYPES)>();
-  return op.call(logits, block_tokens, mask_id, num_unmask, threshold, XK_SAMPLING_OF(sampling));
+                                                     XK_SAMPLING_TYPES, const std::optional<T>&)>();
+  return op.call(logits, block_tokens, mask_id, num_unmask, threshold, XK_SAMPLING_OF(sampling), errors);
 }
 
 DllmShape check_dllm_step(const at::Tensor& logits, const at::Tensor& block_tokens, int64_t num_unmask,

@@ -17,33 +17,38 @@ static auto typed_op(const char* name) {
 }
 
 using T = at::Tensor;
+using Opt = std::optional<at::Tensor>;
 
 std::tuple<at::Tensor, at::Tensor> refine_step(const at::Tensor& ctx, const at::Tensor& prev_tokens,
                                                const at::Tensor& base_logits, const RefinerWeights& w,
-                                               const Sampling& sampling) {
+                                               const Sampling& sampling, const std::optional<at::Tensor>& errors) {
   static auto op = typed_op<std::tuple<T, T>(const T&, const T&, const T&, const T&, const T&, const T&, const T&,
-                                             const T&, const T&, XK_SAMPLING_TYPES)>("xkernels::refine_step");
+                                             const T&, const T&, XK_SAMPLING_TYPES, const Opt&)>(
+      "xkernels::refine_step");
   return op.call(ctx, prev_tokens, base_logits, w.emb, w.mix, w.w_gate, w.w_up, w.w_down, w.w_read,
-                 XK_SAMPLING_OF(sampling));
+                 XK_SAMPLING_OF(sampling), errors);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> jacobi_refine(const at::Tensor& ctx, const at::Tensor& prefix_tokens,
                                                              const at::Tensor& base_logits, const RefinerWeights& w,
-                                                             int64_t max_iters, const Sampling& sampling) {
+                                                             int64_t max_iters, const Sampling& sampling,
+                                                             const std::optional<at::Tensor>& errors) {
   static auto op =
       typed_op<std::tuple<T, T, T>(const T&, const T&, const T&, const T&, const T&, const T&, const T&, const T&,
-                                   const T&, int64_t, XK_SAMPLING_TYPES)>("xkernels::jacobi_refine");
+                                   const T&, int64_t, XK_SAMPLING_TYPES, const Opt&)>("xkernels::jacobi_refine");
   return op.call(ctx, prefix_tokens, base_logits, w.emb, w.mix, w.w_gate, w.w_up, w.w_down, w.w_read, max_iters,
-                 XK_SAMPLING_OF(sampling));
+                 XK_SAMPLING_OF(sampling), errors);
 }
 
 std::tuple<at::Tensor, at::Tensor> sequential_refine(const at::Tensor& ctx, const at::Tensor& prefix_tokens,
                                                      const at::Tensor& base_logits, const RefinerWeights& w,
-                                                     const Sampling& sampling) {
+                                                     const Sampling& sampling,
+                                                     const std::optional<at::Tensor>& errors) {
   static auto op = typed_op<std::tuple<T, T>(const T&, const T&, const T&, const T&, const T&, const T&, const T&,
-                                             const T&, const T&, XK_SAMPLING_TYPES)>("xkernels::sequential_refine");
+                                             const T&, const T&, XK_SAMPLING_TYPES, const Opt&)>(
+      "xkernels::sequential_refine");
   return op.call(ctx, prefix_tokens, base_logits, w.emb, w.mix, w.w_gate, w.w_up, w.w_down, w.w_read,
-                 XK_SAMPLING_OF(sampling));
+                 XK_SAMPLING_OF(sampling), errors);
 }
 
 static void check_weight(const at::Tensor& t, const char* name, std::initializer_list<int64_t> shape,

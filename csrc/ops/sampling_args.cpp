@@ -87,6 +87,14 @@ SamplingArgs sampling_args(int64_t n, const at::Device& device, XK_SAMPLING_ARGS
   return s;
 }
 
+void check_errors(const std::optional<at::Tensor>& errors, int64_t n) {
+  if (!errors.has_value()) return;
+  TORCH_CHECK(errors->scalar_type() == at::kInt, "errors must be int32, got ", errors->scalar_type());
+  TORCH_CHECK(errors->dim() == 1 && errors->size(0) == n, "errors must have shape [N] = [", n, "], got ",
+              errors->sizes());
+  TORCH_CHECK(errors->is_contiguous(), "errors must be contiguous");
+}
+
 SamplingView sampling_view(const SamplingArgs& s) {
   const auto ptr = [](const at::Tensor& t, auto* type) -> decltype(type) {
     return t.defined() ? t.const_data_ptr<std::remove_const_t<std::remove_pointer_t<decltype(type)>>>() : nullptr;

@@ -52,6 +52,11 @@ struct SamplingArgs {
 // instead, xkernels/param_errors.h).
 SamplingArgs sampling_args(int64_t n, const at::Device& device, XK_SAMPLING_ARGS, bool check_rows = true);
 
+// The asynchronous error flag's buffer (an op's `errors`), when given: int32 [n], contiguous, each
+// message naming it (its device: the op's check_devices, first). An op given one flags its per-row
+// values (xkernels/param_errors.h) instead of raising: it passes check_rows = !errors.has_value() above.
+void check_errors(const std::optional<at::Tensor>& errors, int64_t n);
+
 // The arguments as kernels read them (pointers into s's tensors, which must outlive the view).
 SamplingView sampling_view(const SamplingArgs& s);
 

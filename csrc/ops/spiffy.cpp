@@ -18,34 +18,37 @@ namespace xkernels {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> spiffy_materialize(
     const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id, const at::Tensor& graph_ranks,
-    const at::Tensor& graph_child_ptr, const at::Tensor& graph_children, int64_t keep, const Sampling& s) {
+    const at::Tensor& graph_child_ptr, const at::Tensor& graph_children, int64_t keep, const Sampling& s,
+    const std::optional<at::Tensor>& errors) {
   using T = at::Tensor;
   using Opt = std::optional<at::Tensor>;
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("xkernels::spiffy_materialize", "")
                        .typed<std::tuple<T, T, T>(const T&, const T&, int64_t, const T&, const T&, const T&, int64_t,
                                                   double, const Opt&, int64_t, const Opt&, double, const Opt&,
-                                                  double, const Opt&)>();
+                                                  double, const Opt&, const Opt&)>();
   return op.call(logits, block_tokens, mask_id, graph_ranks, graph_child_ptr, graph_children, keep, s.temperature,
-                 s.temperature_tensor, s.top_k, s.top_k_tensor, s.top_p, s.top_p_tensor, s.min_p, s.min_p_tensor);
+                 s.temperature_tensor, s.top_k, s.top_k_tensor, s.top_p, s.top_p_tensor, s.min_p, s.min_p_tensor,
+                 errors);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> spiffy_accept(
     const at::Tensor& root_logits, const at::Tensor& draft_logits, const at::Tensor& draft_blocks,
     const at::Tensor& node_ids, const at::Tensor& block_tokens, int64_t mask_id, int64_t num_unmask,
-    std::optional<double> threshold, const Sampling& sampling) {
+    std::optional<double> threshold, const Sampling& sampling, const std::optional<at::Tensor>& errors) {
   using T = at::Tensor;
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("xkernels::spiffy_accept", "")
                        .typed<std::tuple<T, T, T, T, T>(const T&, const T&, const T&, const T&, const T&, int64_t,
-                                                        int64_t, std::optional<double>, XK_SAMPLING_TYPES)>();
+                                                        int64_t, std::optional<double>, XK_SAMPLING_TYPES,
+                                                        const std::optional<T>&)>();
   return op.call(root_logits, draft_logits, draft_blocks, node_ids, block_tokens, mask_id, num_unmask, threshold,
-                 XK_SAMPLING_OF(sampling));
+                 XK_SAMPLING_OF(sampling), errors);
 }
 
-SamplingArgs spiffy_filter_args(int64_t n, const at::Device& device, XK_SPIFFY_FILTER_ARGS) {
+SamplingArgs spiffy_filter_args(int64_t n, const at::Device& device, XK_SPIFFY_FILTER_ARGS, bool check_rows) {
   return sampling_args(n, device, temperature, temperature_tensor, top_k, top_k_tensor, top_p, top_p_tensor, min_p,
-                       min_p_tensor, 0, std::nullopt, 0, std::nullopt);
+                       min_p_tensor, 0, std::nullopt, 0, std::nullopt, check_rows);
 }
 
 at::Tensor spiffy_attention_mask(const at::Tensor& prefix_lens, int64_t num_drafts, int64_t block_size,

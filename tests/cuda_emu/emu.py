@@ -275,6 +275,16 @@ class CudaEmu:
         self._check(rc, msg)
         return tuple(outs)
 
+    def param_errors(self, errors, temperature=0.0, top_k=None, top_p=None, min_p=None):
+        """param_errors_kernel over errors' N rows: ORs each row's bits of the per-row values ([N]
+        tensors, or scalars, which have none) into errors (int32 [N], in place); returns it."""
+        n = errors.shape[0]
+        stream, _alive = _sampling_args(n, 1, temperature, top_k, top_p, min_p, 0, 0)
+        msg = ctypes.create_string_buffer(1024)
+        rc = self.lib.xk_emu_param_errors(ctypes.c_int64(n), *stream, _ptr(errors), msg, ctypes.c_size_t(len(msg)))
+        self._check(rc, msg)
+        return errors
+
     def spiffy_materialize(self, logits, block, mask_id, graph, keep, temperature=0.0, num_sms=4, top_k=None,
                            top_p=None, min_p=None):
         n, length, v = logits.shape

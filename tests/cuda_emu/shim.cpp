@@ -12,6 +12,7 @@
 #include "chain_verify_launch.h"
 #include "dllm_launch.h"
 #include "cuda_emu.h"
+#include "param_errors_launch.h"
 #include "refine_launch.h"
 #include "row_cut_launch.h"
 #include "shard_cut_launch.h"
@@ -422,6 +423,17 @@ int xk_emu_spiffy_accept(const void* root, const void* draft_logits, int logits_
   copy_out(tokens, p.tokens, sizeof(int64_t) * n * l);
   copy_out(new_block, p.new_block, sizeof(int64_t) * n * l);
   copy_out(continue_from, p.continue_from, sizeof(int64_t) * n);
+  return finish(err, message, message_len);
+}
+
+// The asynchronous error flag of n rows (launch_param_errors): `errors` holds the caller's words,
+// which the kernel ORs into (an exact [n] device copy, so AddressSanitizer flags any write past it).
+int xk_emu_param_errors(int64_t n, XK_EMU_SAMPLING_ARGS, int32_t* errors, char* message, size_t message_len) {
+  Device dev;
+  const xkernels::SamplingView view = sampling_view(dev, n, XK_EMU_SAMPLING_FORWARD);
+  int32_t* words = const_cast<int32_t*>(dev.copy(errors, sizeof(int32_t) * n));
+  const cudaError_t err = xkernels::cuda::launch_param_errors(view, n, words, nullptr);
+  copy_out(errors, words, sizeof(int32_t) * n);
   return finish(err, message, message_len);
 }
 

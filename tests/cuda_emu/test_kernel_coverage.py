@@ -24,6 +24,7 @@ KERNELS = {
     "spiffy_filtered_rows.cuh": {"spiffy_scan_kernel", "spiffy_filtered_rows_kernel"},
     "spiffy_kernels.cuh": {"spiffy_accept_prepare_kernel", "spiffy_accept_kernel"},
     "spiffy_mask_kernel.cu": {"spiffy_mask_kernel"},
+    "param_errors_kernel.cu": {"param_errors_kernel"},
     "shard_row_stats_kernel.cu": {"shard_row_stats_kernel"},
     "shard_cut_kernel.cu": {"shard_cut_histogram_kernel", "shard_cut_pick_kernel", "shard_cut_candidates_kernel",
                             "shard_cut_candidates_one_pass_kernel"},

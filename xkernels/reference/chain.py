@@ -8,7 +8,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from .param_errors import param_errors, read_as_off
+from .param_errors import flagged
 from .sampling import (RowParams, RowStream, filtered_logits, gumbel_argmax, log_weights_of_linear, row_params,
                        row_streams)
 
@@ -163,10 +163,7 @@ def chain_verify_ragged(
     per-row values are OR-ed into it as bits (param_errors) and read as off, as the kernels do."""
     _check_method(method)
     n = cu_num_draft_tokens.shape[0]
-    if errors is not None:
-        bits = param_errors(n, temperature, top_k, top_p, min_p)
-        errors |= bits.to(errors.device)
-        temperature, top_k, top_p, min_p = read_as_off(bits, temperature, top_k, top_p, min_p)
+    temperature, top_k, top_p, min_p = flagged(errors, n, temperature, top_k, top_p, min_p)
     device = target_logits.device
     cu = [0] + [int(c) for c in cu_num_draft_tokens.cpu()]
     params, streams = row_params(n, temperature, top_k, top_p, min_p), row_streams(n, seed, offset)

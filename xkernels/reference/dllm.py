@@ -5,6 +5,7 @@ from dataclasses import replace
 
 import torch
 
+from .param_errors import flagged
 from .sampling import filtered_logits, row_params, row_streams
 
 
@@ -58,7 +59,7 @@ def step_stream(stream, step: int, length: int):
 
 
 def dllm_step(logits, block_tokens, mask_id, num_unmask=1, threshold=None, temperature=0.0, seed=0, offset=0,
-              top_k=None, top_p=None, min_p=None):
+              top_k=None, top_p=None, min_p=None, errors=None):
     """One step of the LLaDA low-confidence rule over a block. For every masked position l of
     sequence n: x0 is drawn from the step distribution p' of sequence n's parameters
     (sampling.filtered_probs of logits with the mask token at -inf) by Gumbel-max:
@@ -70,9 +71,10 @@ def dllm_step(logits, block_tokens, mask_id, num_unmask=1, threshold=None, tempe
     confident one. temperature, top_k, top_p, min_p: scalars or [N] tensors; seed, offset: the
     scalar form or [N] tensors (per request: slot l keyed by (seed[n], offset[n] + l)). Returns
     new_block [N, L], positions [N, L] (the unmasked positions ascending, -1 padded), tokens [N, L]
-    (theirs, -1 padded) and confidence [N, L] float32."""
+    (theirs, -1 padded) and confidence [N, L] float32. errors (int32 [N]): each sequence's invalid
+    per-row values OR-ed into it as bits (param_errors) and read as off, as the kernels do."""
     n, length, _ = logits.shape
-    params = row_params(n, temperature, top_k, top_p, min_p)
+    params = row_params(n, *flagged(errors, n, temperature, top_k, top_p, min_p))
     streams = row_streams(n, seed, offset)
     l = logits.detach().cpu().float()
     block = block_tokens.detach().cpu()

@@ -40,3 +40,13 @@ def read_as_off(bits: torch.Tensor, temperature=0.0, top_k=None, top_p=None, min
 
     return (off(temperature, SamplingError.TEMPERATURE, 0.0), off(top_k, SamplingError.TOP_K, 0),
             off(top_p, SamplingError.TOP_P, 1.0), off(min_p, SamplingError.MIN_P, 0.0))
+
+
+def flagged(errors: Optional[torch.Tensor], n: int, temperature=0.0, top_k=None, top_p=None, min_p=None) -> Tuple:
+    """An op's flag: with errors (int32 [n]), each request's bits OR-ed into it (in place) and
+    (temperature, top_k, top_p, min_p) returned read as off; without it, the values as given."""
+    if errors is None:
+        return temperature, top_k, top_p, min_p
+    bits = param_errors(n, temperature, top_k, top_p, min_p)
+    errors |= bits.to(errors.device)
+    return read_as_off(bits, temperature, top_k, top_p, min_p)

@@ -2,6 +2,7 @@
 
 import torch
 
+from .param_errors import flagged
 from .rng import gumbel_noise, inverse_temperature
 from .sampling import filtered_logits, row_params, row_streams
 
@@ -63,8 +64,11 @@ def refine_logits(ctx, prev_tokens, base_logits, weights) -> torch.Tensor:
 
 
 def refine_step(ctx, prev_tokens, base_logits, weights, temperature=0.0, seed=0, offset=0, top_k=None, top_p=None,
-                min_p=None):
-    """One refinement pass: tokens and log-probabilities of every drafted slot (sample_rows)."""
+                min_p=None, errors=None):
+    """One refinement pass: tokens and log-probabilities of every drafted slot (sample_rows).
+    errors (int32 [N]): each sequence's invalid per-row values OR-ed into it as bits (param_errors)
+    and read as off, as the kernels do; jacobi_refine and sequential_refine take it alike."""
+    temperature, top_k, top_p, min_p = flagged(errors, ctx.shape[0], temperature, top_k, top_p, min_p)
     return sample_rows(refine_logits(ctx, prev_tokens, base_logits, weights), temperature, seed, offset, top_k, top_p,
                        min_p)
 
@@ -75,12 +79,13 @@ def _prev_tokens(prefix_tokens, tokens):
 
 
 def jacobi_refine(ctx, prefix_tokens, base_logits, weights, max_iters, temperature=0.0, seed=0, offset=0, top_k=None,
-                  top_p=None, min_p=None):
+                  top_p=None, min_p=None, errors=None):
     """Jacobi iteration from the drafter's own sample (its base logits, filtered alike); a sequence
     stops after a pass that changes none of its tokens. Every pass reads the same noise. Returns
     tokens, logprobs (of the last pass run) and iters (passes run, int32)."""
     if max_iters < 0:
         raise ValueError("max_iters must be >= 0")
+    temperature, top_k, top_p, min_p = flagged(errors, ctx.shape[0], temperature, top_k, top_p, min_p)
     sampling = (temperature, seed, offset, top_k, top_p, min_p)
     tokens, logprobs = sample_rows(base_logits, *sampling)
     return jacobi_iterate(tokens, logprobs, prefix_tokens, max_iters,
@@ -107,8 +112,9 @@ def jacobi_iterate(tokens, logprobs, prefix_tokens, max_iters, step, early_exit=
 
 
 def sequential_refine(ctx, prefix_tokens, base_logits, weights, temperature=0.0, seed=0, offset=0, top_k=None,
-                      top_p=None, min_p=None):
+                      top_p=None, min_p=None, errors=None):
     """Left-to-right decoding: drafted slot d is decided from the decided slots before it."""
+    temperature, top_k, top_p, min_p = flagged(errors, ctx.shape[0], temperature, top_k, top_p, min_p)
     n, d = base_logits.shape[:2]
     tokens = torch.zeros(n, d, dtype=torch.int64, device=base_logits.device)
     logprobs = torch.zeros(n, d, dtype=torch.float32, device=base_logits.device)

@@ -20,6 +20,14 @@ namespace xkernels {
 // (a captured CUDA graph can advance it), or int64 [N] tensors: a stream per request, keyed by
 // (seed[n], offset[n] + slot) whatever the batch. The defaults are greedy, unfiltered, stream 0:
 //   xkernels::Sampling{.temperature = 0.8, .top_p = 0.9, .seed = 7}
+// `errors`, the trailing argument of every op here that takes a Sampling but tree_verify: the
+// asynchronous error flag, int32 [N] (contiguous, on the logits' device; N: the per-row tensors'
+// length, one a sequence or request). Each row's invalid per-row values are OR-ed into its word as
+// bits (xkernels/param_errors.h: 1 temperature NaN, infinite or negative, 2 top_k < 0, 4 top_p
+// outside (0, 1], 8 min_p outside [0, 1]) instead of raising, on every device, with no host sync;
+// those values read as off (a temperature as greedy) as on unchecked CUDA, so results are unchanged.
+// Scalar values are still checked on the host. Except in chain_verify_ragged_, whose kernel sets
+// the bits, it costs one small launch (a thread a row) where a per-row tensor is given.
 struct Sampling {
   double temperature = 0.0;
   std::optional<at::Tensor> temperature_tensor = std::nullopt;
@@ -68,10 +76,7 @@ std::tuple<at::Tensor, at::Tensor> chain_verify(const at::Tensor& draft_tokens,
 // (accepted drafts plus the correction or bonus token) and, when given, logprobs float32
 // [N, max_spec_len + 1] (log p' of each emitted token under its row's filtered distribution, NaN
 // padded; not computed without it).
-// errors, when given (int32 [N], contiguous): each request's invalid per-row sampling values are
-// OR-ed into its word as bits (xkernels/param_errors.h: 1 temperature NaN, infinite or negative,
-// 2 top_k < 0, 4 top_p outside (0, 1], 8 min_p outside [0, 1]) instead of raising, on every device,
-// with no host sync; those values read as off (a temperature as greedy) as on unchecked CUDA.
+// errors: the asynchronous error flag, a word a request (see Sampling).
 void chain_verify_ragged_(const at::Tensor& draft_tokens, const at::Tensor& cu_num_draft_tokens,
                           const at::Tensor& target_logits, int64_t max_spec_len,
                           const std::optional<at::Tensor>& draft_probs, const Sampling& sampling, bool block,
@@ -95,7 +100,8 @@ struct RefinerWeights {
 // (tokens int64 [N, D], logprobs float32 [N, D]); the [N, D, V] logits are never written.
 std::tuple<at::Tensor, at::Tensor> refine_step(const at::Tensor& ctx, const at::Tensor& prev_tokens,
                                                const at::Tensor& base_logits, const RefinerWeights& weights,
-                                               const Sampling& sampling = {});
+                                               const Sampling& sampling = {},
+                                               const std::optional<at::Tensor>& errors = std::nullopt);
 
 // Jacobi iteration of refine_step from the drafter's own sample, at most max_iters
 // passes; a sequence stops after a pass that changes none of its tokens.
@@ -103,12 +109,14 @@ std::tuple<at::Tensor, at::Tensor> refine_step(const at::Tensor& ctx, const at::
 // slots. Returns (tokens, logprobs, iters int32 [N]: passes run).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> jacobi_refine(
     const at::Tensor& ctx, const at::Tensor& prefix_tokens, const at::Tensor& base_logits,
-    const RefinerWeights& weights, int64_t max_iters, const Sampling& sampling = {});
+    const RefinerWeights& weights, int64_t max_iters, const Sampling& sampling = {},
+    const std::optional<at::Tensor>& errors = std::nullopt);
 
 // Left-to-right refinement, one drafted slot per step: what Jacobi converges to.
 std::tuple<at::Tensor, at::Tensor> sequential_refine(const at::Tensor& ctx, const at::Tensor& prefix_tokens,
                                                      const at::Tensor& base_logits, const RefinerWeights& weights,
-                                                     const Sampling& sampling = {});
+                                                     const Sampling& sampling = {},
+                                                     const std::optional<at::Tensor>& errors = std::nullopt);
 
 // ---- Draft trees. Format: per sequence, nodes 0..M-1 in topological order, node 0 the root
 // (the last committed token); parents int64 [N, M] with parents[:, 0] = -1 and
@@ -156,7 +164,8 @@ void compact_kv_(const at::Tensor& cache, const at::Tensor& path, const at::Tens
 // positions, tokens: int64 [N, L], -1 padded, confidence float32 [N, L], -inf where unmasked).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step(
     const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id, int64_t num_unmask = 1,
-    std::optional<double> threshold = std::nullopt, const Sampling& sampling = {});
+    std::optional<double> threshold = std::nullopt, const Sampling& sampling = {},
+    const std::optional<at::Tensor>& errors = std::nullopt);
 
 // Spiffy (xkernels/spiffy.h has the graph format). Fills the draft graph (graph_ranks int32
 // [G, K, 2], graph_child_ptr int32 [G + 1], graph_children int32 [E]) from the step distribution
@@ -169,7 +178,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step(
 std::tuple<at::Tensor, at::Tensor, at::Tensor> spiffy_materialize(
     const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id, const at::Tensor& graph_ranks,
     const at::Tensor& graph_child_ptr, const at::Tensor& graph_children, int64_t keep,
-    const Sampling& sampling = {});
+    const Sampling& sampling = {}, const std::optional<at::Tensor>& errors = std::nullopt);
 
 // Samples dllm_step's step (num_unmask / threshold, the sampling arguments, the stream of step d as
 // xkernels/dllm.h's dllm_step_stream advances it)
@@ -181,7 +190,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> spiffy_materialize(
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> spiffy_accept(
     const at::Tensor& root_logits, const at::Tensor& draft_logits, const at::Tensor& draft_blocks,
     const at::Tensor& node_ids, const at::Tensor& block_tokens, int64_t mask_id, int64_t num_unmask = 1,
-    std::optional<double> threshold = std::nullopt, const Sampling& sampling = {});
+    std::optional<double> threshold = std::nullopt, const Sampling& sampling = {},
+    const std::optional<at::Tensor>& errors = std::nullopt);
 
 // The attention mask of a forward over [prefix (max_prefix_len keys), real block, num_drafts draft
 // copies] (each block_size): a query sees the prefix keys below prefix_lens[n] and its own copy of
