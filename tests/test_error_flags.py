@@ -160,15 +160,7 @@ def test_the_flag_is_captured_and_follows_the_replayed_values():
         xkernels.chain_verify_ragged_(drafts, cu, logits, out, accept, draft_probs=q, seed=seed, offset=offset,
                                       errors=errors, **params)
 
-    step()  # warm-up: lazy initialisation must not be captured
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    for bad, want in ((NAN, int(SamplingError.TEMPERATURE)), (0.8, 0), (-1.0, int(SamplingError.TEMPERATURE))):
-        params["temperature"][2] = bad
-        graph.replay()
-        torch.cuda.synchronize()
-        assert errors.cpu().tolist() == [0, 0, want, 0]
+    _replays_flag_temperature(step, params, errors)
 
 
 # ---- the ops whose bindings flag the rows (param_errors_kernel on CUDA): a word a sequence
@@ -338,6 +330,12 @@ def test_the_flag_of_each_op_is_captured_and_follows_the_replayed_values(op):
         errors.zero_()
         call(params, errors)
 
+    _replays_flag_temperature(step, params, errors)
+
+
+def _replays_flag_temperature(step, params, errors):
+    """Captures step (which zeroes errors, then calls the op) and replays it with row 2's temperature
+    NaN, valid, then negative: its word must follow each replay's value."""
     step()  # warm-up: lazy initialisation must not be captured
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
