@@ -1,8 +1,8 @@
 """The asynchronous error flag (issue 44, section 2) of chain_verify_ragged_ (its kernels set it) and
-of dllm_step, the Spiffy ops and the refine ops (param_errors_kernel, a launch of its own): each
-invalid per-row value ORs its bit into its request's word (SamplingError), on every device, instead
-of raising; valid values set none; the results are those of the values read as off, as without the
-flag."""
+of tree_verify, dllm_step, the Spiffy ops and the refine ops (param_errors_kernel, a launch of its
+own): each invalid per-row value ORs its bit into its request's word (SamplingError), on every
+device, instead of raising; valid values set none; the results are those of the values read as off,
+as without the flag."""
 import pytest
 import torch
 
@@ -165,7 +165,7 @@ def test_the_flag_is_captured_and_follows_the_replayed_values():
 
 # ---- the ops whose bindings flag the rows (param_errors_kernel on CUDA): a word a sequence
 
-SEQUENCE_OPS = ["dllm_step", "spiffy_materialize", "spiffy_accept", "refine_step", "jacobi_refine",
+SEQUENCE_OPS = ["tree_verify", "dllm_step", "spiffy_materialize", "spiffy_accept", "refine_step", "jacobi_refine",
                 "sequential_refine"]
 STREAMS = dict(seed=[11, 12, 13, 14], offset=[0, 40, 80, 120])
 
@@ -179,6 +179,7 @@ def _sequence_case(op, device):
     from tests.test_refine import make_case
     from tests.test_refine_sampling import call, reference_call
     from tests.test_spiffy import hand_graph
+    from tests.test_tree import verify_case
     from xkernels import reference
 
     stream = {} if op == "spiffy_materialize" else {k: torch.tensor(v) for k, v in STREAMS.items()}
@@ -190,6 +191,11 @@ def _sequence_case(op, device):
     def cpu(params):
         return {**{k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in params.items()}, **stream}
 
+    if op == "tree_verify":
+        case = verify_case(N, 9, 20, "bushy", seed=3)  # tokens, parents, logits, q: children drawn from q
+        d_case = [t.to(device) for t in case]
+        return (lambda p, e: xkernels.tree_verify(*d_case[:3], draft_probs=d_case[3], errors=e, **dev(p)),
+                lambda p, e: reference.tree_verify(*case, errors=e, **cpu(p)))
     if op == "dllm_step":
         logits, block = step_case(N, 8, 20, seed=1)
         d_logits, d_block = logits.to(device), block.to(device)
@@ -287,6 +293,7 @@ def _sequence_op_args(op, errors):
     from tests.test_dllm_sampling import _accept_inputs
     from tests.test_refine import make_case
     from tests.test_spiffy import hand_graph
+    from tests.test_tree import verify_case
     t = torch.tensor([NAN, 0.7, 1.3, 0.0])
     k, p, m = torch.tensor([0, 2, 5, 0]), torch.tensor([1.0, 0.8, 0.5, 1.0]), torch.tensor([0.0, 0.1, 0.0, 0.0])
     sampling = (1.0, t, 0, k, 1.0, p, 0.0, m, 0, torch.tensor([3, 4, 5, 6]), 0, torch.tensor([0, 100, 7, 9]))
@@ -296,6 +303,8 @@ def _sequence_op_args(op, errors):
         return (ctx, tokens, base, *weights, *((3,) if op == "jacobi_refine" else ()), *sampling, errors)
     if op == "spiffy_accept":
         return (*_accept_inputs(N, 1), MASK, 1, None, *sampling, errors)
+    if op == "tree_verify":
+        return (*verify_case(N, 9, 20, "bushy", seed=3), False, torch.tensor([9, 4, 1, 6]), *sampling, errors)
     logits, block = step_case(N, 8, 20, seed=1)
     if op == "dllm_step":
         return (logits, block, MASK, 2, None, *sampling, errors)

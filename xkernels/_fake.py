@@ -139,13 +139,14 @@ def _tree_positions_fake(parents, num_nodes=None):
 def _tree_verify_fake(tokens, parents, target_logits, draft_probs=None, without_replacement=False, num_nodes=None,
                       temperature=0.0, temperature_tensor=None, top_k=0, top_k_tensor=None, top_p=1.0,
                       top_p_tensor=None, min_p=0.0, min_p_tensor=None, seed=0, seed_tensor=None, offset=0,
-                      offset_tensor=None):
+                      offset_tensor=None, errors=None):
     _same_device("target_logits", target_logits, tokens=tokens, parents=parents, draft_probs=draft_probs,
                  num_nodes=num_nodes, temperature=temperature_tensor, top_k=top_k_tensor, top_p=top_p_tensor,
-                 min_p=min_p_tensor, seed=seed_tensor, offset=offset_tensor)
+                 min_p=min_p_tensor, seed=seed_tensor, offset=offset_tensor, errors=errors)
     _probs_dtype(draft_probs)
     torch._check(parents.dim() == 2, lambda: "parents must have shape [N, M]")
     n, m = parents.shape
+    _errors(errors, n)
     return tokens.new_empty((n,)), tokens.new_empty((n, m)), tokens.new_empty((n, m))
 
 

@@ -773,6 +773,7 @@ def tree_verify(
     top_k: IntParam = None,
     top_p: Param = None,
     min_p: Param = None,
+    errors: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Lossless verification of a draft tree in one pass over the rows it visits.
 
@@ -814,6 +815,19 @@ def tree_verify(
         top_k: None, an int or an int32/int64 ``[N]`` tensor; 0 is off.
         top_p: None, a float or a float32 ``[N]`` tensor in (0, 1]; 1 is off.
         min_p: None, a float or a float32 ``[N]`` tensor in [0, 1]; 0 is off.
+        errors: optional int32 ``[N]``, a word a sequence, contiguous, on the logits' device: the
+            asynchronous error flag. Each sequence's invalid per-sequence values are OR-ed into its
+            word as :class:`xkernels.errors.SamplingError` bits (1 ``temperature`` NaN, infinite or
+            negative; 2 ``top_k < 0``; 4 ``top_p`` NaN or outside (0, 1]; 8 ``min_p`` NaN or
+            outside [0, 1]) on the device, with no host sync (CUDA-graph capturable), instead of
+            raising, on the CPU as on CUDA (with ``XKERNELS_CHECK=1`` too). They are read as off as
+            without it (a temperature as greedy, ``top_k`` 0, ``top_p`` 1, ``min_p`` 0): the
+            results are the same. Clamped, not flagged: an int64 ``top_k`` past int32 (it keeps
+            every id, as any ``top_k >= V``) and a temperature whose float32 reciprocal overflows
+            (greedy). The tree's values (``parents``, ``num_nodes``, ``tokens``) are not flagged.
+            Zero it before the call (bits accumulate); read it when the step already syncs. On
+            CUDA it costs one small extra launch (a thread a sequence), made only with ``errors``
+            and a per-sequence tensor.
 
     Returns:
         tuple: ``(accept_len [N], path [N, M], out_tokens [N, M])``, int64: the accepted drafts'
@@ -828,7 +842,9 @@ def tree_verify(
             outside ``[1, M]``; each message names the argument. A token outside ``[0, V)`` raises
             on the CPU; on CUDA such a token is never accepted and an invalid parent ends a walk
             (memory-safe on any values), and invalid per-row values read as off (a temperature as
-            greedy), unless ``XKERNELS_CHECK=1``.
+            greedy), unless ``XKERNELS_CHECK=1``. With ``errors`` the per-sequence values are
+            flagged there, never raised, on any device (scalars still raise: they are checked on
+            the host without a sync).
         TypeError: an argument that is neither a tensor nor a DLPack array, or a scalar of the
             wrong kind.
         ValueError: a ``seed`` or ``offset`` int that does not fit in 64 bits.
@@ -845,7 +861,8 @@ def tree_verify(
         _ids(tokens, "tokens"), _ids(parents, "parents"), _tensor(target_logits, "target_logits"),
         _tensor(draft_probs, "draft_probs", optional=True), bool(without_replacement),
         _tensor(num_nodes, "num_nodes", optional=True),
-        *_sampling_args(temperature, top_k, top_p, min_p, seed, offset, _rows(tokens)))
+        *_sampling_args(temperature, top_k, top_p, min_p, seed, offset, _rows(tokens)),
+        _tensor(errors, "errors", optional=True))
 
 
 def compact_kv_(cache: torch.Tensor, path: torch.Tensor, accept_len: torch.Tensor, prefix_len: int) -> torch.Tensor:

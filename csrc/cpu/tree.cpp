@@ -17,6 +17,7 @@
 #include "draft_probs.h"
 #include "row_reduce.h"
 #include "top_filter.h"
+#include "xkernels/param_errors.h"
 #include "xkernels/tree.h"
 
 namespace xkernels {
@@ -246,16 +247,20 @@ void verify_tree(const VerifyArgs& c, const RowSampling& rs, const RowStream& st
 std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_cpu(
     const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& target_logits,
     const std::optional<at::Tensor>& draft_probs, bool without_replacement,
-    const std::optional<at::Tensor>& num_nodes, XK_SAMPLING_ARGS) {
+    const std::optional<at::Tensor>& num_nodes, XK_SAMPLING_ARGS, const std::optional<at::Tensor>& errors) {
+  check_devices(target_logits, "target_logits", {{errors, "errors"}});  // first, as the op's own tensors
   const int64_t v = check_tree_verify(tokens, parents, target_logits, draft_probs, num_nodes);
   const int64_t n = parents.size(0), m = parents.size(1);
-  const SamplingArgs sampling = sampling_args(n, target_logits.device(), XK_SAMPLING_FORWARD);
+  check_errors(errors, n);
+  // With errors the per-row values are flagged, not raised, as on CUDA.
+  const SamplingArgs sampling = sampling_args(n, target_logits.device(), XK_SAMPLING_FORWARD, !errors.has_value());
   check_tree_values(parents, num_nodes, "parents");
   const auto tok = tokens.contiguous(), par = parents.contiguous(), logits = target_logits.contiguous();
   const auto counts = node_counts(num_nodes.value_or(at::Tensor()), n, m);
   check_tree_tokens(tok, num_nodes, v);
   const VerifyArgs c{m, v, without_replacement};
   const SamplingView view = sampling_view(sampling);
+  if (errors) or_param_errors(view, n, errors->mutable_data_ptr<int32_t>());
   const auto q = draft_probs.has_value() ? draft_probs->contiguous() : at::Tensor();
   const cpu::DraftProbs qp(q, v);
   auto accept_len = at::empty({n}, tokens.options());

@@ -1,4 +1,5 @@
-// The draft-tree ops on CUDA: checks, allocation and the launches on the current stream.
+// The draft-tree ops on CUDA: checks, allocation and the launches on the current stream (tree_verify's
+// with `errors`: first param_errors_kernel's).
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
@@ -8,6 +9,7 @@
 #include "../ops/checks.h"
 #include "../ops/sampling_args.h"
 #include "binding.h"
+#include "param_errors_binding.h"
 #include "tree_launch.h"
 
 namespace xkernels {
@@ -63,15 +65,18 @@ at::Tensor tree_positions_cuda(const at::Tensor& parents, const std::optional<at
 std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_cuda(
     const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& target_logits,
     const std::optional<at::Tensor>& draft_probs, bool without_replacement,
-    const std::optional<at::Tensor>& num_nodes, XK_SAMPLING_ARGS) {
+    const std::optional<at::Tensor>& num_nodes, XK_SAMPLING_ARGS, const std::optional<at::Tensor>& errors) {
+  check_devices(target_logits, "target_logits", {{errors, "errors"}});  // first, as the op's own tensors
   const int64_t v = check_tree_verify(tokens, parents, target_logits, draft_probs, num_nodes);
   const int64_t n = parents.size(0), m = parents.size(1);
+  check_errors(errors, n);
   const c10::cuda::CUDAGuard guard(target_logits.device());
-  const SamplingArgs sampling = sampling_args(n, target_logits.device(), XK_SAMPLING_FORWARD);
+  const SamplingArgs sampling = sampling_args(n, target_logits.device(), XK_SAMPLING_FORWARD, !errors.has_value());
   if (value_checks_enabled()) {
     check_tree_values(parents, num_nodes, "parents");
     check_tree_tokens(tokens, num_nodes, v);
   }
+  cuda::flag_param_errors(sampling, errors, "tree_verify");
   const auto tok = tokens.contiguous(), par = parents.contiguous(), logits = target_logits.contiguous();
   const auto nn = num_nodes.has_value() ? num_nodes->contiguous() : at::Tensor();
   const auto q = draft_probs.has_value() ? draft_probs->contiguous() : at::Tensor();  // read in its dtype

@@ -75,7 +75,8 @@ TORCH_LIBRARY(xkernels, m) {
       "bool without_replacement=False, Tensor? num_nodes=None, float temperature=0.0, "
       "Tensor? temperature_tensor=None, int top_k=0, Tensor? top_k_tensor=None, float top_p=1.0, "
       "Tensor? top_p_tensor=None, float min_p=0.0, Tensor? min_p_tensor=None, int seed=0, Tensor? seed_tensor=None, "
-      "int offset=0, Tensor? offset_tensor=None) -> (Tensor accept_len, Tensor path, Tensor out_tokens)");
+      "int offset=0, Tensor? offset_tensor=None, Tensor(a!)? errors=None) "
+      "-> (Tensor accept_len, Tensor path, Tensor out_tokens)");
   m.def("compact_kv_(Tensor(a!) cache, Tensor path, Tensor accept_len, int prefix_len) -> ()");
   m.def(
       "dllm_step(Tensor logits, Tensor block_tokens, int mask_id, int num_unmask, float? threshold, "

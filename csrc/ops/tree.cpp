@@ -51,11 +51,12 @@ T tree_positions(const T& parents, const Opt& num_nodes) {
 }
 
 std::tuple<T, T, T> tree_verify(const T& tokens, const T& parents, const T& target_logits, const Opt& draft_probs,
-                                bool without_replacement, const Opt& num_nodes, const Sampling& sampling) {
+                                bool without_replacement, const Opt& num_nodes, const Sampling& sampling,
+                                const Opt& errors) {
   static auto op = typed_op<std::tuple<T, T, T>(const T&, const T&, const T&, const Opt&, bool, const Opt&,
-                                                XK_SAMPLING_TYPES)>("xkernels::tree_verify");
+                                                XK_SAMPLING_TYPES, const Opt&)>("xkernels::tree_verify");
   return op.call(tokens, parents, target_logits, draft_probs, without_replacement, num_nodes,
-                 XK_SAMPLING_OF(sampling));
+                 XK_SAMPLING_OF(sampling), errors);
 }
 
 void compact_kv_(const T& cache, const T& path, const T& accept_len, int64_t prefix_len) {

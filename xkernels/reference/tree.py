@@ -6,6 +6,7 @@ from typing import Optional
 
 import torch
 
+from .param_errors import flagged
 from .sampling import filtered_logits, row_params, row_streams
 
 
@@ -91,16 +92,18 @@ def tree_positions(parents: torch.Tensor, num_nodes: Optional[torch.Tensor] = No
 
 
 def tree_verify(tokens, parents, target_logits, draft_probs=None, without_replacement=False, temperature=0.0,
-                seed=0, offset=0, num_nodes=None, top_k=None, top_p=None, min_p=None):
+                seed=0, offset=0, num_nodes=None, top_k=None, top_p=None, min_p=None, errors=None):
     """Walks each tree from the root, accepting children by the rules of csrc/include/xkernels/tree.h,
     against each row's filtered distribution p' (reference/sampling.py's filtered_logits of the
     sequence's parameters: temperature, top_k, top_p, min_p, each a scalar or an [N] tensor). Node i
     owns slot i of the sequence's stream (sampling.RowStream): child c's coin is slot c's, the sample
     at node i uses slot i's Gumbel noise. Returns accept_len [N], path [N, M] (accepted nodes from the
     root, -1 padded) and out_tokens [N, M] (accepted draft tokens, then the correction or bonus
-    token, -1 padded)."""
+    token, -1 padded). errors (int32 [N]): each sequence's invalid per-row values OR-ed into it as
+    bits (param_errors) and read as off, as the kernels do."""
     n, m, v = target_logits.shape
-    params, streams = row_params(n, temperature, top_k, top_p, min_p), row_streams(n, seed, offset)
+    params = row_params(n, *flagged(errors, n, temperature, top_k, top_p, min_p))
+    streams = row_streams(n, seed, offset)
     logits = target_logits.detach().cpu().float()
     toks, par = tokens.detach().cpu(), parents.detach().cpu()
     q_all = None if draft_probs is None else draft_probs.detach().cpu().float()

@@ -20,7 +20,7 @@ namespace xkernels {
 // (a captured CUDA graph can advance it), or int64 [N] tensors: a stream per request, keyed by
 // (seed[n], offset[n] + slot) whatever the batch. The defaults are greedy, unfiltered, stream 0:
 //   xkernels::Sampling{.temperature = 0.8, .top_p = 0.9, .seed = 7}
-// `errors`, the trailing argument of every op here that takes a Sampling but tree_verify: the
+// `errors`, the trailing argument of every op here that takes a Sampling: the
 // asynchronous error flag, int32 [N] (contiguous, on the logits' device; N: the per-row tensors'
 // length, one a sequence or request). Each row's invalid per-row values are OR-ed into its word as
 // bits (xkernels/param_errors.h: 1 temperature NaN, infinite or negative, 2 top_k < 0, 4 top_p
@@ -149,7 +149,8 @@ at::Tensor tree_positions(const at::Tensor& parents, const std::optional<at::Ten
 std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify(
     const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& target_logits,
     const std::optional<at::Tensor>& draft_probs = std::nullopt, bool without_replacement = false,
-    const std::optional<at::Tensor>& num_nodes = std::nullopt, const Sampling& sampling = {});
+    const std::optional<at::Tensor>& num_nodes = std::nullopt, const Sampling& sampling = {},
+    const std::optional<at::Tensor>& errors = std::nullopt);
 
 // In place: the K/V entries prefix_len + path[n, j] of cache [N, H, L, d] move to prefix_len + j,
 // j = 0..accept_len[n] (the root and the accepted nodes, behind the prefix).

@@ -1,6 +1,6 @@
 // The per-request sampling values the ops reject, as bits of one int32 word a request: the
-// asynchronous error flag an engine passes (the sampling ops' `errors` but tree_verify's) in place of
-// the host checks, which would sync on CUDA. The bits name what the host checks would have raised for; the
+// asynchronous error flag an engine passes (the sampling ops' `errors`) in place of the host
+// checks, which would sync on CUDA. The bits name what the host checks would have raised for; the
 // kernels still read each such value as off (SamplingView::row), so the flag changes no result.
 // xkernels/errors.py (SamplingError) and xkernels/reference/param_errors.py state the same.
 #pragma once
