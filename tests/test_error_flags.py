@@ -1,12 +1,13 @@
 """The asynchronous error flag (issue 44, section 2) of chain_verify_ragged_ (its kernels set it) and
-of tree_verify, dllm_step, the Spiffy ops and the refine ops (param_errors_kernel, a launch of its
-own): each invalid per-row value ORs its bit into its request's word (SamplingError), on every
+of tree_verify, dllm_step, the Spiffy ops, the refine ops and shard_row_stats (param_errors_kernel, a
+launch of its own): each invalid per-row value ORs its bit into its request's word (SamplingError), on every
 device, instead of raising; valid values set none; the results are those of the values read as off,
 as without the flag."""
 import pytest
 import torch
 
 import xkernels
+from xkernels import reference
 from xkernels.errors import SamplingError
 from xkernels.reference import chain as ref_chain
 from xkernels.reference import param_errors
@@ -180,7 +181,6 @@ def _sequence_case(op, device):
     from tests.test_refine_sampling import call, reference_call
     from tests.test_spiffy import hand_graph
     from tests.test_tree import verify_case
-    from xkernels import reference
 
     stream = {} if op == "spiffy_materialize" else {k: torch.tensor(v) for k, v in STREAMS.items()}
     on_device = {k: v.to(device) for k, v in stream.items()}
@@ -354,3 +354,90 @@ def _replays_flag_temperature(step, params, errors):
         graph.replay()
         torch.cuda.synchronize()
         assert errors.cpu().tolist() == [0, 0, want, 0]
+
+
+# ---- shard_row_stats: a word a sequence; temperature is its only per-sequence parameter
+
+def _shard_call(device):
+    """shard_row_stats (sampling, with a cut) and its reference on a 4-sequence case, inputs on
+    `device` made once; each takes the temperature [N] and errors and returns the six outputs."""
+    from tests.test_shard_row_stats import per_row_case
+    logits, _, seeds, offsets, cut_value, cut_id = per_row_case()
+    case = dict(sample=True, seed=seeds, offset=offsets, cut_value=cut_value, cut_id=cut_id)
+    d_logits, d_case = logits.to(device), {k: v.to(device) if isinstance(v, torch.Tensor) else v
+                                           for k, v in case.items()}
+    return (lambda t, e: xkernels.shard_row_stats(d_logits, 5, temperature=t.to(device), errors=e, **d_case),
+            lambda t, e: reference.shard_row_stats(logits, 5, temperature=t.cpu(), errors=e, **case))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("value", [v for name, v, _ in INVALID if name == "temperature"])
+def test_shard_row_stats_flags_each_invalid_temperature(device, value):
+    call, reference_call = _shard_call(device)
+    errors = torch.tensor([0, 16, 0, 1], dtype=torch.int32, device=device)  # 16: no bit of ours, kept (OR)
+    got = call(torch.tensor([0.7, 0.0, value, 1.0]), errors)
+    assert errors.cpu().tolist() == [0, 16, int(SamplingError.TEMPERATURE), 1]
+    _assert_same(got, call(torch.tensor([0.7, 0.0, 0.0, 1.0]), None))  # read as greedy
+    ref_errors = torch.zeros(N, dtype=torch.int32)
+    reference_call(torch.tensor([0.7, 0.0, value, 1.0]), ref_errors)
+    assert ref_errors.tolist() == [0, 0, int(SamplingError.TEMPERATURE), 0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_shard_row_stats_valid_temperatures_set_no_bit(device):
+    call, _ = _shard_call(device)
+    for t in ([0.7, 0.0, 1.3, 1.0], [1e-40, 0.0, -0.0, 2.0]):
+        errors = torch.zeros(N, dtype=torch.int32, device=device)
+        got = call(torch.tensor(t), errors)
+        assert errors.cpu().tolist() == [0] * N
+        _assert_same(got, call(torch.tensor(t), None))
+
+
+@pytest.mark.parametrize("bad", [torch.zeros(N, dtype=torch.int64), torch.zeros(N + 1, dtype=torch.int32),
+                                 torch.zeros(N, 2, dtype=torch.int32)[:, 0],
+                                 torch.zeros(N, dtype=torch.int32, device="meta")])
+def test_shard_row_stats_bad_errors_buffer_raises_naming_it(bad):
+    call, _ = _shard_call("cpu")
+    with pytest.raises(RuntimeError, match="errors"):
+        call(torch.ones(N), bad)
+
+
+def test_shard_row_stats_raises_without_errors_and_for_scalars():
+    call, _ = _shard_call("cpu")
+    with pytest.raises(RuntimeError, match="temperature"):
+        call(torch.tensor([1.0, NAN, 1.0, 1.0]), None)
+    with pytest.raises(RuntimeError, match="temperature"):  # a scalar is checked on the host
+        xkernels.shard_row_stats(torch.zeros(N, 3, 8), 0, temperature=-1.0, errors=torch.zeros(N, dtype=torch.int32))
+
+
+def test_shard_row_stats_opcheck_and_fake():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from tests.test_shard_row_stats import per_row_case
+    logits, _, seeds, offsets, cut_value, cut_id = per_row_case()
+    op = torch.ops.xkernels.shard_row_stats.default
+
+    def args(errors):  # temperature_tensor: sequence 0 flagged
+        return (logits, 5, None, None, None, None, -1, True, False, 0.0, 0, 0, seeds, offsets,
+                torch.tensor([NAN, 0.0, 1.3, 1.0]), cut_value, cut_id, errors)
+
+    for errors in (torch.zeros(N, dtype=torch.int32), torch.tensor([0, 4, 0, 0], dtype=torch.int32)):
+        torch.library.opcheck(op, args(errors))
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a
+                for a in args(torch.zeros(N, dtype=torch.int32))]
+        op(*fake)
+        with pytest.raises(RuntimeError, match="errors"):
+            op(*fake[:-1], mode.from_tensor(torch.zeros(N + 1, dtype=torch.int32)))
+
+
+@pytest.mark.needs_cuda
+def test_the_flag_of_shard_row_stats_is_captured_and_follows_the_replayed_values():
+    call, _ = _shard_call("cuda")
+    params = dict(temperature=torch.tensor([0.7, 0.0, 1.3, 1.0], device="cuda"))
+    errors = torch.zeros(N, dtype=torch.int32, device="cuda")
+
+    def step():
+        errors.zero_()
+        call(params["temperature"], errors)
+
+    _replays_flag_temperature(step, params, errors)

@@ -208,11 +208,13 @@ def _spiffy_attention_mask_fake(prefix_lens, num_drafts, block_size, max_prefix_
 @torch.library.register_fake("xkernels::shard_row_stats")
 def _shard_row_stats_fake(logits, vocab_start, rows=None, exclude=None, draft_probs=None, residual_stats=None,
                           ignore_id=-1, sample=False, raw_stats=False, temperature=0.0, seed=0, offset=0,
-                          seed_tensor=None, offset_tensor=None, temperature_tensor=None, cut_value=None, cut_id=None):
+                          seed_tensor=None, offset_tensor=None, temperature_tensor=None, cut_value=None, cut_id=None,
+                          errors=None):
     _same_device("logits", logits, rows=rows, exclude=exclude, draft_probs=draft_probs, residual_stats=residual_stats,
                  seed=seed_tensor, offset=offset_tensor, temperature=temperature_tensor, cut_value=cut_value,
-                 cut_id=cut_id)
+                 cut_id=cut_id, errors=errors)
     torch._check(logits.dim() == 3, lambda: "logits must have shape [N, R, V_local]")
+    _errors(errors, logits.shape[0])
     shape = (logits.shape[0], logits.shape[1] if rows is None else rows.shape[1])
     f = lambda: logits.new_empty(shape, dtype=torch.float32)  # noqa: E731
     i = lambda: logits.new_empty(shape, dtype=torch.int64)  # noqa: E731

@@ -1225,6 +1225,7 @@ def shard_row_stats(
     offset: Seed = 0,
     cut_value: Optional[torch.Tensor] = None,
     cut_id: Optional[torch.Tensor] = None,
+    errors: Optional[torch.Tensor] = None,
 ):
     """The per-shard pass of vocabulary-parallel verification and sampling (:doc:`/guides/tensor_parallel`).
 
@@ -1273,6 +1274,15 @@ def shard_row_stats(
         cut_value, cut_id: optional float32 and int64 (or int32) ``[N, S]``, together: each selected
             row keeps the ids ``x`` with ``a_x > cut_value`` or ``a_x == cut_value`` and ``x <= cut_id``
             (global ids; ``sampling_params.h`` ``filter_keeps``).
+        errors: optional int32 ``[N]``, a word a sequence, contiguous, on the logits' device: the
+            asynchronous error flag. A per-sequence ``temperature`` that is NaN, infinite or
+            negative ORs :class:`xkernels.errors.SamplingError` ``TEMPERATURE`` (1) into its
+            sequence's word on the device, with no host sync (CUDA-graph capturable), instead of
+            raising, on the CPU as on CUDA (with ``XKERNELS_CHECK=1`` too), and is read as greedy,
+            as without it: the results are the same. Clamped, not flagged: a temperature whose
+            float32 reciprocal overflows (greedy). The cut's values are not flagged. Zero it before
+            the call (bits accumulate). On CUDA it costs one small extra launch (a thread a
+            sequence), made only with ``errors`` and a ``temperature`` tensor.
 
     Returns:
         tuple: ``(row_max, row_sum, top_id, pick_score, pick_id, pick_logit)``, each ``[N, S]``
@@ -1281,8 +1291,8 @@ def shard_row_stats(
     Raises:
         RuntimeError: a tensor of the wrong shape, dtype or device, ``sample`` at ``T = 0``, a
             missing ``residual_stats``, a ``cut_value`` without ``cut_id``, or a bad ``temperature``
-            (per-row values checked on the CPU, and on CUDA with ``XKERNELS_CHECK=1``), naming the
-            argument.
+            (per-row values checked on the CPU, and on CUDA with ``XKERNELS_CHECK=1``; with
+            ``errors``, flagged there instead, on any device), naming the argument.
         ValueError: a ``seed`` or ``offset`` int that does not fit in 64 bits.
         TypeError: an argument that is neither a tensor nor a DLPack array.
 
@@ -1302,7 +1312,8 @@ def shard_row_stats(
         _tensor(exclude, "exclude", optional=True), _tensor(draft_probs, "draft_probs", optional=True),
         _tensor(residual_stats, "residual_stats", optional=True), int(ignore_id), bool(sample), bool(raw_stats),
         temperature, seed_int, offset_int, seed_tensor, offset_tensor, temperature_tensor,
-        _tensor(cut_value, "cut_value", optional=True), _tensor(cut_id, "cut_id", optional=True))
+        _tensor(cut_value, "cut_value", optional=True), _tensor(cut_id, "cut_id", optional=True),
+        _tensor(errors, "errors", optional=True))
 
 
 def shard_cut_histogram(

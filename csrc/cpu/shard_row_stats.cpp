@@ -13,6 +13,7 @@
 #include "../ops/shard_row_stats.h"
 #include "dispatch.h"
 #include "row_reduce.h"
+#include "xkernels/param_errors.h"
 
 namespace xkernels {
 namespace {
@@ -97,6 +98,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const std::optional<at::Tensor>& exclude, const std::optional<at::Tensor>& draft_probs,
     const std::optional<at::Tensor>& residual_stats, int64_t ignore_id, bool sample, bool raw_stats,
     XK_SHARD_SAMPLING_ARGS) {
+  check_devices(logits, "logits", {{errors, "errors"}});  // first, as the op's own tensors
   const auto s = check_shard_row_stats(logits, vocab_start, rows, exclude, draft_probs, residual_stats, sample);
   const ShardSampling sampling = shard_sampling(s, logits, sample, XK_SHARD_SAMPLING_FORWARD);
   const ShardArgs c{s,
@@ -110,6 +112,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const auto l = logits.contiguous();
   const auto r = rows.has_value() ? rows->contiguous() : at::Tensor();
   if (r.defined()) check_shard_rows(r, s.r);
+  if (errors) or_param_errors(c.view, s.n, errors->mutable_data_ptr<int32_t>());
   const auto ex = exclude.has_value() ? exclude->contiguous() : at::Tensor();
   const auto q = draft_probs.has_value() ? draft_probs->contiguous() : at::Tensor();
   const auto rs = residual_stats.has_value() ? residual_stats->contiguous() : at::Tensor();

@@ -1,7 +1,8 @@
-// The asynchronous error flag of tree_verify, dllm_step, the Spiffy ops and the refine ops: a
-// thread a row ORs the row's bits into its word. The bits depend on the [N] parameter tensors only,
-// so one small launch serves every op, and the ops' large kernels (their registers, their shared
-// memory) stay as they are; it runs only when the caller passes an errors buffer.
+// The asynchronous error flag of every op whose kernels do not set it (all but
+// chain_verify_ragged_): a thread a row ORs the row's bits into its word. The bits depend on the
+// [N] parameter tensors only, so one small launch serves every op, and the ops' large kernels
+// (their registers, their shared memory) stay as they are; it runs only when the caller passes an
+// errors buffer.
 #include "device_utils.cuh"
 #include "param_errors_launch.h"
 #include "xkernels/param_errors.h"

@@ -1,4 +1,5 @@
-// shard_row_stats on CUDA: checks, allocation and the launch on the current stream.
+// shard_row_stats on CUDA: checks, allocation and the launch on the current stream (with `errors`,
+// first param_errors_kernel's).
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -6,6 +7,7 @@
 #include "../ops/checks.h"
 #include "../ops/shard_row_stats.h"
 #include "binding.h"
+#include "param_errors_binding.h"
 #include "shard_row_stats_launch.h"
 
 namespace xkernels {
@@ -16,12 +18,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const std::optional<at::Tensor>& exclude, const std::optional<at::Tensor>& draft_probs,
     const std::optional<at::Tensor>& residual_stats, int64_t ignore_id, bool sample, bool raw_stats,
     XK_SHARD_SAMPLING_ARGS) {
+  check_devices(logits, "logits", {{errors, "errors"}});  // first, as the op's own tensors
   const auto s = check_shard_row_stats(logits, vocab_start, rows, exclude, draft_probs, residual_stats, sample);
   const c10::cuda::CUDAGuard guard(logits.device());
   const ShardSampling sampling = shard_sampling(s, logits, sample, XK_SHARD_SAMPLING_FORWARD);
   const auto l = logits.contiguous();
   const auto r = rows.has_value() ? rows->contiguous() : at::Tensor();
   if (r.defined() && value_checks_enabled()) check_shard_rows(r, s.r);  // else bad rows get empty results
+  cuda::flag_param_errors(sampling.args, errors, "shard_row_stats");
   const auto ex = exclude.has_value() ? exclude->contiguous() : at::Tensor();
   const auto q = draft_probs.has_value() ? draft_probs->contiguous() : at::Tensor();
   const auto rs = residual_stats.has_value() ? residual_stats->contiguous() : at::Tensor();

@@ -103,8 +103,8 @@ TORCH_LIBRARY(xkernels, m) {
       "shard_row_stats(Tensor logits, int vocab_start, Tensor? rows=None, Tensor? exclude=None, "
       "Tensor? draft_probs=None, Tensor? residual_stats=None, int ignore_id=-1, bool sample=False, "
       "bool raw_stats=False, float temperature=0.0, int seed=0, int offset=0, Tensor? seed_tensor=None, "
-      "Tensor? offset_tensor=None, Tensor? temperature_tensor=None, Tensor? cut_value=None, Tensor? cut_id=None) "
-      "-> (Tensor row_max, Tensor row_sum, Tensor top_id, Tensor pick_score, "
+      "Tensor? offset_tensor=None, Tensor? temperature_tensor=None, Tensor? cut_value=None, Tensor? cut_id=None, "
+      "Tensor(a!)? errors=None) -> (Tensor row_max, Tensor row_sum, Tensor top_id, Tensor pick_score, "
       "Tensor pick_id, Tensor pick_logit)");
   m.def(
       "shard_cut_histogram(Tensor logits, Tensor scale, Tensor prefix, int shift, int vocab_start, "

@@ -20,12 +20,14 @@ struct ShardRowShape {
 #define XK_SHARD_SAMPLING_ARGS                                                                              \
   double temperature, int64_t seed, int64_t offset, const std::optional<at::Tensor>&seed_tensor,            \
       const std::optional<at::Tensor>&offset_tensor, const std::optional<at::Tensor>&temperature_tensor,    \
-      const std::optional<at::Tensor>&cut_value, const std::optional<at::Tensor>&cut_id
+      const std::optional<at::Tensor>&cut_value, const std::optional<at::Tensor>&cut_id,                    \
+      const std::optional<at::Tensor>&errors
 #define XK_SHARD_SAMPLING_FORWARD \
-  temperature, seed, offset, seed_tensor, offset_tensor, temperature_tensor, cut_value, cut_id
+  temperature, seed, offset, seed_tensor, offset_tensor, temperature_tensor, cut_value, cut_id, errors
 
 // The checked sampling arguments: the per-sequence temperatures and streams (sampling_args, no
-// filters: the cut stands for them), and each selected row's cut (cut_value float32 [N, S] and
+// filters: the cut stands for them; with errors, check_errors'd, the per-sequence temperatures are
+// left to the flag, not raised for), and each selected row's cut (cut_value float32 [N, S] and
 // cut_id [N, S], held as int32: an id past int32 keeps every tie).
 struct ShardSampling {
   SamplingArgs args;

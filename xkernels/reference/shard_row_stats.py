@@ -5,18 +5,22 @@ import math
 
 import torch
 
+from .param_errors import flagged
 from .rng import gumbel_noise_of_ids, inverse_temperature
 from .sampling import row_params, row_streams
 
 
 def shard_row_stats(logits, vocab_start, rows=None, exclude=None, draft_probs=None, residual_stats=None, ignore_id=-1,
-                    sample=False, raw_stats=False, temperature=0.0, seed=0, offset=0, cut_value=None, cut_id=None):
+                    sample=False, raw_stats=False, temperature=0.0, seed=0, offset=0, cut_value=None, cut_id=None,
+                    errors=None):
     """The per-shard pass of vocabulary-parallel sampling; see xkernels.ops.shard_row_stats.
     temperature: a float or an [N] tensor; seed, offset: ints, one-element tensors or [N] tensors (the
     per-request streams, sampling.RowStream); cut_value, cut_id [N, S]: each row keeps the ids ranked
-    at or before its cut (filter_keeps) in its statistics (unless raw_stats) and its pick."""
+    at or before its cut (filter_keeps) in its statistics (unless raw_stats) and its pick. errors
+    (int32 [N]): each sequence's invalid temperature OR-ed into it (param_errors) and read as greedy,
+    as the kernels do."""
     n, r, v = logits.shape
-    params = row_params(n, temperature)
+    params = row_params(n, flagged(errors, n, temperature)[0])
     if sample and not isinstance(temperature, torch.Tensor) and inverse_temperature(temperature) == 0:
         raise ValueError("sample=True needs temperature > 0")
     streams = row_streams(n, seed, offset)

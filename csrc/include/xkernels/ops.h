@@ -217,6 +217,8 @@ at::Tensor spiffy_attention_mask(const at::Tensor& prefix_lens, int64_t num_draf
 // cut_value float32 [N, S] and cut_id [N, S]: each selected row keeps only the ids x with
 // filter_keeps({cut_value, cut_id}, a_x, x) (global ids) in its statistics (unless raw_stats) and
 // its pick: the whole vocabulary's top-k / top-p / min-p cut, found by xkernels/distributed.py.
+// errors: the asynchronous error flag (see Sampling), a word a sequence; only temperature_tensor
+// has per-sequence values to flag.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> shard_row_stats(
     const at::Tensor& logits, int64_t vocab_start, const std::optional<at::Tensor>& rows = std::nullopt,
     const std::optional<at::Tensor>& exclude = std::nullopt, const std::optional<at::Tensor>& draft_probs = std::nullopt,
@@ -225,7 +227,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const std::optional<at::Tensor>& seed_tensor = std::nullopt,
     const std::optional<at::Tensor>& offset_tensor = std::nullopt,
     const std::optional<at::Tensor>& temperature_tensor = std::nullopt,
-    const std::optional<at::Tensor>& cut_value = std::nullopt, const std::optional<at::Tensor>& cut_id = std::nullopt);
+    const std::optional<at::Tensor>& cut_value = std::nullopt, const std::optional<at::Tensor>& cut_id = std::nullopt,
+    const std::optional<at::Tensor>& errors = std::nullopt);
 
 // One round of the radix select that finds a sharded row's whole-vocabulary cut (shard_cut.h):
 // for each row r of logits [R, V_local] (global ids vocab_start ..), its ids' scaled logits a =
