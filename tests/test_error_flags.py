@@ -441,3 +441,72 @@ def test_the_flag_of_shard_row_stats_is_captured_and_follows_the_replayed_values
         call(params["temperature"], errors)
 
     _replays_flag_temperature(step, params, errors)
+
+
+# ---- xkernels.distributed: the sharded functions flag as the ops do (gloo, 2 ranks, uneven shards)
+
+def _check_sharded_flags(rank, world, port):
+    import os
+    import torch.distributed as dist
+    from tests.test_distributed import BOUNDS, V, _case_logits, _refiner_case, _shard, _unread
+    from xkernels import distributed
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        bounds = BOUNDS[world]
+        g = torch.Generator().manual_seed(21)
+        logits = _case_logits(N, 8, 9, bounds)
+        local, start = _shard(logits, bounds, rank)
+        chain_local = _shard(logits[:, :4], bounds, rank)[0]
+        drafts = torch.randint(0, V, (N, 3), generator=g)
+        parents = torch.tensor([[-1, 0, 0, 1, 1, 2, 3, 3]]).repeat(N, 1)
+        tokens = torch.randint(0, V, (N, 8), generator=g)
+        tokens[:, 0] = -1
+        local_q = _shard(torch.softmax(torch.randn(N, 8, V, generator=g), -1), bounds, rank)[0]
+        mask = bounds[1][0]
+        block = torch.randint(0, V, (N, 8), generator=g)
+        block[:, ::2] = mask
+        ctx, prev, prefix, base, weights = _refiner_case(bounds, n=N)
+        local_base = _shard(base, bounds, rank)[0]
+        a, b = bounds[rank]
+        local_w = weights._replace(emb=weights.emb[a:b].contiguous(), w_read=weights.w_read[a:b].contiguous())
+        refine = dict(vocab_start=start, seed=torch.tensor(STREAMS["seed"]), offset=torch.tensor(STREAMS["offset"]))
+        calls = {
+            "chain_verify": lambda e, **p: distributed.chain_verify(drafts, chain_local, errors=e, **refine, **p),
+            "tree_verify": lambda e, **p: distributed.tree_verify(tokens, parents, local, draft_probs=local_q,
+                                                                  capturable=True, errors=e, **refine, **p),
+            "dllm_step": lambda e, **p: distributed.dllm_step(local, block, mask, num_unmask=2, errors=e, **refine,
+                                                              **p),
+            "refine_step": lambda e, **p: distributed.refine_step(ctx, prev, local_base, local_w, errors=e, **refine,
+                                                                  **p),
+            "jacobi_refine": lambda e, **p: distributed.jacobi_refine(ctx, prefix, local_base, local_w, max_iters=3,
+                                                                      capturable=True, errors=e, **refine, **p),
+            "sequential_refine": lambda e, **p: distributed.sequential_refine(ctx, prefix, local_base, local_w,
+                                                                              errors=e, **refine, **p),
+        }
+        bad = dict(temperature=[0.5, NAN, 1.0, -1.0], top_k=[-3, -1, 0, 4], top_p=[2.0, 0.5, 1.0, 1.0],
+                   min_p=[0.0, 3.0, 0.0, 0.0])
+        off = dict(temperature=[0.5, 0.0, 1.0, 0.0], top_k=[0, 0, 0, 4], top_p=[1.0, 0.5, 1.0, 1.0],
+                   min_p=[0.0, 0.0, 0.0, 0.0])
+        e = SamplingError
+        words = [16 | e.TOP_K | e.TOP_P, e.TEMPERATURE | e.TOP_K | e.MIN_P, 0, e.TEMPERATURE]
+        for name, call in calls.items():
+            errors, params = torch.tensor([16, 0, 0, 0], dtype=torch.int32), _params("cpu", **bad)  # 16: kept (OR)
+            with _unread():  # no host read, no tensor from host data: capturable on a GPU
+                got = call(errors, **params)
+            assert errors.tolist() == [int(w) for w in words], (name, errors.tolist())
+            _assert_same(got, call(None, **_params("cpu", **off)))
+            for wrong in (torch.zeros(N, dtype=torch.int64), torch.zeros(N + 1, dtype=torch.int32)):
+                with pytest.raises(ValueError, match="errors"):
+                    call(wrong, **_params("cpu"))
+        with pytest.raises(RuntimeError, match="temperature"):  # without errors the CPU still raises
+            calls["chain_verify"](None, **_params("cpu", **bad))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_sharded_functions_flag_the_per_request_values():
+    import torch.multiprocessing as mp
+    from tests.test_distributed import _free_port
+    mp.spawn(_check_sharded_flags, args=(2, _free_port()), nprocs=2, join=True)

@@ -66,6 +66,16 @@ sum, R_k: the residual's), and the walk gets there with probability R_k / S: abo
 rejection depth. Draft ids that lie in no shard are rejected (the unsharded CPU op raises on
 them).
 
+``chain_verify``, ``tree_verify``, ``dllm_step`` and the refine functions take ``errors``, the
+asynchronous error flag (``xkernels.errors``, as the unsharded ``tree_verify``, ``dllm_step`` and
+refine ops take it): an int32 [N] tensor on the logits' device, a word a sequence, into which
+each sequence's invalid per-request values (``temperature``, ``top_k``, ``top_p`` and ``min_p`` [N]
+tensors) are OR-ed as ``SamplingError`` bits by tensor ops on the device (no host read, so a
+captured step flags the values of each replay), instead of raising; they read as off as without it,
+so the results are the same. Each ``shard_row_stats`` call gets the buffer too, so that a flagged
+temperature does not raise there (it ORs the same bit again: on CUDA one small launch a call).
+Scalars still raise, and ``top_k_bound`` still checks each filtered row's ``top_k``.
+
 The refinement functions compute each rank's shard of the refined logits ``s + w_read z`` with
 torch (they materialize the local shard's logits, [N, D, V_local] float32), unlike the
 unsharded kernels, which never write them. The code uses only tensor ops and collectives, so it
@@ -357,9 +367,11 @@ def _k_bound(top_k, top_k_bound: Optional[int]):
     return (int(top_k) if 1 <= int(top_k) <= 4096 else None), False
 
 
-def _row_params(n: int, dev, temperature, top_k, top_p, min_p):
+def _row_params(n: int, dev, temperature, top_k, top_p, min_p, errors=None):
     """Each sequence's inv_t [N] float32 (0: greedy) and its filters as [N] tensors (None: off), from
-    scalars or [N] tensors, as the unsharded ops read them (values past the ranges read as off)."""
+    scalars or [N] tensors, as the unsharded ops read them (values past the ranges read as off).
+    errors (int32 [N] on dev): the invalid per-row values' bits OR-ed into it on the device
+    (reference.param_errors: tensor ops, no host read)."""
     def column(value, name, dtype, default):
         if value is None:
             return None
@@ -386,6 +398,12 @@ def _row_params(n: int, dev, temperature, top_k, top_p, min_p):
     k = column(top_k, "top_k", torch.int64, 0)
     p = column(top_p, "top_p", torch.float32, 1.0)
     m = column(min_p, "min_p", torch.float32, 0.0)
+    if errors is not None:
+        if (errors.dtype != torch.int32 or errors.shape != (n,) or not errors.is_contiguous()
+                or errors.device != torch.device(dev)):
+            raise ValueError(f"errors must be a contiguous int32 [N] = [{n}] tensor on {dev}, got {errors.dtype} "
+                             f"{list(errors.shape)} on {errors.device}")
+        errors |= reference.param_errors(n, temperature, top_k, top_p, min_p)
     k = None if k is None else k.clamp(min=0)
     p = None if p is None else torch.where((p > 0) & (p <= 1), p, 1.0)
     m = None if m is None else torch.where((m >= 0) & (m <= 1), m, 0.0)
@@ -437,7 +455,7 @@ def _block_accept(local_logits, draft_probs, draft_tokens, vocab_start: int, gro
 def chain_verify(draft_tokens: torch.Tensor, local_logits: torch.Tensor, *, vocab_start: int, group=None,
                  draft_probs: Optional[torch.Tensor] = None, temperature=0.0, seed=0, offset=0, top_k=None,
                  top_p=None, min_p=None, top_k_bound: Optional[int] = None, method: str = "token",
-                 return_logprobs: bool = False):
+                 return_logprobs: bool = False, errors: Optional[torch.Tensor] = None):
     """xkernels.chain_verify over a vocabulary shard: draft_tokens [N, K] global ids,
     local_logits [N, K+1, V_local], draft_probs the local shard [N, K, V_local] of q. temperature,
     top_k, top_p, min_p, seed, offset, method and return_logprobs as for xkernels.chain_verify
@@ -456,12 +474,12 @@ def chain_verify(draft_tokens: torch.Tensor, local_logits: torch.Tensor, *, voca
     n, k = draft_tokens.shape
     dev = local_logits.device
     bound = _k_bound(top_k, top_k_bound)  # before top_k becomes a tensor
-    inv_t, top_k, top_p, min_p = _row_params(n, dev, temperature, top_k, top_p, min_p)
+    inv_t, top_k, top_p, min_p = _row_params(n, dev, temperature, top_k, top_p, min_p, errors)
     all_greedy = not isinstance(temperature, torch.Tensor) and reference.inverse_temperature(temperature) == 0
     filtered = not all_greedy and any(x is not None for x in (top_k, top_p, min_p))
     greedy = (inv_t == 0)[:, None]
     traffic.read(local_logits)
-    rng = dict(temperature=temperature, seed=seed, offset=offset)
+    rng = dict(temperature=temperature, seed=seed, offset=offset, errors=errors)
     # seed and offset go in to be checked: this first call would not read them otherwise.
     row_max, row_sum, top, _, _, _ = ops.shard_row_stats(local_logits, vocab_start, **rng)
     a_x, own = _local_values(local_logits[:, :k], draft_tokens, vocab_start)
@@ -529,7 +547,7 @@ def chain_verify(draft_tokens: torch.Tensor, local_logits: torch.Tensor, *, voca
 
 
 def _sample_sharded(logits: torch.Tensor, vocab_start: int, group, temperature=0.0, seed=0, offset=0, top_k=None,
-                    top_p=None, min_p=None, top_k_bound: Optional[int] = None):
+                    top_p=None, min_p=None, top_k_bound: Optional[int] = None, errors=None):
     """reference.sample_rows over a shard [N, D, V_local]: tokens = argmax(a' + G) (a = logits / T of
     the sequence's temperature, a' = a within the row's whole-vocabulary cut, G the noise of slot d
     of the sequence's stream), logprobs = log_softmax(a')[tokens]; greedy rows: the argmax and
@@ -538,10 +556,10 @@ def _sample_sharded(logits: torch.Tensor, vocab_start: int, group, temperature=0
     n = logits.shape[0]
     dev = logits.device
     bound = _k_bound(top_k, top_k_bound)  # before top_k becomes a tensor
-    inv_t, top_k, top_p, min_p = _row_params(n, dev, temperature, top_k, top_p, min_p)
+    inv_t, top_k, top_p, min_p = _row_params(n, dev, temperature, top_k, top_p, min_p, errors)
     all_greedy = not isinstance(temperature, torch.Tensor) and reference.inverse_temperature(temperature) == 0
     filtered = not all_greedy and any(x is not None for x in (top_k, top_p, min_p))
-    rng = dict(temperature=temperature, seed=seed, offset=offset)
+    rng = dict(temperature=temperature, seed=seed, offset=offset, errors=errors)
     traffic.read(logits)
     stats = ops.shard_row_stats(logits, vocab_start, sample=not (all_greedy or filtered), **rng)
     g = _all_gather(list(stats), group)
@@ -588,20 +606,21 @@ def local_refined_logits(ctx, prev_tokens, local_base_logits, local_weights: Ref
 
 def refine_step(ctx, prev_tokens, local_base_logits, local_weights: RefinerWeights, *, vocab_start: int, group=None,
                 temperature=0.0, seed=0, offset=0, top_k=None, top_p=None, min_p=None,
-                top_k_bound: Optional[int] = None):
+                top_k_bound: Optional[int] = None, errors: Optional[torch.Tensor] = None):
     """xkernels.refine_step with the base logits' and the refiner's emb / w_read rows sharded by
     vocabulary; temperature, top_k, top_p, min_p, seed and offset as there (scalars or [N]; per
     request: slot d of sequence n at offset[n] + d), the filters over the whole vocabulary.
     Materializes the local shard of the refined logits. Returns (tokens, logprobs)."""
     logits = local_refined_logits(ctx, prev_tokens, local_base_logits, local_weights, vocab_start=vocab_start,
                                   group=group)
-    return _sample_sharded(logits, vocab_start, group, temperature, seed, offset, top_k, top_p, min_p, top_k_bound)
+    return _sample_sharded(logits, vocab_start, group, temperature, seed, offset, top_k, top_p, min_p, top_k_bound,
+                           errors)
 
 
 def jacobi_refine(ctx, prefix_tokens, local_base_logits, local_weights: RefinerWeights, *, max_iters: int,
                   vocab_start: int, group=None, temperature=0.0, seed=0, offset=0, top_k=None, top_p=None, min_p=None,
                   top_k_bound: Optional[int] = None,
-                  capturable: bool = False):
+                  capturable: bool = False, errors: Optional[torch.Tensor] = None):
     """xkernels.jacobi_refine over vocabulary shards (the iteration of reference.jacobi_refine,
     each pass a sharded refine_step; the drafter's own sample filtered alike). Returns (tokens,
     logprobs, iters int32).
@@ -614,7 +633,7 @@ def jacobi_refine(ctx, prefix_tokens, local_base_logits, local_weights: RefinerW
     if max_iters < 0:
         raise ValueError("max_iters must be >= 0")
     sampling = dict(temperature=temperature, seed=seed, offset=offset, top_k=top_k, top_p=top_p, min_p=min_p,
-                    top_k_bound=top_k_bound)
+                    top_k_bound=top_k_bound, errors=errors)
     tokens, logprobs = _sample_sharded(local_base_logits, vocab_start, group, **sampling)
     # The stopping test reads tokens every rank holds alike: every rank runs the same collectives.
     passes = min(max_iters, local_base_logits.shape[1] + 1) if capturable else max_iters
@@ -626,7 +645,7 @@ def jacobi_refine(ctx, prefix_tokens, local_base_logits, local_weights: RefinerW
 
 def sequential_refine(ctx, prefix_tokens, local_base_logits, local_weights: RefinerWeights, *, vocab_start: int,
                       group=None, temperature=0.0, seed=0, offset=0, top_k=None, top_p=None, min_p=None,
-                      top_k_bound: Optional[int] = None):
+                      top_k_bound: Optional[int] = None, errors: Optional[torch.Tensor] = None):
     """xkernels.sequential_refine over vocabulary shards: D sharded passes, slot d decided by
     pass d. Returns (tokens, logprobs)."""
     n, d = local_base_logits.shape[:2]
@@ -637,7 +656,7 @@ def sequential_refine(ctx, prefix_tokens, local_base_logits, local_weights: Refi
         step_tokens, step_logprobs = refine_step(ctx, reference._prev_tokens(prefix_tokens, tokens), local_base_logits,
                                                  local_weights, vocab_start=vocab_start, group=group,
                                                  temperature=temperature, seed=seed, offset=offset, top_k=top_k,
-                                                 top_p=top_p, min_p=min_p, top_k_bound=top_k_bound)
+                                                 top_p=top_p, min_p=min_p, top_k_bound=top_k_bound, errors=errors)
         tokens[:, slot] = step_tokens[:, slot]
         logprobs[:, slot] = step_logprobs[:, slot]
     return tokens, logprobs
@@ -645,7 +664,7 @@ def sequential_refine(ctx, prefix_tokens, local_base_logits, local_weights: Refi
 
 def dllm_step(local_logits: torch.Tensor, block_tokens: torch.Tensor, mask_id: int, *, vocab_start: int, group=None,
               num_unmask: int = 1, threshold: Optional[float] = None, temperature=0.0, seed=0, offset=0, top_k=None,
-              top_p=None, min_p=None, top_k_bound: Optional[int] = None):
+              top_p=None, min_p=None, top_k_bound: Optional[int] = None, errors: Optional[torch.Tensor] = None):
     """xkernels.dllm_step over a vocabulary shard [N, L, V_local] (one all-gather): x0 by the
     merged Gumbel-max, its confidence from the merged untempered statistics, then the unmasking
     rule, computed alike on every rank. temperature, top_k, top_p, min_p, seed and offset as for
@@ -658,10 +677,10 @@ def dllm_step(local_logits: torch.Tensor, block_tokens: torch.Tensor, mask_id: i
     n, length = block_tokens.shape
     dev = local_logits.device
     bound = _k_bound(top_k, top_k_bound)  # before top_k becomes a tensor
-    inv_t, top_k, top_p, min_p = _row_params(n, dev, temperature, top_k, top_p, min_p)
+    inv_t, top_k, top_p, min_p = _row_params(n, dev, temperature, top_k, top_p, min_p, errors)
     all_greedy = not isinstance(temperature, torch.Tensor) and reference.inverse_temperature(temperature) == 0
     filtered = not all_greedy and any(x is not None for x in (top_k, top_p, min_p))
-    rng = dict(ignore_id=mask_id, raw_stats=True, temperature=temperature, seed=seed, offset=offset)
+    rng = dict(ignore_id=mask_id, raw_stats=True, temperature=temperature, seed=seed, offset=offset, errors=errors)
     traffic.read(local_logits)
     stats = ops.shard_row_stats(local_logits, vocab_start, sample=not (all_greedy or filtered), **rng)
     g = _all_gather(list(stats), group)
@@ -844,7 +863,8 @@ def _residual_walk(local_logits, draft_probs, vocab_start, group, without_replac
 def tree_verify(tokens: torch.Tensor, parents: torch.Tensor, local_logits: torch.Tensor, *, vocab_start: int,
                 group=None, draft_probs: Optional[torch.Tensor] = None, without_replacement: bool = False,
                 temperature=0.0, seed=0, offset=0, num_nodes: Optional[torch.Tensor] = None, top_k=None,
-                top_p=None, min_p=None, top_k_bound: Optional[int] = None, capturable: bool = False):
+                top_p=None, min_p=None, top_k_bound: Optional[int] = None, capturable: bool = False,
+                errors: Optional[torch.Tensor] = None):
     """xkernels.tree_verify over a vocabulary shard [N, M, V_local] (draft_probs: the local
     shard [N, M, V_local] of q). temperature, top_k, top_p, min_p, seed and offset as for
     xkernels.tree_verify (scalars or [N] tensors: a temperature per sequence, rows at 0 greedy;
@@ -868,7 +888,7 @@ def tree_verify(tokens: torch.Tensor, parents: torch.Tensor, local_logits: torch
     v_local = local_logits.shape[-1]
     dev = local_logits.device
     bound = _k_bound(top_k, top_k_bound)  # before top_k becomes a tensor
-    inv_t, top_k, top_p, min_p = _row_params(n, dev, temperature, top_k, top_p, min_p)
+    inv_t, top_k, top_p, min_p = _row_params(n, dev, temperature, top_k, top_p, min_p, errors)
     all_greedy = not isinstance(temperature, torch.Tensor) and reference.inverse_temperature(temperature) == 0
     filtered = not all_greedy and any(x is not None for x in (top_k, top_p, min_p))
     greedy = (inv_t == 0)[:, None]
@@ -892,7 +912,7 @@ def tree_verify(tokens: torch.Tensor, parents: torch.Tensor, local_logits: torch
     a_c = at_child(local_logits)
     a_c = torch.where(greedy, a_c, a_c * inv_t[:, None])
     traffic.read(local_logits)
-    rng = dict(temperature=temperature, seed=seed, offset=offset)
+    rng = dict(temperature=temperature, seed=seed, offset=offset, errors=errors)
     row_max, row_sum, top, _, _, _ = ops.shard_row_stats(local_logits, vocab_start, **rng)  # checks seed, offset
     extra = [at_child(draft_probs), draft_probs.float().sum(-1)] if residual else []
     g = _all_gather([row_max, row_sum, top, a_c, own] + extra, group)

@@ -14,10 +14,13 @@ def _rows(x) -> Optional[torch.Tensor]:
 
 
 def param_errors(n: int, temperature=0.0, top_k=None, top_p=None, min_p=None) -> torch.Tensor:
-    """The error words of n requests, int32 [n] on the CPU: the bits of each request's invalid
-    per-row values (temperature, top_p and min_p compared as float32, top_k as an integer)."""
-    bits = torch.zeros(n, dtype=torch.int32)
+    """The error words of n requests, int32 [n]: the bits of each request's invalid per-row values
+    (temperature, top_p and min_p compared as float32, top_k as an integer). Tensor ops only, on
+    the per-row tensors' device (the CPU without one), no host read: xkernels.distributed flags
+    with it on the device."""
     t, k, p, m = (_rows(x) for x in (temperature, top_k, top_p, min_p))
+    given = [x for x in (t, k, p, m) if x is not None]
+    bits = torch.zeros(n, dtype=torch.int32, device=given[0].device if given else "cpu")
     checks = (
         (t, lambda x: ~(torch.isfinite(x.float()) & (x.float() >= 0)), SamplingError.TEMPERATURE),
         (k, lambda x: x < 0, SamplingError.TOP_K),
@@ -26,7 +29,7 @@ def param_errors(n: int, temperature=0.0, top_k=None, top_p=None, min_p=None) ->
     )
     for values, bad, bit in checks:
         if values is not None:
-            bits |= torch.where(bad(values.detach().cpu()), int(bit), 0).to(torch.int32)
+            bits |= torch.where(bad(values.detach()), int(bit), 0).to(torch.int32)
     return bits
 
 
