@@ -34,6 +34,20 @@ constexpr int kWarpKeep = 32;            // what a full buffer keeps
 constexpr int kSliceKeep = 64;           // candidates a slice hands on
 constexpr int kHeadCap = kMaxSlices * kSliceKeep;  // the most a row's merged head holds
 
+// threadIdx.x, read where a pass over a row or a candidate list starts: the indices a pass derives
+// from it (threadIdx.x + u kBlock, in 64 bits; a first entry's slice and place) are then computed in
+// the pass instead of hoisted out of a caller's loop by the compiler and held in registers through
+// it (tree_verify's filtered walk with draft_probs spilled so, sm_90a).
+__device__ __forceinline__ uint32_t pass_thread() {
+#if defined(__CUDA_ARCH__)
+  uint32_t t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;
+#else
+  return threadIdx.x;
+#endif
+}
+
 // An id and its order key (order_key of its scaled logit).
 struct Candidate {
   uint32_t key;
@@ -408,12 +422,13 @@ __device__ inline bool select_cut(SelectShared& sh, const SliceSummary* sums, co
   *out = RowCut{top, keep_all(), 0ull, !is_finite_f32(top.val)};
   if (out->degenerate) return true;
   const int n = sh.offset[slices];
-  for (int q = threadIdx.x; q < slices * kSliceKeep; q += kThreads) {
+  const int tid = static_cast<int>(pass_thread());
+  for (int q = tid; q < slices * kSliceKeep; q += kThreads) {
     const int s = q / kSliceKeep, pos = q % kSliceKeep;
     if (pos < sh.count[s]) sh.gathered[sh.offset[s] + pos] = cands[q];
   }
   __syncthreads();
-  for (int q = threadIdx.x; q < n; q += kThreads) {  // each entry's rank among the slices' heads
+  for (int q = tid; q < n; q += kThreads) {  // each entry's rank among the slices' heads
     int s = 0;
     while (sh.offset[s + 1] <= q) ++s;
     const Candidate e = sh.gathered[q];
@@ -426,7 +441,7 @@ __device__ inline bool select_cut(SelectShared& sh, const SliceSummary* sums, co
   // The head's running fixed-point masses (exact integers), over the gathered ids' storage.
   const auto mass = [&](int j) { return fixed_mass(key_value(sh.head[j].key) - top.val, mass_shift); };
   const int per = (n + kThreads - 1) / kThreads;
-  const int lo = threadIdx.x * per, hi = lo + per < n ? lo + per : n;
+  const int lo = tid * per, hi = lo + per < n ? lo + per : n;
   unsigned long long local = 0, total;
   for (int j = lo; j < hi; ++j) local += mass(j);
   unsigned long long running = block_exclusive_scan(sh.warp_sums, local, &total);

@@ -103,6 +103,22 @@ struct WalkCandidates {
   SelectShared select;
 };
 
+// A kept id of a row the candidates settled, at a node with children of the walk with draft_probs:
+// its residual max(e - c q, 0) needs e and q alone, so the residual sums and the stop draw read
+// these instead of the row and q (tree_walk.cuh's list_kept_residual).
+struct KeptResidual {
+  uint64_t order;  // residual_order: the thread that adds the id to residual_sum's total, then the id
+  float e, q;      // exp(a - max) as the walk computes it (softmax_weight), and q(id)
+};
+
+// The residual list, over the selection's gathered ids (select_cut's scratch: free once it has
+// returned; the ranked head, which draw_kept reads, stays).
+static_assert(sizeof(KeptResidual) * kWalkWarps * kSliceKeep <= sizeof(SelectShared::gathered),
+              "a settled row keeps at most its warps' candidates");
+__device__ __forceinline__ KeptResidual* kept_residual_list(WalkCandidates& wc) {
+  return reinterpret_cast<KeptResidual*>(wc.select.gathered);
+}
+
 // The selection's state: the radix cut's, or over it the candidates' (a row takes one, then the
 // other only where the candidates do not settle its cut).
 union WalkCutShared {

@@ -28,8 +28,9 @@ struct QChunk {
 // alone), `depth` (q_stage_depth) a round: their 16-byte loads of the row into registers and their
 // q units (QChunk) into `stage` (depth chunks of q a thread of shared memory), each chunk then to
 // on_chunk(a[kIds], q[kIds], first id); otherwise every id to on_id(a, q, id). a: the logits times
-// scale.
-template <int kBlock, typename T, typename Q, typename OnChunk, typename OnId>
+// scale. kWithRow false: q alone (the row is not read, a is 0), through the stage all the same, so
+// that its loads in flight hold no registers.
+template <int kBlock, bool kWithRow = true, typename T, typename Q, typename OnChunk, typename OnId>
 __device__ __forceinline__ void for_each_row_and_q(const T* row, const Q* q, int64_t v, bool vector_ok, float scale,
                                                    void* stage, int depth, OnChunk&& on_chunk, OnId&& on_id) {
   using C = QChunk<T, Q>;
@@ -37,25 +38,27 @@ __device__ __forceinline__ void for_each_row_and_q(const T* row, const Q* q, int
   constexpr int kIds = C::kIds, kUnits = C::kUnits;
   // Where chunk c's q lands: its round slot's kUnits units, consecutive threads at consecutive
   // units (no bank conflicts). Thread t's chunks of a round are t + kBlock u, u < depth.
+  const uint32_t t = pass_thread();
   const auto staged = [&](int64_t c) {
-    return static_cast<Unit*>(stage) + static_cast<int>(c / kBlock) % depth * kUnits * kBlock + threadIdx.x;
+    return static_cast<Unit*>(stage) + static_cast<int>(c / kBlock) % depth * kUnits * kBlock + t;
   };
   const int64_t whole = vector_ok ? v / kIds : 0;
   for_each_batched<kRowDepth<true>>(
-      threadIdx.x, whole, kBlock, depth,
+      t, whole, kBlock, depth,
       [&](int64_t c) {
         Unit* at = staged(c);
 #pragma unroll
         for (int j = 0; j < kUnits; ++j)
           __pipeline_memcpy_async(at + j * kBlock, reinterpret_cast<const Unit*>(q) + kUnits * c + j, sizeof(Unit));
-        return reinterpret_cast<const uint4*>(row)[c];
+        if constexpr (kWithRow) return reinterpret_cast<const uint4*>(row)[c];
+        else return 0;
       },
-      [&](int64_t c, const uint4& x) {
+      [&](int64_t c, const auto& x) {
         // The round's copies, all of them at its first chunk (the later waits find none pending).
         __pipeline_commit();
         __pipeline_wait_prior(0);
-        float a[kIds], qs[kIds];
-        unpack<T>(x, scale, a);
+        float a[kIds] = {}, qs[kIds];
+        if constexpr (kWithRow) unpack<T>(x, scale, a);
         const Unit* at = staged(c);
 #pragma unroll
         for (int j = 0; j < kUnits; ++j) {
@@ -66,8 +69,8 @@ __device__ __forceinline__ void for_each_row_and_q(const T* row, const Q* q, int
         }
         on_chunk(a, qs, static_cast<int32_t>(kIds * c));
       });
-  for (int64_t i = kIds * whole + threadIdx.x; i < v; i += kBlock)
-    on_id(scaled(row, i, scale), to_float(q[i]), static_cast<int32_t>(i));
+  for (int64_t i = kIds * whole + t; i < v; i += kBlock)
+    on_id(kWithRow ? scaled(row, i, scale) : 0.0f, to_float(q[i]), static_cast<int32_t>(i));
 }
 
 // The residual's sum, sum_i max(e_i - coef q_i, 0) with e_i = exp(a_i - max) from the row (at
@@ -77,6 +80,7 @@ __device__ __forceinline__ float residual_sum(const T* row, const Q* q, int64_t 
                                               void* stage, int depth, float top_log2, TreeCoef coef,
                                               const FilterCut& cut) {
   constexpr int kIds = 16 / sizeof(T);
+  XK_ROW_PASS();
   float total = 0.0f;
   for_each_row_and_q<kBlock>(
       row, q, v, vector_ok, scale, stage, depth,
@@ -91,6 +95,16 @@ __device__ __forceinline__ float residual_sum(const T* row, const Q* q, int64_t 
         total += tree_residual_weight(softmax_weight(kept(cut, a, id), top_log2), qx, coef);
       });
   return block_sum<kBlock>(total);
+}
+
+// A chunk's q summed as q's sum takes it (in fours, then the fours in order): the pass that reads q
+// beside the row and the pass that reads q alone (q_sum_noting_sign) give bitwise the same sum.
+template <int kIds>
+__device__ __forceinline__ float q_chunk_sum(const float (&qs)[kIds]) {
+  float add = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kIds; k += 4) add += (qs[k] + qs[k + 1]) + (qs[k + 2] + qs[k + 3]);
+  return add;
 }
 
 // One thread's share of a row's softmax statistics (exactly thread_row_stats's) and of q's sum, in
@@ -108,10 +122,7 @@ __device__ __forceinline__ RowStats thread_row_stats_and_q_sum(const T* row, con
 #pragma unroll
         for (int k = 0; k < kIds; ++k) observe(a[k]);
         observe_chunk_in_order<false>(s, a, id);
-        float add = 0.0f;
-#pragma unroll
-        for (int k = 0; k < kIds; k += 4) add += (qs[k] + qs[k + 1]) + (qs[k + 2] + qs[k + 3]);
-        zq += add;
+        zq += q_chunk_sum(qs);
       },
       [&](float a, float qx, int32_t id) {
         observe(a);
@@ -119,6 +130,33 @@ __device__ __forceinline__ RowStats thread_row_stats_and_q_sum(const T* row, con
         zq += qx;
       });
   return s;
+}
+
+// One thread's share of q's sum from q alone, bitwise thread_row_stats_and_q_sum's (the same ids to
+// the same thread, in the same order and groups), where the row's statistics pass keeps its
+// candidates (row_stats_keeping_candidates: reading q beside it, or after it into registers, the
+// walk spilled, sm_90a): through the q stage, as the passes that read both. negative: some q < 0,
+// the one value at which an id the cut drops adds to the residual (max(0 - c q, 0) > 0), so that
+// its sums cannot be taken over the kept ids alone.
+template <int kBlock, typename T, typename Q>
+__device__ __forceinline__ float q_sum_noting_sign(const Q* q, int64_t v, bool vector_ok, void* stage, int depth,
+                                                   bool& negative) {
+  constexpr int kIds = 16 / sizeof(T);
+  float zq = 0.0f;
+  bool neg = false;
+  for_each_row_and_q<kBlock, false>(
+      static_cast<const T*>(nullptr), q, v, vector_ok, 1.0f, stage, depth,
+      [&](const float (&)[kIds], const float (&qs)[kIds], int32_t) {
+#pragma unroll
+        for (int k = 0; k < kIds; ++k) neg |= qs[k] < 0.0f;
+        zq += q_chunk_sum(qs);
+      },
+      [&](float, float qx, int32_t) {
+        neg |= qx < 0.0f;
+        zq += qx;
+      });
+  negative = neg;
+  return zq;
 }
 
 // A filtered row's statistics pass that keeps the row's candidates (candidates.cuh): each thread's
@@ -133,6 +171,7 @@ __device__ __forceinline__ RowStats row_stats_keeping_candidates(const T* row, i
                                                                  Candidate* buf, WarpCandidates& wc) {
   constexpr int kIds = 16 / sizeof(T);
   static_assert(kDepth <= 32, "a bit a chunk of the round");
+  const uint32_t t = pass_thread();
   RowStats s = stats_empty();
   const int64_t whole = vector_ok ? v / kIds : 0;
   const uint4* chunks = reinterpret_cast<const uint4*>(row);
@@ -140,13 +179,13 @@ __device__ __forceinline__ RowStats row_stats_keeping_candidates(const T* row, i
     uint4 x[kDepth];
 #pragma unroll
     for (int u = 0; u < kDepth; ++u) {
-      const int64_t c = c0 + u * kBlock + threadIdx.x;
+      const int64_t c = c0 + u * kBlock + t;
       if (c < whole) x[u] = chunks[c];
     }
     uint32_t pending = 0;  // the round's chunks some lane of the warp offers from (the same at every lane)
 #pragma unroll
     for (int u = 0; u < kDepth; ++u) {
-      const int64_t c = c0 + u * kBlock + threadIdx.x;
+      const int64_t c = c0 + u * kBlock + t;
       float m = kNegInf;
       if (c < whole) {
         float a[kIds];
@@ -159,7 +198,7 @@ __device__ __forceinline__ RowStats row_stats_keeping_candidates(const T* row, i
       pending |= static_cast<uint32_t>(__ballot_sync(kFullMask, m != kNegInf && order_key(m) > wc.tau) != 0) << u;
     }
     for (; pending != 0; pending &= pending - 1) {
-      const int64_t c = c0 + (__ffs(static_cast<int>(pending)) - 1) * kBlock + threadIdx.x;
+      const int64_t c = c0 + (__ffs(static_cast<int>(pending)) - 1) * kBlock + t;
       const bool live = c < whole;
       float a[kIds];
       if (live) unpack<T>(chunks[c], scale, a);
@@ -169,7 +208,7 @@ __device__ __forceinline__ RowStats row_stats_keeping_candidates(const T* row, i
     }
   }
   for (int64_t b = kIds * whole; b < v; b += kBlock) {  // a partial last chunk, or an unaligned row
-    const int64_t i = b + threadIdx.x;
+    const int64_t i = b + t;
     const bool live = i < v;
     const float a = live ? scaled(row, i, scale) : kNegInf;
     if (live) stats_observe(s, a, static_cast<int32_t>(i));
@@ -211,27 +250,122 @@ __device__ __forceinline__ VisitedCut cut_visited_row(WalkCutShared& cs, const T
   return VisitedCut{c, RowStats{s.top, kept_sum<kFilteredVerifyThreads>(r, c, s.top.val, kept, mass_shift)}, false};
 }
 
-// The stop node's draw where the candidates settled its cut: a Gumbel-max over the kept ids (the
-// ranked head's prefix) but the `nrej` rejected ones, each scored as tree_sample_kernel scores it
-// (gumbel_score: the same Philox words; that kernel's groups skip only ids that cannot win), so the
-// same token without a pass over the row; the row's argmax `top` where none can be drawn. The whole
-// block; the token at thread 0.
+// A Gumbel-max over n entries of a settled row's kept ids, each scored as tree_sample_kernel scores
+// it (gumbel_score of entry e's log-weight and id, weight(e, id): -inf where it cannot be drawn; the
+// same Philox words, and that kernel's groups skip only ids that cannot win), so the same token
+// without a pass over the row; the row's argmax `top` where none can be drawn. The whole block; the
+// token at thread 0.
+template <typename Weight>
+__device__ __forceinline__ int32_t draw_over_kept(int n, const RowStream& st, uint32_t node, int32_t top,
+                                                  const Weight& weight) {
+  const uint64_t offset = st.offset_at(node);
+  const uint32_t sequence = st.sequence_at(), position = st.position_at(node);
+  ArgMax best = argmax_empty();
+  for (int e = threadIdx.x; e < n; e += kFilteredVerifyThreads) {
+    int32_t id;
+    const float w = weight(e, id);
+    best = argmax_merge(best, gumbel_score(w, id, st.seed, offset, sequence, position));
+  }
+  best = block_merge<kFilteredVerifyThreads>(best, argmax_empty());
+  return best.idx == kNoIndex ? top : best.idx;
+}
+
+// The stop node's draw where the candidates settled its cut, from p': the kept ids (the ranked
+// head's prefix) but the `nrej` rejected ones.
 __device__ __forceinline__ int32_t draw_kept(WalkCandidates& wc, const FilterCut& cut, const int32_t* rejected,
                                              int32_t nrej, const RowStream& st, uint32_t node, int32_t top) {
   Candidate* kept = wc.cands[0];  // the selection has read the warps' candidates
   const int n = select_keep(wc.select, kWalkWarps, cut, kept);
   __syncthreads();
-  const uint64_t offset = st.offset_at(node);
-  const uint32_t sequence = st.sequence_at(), position = st.position_at(node);
-  ArgMax best = argmax_empty();
-  for (int e = threadIdx.x; e < n; e += kFilteredVerifyThreads) {
+  return draw_over_kept(n, st, node, top, [&](int e, int32_t& id) {
     const Candidate c = kept[e];
     bool seen = false;
     for (int32_t k = 0; k < nrej; ++k) seen |= rejected[k] == c.id;
-    if (!seen) best = argmax_merge(best, gumbel_score(key_value(c.key), c.id, st.seed, offset, sequence, position));
+    id = c.id;
+    return seen ? kNegInf : key_value(c.key);
+  });
+}
+
+// The thread that adds id i to residual_sum's total (kBlock threads, kIds ids a chunk, `whole`
+// chunks read as vectors, the ids past them one by one), above i: kept_residual_sum's order.
+template <int kBlock, int kIds>
+__device__ __forceinline__ uint64_t residual_order(int32_t i, int64_t whole) {
+  const int64_t ids = kIds * whole;
+  const int64_t owner = i < ids ? i / kIds % kBlock : (i - ids) % kBlock;
+  return static_cast<uint64_t>(owner) << 32 | static_cast<uint32_t>(i);
+}
+
+// The residual list of a settled row at a node with children (KeptResidual): its kept ids with e
+// and q (q gathered at them: the only reads of q the residual sums and the draw then make), in
+// residual_order. Returns their count. The whole block, after the row's cut and statistics.
+template <int kBlock, typename T, typename Q>
+__device__ __forceinline__ int list_kept_residual(WalkCandidates& wc, const FilterCut& cut, const Q* q, int64_t v,
+                                                  bool vector_ok, float top_log2) {
+  constexpr int kIds = 16 / sizeof(T);
+  Candidate* kept = wc.cands[0];
+  const int n = select_keep(wc.select, kWalkWarps, cut, kept);
+  __syncthreads();
+  KeptResidual* list = kept_residual_list(wc);
+  int n2 = 1;
+  while (n2 < n) n2 <<= 1;
+  const int64_t whole = vector_ok ? v / kIds : 0;
+  for (int j = threadIdx.x; j < n2; j += kBlock) {
+    KeptResidual r{~0ull, 0.0f, 0.0f};  // padding: last
+    if (j < n) {
+      const Candidate c = kept[j];
+      r = KeptResidual{residual_order<kBlock, kIds>(c.id, whole), softmax_weight(key_value(c.key), top_log2),
+                       to_float(q[c.id])};
+    }
+    list[j] = r;
   }
-  best = block_merge<kFilteredVerifyThreads>(best, argmax_empty());
-  return best.idx == kNoIndex ? top : best.idx;
+  __syncthreads();
+  block_bitonic_sort(
+      n2, [&](int j, int i) { return list[j].order < list[i].order; },
+      [&](int i, int j) {
+        const KeptResidual x = list[i];
+        list[i] = list[j];
+        list[j] = x;
+      });
+  return n;
+}
+
+// residual_sum over a settled row's kept ids alone (list_kept_residual's n), bitwise: an id the cut
+// drops has e = 0 and, with no q below 0, a residual of 0, so each thread adds what it added there
+// but the zeros, in the same order and groups (a chunk's ids together, each id past the chunks
+// alone), and the block sums the threads' totals as there.
+template <int kBlock, int kIds>
+__device__ __forceinline__ float kept_residual_sum(const KeptResidual* list, int n, int64_t v, bool vector_ok,
+                                                   TreeCoef coef) {
+  const uint64_t mine = static_cast<uint64_t>(threadIdx.x) << 32;
+  int j = 0;
+  for (int hi = n; j < hi;) {  // this thread's first entry
+    const int mid = (j + hi) / 2;
+    if (list[mid].order < mine) j = mid + 1;
+    else hi = mid;
+  }
+  const int64_t ids = vector_ok ? kIds * (v / kIds) : 0;
+  float total = 0.0f, add = 0.0f;
+  int64_t group = -1;
+  for (; j < n && list[j].order >> 32 == threadIdx.x; ++j) {
+    const int32_t id = static_cast<int32_t>(list[j].order);
+    const int64_t g = id < ids ? id / kIds : -2 - static_cast<int64_t>(id);
+    if (g != group) total += add, add = 0.0f, group = g;
+    add += tree_residual_weight(list[j].e, list[j].q, coef);
+  }
+  total += add;
+  return block_sum<kBlock>(total);
+}
+
+// The stop node's residual draw (tree_sample_kernel's, from max(e - coef q, 0)) where the residual
+// list holds the row's kept ids: elsewhere the residual is 0, no id there can be drawn.
+__device__ __forceinline__ int32_t draw_kept_residual(const KeptResidual* list, int n, TreeCoef coef,
+                                                      const RowStream& st, uint32_t node, int32_t top) {
+  return draw_over_kept(n, st, node, top, [&](int e, int32_t& id) {
+    const KeptResidual k = list[e];
+    const float r = tree_residual_weight(k.e, k.q, coef);
+    id = static_cast<int32_t>(k.order);
+    return r > 0.0f ? log_f32(r) : kNegInf;
+  });
 }
 
 // Warp 0 tests the children of `node` in node order, 32 candidate nodes a round: at a point mass,
@@ -317,6 +451,7 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
   void* q_stage = verify_smem + (kFilter ? cut_smem_bytes() / sizeof(float4) : 0);
   __shared__ RowStream st;  // thread 0's, kept out of the registers of the row passes
   __shared__ FilterCut visited_cut;  // the visited row's
+  __shared__ uint32_t q_negative;    // some q < 0 in a row q_sum_noting_sign read
   const int64_t n = blockIdx.x, m = p.m, v = p.v;
   const int64_t count = node_count(p.num_nodes, n, m);
   const int64_t* tokens = p.tokens + n * m;
@@ -330,9 +465,8 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
   const float scale = greedy ? 1.0f : inv_t;
   const bool filtering = kFilter && !greedy && filters_active(rs, v);  // the same for the whole block
   // A top-k cut is selected from the candidates the statistics pass keeps (cut_visited_row); top-p
-  // without top-k (the candidates hold no bound of the row's mass), min-p alone, and every cut of
-  // the walk with draft_probs as before (beside its residual passes the candidates spilled, sm_90a).
-  const bool by_candidates = !kDraft && filtering && top_bits(rs, v) == TopBits::kCount;
+  // without top-k (the candidates hold no bound of the row's mass) and min-p alone as before.
+  const bool by_candidates = filtering && top_bits(rs, v) == TopBits::kCount;
   const TopBits bits = filtering && !by_candidates ? top_bits(rs, v) : TopBits::kNone;
   const auto note = [&](float a) {  // the statistics pass's share of the cut
     if (bits != TopBits::kNone) observe_top_bits(cs->radix, a, bits);
@@ -346,32 +480,41 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
     }
     if (kDraft) {
       // The children first (they depend on the parents alone): q's sum is needed only at a node
-      // with children, and then rides on the row's pass.
-      if (threadIdx.x == 0) sh.q = static_cast<const Q*>(p.q) + (n * m + node) * v;
+      // with children, and then rides on the row's pass (or follows it, q_sum_noting_sign).
+      if (threadIdx.x == 0) sh.q = static_cast<const Q*>(p.q) + (n * m + node) * v, q_negative = 0;
       if (threadIdx.x < 32) list_children(sh, parents, node, count, kids);
       __syncthreads();
     }
     const bool with_q = kDraft && !greedy && sh.kids > 0;  // read before block_merge's barrier, then rewritten
     // One block reads the row, 128 KB in flight (64 KB with draft_probs, and 128 KB of q beside it
     // at a node with children; half of each in a filtered walk's 256 threads, and 48 KB there
-    // without draft_probs, kWalkDepth): 64 blocks then keep 3-12 MB in flight, about HBM's
+    // without draft_probs, 32 KB with them where the pass keeps candidates, kWalkDepth, and q then
+    // read after it, q_sum_noting_sign): 64 blocks then keep 2-12 MB in flight, about HBM's
     // bandwidth times its latency or more.
     const int64_t chunks = (v + kIds - 1) / kIds;
     float zq = 0.0f;
     RowStats s;
-    if (kFilter && !kDraft && by_candidates) {
+    if (kFilter && by_candidates) {
       WarpCandidates wc;
       const int warp = threadIdx.x / 32;
       s = row_stats_keeping_candidates<kBlock, kWalkDepth<kDraft, kFilter>>(row, v, vector_ok, scale,
                                                                             cs->cand.cands[warp], wc);
       const ArgMax top = warp_merge(s.top);
       if (threadIdx.x % 32 == 0) cs->cand.sums[warp] = SliceSummary{top, 0.0, 0.0, wc.tau, wc.count};
+      if constexpr (kDraft) {
+        if (with_q) {
+          bool negative;
+          zq = q_sum_noting_sign<kBlock, T>(static_cast<const Q*>(sh.q), v, vector_ok, q_stage, w.q_depth,
+                                               negative);
+          if (negative) atomicOr(&q_negative, 1u);  // read after block_merge's barriers
+        }
+      }
     } else {
       constexpr int kDepth = kWalkDepth<kDraft, kFilter>;
-      s = greedy ? thread_row_stats<T, true, kDepth>(row, v, 0, chunks, vector_ok, 1.0f, -1, threadIdx.x, kBlock)
+      s = greedy ? thread_row_stats<T, true, kDepth>(row, v, 0, chunks, vector_ok, 1.0f, -1, pass_thread(), kBlock)
           : with_q ? thread_row_stats_and_q_sum<kBlock>(row, static_cast<const Q*>(sh.q), v, vector_ok, scale, q_stage,
                                                         w.q_depth, zq, note)
-                   : thread_row_stats<T, false, kDepth>(row, v, 0, chunks, vector_ok, scale, -1, threadIdx.x, kBlock,
+                   : thread_row_stats<T, false, kDepth>(row, v, 0, chunks, vector_ok, scale, -1, pass_thread(), kBlock,
                                                         note);
     }
     s = block_merge<kBlock>(s, stats_empty());
@@ -399,6 +542,17 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
     const FilterCut cut = kFilter ? visited_cut : keep_all();
     const bool point_mass = greedy || stats_degenerate(s);
     const float top_log2 = s.top.val * kLog2e;
+    // A settled row at a node with children takes its residual sums and draw over its kept ids alone
+    // (kept_residual_sum), where no q is below 0 (else the ids the cut drops add to them): listed
+    // once the first of them is needed (after a rejection; most walks accept the first child).
+    bool by_kept = false;
+    if constexpr (kFilter && kDraft) by_kept = settled && with_q && q_negative == 0;
+    int kept_n = 0;
+    const auto kept_list = [&] {  // the whole block
+      if (kept_n == 0)
+        kept_n = list_kept_residual<kBlock, T>(cs->cand, cut, static_cast<const Q*>(sh.q), v, vector_ok, top_log2);
+      return kept_residual_list(cs->cand);
+    };
     if (point_mass || !kDraft) {
       if (threadIdx.x < 32)
         test_children(sh, s, point_mass, row, scale, cut, tokens, parents, node, count, v, rejected, st);
@@ -418,8 +572,15 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
         __syncthreads();
         if (sh.x < 0) continue;  // a token outside [0, V): never accepted, no residual step
         if (sh.pass) {
-          const float total = residual_sum<kBlock>(row, static_cast<const Q*>(sh.q), v, vector_ok, scale, q_stage,
-                                                   w.q_depth, top_log2, tree_coef(sh.res.coef), cut);
+          const TreeCoef coef = tree_coef(sh.res.coef);
+          float total;
+          if (by_kept) {
+            const KeptResidual* list = kept_list();
+            total = kept_residual_sum<kBlock, kIds>(list, kept_n, v, vector_ok, coef);
+          } else {
+            total = residual_sum<kBlock>(row, static_cast<const Q*>(sh.q), v, vector_ok, scale, q_stage, w.q_depth,
+                                         top_log2, coef, cut);
+          }
           if (threadIdx.x == 0) {
             sh.res.sum = total;
             sh.empty = !(total > 0.0f);
@@ -452,11 +613,19 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
       const bool draw = !point_mass && !sh.empty;
       const bool residual = kDraft && sh.rejected > 0;
       const ArgMax top = sh.stats.top;
-      // A cut the candidates settled (a walk without draft_probs) draws here, from its kept ids.
-      const bool here = settled && draw;
+      // A cut the candidates settled draws here, from its kept ids: from p' without the rejected
+      // tokens, or from the residual where its list holds the kept ids.
+      const bool here = settled && draw && (!residual || by_kept);
       int32_t token = top.idx;  // the row's argmax, unless a draw finds another
-      if (kFilter && here)
-        token = draw_kept(cs->cand, cut, rejected, sh.rejected, st, static_cast<uint32_t>(node), top.idx);
+      if (kFilter && here) {
+        const uint32_t at = static_cast<uint32_t>(node);
+        if (residual) {
+          const KeptResidual* list = kept_list();
+          token = draw_kept_residual(list, kept_n, tree_coef(sh.res.coef), st, at, top.idx);
+        } else {
+          token = draw_kept(cs->cand, cut, rejected, sh.rejected, st, at, top.idx);
+        }
+      }
       if (threadIdx.x == 0) {
         p.out_tokens[n * m + acc] = token;
         p.accept_len[n] = acc;

@@ -119,3 +119,51 @@ def test_fuzz_cases_with_16_bit_draft_probs(emu):
                 assert torch.equal(a, b), f"case {index}"
         tried += 1
     assert tried >= 20, f"only {tried} cases launched"
+
+
+def _settled_star_case(n, m, v, dtype, seed):
+    """Stars whose children are drawn from a q far from p (most rejected, often all: residual sums
+    after each rejection and residual draws at the stop rows), with top-k cuts the candidates settle
+    (alone, with top-p, with min-p, top-k 1) and per-request streams."""
+    tokens, parents, logits, _ = verify_case(n, m, v, "star", dtype, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1000)  # not verify_case's stream: q apart from p
+    q = torch.softmax(torch.randn(n, m, v, generator=g) * 3, -1)
+    tokens[:, 1:] = torch.multinomial(q[:, 0], m - 1, replacement=True, generator=g)
+    params = dict(temperature=torch.tensor([1.0, 0.8, 1.1, 1.0]), top_k=torch.tensor([10, 64, 30, 1]),
+                  top_p=torch.tensor([1.0, 0.9, 0.8, 1.0]), min_p=torch.tensor([0.0, 0.0, 0.05, 0.0]),
+                  seed=torch.arange(n) + seed, offset=torch.arange(n) * 3)
+    return tokens, parents, logits, q, params
+
+
+@pytest.mark.parametrize("qdtype", [torch.float32] + Q_DTYPES)
+@pytest.mark.parametrize("dtype,v", [(torch.bfloat16, 8200), (torch.float32, 3001), (torch.float16, 4103)])
+def test_tree_verify_settled_rows_with_draft_probs_take_no_pass(emu, qdtype, dtype, v):
+    """Top-k cuts the candidates settle, with draft_probs: the residual sums after rejections are taken
+    over the kept ids (q gathered there), the stop draws (from p' or from the residual) in the walk,
+    so no row pass is counted beyond the walk's statistics pass (and its read of q's sum), at M = 1
+    too; rows read as vectors (V = 8200) and id by id (3001, 4103). With one q below 0 in each row
+    (an id the cut drops then adds to the residual) the same walks stream the row and q for their
+    residual sums and draws as before. Both bitwise as the reference."""
+    n = 4
+    tokens, parents, logits, q, params = _settled_star_case(n, 9, v, dtype, seed=v % 11)
+    q = q.to(qdtype)
+    for without_replacement in (False, True):
+        for m in (9, 1):
+            args = (tokens[:, :m], parents[:, :m], logits[:, :m], q[:, :m], without_replacement)
+            emu.take_row_passes()
+            got = emu.tree_verify(*args, **params)
+            assert emu.take_row_passes() == 0
+            want = reference.tree_verify(*args, **params)
+            for a, b in zip(got, want):
+                assert torch.equal(a, b)
+        negative = q.clone()
+        negative[:, :, v // 2] = -1e-4
+        args = (tokens, parents, logits, negative, without_replacement)
+        emu.take_row_passes()
+        got = emu.tree_verify(*args, **params)
+        passes = emu.take_row_passes()
+        want = reference.tree_verify(*args, **params)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+        rejected = int((got[0] == 0).sum())  # every child of the root rejected: residual sums, a residual draw
+        assert rejected > 0 and passes >= rejected
