@@ -2,8 +2,8 @@
 graphs (or those in --weights): model calls (NFE, every forward counted), tokens per second, whether
 the tokens equal vanilla's, and where the time goes (the model; outside it: spiffy_materialize,
 the batched loop's attention mask, dllm_step / spiffy_accept with the call's host read, the loop's
-own), one token per step and with threshold unmasking, one prompt at a time (dllm_generate) and all of a domain's
-prompts in one batch (dllm_generate_batch). Best of --rounds rounds per mode, the modes taking
+own), one token per step and with threshold unmasking, one prompt at a time (dllm_generate) and
+all of a domain's prompts in one batch (dllm_generate_batch). Best of --rounds rounds per mode, the modes taking
 turns within a round (a busy machine's load then weighs on all alike); tokens and NFE are
 deterministic. Writes a markdown results file with --out.
 
