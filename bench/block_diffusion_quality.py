@@ -28,7 +28,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=8, help="held-out prompts per domain")
     parser.add_argument("--weights", type=Path, default=WEIGHTS,
-                        help="the block diffusion LM's folder (default: the shipped one; the target is always)")
+                        help="the block diffusion LM's folder (default: the shipped one; the target: always shipped)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model, target, tok = load_block_diffusion(args.weights), load_target(), load_tokenizer()
