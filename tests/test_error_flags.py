@@ -1,5 +1,5 @@
-"""The asynchronous error flag (issue 44, section 2) of chain_verify_ragged_ (its kernels set it) and
-of tree_verify, dllm_step, the Spiffy ops, the refine ops and shard_row_stats (param_errors_kernel, a
+"""The asynchronous error flag (issue 44, section 2) of chain_verify_ragged_ (its kernels set it; also
+through chain_verify) and of tree_verify, dllm_step, the Spiffy ops, the refine ops and shard_row_stats (param_errors_kernel, a
 launch of its own): each invalid per-row value ORs its bit into its request's word (SamplingError), on every
 device, instead of raising; valid values set none; the results are those of the values read as off,
 as without the flag."""
@@ -166,7 +166,7 @@ def test_the_flag_is_captured_and_follows_the_replayed_values():
 
 # ---- the ops whose bindings flag the rows (param_errors_kernel on CUDA): a word a sequence
 
-SEQUENCE_OPS = ["tree_verify", "dllm_step", "spiffy_materialize", "spiffy_accept", "refine_step", "jacobi_refine",
+SEQUENCE_OPS = ["chain_verify", "tree_verify", "dllm_step", "spiffy_materialize", "spiffy_accept", "refine_step", "jacobi_refine",
                 "sequential_refine"]
 STREAMS = dict(seed=[11, 12, 13, 14], offset=[0, 40, 80, 120])
 
@@ -175,6 +175,7 @@ def _sequence_case(op, device):
     """op's call and its reference's on a small case of N sequences, the inputs on `device` made
     once (a captured call copies nothing): each takes the per-sequence parameters (tensors moved to
     `device` for the op, none where there already) and errors, and returns its outputs."""
+    from tests.test_chain_sampling import _random_batch
     from tests.test_dllm import MASK, step_case
     from tests.test_dllm_sampling import _accept_inputs
     from tests.test_refine import make_case
@@ -191,6 +192,12 @@ def _sequence_case(op, device):
     def cpu(params):
         return {**{k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in params.items()}, **stream}
 
+    if op == "chain_verify":
+        logits, drafts, q = _random_batch(N, 3, 20, seed=6)
+        d_case = [t.to(device) for t in (drafts, logits, q)]
+        return (lambda p, e: xkernels.chain_verify(*d_case[:2], draft_probs=d_case[2], return_logprobs=True, errors=e,
+                                                   **dev(p)),
+                lambda p, e: reference.chain_verify(drafts, logits, q, return_logprobs=True, errors=e, **cpu(p)))
     if op == "tree_verify":
         case = verify_case(N, 9, 20, "bushy", seed=3)  # tokens, parents, logits, q: children drawn from q
         d_case = [t.to(device) for t in case]
@@ -287,8 +294,14 @@ def test_bad_errors_buffer_raises_naming_it_per_sequence(op, bad):
         call(_params("cpu"), bad)
 
 
+# the op each function runs with errors, where it is not the function's own
+SCHEMA_OPS = dict(chain_verify="chain_verify_ragged_")
+
+
 def _sequence_op_args(op, errors):
-    """op's schema arguments on the CPU, a flagged NaN temperature in sequence 0, then errors."""
+    """The arguments of op's schema op (SCHEMA_OPS) on the CPU, a flagged NaN temperature in
+    sequence 0, then errors."""
+    from tests.test_chain_sampling import _random_batch
     from tests.test_dllm import MASK, step_case
     from tests.test_dllm_sampling import _accept_inputs
     from tests.test_refine import make_case
@@ -303,6 +316,11 @@ def _sequence_op_args(op, errors):
         return (ctx, tokens, base, *weights, *((3,) if op == "jacobi_refine" else ()), *sampling, errors)
     if op == "spiffy_accept":
         return (*_accept_inputs(N, 1), MASK, 1, None, *sampling, errors)
+    if op == "chain_verify":  # chain_verify_ragged_ over the dense layout, as chain_verify calls it
+        logits, drafts, q = _random_batch(N, 3, 20, seed=6)
+        return (drafts.reshape(-1), torch.arange(1, N + 1) * 3, logits.reshape(N * 4, 20), 3, q.reshape(N * 3, 20),
+                *sampling, False, torch.empty(N, 4, dtype=torch.int32), torch.empty(N, dtype=torch.int32),
+                torch.empty(N, 4), errors)
     if op == "tree_verify":
         return (*verify_case(N, 9, 20, "bushy", seed=3), False, torch.tensor([9, 4, 1, 6]), *sampling, errors)
     logits, block = step_case(N, 8, 20, seed=1)
@@ -315,7 +333,7 @@ def _sequence_op_args(op, errors):
 @pytest.mark.parametrize("op", SEQUENCE_OPS)
 def test_opcheck_and_fake_per_sequence(op):
     from torch._subclasses.fake_tensor import FakeTensorMode
-    schema_op = getattr(torch.ops.xkernels, op).default
+    schema_op = getattr(torch.ops.xkernels, SCHEMA_OPS.get(op, op)).default
     for errors in (torch.zeros(N, dtype=torch.int32), torch.tensor([0, 4, 0, 0], dtype=torch.int32)):
         torch.library.opcheck(schema_op, _sequence_op_args(op, errors))
     args = _sequence_op_args(op, torch.zeros(N, dtype=torch.int32))
@@ -324,6 +342,20 @@ def test_opcheck_and_fake_per_sequence(op):
         schema_op(*fake)
         with pytest.raises(RuntimeError, match="errors"):
             schema_op(*fake[:-1], mode.from_tensor(torch.zeros(N + 1, dtype=torch.int32)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_chain_verify_takes_errors_with_scalar_parameters(device):
+    """Scalars alone (the plain form's call) with errors: the buffer is still checked, nothing is
+    flagged, the tokens are the plain form's."""
+    from tests.test_chain_sampling import _random_batch
+    logits, drafts, q = (t.to(device) for t in _random_batch(N, 3, 20, seed=6))
+    errors = torch.tensor([0, 16, 0, 0], dtype=torch.int32, device=device)
+    got = xkernels.chain_verify(drafts, logits, draft_probs=q, temperature=0.8, seed=5, offset=9, errors=errors)
+    assert errors.cpu().tolist() == [0, 16, 0, 0]
+    _assert_same(got, xkernels.chain_verify(drafts, logits, draft_probs=q, temperature=0.8, seed=5, offset=9))
+    with pytest.raises(RuntimeError, match="errors"):
+        xkernels.chain_verify(drafts, logits, errors=torch.zeros(N + 1, dtype=torch.int32, device=device))
 
 
 @pytest.mark.needs_cuda

@@ -115,6 +115,7 @@ def chain_verify(
     min_p: Param = None,
     method: str = "token",
     return_logprobs: bool = False,
+    errors: Optional[torch.Tensor] = None,
 ):
     """Verify a chain of K draft tokens per sequence against the target's logits.
 
@@ -141,6 +142,19 @@ def chain_verify(
             per-sequence at ``N = 1`` and raises at ``N > 1``.
         method: ``"token"`` (token-wise verification) or ``"block"`` (block verification).
         return_logprobs: also return the log-probabilities of the emitted tokens.
+        errors: optional int32 ``[N]``, a word a sequence, contiguous, on the logits' device: the
+            asynchronous error flag, as :func:`chain_verify_ragged` takes it. Each sequence's
+            invalid per-sequence values are OR-ed into its word as
+            :class:`xkernels.errors.SamplingError` bits (1 ``temperature`` NaN, infinite or
+            negative; 2 ``top_k < 0``; 4 ``top_p`` NaN or outside (0, 1]; 8 ``min_p`` NaN or
+            outside [0, 1]) on the device, with no host sync (CUDA-graph capturable), instead of
+            raising, on the CPU as on CUDA (with ``XKERNELS_CHECK=1`` too). They are read as off
+            as without it (a temperature as greedy, ``top_k`` 0, ``top_p`` 1, ``min_p`` 0): the
+            results are the same. Clamped, not flagged: an int64 ``top_k`` past int32 (it keeps
+            every id) and a temperature whose float32 reciprocal overflows (greedy). Zero it
+            before the call (bits accumulate); read it when the step already syncs. A call with
+            ``errors`` runs :func:`chain_verify_ragged`'s kernels, which set the bits themselves:
+            no extra launch (scalar parameters give the same tokens there).
 
     Returns:
         ``accept_len`` int64 ``[N]`` in ``[0, K]`` and ``out_tokens`` int64 ``[N, K+1]``:
@@ -156,12 +170,14 @@ def chain_verify(
     mass at its ``torch.argmax``. Draft ids outside ``[0, V)`` raise on the CPU; on CUDA
     they are checked only with ``XKERNELS_CHECK=1`` (a host sync) and are otherwise
     rejected without being read. A call with per-sequence parameters, filters, streams,
-    ``method="block"`` or ``return_logprobs`` runs :func:`chain_verify_ragged` over the
-    dense layout.
+    ``method="block"``, ``return_logprobs`` or ``errors`` runs :func:`chain_verify_ragged` over
+    the dense layout.
 
     Raises:
         RuntimeError: a tensor of the wrong shape, dtype or device, a bad ``temperature``, or
-            (on the CPU) draft ids outside ``[0, V)``: each message names the argument.
+            (on the CPU) draft ids outside ``[0, V)``: each message names the argument. With
+            ``errors`` the per-sequence values are flagged there, never raised, on any device
+            (scalars still raise: they are checked on the host without a sync).
         ValueError: a ``seed`` or ``offset`` int that does not fit in 64 bits.
         TypeError: an argument that is neither a tensor nor a DLPack array.
 
@@ -179,7 +195,8 @@ def chain_verify(
     n = _rows(draft_tokens)
     rng = _rng_args(seed, offset, n)
     engine_form = (isinstance(temperature, torch.Tensor) or any(x is not None for x in (top_k, top_p, min_p))
-                   or is_per_row(seed, n) or is_per_row(offset, n) or method != "token" or return_logprobs)
+                   or is_per_row(seed, n) or is_per_row(offset, n) or method != "token" or return_logprobs
+                   or errors is not None)
     if not engine_form:
         return torch.ops.xkernels.chain_verify.default(
             draft_tokens, target_logits, draft_probs, _scalar(temperature, "temperature"), *rng)
@@ -197,7 +214,7 @@ def chain_verify(
     out, emitted, logprobs = _ragged_buffers(n, k, target_logits.device, with_logprobs=return_logprobs)
     _ragged(draft_tokens.reshape(-1), cu, target_logits.reshape(n * (k + 1), vocab), k,
             None if draft_probs is None else draft_probs.reshape(n * k, vocab), temperature, top_k, top_p, min_p, seed,
-            offset, method, out, emitted, logprobs)
+            offset, method, out, emitted, logprobs, errors)
     result = (emitted.long() - 1, out.long())
     return result + (logprobs,) if return_logprobs else result
 

@@ -120,10 +120,12 @@ def chain_verify(
     min_p=None,
     method: str = "token",
     return_logprobs: bool = False,
+    errors: Optional[torch.Tensor] = None,
 ):
     """Speculative verification of a chain of drafts; see xkernels.chain_verify. Returns
     (accept_len int64 [N], out_tokens int64 [N, K+1]), and logprobs float32 [N, K+1] (NaN
-    padded) with return_logprobs."""
+    padded) with return_logprobs. errors (int32 [N]): as chain_verify_ragged's, a word a
+    sequence."""
     n, k = draft_tokens.shape
     vocab = target_logits.shape[-1]
     if draft_tokens.numel() and not ((draft_tokens >= 0) & (draft_tokens < vocab)).all():
@@ -133,7 +135,7 @@ def chain_verify(
     out, emitted, logprobs = chain_verify_ragged(
         draft_tokens.reshape(-1), cu, target_logits.reshape(n * (k + 1), vocab), k,
         None if draft_probs is None else draft_probs.reshape(n * k, vocab), temperature, top_k, top_p, min_p, seed,
-        offset, method)
+        offset, method, errors=errors)
     result = (emitted.long() - 1, out.long())
     return result + (logprobs,) if return_logprobs else result
 
