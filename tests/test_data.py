@@ -48,3 +48,35 @@ def test_held_out_code_excludes_near_duplicates_of_training_files():
     assert not any("Character Mapping Codec" in d for d in clean)
     assert any("Character Mapping Codec" in d for d in everything)  # they were there before the filter
     assert not any("Character Mapping Codec" in p for p in data.held_out_prompts("code", 20))
+
+
+def test_distillation_prompts_come_from_training_documents_only(monkeypatch):
+    """python/train/distill_corpus.py (the block diffusion LM's stage 3) reads the train split only,
+    and its math prompts are none of the held-out ones the benches evaluate."""
+    import random
+    import sys
+    from pathlib import Path
+
+    from xkernels.models.shipped import load_tokenizer
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "python" / "train"))
+    monkeypatch.delitem(sys.modules, "distill_corpus", raising=False)
+    import distill_corpus
+
+    splits = []
+
+    def spy(reader):
+        def read(split, *args, **kwargs):
+            splits.append(split)
+            return list(reader(split, *args, **kwargs))[:40]  # enough files for the sample, quickly
+        return read
+
+    monkeypatch.setattr(data, "code_documents", spy(data.code_documents))
+    monkeypatch.setattr(data, "math_documents", spy(data.math_documents))
+    tok = load_tokenizer()
+    prompts = {d: distill_corpus._prompts(d, 30, tok, random.Random(0)) for d in data.DOMAINS}
+    assert splits and set(splits) == {"train"}
+    assert all(len(p) == 30 and all(p) for p in prompts.values())
+    math = {tok.decode(ids) for ids in prompts["math"]}
+    held = {tok.decode(tok.encode(p).ids) for p in data.held_out_prompts("math", 200)}
+    assert not math & held
