@@ -12,13 +12,14 @@
 //                       more launches draw the token at the stop node (Gumbel-max, each row split
 //                       over many blocks) and merge. With filters the walk finds the cut of each
 //                       row it visits and leaves it for the draw; the walk and the draw read p'
-//                       through it. Without draft_probs a top-k cut comes from the candidates
-//                       that row's statistics pass keeps (candidates.cuh's warp buffers,
-//                       select_cut), with no other pass where they settle it, and the stop draw
-//                       from such a row is drawn in the walk from the kept ids (the sampling
-//                       launches skip it); other cuts take the radix path (row_filter.cuh), whose
-//                       top key bits the statistics pass notes, and so do the rows the candidates
-//                       do not settle, after a pass that notes them.
+//                       through it. A top-k cut comes from the candidates that row's statistics
+//                       pass keeps (candidates.cuh's warp buffers, select_cut), with no other pass
+//                       over the row where they settle it (with draft_probs q is read once more
+//                       for its sum, and the residual sums take the kept ids alone unless some q
+//                       is below 0), and the stop draw from such a row is drawn in the walk from
+//                       the kept ids (the sampling launches skip it); other cuts take the radix
+//                       path (row_filter.cuh), whose top key bits the statistics pass notes, and
+//                       so do the rows the candidates do not settle, after a pass that notes them.
 //  compact_kv_:         a block per (sequence, head) moves the accepted entries in path order.
 // Values the host cannot check without a sync (parents, num_nodes, token ids, path) are handled
 // memory-safely: an invalid parent ends a walk, a child whose token lies outside [0, V) is never
