@@ -109,7 +109,7 @@ RaggedShape check_chain_verify_ragged(const at::Tensor& draft_tokens, const at::
   buffer(output_token_ids, "output_token_ids", at::kInt, {n, max_spec_len + 1});
   buffer(num_emitted, "num_emitted", at::kInt, {n});
   if (logprobs.has_value()) buffer(*logprobs, "logprobs", at::kFloat, {n, max_spec_len + 1});
-  if (errors.has_value()) buffer(*errors, "errors", at::kInt, {n});
+  check_errors(errors, n);  // the same check as every other op with the flag
   if ((device.is_cpu() || value_checks_enabled()) && n > 0) {
     const auto cu = cu_num_draft_tokens.to(at::kLong);
     const auto counts = at::diff(cu, 1, 0, cu.new_zeros({1}));
