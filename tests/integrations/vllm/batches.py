@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
+from scipy.stats import chisquare
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessors
 from vllm.v1.sample.logits_processor.builtin import LogitBiasLogitsProcessor, MinPLogitsProcessor
@@ -99,3 +100,17 @@ def filtered_probs(logits, temperature, top_k=None, top_p=None, min_p=None):
     k = None if top_k is None else torch.where(torch.as_tensor(top_k) == 0, vocab, torch.as_tensor(top_k)).long()
     p = None if top_p is None else torch.as_tensor(top_p, dtype=torch.float64)
     return apply_top_k_top_p(scaled, k, p).softmax(-1)
+
+
+def pooled_pvalue(observed, probs):
+    """Chi-squared p-value of counts against ``probs`` (normalised here), the cells expecting fewer
+    than 5 counts pooled into one: the test's approximation fails on such cells (a count of 4 where
+    0.2 is expected alone reads as p ~ 1e-10)."""
+    probs = probs.double() / probs.double().sum()
+    expected = probs * observed.sum()
+    assert observed[probs == 0].sum() == 0, "a token outside the filtered support was emitted"
+    big = expected >= 5
+    obs = torch.cat([observed[big], observed[~big].sum().reshape(1)])
+    exp = torch.cat([expected[big], expected[~big].sum().reshape(1)])
+    keep = exp > 0
+    return chisquare(obs[keep].numpy(), exp[keep].numpy()).pvalue

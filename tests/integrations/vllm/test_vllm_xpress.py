@@ -12,9 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from batches import filtered_probs, report, sampling_metadata, spec_metadata, vllm_cpu_kernels
+from batches import filtered_probs, pooled_pvalue, report, sampling_metadata, spec_metadata, vllm_cpu_kernels
 from engines import PROMPTS, TOKENS, accepted_drafts, close, engine, model_runner, run
-from scipy.stats import chisquare
 from vllm import SamplingParams
 from vllm.v1.sample.sampler import Sampler
 
@@ -32,17 +31,6 @@ T, TOP_K, TRIALS = 1.0, 20, 3000
 def config(drafts, prefix_caching=False):
     return SimpleNamespace(cache_config=SimpleNamespace(enable_prefix_caching=prefix_caching),
                            speculative_config=SimpleNamespace(num_speculative_tokens=drafts))
-
-
-def pooled_pvalue(observed, expected_probs):
-    """Chi-squared p-value, cells expecting fewer than 5 counts pooled into one."""
-    expected = expected_probs.double() * observed.sum()
-    assert observed[expected_probs == 0].sum() == 0, "a token outside the filtered support was emitted"
-    big = expected >= 5
-    obs = torch.cat([observed[big], observed[~big].sum().reshape(1)])
-    exp = torch.cat([expected[big], expected[~big].sum().reshape(1)])
-    keep = exp > 0
-    return chisquare(obs[keep].numpy(), exp[keep].numpy()).pvalue
 
 
 def test_refuses_prefix_caching_and_too_many_drafts():
