@@ -87,6 +87,23 @@ def test_per_row_sampling_matches_python(printed):
         assert torch.equal(got.view_as(want), want), name
 
 
+def test_filter_order_matches_python(printed):
+    """refine_step given Sampling::filter_order "min_p_first" equals the Python op with it, bit for
+    bit, and not the default order's results (the C++ API passes the order through)."""
+    torch.manual_seed(4)
+    ctx, prev_tokens, base_logits = torch.randn(3, 4, 6), torch.randint(0, 20, (3, 4)), torch.randn(3, 2, 20)
+    weights = xkernels.RefinerWeights(*(torch.randn(s) * 0.1 for s in ((20, 6), (6, 4, 4), (5, 6), (5, 6), (6, 5),
+                                                                          (20, 6))))
+    sampling = dict(temperature=3.0, top_p=0.5, min_p=0.3, seed=5)
+    want = xkernels.refine_step(ctx, prev_tokens, base_logits, weights, filter_order="min_p_first", **sampling)
+    default = xkernels.refine_step(ctx, prev_tokens, base_logits, weights, **sampling)
+    assert not torch.equal(want[1], default[1])
+    for name, w in (("order_tokens", want[0]), ("order_logprobs", want[1])):
+        got = torch.tensor([float(x) for x in printed[name]], dtype=torch.float64).to(w.dtype)
+        assert torch.equal(got.view_as(w), w), name
+
+
 def test_bad_arguments_name_them(printed):
     assert " ".join(printed["shard_error_rows"]).startswith("rows must be int64, got Int")
     assert " ".join(printed["shard_error_seed"]).startswith("seed must be an int64 tensor, got Int")
+    assert " ".join(printed["order_error"]).startswith('filter_order must be "top_k_first" or "min_p_first", got "vllm"')

@@ -5,6 +5,8 @@ They live in Python only; the library declares this module with set_python_modul
 
 import torch
 
+from .reference.sampling import check_filter_order
+
 
 def _same_device(like_name, like, **tensors):
     """Raises unless every given tensor is on like's device. A meta tensor among CPU ones sends the
@@ -53,7 +55,7 @@ def _chain_verify_fake(draft_tokens, target_logits, draft_probs=None, temperatur
 def _chain_verify_ragged_fake(draft_tokens, cu_num_draft_tokens, target_logits, max_spec_len, draft_probs, temperature,
                               temperature_tensor, top_k, top_k_tensor, top_p, top_p_tensor, min_p, min_p_tensor, seed,
                               seed_tensor, offset, offset_tensor, block, output_token_ids, num_emitted, logprobs,
-                              errors=None):
+                              errors=None, filter_order="top_k_first"):
     _same_device("target_logits", target_logits, draft_tokens=draft_tokens, cu_num_draft_tokens=cu_num_draft_tokens,
                  draft_probs=draft_probs, temperature=temperature_tensor, top_k=top_k_tensor, top_p=top_p_tensor,
                  min_p=min_p_tensor, seed=seed_tensor, offset=offset_tensor, output_token_ids=output_token_ids,
@@ -62,6 +64,7 @@ def _chain_verify_ragged_fake(draft_tokens, cu_num_draft_tokens, target_logits, 
     torch._check(draft_tokens.dim() == 1, lambda: "draft_tokens must have shape [T]")
     torch._check(target_logits.dim() == 2, lambda: "target_logits must have shape [T + N, V]")
     _errors(errors, cu_num_draft_tokens.shape[0])
+    check_filter_order(filter_order)
     return None  # logprobs and errors may be None: the kernels then neither compute nor write them
 
 
@@ -69,33 +72,35 @@ _WEIGHTS = ("emb", "mix", "w_gate", "w_up", "w_down", "w_read")
 
 
 def _refine_outputs(ctx, base_logits, tokens_like, tokens_name, weights, temperature_tensor, top_k_tensor,
-                    top_p_tensor, min_p_tensor, seed_tensor, offset_tensor, errors):
+                    top_p_tensor, min_p_tensor, seed_tensor, offset_tensor, errors, filter_order):
     _same_device("ctx", ctx, base_logits=base_logits, **{tokens_name: tokens_like}, **dict(zip(_WEIGHTS, weights)),
                  temperature=temperature_tensor, top_k=top_k_tensor, top_p=top_p_tensor, min_p=min_p_tensor,
                  seed=seed_tensor, offset=offset_tensor, errors=errors)
     torch._check(ctx.dim() == 3 and base_logits.dim() == 3, lambda: "ctx and base_logits must be 3-D")
     n, d = base_logits.shape[0], base_logits.shape[1]
     _errors(errors, ctx.shape[0])
+    check_filter_order(filter_order)
     return tokens_like.new_empty((n, d)), ctx.new_empty((n, d))
 
 
 @torch.library.register_fake("xkernels::refine_step")
 def _refine_step_fake(ctx, prev_tokens, base_logits, emb, mix, w_gate, w_up, w_down, w_read, temperature=0.0,
                       temperature_tensor=None, top_k=0, top_k_tensor=None, top_p=1.0, top_p_tensor=None, min_p=0.0,
-                      min_p_tensor=None, seed=0, seed_tensor=None, offset=0, offset_tensor=None, errors=None):
+                      min_p_tensor=None, seed=0, seed_tensor=None, offset=0, offset_tensor=None, errors=None,
+                      filter_order="top_k_first"):
     return _refine_outputs(ctx, base_logits, prev_tokens, "prev_tokens", (emb, mix, w_gate, w_up, w_down, w_read),
                            temperature_tensor, top_k_tensor, top_p_tensor, min_p_tensor, seed_tensor, offset_tensor,
-                           errors)
+                           errors, filter_order)
 
 
 @torch.library.register_fake("xkernels::jacobi_refine")
 def _jacobi_refine_fake(ctx, prefix_tokens, base_logits, emb, mix, w_gate, w_up, w_down, w_read, max_iters,
                         temperature=0.0, temperature_tensor=None, top_k=0, top_k_tensor=None, top_p=1.0,
                         top_p_tensor=None, min_p=0.0, min_p_tensor=None, seed=0, seed_tensor=None, offset=0,
-                        offset_tensor=None, errors=None):
+                        offset_tensor=None, errors=None, filter_order="top_k_first"):
     tokens, logprobs = _refine_outputs(ctx, base_logits, prefix_tokens, "prefix_tokens",
                                        (emb, mix, w_gate, w_up, w_down, w_read), temperature_tensor, top_k_tensor,
-                                       top_p_tensor, min_p_tensor, seed_tensor, offset_tensor, errors)
+                                       top_p_tensor, min_p_tensor, seed_tensor, offset_tensor, errors, filter_order)
     return tokens, logprobs, prefix_tokens.new_empty((ctx.shape[0],), dtype=torch.int32)
 
 
@@ -103,10 +108,10 @@ def _jacobi_refine_fake(ctx, prefix_tokens, base_logits, emb, mix, w_gate, w_up,
 def _sequential_refine_fake(ctx, prefix_tokens, base_logits, emb, mix, w_gate, w_up, w_down, w_read,
                             temperature=0.0, temperature_tensor=None, top_k=0, top_k_tensor=None, top_p=1.0,
                             top_p_tensor=None, min_p=0.0, min_p_tensor=None, seed=0, seed_tensor=None, offset=0,
-                            offset_tensor=None, errors=None):
+                            offset_tensor=None, errors=None, filter_order="top_k_first"):
     return _refine_outputs(ctx, base_logits, prefix_tokens, "prefix_tokens", (emb, mix, w_gate, w_up, w_down, w_read),
                            temperature_tensor, top_k_tensor, top_p_tensor, min_p_tensor, seed_tensor, offset_tensor,
-                           errors)
+                           errors, filter_order)
 
 
 @torch.library.register_fake("xkernels::build_draft_tree")
@@ -139,7 +144,7 @@ def _tree_positions_fake(parents, num_nodes=None):
 def _tree_verify_fake(tokens, parents, target_logits, draft_probs=None, without_replacement=False, num_nodes=None,
                       temperature=0.0, temperature_tensor=None, top_k=0, top_k_tensor=None, top_p=1.0,
                       top_p_tensor=None, min_p=0.0, min_p_tensor=None, seed=0, seed_tensor=None, offset=0,
-                      offset_tensor=None, errors=None):
+                      offset_tensor=None, errors=None, filter_order="top_k_first"):
     _same_device("target_logits", target_logits, tokens=tokens, parents=parents, draft_probs=draft_probs,
                  num_nodes=num_nodes, temperature=temperature_tensor, top_k=top_k_tensor, top_p=top_p_tensor,
                  min_p=min_p_tensor, seed=seed_tensor, offset=offset_tensor, errors=errors)
@@ -147,6 +152,7 @@ def _tree_verify_fake(tokens, parents, target_logits, draft_probs=None, without_
     torch._check(parents.dim() == 2, lambda: "parents must have shape [N, M]")
     n, m = parents.shape
     _errors(errors, n)
+    check_filter_order(filter_order)
     return tokens.new_empty((n,)), tokens.new_empty((n, m)), tokens.new_empty((n, m))
 
 
@@ -159,12 +165,13 @@ def _compact_kv_fake(cache, path, accept_len, prefix_len):
 @torch.library.register_fake("xkernels::dllm_step")
 def _dllm_step_fake(logits, block_tokens, mask_id, num_unmask, threshold, temperature, temperature_tensor, top_k,
                     top_k_tensor, top_p, top_p_tensor, min_p, min_p_tensor, seed, seed_tensor, offset, offset_tensor,
-                    errors=None):
+                    errors=None, filter_order="top_k_first"):
     _same_device("logits", logits, block_tokens=block_tokens, temperature=temperature_tensor, top_k=top_k_tensor,
                  top_p=top_p_tensor, min_p=min_p_tensor, seed=seed_tensor, offset=offset_tensor, errors=errors)
     torch._check(logits.dim() == 3, lambda: "logits must have shape [N, L, V]")
     n, length = logits.shape[0], logits.shape[1]
     _errors(errors, n)
+    check_filter_order(filter_order)
     return (block_tokens.new_empty((n, length)), block_tokens.new_empty((n, length)),
             block_tokens.new_empty((n, length)), logits.new_empty((n, length), dtype=torch.float32))
 
@@ -172,13 +179,14 @@ def _dllm_step_fake(logits, block_tokens, mask_id, num_unmask, threshold, temper
 @torch.library.register_fake("xkernels::spiffy_materialize")
 def _spiffy_materialize_fake(logits, block_tokens, mask_id, graph_ranks, graph_child_ptr, graph_children, keep,
                              temperature, temperature_tensor, top_k, top_k_tensor, top_p, top_p_tensor, min_p,
-                             min_p_tensor, errors=None):
+                             min_p_tensor, errors=None, filter_order="top_k_first"):
     _same_device("logits", logits, block_tokens=block_tokens, graph_ranks=graph_ranks, graph_child_ptr=graph_child_ptr,
                  graph_children=graph_children, temperature=temperature_tensor, top_k=top_k_tensor,
                  top_p=top_p_tensor, min_p=min_p_tensor, errors=errors)
     torch._check(logits.dim() == 3, lambda: "logits must have shape [N, L, V]")
     n, length = logits.shape[0], logits.shape[1]
     _errors(errors, n)
+    check_filter_order(filter_order)
     return (block_tokens.new_empty((n, keep, length)), block_tokens.new_empty((n, keep)),
             logits.new_empty((n, keep), dtype=torch.float32))
 
@@ -186,13 +194,15 @@ def _spiffy_materialize_fake(logits, block_tokens, mask_id, graph_ranks, graph_c
 @torch.library.register_fake("xkernels::spiffy_accept")
 def _spiffy_accept_fake(root_logits, draft_logits, draft_blocks, node_ids, block_tokens, mask_id, num_unmask,
                         threshold, temperature, temperature_tensor, top_k, top_k_tensor, top_p, top_p_tensor, min_p,
-                        min_p_tensor, seed, seed_tensor, offset, offset_tensor, errors=None):
+                        min_p_tensor, seed, seed_tensor, offset, offset_tensor, errors=None,
+                        filter_order="top_k_first"):
     _same_device("root_logits", root_logits, draft_logits=draft_logits, draft_blocks=draft_blocks, node_ids=node_ids,
                  block_tokens=block_tokens, temperature=temperature_tensor, top_k=top_k_tensor, top_p=top_p_tensor,
                  min_p=min_p_tensor, seed=seed_tensor, offset=offset_tensor, errors=errors)
     torch._check(root_logits.dim() == 3, lambda: "root_logits must have shape [N, L, V]")
     n, length = root_logits.shape[0], root_logits.shape[1]
     _errors(errors, n)
+    check_filter_order(filter_order)
     return (block_tokens.new_empty((n,)), block_tokens.new_empty((n, length)), block_tokens.new_empty((n, length)),
             block_tokens.new_empty((n, length)), block_tokens.new_empty((n,)))
 

@@ -4,7 +4,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from .reference.sampling import is_per_row  # the one rule for a per-request seed or offset
+from .reference.sampling import check_filter_order, is_per_row  # is_per_row: the one rule for a per-request seed/offset
 
 Seed = Union[int, torch.Tensor]
 
@@ -96,6 +96,13 @@ def _sampling_args(temperature, top_k: IntParam, top_p: Param, min_p: Param, see
             seed_int, seed_tensor, offset_int, offset_tensor)
 
 
+def _filter_order(filter_order: str) -> str:
+    """The schemas' filter_order, refused here with a ValueError that names it (the op's own check
+    raises a RuntimeError)."""
+    check_filter_order(filter_order)
+    return filter_order
+
+
 def _check_method(method: str) -> bool:
     if method not in ("token", "block"):
         raise ValueError(f"method must be 'token' or 'block', got {method!r}")
@@ -116,6 +123,7 @@ def chain_verify(
     method: str = "token",
     return_logprobs: bool = False,
     errors: Optional[torch.Tensor] = None,
+    filter_order: str = "top_k_first",
 ):
     """Verify a chain of K draft tokens per sequence against the target's logits.
 
@@ -133,6 +141,7 @@ def chain_verify(
         top_k, top_p, min_p: the filters of each sequence's target distribution, each None
             (off), a scalar, or an ``[N]`` tensor (top_k int32/int64, 0 off; top_p float32 in
             (0, 1], 1 off; min_p float32 in [0, 1], 0 off); see :func:`chain_verify_ragged`.
+        filter_order: the filters' order, as :func:`chain_verify_ragged` takes it.
         seed, offset: the Philox stream: int64 ``[N]`` tensors, a stream per sequence that does
             not depend on the batch (what an engine passes; ``offset[n]``: where the sequence's
             slots start, the next call's ``K + 1`` further, :func:`xkernels.offset_advance`:
@@ -178,7 +187,8 @@ def chain_verify(
             (on the CPU) draft ids outside ``[0, V)``: each message names the argument. With
             ``errors`` the per-sequence values are flagged there, never raised, on any device
             (scalars still raise: they are checked on the host without a sync).
-        ValueError: a ``seed`` or ``offset`` int that does not fit in 64 bits.
+        ValueError: a ``seed`` or ``offset`` int that does not fit in 64 bits, or a ``filter_order``
+            other than ``"top_k_first"`` or ``"min_p_first"``.
         TypeError: an argument that is neither a tensor nor a DLPack array.
 
     Kernels:
@@ -194,6 +204,7 @@ def chain_verify(
     draft_probs = _tensor(draft_probs, "draft_probs", optional=True)
     n = _rows(draft_tokens)
     rng = _rng_args(seed, offset, n)
+    _filter_order(filter_order)  # the plain form has no filters, so no order, but a bad value still raises
     engine_form = (isinstance(temperature, torch.Tensor) or any(x is not None for x in (top_k, top_p, min_p))
                    or is_per_row(seed, n) or is_per_row(offset, n) or method != "token" or return_logprobs
                    or errors is not None)
@@ -214,7 +225,7 @@ def chain_verify(
     out, emitted, logprobs = _ragged_buffers(n, k, target_logits.device, with_logprobs=return_logprobs)
     _ragged(draft_tokens.reshape(-1), cu, target_logits.reshape(n * (k + 1), vocab), k,
             None if draft_probs is None else draft_probs.reshape(n * k, vocab), temperature, top_k, top_p, min_p, seed,
-            offset, method, out, emitted, logprobs, errors)
+            offset, method, out, emitted, logprobs, errors, filter_order)
     result = (emitted.long() - 1, out.long())
     return result + (logprobs,) if return_logprobs else result
 
@@ -237,6 +248,7 @@ def chain_verify_ragged(
     num_emitted: Optional[torch.Tensor] = None,
     logprobs: Optional[torch.Tensor] = None,
     errors: Optional[torch.Tensor] = None,
+    filter_order: str = "top_k_first",
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Verify chains held flat, as vLLM holds them, with per-request sampling parameters.
 
@@ -259,6 +271,9 @@ def chain_verify_ragged(
         top_k: None, an int or an int32/int64 ``[N]`` tensor; 0 is off.
         top_p: None, a float or a float32 ``[N]`` tensor in (0, 1]; 1 is off.
         min_p: None, a float or a float32 ``[N]`` tensor in [0, 1]; 0 is off.
+        filter_order: ``"top_k_first"`` (the default) applies top-k, top-p, then min-p;
+            ``"min_p_first"`` (vLLM's order) applies min-p, then top-k, then top-p renormalised over
+            what both keep. The two differ only where min-p and top-p are both on.
         seed, offset: int64 ``[N]`` tensors (what an engine passes): request ``n``'s noise at slot
             ``i`` is keyed by ``(seed[n], offset[n] + i)`` alone, so it gets the same tokens at any
             row of any batch. A call reads slots up to ``offset[n] + max_spec_len``: the next call's
@@ -297,7 +312,8 @@ def chain_verify_ragged(
     Request ``n`` follows the filtered distribution p' of each row: p = softmax(logits / T);
     keep the ``top_k`` most probable ids; then the smallest set of most probable ids whose
     mass, renormalised over the top-k set, reaches ``top_p``; then drop ids below ``min_p``
-    times the largest probability; renormalise. Ids are ranked by logit, ties to the lower id
+    times the largest probability; renormalise (with ``filter_order="min_p_first"``, min-p first,
+    then top-k, then top-p over what both keep). Ids are ranked by logit, ties to the lower id
     (so the kept set is a prefix of that ranking), the same on every device. Verification is
     lossless for p': a draft is accepted with probability min(1, p'(x) / q(x)), the correction
     is drawn from normalize(max(p' - q, 0)) (p' without the rejected id for deterministic
@@ -315,7 +331,8 @@ def chain_verify_ragged(
             values read as off (a temperature as greedy). With ``errors`` the per-row values are
             never raised for, on any device: they are flagged there (scalar values still raise:
             they are checked on the host without a sync).
-        ValueError: a ``method`` other than ``"token"`` or ``"block"``.
+        ValueError: a ``method`` other than ``"token"`` or ``"block"``, or a ``filter_order`` other
+            than ``"top_k_first"`` or ``"min_p_first"``.
 
     Kernels:
         - CPU: requests in parallel; the cut is found by a streaming top-k selection (a heap of
@@ -334,7 +351,7 @@ def chain_verify_ragged(
                                                  _tensor(target_logits, "target_logits").device, out, num_emitted,
                                                  logprobs, with_logprobs=True)
     _ragged(draft_tokens, cu_num_draft_tokens, target_logits, int(max_spec_len), draft_probs, temperature, top_k,
-            top_p, min_p, seed, offset, method, out, num_emitted, logprobs, errors)
+            top_p, min_p, seed, offset, method, out, num_emitted, logprobs, errors, filter_order)
     return out, num_emitted, logprobs
 
 
@@ -360,7 +377,7 @@ def _requests(cu_num_draft_tokens) -> int:
 
 
 def _ragged(draft_tokens, cu_num_draft_tokens, target_logits, max_spec_len, draft_probs, temperature, top_k, top_p,
-            min_p, seed, offset, method, out, num_emitted, logprobs, errors=None):
+            min_p, seed, offset, method, out, num_emitted, logprobs, errors, filter_order):
     """The one call of chain_verify_ragged_'s kernel both ragged forms make, into the given buffers."""
     block = _check_method(method)
     n = _requests(cu_num_draft_tokens)
@@ -368,7 +385,7 @@ def _ragged(draft_tokens, cu_num_draft_tokens, target_logits, max_spec_len, draf
         _tensor(draft_tokens, "draft_tokens"), _tensor(cu_num_draft_tokens, "cu_num_draft_tokens"),
         _tensor(target_logits, "target_logits"), max_spec_len, _tensor(draft_probs, "draft_probs", optional=True),
         *_sampling_args(temperature, top_k, top_p, min_p, seed, offset, n), block, out, num_emitted, logprobs,
-        _tensor(errors, "errors", optional=True))
+        _tensor(errors, "errors", optional=True), _filter_order(filter_order))
 
 
 def chain_verify_ragged_(
@@ -388,6 +405,7 @@ def chain_verify_ragged_(
     offset: Seed = 0,
     method: str = "token",
     errors: Optional[torch.Tensor] = None,
+    filter_order: str = "top_k_first",
 ):
     """:func:`chain_verify_ragged` into caller buffers, with the verify ops' one convention: the
     accepted drafts' count first, then the tokens (as :func:`chain_verify` and :func:`tree_verify`).
@@ -399,7 +417,8 @@ def chain_verify_ragged_(
     Args:
         draft_tokens, cu_num_draft_tokens, target_logits, draft_probs: as :func:`chain_verify_ragged`
             takes them (``draft_tokens`` int32 or int64).
-        temperature, top_k, top_p, min_p, method: as :func:`chain_verify_ragged` takes them.
+        temperature, top_k, top_p, min_p, method, filter_order: as :func:`chain_verify_ragged` takes
+            them.
         errors: optional int32 ``[N]``: the asynchronous error flag, as :func:`chain_verify_ragged`
             takes it: each request's invalid per-row values OR-ed in as
             :class:`xkernels.errors.SamplingError` bits, on the device, instead of raising; the
@@ -438,7 +457,7 @@ def chain_verify_ragged_(
                          f"{accept_len.dtype} {list(accept_len.shape)}")
     logprobs = _tensor(logprobs, "logprobs", optional=True)
     _ragged(draft_tokens, cu_num_draft_tokens, target_logits, out.shape[1] - 1, draft_probs, temperature, top_k,
-            top_p, min_p, seed, offset, method, out, accept_len, logprobs, errors)
+            top_p, min_p, seed, offset, method, out, accept_len, logprobs, errors, filter_order)
     accept_len.sub_(1)
     return (accept_len, out) if logprobs is None else (accept_len, out, logprobs)
 
@@ -495,6 +514,9 @@ _REFINE_DOC = {
             a filter draws from the filtered distribution p' (:func:`chain_verify_ragged` states
             it; ``reference.sampling.filtered_probs``), and its log-prob is ``log p'(token)``.
             Greedy rows ignore the filters (the argmax is always kept).
+        filter_order: ``"top_k_first"`` (the default) applies top-k, top-p, then min-p;
+            ``"min_p_first"`` (vLLM's order) applies min-p, then top-k, then top-p renormalised over
+            what both keep. The two differ only where min-p and top-p are both on.
         errors: optional int32 ``[N]``, a word a sequence: the asynchronous error flag, as
             :func:`dllm_step` takes it (the invalid per-sequence values flagged and read as off
             instead of raised; the results unchanged; one small extra launch on CUDA).
@@ -510,6 +532,7 @@ _REFINE_DOC = {
             temperature as greedy). With ``errors`` they are flagged there, never raised.
         TypeError: ``weights`` is not a ``RefinerWeights``, or an argument is neither a tensor nor
             a DLPack array.
+        ValueError: a ``filter_order`` other than ``"top_k_first"`` or ``"min_p_first"``.
 """,
 }
 
@@ -543,6 +566,7 @@ def refine_step(
     top_p: Param = None,
     min_p: Param = None,
     errors: Optional[torch.Tensor] = None,
+    filter_order: str = "top_k_first",
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """One xPress refinement pass over a block of ``B`` slots whose last ``D`` are drafted.
 
@@ -590,7 +614,7 @@ def refine_step(
     return torch.ops.xkernels.refine_step.default(
         _tensor(ctx, "ctx"), _ids(prev_tokens, "prev_tokens"), _tensor(base_logits, "base_logits"),
         *_weights(weights), *_sampling_args(temperature, top_k, top_p, min_p, seed, offset, _rows(ctx)),
-        _tensor(errors, "errors", optional=True))
+        _tensor(errors, "errors", optional=True), _filter_order(filter_order))
 
 
 @_refine_doc
@@ -608,6 +632,7 @@ def jacobi_refine(
     top_p: Param = None,
     min_p: Param = None,
     errors: Optional[torch.Tensor] = None,
+    filter_order: str = "top_k_first",
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Jacobi iteration of :func:`refine_step` over a batch, with a per-sequence early stop.
 
@@ -641,7 +666,7 @@ def jacobi_refine(
     return torch.ops.xkernels.jacobi_refine.default(
         _tensor(ctx, "ctx"), _ids(prefix_tokens, "prefix_tokens"), _tensor(base_logits, "base_logits"),
         *_weights(weights), int(max_iters), *_sampling_args(temperature, top_k, top_p, min_p, seed, offset, _rows(ctx)),
-        _tensor(errors, "errors", optional=True))
+        _tensor(errors, "errors", optional=True), _filter_order(filter_order))
 
 
 @_refine_doc
@@ -658,6 +683,7 @@ def sequential_refine(
     top_p: Param = None,
     min_p: Param = None,
     errors: Optional[torch.Tensor] = None,
+    filter_order: str = "top_k_first",
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Left-to-right refinement, one drafted slot per step: slot ``d`` is decided from the
     decided slots before it (the DSpark Markov-head decode, which :func:`jacobi_refine` converges
@@ -682,7 +708,7 @@ def sequential_refine(
     return torch.ops.xkernels.sequential_refine.default(
         _tensor(ctx, "ctx"), _ids(prefix_tokens, "prefix_tokens"), _tensor(base_logits, "base_logits"),
         *_weights(weights), *_sampling_args(temperature, top_k, top_p, min_p, seed, offset, _rows(ctx)),
-        _tensor(errors, "errors", optional=True))
+        _tensor(errors, "errors", optional=True), _filter_order(filter_order))
 
 
 # ---- draft trees (format: xkernels/tree.py) ----
@@ -791,6 +817,7 @@ def tree_verify(
     top_p: Param = None,
     min_p: Param = None,
     errors: Optional[torch.Tensor] = None,
+    filter_order: str = "top_k_first",
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Lossless verification of a draft tree in one pass over the rows it visits.
 
@@ -832,6 +859,9 @@ def tree_verify(
         top_k: None, an int or an int32/int64 ``[N]`` tensor; 0 is off.
         top_p: None, a float or a float32 ``[N]`` tensor in (0, 1]; 1 is off.
         min_p: None, a float or a float32 ``[N]`` tensor in [0, 1]; 0 is off.
+        filter_order: ``"top_k_first"`` (the default) applies top-k, top-p, then min-p;
+            ``"min_p_first"`` (vLLM's order) applies min-p, then top-k, then top-p renormalised over
+            what both keep. The two differ only where min-p and top-p are both on.
         errors: optional int32 ``[N]``, a word a sequence, contiguous, on the logits' device: the
             asynchronous error flag. Each sequence's invalid per-sequence values are OR-ed into its
             word as :class:`xkernels.errors.SamplingError` bits (1 ``temperature`` NaN, infinite or
@@ -864,7 +894,8 @@ def tree_verify(
             the host without a sync).
         TypeError: an argument that is neither a tensor nor a DLPack array, or a scalar of the
             wrong kind.
-        ValueError: a ``seed`` or ``offset`` int that does not fit in 64 bits.
+        ValueError: a ``seed`` or ``offset`` int that does not fit in 64 bits, or a ``filter_order``
+            other than ``"top_k_first"`` or ``"min_p_first"``.
 
     Kernels:
         - CPU: sequences in parallel, reading only the visited rows; a filtered row's cut by a
@@ -884,7 +915,7 @@ def tree_verify(
         _tensor(draft_probs, "draft_probs", optional=True), bool(without_replacement),
         _tensor(num_nodes, "num_nodes", optional=True),
         *_sampling_args(temperature, top_k, top_p, min_p, seed, offset, _rows(tokens)),
-        _tensor(errors, "errors", optional=True))
+        _tensor(errors, "errors", optional=True), _filter_order(filter_order))
 
 
 def compact_kv_(cache: torch.Tensor, path: torch.Tensor, accept_len: torch.Tensor, prefix_len: int) -> torch.Tensor:
@@ -935,6 +966,7 @@ def dllm_step(
     seed: Seed = 0,
     offset: Seed = 0,
     errors: Optional[torch.Tensor] = None,
+    filter_order: str = "top_k_first",
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One step of a masked diffusion LM's block decoding: LLaDA's low-confidence unmasking.
 
@@ -962,6 +994,9 @@ def dllm_step(
         top_k: None, an int or an int32/int64 ``[N]`` tensor; 0 is off.
         top_p: None, a float or a float32 ``[N]`` tensor in (0, 1]; 1 is off.
         min_p: None, a float or a float32 ``[N]`` tensor in [0, 1]; 0 is off.
+        filter_order: ``"top_k_first"`` (the default) applies top-k, top-p, then min-p;
+            ``"min_p_first"`` (vLLM's order) applies min-p, then top-k, then top-p renormalised over
+            what both keep. The two differ only where min-p and top-p are both on.
         seed, offset: the Philox stream (:doc:`/concepts/random_streams`). Ints (64 bits) or
             one-element int64 tensors, read on the device (a captured CUDA graph reads them at
             replay): one stream for the batch, keyed by (sequence row, position, id); a loop passes
@@ -999,6 +1034,7 @@ def dllm_step(
             copy them, and invalid per-sequence values read as off, a temperature as greedy). With
             ``errors`` the per-sequence values are flagged there, never raised, on any device
             (scalars still raise: they are checked on the host without a sync).
+        ValueError: a ``filter_order`` other than ``"top_k_first"`` or ``"min_p_first"``.
 
     Kernels:
         - CPU: masked rows in parallel (a filtered row's cut as :func:`chain_verify_ragged`'s CPU
@@ -1015,7 +1051,7 @@ def dllm_step(
         _tensor(logits, "logits"), _ids(block_tokens, "block_tokens"), int(mask_id), int(num_unmask),
         None if threshold is None else _scalar(threshold, "threshold"),
         *_sampling_args(temperature, top_k, top_p, min_p, seed, offset, _rows(logits)),
-        _tensor(errors, "errors", optional=True))
+        _tensor(errors, "errors", optional=True), _filter_order(filter_order))
 
 
 # ---- Spiffy ----
@@ -1033,6 +1069,7 @@ def spiffy_materialize(
     top_p: Param = None,
     min_p: Param = None,
     errors: Optional[torch.Tensor] = None,
+    filter_order: str = "top_k_first",
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fills a Spiffy draft graph with concrete drafts and keeps the most promising.
 
@@ -1052,7 +1089,7 @@ def spiffy_materialize(
         mask_id: the mask token's id (as in :func:`dllm_step`, it may lie outside ``[0, V)``).
         graph: an :class:`xkernels.spiffy.DraftGraph` on the logits' device.
         keep: how many drafts to keep (at most the graph's nodes besides the root).
-        temperature, top_k, top_p, min_p: the step distribution p' the scores use, as
+        temperature, top_k, top_p, min_p, filter_order: the step distribution p' the scores use, as
             :func:`dllm_step` takes them (scalars or ``[N]`` tensors): ``softmax(logits / T)``
             filtered (a token the filters drop has probability 0, so a node holding it is
             unusable); ``softmax(logits)``, unfiltered, at ``T = 0``.
@@ -1071,6 +1108,7 @@ def spiffy_materialize(
             or past rank 8, ``keep`` beyond the graph) or ``block_tokens`` ids outside ``[0, V)`` other than ``mask_id``, naming the argument; the
             CUDA kernels skip out-of-range graph values instead and copy the block's ids as they are
             (both are checked there with ``XKERNELS_CHECK=1``).
+        ValueError: a ``filter_order`` other than ``"top_k_first"`` or ``"min_p_first"``.
 
     Kernels:
         - CPU: rows in parallel (statistics and top 8 tokens), then ranking, scores and selection per
@@ -1085,7 +1123,8 @@ def spiffy_materialize(
         _tensor(logits, "logits"), _ids(block_tokens, "block_tokens"), int(mask_id),
         _tensor(graph.ranks, "graph.ranks"), _tensor(graph.child_ptr, "graph.child_ptr"),
         _tensor(graph.children, "graph.children"), int(keep),
-        *_sampling_args(temperature, top_k, top_p, min_p, 0, 0)[:8], _tensor(errors, "errors", optional=True))
+        *_sampling_args(temperature, top_k, top_p, min_p, 0, 0)[:8], _tensor(errors, "errors", optional=True),
+        _filter_order(filter_order))
 
 
 def spiffy_accept(
@@ -1105,6 +1144,7 @@ def spiffy_accept(
     seed: Seed = 0,
     offset: Seed = 0,
     errors: Optional[torch.Tensor] = None,
+    filter_order: str = "top_k_first",
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Spiffy's verification: commits every step that one-step-per-call decoding would take and
     whose logits the forward already computed.
@@ -1126,8 +1166,8 @@ def spiffy_accept(
         num_unmask: how many masked positions to unmask (all if fewer are masked).
         threshold: instead, unmask every masked position whose confidence exceeds it, and at
             least the most confident one (Fast-dLLM's parallel decoding).
-        temperature, top_k, top_p, min_p: as :func:`dllm_step` takes them (scalars or ``[N]``
-            tensors).
+        temperature, top_k, top_p, min_p, filter_order: as :func:`dllm_step` takes them (scalars or
+            ``[N]`` tensors).
         seed, offset: the stream, in either of :func:`dllm_step`'s forms. The ``d``-th step
             (from 0) draws what :func:`dllm_step` draws at offset ``offset + d`` in the scalar form,
             and at ``offset[n] + d * L`` per request; so the next call passes ``offset +
@@ -1149,6 +1189,7 @@ def spiffy_accept(
         RuntimeError: a tensor of the wrong shape, dtype or device, ``num_unmask < 1``, or bad
             sampling parameters (as :func:`dllm_step`), naming the argument; ``block_tokens`` as in
             :func:`dllm_step` (draft blocks and node ids are only compared: any values are safe).
+        ValueError: a ``filter_order`` other than ``"top_k_first"`` or ``"min_p_first"``.
 
     Kernels:
         - CPU: sequences in parallel, each step's rows with :func:`dllm_step`'s row rule.
@@ -1165,7 +1206,7 @@ def spiffy_accept(
         _ids(draft_blocks, "draft_blocks"), _tensor(node_ids, "node_ids"), _ids(block_tokens, "block_tokens"),
         int(mask_id), int(num_unmask), None if threshold is None else _scalar(threshold, "threshold"),
         *_sampling_args(temperature, top_k, top_p, min_p, seed, offset, _rows(root_logits)),
-        _tensor(errors, "errors", optional=True))
+        _tensor(errors, "errors", optional=True), _filter_order(filter_order))
 
 
 def spiffy_attention_mask(

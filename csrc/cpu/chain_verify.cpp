@@ -233,12 +233,13 @@ void chain_verify_ragged_cpu(const at::Tensor& draft_tokens, const at::Tensor& c
                              const at::Tensor& target_logits, int64_t max_spec_len,
                              const std::optional<at::Tensor>& draft_probs, XK_SAMPLING_ARGS, bool block,
                              const at::Tensor& output_token_ids, const at::Tensor& num_emitted,
-                             const std::optional<at::Tensor>& logprobs, const std::optional<at::Tensor>& errors) {
+                             const std::optional<at::Tensor>& logprobs, const std::optional<at::Tensor>& errors,
+                             std::string_view filter_order) {
   const auto shape = check_chain_verify_ragged(draft_tokens, cu_num_draft_tokens, target_logits, max_spec_len,
                                                draft_probs, output_token_ids, num_emitted, logprobs, errors);
   // With errors the per-row values are flagged, not raised, as on CUDA.
   const SamplingArgs sampling =
-      sampling_args(shape.n, target_logits.device(), XK_SAMPLING_FORWARD, !errors.has_value());
+      sampling_args(shape.n, target_logits.device(), XK_SAMPLING_FORWARD, filter_order, !errors.has_value());
   if (shape.n == 0) return;
   const auto logits = target_logits.contiguous();
   const auto draft = draft_tokens.to(at::kLong).contiguous();

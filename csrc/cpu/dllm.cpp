@@ -20,13 +20,15 @@ namespace {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step_cpu(
     const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id, int64_t num_unmask,
-    std::optional<double> threshold, XK_SAMPLING_ARGS, const std::optional<at::Tensor>& errors) {
+    std::optional<double> threshold, XK_SAMPLING_ARGS, const std::optional<at::Tensor>& errors,
+    std::string_view filter_order) {
   check_devices(logits, "logits", {{errors, "errors"}});  // first, as the op's own tensors
   const auto s = check_dllm_step(logits, block_tokens, num_unmask, threshold);
   check_block_tokens(block_tokens, mask_id, s.v);
   check_errors(errors, s.n);
   // With errors the per-row values are flagged, not raised, as on CUDA.
-  const SamplingArgs sampling = sampling_args(s.n, logits.device(), XK_SAMPLING_FORWARD, !errors.has_value());
+  const SamplingArgs sampling =
+      sampling_args(s.n, logits.device(), XK_SAMPLING_FORWARD, filter_order, !errors.has_value());
   const SamplingView view = sampling_view(sampling);
   if (errors) or_param_errors(view, s.n, errors->mutable_data_ptr<int32_t>());
   const auto l = logits.contiguous();

@@ -281,14 +281,14 @@ struct Call {
 
 Call prepare(const at::Tensor& ctx, const at::Tensor& tokens, const char* tokens_name, bool tokens_are_prefix,
              const at::Tensor& base_logits, XK_REFINE_WEIGHT_ARGS, XK_SAMPLING_ARGS,
-             const std::optional<at::Tensor>& errors) {
+             const std::optional<at::Tensor>& errors, std::string_view filter_order) {
   check_devices(ctx, "ctx", {{errors, "errors"}});  // first, as the op's own tensors
   const auto s = check_refine(ctx, tokens, tokens_name, tokens_are_prefix, base_logits, emb, mix, w_gate, w_up,
                               w_down, w_read, temperature);
   check_token_ids(tokens, s.v, tokens_name);
   check_errors(errors, s.n);
   // With errors the per-row values are flagged, not raised, as on CUDA.
-  Call call{s, sampling_args(s.n, ctx.device(), XK_SAMPLING_FORWARD, !errors.has_value()),
+  Call call{s, sampling_args(s.n, ctx.device(), XK_SAMPLING_FORWARD, filter_order, !errors.has_value()),
             Weights{emb, mix, w_gate, w_up, w_down, w_read.contiguous()}, base_logits.contiguous(), cpu_read_fused()};
   if (errors) or_param_errors(sampling_view(call.sampling), s.n, errors->mutable_data_ptr<int32_t>());
   return call;
@@ -322,9 +322,11 @@ Rows all_rows(int64_t n, int64_t d) {
 
 std::tuple<at::Tensor, at::Tensor> refine_step_cpu(const at::Tensor& ctx, const at::Tensor& prev_tokens,
                                                    const at::Tensor& base_logits, XK_REFINE_WEIGHT_ARGS,
-                                                   XK_SAMPLING_ARGS, const std::optional<at::Tensor>& errors) {
+                                                   XK_SAMPLING_ARGS, const std::optional<at::Tensor>& errors,
+                                                   std::string_view filter_order) {
   const auto [s, sampling, w, logits, fused] = prepare(ctx, prev_tokens, "prev_tokens", false, base_logits, emb, mix,
-                                                       w_gate, w_up, w_down, w_read, XK_SAMPLING_FORWARD, errors);
+                                                       w_gate, w_up, w_down, w_read, XK_SAMPLING_FORWARD, errors,
+                                                       filter_order);
   auto tokens = at::empty({s.n, s.d}, prev_tokens.options());
   auto logprobs = at::empty({s.n, s.d}, ctx.options());
   const auto z = hidden_states(ctx, prev_tokens, w).narrow(1, s.f, s.d).reshape({s.n * s.d, s.r});
@@ -338,10 +340,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> jacobi_refine_cpu(const at::Tenso
                                                                  const at::Tensor& base_logits,
                                                                  XK_REFINE_WEIGHT_ARGS, int64_t max_iters,
                                                                  XK_SAMPLING_ARGS,
-                                                                 const std::optional<at::Tensor>& errors) {
+                                                                 const std::optional<at::Tensor>& errors,
+                                                                 std::string_view filter_order) {
   TORCH_CHECK(max_iters >= 0, "max_iters must be >= 0, got ", max_iters);
   const auto [s, sampling, w, logits, fused] = prepare(ctx, prefix_tokens, "prefix_tokens", true, base_logits, emb, mix,
-                                                       w_gate, w_up, w_down, w_read, XK_SAMPLING_FORWARD, errors);
+                                                       w_gate, w_up, w_down, w_read, XK_SAMPLING_FORWARD, errors,
+                                                       filter_order);
   auto tokens = at::empty({s.n, s.d}, prefix_tokens.options());
   auto logprobs = at::empty({s.n, s.d}, ctx.options());
   auto iters = at::zeros({s.n}, prefix_tokens.options().dtype(at::kInt));
@@ -396,9 +400,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> jacobi_refine_cpu(const at::Tenso
 
 std::tuple<at::Tensor, at::Tensor> sequential_refine_cpu(const at::Tensor& ctx, const at::Tensor& prefix_tokens,
                                                          const at::Tensor& base_logits, XK_REFINE_WEIGHT_ARGS,
-                                                         XK_SAMPLING_ARGS, const std::optional<at::Tensor>& errors) {
+                                                         XK_SAMPLING_ARGS, const std::optional<at::Tensor>& errors,
+                                                         std::string_view filter_order) {
   const auto [s, sampling, w, logits, fused] = prepare(ctx, prefix_tokens, "prefix_tokens", true, base_logits, emb, mix,
-                                                       w_gate, w_up, w_down, w_read, XK_SAMPLING_FORWARD, errors);
+                                                       w_gate, w_up, w_down, w_read, XK_SAMPLING_FORWARD, errors,
+                                                       filter_order);
   auto tokens = at::zeros({s.n, s.d}, prefix_tokens.options());
   auto logprobs = at::empty({s.n, s.d}, ctx.options());
   std::vector<int64_t> step_tok(static_cast<size_t>(s.n));

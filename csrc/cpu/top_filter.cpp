@@ -61,10 +61,11 @@ size_t top_p_prefix(const std::vector<FilterCandidate>& ranked, float top, float
   return ranked.size();
 }
 
-// top-p over the whole row: the mass of each 1/8-nat band of distance below the top (one band for
-// everything past 32 nats) in one pass, then only the band where the cumulative mass reaches the
-// target is ranked. Bands follow the ranking, since the distance top - a only falls as a rises.
-FilterCut top_p_cut(const float* a, int64_t n, float top, float top_p, FilterScratch& scratch) {
+// top-p over the ids with a - top >= min_gap (all finite ids where min_gap is -inf; min-p's ids in
+// vLLM's order): the mass of each 1/8-nat band of distance below the top (one band for everything
+// past 32 nats) in one pass, then only the band where the cumulative mass reaches the target is
+// ranked. Bands follow the ranking, since the distance top - a only falls as a rises.
+FilterCut top_p_cut(const float* a, int64_t n, float top, float top_p, float min_gap, FilterScratch& scratch) {
   constexpr int kBands = 257;
   constexpr float kPerNat = 8.0f;
   const auto band = [&](float x) {
@@ -74,6 +75,9 @@ FilterCut top_p_cut(const float* a, int64_t n, float top, float top_p, FilterScr
   scratch.e.resize(n);
   float* e = scratch.e.data();
   exp_row(a, n, top, e);
+  if (min_gap != kNegInf)
+    for (int64_t v = 0; v < n; ++v)
+      if (!(a[v] - top >= min_gap)) e[v] = 0.0f;
   std::array<double, kBands> mass{};
   for (int64_t v = 0; v < n; ++v)
     if (e[v] > 0.0f) mass[band(a[v])] += e[v];
@@ -106,10 +110,12 @@ RowStats filter_row(float* a, int64_t n, const RowStats& s, const RowSampling& r
   size_t kept = 0;  // with top-k: the kept ids are the first `kept` candidates
   if (r.top_k > 0 && r.top_k < n) {
     top_k_candidates(a, n, r.top_k, scratch.candidates);
+    if (r.min_p_first && r.top_p < 1.0f)  // vLLM's order: top-p within the ids min-p keeps too (the top always)
+      while (!(scratch.candidates.back().a - top >= min_gap)) scratch.candidates.pop_back();
     kept = r.top_p < 1.0f ? top_p_prefix(scratch.candidates, top, r.top_p) : scratch.candidates.size();
     cut = FilterCut{scratch.candidates[kept - 1].a, scratch.candidates[kept - 1].id};
   } else if (r.top_p < 1.0f) {
-    cut = top_p_cut(a, n, top, r.top_p, scratch);
+    cut = top_p_cut(a, n, top, r.top_p, r.min_p_first ? min_gap : kNegInf, scratch);
   }
   for (int64_t v = 0; v < n; ++v) {
     const bool keep = filter_keeps(cut, a[v], static_cast<int32_t>(v)) && a[v] - top >= min_gap;

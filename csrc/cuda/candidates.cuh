@@ -457,9 +457,24 @@ __device__ inline bool select_cut(SelectShared& sh, const SliceSummary* sums, co
     if (rs.top_k > n) return false;  // beyond the head, or fewer finite ids than top_k
     last = rs.top_k - 1;
   }
+  // vLLM's order: top-p's mass over the ids min-p keeps too, where fewer. They are all in the head
+  // unless every head id is at or above the floor and the ids below the head may be too.
+  bool floored = false;
+  if (by_p && rs.min_p_first && rs.min_p > 0.0f) {
+    const uint32_t least = order_key(floor);
+    int c = 0, hi = n;
+    while (c < hi) {
+      const int mid = (c + hi) / 2;
+      if (sh.head[mid].key >= least) c = mid + 1;
+      else hi = mid;
+    }
+    const bool whole_row = sh.tau == 0u;  // no slice dropped an id
+    if (c == n && !by_k && !whole_row && !(floor > key_value(sh.tau))) return false;
+    if (!by_k || c < last + 1) last = c - 1, floored = true;  // without top-k: the head's first c ids
+  }
   if (by_p) {
     int j;
-    if (by_k) {
+    if (by_k || floored) {
       j = first_at_least(sh.incl, last + 1, static_cast<double>(rs.top_p) * static_cast<double>(sh.incl[last]));
       if (j > last) return false;  // only by rounding: the radix path's answer then
     } else {  // the target from the total's bounds: settled where both reach the same id

@@ -18,10 +18,12 @@ void chain_verify_ragged_cuda(const at::Tensor& draft_tokens, const at::Tensor& 
                               const at::Tensor& target_logits, int64_t max_spec_len,
                               const std::optional<at::Tensor>& draft_probs, XK_SAMPLING_ARGS, bool block,
                               const at::Tensor& output_token_ids, const at::Tensor& num_emitted,
-                              const std::optional<at::Tensor>& logprobs, const std::optional<at::Tensor>& errors) {
+                              const std::optional<at::Tensor>& logprobs, const std::optional<at::Tensor>& errors,
+                              std::string_view filter_order) {
   const auto shape = check_chain_verify_ragged(draft_tokens, cu_num_draft_tokens, target_logits, max_spec_len,
                                                draft_probs, output_token_ids, num_emitted, logprobs, errors);
-  const SamplingArgs s = sampling_args(shape.n, target_logits.device(), XK_SAMPLING_FORWARD, !errors.has_value());
+  const SamplingArgs s =
+      sampling_args(shape.n, target_logits.device(), XK_SAMPLING_FORWARD, filter_order, !errors.has_value());
   if (shape.n == 0) return;
   const c10::cuda::CUDAGuard guard(target_logits.device());
   const auto logits = target_logits.contiguous();

@@ -67,7 +67,7 @@ Prepared prepare(const at::Tensor& ctx, const at::Tensor& tokens, const char* to
                  const at::Tensor& base_logits, const at::Tensor& emb, const at::Tensor& mix,
                  const at::Tensor& w_gate, const at::Tensor& w_up, const at::Tensor& w_down,
                  const at::Tensor& w_read, XK_SAMPLING_ARGS, const std::optional<at::Tensor>& errors,
-                 const char* op) {
+                 std::string_view filter_order, const char* op) {
   check_devices(ctx, "ctx", {{errors, "errors"}});  // first, as the op's own tensors
   const auto s = check_refine(ctx, tokens, tokens_name, tokens_are_prefix, base_logits, emb, mix, w_gate, w_up,
                               w_down, w_read, temperature);
@@ -77,7 +77,7 @@ Prepared prepare(const at::Tensor& ctx, const at::Tensor& tokens, const char* to
   check_errors(errors, s.n);
 
   Prepared out;
-  out.sampling = sampling_args(s.n, ctx.device(), XK_SAMPLING_FORWARD, !errors.has_value());
+  out.sampling = sampling_args(s.n, ctx.device(), XK_SAMPLING_FORWARD, filter_order, !errors.has_value());
   cuda::flag_param_errors(out.sampling, errors, op);
   auto keep = [&](const at::Tensor& t) -> const void* {
     out.keep_alive.push_back(t.contiguous());
@@ -110,10 +110,11 @@ Prepared prepare(const at::Tensor& ctx, const at::Tensor& tokens, const char* to
 
 std::tuple<at::Tensor, at::Tensor> refine_step_cuda(const at::Tensor& ctx, const at::Tensor& prev_tokens,
                                                     const at::Tensor& base_logits, XK_REFINE_WEIGHT_ARGS,
-                                                    XK_SAMPLING_ARGS, const std::optional<at::Tensor>& errors) {
+                                                    XK_SAMPLING_ARGS, const std::optional<at::Tensor>& errors,
+                                                    std::string_view filter_order) {
   const c10::cuda::CUDAGuard guard(ctx.device());
   auto prep = prepare(ctx, prev_tokens, "prev_tokens", false, base_logits, emb, mix, w_gate, w_up, w_down, w_read,
-                      XK_SAMPLING_FORWARD, errors, "refine_step");
+                      XK_SAMPLING_FORWARD, errors, filter_order, "refine_step");
   const auto& p = prep.params;
   auto tokens = at::empty({p.n, p.d}, prev_tokens.options());
   auto logprobs = at::empty({p.n, p.d}, ctx.options());
@@ -128,11 +129,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> jacobi_refine_cuda(const at::Tens
                                                                   const at::Tensor& base_logits,
                                                                   XK_REFINE_WEIGHT_ARGS, int64_t max_iters,
                                                                   XK_SAMPLING_ARGS,
-                                                                  const std::optional<at::Tensor>& errors) {
+                                                                  const std::optional<at::Tensor>& errors,
+                                                                  std::string_view filter_order) {
   TORCH_CHECK(max_iters >= 0, "max_iters must be >= 0, got ", max_iters);
   const c10::cuda::CUDAGuard guard(ctx.device());
   auto prep = prepare(ctx, prefix_tokens, "prefix_tokens", true, base_logits, emb, mix, w_gate, w_up, w_down, w_read,
-                      XK_SAMPLING_FORWARD, errors, "jacobi_refine");
+                      XK_SAMPLING_FORWARD, errors, filter_order, "jacobi_refine");
   const auto& p = prep.params;
   auto tokens = at::empty({p.n, p.d}, prefix_tokens.options());
   auto logprobs = at::empty({p.n, p.d}, ctx.options());
@@ -146,10 +148,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> jacobi_refine_cuda(const at::Tens
 
 std::tuple<at::Tensor, at::Tensor> sequential_refine_cuda(const at::Tensor& ctx, const at::Tensor& prefix_tokens,
                                                           const at::Tensor& base_logits, XK_REFINE_WEIGHT_ARGS,
-                                                          XK_SAMPLING_ARGS, const std::optional<at::Tensor>& errors) {
+                                                          XK_SAMPLING_ARGS, const std::optional<at::Tensor>& errors,
+                                                          std::string_view filter_order) {
   const c10::cuda::CUDAGuard guard(ctx.device());
   auto prep = prepare(ctx, prefix_tokens, "prefix_tokens", true, base_logits, emb, mix, w_gate, w_up, w_down, w_read,
-                      XK_SAMPLING_FORWARD, errors, "sequential_refine");
+                      XK_SAMPLING_FORWARD, errors, filter_order, "sequential_refine");
   const auto& p = prep.params;
   auto tokens = at::zeros({p.n, p.d}, prefix_tokens.options());
   auto logprobs = at::empty({p.n, p.d}, ctx.options());

@@ -235,9 +235,10 @@ __device__ __forceinline__ void rank_first(CutShared& sh, int n) {
 __device__ __forceinline__ float bin_ceiling(uint32_t d) { return key_value((d << 21) | 0x1FFFFFu); }
 
 // The first-level bin (in key order) where the guide's masses relative to `top` reach top_p of
-// theirs, or -1; in sh.hist.mass as fixed point meanwhile. A guess only: the guide's float sums
-// round in the order of the atomics, and a bin of a huge width may underflow them.
-__device__ inline int guided_bin(CutShared& sh, float top, float top_p, int mass_shift) {
+// theirs, bins below `least_bin` left out (below a min-p floor that top-p renormalises within), or
+// -1; in sh.hist.mass as fixed point meanwhile. A guess only: the guide's float sums round in the
+// order of the atomics, a bin of a huge width may underflow them, and least_bin counts whole.
+__device__ inline int guided_bin(CutShared& sh, float top, float top_p, int mass_shift, uint32_t least_bin) {
   const int per = kCutBins / block_threads();
   const double most = static_cast<double>(1ull << 62) / kCutBins;  // the bins' sum stays below 2^62
   unsigned long long local = 0;
@@ -245,8 +246,9 @@ __device__ inline int guided_bin(CutShared& sh, float top, float top_p, int mass
     const double m = static_cast<double>(sh.hist.guide[d]) *
                      exp(static_cast<double>(bin_ceiling(d)) - static_cast<double>(top)) *
                      static_cast<double>(1ull << mass_shift);
-    const unsigned long long f = m > 0.0 ? (m < most ? static_cast<unsigned long long>(m) : static_cast<unsigned long long>(most)) : 0ull;
-    sh.hist.mass[d] = f;  // NaN (an overflowed bin) reads as 0
+    const bool counted = m > 0.0 && static_cast<uint32_t>(d) >= least_bin;  // NaN (an overflowed bin) reads as 0
+    const unsigned long long f = counted ? (m < most ? static_cast<unsigned long long>(m) : static_cast<unsigned long long>(most)) : 0ull;
+    sh.hist.mass[d] = f;
     local += f;
   }
   unsigned long long total;
@@ -348,7 +350,7 @@ __device__ FilterCut radix_cut(CutShared& sh, const RowView<T>& r, float top, co
     const uint32_t bins = level == 2 ? 1024u : 2048u;
     if (level > 0 || first == FirstLevel::kNone || first == FirstLevel::kGuided) {
       if (level == 0 && first == FirstLevel::kGuided) {
-        const int g = guided_bin(sh, top, top_p, mass_shift);
+        const int g = guided_bin(sh, top, top_p, mass_shift, within.val == kNegInf ? 0u : order_key(within.val) >> 21);
         if (g >= 0) guided = static_cast<uint32_t>(g);
         if (threadIdx.x == 0) sh.n_cand = 0;
         if constexpr (Hook::kActive) {
@@ -606,6 +608,18 @@ __device__ int gather_ranking_prefix(CutShared& sh, const RowView<T>& r, float t
   return n <= static_cast<uint32_t>(kCutCandidates) ? static_cast<int>(n) : kCutCandidates + 1;
 }
 
+// How many of the ranked cand[0, n) are at or above `floor` (a binary search: they are ranked).
+__device__ __forceinline__ int count_at_least(const CutShared& sh, int n, float floor) {
+  const uint32_t least = order_key(floor);
+  int lo = 0, hi = n;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (sh.cand.key[mid] >= least) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
 // The cut of all three filters (as filter_cut's) from the ranking's first n ids, ranked in
 // cand[0, n) (n <= kCutCandidates), given `total`, every finite id's fixed-point mass (read for top-p
 // without top-k only): false where those ids do not hold the cut (fewer than top_k; without top-k,
@@ -614,7 +628,16 @@ __device__ inline bool prefix_cut(CutShared& sh, int n, float top, const RowSamp
                                   unsigned long long total, int mass_shift, FilterCut* cut, unsigned long long* kept) {
   const bool by_k = top_bits(rs, v) == TopBits::kCount, by_p = rs.top_p < 1.0f;
   if (by_k && n < rs.top_k) return false;
-  const int within = by_k ? static_cast<int>(rs.top_k) : n;  // the ids top-k keeps
+  int within = by_k ? static_cast<int>(rs.top_k) : n;  // the ids top-k keeps
+  const float floor = min_p_floor(top, rs.min_p);      // +inf without min-p
+  // vLLM's order: top-p's mass over the ids min-p keeps too, where fewer (all ranked here unless
+  // every one of the n is at or above the floor: then, without top-k, it may go past them)
+  bool floored = false;
+  if (by_p && rs.min_p_first && rs.min_p > 0.0f) {
+    const int c = count_at_least(sh, n, floor);
+    if (c == n && !by_k) return false;
+    if (c < within) within = c, floored = true;
+  }
   const auto mass = [&](int j) { return fixed_mass(key_value(sh.cand.key[j]) - top, mass_shift); };
   unsigned long long local = 0, within_mass;
   for (int j = threadIdx.x; j < within; j += block_threads()) local += mass(j);
@@ -623,13 +646,13 @@ __device__ inline bool prefix_cut(CutShared& sh, int n, float top, const RowSamp
   *kept = within_mass;
   if (by_p) {
     unsigned long long before;
-    const double target = static_cast<double>(rs.top_p) * static_cast<double>(by_k ? within_mass : total);
+    const bool whole = by_k || floored;  // the ids top-p renormalises over are the first `within`
+    const double target = static_cast<double>(rs.top_p) * static_cast<double>(whole ? within_mass : total);
     const int j = first_reaching(sh, within, 0, target, mass, &before);
-    if (j < 0 && !by_k) return false;
-    if (j >= 0) last = j, *kept = before + mass(j);  // j < 0 with top-k: only by rounding, its cut
+    if (j < 0 && !whole) return false;
+    if (j >= 0) last = j, *kept = before + mass(j);  // j < 0 with them: only by rounding, their cut
   }
   *cut = FilterCut{key_value(sh.cand.key[last]), sh.cand.id[last]};
-  const float floor = min_p_floor(top, rs.min_p);  // +inf without min-p
   if (rs.min_p > 0.0f && floor > cut->val) {  // min-p keeps the ids at or above its floor, all ranked here
     local = 0;
     for (int j = threadIdx.x; j <= last; j += block_threads())
@@ -662,10 +685,16 @@ __device__ FilterCut filter_cut(CutShared& sh, const RowView<T>& r, float top, c
                     FirstLevel::kCounts, top_p, kept, hook, floor, floor_sum);
   if (floor_mass != kMassUnknown) floor_sum = nullptr;  // top-p's passes leave it
   if (top_p) {
-    const FirstLevel first = bits == TopBits::kGuide ? FirstLevel::kGuided
-                             : sh.ranked_n < 0       ? FirstLevel::kNone
-                             : sh.ranked_bin == kAllRanked ? FirstLevel::kRanked
-                                                           : FirstLevel::kFed;
+    FirstLevel first = bits == TopBits::kGuide ? FirstLevel::kGuided
+                       : sh.ranked_n < 0       ? FirstLevel::kNone
+                       : sh.ranked_bin == kAllRanked ? FirstLevel::kRanked
+                                                     : FirstLevel::kFed;
+    // vLLM's order: top-p within the ids min-p keeps too, where its floor ranks above top-k's cut.
+    // top-k's ranked ids and fed histogram count ids below the floor: a fresh first level then.
+    if (rs.min_p_first && rs.min_p > 0.0f && floor > cut.val) {
+      cut = FilterCut{floor, 0x7FFFFFFF};
+      if (first != FirstLevel::kGuided) first = FirstLevel::kNone;
+    }
     cut = radix_cut(sh, r, top, cut, true, 0u, rs.top_p, mass_shift, first, false, kept, hook, floor, floor_sum);
   }
   if (rs.min_p > 0.0f) {

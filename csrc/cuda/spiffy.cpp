@@ -19,13 +19,13 @@ namespace {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> spiffy_materialize_cuda(
     const at::Tensor& logits, const at::Tensor& block_tokens, int64_t mask_id, const at::Tensor& graph_ranks,
     const at::Tensor& graph_child_ptr, const at::Tensor& graph_children, int64_t keep, XK_SPIFFY_FILTER_ARGS,
-    const std::optional<at::Tensor>& errors) {
+    const std::optional<at::Tensor>& errors, std::string_view filter_order) {
   check_devices(logits, "logits", {{errors, "errors"}});  // first, as the op's own tensors
   const auto s = check_spiffy_materialize(logits, block_tokens, mask_id, graph_ranks, graph_child_ptr, graph_children,
                                           keep, value_checks_enabled());
   check_errors(errors, s.n);
   const SamplingArgs sampling =
-      spiffy_filter_args(s.n, logits.device(), XK_SPIFFY_FILTER_FORWARD, !errors.has_value());
+      spiffy_filter_args(s.n, logits.device(), XK_SPIFFY_FILTER_FORWARD, filter_order, !errors.has_value());
   const c10::cuda::CUDAGuard guard(logits.device());
   cuda::flag_param_errors(sampling, errors, "spiffy_materialize");
   const auto l = logits.contiguous(), block = block_tokens.contiguous();
@@ -52,13 +52,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> spiffy_materialize_cuda(
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> spiffy_accept_cuda(
     const at::Tensor& root_logits, const at::Tensor& draft_logits, const at::Tensor& draft_blocks,
     const at::Tensor& node_ids, const at::Tensor& block_tokens, int64_t mask_id, int64_t num_unmask,
-    std::optional<double> threshold, XK_SAMPLING_ARGS, const std::optional<at::Tensor>& errors) {
+    std::optional<double> threshold, XK_SAMPLING_ARGS, const std::optional<at::Tensor>& errors,
+    std::string_view filter_order) {
   check_devices(root_logits, "root_logits", {{errors, "errors"}});  // first, as the op's own tensors
   const auto s = check_spiffy_accept(root_logits, draft_logits, draft_blocks, node_ids, block_tokens, num_unmask,
                                      threshold);
   if (value_checks_enabled()) check_block_tokens(block_tokens, mask_id, s.v);
   check_errors(errors, s.n);
-  const SamplingArgs sampling = sampling_args(s.n, root_logits.device(), XK_SAMPLING_FORWARD, !errors.has_value());
+  const SamplingArgs sampling =
+      sampling_args(s.n, root_logits.device(), XK_SAMPLING_FORWARD, filter_order, !errors.has_value());
   const c10::cuda::CUDAGuard guard(root_logits.device());
   cuda::flag_param_errors(sampling, errors, "spiffy_accept");
   const auto root = root_logits.contiguous(), drafts = draft_logits.contiguous();

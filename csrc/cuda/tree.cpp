@@ -65,13 +65,15 @@ at::Tensor tree_positions_cuda(const at::Tensor& parents, const std::optional<at
 std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_cuda(
     const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& target_logits,
     const std::optional<at::Tensor>& draft_probs, bool without_replacement,
-    const std::optional<at::Tensor>& num_nodes, XK_SAMPLING_ARGS, const std::optional<at::Tensor>& errors) {
+    const std::optional<at::Tensor>& num_nodes, XK_SAMPLING_ARGS, const std::optional<at::Tensor>& errors,
+    std::string_view filter_order) {
   check_devices(target_logits, "target_logits", {{errors, "errors"}});  // first, as the op's own tensors
   const int64_t v = check_tree_verify(tokens, parents, target_logits, draft_probs, num_nodes);
   const int64_t n = parents.size(0), m = parents.size(1);
   check_errors(errors, n);
   const c10::cuda::CUDAGuard guard(target_logits.device());
-  const SamplingArgs sampling = sampling_args(n, target_logits.device(), XK_SAMPLING_FORWARD, !errors.has_value());
+  const SamplingArgs sampling =
+      sampling_args(n, target_logits.device(), XK_SAMPLING_FORWARD, filter_order, !errors.has_value());
   if (value_checks_enabled()) {
     check_tree_values(parents, num_nodes, "parents");
     check_tree_tokens(tokens, num_nodes, v);

@@ -62,9 +62,10 @@ void chain_verify_ragged_(const at::Tensor& draft_tokens, const at::Tensor& cu_n
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("xkernels::chain_verify_ragged_", "")
                        .typed<void(const T&, const T&, const T&, int64_t, const std::optional<T>&, XK_SAMPLING_TYPES,
-                                   bool, const T&, const T&, const std::optional<T>&, const std::optional<T>&)>();
+                                   bool, const T&, const T&, const std::optional<T>&, const std::optional<T>&,
+                                   std::string_view)>();
   op.call(draft_tokens, cu_num_draft_tokens, target_logits, max_spec_len, draft_probs, XK_SAMPLING_OF(sampling), block,
-          output_token_ids, num_emitted, logprobs, errors);
+          output_token_ids, num_emitted, logprobs, errors, sampling.filter_order);
 }
 
 RaggedShape check_chain_verify_ragged(const at::Tensor& draft_tokens, const at::Tensor& cu_num_draft_tokens,

@@ -26,8 +26,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dllm_step(
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("xkernels::dllm_step", "")
                        .typed<std::tuple<T, T, T, T>(const T&, const T&, int64_t, int64_t, std::optional<double>,
-                                                     XK_SAMPLING_TYPES, const std::optional<T>&)>();
-  return op.call(logits, block_tokens, mask_id, num_unmask, threshold, XK_SAMPLING_OF(sampling), errors);
+                                                     XK_SAMPLING_TYPES, const std::optional<T>&, std::string_view)>();
+  return op.call(logits, block_tokens, mask_id, num_unmask, threshold, XK_SAMPLING_OF(sampling), errors,
+                 sampling.filter_order);
 }
 
 DllmShape check_dllm_step(const at::Tensor& logits, const at::Tensor& block_tokens, int64_t num_unmask,

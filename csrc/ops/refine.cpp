@@ -23,10 +23,10 @@ std::tuple<at::Tensor, at::Tensor> refine_step(const at::Tensor& ctx, const at::
                                                const at::Tensor& base_logits, const RefinerWeights& w,
                                                const Sampling& sampling, const std::optional<at::Tensor>& errors) {
   static auto op = typed_op<std::tuple<T, T>(const T&, const T&, const T&, const T&, const T&, const T&, const T&,
-                                             const T&, const T&, XK_SAMPLING_TYPES, const Opt&)>(
+                                             const T&, const T&, XK_SAMPLING_TYPES, const Opt&, std::string_view)>(
       "xkernels::refine_step");
   return op.call(ctx, prev_tokens, base_logits, w.emb, w.mix, w.w_gate, w.w_up, w.w_down, w.w_read,
-                 XK_SAMPLING_OF(sampling), errors);
+                 XK_SAMPLING_OF(sampling), errors, sampling.filter_order);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> jacobi_refine(const at::Tensor& ctx, const at::Tensor& prefix_tokens,
@@ -35,9 +35,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> jacobi_refine(const at::Tensor& c
                                                              const std::optional<at::Tensor>& errors) {
   static auto op =
       typed_op<std::tuple<T, T, T>(const T&, const T&, const T&, const T&, const T&, const T&, const T&, const T&,
-                                   const T&, int64_t, XK_SAMPLING_TYPES, const Opt&)>("xkernels::jacobi_refine");
+                                   const T&, int64_t, XK_SAMPLING_TYPES, const Opt&, std::string_view)>(
+          "xkernels::jacobi_refine");
   return op.call(ctx, prefix_tokens, base_logits, w.emb, w.mix, w.w_gate, w.w_up, w.w_down, w.w_read, max_iters,
-                 XK_SAMPLING_OF(sampling), errors);
+                 XK_SAMPLING_OF(sampling), errors, sampling.filter_order);
 }
 
 std::tuple<at::Tensor, at::Tensor> sequential_refine(const at::Tensor& ctx, const at::Tensor& prefix_tokens,
@@ -45,10 +46,10 @@ std::tuple<at::Tensor, at::Tensor> sequential_refine(const at::Tensor& ctx, cons
                                                      const Sampling& sampling,
                                                      const std::optional<at::Tensor>& errors) {
   static auto op = typed_op<std::tuple<T, T>(const T&, const T&, const T&, const T&, const T&, const T&, const T&,
-                                             const T&, const T&, XK_SAMPLING_TYPES, const Opt&)>(
+                                             const T&, const T&, XK_SAMPLING_TYPES, const Opt&, std::string_view)>(
       "xkernels::sequential_refine");
   return op.call(ctx, prefix_tokens, base_logits, w.emb, w.mix, w.w_gate, w.w_up, w.w_down, w.w_read,
-                 XK_SAMPLING_OF(sampling), errors);
+                 XK_SAMPLING_OF(sampling), errors, sampling.filter_order);
 }
 
 static void check_weight(const at::Tensor& t, const char* name, std::initializer_list<int64_t> shape,

@@ -43,27 +43,31 @@ TORCH_LIBRARY(xkernels, m) {
       "int max_spec_len, Tensor? draft_probs, float temperature, Tensor? temperature_tensor, int top_k, "
       "Tensor? top_k_tensor, float top_p, Tensor? top_p_tensor, float min_p, Tensor? min_p_tensor, int seed, "
       "Tensor? seed_tensor, int offset, Tensor? offset_tensor, bool block, Tensor(a!) output_token_ids, "
-      "Tensor(b!) num_emitted, Tensor(c!)? logprobs, Tensor(d!)? errors=None) -> ()");
+      "Tensor(b!) num_emitted, Tensor(c!)? logprobs, Tensor(d!)? errors=None, "
+      "str filter_order=\"top_k_first\") -> ()");
   m.def(
       "refine_step(Tensor ctx, Tensor prev_tokens, Tensor base_logits, Tensor emb, Tensor mix, Tensor w_gate, "
       "Tensor w_up, Tensor w_down, Tensor w_read, "
       "float temperature=0.0, Tensor? temperature_tensor=None, int top_k=0, Tensor? top_k_tensor=None, "
       "float top_p=1.0, Tensor? top_p_tensor=None, float min_p=0.0, Tensor? min_p_tensor=None, int seed=0, "
-      "Tensor? seed_tensor=None, int offset=0, Tensor? offset_tensor=None, Tensor(a!)? errors=None) "
+      "Tensor? seed_tensor=None, int offset=0, Tensor? offset_tensor=None, Tensor(a!)? errors=None, "
+      "str filter_order=\"top_k_first\") "
       "-> (Tensor tokens, Tensor logprobs)");
   m.def(
       "jacobi_refine(Tensor ctx, Tensor prefix_tokens, Tensor base_logits, Tensor emb, Tensor mix, "
       "Tensor w_gate, Tensor w_up, Tensor w_down, Tensor w_read, int max_iters, "
       "float temperature=0.0, Tensor? temperature_tensor=None, int top_k=0, Tensor? top_k_tensor=None, "
       "float top_p=1.0, Tensor? top_p_tensor=None, float min_p=0.0, Tensor? min_p_tensor=None, int seed=0, "
-      "Tensor? seed_tensor=None, int offset=0, Tensor? offset_tensor=None, Tensor(a!)? errors=None) "
+      "Tensor? seed_tensor=None, int offset=0, Tensor? offset_tensor=None, Tensor(a!)? errors=None, "
+      "str filter_order=\"top_k_first\") "
       "-> (Tensor tokens, Tensor logprobs, Tensor iters)");
   m.def(
       "sequential_refine(Tensor ctx, Tensor prefix_tokens, Tensor base_logits, Tensor emb, Tensor mix, "
       "Tensor w_gate, Tensor w_up, Tensor w_down, Tensor w_read, "
       "float temperature=0.0, Tensor? temperature_tensor=None, int top_k=0, Tensor? top_k_tensor=None, "
       "float top_p=1.0, Tensor? top_p_tensor=None, float min_p=0.0, Tensor? min_p_tensor=None, int seed=0, "
-      "Tensor? seed_tensor=None, int offset=0, Tensor? offset_tensor=None, Tensor(a!)? errors=None) "
+      "Tensor? seed_tensor=None, int offset=0, Tensor? offset_tensor=None, Tensor(a!)? errors=None, "
+      "str filter_order=\"top_k_first\") "
       "-> (Tensor tokens, Tensor logprobs)");
   m.def(
       "build_draft_tree(Tensor topk_logprobs, Tensor topk_tokens, int budget) "
@@ -75,27 +79,28 @@ TORCH_LIBRARY(xkernels, m) {
       "bool without_replacement=False, Tensor? num_nodes=None, float temperature=0.0, "
       "Tensor? temperature_tensor=None, int top_k=0, Tensor? top_k_tensor=None, float top_p=1.0, "
       "Tensor? top_p_tensor=None, float min_p=0.0, Tensor? min_p_tensor=None, int seed=0, Tensor? seed_tensor=None, "
-      "int offset=0, Tensor? offset_tensor=None, Tensor(a!)? errors=None) "
+      "int offset=0, Tensor? offset_tensor=None, Tensor(a!)? errors=None, str filter_order=\"top_k_first\") "
       "-> (Tensor accept_len, Tensor path, Tensor out_tokens)");
   m.def("compact_kv_(Tensor(a!) cache, Tensor path, Tensor accept_len, int prefix_len) -> ()");
   m.def(
       "dllm_step(Tensor logits, Tensor block_tokens, int mask_id, int num_unmask, float? threshold, "
       "float temperature, Tensor? temperature_tensor, int top_k, Tensor? top_k_tensor, float top_p, "
       "Tensor? top_p_tensor, float min_p, Tensor? min_p_tensor, int seed, Tensor? seed_tensor, int offset, "
-      "Tensor? offset_tensor, Tensor(a!)? errors=None) "
+      "Tensor? offset_tensor, Tensor(a!)? errors=None, str filter_order=\"top_k_first\") "
       "-> (Tensor new_block, Tensor positions, Tensor tokens, Tensor confidence)");
   m.def(
       "spiffy_materialize(Tensor logits, Tensor block_tokens, int mask_id, Tensor graph_ranks, "
       "Tensor graph_child_ptr, Tensor graph_children, int keep, float temperature, Tensor? temperature_tensor, "
       "int top_k, Tensor? top_k_tensor, float top_p, Tensor? top_p_tensor, float min_p, Tensor? min_p_tensor, "
-      "Tensor(a!)? errors=None) -> (Tensor draft_blocks, Tensor node_ids, Tensor scores)");
+      "Tensor(a!)? errors=None, str filter_order=\"top_k_first\") "
+      "-> (Tensor draft_blocks, Tensor node_ids, Tensor scores)");
   m.def(
       "spiffy_accept(Tensor root_logits, Tensor draft_logits, Tensor draft_blocks, Tensor node_ids, "
       "Tensor block_tokens, int mask_id, int num_unmask, float? threshold, float temperature, "
       "Tensor? temperature_tensor, int top_k, Tensor? top_k_tensor, float top_p, Tensor? top_p_tensor, "
       "float min_p, Tensor? min_p_tensor, int seed, Tensor? seed_tensor, int offset, Tensor? offset_tensor, "
-      "Tensor(a!)? errors=None) -> (Tensor num_steps, Tensor positions, Tensor tokens, Tensor new_block, "
-      "Tensor continue_from)");
+      "Tensor(a!)? errors=None, str filter_order=\"top_k_first\") -> (Tensor num_steps, Tensor positions, "
+      "Tensor tokens, Tensor new_block, Tensor continue_from)");
   m.def(
       "spiffy_attention_mask(Tensor prefix_lens, int num_drafts, int block_size, int max_prefix_len, "
       "bool packed=False) -> Tensor");

@@ -56,15 +56,18 @@ void check_values(const at::Tensor& bad, const char* what) {
 
 }  // namespace
 
-SamplingArgs sampling_args(int64_t n, const at::Device& device, XK_SAMPLING_ARGS, bool check_rows) {
+SamplingArgs sampling_args(int64_t n, const at::Device& device, XK_SAMPLING_ARGS, std::string_view filter_order,
+                           bool check_rows) {
   TORCH_CHECK(top_k >= 0, "top_k must be >= 0 (0: off), got ", top_k);
   TORCH_CHECK(top_p > 0.0 && top_p <= 1.0, "top_p must be in (0, 1] (1: off), got ", top_p);
   TORCH_CHECK(min_p >= 0.0 && min_p <= 1.0, "min_p must be in [0, 1] (0: off), got ", min_p);
+  TORCH_CHECK(filter_order == "top_k_first" || filter_order == "min_p_first",
+              "filter_order must be \"top_k_first\" or \"min_p_first\", got \"", filter_order, "\"");
   SamplingArgs s;
   s.n = n;
   s.scalar = RowSampling{inverse_temperature(temperature),
                          static_cast<int32_t>(std::min<int64_t>(top_k, std::numeric_limits<int32_t>::max())),
-                         static_cast<float>(top_p), static_cast<float>(min_p)};
+                         static_cast<float>(top_p), static_cast<float>(min_p), filter_order == "min_p_first"};
   s.temperature = per_row(temperature_tensor, "temperature", n, device, {at::kFloat}, at::kFloat);
   s.top_k = per_row(top_k_tensor, "top_k", n, device, {at::kInt, at::kLong}, at::kInt);
   s.top_p = per_row(top_p_tensor, "top_p", n, device, {at::kFloat}, at::kFloat);

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string_view>
 
 #include "xkernels/sampling_params.h"
 
@@ -49,8 +50,10 @@ struct SamplingArgs {
 // Checks shapes, dtypes and devices (and, on the CPU or with XKERNELS_CHECK=1, the values: a
 // temperature finite and >= 0, top_k >= 0, top_p in (0, 1], min_p in [0, 1]), naming the argument.
 // The scalars' values always; the per-row tensors' only with check_rows (false: the op flags them
-// instead, xkernels/param_errors.h).
-SamplingArgs sampling_args(int64_t n, const at::Device& device, XK_SAMPLING_ARGS, bool check_rows = true);
+// instead, xkernels/param_errors.h). filter_order, the schemas' last argument (after errors, so not
+// in the macros): "top_k_first" or "min_p_first" (vLLM's), set in scalar, which every row starts from.
+SamplingArgs sampling_args(int64_t n, const at::Device& device, XK_SAMPLING_ARGS, std::string_view filter_order,
+                           bool check_rows = true);
 
 // The asynchronous error flag's buffer (an op's `errors`), when given: int32 [n], contiguous, each
 // message naming it (its device: the op's check_devices, first). An op given one flags its per-row

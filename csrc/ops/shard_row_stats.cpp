@@ -64,9 +64,10 @@ ShardRowShape check_shard_row_stats(const at::Tensor& logits, int64_t vocab_star
 
 ShardSampling shard_sampling(const ShardRowShape& s, const at::Tensor& logits, bool sample, XK_SHARD_SAMPLING_ARGS) {
   check_errors(errors, s.n);
+  // No filters here (the cut comes in cut_value / cut_id), so their order is moot.
   ShardSampling out{sampling_args(s.n, logits.device(), temperature, temperature_tensor, 0, std::nullopt, 1.0,
                                   std::nullopt, 0.0, std::nullopt, seed, seed_tensor, offset, offset_tensor,
-                                  !errors.has_value()),
+                                  "top_k_first", !errors.has_value()),
                     at::Tensor(), at::Tensor()};
   TORCH_CHECK(!sample || out.args.may_sample(),
               "sample=True needs temperature > 0 (greedy rows need no sampling); a per-row temperature may hold 0s");

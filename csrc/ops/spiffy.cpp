@@ -26,10 +26,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> spiffy_materialize(
                        .findSchemaOrThrow("xkernels::spiffy_materialize", "")
                        .typed<std::tuple<T, T, T>(const T&, const T&, int64_t, const T&, const T&, const T&, int64_t,
                                                   double, const Opt&, int64_t, const Opt&, double, const Opt&,
-                                                  double, const Opt&, const Opt&)>();
+                                                  double, const Opt&, const Opt&, std::string_view)>();
   return op.call(logits, block_tokens, mask_id, graph_ranks, graph_child_ptr, graph_children, keep, s.temperature,
                  s.temperature_tensor, s.top_k, s.top_k_tensor, s.top_p, s.top_p_tensor, s.min_p, s.min_p_tensor,
-                 errors);
+                 errors, s.filter_order);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> spiffy_accept(
@@ -41,14 +41,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> spiffy_ac
                        .findSchemaOrThrow("xkernels::spiffy_accept", "")
                        .typed<std::tuple<T, T, T, T, T>(const T&, const T&, const T&, const T&, const T&, int64_t,
                                                         int64_t, std::optional<double>, XK_SAMPLING_TYPES,
-                                                        const std::optional<T>&)>();
+                                                        const std::optional<T>&, std::string_view)>();
   return op.call(root_logits, draft_logits, draft_blocks, node_ids, block_tokens, mask_id, num_unmask, threshold,
-                 XK_SAMPLING_OF(sampling), errors);
+                 XK_SAMPLING_OF(sampling), errors, sampling.filter_order);
 }
 
-SamplingArgs spiffy_filter_args(int64_t n, const at::Device& device, XK_SPIFFY_FILTER_ARGS, bool check_rows) {
+SamplingArgs spiffy_filter_args(int64_t n, const at::Device& device, XK_SPIFFY_FILTER_ARGS, std::string_view filter_order,
+                                bool check_rows) {
   return sampling_args(n, device, temperature, temperature_tensor, top_k, top_k_tensor, top_p, top_p_tensor, min_p,
-                       min_p_tensor, 0, std::nullopt, 0, std::nullopt, check_rows);
+                       min_p_tensor, 0, std::nullopt, 0, std::nullopt, filter_order, check_rows);
 }
 
 at::Tensor spiffy_attention_mask(const at::Tensor& prefix_lens, int64_t num_drafts, int64_t block_size,

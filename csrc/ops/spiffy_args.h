@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string_view>
 
 #include "sampling_args.h"
 
@@ -18,6 +19,7 @@ namespace xkernels {
       double min_p, const std::optional<at::Tensor>&min_p_tensor
 #define XK_SPIFFY_FILTER_FORWARD \
   temperature, temperature_tensor, top_k, top_k_tensor, top_p, top_p_tensor, min_p, min_p_tensor
-SamplingArgs spiffy_filter_args(int64_t n, const at::Device& device, XK_SPIFFY_FILTER_ARGS, bool check_rows = true);
+SamplingArgs spiffy_filter_args(int64_t n, const at::Device& device, XK_SPIFFY_FILTER_ARGS, std::string_view filter_order,
+                                bool check_rows = true);
 
 }  // namespace xkernels

@@ -54,9 +54,9 @@ std::tuple<T, T, T> tree_verify(const T& tokens, const T& parents, const T& targ
                                 bool without_replacement, const Opt& num_nodes, const Sampling& sampling,
                                 const Opt& errors) {
   static auto op = typed_op<std::tuple<T, T, T>(const T&, const T&, const T&, const Opt&, bool, const Opt&,
-                                                XK_SAMPLING_TYPES, const Opt&)>("xkernels::tree_verify");
+                                                XK_SAMPLING_TYPES, const Opt&, std::string_view)>("xkernels::tree_verify");
   return op.call(tokens, parents, target_logits, draft_probs, without_replacement, num_nodes,
-                 XK_SAMPLING_OF(sampling), errors);
+                 XK_SAMPLING_OF(sampling), errors, sampling.filter_order);
 }
 
 void compact_kv_(const T& cache, const T& path, const T& accept_len, int64_t prefix_len) {

@@ -1,5 +1,5 @@
 // Calls chain_verify, shard_row_stats, shard_cut_histogram, shard_cut_pick, shard_cut_candidates, refine_step
-// and dllm_step
+// (also with vLLM's filter order) and dllm_step
 // through the C++ API:
 // checks a greedy case with a known answer, then prints sampled results and the
 // messages of bad arguments that tests/test_cpp_api.py compares with the Python
@@ -95,6 +95,25 @@ static void per_row_sampling_case() {
   print_values("dllm_confidence", std::get<3>(dllm));
 }
 
+// refine_step with Sampling::filter_order "min_p_first" where min-p and top-p are both on (flat rows:
+// the orders keep different ids), and a bad filter_order.
+static bool filter_order_case() {
+  at::manual_seed(4);
+  const auto ctx = at::randn({3, 4, 6});
+  const auto prev_tokens = at::randint(0, 20, {3, 4});
+  const auto base_logits = at::randn({3, 2, 20});
+  const auto w = [](at::IntArrayRef shape) { return at::randn(shape) * 0.1; };
+  const xkernels::RefinerWeights weights{w({20, 6}), w({6, 4, 4}), w({5, 6}), w({5, 6}), w({6, 5}), w({20, 6})};
+  xkernels::Sampling sampling{.temperature = 3.0, .top_p = 0.5, .min_p = 0.3, .seed = 5,
+                              .filter_order = "min_p_first"};
+  const auto [tokens, logprobs] = xkernels::refine_step(ctx, prev_tokens, base_logits, weights, sampling);
+  print_values("order_tokens", tokens);
+  print_values("order_logprobs", logprobs);
+  sampling.filter_order = "vllm";
+  return print_error("order_error",
+                     [&] { xkernels::refine_step(ctx, prev_tokens, base_logits, weights, sampling); });
+}
+
 // The radix select of a top-k count of 7 over a whole row (one rank: no all-reduce between the
 // rounds), as xkernels.distributed.filter_cuts runs it: 8 rounds of shard_cut_histogram and
 // shard_cut_pick; prints the final key of each row, and the row's 7 lowest keys by
@@ -138,5 +157,5 @@ int main() {
   print_values("out_tokens", o);
   per_row_sampling_case();
   shard_cut_case();
-  return shard_row_stats_case() ? 0 : 1;
+  return shard_row_stats_case() && filter_order_case() ? 0 : 1;
 }

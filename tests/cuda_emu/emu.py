@@ -2,6 +2,7 @@
 CPU, called with torch CPU tensors. Each call raises EmuViolation if the kernels broke a CUDA
 rule the emulation checks, and returns what the kernels wrote."""
 import collections
+import contextlib
 import ctypes
 import os
 
@@ -135,6 +136,18 @@ class CudaEmu:
             ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
         return out, emitted, logprobs
+
+    @contextlib.contextmanager
+    def filter_order(self, order):
+        """The kernels launched inside apply the filters in `order` (an op's filter_order:
+        "min_p_first" is vLLM's), whatever the launcher."""
+        from xkernels.reference.sampling import check_filter_order
+
+        self.lib.xk_emu_set_min_p_first(ctypes.c_int(check_filter_order(order)))
+        try:
+            yield
+        finally:
+            self.lib.xk_emu_set_min_p_first(ctypes.c_int(0))
 
     def row_cut(self, logits, temperature=0.0, top_k=None, top_p=None, min_p=None, rows_per_request=1):
         """launch_row_cut over the rows of `logits` ([rows, V], rows of any stride), parameters as

@@ -95,10 +95,13 @@ cudaError_t emu_read_gemm(void*, const xkernels::cuda::ReadGemm& g, cudaStream_t
   inv_t, top_k, top_p, min_p, temperature, top_k_rows, top_p_rows, min_p_rows, seed, offset, seed_tensor,    \
       seed_numel, offset_tensor, offset_numel, per_request
 
+// The filter order of the views sampling_view makes (xk_emu_set_min_p_first; the ops' filter_order).
+bool g_min_p_first = false;
+
 // The SamplingView of n rows (the bindings' sampling_view), its arrays copied to the device.
 xkernels::SamplingView sampling_view(Device& dev, int64_t n, XK_EMU_SAMPLING_ARGS) {
   xkernels::SamplingView s{};
-  s.scalar = xkernels::RowSampling{inv_t, top_k, top_p, min_p};
+  s.scalar = xkernels::RowSampling{inv_t, top_k, top_p, min_p, g_min_p_first};
   s.temperature = dev.copy(temperature, sizeof(float) * n);
   s.top_k = dev.copy(top_k_rows, sizeof(int32_t) * n);
   s.top_p = dev.copy(top_p_rows, sizeof(float) * n);
@@ -121,6 +124,9 @@ bool may_filter(const xkernels::SamplingView& s, int64_t v) {
 }  // namespace
 
 extern "C" {
+
+// The filters' order of the launches that follow: vLLM's (min-p first) when on.
+void xk_emu_set_min_p_first(int on) { g_min_p_first = on != 0; }
 
 int xk_emu_chain_verify(const void* logits, int logits_type, const int64_t* draft, const void* q, int q_type,
                         int64_t n, int64_t k, int64_t v, float inv_t, uint64_t seed, uint64_t offset, const int64_t* seed_tensor,

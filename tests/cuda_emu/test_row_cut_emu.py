@@ -17,7 +17,7 @@ def _as_read(t, k, p, m):
     return inv, (k if k > 0 else 0), (p if 0 < p <= 1 else 1.0), (m if 0 <= m <= 1 else 0.0)
 
 
-def _check(logits, cut_val, cut_idx, params, rows_per_request=1):
+def _check(logits, cut_val, cut_idx, params, rows_per_request=1, order="top_k_first"):
     """params: one (temperature, top_k, top_p, min_p) a request."""
     v = logits.shape[1]
     ids = torch.arange(v)
@@ -29,15 +29,16 @@ def _check(logits, cut_val, cut_idx, params, rows_per_request=1):
             continue
         finite = a > float("-inf")
         got = (a > cut_val[r]) | ((a == cut_val[r]) & (ids <= cut_idx[r]))
-        want = filter_mask(a, k, p, m)
+        want = filter_mask(a, k, p, m, order)
         assert torch.equal(got & finite, want & finite), f"row {r}: {(k, p, m)}"
 
 
-def _run(emu, logits, params, rows_per_request=1):
+def _run(emu, logits, params, rows_per_request=1, order="top_k_first"):
     t, k, p, m = (torch.tensor(c) for c in zip(*params)) if params else [torch.empty(0)] * 4
-    cut_val, cut_idx = emu.row_cut(logits, temperature=t.float(), top_k=k.to(torch.int32), top_p=p.float(),
-                                   min_p=m.float(), rows_per_request=rows_per_request)
-    _check(logits, cut_val, cut_idx, params, rows_per_request)
+    with emu.filter_order(order):
+        cut_val, cut_idx = emu.row_cut(logits, temperature=t.float(), top_k=k.to(torch.int32), top_p=p.float(),
+                                       min_p=m.float(), rows_per_request=rows_per_request)
+    _check(logits, cut_val, cut_idx, params, rows_per_request, order)
     return cut_val, cut_idx
 
 
@@ -52,6 +53,28 @@ def test_matches_reference(emu, dtype, vocab):
     g = torch.Generator().manual_seed(vocab)
     logits = (torch.randn(len(PARAMS), vocab, generator=g) * 3).to(dtype)
     _run(emu, logits, PARAMS)
+
+
+# min-p and top-p both on (where vLLM's order differs), with and without top-k, the floor above and
+# below top-k's cut, and each alone (where the orders agree)
+ORDER_PARAMS = [(1.0, 0, 0.9, 0.05), (1.0, 0, 0.5, 0.3), (0.7, 10, 0.8, 0.1), (1.3, 40, 0.95, 0.02),
+                (1.0, 3, 0.9, 0.5), (1.0, 0, 0.99, 0.001), (1.0, 2000, 0.9, 0.01), (1.0, 5, 1.0, 0.2),
+                (1.0, 0, 0.7, 0.0), (2.0, 0, 0.97, 0.2)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("vocab", [37, 300, 20011])
+def test_min_p_first_matches_reference(emu, dtype, vocab):
+    """vLLM's order (filter_order="min_p_first"): each cut keeps filter_mask's ids in that order,
+    on rows where it keeps fewer than the default order (checked: the test can fail)."""
+    g = torch.Generator().manual_seed(vocab + 1)
+    logits = (torch.randn(len(ORDER_PARAMS), vocab, generator=g) * 2).to(dtype)
+    _run(emu, logits, ORDER_PARAMS, order="min_p_first")
+    differ = 0
+    for r, (t, k, p, m) in enumerate(ORDER_PARAMS):
+        a = logits[r].float() * torch.tensor(inverse_temperature(t), dtype=torch.float32)
+        differ += not torch.equal(filter_mask(a, k, p, m), filter_mask(a, k, p, m, "min_p_first"))
+    assert differ >= 2, differ
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -143,7 +143,7 @@ class RaggedVerifier:
         Args:
             draft_tokens, cu_num_draft_tokens, target_logits: the op's, vLLM's layout.
             max_spec_len: this step's width less one (at most the constructor's).
-            **params: ``draft_probs``, ``temperature``, ``top_k``, ``top_p``, ``min_p``.
+            **params: ``draft_probs``, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``filter_order``.
 
         Returns:
             tuple: ``(accept_len [N], out [N, max_spec_len + 1])``, int32 views of the held buffers,

@@ -118,10 +118,10 @@ class XKernelsRejectionSampler(RejectionSampler):
         # RejectionSampler contract allows.
         request_of_row = row_requests(bonus_rows, logits.shape[0])
         self._process(logits, metadata, sm)
-        temperature, top_k, top_p, min_p = self._params(logits, request_of_row, sm)
+        temperature, top_k, top_p, min_p = self._params(logits, sm)
         _, out = verifier.verify(metadata.draft_token_ids, metadata.cu_num_draft_tokens, logits, metadata.max_spec_len,
                                  draft_probs=draft_probs, temperature=temperature, top_k=top_k, top_p=top_p,
-                                 min_p=min_p)
+                                 min_p=min_p, filter_order="min_p_first")
         logprobs = None
         if sm.max_num_logprobs is not None:
             if reported is None:
@@ -194,31 +194,15 @@ class XKernelsRejectionSampler(RejectionSampler):
                 return processor.min_p.reshape(-1)
         return None
 
-    def _params(self, scores, request_of_row, sm):
-        """The op's per-request temperature, top_k, top_p and min_p."""
+    def _params(self, scores, sm):
+        """The op's per-request temperature, top_k, top_p and min_p (the op applies them in vLLM's
+        order: the verify call passes filter_order="min_p_first")."""
         if sm.all_greedy:
             return 0.0, None, None, None
         top_k = sm.top_k
         if top_k is not None:  # vLLM writes the vocabulary size for "off"; the op's off is 0
             top_k = torch.where(top_k >= scores.shape[1], 0, top_k)
-        min_p = self._min_p(sm)
-        if min_p is not None and sm.top_p is not None:
-            # vLLM's sampler applies min-p before top-p (whose mass is then renormalised over what
-            # min-p kept); the op applies it after. Where both are on, mask min-p here first: a pass
-            # over every row, which beats asking the host which rows need it (a sync).
-            both = (min_p > 0) & (sm.top_p < 1)
-            self._mask_min_p(scores, request_of_row, sm.temperature, min_p, both)
-            min_p = torch.where(both, 0.0, min_p)
-        return sm.temperature, top_k, sm.top_p, min_p
-
-    @staticmethod
-    def _mask_min_p(scores, request_of_row, temperature, min_p, which):
-        """Sets to -inf, in the rows of the requests in ``which``, what vLLM's min-p drops:
-        p < min_p * max p, i.e. a logit below max + T * log(min_p). In place, on the device."""
-        cut = scores.amax(dim=-1) + (temperature * torch.log(min_p))[request_of_row]
-        # Rows outside `which` compare with -inf: nothing dropped.
-        cut = torch.where(which[request_of_row], cut, float("-inf")).unsqueeze(-1)
-        scores.masked_fill_(scores < cut, float("-inf"))
+        return sm.temperature, top_k, sm.top_p, self._min_p(sm)
 
     def _filtered(self, scores, request_of_row, sm):
         """The processed logits vLLM reports log-probs of in its processed modes: scaled by
@@ -228,8 +212,9 @@ class XKernelsRejectionSampler(RejectionSampler):
         temperature = torch.where(sm.temperature == 0, 1.0, sm.temperature)
         out = scores / temperature[request_of_row].unsqueeze(-1)
         min_p = self._min_p(sm)
-        if min_p is not None:
-            self._mask_min_p(out, request_of_row, torch.ones_like(temperature), min_p, min_p > 0)
+        if min_p is not None:  # vLLM's min-p drops p < min_p max p: a scaled logit below max + log(min_p)
+            cut = out.amax(dim=-1, keepdim=True) + torch.log(min_p)[request_of_row].unsqueeze(-1)
+            out.masked_fill_(out < cut, float("-inf"))  # min_p 0: a cut at -inf, nothing dropped
         return apply_top_k_top_p(out, None if sm.top_k is None else sm.top_k[request_of_row],
                                  None if sm.top_p is None else sm.top_p[request_of_row])
 

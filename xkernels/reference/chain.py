@@ -34,7 +34,7 @@ def verify_request(drafts: torch.Tensor, logits: torch.Tensor, q: Optional[torch
     rows = logits.float() if greedy else logits.float() * params.inv_t
     # p' of every row: the filters applied to the scaled logits; a row without a softmax
     # (a NaN, a +inf, or all -inf), and every row at T = 0, is a point mass at its argmax.
-    a = [rows[i] if greedy else filtered_logits(rows[i], params.top_k, params.top_p, params.min_p)
+    a = [rows[i] if greedy else filtered_logits(rows[i], params.top_k, params.top_p, params.min_p, params.filter_order)
          for i in range(k + 1)]
     top = [int(r.argmax()) for r in a]
     point_mass = [greedy or not bool(torch.isfinite(r.max())) for r in a]
@@ -121,11 +121,12 @@ def chain_verify(
     method: str = "token",
     return_logprobs: bool = False,
     errors: Optional[torch.Tensor] = None,
+    filter_order: str = "top_k_first",
 ):
     """Speculative verification of a chain of drafts; see xkernels.chain_verify. Returns
     (accept_len int64 [N], out_tokens int64 [N, K+1]), and logprobs float32 [N, K+1] (NaN
-    padded) with return_logprobs. errors (int32 [N]): as chain_verify_ragged's, a word a
-    sequence."""
+    padded) with return_logprobs. errors (int32 [N]) and filter_order: as chain_verify_ragged's
+    (errors a word a sequence)."""
     n, k = draft_tokens.shape
     vocab = target_logits.shape[-1]
     if draft_tokens.numel() and not ((draft_tokens >= 0) & (draft_tokens < vocab)).all():
@@ -135,7 +136,7 @@ def chain_verify(
     out, emitted, logprobs = chain_verify_ragged(
         draft_tokens.reshape(-1), cu, target_logits.reshape(n * (k + 1), vocab), k,
         None if draft_probs is None else draft_probs.reshape(n * k, vocab), temperature, top_k, top_p, min_p, seed,
-        offset, method, errors=errors)
+        offset, method, errors=errors, filter_order=filter_order)
     result = (emitted.long() - 1, out.long())
     return result + (logprobs,) if return_logprobs else result
 
@@ -155,6 +156,7 @@ def chain_verify_ragged(
     method: str = "token",
     return_logprobs: bool = True,
     errors: Optional[torch.Tensor] = None,
+    filter_order: str = "top_k_first",
 ):
     """Chains held flat, as vLLM holds them; see xkernels.chain_verify_ragged. Request n has
     K_n = cu[n] - cu[n-1] drafts at draft_tokens[cu[n-1]:cu[n]] and its K_n + 1 target rows at
@@ -162,13 +164,14 @@ def chain_verify_ragged(
     float32). Returns (output_token_ids int32 [N, max_spec_len + 1], -1 padded; num_emitted int32
     [N]; logprobs float32 [N, max_spec_len + 1], NaN padded, or None without return_logprobs, as
     chain_verify_ragged_ without a logprobs buffer). errors (int32 [N]): each request's invalid
-    per-row values are OR-ed into it as bits (param_errors) and read as off, as the kernels do."""
+    per-row values are OR-ed into it as bits (param_errors) and read as off, as the kernels do.
+    filter_order: the filters' order (sampling.filter_mask)."""
     _check_method(method)
     n = cu_num_draft_tokens.shape[0]
     temperature, top_k, top_p, min_p = flagged(errors, n, temperature, top_k, top_p, min_p)
     device = target_logits.device
     cu = [0] + [int(c) for c in cu_num_draft_tokens.cpu()]
-    params, streams = row_params(n, temperature, top_k, top_p, min_p), row_streams(n, seed, offset)
+    params, streams = row_params(n, temperature, top_k, top_p, min_p, filter_order), row_streams(n, seed, offset)
     logits, draft = target_logits.detach().cpu(), draft_tokens.detach().cpu()
     q = None if draft_probs is None else draft_probs.detach().cpu().float()
     out = torch.full((n, max_spec_len + 1), -1, dtype=torch.int32)

@@ -26,8 +26,8 @@ def _dllm_step_one(logits, block, params, stream, mask_id, num_unmask, threshold
     masked = block == mask_id
     score = logits
     if params.inv_t and length:
-        scaled = torch.stack([filtered_logits(row * params.inv_t, params.top_k, params.top_p, params.min_p)
-                              for row in logits])
+        scaled = torch.stack([filtered_logits(row * params.inv_t, params.top_k, params.top_p, params.min_p,
+                                              params.filter_order) for row in logits])
         score = scaled + torch.stack([stream.gumbel(p, v) for p in range(length)])
     x0 = score.argmax(-1)
     conf = torch.softmax(logits, -1).gather(-1, x0[:, None])[:, 0]
@@ -59,7 +59,7 @@ def step_stream(stream, step: int, length: int):
 
 
 def dllm_step(logits, block_tokens, mask_id, num_unmask=1, threshold=None, temperature=0.0, seed=0, offset=0,
-              top_k=None, top_p=None, min_p=None, errors=None):
+              top_k=None, top_p=None, min_p=None, errors=None, filter_order="top_k_first"):
     """One step of the LLaDA low-confidence rule over a block. For every masked position l of
     sequence n: x0 is drawn from the step distribution p' of sequence n's parameters
     (sampling.filtered_probs of logits with the mask token at -inf) by Gumbel-max:
@@ -72,9 +72,10 @@ def dllm_step(logits, block_tokens, mask_id, num_unmask=1, threshold=None, tempe
     scalar form or [N] tensors (per request: slot l keyed by (seed[n], offset[n] + l)). Returns
     new_block [N, L], positions [N, L] (the unmasked positions ascending, -1 padded), tokens [N, L]
     (theirs, -1 padded) and confidence [N, L] float32. errors (int32 [N]): each sequence's invalid
-    per-row values OR-ed into it as bits (param_errors) and read as off, as the kernels do."""
+    per-row values OR-ed into it as bits (param_errors) and read as off, as the kernels do.
+    filter_order: the filters' order (sampling.filter_mask)."""
     n, length, _ = logits.shape
-    params = row_params(n, *flagged(errors, n, temperature, top_k, top_p, min_p))
+    params = row_params(n, *flagged(errors, n, temperature, top_k, top_p, min_p), filter_order=filter_order)
     streams = row_streams(n, seed, offset)
     l = logits.detach().cpu().float()
     block = block_tokens.detach().cpu()

@@ -29,14 +29,16 @@ def perturbed_scores(logits: torch.Tensor, temperature: float, seed: int, offset
     return a, a + noise.to(a.device)
 
 
-def sample_rows(logits: torch.Tensor, temperature=0.0, seed=0, offset=0, top_k=None, top_p=None, min_p=None):
+def sample_rows(logits: torch.Tensor, temperature=0.0, seed=0, offset=0, top_k=None, top_p=None, min_p=None,
+                filter_order="top_k_first"):
     """tokens = argmax(a' + G), logprobs = log_softmax(a')[tokens] for logits [N, D, V], with
     a = l / T and a' = a filtered (reference.sampling.filtered_logits: -inf at the ids top_k, top_p
     and min_p drop; a' = a without a filter); at T = 0: argmax(l) and log_softmax(l), unfiltered.
     Parameters are scalars or [N] (one a sequence); so are seed and offset (sampling.row_streams:
-    the per-request form keys sequence n's slot d by (seed[n], offset[n] + d) alone)."""
+    the per-request form keys sequence n's slot d by (seed[n], offset[n] + d) alone). filter_order:
+    the filters' order (sampling.filter_mask)."""
     n, d, v = logits.shape
-    params = row_params(n, temperature, top_k, top_p, min_p)
+    params = row_params(n, temperature, top_k, top_p, min_p, filter_order)
     streams = row_streams(n, seed, offset)
     a = logits.float()
     tokens = torch.zeros(n, d, dtype=torch.int64, device=logits.device)
@@ -47,7 +49,7 @@ def sample_rows(logits: torch.Tensor, temperature=0.0, seed=0, offset=0, top_k=N
             logprobs[i] = a[i].log_softmax(-1).gather(-1, tokens[i, :, None])[:, 0]
             continue
         for j in range(d):
-            row = filtered_logits(a[i, j] * rp.inv_t, rp.top_k, rp.top_p, rp.min_p)
+            row = filtered_logits(a[i, j] * rp.inv_t, rp.top_k, rp.top_p, rp.min_p, rp.filter_order)
             tokens[i, j] = (row + st.gumbel(j, v).to(row.device)).argmax()
             logprobs[i, j] = row.log_softmax(-1)[tokens[i, j]]
     return tokens, logprobs
@@ -64,13 +66,14 @@ def refine_logits(ctx, prev_tokens, base_logits, weights) -> torch.Tensor:
 
 
 def refine_step(ctx, prev_tokens, base_logits, weights, temperature=0.0, seed=0, offset=0, top_k=None, top_p=None,
-                min_p=None, errors=None):
+                min_p=None, errors=None, filter_order="top_k_first"):
     """One refinement pass: tokens and log-probabilities of every drafted slot (sample_rows).
     errors (int32 [N]): each sequence's invalid per-row values OR-ed into it as bits (param_errors)
-    and read as off, as the kernels do; jacobi_refine and sequential_refine take it alike."""
+    and read as off, as the kernels do; jacobi_refine and sequential_refine take it, and filter_order
+    (sample_rows'), alike."""
     temperature, top_k, top_p, min_p = flagged(errors, ctx.shape[0], temperature, top_k, top_p, min_p)
     return sample_rows(refine_logits(ctx, prev_tokens, base_logits, weights), temperature, seed, offset, top_k, top_p,
-                       min_p)
+                       min_p, filter_order)
 
 
 def _prev_tokens(prefix_tokens, tokens):
@@ -79,7 +82,7 @@ def _prev_tokens(prefix_tokens, tokens):
 
 
 def jacobi_refine(ctx, prefix_tokens, base_logits, weights, max_iters, temperature=0.0, seed=0, offset=0, top_k=None,
-                  top_p=None, min_p=None, errors=None):
+                  top_p=None, min_p=None, errors=None, filter_order="top_k_first"):
     """Jacobi iteration from the drafter's own sample (its base logits, filtered alike); a sequence
     stops after a pass that changes none of its tokens. Every pass reads the same noise. Returns
     tokens, logprobs (of the last pass run) and iters (passes run, int32)."""
@@ -87,9 +90,10 @@ def jacobi_refine(ctx, prefix_tokens, base_logits, weights, max_iters, temperatu
         raise ValueError("max_iters must be >= 0")
     temperature, top_k, top_p, min_p = flagged(errors, ctx.shape[0], temperature, top_k, top_p, min_p)
     sampling = (temperature, seed, offset, top_k, top_p, min_p)
-    tokens, logprobs = sample_rows(base_logits, *sampling)
+    tokens, logprobs = sample_rows(base_logits, *sampling, filter_order)
     return jacobi_iterate(tokens, logprobs, prefix_tokens, max_iters,
-                          lambda prev: refine_step(ctx, prev, base_logits, weights, *sampling))
+                          lambda prev: refine_step(ctx, prev, base_logits, weights, *sampling,
+                                                   filter_order=filter_order))
 
 
 def jacobi_iterate(tokens, logprobs, prefix_tokens, max_iters, step, early_exit=True):
@@ -112,7 +116,7 @@ def jacobi_iterate(tokens, logprobs, prefix_tokens, max_iters, step, early_exit=
 
 
 def sequential_refine(ctx, prefix_tokens, base_logits, weights, temperature=0.0, seed=0, offset=0, top_k=None,
-                      top_p=None, min_p=None, errors=None):
+                      top_p=None, min_p=None, errors=None, filter_order="top_k_first"):
     """Left-to-right decoding: drafted slot d is decided from the decided slots before it."""
     temperature, top_k, top_p, min_p = flagged(errors, ctx.shape[0], temperature, top_k, top_p, min_p)
     n, d = base_logits.shape[:2]
@@ -120,7 +124,8 @@ def sequential_refine(ctx, prefix_tokens, base_logits, weights, temperature=0.0,
     logprobs = torch.zeros(n, d, dtype=torch.float32, device=base_logits.device)
     for slot in range(d):
         step_tokens, step_logprobs = refine_step(ctx, _prev_tokens(prefix_tokens, tokens), base_logits, weights,
-                                                 temperature, seed, offset, top_k, top_p, min_p)
+                                                 temperature, seed, offset, top_k, top_p, min_p,
+                                                 filter_order=filter_order)
         tokens[:, slot] = step_tokens[:, slot]
         logprobs[:, slot] = step_logprobs[:, slot]
     return tokens, logprobs

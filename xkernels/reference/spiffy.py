@@ -14,7 +14,7 @@ SPIFFY_MAX_RANK = 8  # vocabulary ranks a graph may use (kSpiffyMaxRank)
 
 
 def spiffy_materialize(logits, block_tokens, mask_id, graph_ranks, graph_child_ptr, graph_children, keep,
-                       temperature=0.0, top_k=None, top_p=None, min_p=None, errors=None):
+                       temperature=0.0, top_k=None, top_p=None, min_p=None, errors=None, filter_order="top_k_first"):
     """Fills the draft graph from the step distribution at the root and keeps the best `keep` nodes.
 
     Per sequence: the masked positions in confidence order (the untempered top-1 probability,
@@ -30,9 +30,9 @@ def spiffy_materialize(logits, block_tokens, mask_id, graph_ranks, graph_child_p
     node of the frontier (ties to the lower id) is kept and its usable children join the frontier,
     `keep` times. Returns draft_blocks [N, keep, L], node_ids [N, keep] (in the order kept, -1
     when the frontier ran out; such a slot holds the block itself and score 0) and scores
-    [N, keep] float32, exp(score). errors: as dllm.dllm_step takes it."""
+    [N, keep] float32, exp(score). errors, filter_order: as dllm.dllm_step takes them."""
     n, length, v = logits.shape
-    params = row_params(n, *flagged(errors, n, temperature, top_k, top_p, min_p))
+    params = row_params(n, *flagged(errors, n, temperature, top_k, top_p, min_p), filter_order=filter_order)
     raw = _without_mask_token(logits.detach().cpu().float(), mask_id)
     block = block_tokens.detach().cpu()
     logp = torch.stack([torch.log_softmax(_step_logits(raw[s], params[s]), -1) for s in range(n)]) if n else raw
@@ -83,11 +83,13 @@ def _step_logits(raw, params):
     """The logits [L, V] whose softmax spiffy_materialize scores by: raw / T filtered, raw at T = 0."""
     if not params.inv_t or not len(raw):
         return raw
-    return torch.stack([filtered_logits(row * params.inv_t, params.top_k, params.top_p, params.min_p) for row in raw])
+    return torch.stack([filtered_logits(row * params.inv_t, params.top_k, params.top_p, params.min_p, params.filter_order)
+                        for row in raw])
 
 
 def spiffy_accept(root_logits, draft_logits, draft_blocks, node_ids, block_tokens, mask_id, num_unmask=1,
-                  threshold=None, temperature=0.0, seed=0, offset=0, top_k=None, top_p=None, min_p=None, errors=None):
+                  threshold=None, temperature=0.0, seed=0, offset=0, top_k=None, top_p=None, min_p=None, errors=None,
+                  filter_order="top_k_first"):
     """Spiffy's acceptance: take dllm_step's step from the root's logits (step 0 of the stream);
     while the new block equals a kept draft (node_ids >= 0), take the next step (step 1, ...; the
     stream of step d as dllm.step_stream gives it) from that draft's logits, which the same forward
@@ -95,9 +97,9 @@ def spiffy_accept(root_logits, draft_logits, draft_blocks, node_ids, block_token
     true logits of the block reached, so the result is what one-step-per-call decoding gives.
     Returns num_steps [N], positions and tokens [N, L] (in the order committed,
     -1 padded), new_block [N, L], continue_from [N] (the draft whose logits gave the last step, -1:
-    the root). errors: as dllm.dllm_step takes it."""
+    the root). errors, filter_order: as dllm.dllm_step takes them."""
     n, length, _ = root_logits.shape
-    params = row_params(n, *flagged(errors, n, temperature, top_k, top_p, min_p))
+    params = row_params(n, *flagged(errors, n, temperature, top_k, top_p, min_p), filter_order=filter_order)
     streams = row_streams(n, seed, offset)
     root, drafts_l = root_logits.detach().cpu().float(), draft_logits.detach().cpu().float()
     blocks, ids = draft_blocks.cpu(), node_ids.cpu()

@@ -92,7 +92,8 @@ def tree_positions(parents: torch.Tensor, num_nodes: Optional[torch.Tensor] = No
 
 
 def tree_verify(tokens, parents, target_logits, draft_probs=None, without_replacement=False, temperature=0.0,
-                seed=0, offset=0, num_nodes=None, top_k=None, top_p=None, min_p=None, errors=None):
+                seed=0, offset=0, num_nodes=None, top_k=None, top_p=None, min_p=None, errors=None,
+                filter_order="top_k_first"):
     """Walks each tree from the root, accepting children by the rules of csrc/include/xkernels/tree.h,
     against each row's filtered distribution p' (reference/sampling.py's filtered_logits of the
     sequence's parameters: temperature, top_k, top_p, min_p, each a scalar or an [N] tensor). Node i
@@ -100,9 +101,10 @@ def tree_verify(tokens, parents, target_logits, draft_probs=None, without_replac
     at node i uses slot i's Gumbel noise. Returns accept_len [N], path [N, M] (accepted nodes from the
     root, -1 padded) and out_tokens [N, M] (accepted draft tokens, then the correction or bonus
     token, -1 padded). errors (int32 [N]): each sequence's invalid per-row values OR-ed into it as
-    bits (param_errors) and read as off, as the kernels do."""
+    bits (param_errors) and read as off, as the kernels do. filter_order: the filters' order
+    (sampling.filter_mask)."""
     n, m, v = target_logits.shape
-    params = row_params(n, *flagged(errors, n, temperature, top_k, top_p, min_p))
+    params = row_params(n, *flagged(errors, n, temperature, top_k, top_p, min_p), filter_order=filter_order)
     streams = row_streams(n, seed, offset)
     logits = target_logits.detach().cpu().float()
     toks, par = tokens.detach().cpu(), parents.detach().cpu()
@@ -125,7 +127,7 @@ def tree_verify(tokens, parents, target_logits, draft_probs=None, without_replac
                 nxt = next((c for c in children[node] if int(toks[s, c]) == top), None)
                 emit = top if nxt is None else None
             else:
-                p = torch.softmax(filtered_logits(a, rp.top_k, rp.top_p, rp.min_p), -1)
+                p = torch.softmax(filtered_logits(a, rp.top_k, rp.top_p, rp.min_p, rp.filter_order), -1)
                 nxt = None
                 if q_all is None:
                     r = p.clone()

@@ -18,7 +18,10 @@ namespace xkernels {
 // int64 (0: off), top_p float32 in (0, 1] (1: off), min_p float32 in [0, 1] (0: off). The stream:
 // seed and offset, each overridden at run time by a one-element int64 tensor on the logits' device
 // (a captured CUDA graph can advance it), or int64 [N] tensors: a stream per request, keyed by
-// (seed[n], offset[n] + slot) whatever the batch. The defaults are greedy, unfiltered, stream 0:
+// (seed[n], offset[n] + slot) whatever the batch. filter_order: "top_k_first" applies top-k, top-p,
+// then min-p; "min_p_first" (vLLM's) min-p, top-k, then top-p renormalised over what both keep; they
+// differ only where min-p and top-p are both on (any other value raises). The defaults are greedy,
+// unfiltered, stream 0:
 //   xkernels::Sampling{.temperature = 0.8, .top_p = 0.9, .seed = 7}
 // `errors`, the trailing argument of every op here that takes a Sampling: the
 // asynchronous error flag, int32 [N] (contiguous, on the logits' device; N: the per-row tensors'
@@ -41,6 +44,7 @@ struct Sampling {
   std::optional<at::Tensor> seed_tensor = std::nullopt;
   int64_t offset = 0;
   std::optional<at::Tensor> offset_tensor = std::nullopt;
+  std::string filter_order = "top_k_first";
 };
 
 // Speculative verification of a chain of K drafts per sequence (the scalar form: one temperature,

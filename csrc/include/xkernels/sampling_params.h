@@ -10,12 +10,17 @@
 
 namespace xkernels {
 
-// One request's parameters: inv_t 0 is greedy; top_k 0, top_p 1 and min_p 0 are off.
+// One request's parameters: inv_t 0 is greedy; top_k 0, top_p 1 and min_p 0 are off. The filters
+// apply top-k, then top-p within what top-k keeps, then min-p; with min_p_first (vLLM's order,
+// filter_order="min_p_first"), min-p, then top-k, then top-p within what both keep. Every filter
+// keeps a prefix of the ranking and min-p's is the same in both, so the orders differ only where
+// min-p and top-p are both on: top-p's mass is then renormalised over the ids min-p keeps too.
 struct RowSampling {
   float inv_t;
   int32_t top_k;
   float top_p;
   float min_p;
+  bool min_p_first = false;
 };
 
 XK_HD bool filters_active(const RowSampling& r, int64_t vocab) {

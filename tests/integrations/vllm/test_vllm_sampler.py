@@ -326,7 +326,8 @@ def test_plugin_gate(monkeypatch):
 
 
 def test_min_p_with_top_p_follows_vllms_order():
-    """vLLM applies min-p before top-p; the op's own order (after) would give another support."""
+    """vLLM applies min-p before top-p; the op's default order (after) would give another support,
+    so the sampler asks the op for vLLM's (filter_order="min_p_first")."""
     # min-p (0.7) keeps ids 0-2; top-p 0.5 over those keeps 0-1. Over the whole distribution
     # top-p would keep 0-4, and min-p after it 0-2.
     logits = torch.tensor([[2.0, 1.98, 1.96] + [1.5 - 0.01 * i for i in range(V - 3)]])
