@@ -70,6 +70,24 @@ def bench_tree_attention_mask(benchmark, impl, layout):
 
 
 @pytest.mark.parametrize("impl", ["xkernels", "reference"])
+@pytest.mark.parametrize("layout", ["bool", "packed"])
+def bench_build_draft_tree_with_mask(benchmark, impl, layout):
+    """The tree and its mask from one op (build_draft_tree(mask=layout)) against the two calls an
+    engine makes without it (the baseline, "reference" in the summary table)."""
+    lp, tok = tree_inputs()
+    benchmark.group = f"build_draft_tree mask={layout} vs two calls N={N} budget={BUDGET}"
+    benchmark.extra_info["impl"] = impl
+    if impl == "xkernels":
+        benchmark(lambda: xkernels.build_draft_tree(lp, tok, BUDGET, mask=layout))
+    else:
+        def two_calls():
+            tree = xkernels.build_draft_tree(lp, tok, BUDGET)
+            return tree, xkernels.tree_attention_mask(tree[1], num_nodes=tree[2], layout=layout)
+
+        benchmark(two_calls)
+
+
+@pytest.mark.parametrize("impl", ["xkernels", "reference"])
 @pytest.mark.parametrize("temperature,with_q", [(0.0, False), (1.0, False), (1.0, True)])
 def bench_tree_verify(benchmark, impl, temperature, with_q):
     tokens, parents, logits, q = verify_inputs(temperature)

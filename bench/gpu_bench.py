@@ -42,7 +42,7 @@ PEAK_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12, "B200": 8.0e12, "A100": 2.0
 # 2026-12-04 run, its measured time (tree_verify mixed, tree_verify with float32 q).
 ESTIMATE_US = {("chain_verify", 0.0, False): 88, ("chain_verify", 1.0, False): 106, ("chain_verify", 1.0, True): 112,
                ("refine_step", 1): 38, ("refine_step", 8): 58, ("refine_step", 32): 265, ("jacobi_refine", 1): 158,
-               ("build_draft_tree",): 15, ("tree_attention_mask",): 5,
+               ("build_draft_tree",): 15, ("tree_attention_mask",): 5, ("build_draft_tree mask=packed",): 17,
                ("tree_verify", 0.0, None): 20, ("tree_verify", 1.0, None): 37, ("tree_verify", 1.0, "float32"): 212,
                ("tree_verify", 1.0, "bfloat16"): 190,
                ("dllm_step T=0",): 38, ("dllm_step T=1",): 120, ("spiffy_materialize",): 128, ("spiffy_accept",): 500,
@@ -467,12 +467,22 @@ def bench_tree(results, bench):
     n, budget, v = bench.shape((64, 63, 151936), (2, 6, 97))
     m = budget + 1
     lp, tok, tokens, parents, logits, q = tree_inputs(n, budget, v, torch.bfloat16, device=bench.device)
+
+    def two_calls():  # what build_draft_tree(mask=) replaces
+        tree = xkernels.build_draft_tree(lp, tok, budget)
+        return xkernels.tree_attention_mask(tree[1], num_nodes=tree[2], layout="packed")
+
     cases = [("build_draft_tree", lambda: xkernels.build_draft_tree(lp, tok, budget), ("build_draft_tree",)),
              ("tree_attention_mask packed", lambda: xkernels.tree_attention_mask(parents, layout="packed"),
-              ("tree_attention_mask",))]
+              ("tree_attention_mask",)),
+             ("build_draft_tree mask=packed", lambda: xkernels.build_draft_tree(lp, tok, budget, mask="packed"),
+              ("build_draft_tree mask=packed",))]
     for name, fn, est in cases:
         row = dict(op=name, shape=f"N={n} budget={budget}", us=round(bench.time(fn), 1),
                    h200_estimate_us=ESTIMATE_US[est])
+        if name == "build_draft_tree mask=packed" and bench.main:  # the two calls in the same run
+            two = bench.time(two_calls)
+            row.update(two_calls_us=round(two, 1), one_op_vs_two_calls=round(row["us"] / two, 2))
         bench.emit(results, row, fn)
     # Draft probabilities in float32 and in bfloat16 (an EAGLE drafter's dtype, read as it is).
     for temperature, q_dtype in [(0.0, None), (1.0, None), (1.0, torch.float32), (1.0, torch.bfloat16)]:
@@ -736,6 +746,8 @@ def sanitize_tree(device="cuda", cases=TREE_CASES, racecheck=False):
         for dtype in dtypes(racecheck, torch.float32, torch.bfloat16):
             lp, tok, tokens, parents, logits, q = tree_inputs(n, budget, v, dtype, device=device)
             xkernels.build_draft_tree(lp, tok, budget)
+            for layout in ("bool", "packed"):
+                xkernels.build_draft_tree(lp, tok, budget, mask=layout)
             xkernels.tree_attention_mask(parents, layout="packed")
             xkernels.tree_positions(parents)
 

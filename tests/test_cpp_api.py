@@ -107,3 +107,12 @@ def test_bad_arguments_name_them(printed):
     assert " ".join(printed["shard_error_rows"]).startswith("rows must be int64, got Int")
     assert " ".join(printed["shard_error_seed"]).startswith("seed must be an int64 tensor, got Int")
     assert " ".join(printed["order_error"]).startswith('filter_order must be "top_k_first" or "min_p_first", got "vllm"')
+
+
+def test_build_draft_tree_with_mask_matches_python(printed):
+    """The program's packed mask (the fused op's, which it checked against build_draft_tree and
+    tree_attention_mask in both layouts) is the Python wrapper's."""
+    torch.manual_seed(5)
+    lp, tok = torch.randn(3, 4, 20).log_softmax(-1).topk(3, -1)
+    mask = xkernels.build_draft_tree(lp, tok, 9, mask="packed")[4]
+    assert [int(x) for x in printed["tree_packed_mask"]] == mask.flatten().tolist()

@@ -55,6 +55,29 @@ def test_build_draft_tree_matches_the_heap_reference(device, n, d, k, budget, ti
         assert torch.equal(depth, xkernels.tree_positions(parents, num_nodes=num_nodes))
 
 
+# N = 0, budget 0 (M = 1), fewer prefixes than the budget (padding nodes), M = 8, 64 and M not a multiple of 8.
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n,d,k,budget", [(4, 5, 3, 12), (3, 1, 4, 10), (2, 2, 2, 9), (2, 4, 4, 0), (0, 3, 2, 5),
+                                          (3, 3, 2, 7), (5, 15, 8, 63), (33, 6, 4, 20)])
+@pytest.mark.parametrize("layout", ["bool", "packed"])
+def test_build_draft_tree_with_mask_is_the_two_calls(device, n, d, k, budget, layout):
+    lp, tok = topk_case(n, d, k, seed=n + d + k, ties=True)
+    got = [t.cpu() for t in xkernels.build_draft_tree(lp.to(device), tok.to(device), budget, mask=layout)]
+    want = reference.build_draft_tree_with_mask(lp, tok, budget, packed=layout == "packed")
+    assert len(got) == 5
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    tree = xkernels.build_draft_tree(lp.to(device), tok.to(device), budget)
+    assert torch.equal(got[4], xkernels.tree_attention_mask(tree[1], num_nodes=tree[2], layout=layout).cpu())
+    if n and sum(k**t for t in range(1, d + 1)) < budget:  # fewer prefixes than the budget: padding
+        assert (got[2] < budget + 1).all()
+        pad = budget  # the last node, padding, sees itself alone
+        row = got[4][:, pad]
+        if layout == "packed":
+            row = ((row[:, :, None] >> torch.arange(8, dtype=torch.uint8)) & 1).flatten(1)[:, :budget + 1].bool()
+        assert row.nonzero()[:, 1].tolist() == [pad] * n
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_build_draft_tree_infinite_scores(device):
     """+inf beside -inf log-probs: their sums are NaN, which count as -inf (a NaN score would order
@@ -356,6 +379,9 @@ def test_compact_kv(device, dtype):
 def test_opcheck(device):
     lp, tok = topk_case(3, 4, 3)
     torch.library.opcheck(torch.ops.xkernels.build_draft_tree.default, (lp.to(device), tok.to(device), 7))
+    for packed in (False, True):
+        torch.library.opcheck(torch.ops.xkernels.build_draft_tree_with_mask.default,
+                              (lp.to(device), tok.to(device), 7, packed))
     parents = random_tree(3, 9, "bushy").to(device)
     nn = torch.tensor([9, 4, 1], device=device)
     torch.library.opcheck(torch.ops.xkernels.tree_attention_mask.default, (parents, nn, True))
@@ -405,6 +431,11 @@ def test_bad_inputs_name_the_argument():
         (lambda: xkernels.compact_kv_(torch.randn(2, 2, 8, 4), torch.tensor([[0, 1, 2], [0, 1, 2]]),
                                       torch.tensor([3, 0]), 1), "accept_len must lie in"),
         (lambda: xkernels.tree_attention_mask(parents, layout="dense"), "layout must be"),
+        (lambda: xkernels.build_draft_tree(*topk_case(2, 3, 2), 3, mask="dense"), "mask must be"),
+        (lambda: xkernels.build_draft_tree(*topk_case(2, 3, 2), 3, mask=True), "mask must be"),
+        (lambda: xkernels.build_draft_tree(*topk_case(2, 3, 2), -1, mask="packed"), "budget must be"),
+        (lambda: xkernels.build_draft_tree(topk_case(2, 3, 2)[0], topk_case(2, 3, 2)[1][:1], 3, mask="bool"),
+         "topk_tokens must have the shape of topk_logprobs"),
     ]
     for call, message in cases:
         with pytest.raises((RuntimeError, ValueError), match=message):
@@ -447,8 +478,9 @@ def test_tree_ops_are_cuda_graph_capturable():
     def step():
         tokens, parents, num_nodes, _ = xkernels.build_draft_tree(lp, tok, 12)
         mask = xkernels.tree_attention_mask(parents, num_nodes=num_nodes, layout="packed")
+        fused_mask = xkernels.build_draft_tree(lp, tok, 12, mask="packed")[4]
         tokens = tokens.clamp_min(0)
-        return mask, xkernels.tree_verify(tokens, parents, logits, temperature=1.0, seed=2, offset=offset,
-                                          num_nodes=num_nodes)
+        return mask, fused_mask, xkernels.tree_verify(tokens, parents, logits, temperature=1.0, seed=2,
+                                                      offset=offset, num_nodes=num_nodes)
 
     assert_replays_like_eager(step, offset)

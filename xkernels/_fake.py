@@ -123,6 +123,12 @@ def _build_draft_tree_fake(topk_logprobs, topk_tokens, budget):
             topk_tokens.new_empty((n, m)))
 
 
+@torch.library.register_fake("xkernels::build_draft_tree_with_mask")
+def _build_draft_tree_with_mask_fake(topk_logprobs, topk_tokens, budget, packed=False):
+    tokens, parents, num_nodes, depth = _build_draft_tree_fake(topk_logprobs, topk_tokens, budget)
+    return tokens, parents, num_nodes, depth, _tree_attention_mask_fake(parents, None, packed)
+
+
 @torch.library.register_fake("xkernels::tree_attention_mask")
 def _tree_attention_mask_fake(parents, num_nodes=None, packed=False):
     _same_device("parents", parents, num_nodes=num_nodes)

@@ -714,7 +714,8 @@ def sequential_refine(
 # ---- draft trees (format: xkernels/tree.py) ----
 
 
-def build_draft_tree(topk_logprobs: torch.Tensor, topk_tokens: torch.Tensor, budget: int):
+def build_draft_tree(topk_logprobs: torch.Tensor, topk_tokens: torch.Tensor, budget: int, *,
+                     mask: Optional[str] = None):
     """DDTree's best-first draft tree over per-slot candidates, built on the tensors' device.
 
     A node's score is the sum of its path's log-probs (float32 sums; a NaN log-prob or sum counts
@@ -726,27 +727,41 @@ def build_draft_tree(topk_logprobs: torch.Tensor, topk_tokens: torch.Tensor, bud
         topk_tokens: int64 ``[N, D, k]`` on the same device, the candidates: token ids, ``>= 0``
             and below ``2^31 - 1`` (a negative one would read as padding in the tree).
         budget: draft nodes to add (the tree has ``M = budget + 1`` nodes with the root).
+        mask: ``None``, or the layout of the tree's attention mask to write as well, ``"bool"`` or
+            ``"packed"`` (as :func:`tree_attention_mask`'s ``layout``), in the same op: on CUDA the
+            build's own launch writes it, with no second op to dispatch.
 
     Returns:
         tuple: ``(tokens, parents, num_nodes, depth)``, int64 ``[N, M]``, ``[N, M]``, ``[N]``,
         ``[N, M]`` in :doc:`the tree format </concepts/formats>`. The root's token is -1 (it is the
         caller's last committed token); fewer nodes than ``M`` (a tiny ``D * k``) leave padding
-        ``(-1, -1, 0)``.
+        ``(-1, -1, 0)``. With ``mask``, ``(tokens, parents, num_nodes, depth, mask)``: ``mask``
+        bitwise ``tree_attention_mask(parents, num_nodes=num_nodes, layout=mask)``, bool
+        ``[N, M, M]`` or uint8 ``[N, M, ceil(M / 8)]`` (padding nodes see themselves only).
 
     Raises:
         RuntimeError: a tensor of the wrong shape, dtype or device, or a ``budget`` outside
             ``[0, 2^31 - 1)``, naming the argument; ``topk_tokens`` holding ids outside ``[0, 2^31
             - 1)`` on the CPU, and on CUDA with ``XKERNELS_CHECK=1`` (a host sync; unchecked, the
             kernel copies them as they are).
-        torch.OutOfMemoryError: outputs ``[N, budget + 1]`` too large to allocate, naming ``budget``.
+        ValueError: ``mask`` is neither ``None``, ``"bool"`` nor ``"packed"``.
+        torch.OutOfMemoryError: outputs ``[N, budget + 1]`` (the mask ``[N, M, M]`` or
+            ``[N, M, ceil(M / 8)]``) too large to allocate, naming ``budget``.
 
     Kernels:
-        - CPU: sequences in parallel, the heap search of ``csrc/include/xkernels/tree.h``.
+        - CPU: sequences in parallel, the heap search of ``csrc/include/xkernels/tree.h``; with
+          ``mask`` each sequence's rows right after its search (a node's row is its parent's row
+          plus itself).
         - CUDA: a warp per sequence, each pop a warp-wide max over the frontier spread across its
-          lanes (in shared memory; global scratch past 48 KB).
+          lanes (in shared memory; global scratch past 48 KB); with ``mask`` the warp then writes
+          the rows, a lane per node walking its ancestors (``build_draft_tree_with_mask``).
     """
-    return torch.ops.xkernels.build_draft_tree.default(
-        _tensor(topk_logprobs, "topk_logprobs"), _ids(topk_tokens, "topk_tokens"), int(budget))
+    if mask not in (None, "bool", "packed"):
+        raise ValueError(f"mask must be None, 'bool' or 'packed', got {mask!r}")
+    args = (_tensor(topk_logprobs, "topk_logprobs"), _ids(topk_tokens, "topk_tokens"), int(budget))
+    if mask is None:
+        return torch.ops.xkernels.build_draft_tree.default(*args)
+    return torch.ops.xkernels.build_draft_tree_with_mask.default(*args, mask == "packed")
 
 
 def tree_attention_mask(parents: torch.Tensor, *, num_nodes: Optional[torch.Tensor] = None,

@@ -38,27 +38,64 @@ int64_t tree_heap_capacity(int64_t d, int64_t k, int64_t budget) {
   return std::max<int64_t>(1, std::min(prefixes, budget + 1));
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_draft_tree_cpu(const at::Tensor& topk_logprobs,
-                                                                                const at::Tensor& topk_tokens,
-                                                                                int64_t budget) {
+// Rows [M, row bytes] of one sequence's mask, every byte written: a real node's row (i < count;
+// its parent valid) is its parent's row plus itself, a padding node's itself alone.
+void write_mask_rows(uint8_t* rows, const int64_t* parents, int64_t m, int64_t count, bool packed) {
+  const int64_t row_bytes = packed ? (m + 7) / 8 : m;
+  for (int64_t i = 0; i < m; ++i) {
+    uint8_t* row = rows + i * row_bytes;
+    if (i > 0 && i < count)
+      std::copy_n(rows + parents[i] * row_bytes, row_bytes, row);
+    else
+      std::fill_n(row, row_bytes, uint8_t{0});
+    if (packed)
+      row[i / 8] |= static_cast<uint8_t>(1u << (i % 8));
+    else
+      row[i] = 1;
+  }
+}
+
+// The trees and, with mask_packed, each one's mask rows right after its search, while its parents
+// are in cache.
+DraftTreeOutputs build_trees(const at::Tensor& topk_logprobs, const at::Tensor& topk_tokens, int64_t budget,
+                             std::optional<bool> mask_packed) {
   const auto s = check_build_draft_tree(topk_logprobs, topk_tokens, budget);
   check_token_ids(topk_tokens, kMaxVocab, "topk_tokens");
   const auto lp = topk_logprobs.contiguous();
   const auto tok = topk_tokens.contiguous();
   const int64_t m = budget + 1;
-  auto [tokens, parents, num_nodes, depth] = draft_tree_outputs(topk_tokens, s);
+  auto out = draft_tree_outputs(topk_tokens, s, mask_packed);
   const float* lpp = lp.const_data_ptr<float>();
   const int64_t* tp = tok.const_data_ptr<int64_t>();
+  int64_t* tokens = out.tokens.mutable_data_ptr<int64_t>();
+  int64_t* parents = out.parents.mutable_data_ptr<int64_t>();
+  int64_t* num_nodes = out.num_nodes.mutable_data_ptr<int64_t>();
+  int64_t* depth = out.depth.mutable_data_ptr<int64_t>();
+  auto* mask = mask_packed ? static_cast<uint8_t*>(out.mask.mutable_data_ptr()) : nullptr;  // bool is one byte
+  const int64_t mask_bytes = mask ? out.mask.size(1) * out.mask.size(2) : 0;
   const auto capacity = static_cast<size_t>(tree_heap_capacity(s.d, s.k, budget));
   at::parallel_for(0, s.n, kTreeGrain, [&](int64_t begin, int64_t end) {
     std::vector<TreeCandidate> heap(capacity);
-    for (int64_t n = begin; n < end; ++n)
-      num_nodes.mutable_data_ptr<int64_t>()[n] =
-          build_tree(lpp + n * s.d * s.k, tp + n * s.d * s.k, s.d, s.k, budget, heap.data(),
-                     tokens.mutable_data_ptr<int64_t>() + n * m, parents.mutable_data_ptr<int64_t>() + n * m,
-                     depth.mutable_data_ptr<int64_t>() + n * m);
+    for (int64_t n = begin; n < end; ++n) {
+      num_nodes[n] = build_tree(lpp + n * s.d * s.k, tp + n * s.d * s.k, s.d, s.k, budget, heap.data(),
+                                tokens + n * m, parents + n * m, depth + n * m);
+      if (mask) write_mask_rows(mask + n * mask_bytes, parents + n * m, m, num_nodes[n], *mask_packed);
+    }
   });
-  return {tokens, parents, num_nodes, depth};
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_draft_tree_cpu(const at::Tensor& topk_logprobs,
+                                                                                const at::Tensor& topk_tokens,
+                                                                                int64_t budget) {
+  auto out = build_trees(topk_logprobs, topk_tokens, budget, std::nullopt);
+  return {out.tokens, out.parents, out.num_nodes, out.depth};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_draft_tree_with_mask_cpu(
+    const at::Tensor& topk_logprobs, const at::Tensor& topk_tokens, int64_t budget, bool packed) {
+  auto out = build_trees(topk_logprobs, topk_tokens, budget, packed);
+  return {out.tokens, out.parents, out.num_nodes, out.depth, out.mask};
 }
 
 // The node count of each sequence.
@@ -78,21 +115,12 @@ at::Tensor tree_attention_mask_cpu(const at::Tensor& parents, const std::optiona
   const auto par = parents.contiguous();
   const auto counts = node_counts(num_nodes.value_or(at::Tensor()), s.n, s.m);
   const int64_t row_bytes = packed ? (s.m + 7) / 8 : s.m;
-  auto mask = at::zeros({s.n, s.m, row_bytes}, parents.options().dtype(packed ? at::kByte : at::kBool));
+  auto mask = at::empty({s.n, s.m, row_bytes}, parents.options().dtype(packed ? at::kByte : at::kBool));
   auto* out = static_cast<uint8_t*>(mask.mutable_data_ptr());  // bool is one byte
   const int64_t* pp = par.const_data_ptr<int64_t>();
   at::parallel_for(0, s.n, kTreeGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) {
-      uint8_t* rows = out + n * s.m * row_bytes;
-      for (int64_t i = 0; i < s.m; ++i) {
-        uint8_t* row = rows + i * row_bytes;
-        if (i > 0 && i < counts[n]) std::copy_n(rows + pp[n * s.m + i] * row_bytes, row_bytes, row);  // the parent's row
-        if (packed)
-          row[i / 8] |= static_cast<uint8_t>(1u << (i % 8));
-        else
-          row[i] = 1;
-      }
-    }
+    for (int64_t n = begin; n < end; ++n)
+      write_mask_rows(out + n * s.m * row_bytes, pp + n * s.m, s.m, counts[n], packed);
   });
   return mask;
 }
@@ -319,6 +347,7 @@ void compact_kv_cpu(const at::Tensor& cache, const at::Tensor& path, const at::T
 
 TORCH_LIBRARY_IMPL(xkernels, CPU, m) {
   m.impl("build_draft_tree", &build_draft_tree_cpu);
+  m.impl("build_draft_tree_with_mask", &build_draft_tree_with_mask_cpu);
   m.impl("tree_attention_mask", &tree_attention_mask_cpu);
   m.impl("tree_positions", &tree_positions_cpu);
   m.impl("tree_verify", &tree_verify_cpu);

@@ -15,20 +15,35 @@
 namespace xkernels {
 namespace {
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_draft_tree_cuda(const at::Tensor& topk_logprobs,
-                                                                                 const at::Tensor& topk_tokens,
-                                                                                 int64_t budget) {
+// The trees and, with mask_packed, their masks, written by the same launch.
+DraftTreeOutputs build_trees_cuda(const at::Tensor& topk_logprobs, const at::Tensor& topk_tokens, int64_t budget,
+                                  std::optional<bool> mask_packed) {
   const auto s = check_build_draft_tree(topk_logprobs, topk_tokens, budget);
   if (value_checks_enabled()) check_token_ids(topk_tokens, kMaxVocab, "topk_tokens");  // else copied as they are
   const c10::cuda::CUDAGuard guard(topk_logprobs.device());
   const auto lp = topk_logprobs.contiguous(), tok = topk_tokens.contiguous();
-  auto [tokens, parents, num_nodes, depth] = draft_tree_outputs(tok, s);
+  auto out = draft_tree_outputs(tok, s, mask_packed);
   cuda::TreeBuildParams p{lp.const_data_ptr<float>(), tok.const_data_ptr<int64_t>(), s.n, s.d, s.k, budget,
-                          tokens.mutable_data_ptr<int64_t>(), parents.mutable_data_ptr<int64_t>(),
-                          depth.mutable_data_ptr<int64_t>(), num_nodes.mutable_data_ptr<int64_t>()};
+                          out.tokens.mutable_data_ptr<int64_t>(), out.parents.mutable_data_ptr<int64_t>(),
+                          out.depth.mutable_data_ptr<int64_t>(), out.num_nodes.mutable_data_ptr<int64_t>()};
+  if (mask_packed) p.mask = static_cast<uint8_t*>(out.mask.mutable_data_ptr()), p.packed = *mask_packed;
   auto scratch = cuda::workspace(cuda::tree_build_workspace_bytes(p), lp);
-  cuda::check_launch(cuda::launch_build_draft_tree(p, scratch.mutable_data_ptr(), cuda::stream()), "build_draft_tree");
-  return {tokens, parents, num_nodes, depth};
+  cuda::check_launch(cuda::launch_build_draft_tree(p, scratch.mutable_data_ptr(), cuda::stream()),
+                     mask_packed ? "build_draft_tree_with_mask" : "build_draft_tree");
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_draft_tree_cuda(const at::Tensor& topk_logprobs,
+                                                                                 const at::Tensor& topk_tokens,
+                                                                                 int64_t budget) {
+  auto out = build_trees_cuda(topk_logprobs, topk_tokens, budget, std::nullopt);
+  return {out.tokens, out.parents, out.num_nodes, out.depth};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_draft_tree_with_mask_cuda(
+    const at::Tensor& topk_logprobs, const at::Tensor& topk_tokens, int64_t budget, bool packed) {
+  auto out = build_trees_cuda(topk_logprobs, topk_tokens, budget, packed);
+  return {out.tokens, out.parents, out.num_nodes, out.depth, out.mask};
 }
 
 // The mask (packed or bool) or, with want_depth, the positions.
@@ -121,6 +136,7 @@ void compact_kv_cuda(const at::Tensor& cache, const at::Tensor& path, const at::
 
 TORCH_LIBRARY_IMPL(xkernels, CUDA, m) {
   m.impl("build_draft_tree", &build_draft_tree_cuda);
+  m.impl("build_draft_tree_with_mask", &build_draft_tree_with_mask_cuda);
   m.impl("tree_attention_mask", &tree_attention_mask_cuda);
   m.impl("tree_positions", &tree_positions_cuda);
   m.impl("tree_verify", &tree_verify_cuda);

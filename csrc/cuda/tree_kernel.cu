@@ -1,7 +1,9 @@
 // The draft-tree ops on CUDA, one launch each, never waiting on the host:
 //  build_draft_tree:    a warp per sequence runs the best-first search of xkernels/tree.h, each pop
 //                       a warp-wide max over the frontier spread across its lanes, the state in
-//                       shared memory (global scratch when it does not fit in 48 KB: any budget).
+//                       shared memory (global scratch when it does not fit in 48 KB: any budget);
+//                       asked for the mask, the warp then writes its rows as tree_attention_mask's
+//                       walks do (mark_ancestors), the parents read from the search state.
 //  tree_attention_mask: a block per sequence stages the parents in shared memory and zeroes the
 //  / tree_positions     mask, then a thread per node walks its ancestors, setting its own row
 //                       (no two threads write one row).
@@ -82,6 +84,36 @@ __device__ __forceinline__ uint64_t warp_max_key(uint64_t key) {
 #endif
 }
 
+__host__ __device__ inline int64_t mask_row_bytes(int64_t m, bool packed) { return packed ? (m + 7) / 8 : m; }
+
+// Sets row i of a sequence's mask (zeroed beforehand; none: null) to node i and, for a real node
+// (i < count), its ancestors, following parent(j) up to the root or to a -1 (an invalid parent ends
+// the walk); returns the steps taken, i's depth. A thread a row: no two threads write one byte.
+// Parents lie below their nodes, so the walk leaves a packed byte for good: its bits gather in a
+// register and it is stored once, with no read of it on the walk's chain.
+template <typename Parent>
+__device__ __forceinline__ int64_t mark_ancestors(uint8_t* row, bool packed, int64_t i, int64_t count,
+                                                  const Parent& parent) {
+  int64_t depth = 0, j = i;
+  uint32_t byte = 0;  // packed: the bits of byte j / 8 so far
+  for (;;) {
+    if (packed)
+      byte |= 1u << (j % 8);
+    else if (row)
+      row[j] = 1;
+    const int64_t up = j == 0 || i >= count ? -1 : parent(j);
+    if (up < 0) break;
+    if (packed && up / 8 != j / 8) {
+      if (row) row[j / 8] = static_cast<uint8_t>(byte);
+      byte = 0;
+    }
+    j = up;
+    ++depth;
+  }
+  if (packed && row) row[j / 8] = static_cast<uint8_t>(byte);
+  return depth;
+}
+
 // A warp per sequence runs the best-first search of xkernels/tree.h with the frontier spread over
 // its lanes: lane j holds the candidates of push order j mod 32 and keeps the key of its best live
 // one, so a pop is a warp-wide max of 32 keys (warp_max_key) instead of a heap's chain of
@@ -153,6 +185,15 @@ __global__ void __launch_bounds__(32) build_tree_kernel(TreeBuildParams p, uint8
     p.out_tokens[n * m + i] = token, p.parents[n * m + i] = parent, p.depth[n * m + i] = depth;
   }
   if (lane == 0) p.num_nodes[n] = nodes;
+  if (p.mask) {
+    const int64_t row_bytes = mask_row_bytes(m, p.packed);
+    uint8_t* mask = p.mask + n * m * row_bytes;
+    for (int64_t b = lane; b < m * row_bytes; b += 32) mask[b] = 0;
+    __syncwarp();  // the zeros before other lanes' bits
+    // The nodes' parents are valid by construction: no check, no staging.
+    const auto parent = [&](int64_t j) { return static_cast<int64_t>(entries[node_entry[j]].parent); };
+    for (int64_t i = lane; i < m; i += 32) mark_ancestors(mask + i * row_bytes, p.packed, i, nodes, parent);
+  }
 }
 
 // Shared-memory bytes of tree_mask_kernel's staged parents (0: they do not fit; read from global).
@@ -176,27 +217,14 @@ __global__ void __launch_bounds__(kThreads) tree_mask_kernel(TreeMaskParams p, b
   };
   if (staged)
     for (int64_t j = threadIdx.x; j < p.m; j += kThreads) staged_parents[j] = static_cast<int32_t>(valid_parent(j));
-  const int64_t row_bytes = p.packed ? (p.m + 7) / 8 : p.m;
+  const int64_t row_bytes = mask_row_bytes(p.m, p.packed);
   uint8_t* mask = p.mask ? p.mask + n * p.m * row_bytes : nullptr;
   if (mask)
     for (int64_t b = threadIdx.x; b < p.m * row_bytes; b += kThreads) mask[b] = 0;
   __syncthreads();
+  const auto parent = [&](int64_t j) { return staged ? int64_t{staged_parents[j]} : valid_parent(j); };
   for (int64_t i = threadIdx.x; i < p.m; i += kThreads) {
-    uint8_t* row = mask ? mask + i * row_bytes : nullptr;
-    int64_t depth = 0;
-    for (int64_t j = i;;) {
-      if (row) {
-        if (p.packed)
-          row[j / 8] |= static_cast<uint8_t>(1u << (j % 8));
-        else
-          row[j] = 1;
-      }
-      if (j == 0 || i >= count) break;
-      const int64_t up = staged ? staged_parents[j] : valid_parent(j);
-      if (up < 0) break;  // an invalid parent ends the walk
-      j = up;
-      ++depth;
-    }
+    const int64_t depth = mark_ancestors(mask ? mask + i * row_bytes : nullptr, p.packed, i, count, parent);
     if (p.depth) p.depth[n * p.m + i] = depth;
   }
 }

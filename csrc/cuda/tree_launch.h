@@ -12,12 +12,15 @@
 namespace xkernels::cuda {
 
 // build_draft_tree: a warp per sequence, its search state in shared memory, or in `workspace` when
-// it does not fit (tree_build_workspace_bytes: 0 then).
+// it does not fit (tree_build_workspace_bytes: 0 then). With a mask the warp then writes the
+// tree's tree_attention_mask (packed: uint8 bits, else bool bytes) in the same launch.
 struct TreeBuildParams {
   const float* logprobs;  // [n, d, k]
   const int64_t* tokens;  // [n, d, k]
   int64_t n, d, k, budget;
   int64_t *out_tokens, *parents, *depth, *num_nodes;  // [n, budget+1], [n]
+  uint8_t* mask = nullptr;  // [n, budget+1, packed ? ceil((budget+1)/8) : budget+1] or null
+  bool packed = false;
 };
 size_t tree_build_workspace_bytes(const TreeBuildParams& p);
 cudaError_t launch_build_draft_tree(const TreeBuildParams& p, void* workspace, cudaStream_t stream);

@@ -90,12 +90,14 @@ struct DraftTreeShape {
   int64_t n, d, k, budget;
 };
 DraftTreeShape check_build_draft_tree(const at::Tensor& topk_logprobs, const at::Tensor& topk_tokens, int64_t budget);
-// The outputs both kernels fill (tokens, parents, depth [N, budget + 1], num_nodes [N]); a budget
-// too large to allocate raises naming it.
+// The outputs both kernels fill (tokens, parents, depth [N, budget + 1], num_nodes [N], and with
+// mask_packed the mask of build_draft_tree_with_mask: uint8 [N, M, ceil(M/8)] packed, else bool
+// [N, M, M]; undefined without); a budget too large to allocate raises naming it.
 struct DraftTreeOutputs {
-  at::Tensor tokens, parents, num_nodes, depth;
+  at::Tensor tokens, parents, num_nodes, depth, mask;
 };
-DraftTreeOutputs draft_tree_outputs(const at::Tensor& topk_tokens, const DraftTreeShape& s);
+DraftTreeOutputs draft_tree_outputs(const at::Tensor& topk_tokens, const DraftTreeShape& s,
+                                    std::optional<bool> mask_packed = std::nullopt);
 
 struct TreeShape {
   int64_t n, m;

@@ -72,6 +72,9 @@ TORCH_LIBRARY(xkernels, m) {
   m.def(
       "build_draft_tree(Tensor topk_logprobs, Tensor topk_tokens, int budget) "
       "-> (Tensor tokens, Tensor parents, Tensor num_nodes, Tensor depth)");
+  m.def(
+      "build_draft_tree_with_mask(Tensor topk_logprobs, Tensor topk_tokens, int budget, bool packed=False) "
+      "-> (Tensor tokens, Tensor parents, Tensor num_nodes, Tensor depth, Tensor mask)");
   m.def("tree_attention_mask(Tensor parents, Tensor? num_nodes=None, bool packed=False) -> Tensor");
   m.def("tree_positions(Tensor parents, Tensor? num_nodes=None) -> Tensor");
   m.def(

@@ -40,6 +40,13 @@ std::tuple<T, T, T, T> build_draft_tree(const T& topk_logprobs, const T& topk_to
   return op.call(topk_logprobs, topk_tokens, budget);
 }
 
+std::tuple<T, T, T, T, T> build_draft_tree_with_mask(const T& topk_logprobs, const T& topk_tokens, int64_t budget,
+                                                     bool packed) {
+  static auto op = typed_op<std::tuple<T, T, T, T, T>(const T&, const T&, int64_t, bool)>(
+      "xkernels::build_draft_tree_with_mask");
+  return op.call(topk_logprobs, topk_tokens, budget, packed);
+}
+
 T tree_attention_mask(const T& parents, const Opt& num_nodes, bool packed) {
   static auto op = typed_op<T(const T&, const Opt&, bool)>("xkernels::tree_attention_mask");
   return op.call(parents, num_nodes, packed);
@@ -80,12 +87,17 @@ DraftTreeShape check_build_draft_tree(const T& topk_logprobs, const T& topk_toke
   return DraftTreeShape{topk_logprobs.size(0), topk_logprobs.size(1), topk_logprobs.size(2), budget};
 }
 
-DraftTreeOutputs draft_tree_outputs(const T& topk_tokens, const DraftTreeShape& s) {
-  const auto sized_by = c10::str("build_draft_tree: budget = ", s.budget, " (N = ", s.n, ")");
+DraftTreeOutputs draft_tree_outputs(const T& topk_tokens, const DraftTreeShape& s, std::optional<bool> mask_packed) {
+  const auto sized_by = c10::str(mask_packed ? "build_draft_tree_with_mask" : "build_draft_tree",
+                                 ": budget = ", s.budget, " (N = ", s.n, ")");
   const auto opts = topk_tokens.options();
   const int64_t m = s.budget + 1;
-  return DraftTreeOutputs{empty_output({s.n, m}, opts, sized_by), empty_output({s.n, m}, opts, sized_by),
-                          empty_output({s.n}, opts, sized_by), empty_output({s.n, m}, opts, sized_by)};
+  DraftTreeOutputs out{empty_output({s.n, m}, opts, sized_by), empty_output({s.n, m}, opts, sized_by),
+                       empty_output({s.n}, opts, sized_by), empty_output({s.n, m}, opts, sized_by), T()};
+  if (mask_packed)
+    out.mask = empty_output({s.n, m, *mask_packed ? (m + 7) / 8 : m}, opts.dtype(*mask_packed ? at::kByte : at::kBool),
+                            sized_by);
+  return out;
 }
 
 TreeShape check_tree(const T& parents, const Opt& num_nodes, const char* parents_name) {

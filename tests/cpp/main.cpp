@@ -1,5 +1,5 @@
 // Calls chain_verify, shard_row_stats, shard_cut_histogram, shard_cut_pick, shard_cut_candidates, refine_step
-// (also with vLLM's filter order) and dllm_step
+// (also with vLLM's filter order), dllm_step and build_draft_tree_with_mask
 // through the C++ API:
 // checks a greedy case with a known answer, then prints sampled results and the
 // messages of bad arguments that tests/test_cpp_api.py compares with the Python
@@ -133,6 +133,27 @@ static void shard_cut_case() {
   print_values("candidate_keys", std::get<0>(xkernels::shard_cut_candidates(logits, scale, 7, 40)));
 }
 
+// build_draft_tree_with_mask against build_draft_tree and tree_attention_mask: the same tree and
+// mask in both layouts; prints the packed mask for the Python wrapper's.
+static bool draft_tree_case() {
+  at::manual_seed(5);
+  const auto [lp, tok] = at::randn({3, 4, 20}).log_softmax(-1).topk(3, -1);
+  const auto tree = xkernels::build_draft_tree(lp, tok, 9);
+  const auto [tokens, parents, num_nodes, depth] = tree;
+  for (const bool packed : {false, true}) {
+    const auto fused = xkernels::build_draft_tree_with_mask(lp, tok, 9, packed);
+    const bool same = at::equal(std::get<0>(fused), tokens) && at::equal(std::get<1>(fused), parents) &&
+                      at::equal(std::get<2>(fused), num_nodes) && at::equal(std::get<3>(fused), depth) &&
+                      at::equal(std::get<4>(fused), xkernels::tree_attention_mask(parents, num_nodes, packed));
+    if (!same) {
+      std::fprintf(stderr, "build_draft_tree_with_mask (packed=%d) differs from the two calls\n", packed);
+      return false;
+    }
+    if (packed) print_values("tree_packed_mask", std::get<4>(fused).to(at::kLong));
+  }
+  return true;
+}
+
 int main() {
   // Greedy: the target's argmax is planted; drafts agree on the first two rows only.
   auto logits = at::zeros({1, 4, 8});
@@ -157,5 +178,5 @@ int main() {
   print_values("out_tokens", o);
   per_row_sampling_case();
   shard_cut_case();
-  return shard_row_stats_case() && filter_order_case() ? 0 : 1;
+  return shard_row_stats_case() && filter_order_case() && draft_tree_case() ? 0 : 1;
 }

@@ -211,18 +211,24 @@ class CudaEmu:
                                     ctypes.byref(workspace))
         return RefinePlan(*plan), workspace.value
 
-    def build_draft_tree(self, lp, tok, budget):
+    def build_draft_tree(self, lp, tok, budget, mask=None):
+        """(tokens, parents, num_nodes, depth), and with mask ("bool" or "packed") the mask the same
+        launch writes, as xkernels.build_draft_tree takes and returns them."""
         n, d, k = lp.shape
         lp, tok = _c(lp), _c(tok)
         m = budget + 1
         out = [torch.empty(n, m, dtype=torch.int64) for _ in range(3)] + [torch.empty(n, dtype=torch.int64)]
+        packed = mask == "packed"
+        tree_mask = None if mask is None else torch.empty(n, m, (m + 7) // 8 if packed else m,
+                                                          dtype=torch.uint8 if packed else torch.bool)
         msg = ctypes.create_string_buffer(1024)
         i64 = ctypes.c_int64
         rc = self.lib.xk_emu_build_draft_tree(_ptr(lp), _ptr(tok), i64(n), i64(d), i64(k), i64(budget),
-                                              *[_ptr(t) for t in out], msg, ctypes.c_size_t(len(msg)))
+                                              *[_ptr(t) for t in out], _ptr(tree_mask), ctypes.c_int(packed), msg,
+                                              ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
         tokens, parents, depth, num_nodes = out
-        return tokens, parents, num_nodes, depth
+        return (tokens, parents, num_nodes, depth) + (() if mask is None else (tree_mask,))
 
     def tree_mask(self, parents, num_nodes=None, packed=False, positions=False):
         n, m = parents.shape

@@ -272,20 +272,24 @@ void xk_emu_refine_plan(int64_t n, int64_t b, int64_t d, int64_t r, int64_t h, i
   *workspace_bytes = refine_workspace_bytes(p);
 }
 
+// With mask (not null) the tree's mask too, packed bits or bool bytes.
 int xk_emu_build_draft_tree(const float* lp, const int64_t* tok, int64_t n, int64_t d, int64_t k, int64_t budget,
-                            int64_t* tokens, int64_t* parents, int64_t* depth, int64_t* num_nodes, char* message,
-                            size_t message_len) {
+                            int64_t* tokens, int64_t* parents, int64_t* depth, int64_t* num_nodes, void* mask,
+                            int packed, char* message, size_t message_len) {
   using namespace xkernels::cuda;
   Device dev;
   const int64_t m = budget + 1;
   TreeBuildParams p{dev.copy(lp, sizeof(float) * n * d * k), dev.copy(tok, sizeof(int64_t) * n * d * k), n, d, k,
                     budget, dev.alloc<int64_t>(sizeof(int64_t) * n * m, 0xA5), dev.alloc<int64_t>(sizeof(int64_t) * n * m, 0xA5),
                     dev.alloc<int64_t>(sizeof(int64_t) * n * m, 0xA5), dev.alloc<int64_t>(sizeof(int64_t) * n, 0xA5)};
+  const size_t mask_bytes = static_cast<size_t>(n * m * (packed ? (m + 7) / 8 : m));
+  if (mask) p.mask = dev.alloc<uint8_t>(mask_bytes, 0xA5), p.packed = packed != 0;
   const cudaError_t err = launch_build_draft_tree(p, dev.alloc(tree_build_workspace_bytes(p), 0xA5), nullptr);
   copy_out(tokens, p.out_tokens, sizeof(int64_t) * n * m);
   copy_out(parents, p.parents, sizeof(int64_t) * n * m);
   copy_out(depth, p.depth, sizeof(int64_t) * n * m);
   copy_out(num_nodes, p.num_nodes, sizeof(int64_t) * n);
+  if (mask) copy_out(mask, p.mask, mask_bytes);
   return finish(err, message, message_len);
 }
 

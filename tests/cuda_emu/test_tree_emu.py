@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+import xkernels
 from xkernels import reference
 from tests.cuda_emu.emu import LaunchError
 from tests.test_tree import far_below_case, random_tree, sampled_edge_case, topk_case, verify_case
@@ -20,6 +21,26 @@ def test_build_draft_tree(emu, n, d, k, budget, ties):
         lp[0, 0, -1] = float("nan")
     for a, b in zip(emu.build_draft_tree(lp, tok, budget), reference.build_draft_tree(lp, tok, budget)):
         assert torch.equal(a, b)
+
+
+# The mask the build's launch writes: the CPU op's, bitwise (the CPU's own is the two calls'). N = 0,
+# budget 0, fewer prefixes than the budget (padding rows), M = 8, 64 and not a multiple of 8, more
+# sequences than a round of anything, and the global-scratch search (2100: rows of 2101 bits).
+@pytest.mark.parametrize("n,d,k,budget,layout", [(4, 5, 3, 12, "bool"), (4, 5, 3, 12, "packed"),
+                                                 (3, 6, 1, 9, "bool"), (3, 1, 5, 9, "packed"),
+                                                 (2, 4, 4, 0, "bool"), (2, 4, 4, 0, "packed"),
+                                                 (0, 3, 2, 5, "packed"), (3, 3, 2, 7, "bool"),
+                                                 (130, 2, 2, 5, "packed"), (64, 15, 8, 63, "bool"),
+                                                 (5, 4, 40, 63, "packed"), (2, 4, 16, 2100, "packed")])
+def test_build_draft_tree_with_mask(emu, n, d, k, budget, layout):
+    lp, tok = topk_case(n, d, k, seed=d + k, ties=True)
+    if n:
+        lp[0, 0, -1] = float("nan")
+    got = emu.build_draft_tree(lp, tok, budget, mask=layout)
+    want = xkernels.build_draft_tree(lp, tok, budget, mask=layout)
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(got[4], emu.tree_mask(got[1], got[2], packed=layout == "packed"))
 
 
 def test_build_draft_tree_infinite_and_equal_scores(emu):

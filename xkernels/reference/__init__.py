@@ -16,9 +16,11 @@ from .rng import (COIN_DRAW, _as_int, acceptance_coins, acceptance_coins_at, gum
 from .shard_cut import shard_cut_candidates, shard_cut_histogram, shard_cut_pick
 from .shard_row_stats import shard_row_stats
 from .spiffy import SPIFFY_MAX_RANK, spiffy_accept, spiffy_attention_mask, spiffy_materialize
-from .tree import build_draft_tree, compact_kv, tree_attention_mask, tree_positions, tree_verify
+from .tree import (build_draft_tree, build_draft_tree_with_mask, compact_kv, tree_attention_mask, tree_positions,
+                   tree_verify)
 
-__all__ = ["COIN_DRAW", "SPIFFY_MAX_RANK", "acceptance_coins", "acceptance_coins_at", "build_draft_tree", "chain_verify",
+__all__ = ["COIN_DRAW", "SPIFFY_MAX_RANK", "acceptance_coins", "acceptance_coins_at", "build_draft_tree",
+           "build_draft_tree_with_mask", "chain_verify",
            "compact_kv", "dllm_step", "gumbel_noise", "gumbel_noise_of_ids", "inverse_temperature", "jacobi_iterate",
            "jacobi_refine", "param_errors", "perturbed_scores", "philox4x32_10", "philox_draw", "read_as_off",
            "refine_logits", "refine_step",

@@ -1,5 +1,5 @@
-"""References of the draft-tree ops: build_draft_tree, tree_attention_mask, tree_positions,
-tree_verify and compact_kv_."""
+"""References of the draft-tree ops: build_draft_tree (and build_draft_tree_with_mask),
+tree_attention_mask, tree_positions, tree_verify and compact_kv_."""
 
 import math
 from typing import Optional
@@ -55,6 +55,15 @@ def build_draft_tree(topk_logprobs: torch.Tensor, topk_tokens: torch.Tensor, bud
         num_nodes[s] = nodes
     dev = topk_logprobs.device
     return tokens.to(dev), parents.to(dev), num_nodes.to(dev), depth.to(dev)
+
+
+def build_draft_tree_with_mask(topk_logprobs: torch.Tensor, topk_tokens: torch.Tensor, budget: int,
+                               packed: bool = False):
+    """build_draft_tree's (tokens, parents, num_nodes, depth) and the mask of that tree,
+    tree_attention_mask(parents, num_nodes, packed): what the one op writes is exactly what the two
+    calls give."""
+    tokens, parents, num_nodes, depth = build_draft_tree(topk_logprobs, topk_tokens, budget)
+    return tokens, parents, num_nodes, depth, tree_attention_mask(parents, num_nodes, packed)
 
 
 def _num_nodes(parents, num_nodes):

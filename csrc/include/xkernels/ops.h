@@ -134,6 +134,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_draft_tree(cons
                                                                             const at::Tensor& topk_tokens,
                                                                             int64_t budget);
 
+// build_draft_tree's outputs and, in the same op (on CUDA the same launch), the mask that
+// tree_attention_mask(parents, num_nodes, packed) gives for them: (tokens, parents, num_nodes,
+// depth, mask).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_draft_tree_with_mask(
+    const at::Tensor& topk_logprobs, const at::Tensor& topk_tokens, int64_t budget, bool packed = false);
+
 // mask[n, i, j] = node j is node i or an ancestor of it: bool [N, M, M], or packed uint8
 // [N, M, ceil(M/8)] (bit j % 8 of byte j / 8). A padding node sees itself only.
 at::Tensor tree_attention_mask(const at::Tensor& parents, const std::optional<at::Tensor>& num_nodes = std::nullopt,
