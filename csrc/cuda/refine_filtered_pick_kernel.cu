@@ -1,10 +1,52 @@
-// refine's filtered rows on CUDA (refine_kernel.cu's comment, step 6): filtered_pick_kernel, a block
-// per row that samples with top-k, top-p or min-p, finds the row's cut (row_filter.cuh) and draws
-// over the ids it keeps, in place of the row's merged result.
+// refine's filtered rows on CUDA (refine_kernel.cu's comment, step 6), from the float32 logits the
+// epilogue kept, in place of the row's merged result:
+//  a. filtered_scan_kernel: a block per (row, slice) of a row with top-k or top-p reads its slice
+//     once (candidates.cuh's scan_slice): its best kSliceKeep ids and its top;
+//  b. filtered_select_kernel: a block per such row finds the cut from its slices' candidates
+//     (select_cut: the radix path's cut and kept fixed-point mass, exactly) and draws over the kept
+//     ids (the noise observe_group gives them), noting the rows it settles;
+//  c. filtered_pick_kernel: a block per row the pipeline did not settle (min-p alone; top-k beyond
+//     the candidates, ties at the cut, flat rows, top-p's target within its total's bounds of a
+//     step, rows without a finite top) finds the row's cut (row_filter.cuh) and draws over the ids
+//     it keeps.
+#include "candidates.cuh"
 #include "refine_kernels.cuh"
 
 namespace xkernels::cuda {
 namespace {
+
+// Where a launch's candidates live in RefineWorkspace::candidates (rows: the launch's).
+struct CandidateSpace {
+  SliceLayout layout;
+  SliceSummary* sums;  // [rows, slices]
+  Candidate* cands;    // [rows, slices, kSliceKeep]
+  int32_t* settled;    // [rows]: filtered_select drew the row
+};
+
+size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+SliceLayout layout_of(const RefineParams& p) { return slice_layout(p.v, 4); }  // float32 logits
+
+size_t sums_bytes(const RefineParams& p, int64_t rows) {
+  return aligned(sizeof(SliceSummary) * static_cast<size_t>(rows) * layout_of(p).slices);
+}
+
+size_t cands_bytes(const RefineParams& p, int64_t rows) {
+  return aligned(sizeof(Candidate) * kSliceKeep * static_cast<size_t>(rows) * layout_of(p).slices);
+}
+
+CandidateSpace carve_candidates(const RefineParams& p, void* base, int64_t rows) {
+  char* at = static_cast<char*>(base);
+  return CandidateSpace{layout_of(p), reinterpret_cast<SliceSummary*>(at),
+                        reinterpret_cast<Candidate*>(at + sums_bytes(p, rows)),
+                        reinterpret_cast<int32_t*>(at + sums_bytes(p, rows) + cands_bytes(p, rows))};
+}
+
+// Whether the pipeline takes launch row m: live, filtered, with top-k or top-p (min-p alone's kept
+// sum is a float sum in filtered_pick's order, which the candidates cannot give bitwise).
+__device__ __forceinline__ bool pipeline_row(const RefineParams& p, const RowSet& rs, int64_t m) {
+  return row_live(p, rs, m) && row_filtered(p, m / rs.d_count) && top_bits(p.s.row(m / rs.d_count), p.v) != TopBits::kNone;
+}
 
 // The noise observe_group gives id i of a row (its group's Philox draw, word i % 4).
 __device__ __forceinline__ float id_noise(const RowNoise& rn, int64_t i) {
@@ -57,7 +99,59 @@ __device__ uint32_t prefix_least_key(CutShared& sh, const SampledRow* partial, i
   return least;
 }
 
-// A block per filtered row of the launch: the Gumbel-max pick over the ids its cut keeps (the
+// a. Block (row, slice) of a pipeline row scans its slice (rows of the other kWithTotal exit: a
+// launch for each, as the mass sums of top-p alone cost registers).
+template <bool kWithTotal>
+__global__ void __launch_bounds__(kThreads, 4) filtered_scan_kernel(RefineParams p, RowSet rs, RefineWorkspace w,
+                                                                    CandidateSpace c) {
+  __shared__ ScanShared sh;
+  const int64_t m = blockIdx.x / c.layout.slices, slice = blockIdx.x % c.layout.slices;
+  if (!pipeline_row(p, rs, m) || select_needs_total(p.s.row(m / rs.d_count), p.v) != kWithTotal) return;
+  const RowView<float> r{w.logits + m * p.v, p.v, p.s.row(m / rs.d_count).inv_t};  // not greedy: filtered
+  const int64_t begin = slice * c.layout.chunks;
+  scan_slice<float, kWithTotal>(sh, r, begin, begin + c.layout.chunks, c.sums + blockIdx.x,
+                                c.cands + static_cast<int64_t>(blockIdx.x) * kSliceKeep);
+}
+
+// b. A block per filtered row (it notes whether it settled each one; min-p alone it leaves to
+// filtered_pick): where a pipeline row's candidates settle the cut (and the row has a finite top),
+// the Gumbel-max pick over the kept ids, all among them, and its log-probability from the kept
+// fixed-point mass: what filtered_pick's draw from a gather gives.
+__global__ void __launch_bounds__(kThreads) filtered_select_kernel(RefineParams p, RowSet rs, RefineWorkspace w,
+                                                                   CandidateSpace c, int mass_shift, int64_t* tokens,
+                                                                   float* logprobs) {
+  __shared__ SelectShared sh;
+  const int64_t m = blockIdx.x;
+  if (!row_live(p, rs, m)) return;  // the whole block
+  const int64_t n = m / rs.d_count, d = rs.d_begin + m % rs.d_count;
+  if (!row_filtered(p, n)) return;
+  bool settled = false;
+  if (pipeline_row(p, rs, m)) {
+    const int64_t first = m * c.layout.slices;
+    RowCut cut;
+    settled = select_cut(sh, c.sums + first, c.cands + first * kSliceKeep, c.layout.slices, p.s.row(n), p.v,
+                         mass_shift, &cut) &&
+              !cut.degenerate;  // no finite top: filtered_pick keeps the merged result
+    if (settled) {
+      const RowNoise rn = row_noise(p, n, d);
+      SampledRow best = sampled_empty();
+      for (int j = threadIdx.x; j < sh.offset[c.layout.slices]; j += kThreads) {  // the ranked head
+        const float a = key_value(sh.head[j].key);
+        const int32_t id = sh.head[j].id;
+        if (filter_keeps(cut.cut, a, id)) sampled_observe(best, a, id_noise(rn, id), id);
+      }
+      best = block_merge(best, sampled_empty());
+      if (threadIdx.x == 0) {
+        const int64_t at = row_index(p, rs, m);
+        tokens[at] = sampled_token(best);
+        logprobs[at] = best.pick_a - cut.top.val - log_f32(fixed_sum_value(cut.kept, mass_shift));
+      }
+    }
+  }
+  if (threadIdx.x == 0) c.settled[m] = settled;
+}
+
+// c. A block per filtered row of the launch (those `settled` marks exit): the Gumbel-max pick over the ids its cut keeps (the
 // noise of the fused epilogue) and its log-probability, overwriting the row's merged result. The
 // row's top comes from its partial results, so one read of the logits the epilogue kept usually
 // picks it: min-p alone draws in it; top-k and top-p gather the ranking's first ids in it
@@ -69,13 +163,13 @@ __device__ uint32_t prefix_least_key(CutShared& sh, const SampledRow* partial, i
 // A row without a softmax (a NaN, +inf, or all -inf) keeps the merged result (no cut, as the
 // reference). One block an SM: the selection with the draw in its gather takes the registers.
 __global__ void __launch_bounds__(kThreads, 1) filtered_pick_kernel(RefineParams p, RowSet rs, RefineWorkspace w,
-                                                                    int64_t partials, int mass_shift, int64_t* tokens,
-                                                                    float* logprobs) {
+                                                                    const int32_t* settled, int64_t partials,
+                                                                    int mass_shift, int64_t* tokens, float* logprobs) {
   __shared__ CutShared sh;
   const int64_t m = blockIdx.x;
   if (!row_live(p, rs, m)) return;  // the whole block
   const int64_t n = m / rs.d_count, d = rs.d_begin + m % rs.d_count;
-  if (!row_filtered(p, n)) return;
+  if (!row_filtered(p, n) || (settled && settled[m])) return;
   const RowSampling samp = p.s.row(n);
   const RowNoise rn = row_noise(p, n, d);
   const RowView<float> r{w.logits + m * p.v, p.v, rn.scale};
@@ -142,9 +236,25 @@ __global__ void __launch_bounds__(kThreads, 1) filtered_pick_kernel(RefineParams
 
 }  // namespace
 
+size_t filtered_candidates_bytes(const RefineParams& p, int64_t rows) {
+  return sums_bytes(p, rows) + cands_bytes(p, rows) + aligned(sizeof(int32_t) * static_cast<size_t>(rows));
+}
+
 cudaError_t launch_filtered_pick(const RefineParams& p, const RowSet& rs, const RefineWorkspace& w, int64_t rows,
                                  int64_t partials, int64_t* tokens, float* logprobs, cudaStream_t stream) {
-  filtered_pick_kernel<<<rows, kThreads, 0, stream>>>(p, rs, w, partials, cut_mass_shift(p.v), tokens, logprobs);
+  if (rows == 0) return cudaSuccess;
+  const int shift = cut_mass_shift(p.v);
+  // The workspace holds the candidates of p.n * p.d rows, laid out for them.
+  const CandidateSpace c = carve_candidates(p, w.candidates, p.n * p.d);
+  const int32_t* settled = nullptr;
+  if (!p.pick_only && rows * c.layout.slices <= 0x7FFFFFFF) {  // a grid's limit; beyond it filtered_pick takes every row
+    const auto blocks = static_cast<unsigned>(rows * c.layout.slices);
+    filtered_scan_kernel<false><<<blocks, kThreads, 0, stream>>>(p, rs, w, c);
+    filtered_scan_kernel<true><<<blocks, kThreads, 0, stream>>>(p, rs, w, c);
+    filtered_select_kernel<<<rows, kThreads, 0, stream>>>(p, rs, w, c, shift, tokens, logprobs);
+    settled = c.settled;
+  }
+  filtered_pick_kernel<<<rows, kThreads, 0, stream>>>(p, rs, w, settled, partials, shift, tokens, logprobs);
   return cudaGetLastError();
 }
 

@@ -18,10 +18,12 @@
 //     The epilogue adds the base logits, scales by 1/T and keeps the Gumbel-max pick and the
 //     softmax statistics (observe_group; the logits are never written to HBM)
 //  5. merge:        a warp per row merges its partial results (a shuffle tree)
-//  6. with filters (RefineParams::filter): filtered_pick, a block per row that samples with top-k,
-//     top-p or min-p: from the row's partial results (its top, their maxima bounding the cut) and
-//     the logits the epilogue kept, it finds the row's cut, draws over the kept ids (usually in one
-//     read of them) and overwrites the row's merged result
+//  6. with filters (RefineParams::filter): the rows that sample with top-k, top-p or min-p, from
+//     the logits the epilogue kept: a row with top-k or top-p is read once by the candidate
+//     pipeline (a grid of (row, slice) blocks, then a block a row that finds the cut from the
+//     candidates and draws over the kept ids); filtered_pick, a block per row, takes the rows it does
+//     not settle and min-p alone (from the row's partial results, its top and their maxima bounding
+//     the cut; usually one read of the row). Either overwrites the row's merged result
 // Jacobi adds an update launch per pass (convergence flags live on the device), so max_iters
 // passes are a fixed launch sequence a CUDA graph can capture; blocks of converged sequences,
 // and of slots before a sequence's first change (final), exit at once (the GEMMs run over every
@@ -322,7 +324,7 @@ ReadSizes read_sizes(const RefineParams& p) {
 }
 
 struct Layout {
-  size_t u, hid, z, dots, partial, tokens, logprobs, flags, logits;
+  size_t u, hid, z, dots, partial, tokens, logprobs, flags, logits, candidates;
 };
 
 Layout layout(const RefineParams& p) {
@@ -335,7 +337,8 @@ Layout layout(const RefineParams& p) {
                 align_up(sizeof(int64_t) * p.n * p.d),
                 align_up(sizeof(float) * p.n * p.d),
                 align_up(sizeof(int32_t) * p.n),
-                p.filter ? align_up(sizeof(float) * p.n * p.d * p.v) : 0};
+                p.filter ? align_up(sizeof(float) * p.n * p.d * p.v) : 0,
+                p.filter ? align_up(filtered_candidates_bytes(p, p.n * p.d)) : 0};
 }
 
 RefineWorkspace carve(const RefineParams& p, void* workspace) {
@@ -357,6 +360,7 @@ RefineWorkspace carve(const RefineParams& p, void* workspace) {
   w.active = reinterpret_cast<int32_t*>(take(l.flags));
   w.first_dirty = reinterpret_cast<int32_t*>(take(l.flags));
   w.logits = reinterpret_cast<float*>(take(l.logits));
+  w.candidates = take(l.candidates);
   return w;
 }
 
@@ -510,7 +514,7 @@ RefineReadPlan refine_read_plan(const RefineParams& p, int64_t rows, bool read) 
 
 size_t refine_workspace_bytes(const RefineParams& p) {
   const Layout l = layout(p);
-  return l.u + l.hid + l.z + l.dots + l.partial + l.tokens + l.logprobs + 2 * l.flags + l.logits;
+  return l.u + l.hid + l.z + l.dots + l.partial + l.tokens + l.logprobs + 2 * l.flags + l.logits + l.candidates;
 }
 
 cudaError_t launch_refine_step(const RefineParams& p, const ReadGemmRunner& gemm, void* workspace, int64_t* tokens,

@@ -34,6 +34,7 @@ struct RefineWorkspace {
   int32_t* active;       // [n]
   int32_t* first_dirty;  // [n]: drafted slots before it read unchanged tokens (final)
   float* logits;         // [rows, v] of a launch with filters: filtered rows' logits
+  void* candidates;      // a launch with filters: its filtered rows' candidates (filtered_candidates_bytes)
 };
 
 // The rows one launch sequence works on: drafted slots [d_begin, d_begin + d_count) of the
@@ -130,6 +131,9 @@ __device__ __forceinline__ void observe_group(SampledRow& best, const float (&x)
 template <typename TB>
 cudaError_t launch_read_fused(const RefineParams& p, const RowSet& rs, const RefineWorkspace& w,
                               const RefineReadPlan& plan, cudaStream_t stream);
+
+// Bytes of RefineWorkspace::candidates for launches of up to `rows` rows (refine_filtered_pick_kernel.cu).
+size_t filtered_candidates_bytes(const RefineParams& p, int64_t rows);
 
 // filtered_pick over the `rows` rows of a pass (refine_filtered_pick_kernel.cu).
 cudaError_t launch_filtered_pick(const RefineParams& p, const RowSet& rs, const RefineWorkspace& w, int64_t rows,

@@ -51,6 +51,9 @@ struct RefineParams {
   // logits in the workspace ([rows, v] float32); filtered_pick_kernel finds their cuts and
   // samples them over the kept ids, in place of the fused result.
   bool filter;
+  // Every filtered row by filtered_pick_kernel alone, as before the candidate pipeline (the
+  // emulation's tests of that kernel; the binding leaves it false).
+  bool pick_only = false;
   int num_sms;
   int cc_major;  // compute capability: the fused read's bfloat16 tensor cores need 8 or more
   RefineReadMode read_mode;

@@ -170,8 +170,8 @@ class CudaEmu:
 
     def refine(self, op, ctx, tokens, base, weights, temperature=0.0, seed=0, offset=0, max_iters=0, num_sms=4,
                slice_bytes=1 << 20, read="auto", seed_tensor=None, offset_tensor=None, top_k=None, top_p=None,
-               min_p=None):
-        """slice_bytes: the byte budget of one GEMM slice of the read (the binding passes 1 GiB or a
+               min_p=None, pick_only=False):
+        """pick_only: every filtered row by filtered_pick_kernel alone (RefineParams). slice_bytes: the byte budget of one GEMM slice of the read (the binding passes 1 GiB or a
         sixteenth of the device memory; small values: many slices); read: the read's mode
         (XKERNELS_REFINE_READ: auto, gemm or fused). temperature, top_k, top_p, min_p: scalars
         (None: off) or [N] tensors; seed, offset: ints, or tensors as xkernels.refine_step takes them (seed_tensor / offset_tensor: the older spelling of a
@@ -193,7 +193,7 @@ class CudaEmu:
             ctypes.c_int(REFINE_OPS[op]), _ptr(ctx), _ptr(tokens), i64(tokens.shape[1]), _ptr(base),
             LOGITS_TYPES[base.dtype], *[_ptr(x) for x in w], WEIGHT_TYPES[w[0].dtype], i64(n), i64(b), i64(d), i64(r),
             i64(h), i64(v), *sampling, i64(max_iters), ctypes.c_int(num_sms), i64(slice_bytes),
-            ctypes.c_int(READ_MODES[read]), _ptr(out_tokens), _ptr(out_logprobs), _ptr(iters), msg,
+            ctypes.c_int(READ_MODES[read]), ctypes.c_int(int(pick_only)), _ptr(out_tokens), _ptr(out_logprobs), _ptr(iters), msg,
             ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
         return out_tokens, out_logprobs, iters

@@ -208,11 +208,12 @@ int xk_emu_row_cut(const void* logits, int logits_type, int64_t rows, int64_t v,
 // op: 0 refine_step (tokens = prev_tokens [n, b]), 1 jacobi_refine, 2 sequential_refine
 // (tokens = prefix_tokens [n, f + 1]). Weights are float32 (weight_type 0) or bfloat16 (1).
 // read_mode: RefineReadMode (0 auto, 1 GEMM, 2 fused), on a device of compute capability 9.
+// pick_only: RefineParams::pick_only.
 int xk_emu_refine(int op, const float* ctx, const int64_t* tokens, int64_t tokens_len, const void* base,
                   int base_type, const void* emb, const void* mix, const void* w_gate, const void* w_up,
                   const void* w_down, const void* w_read, int weight_type, int64_t n, int64_t b, int64_t d, int64_t r,
                   int64_t h, int64_t v, XK_EMU_SAMPLING_ARGS, int64_t max_iters, int num_sms, int64_t slice_bytes,
-                  int read_mode,
+                  int read_mode, int pick_only,
                   int64_t* out_tokens, float* out_logprobs, int32_t* out_iters, char* message, size_t message_len) {
   using namespace xkernels::cuda;
   Device dev;
@@ -236,6 +237,7 @@ int xk_emu_refine(int op, const float* ctx, const int64_t* tokens, int64_t token
   p.s = sampling_view(dev, n, XK_EMU_SAMPLING_FORWARD);
   p.filter = may_filter(p.s, v);
   p.cc_major = 9, p.read_mode = static_cast<RefineReadMode>(read_mode);
+  p.pick_only = pick_only != 0;
   const ReadGemmRunner gemm{emu_read_gemm, nullptr};
   void* workspace = dev.alloc(refine_workspace_bytes(p), 0xA5);
   // The callers zero-fill what the launchers' contracts say (csrc/cuda/refine.cpp).

@@ -1,9 +1,9 @@
 """vLLM's filter order (filter_order="min_p_first": min-p, then top-k, then top-p within what both
 keep) in the CUDA kernels, run by the emulation, against the references called with it: the
-candidates' cut (select_cut: chain_verify_ragged, tree_verify, dllm_step), the gathered prefix's
-(prefix_cut: the refine ops' filtered rows) and the radix passes with their draw hooks (the rows
-the candidates do not settle, and dllm's radix-only path). test_row_cut_emu checks the radix cut
-alone."""
+candidates' cut (select_cut: chain_verify_ragged, tree_verify, dllm_step, the refine ops), the
+gathered prefix's (prefix_cut: the refine ops' filtered_pick, alone with pick_only) and the radix
+passes with their draw hooks (the rows the candidates do not settle, and dllm's radix-only path).
+test_row_cut_emu checks the radix cut alone."""
 import pytest
 import torch
 
@@ -100,14 +100,16 @@ def test_dllm_step(emu, radix_only, scale):
 
 @pytest.mark.parametrize("base_scale", [2.0, 0.2])
 @pytest.mark.parametrize("num_sms", [8, 132])
-def test_refine_step(emu, base_scale, num_sms):
+@pytest.mark.parametrize("pick_only", [False, True])  # the candidates' cut, or the gathered prefix's alone
+def test_refine_step(emu, base_scale, num_sms, pick_only):
     n = 7
     ctx, prev, base, weights = make_case(n, 4, 3, 3001, 16, 8, seed=21)
     base = base * base_scale
     params = _params(n, 13)
     params["top_k"] = params["top_k"].int()
     with emu.filter_order(ORDER):
-        tokens, logprobs, _ = emu.refine("refine_step", ctx, prev, base, weights, **params, num_sms=num_sms)
+        tokens, logprobs, _ = emu.refine("refine_step", ctx, prev, base, weights, **params, num_sms=num_sms,
+                                         pick_only=pick_only)
     want_tokens, want_logprobs = reference.refine_step(ctx, prev, base, weights, filter_order=ORDER, **params)
     assert torch.equal(tokens, want_tokens)
     torch.testing.assert_close(logprobs, want_logprobs, atol=1e-4, rtol=1e-4)

@@ -14,7 +14,7 @@ KERNELS = {
     "refine_kernel.cu": {"front_mix_kernel", "front_hidden_kernel", "front_down_kernel", "read_epilogue_kernel",
                          "merge_kernel", "jacobi_init_kernel", "jacobi_update_kernel"},
     "refine_read_fused_kernel.cu": {"read_fused_kernel"},
-    "refine_filtered_pick_kernel.cu": {"filtered_pick_kernel"},
+    "refine_filtered_pick_kernel.cu": {"filtered_scan_kernel", "filtered_select_kernel", "filtered_pick_kernel"},
     "tree_kernel.cu": {"build_tree_kernel", "tree_mask_kernel", "tree_sample_kernel", "tree_sample_finish_kernel",
                        "compact_kv_kernel"},
     "tree_walk.cuh": {"tree_verify_kernel"},

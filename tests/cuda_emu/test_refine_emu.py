@@ -319,25 +319,29 @@ def test_per_sequence_sampling_and_per_request_streams(emu, weight_dtype, read, 
             torch.testing.assert_close(alone[1][0], got_logprobs[i], atol=1e-5, rtol=1e-5)
 
 
-# The reads filtered_pick takes of the 6 filtered rows below (2 sequences of 3 slots), at 8 SMs (3
-# partial results a row: their maxima bound few ids) and at 132 (36). Its first read gathers the
-# ranking's first ids, down to the top_k-th largest partial maximum (or their least): they hold top-k's
-# cut whenever top_k <= the partials (20 and 36 at 132 SMs), and on these rows at 50 and 37 too;
-# top-p alone guesses from the maxima's masses (half its rows at 3 partials). Where the gather does
-# not hold the cut, the cut's radix passes follow it (a gather that draws: 2 reads), 3 where more
-# than 2,048 ids lie at or above top-k's bin. Min-p alone draws in the first read.
+# The reads of the 6 filtered rows below (2 sequences of 3 slots), by filtered_pick alone
+# (pick_only) at 8 SMs and at 132, and through the candidate pipeline. filtered_pick's first read
+# gathers the ranking's first ids, down to the top_k-th largest partial maximum (or their least,
+# 3 partial results a row at 8 SMs, 36 at 132): they hold top-k's cut whenever top_k <= the
+# partials (20 and 36 at 132 SMs), and on these rows at 50 and 37 too; top-p alone guesses from the
+# maxima's masses (half its rows at 3 partials). Where the gather does not hold the cut, the cut's
+# radix passes follow it (a gather that draws: 2 reads), 3 where more than 2,048 ids lie at or
+# above top-k's bin. Min-p alone draws in the first read. The pipeline reads a row with top-k or
+# top-p once (its one slice of 3,001 ids keeps its best 64) and draws from the candidates where
+# they settle the cut, as on every row here but top_k=2500, which filtered_pick then reads as
+# alone (6 + 18); min-p alone is filtered_pick's.
 READS_OF_FILTERED_ROWS = [
-    (dict(top_k=50), 12, 6),
-    (dict(top_k=20), 12, 6),
-    (dict(top_k=36), 12, 6),
-    (dict(top_k=37), 12, 6),
-    (dict(top_p=0.9), 9, 6),
-    (dict(top_k=20, top_p=0.8), 12, 6),
-    (dict(top_k=2500, top_p=0.9), 18, 18),
-    (dict(min_p=0.05), 6, 6),
-    (dict(top_k=50, min_p=0.5), 12, 6),  # min-p moves the cut above top-k's: from the ranked ids, or the hook's floor draw
-    (dict(top_p=0.9, min_p=0.5), 9, 6),
-    (dict(top_k=50, top_p=0.9, min_p=0.5), 12, 6),
+    (dict(top_k=50), (12, 6), 6),
+    (dict(top_k=20), (12, 6), 6),
+    (dict(top_k=36), (12, 6), 6),
+    (dict(top_k=37), (12, 6), 6),
+    (dict(top_p=0.9), (9, 6), 6),
+    (dict(top_k=20, top_p=0.8), (12, 6), 6),
+    (dict(top_k=2500, top_p=0.9), (18, 18), 24),
+    (dict(min_p=0.05), (6, 6), 6),
+    (dict(top_k=50, min_p=0.5), (12, 6), 6),  # min-p moves the cut above top-k's: from the ranked ids, or the hook's floor draw
+    (dict(top_p=0.9, min_p=0.5), (9, 6), 6),
+    (dict(top_k=50, top_p=0.9, min_p=0.5), (12, 6), 6),
 ]
 
 
@@ -354,69 +358,108 @@ def filtered_rows_case(case, filters, n=5, d=3, v=3001, **kw):
     return (ctx, prev, base, weights), params
 
 
-@pytest.mark.parametrize("filters,reads_8,reads_132", READS_OF_FILTERED_ROWS)
+@pytest.mark.parametrize("filters,pick_reads,pipeline_reads", READS_OF_FILTERED_ROWS)
 @pytest.mark.parametrize("case", ["plain", "flat", "ties"])
-def test_reads_of_a_filtered_row(emu, filters, reads_8, reads_132, case):
-    """filtered_pick reads each filtered row's kept logits as READS_OF_FILTERED_ROWS says (and no
-    other row), and its tokens and log-probabilities equal the reference's, on plain rows, flat ones
-    (top-p's cut far below the top: its guess falls short, many bins drawn in the gather) and rows
-    of few distinct values (the cut inside a run of ties, broken to the lower id)."""
+def test_reads_of_a_filtered_row(emu, filters, pick_reads, pipeline_reads, case):
+    """filtered_pick alone, and the candidate pipeline before it, read each filtered row's kept
+    logits as READS_OF_FILTERED_ROWS says (and no other row), and their tokens and log-probabilities
+    equal the reference's, on plain rows, flat ones (top-p's cut far below the top: its guess falls
+    short, many bins drawn in the gather) and rows of few distinct values (the cut inside a run of
+    ties, broken to the lower id)."""
     args, params = filtered_rows_case(case, filters)
     want_tokens, want_logprobs = reference.refine_step(*args, **params)
-    for num_sms, reads in [(8, reads_8), (132, reads_132)]:
+    for num_sms, pick_only, reads in [(8, True, pick_reads[0]), (132, True, pick_reads[1]),
+                                      (8, False, pipeline_reads), (132, False, pipeline_reads)]:
         assert emu.refine_plan(5, 4, 3, 16, 8, 3001, 15, True, num_sms=num_sms)[0].partials == {8: 3, 132: 36}[num_sms]
         emu.take_row_passes()
-        tokens, logprobs, _ = emu.refine("refine_step", *args, **params, num_sms=num_sms)
+        tokens, logprobs, _ = emu.refine("refine_step", *args, **params, num_sms=num_sms, pick_only=pick_only)
         counted = emu.take_row_passes()
-        assert torch.equal(tokens, want_tokens), num_sms
+        assert torch.equal(tokens, want_tokens), (num_sms, pick_only)
         torch.testing.assert_close(logprobs, want_logprobs, atol=1e-4, rtol=1e-4)
         if case == "plain":
-            assert counted == reads, num_sms
+            assert counted == reads, (num_sms, pick_only)
 
 
-def test_one_read_on_the_fused_read_is_the_radix_passes_result(emu):
-    """The fused read's partial results (one a block: 16 at 8 SMs, 47 at 132) bound top_k=47 at 132
-    SMs: one read there; at 8 the first read holds the cut on 3 of the 6 rows, the radix passes
-    follow on the others. The logits are the same products either way, so tokens and
-    log-probabilities of the filtered rows (their sums fixed point) are bitwise equal."""
+@pytest.mark.parametrize("pick_only,reads_8,reads_132", [(True, 9, 6), (False, 6, 6)])
+def test_one_read_on_the_fused_read_is_the_radix_passes_result(emu, pick_only, reads_8, reads_132):
+    """filtered_pick alone on the fused read's kept logits: its partial results (one a block: 16 at 8
+    SMs, 47 at 132) bound top_k=47 at 132 SMs: one read there; at 8 the first read holds the cut on
+    3 of the 6 rows, the radix passes follow on the others. The candidate pipeline settles every row
+    in one read at both. The logits are the same products either way, so tokens and log-probabilities
+    of the filtered rows (their sums fixed point) are bitwise equal, by either path."""
     args, params = filtered_rows_case("plain", dict(top_k=47, top_p=0.8, min_p=0.05), weight_dtype=torch.bfloat16)
     got = {}
-    for num_sms, reads in [(8, 9), (132, 6)]:
+    for num_sms, reads in [(8, reads_8), (132, reads_132)]:
         plan = emu.refine_plan(5, 4, 3, 16, 8, 3001, 15, True, torch.bfloat16, num_sms=num_sms, mode="fused")[0]
         assert plan.fused and plan.partials == {8: 16, 132: 47}[num_sms]
         emu.take_row_passes()
-        got[num_sms] = emu.refine("refine_step", *args, **params, num_sms=num_sms, read="fused")[:2]
+        got[num_sms] = emu.refine("refine_step", *args, **params, num_sms=num_sms, read="fused", pick_only=pick_only)[:2]
         assert emu.take_row_passes() == reads
     assert torch.equal(got[8][0], got[132][0]) and torch.equal(got[8][1][:2], got[132][1][:2])
     torch.testing.assert_close(got[8][1], got[132][1])  # the others' float sums merge 16 or 47 partials
+    other = emu.refine("refine_step", *args, **params, num_sms=8, read="fused", pick_only=not pick_only)[:2]
+    assert torch.equal(other[0], got[8][0]) and torch.equal(other[1][:2], got[8][1][:2])
 
 
 @pytest.mark.parametrize("filters", [dict(top_k=20), dict(top_p=0.9), dict(top_k=30, top_p=0.9, min_p=0.1)])
 @pytest.mark.parametrize("finite", [5, 40, 600])
 def test_a_filtered_row_with_few_finite_ids(emu, filters, finite):
     """Rows whose ids past the first `finite` are -inf, so that most partial results' maxima are -inf:
-    the first read's bound then gathers every finite id (fewer than top_k at 5: the cut keeps them
-    all, as the reference's)."""
+    filtered_pick's first read's bound then gathers every finite id (fewer than top_k at 5: the cut
+    keeps them all, as the reference's); the candidate pipeline declines a row with fewer finite ids
+    than top_k and settles the others."""
     args, params = filtered_rows_case("plain", filters)
     args[2][:, :, finite:] = float("-inf")
     want_tokens, want_logprobs = reference.refine_step(*args, **params)
-    for num_sms in (8, 132):
-        tokens, logprobs, _ = emu.refine("refine_step", *args, **params, num_sms=num_sms)
-        assert torch.equal(tokens, want_tokens), num_sms
+    for num_sms, pick_only in [(8, True), (132, True), (8, False), (132, False)]:
+        tokens, logprobs, _ = emu.refine("refine_step", *args, **params, num_sms=num_sms, pick_only=pick_only)
+        assert torch.equal(tokens, want_tokens), (num_sms, pick_only)
         torch.testing.assert_close(logprobs, want_logprobs, atol=1e-4, rtol=1e-4)
 
 
 def test_more_partial_results_than_the_buffer(emu):
     """One row of 10,001 ids at 1,024 SMs: 2,501 partial results (chunks of 4 ids), more than the
-    2,048 the bound ranks; any 2,048 of them bound top-k alike, so one read still picks the row."""
+    2,048 the bound ranks. top_k=300 lies beyond the pipeline's 192 candidates (3 slices), so
+    filtered_pick takes the row after the pipeline's read; any 2,048 partials bound top-k alike, so
+    its first read still picks the row: 2 reads."""
     ctx, prev, base, weights = make_case(1, 4, 1, 10001, 16, 8, seed=5)
-    params = dict(temperature=torch.tensor([1.0]), top_k=torch.tensor([100], dtype=torch.int32),
+    params = dict(temperature=torch.tensor([1.0]), top_k=torch.tensor([300], dtype=torch.int32),
                   top_p=torch.tensor([0.95]), seed=torch.tensor([3]), offset=torch.tensor([0]))
     plan = emu.refine_plan(1, 4, 1, 16, 8, 10001, 1, True, num_sms=1024)[0]
     assert plan.partials == 2501
     emu.take_row_passes()
     tokens, logprobs, _ = emu.refine("refine_step", ctx, prev, base, weights, **params, num_sms=1024)
-    assert emu.take_row_passes() == 1
+    assert emu.take_row_passes() == 2
     want_tokens, want_logprobs = reference.refine_step(ctx, prev, base, weights, **params)
     assert torch.equal(tokens, want_tokens)
     torch.testing.assert_close(logprobs, want_logprobs, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("op", ["refine_step", "jacobi_refine", "sequential_refine"])
+@pytest.mark.parametrize("filters", [dict(top_k=400), dict(top_p=0.9), dict(top_k=200, top_p=0.8, min_p=0.01),
+                                     dict(top_p=0.9, min_p=0.02)])
+def test_the_pipeline_settles_rows_of_many_slices(emu, op, filters):
+    from tests.test_refine_sampling import reference_call
+
+    """Rows of 40,001 ids (10 slices of the candidate pipeline, 640 candidates): top-k within them,
+    top-p alone (the total's bounds from the slices' mass sums) and with min-p, in every op's launch
+    sequences (Jacobi's converged sequences and final slots, the sequential op's one-slot launches):
+    a filtered row is read once, and tokens and log-probabilities equal the reference's."""
+    n, d = 3, 2
+    ctx, prev, base, weights = make_case(n, 4, d, 40001, 16, 8, seed=9)
+    base = base * 3
+    on = torch.tensor([1, 0, 1], dtype=torch.bool)  # an unfiltered sampled sequence between
+    params = dict(temperature=torch.tensor([1.0, 0.9, 0.7]),
+                  top_k=torch.where(on, filters.get("top_k", 0), 0).int(),
+                  top_p=torch.where(on, filters.get("top_p", 1.0), 1.0),
+                  min_p=torch.where(on, filters.get("min_p", 0.0), 0.0),
+                  seed=torch.tensor([11, 12, 13]), offset=torch.tensor([0, 5, 9]))
+    tokens = prev if op == "refine_step" else prev[:, :4 - d + 1]  # the loops' prefix (b = 4)
+    emu.take_row_passes()
+    got_tokens, got_logprobs, _ = emu.refine(op, ctx, tokens, base, weights, **params, num_sms=132, max_iters=d + 1)
+    passes = emu.take_row_passes()
+    want_tokens, want_logprobs = reference_call(op, ctx, prev, base, weights, **params)
+    assert torch.equal(got_tokens, want_tokens)
+    torch.testing.assert_close(got_logprobs, want_logprobs, atol=1e-4, rtol=1e-4)
+    if op == "refine_step":
+        assert passes == 2 * d  # the two filtered sequences' rows, once each
