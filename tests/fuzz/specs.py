@@ -591,11 +591,12 @@ class BuildDraftTree(Spec):
     def valid(self, g):
         n, d, k = g.int(0, 3), g.int(0, 4), g.int(0, 4)
         lp = torch.sort(g.probs(n, d, max(k, 1)).log()[..., :k], dim=-1, descending=True).values
-        return dict(topk_logprobs=lp, topk_tokens=g.ids(n, d, k, hi=50), budget=g.int(0, 12))
+        return dict(topk_logprobs=lp, topk_tokens=g.ids(n, d, k, hi=50), budget=g.int(0, 12),
+                    mask=g.pick((None, "bool", "packed")))
 
     def value_mutations(self, g, args):
         tok, lp = args["topk_tokens"], args["topk_logprobs"]
-        out = []
+        out = [(f"mask={bad!r}", _set(args, mask=bad), RAISE, {"mask"}) for bad in ("dense", True)]
         if tok.numel():
             for bad in (-5, -1, 2**40, 2**31 - 1, 2**31):
                 out.append((f"topk_tokens {bad}", _set(args, topk_tokens=_poke(tok, bad, g=g.g)), RAISE,
@@ -618,9 +619,14 @@ class BuildDraftTree(Spec):
         lp, tok, budget = args["topk_logprobs"], args["topk_tokens"], args["budget"]
         assert lp.shape == tok.shape, f"accepted topk_tokens {list(tok.shape)} for topk_logprobs {list(lp.shape)}"
         n, m = lp.shape[0], budget + 1
-        tokens, parents, num_nodes, depth = out
+        tokens, parents, num_nodes, depth = out[:4]
         assert tokens.shape == parents.shape == depth.shape == (n, m) and num_nodes.shape == (n,)
         counts = check_tree_shape(parents, num_nodes)
+        if args["mask"] is None:
+            assert len(out) == 4
+        else:  # the same launch's mask: the tree's own
+            want = reference.tree_attention_mask(parents, num_nodes, packed=args["mask"] == "packed")
+            assert torch.equal(out[4], want), "the mask is not the tree's"
         for s in range(n):
             c = counts[s]
             assert int(tokens[s, 0]) == -1 and int(depth[s, 0]) == 0
@@ -632,7 +638,10 @@ class BuildDraftTree(Spec):
                 "padding nodes not (-1, -1, 0)"
 
     def reference(self, args):
-        return reference.build_draft_tree(args["topk_logprobs"], args["topk_tokens"], args["budget"])
+        out = reference.build_draft_tree(args["topk_logprobs"], args["topk_tokens"], args["budget"])
+        if args["mask"] is None:
+            return out
+        return (*out, reference.tree_attention_mask(out[1], out[2], packed=args["mask"] == "packed"))
 
 
 class TreeAttentionMask(Spec):
