@@ -79,6 +79,21 @@ def test_build_draft_tree_with_mask_is_the_two_calls(device, n, d, k, budget, la
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n,d,k,budget", [(3, 4, 3, 20), (2, 1, 3, 9)])  # the second has padding nodes
+def test_a_tree_prefix_keeps_the_first_rows_and_columns_of_its_mask(device, n, d, k, budget):
+    """The decoding loop verifies the first m nodes of a best-first tree (DraftTree.prefix) under the
+    first m rows and columns of the mask build_draft_tree wrote: the prefix's own mask, as a node's
+    ancestors come before it and a padding node sees itself only."""
+    from xkernels.decoding.modes import DraftTree
+
+    lp, tok = topk_case(n, d, k, seed=budget, ties=True)
+    tree = DraftTree(*xkernels.build_draft_tree(lp.to(device), tok.to(device), budget, mask="bool"), (lp, tok))
+    for m in (1, 2, 5, budget, budget + 1):
+        p = tree.prefix(m)
+        assert torch.equal(p.mask, xkernels.tree_attention_mask(p.parents, num_nodes=p.num_nodes)), m
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_build_draft_tree_infinite_scores(device):
     """+inf beside -inf log-probs: their sums are NaN, which count as -inf (a NaN score would order
     neither way, and the pops would depend on the search); -0.0 ties 0.0 (push order decides)."""

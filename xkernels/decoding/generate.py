@@ -7,8 +7,8 @@ Modes:
     "sequential"  the drafter plus sequential_refine (xPress refinement decoded slot by slot)
     "jacobi"      the drafter plus jacobi_refine with `iters` passes (xPress)
     "tree"        DDTree: a best-first draft tree over the drafter's per-slot top-k marginals
-                  (build_draft_tree), verified in one target call under the tree's attention mask
-                  (tree_attention_mask, tree_positions, tree_verify); the KV cache keeps the
+                  (build_draft_tree, which writes the tree's attention mask in the same launch),
+                  verified in one target call under that mask (tree_verify); the KV cache keeps the
                   accepted path (compact_kv_)
     "tree-jacobi" the same over the refined marginals of the final Jacobi iterate
 

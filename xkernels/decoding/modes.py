@@ -20,7 +20,7 @@ import torch
 
 from .. import ops
 from ..models.target import Linear
-from ..ops import build_draft_tree, tree_attention_mask
+from ..ops import build_draft_tree
 from ..streams import offset_advance
 from .candidates import whole_candidates
 
@@ -337,12 +337,14 @@ class DraftTree:
     parents: torch.Tensor  # int64 [N, M]
     num_nodes: torch.Tensor  # int64 [N]
     depth: torch.Tensor  # int64 [N, M]
+    mask: torch.Tensor  # bool [N, M, M]: the tree's attention mask, written by the build's launch
     candidates: tuple  # (log-probs, ids) [N, D, k] of each slot's candidates the tree was built from
 
     def prefix(self, m: int) -> "DraftTree":
-        """The first m nodes (a prefix of a best-first tree is a tree)."""
+        """The first m nodes (a prefix of a best-first tree is a tree; its mask is the first m rows and
+        columns, as a node's ancestors come before it and a padding node sees itself only)."""
         return DraftTree(self.tokens[:, :m], self.parents[:, :m], self.num_nodes.clamp(max=m), self.depth[:, :m],
-                         self.candidates)
+                         self.mask[:, :m, :m], self.candidates)
 
     def node_probs(self, n: int, m: int) -> torch.Tensor:
         """The marginal probability of nodes 1..m-1 of sequence n (for the draft length rule)."""
@@ -360,7 +362,7 @@ class TreeVerifier:
         """DDTree's best-first tree of `budget` draft nodes over each slot's `topk` candidates."""
         lp, tok = self.vocab.topk_logprobs(marginals, self.topk)
         lp, tok = lp.contiguous(), tok.contiguous()
-        return DraftTree(*build_draft_tree(lp, tok, self.budget), (lp, tok))
+        return DraftTree(*build_draft_tree(lp, tok, self.budget, mask="bool"), (lp, tok))
 
     def verify(self, target, anchor, tree: DraftTree, cache, layers, rng: Streams):
         """One target call over the tree under its attention mask (padding nodes see themselves
@@ -369,8 +371,7 @@ class TreeVerifier:
         m = tree.tokens.shape[1]
         root = torch.arange(m, device=anchor.device)[None] == 0
         tokens = torch.where(root, anchor[:, None], tree.tokens.clamp(min=0))
-        mask = tree_attention_mask(tree.parents, num_nodes=tree.num_nodes)
-        logits, hidden = target(tokens, cache, hidden_layers=layers, tree_mask=mask, tree_depth=tree.depth)
+        logits, hidden = target(tokens, cache, hidden_layers=layers, tree_mask=tree.mask, tree_depth=tree.depth)
         rng.room("tree_verify", tokens)
         accept_len, path, out = self.vocab.tree_verify(tokens, tree.parents, logits.float(),
                                                        temperature=rng.temperature, seed=rng.seed, offset=rng.verify,
