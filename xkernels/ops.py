@@ -607,9 +607,11 @@ def refine_step(
           multiple of 8 up to 256) instead streams ``w_read`` once through a fused tensor-core
           kernel that samples on the products (``XKERNELS_REFINE_READ=gemm|fused|auto`` forces one).
           With a filter in the call the epilogue also writes filtered rows' logits to a workspace
-          (``N * D * V`` floats), then a block per filtered row finds its cut without a sort and
-          samples the kept ids: usually in one read of the row (the epilogue's partial results give
-          its top and bound the cut's ids), else by radix selection in two; no host sync.
+          (``N * D * V`` floats); a row with top-k or top-p is then read once by a grid of (row,
+          slice) blocks that keep each slice's best candidates, and a block a row finds the cut from
+          them and samples the kept ids. Min-p alone and the rows the candidates do not settle take
+          a block a row: usually one read (the epilogue's partial results give the row's top and
+          bound the cut's ids), else radix selection in two. No sort, no host sync.
     """
     return torch.ops.xkernels.refine_step.default(
         _tensor(ctx, "ctx"), _ids(prev_tokens, "prev_tokens"), _tensor(base_logits, "base_logits"),
