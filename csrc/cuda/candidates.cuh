@@ -81,6 +81,15 @@ __host__ __device__ inline SliceLayout slice_layout(int64_t v, int ids_a_chunk) 
   return SliceLayout{static_cast<int>(slices), per};
 }
 
+// Where a launch keeps its filtered rows' candidates (in its workspace): the slices' summaries and
+// candidates, and whether the select step settled each row.
+struct CandidateSpace {
+  SliceLayout layout;
+  SliceSummary* sums;  // [rows, slices]
+  Candidate* cands;    // [rows, slices, kSliceKeep]
+  int32_t* settled;    // [rows]
+};
+
 struct ScanShared {
   Candidate buf[kWarps][kWarpSlots];
   int32_t count[kWarps];

@@ -345,14 +345,6 @@ __device__ Request request_of(const ChainRaggedParams& p, int64_t n) {
   return req;
 }
 
-// Where the candidates of the filtered rows live in the workspace (after the states and residuals).
-struct CandidateSpace {
-  SliceLayout layout;
-  SliceSummary* sums;  // [rows, slices]
-  Candidate* cands;    // [rows, slices, kSliceKeep]
-  int32_t* settled;    // [rows]: select settled the row's state
-};
-
 // Launch 0a: block (row, slice) of a filtered row scans its slice (unfiltered rows, rows past a
 // request's drafts and rows of the other kWithTotal exit; a launch for each).
 template <typename T, bool kWithTotal>
@@ -461,8 +453,6 @@ __global__ void __launch_bounds__(kThreads) chain_ragged_kernel(ChainRaggedParam
   }
 }
 
-size_t aligned_bytes(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
 int64_t row_count(const ChainRaggedParams& p) { return p.n * (p.max_spec_len + 1); }
 
 SliceLayout layout_of(const ChainRaggedParams& p) {
@@ -480,10 +470,10 @@ Workspace workspace_of(const ChainRaggedParams& p) {
   const auto rows = static_cast<size_t>(row_count(p));
   const auto slices = rows * static_cast<size_t>(layout_of(p).slices);
   Workspace w{};
-  w.residuals = aligned_bytes(sizeof(RowState) * rows);
-  w.settled = w.residuals + (p.block && p.q ? aligned_bytes(sizeof(float) * rows) : 0);
-  w.sums = w.settled + aligned_bytes(sizeof(int32_t) * rows);
-  w.cands = w.sums + aligned_bytes(sizeof(SliceSummary) * slices);
+  w.residuals = align_up(sizeof(RowState) * rows);
+  w.settled = w.residuals + (p.block && p.q ? align_up(sizeof(float) * rows) : 0);
+  w.sums = w.settled + align_up(sizeof(int32_t) * rows);
+  w.cands = w.sums + align_up(sizeof(SliceSummary) * slices);
   w.bytes = w.cands + sizeof(Candidate) * kSliceKeep * slices;
   return w;
 }

@@ -174,8 +174,6 @@ __global__ void __launch_bounds__(kThreads) sample_finish_kernel(ChainVerifyPara
   if (lane == 0) p.out_tokens[n * (p.k + 1) + job.row] = sample_result(job, best);
 }
 
-size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
-
 struct Layout {
   int row_slices, sample_slices;
   size_t row_bytes, logit_bytes, job_bytes, sample_bytes;

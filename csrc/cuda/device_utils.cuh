@@ -5,11 +5,15 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "xkernels/sampling.h"
 
 namespace xkernels::cuda {
+
+// A workspace region's bytes rounded up to 256, so that the region after it starts aligned.
+inline size_t align_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;

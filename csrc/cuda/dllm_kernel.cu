@@ -27,8 +27,6 @@ struct DllmSlice {
   ArgMax drawn;     // Gumbel-max of logits / T
 };
 
-size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
-
 // Slices per row (row_reduce.cuh's plan), and the workspace: x0, chosen, the slices, and with
 // filters the candidate pipeline's (DllmCandidates, in that order of its fields).
 struct DllmLayout {

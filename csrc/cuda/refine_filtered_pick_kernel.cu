@@ -15,26 +15,17 @@
 namespace xkernels::cuda {
 namespace {
 
-// Where a launch's candidates live in RefineWorkspace::candidates (rows: the launch's).
-struct CandidateSpace {
-  SliceLayout layout;
-  SliceSummary* sums;  // [rows, slices]
-  Candidate* cands;    // [rows, slices, kSliceKeep]
-  int32_t* settled;    // [rows]: filtered_select drew the row
-};
-
-size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
 SliceLayout layout_of(const RefineParams& p) { return slice_layout(p.v, 4); }  // float32 logits
 
 size_t sums_bytes(const RefineParams& p, int64_t rows) {
-  return aligned(sizeof(SliceSummary) * static_cast<size_t>(rows) * layout_of(p).slices);
+  return align_up(sizeof(SliceSummary) * static_cast<size_t>(rows) * layout_of(p).slices);
 }
 
 size_t cands_bytes(const RefineParams& p, int64_t rows) {
-  return aligned(sizeof(Candidate) * kSliceKeep * static_cast<size_t>(rows) * layout_of(p).slices);
+  return align_up(sizeof(Candidate) * kSliceKeep * static_cast<size_t>(rows) * layout_of(p).slices);
 }
 
+// Where a launch's candidates live in RefineWorkspace::candidates (rows: the launch's).
 CandidateSpace carve_candidates(const RefineParams& p, void* base, int64_t rows) {
   char* at = static_cast<char*>(base);
   return CandidateSpace{layout_of(p), reinterpret_cast<SliceSummary*>(at),
@@ -237,7 +228,7 @@ __global__ void __launch_bounds__(kThreads, 1) filtered_pick_kernel(RefineParams
 }  // namespace
 
 size_t filtered_candidates_bytes(const RefineParams& p, int64_t rows) {
-  return sums_bytes(p, rows) + cands_bytes(p, rows) + aligned(sizeof(int32_t) * static_cast<size_t>(rows));
+  return sums_bytes(p, rows) + cands_bytes(p, rows) + align_up(sizeof(int32_t) * static_cast<size_t>(rows));
 }
 
 cudaError_t launch_filtered_pick(const RefineParams& p, const RowSet& rs, const RefineWorkspace& w, int64_t rows,

@@ -300,8 +300,6 @@ __global__ void jacobi_update_kernel(RefineParams p, RefineWorkspace w, int64_t*
   if (first_change >= 0) w.first_dirty[n] = static_cast<int32_t>(first_change + 1);
 }
 
-size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
-
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 size_t weight_bytes(const RefineParams& p) { return p.weight_type == WeightType::kFloat32 ? 4 : 2; }

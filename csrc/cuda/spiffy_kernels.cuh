@@ -15,8 +15,6 @@
 
 namespace xkernels::cuda {
 
-inline size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
-
 // The warp's merge of each lane's top tokens: kSpiffyMaxRank rounds of a warp argmax over the
 // lanes' next candidates; the winning lane moves to its next one. Every lane returns the result.
 __device__ inline TopTokens warp_merge_top(const TopTokens& mine) {

@@ -36,14 +36,12 @@ DraftTreeOutputs build_trees_cuda(const at::Tensor& topk_logprobs, const at::Ten
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_draft_tree_cuda(const at::Tensor& topk_logprobs,
                                                                                  const at::Tensor& topk_tokens,
                                                                                  int64_t budget) {
-  auto out = build_trees_cuda(topk_logprobs, topk_tokens, budget, std::nullopt);
-  return {out.tokens, out.parents, out.num_nodes, out.depth};
+  return build_trees_cuda(topk_logprobs, topk_tokens, budget, std::nullopt).tree();
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> build_draft_tree_with_mask_cuda(
     const at::Tensor& topk_logprobs, const at::Tensor& topk_tokens, int64_t budget, bool packed) {
-  auto out = build_trees_cuda(topk_logprobs, topk_tokens, budget, packed);
-  return {out.tokens, out.parents, out.num_nodes, out.depth, out.mask};
+  return build_trees_cuda(topk_logprobs, topk_tokens, budget, packed).tree_and_mask();
 }
 
 // The mask (packed or bool) or, with want_depth, the positions.

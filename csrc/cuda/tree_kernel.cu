@@ -397,8 +397,6 @@ __global__ void compact_kv_kernel(CompactKvParams p) {
   }
 }
 
-size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
-
 template <typename T, typename Q>
 cudaError_t launch_walks(const TreeVerifyParams& p, const VerifyWorkspace& w, bool vector_ok, cudaStream_t stream) {
   const bool draft = p.q && p.may_sample;  // at T = 0 draft_probs play no part

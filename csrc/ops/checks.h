@@ -8,6 +8,7 @@
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <tuple>
 
 namespace xkernels {
 
@@ -95,6 +96,13 @@ DraftTreeShape check_build_draft_tree(const at::Tensor& topk_logprobs, const at:
 // [N, M, M]; undefined without); a budget too large to allocate raises naming it.
 struct DraftTreeOutputs {
   at::Tensor tokens, parents, num_nodes, depth, mask;
+  // The ops' returns: build_draft_tree's, and build_draft_tree_with_mask's with the mask.
+  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree() const {
+    return {tokens, parents, num_nodes, depth};
+  }
+  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_and_mask() const {
+    return {tokens, parents, num_nodes, depth, mask};
+  }
 };
 DraftTreeOutputs draft_tree_outputs(const at::Tensor& topk_tokens, const DraftTreeShape& s,
                                     std::optional<bool> mask_packed = std::nullopt);
