@@ -1,13 +1,15 @@
-// spiffy_accept on CUDA, two launches, never waiting on the host. First a block a (sequence, node,
+// spiffy_accept on CUDA, launches that never wait on the host. First a block a (sequence, node,
 // row) picks the masked rows of the root and of each kept draft at the step the rule fixes for the
 // node (dllm_step's row rule, dllm_row.cuh; spiffy_kernels.cuh's accept_prepared_step): the whole
-// GPU at once. Then a thread block cluster of 8 or 4 blocks per sequence (sm_90+; one block below)
-// walks the steps: a step whose picks were not prepared (a threshold's) has its masked rows dealt
-// out to the team's blocks, a block a row, on the logits of the node reached, then cluster.sync;
-// warp 0 of block 0 applies the selection, looks for a kept draft equal to the new block and lists
-// the next step's rows; cluster.sync. A cluster's blocks are co-scheduled, so they may wait for
-// each other; ordinary blocks could deadlock doing so. Both kernels are spiffy_kernels.cuh's; this
-// file launches them unfiltered, spiffy_filtered_accept_[prepare_|cluster_]<type>_kernel.cu filtered.
+// GPU at once. With filters, the prepared rows that filter go through the candidate pipeline before
+// it (spiffy_filtered.cuh: a read a row it settles; the prepare kernel skips them). Then a thread
+// block cluster of 8 or 4 blocks per sequence (sm_90+; one block below) walks the steps: a step
+// whose picks were not prepared (a threshold's) has its masked rows dealt out to the team's blocks,
+// a block a row, on the logits of the node reached, then cluster.sync; warp 0 of block 0 applies the
+// selection, looks for a kept draft equal to the new block and lists the next step's rows;
+// cluster.sync. A cluster's blocks are co-scheduled, so they may wait for each other; ordinary
+// blocks could deadlock doing so. Both kernels are spiffy_kernels.cuh's; this file launches them
+// unfiltered, spiffy_filtered_accept_[prepare_|cluster_]<type>_kernel.cu filtered.
 #include "per_device.h"
 #include "spiffy_kernels.cuh"
 
@@ -30,6 +32,12 @@ AcceptWorkspace accept_workspace(const SpiffyAcceptParams& p, void* base, size_t
   ws.chosen = static_cast<uint8_t*>(take(nl));
   ws.rows = static_cast<int64_t*>(take(sizeof(int64_t) * nl));
   ws.walk = static_cast<AcceptWalk*>(take(sizeof(AcceptWalk) * 2 * static_cast<size_t>(p.n)));
+  if (p.rule.filtered && !p.radix_only) {  // the prepared rows' candidates: at most every node's
+    ws.sums = static_cast<SliceSummary*>(take(sizeof(SliceSummary) * nodes));
+    ws.cands = static_cast<Candidate*>(take(sizeof(Candidate) * kSliceKeep * nodes));
+    ws.raw = static_cast<RowStats*>(take(sizeof(RowStats) * nodes));
+    ws.settled = static_cast<int32_t*>(take(sizeof(int32_t) * nodes));
+  }
   *bytes = used;
   return ws;
 }

@@ -9,6 +9,7 @@
 
 #include <type_traits>
 
+#include "candidates.cuh"
 #include "device_utils.cuh"
 #include "dllm_row.cuh"
 #include "spiffy_launch.h"
@@ -263,6 +264,12 @@ struct AcceptWorkspace {
   int64_t* rows;    // [n, l], the masked rows of the step, ascending
   AcceptWalk* walk;  // [n, 2]
   bool drafts = false;  // the prepare kernel picks the kept drafts' rows too (accept_prepared_step)
+  // The prepared rows' candidate pipeline (spiffy_filtered.cuh), [n, nodes, l] as the prepare
+  // kernel's rows (nodes: k + 1 with drafts, else 1); settled null where it does not run.
+  SliceSummary* sums = nullptr;  // [rows]
+  Candidate* cands = nullptr;    // [rows, kSliceKeep]
+  RowStats* raw = nullptr;       // [rows]
+  int32_t* settled = nullptr;    // [rows]
 };
 
 // The blocks that walk one sequence: a thread block cluster (kCluster, sm_90+: co-scheduled, so they
@@ -342,40 +349,61 @@ __device__ __forceinline__ const T* accept_node_logits(const SpiffyAcceptParams&
                 : static_cast<const T*>(p.draft_logits) + (n * p.k + c - 1) * p.l * p.v;
 }
 
+// Row r of the prepare kernels' [n, nodes, l] order: its sequence, node (0: the root, d + 1: draft
+// d), position and slot of ws.x0 and ws.conf.
+struct AcceptRow {
+  int64_t n, c, q, slot;
+};
+
+__device__ __forceinline__ AcceptRow accept_row(const SpiffyAcceptParams& p, const AcceptWorkspace& ws, int64_t r) {
+  const int64_t nodes = ws.drafts ? p.k + 1 : 1;
+  const int64_t q = r % p.l, c = r / p.l % nodes, n = r / (p.l * nodes);
+  return AcceptRow{n, c, q, (n * (p.k + 1) + c) * p.l + q};
+}
+
+// The step at which the prepare kernels pick row a, at every thread of the block (warp 0 counts the
+// masked rows; two barriers), or -1 where they do not: the row is not masked, its draft is not
+// kept, or the rule does not fix the node's step (accept_prepared_step). The same for the whole block.
+__device__ inline int64_t prepared_row_step(const SpiffyAcceptParams& p, const AcceptWorkspace& ws, AcceptRow a) {
+  __shared__ int64_t step;
+  const int64_t* root = p.new_block + a.n * p.l;  // the block: the walk has not started
+  const int64_t* tokens = a.c == 0 ? root : p.drafts + (a.n * p.k + a.c - 1) * p.l;
+  if (tokens[a.q] != p.rule.mask_id || (a.c > 0 && p.node_ids[a.n * p.k + a.c - 1] < 0)) return -1;
+  if (threadIdx.x < 32) {
+    const int64_t masked0 = warp_count_masked(root, p.l, p.rule.mask_id);
+    const int64_t count = a.c == 0 ? masked0 : warp_count_masked(tokens, p.l, p.rule.mask_id);
+    const int64_t s = accept_prepared_step(p.rule, ws.drafts, masked0, count);
+    if (threadIdx.x == 0) step = a.c == 0 || s > 0 ? s : -1;  // a draft is never the walk's step 0
+  }
+  __syncthreads();
+  const int64_t s = step;
+  __syncthreads();  // step is reused by a next row
+  return s;
+}
+
 // Every (sequence, node, row) a block, before the walk: the masked rows of the root, and with
 // ws.drafts of each kept draft where the rule fixes the step the walk would reach it at
 // (accept_prepared_step), are picked at that step's stream into the node's slots of ws.x0 and
 // ws.conf. All rows at once over the whole GPU, where the walk's team reads a step's rows a few
 // blocks at a time; a draft the walk never reaches is read for nothing (spiffy_accept_kernel.cu
-// asks for the drafts only where the walk's teams leave most of the GPU idle).
+// asks for the drafts only where the walk's teams leave most of the GPU idle). A row the candidate
+// pipeline settled (ws.settled, kFilter) is skipped: spiffy_filtered.cuh's pick kernel wrote it.
 template <typename T, bool kFilter>
 __global__ void __launch_bounds__(kThreads, 1) spiffy_accept_prepare_kernel(SpiffyAcceptParams p, AcceptWorkspace ws,
                                                                           bool vector_ok) {
   __shared__ AcceptShared<kFilter> sh;
-  __shared__ int64_t step;
-  const int64_t nodes = ws.drafts ? p.k + 1 : 1, rows = p.n * nodes * p.l;
+  const int64_t rows = p.n * (ws.drafts ? p.k + 1 : 1) * p.l;
   const int mass_shift = cut_mass_shift(p.v);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {  // the same for the whole block
-    const int64_t q = r % p.l, c = r / p.l % nodes, n = r / (p.l * nodes);
-    const int64_t slot = (n * (p.k + 1) + c) * p.l + q;
-    const int64_t* root = p.new_block + n * p.l;  // the block: the walk has not started
-    const int64_t* tokens = c == 0 ? root : p.drafts + (n * p.k + c - 1) * p.l;
-    if (tokens[q] != p.rule.mask_id || (c > 0 && p.node_ids[n * p.k + c - 1] < 0)) continue;
-    if (threadIdx.x < 32) {
-      const int64_t masked0 = warp_count_masked(root, p.l, p.rule.mask_id);
-      const int64_t count = c == 0 ? masked0 : warp_count_masked(tokens, p.l, p.rule.mask_id);
-      const int64_t s = accept_prepared_step(p.rule, ws.drafts, masked0, count);
-      if (threadIdx.x == 0) step = c == 0 || s > 0 ? s : -1;  // a draft is never the walk's step 0
-    }
-    __syncthreads();
-    const int64_t s = step;
-    __syncthreads();  // step is reused by the next row
+    if (kFilter && ws.settled != nullptr && ws.settled[r]) continue;
+    const AcceptRow a = accept_row(p, ws, r);
+    const int64_t s = prepared_row_step(p, ws, a);
     if (s < 0) continue;
-    const RowSampling rs = p.rule.s.row(n);
-    const RowStream st = dllm_step_stream(p.rule.s.stream(n), s, p.l);
-    const DllmPick pick = accept_row_pick<T, kFilter>(sh, p, accept_node_logits<T>(p, n, c), q, rs, mass_shift, st,
-                                                      vector_ok);
-    if (threadIdx.x == 0) ws.x0[slot] = pick.token, ws.conf[slot] = pick.confidence;
+    const RowSampling rs = p.rule.s.row(a.n);
+    const RowStream st = dllm_step_stream(p.rule.s.stream(a.n), s, p.l);
+    const DllmPick pick = accept_row_pick<T, kFilter>(sh, p, accept_node_logits<T>(p, a.n, a.c), a.q, rs, mass_shift,
+                                                      st, vector_ok);
+    if (threadIdx.x == 0) ws.x0[a.slot] = pick.token, ws.conf[a.slot] = pick.confidence;
   }
 }
 

@@ -39,6 +39,7 @@ struct SpiffyAcceptParams {
   // new_block: a copy of the block; positions, tokens: -1; num_steps: 0; continue_from: -1 (the caller)
   int64_t *new_block, *positions, *tokens, *num_steps, *continue_from;
   bool clusters;  // the device runs thread block clusters (compute capability 9.0 and up)
+  bool radix_only = false;  // every filtered row by dllm_filtered_pick, as before the candidate pipeline
 };
 
 // Blocks a sequence on sm_90+: a thread block cluster of the largest portable size, or of the

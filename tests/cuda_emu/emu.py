@@ -324,8 +324,10 @@ class CudaEmu:
         return drafts, node_ids, scores
 
     def spiffy_accept(self, root, draft_logits, drafts, node_ids, block, mask_id, num_unmask=1, threshold=None,
-                      temperature=0.0, seed=0, offset=0, clusters=True, top_k=None, top_p=None, min_p=None):
-        """clusters: the device runs thread block clusters (the binding's test of sm_90+)."""
+                      temperature=0.0, seed=0, offset=0, clusters=True, top_k=None, top_p=None, min_p=None,
+                      radix_only=False):
+        """clusters: the device runs thread block clusters (the binding's test of sm_90+); radix_only:
+        every filtered row by dllm_filtered_pick (SpiffyAcceptParams)."""
         n, length, v = root.shape
         k = drafts.shape[1]
         root, draft_logits, drafts, node_ids, block = map(_c, (root, draft_logits, drafts, node_ids, block))
@@ -337,7 +339,7 @@ class CudaEmu:
         rc = self.lib.xk_emu_spiffy_accept(
             _ptr(root), _ptr(draft_logits), LOGITS_TYPES[root.dtype], _ptr(drafts), _ptr(node_ids), _ptr(block),
             i64(n), i64(length), i64(v), i64(k), i64(mask_id), i64(num_unmask), ctypes.c_int(threshold is not None),
-            ctypes.c_float(threshold or 0.0), *stream, ctypes.c_int(clusters), _ptr(num_steps), _ptr(positions),
+            ctypes.c_float(threshold or 0.0), *stream, ctypes.c_int(clusters), ctypes.c_int(radix_only), _ptr(num_steps), _ptr(positions),
             _ptr(tokens), _ptr(new_block), _ptr(continue_from), msg, ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
         return num_steps, positions, tokens, new_block, continue_from

@@ -410,12 +410,13 @@ int xk_emu_spiffy_materialize(const void* logits, int logits_type, const int64_t
 int xk_emu_spiffy_accept(const void* root, const void* draft_logits, int logits_type, const int64_t* drafts,
                          const int64_t* node_ids, const int64_t* block, int64_t n, int64_t l, int64_t v, int64_t k,
                          int64_t mask_id, int64_t num_unmask, int use_threshold, float threshold, XK_EMU_SAMPLING_ARGS,
-                         int clusters, int64_t* num_steps, int64_t* positions, int64_t* tokens, int64_t* new_block,
-                         int64_t* continue_from, char* message, size_t message_len) {
+                         int clusters, int radix_only, int64_t* num_steps, int64_t* positions, int64_t* tokens,
+                         int64_t* new_block, int64_t* continue_from, char* message, size_t message_len) {
   using namespace xkernels::cuda;
   Device dev;
   SpiffyAcceptParams p{};
   p.clusters = clusters != 0;
+  p.radix_only = radix_only != 0;
   p.root_logits = dev.copy(static_cast<const char*>(root), n * l * v * logits_bytes(logits_type));
   p.draft_logits = dev.copy(static_cast<const char*>(draft_logits), n * k * l * v * logits_bytes(logits_type));
   p.dtype = static_cast<LogitsType>(logits_type);

@@ -117,3 +117,58 @@ def test_steps_a_threshold_leaves_open_are_read_by_the_walk(emu, clusters):
     masked0, steps = int((args[4][0] == MASK).sum()), int(got[0][0])
     assert steps == 5
     assert passes == sum(masked0 - t for t in range(steps))
+
+
+def prepared_rows(args):
+    """The rows spiffy_accept_prepare_kernel picks without a threshold, steps of one token: each
+    sequence's masked rows of the root and of each kept draft with fewer masked rows."""
+    total = 0
+    for block, drafts, node_ids in zip(args[4], args[2], args[3]):
+        masked0 = int((block == MASK).sum())
+        kept = [int((d == MASK).sum()) for d, i in zip(drafts, node_ids) if i >= 0]
+        total += masked0 + sum(m for m in kept if m < masked0)
+    return total
+
+
+@pytest.mark.parametrize("clusters", [True, False])
+def test_prepared_filtered_rows_are_read_once(emu, clusters):
+    """Sampled sequences with top-k along chains of drafts (2 x 5 nodes, every step prepared): the
+    candidate pipeline reads each prepared row once, where dllm_filtered_pick alone (radix_only)
+    read it twice, and the walk reads none; the same results either way."""
+    args = chain_case(2, 12, 40, 4, seed=6)
+    params = dict(temperature=torch.tensor([1.0, 0.8]), top_k=torch.tensor([5, 3]), seed=4,
+                  offset=torch.tensor([0, 9]))
+    emu.take_row_passes()
+    got = check(emu, args, clusters, **params)
+    once = emu.take_row_passes()
+    old = emu.spiffy_accept(*args, MASK, clusters=clusters, radix_only=True, **params)
+    twice = emu.take_row_passes()
+    for a, b in zip(got, old):
+        assert torch.equal(a, b)
+    rows = prepared_rows(args)
+    assert (once, twice) == (rows, 2 * rows)
+
+
+# Filters of the prepared rows, each in a batch with a greedy sequence: rows the candidates settle
+# and rows they do not (top-k past the candidates, a flat row's ties at the cut) in one launch.
+PIPELINE_FILTERS = [dict(top_k=5), dict(top_p=0.8), dict(min_p=0.2), dict(top_k=40, top_p=0.9, min_p=0.05),
+                    dict(top_k=200), dict(top_p=0.95, min_p=0.1)]
+
+
+@pytest.mark.parametrize("filters", PIPELINE_FILTERS, ids=lambda f: "-".join(f"{k}{v}" for k, v in f.items()))
+@pytest.mark.parametrize("dtype,v", [(torch.bfloat16, 304), (torch.float32, 301)])
+def test_prepared_filtered_rows_match_the_radix_path(emu, filters, dtype, v):
+    """The pipeline's picks are dllm_filtered_pick's: tokens, positions, steps and continuations equal
+    radix_only's and the reference's, drafts' rows prepared (3 x 9 nodes); rows that take the vector
+    loads (304) and rows read id by id (301: there a row that starts 16-byte aligned, which the scan
+    would read by chunks, is left to the prepare kernel)."""
+    n = 3
+    params = dict(temperature=torch.tensor([1.0, 0.7, 0.0]), seed=torch.tensor([11, 2**33 + 5, 3]),
+                  offset=torch.tensor([0, 40, 7]),
+                  **{key: torch.tensor([value] * n) for key, value in filters.items()})
+    args = walked_case(n, 8, 12, v, dtype, params, seed=3)
+    args[0][1, 2] = 0.0  # a flat row: ties at any cut
+    got = check(emu, args, True, **params)
+    old = emu.spiffy_accept(*args, MASK, radix_only=True, **params)
+    for a, b in zip(got, old):
+        assert torch.equal(a, b)
