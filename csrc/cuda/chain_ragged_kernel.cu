@@ -1,12 +1,13 @@
 // chain_verify_ragged_ on CUDA:
 //  0. filtered rows (candidates.cuh): a block per (row, slice) reads its slice once and keeps its
-//     argmax and best ids; then a block per filtered row merges them and finds the row's cut and
-//     kept sum from them, into the row's state, where they settle it (nearly every row of a trained
-//     model; not min-p alone).
-//  1. rows: a block per (request, row) prepares every other row of every request at once: a pass
-//     for its statistics; a filtered row the candidates did not settle then finds its cut
-//     (row_filter.cuh: radix selection, usually 1 more pass), which also gives the kept ids' sum (a
-//     pass of its own only for min-p alone). The rows' states go to the workspace.
+//     argmax and best ids; unfiltered rows (greedy, plain sampling): a block per (row, slice) sums
+//     its slice's statistics. Then a block per row merges them: a filtered row's cut and kept sum
+//     from its candidates, into the row's state, where they settle it (nearly every row of a
+//     trained model; not min-p alone); an unfiltered row's statistics, its slices' in slice order.
+//  1. rows: a block per (request, row) prepares every row the slices did not settle at once: a pass
+//     for its statistics; a filtered row then finds its cut (row_filter.cuh: radix selection,
+//     usually 1 more pass), which also gives the kept ids' sum (a pass of its own only for min-p
+//     alone). The rows' states go to the workspace.
 //  2. residuals (block verification with draft probabilities): a block per drafted row computes
 //     its prefix weight from the prepared rows before it and its residual mass Z_i (a pass over the
 //     row and its q), every row at once.
@@ -361,16 +362,49 @@ __global__ void __launch_bounds__(kThreads, 4) chain_ragged_scan_kernel(ChainRag
                             c.cands + static_cast<int64_t>(blockIdx.x) * kSliceKeep);
 }
 
-// Launch 0b: a block per filtered row selects its cut from its slices' candidates into its state,
-// and notes whether it did.
+// Launch 0c: block (row, slice) of an unfiltered row sums its slice's statistics (the scaled row,
+// as prepare's pass: x / T, x at T = 0), 16-byte loads kScanDepth in flight a thread where the row
+// starts aligned, into slice_stats[blockIdx.x] (filtered rows and rows past a request's drafts exit).
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 4) chain_ragged_stats_kernel(ChainRaggedParams p, SliceLayout layout,
+                                                                         RowStats* slice_stats) {
+  const int64_t width = p.max_spec_len + 1;
+  const int64_t row = blockIdx.x / layout.slices, slice = blockIdx.x % layout.slices;
+  const int64_t n = row / width, i = row % width;
+  const Request req = request_of(p, n);
+  if (req.filtered || i > req.k) return;  // the whole block
+  if (slice == 0) XK_ROW_PASS();  // the emulation counts a read of the row where its first slice reads
+  const T* src = static_cast<const T*>(p.logits) + (req.lo + n + i) * p.v;
+  const int64_t begin = slice * layout.chunks;
+  const RowStats s =
+      thread_row_stats<T, false, kScanDepth>(src, p.v, begin, begin + layout.chunks,
+                                             reinterpret_cast<uintptr_t>(src) % 16 == 0,
+                                             req.greedy ? 1.0f : req.rs.inv_t, -1, threadIdx.x, kThreads);
+  const RowStats merged = block_merge(s, stats_empty());
+  if (threadIdx.x == 0) slice_stats[blockIdx.x] = merged;
+}
+
+// Launch 0b: a block per row notes whether it settles the row's state: a filtered row's cut from
+// its slices' candidates, where they settle it; an unfiltered row's statistics, its slices' merged
+// in slice order (always).
 __global__ void __launch_bounds__(kThreads) chain_ragged_select_kernel(ChainRaggedParams p, CandidateSpace c,
-                                                                       RowState* states, int mass_shift) {
+                                                                       const RowStats* slice_stats, RowState* states,
+                                                                       int mass_shift) {
   __shared__ SelectShared sh;
   const int64_t width = p.max_spec_len + 1;
   const int64_t row = blockIdx.x, n = row / width, i = row % width;
   const Request req = request_of(p, n);
-  if (!req.filtered || i > req.k) return;  // the whole block
+  if (i > req.k) return;  // the whole block
   const int64_t first = row * c.layout.slices;
+  if (!req.filtered) {  // the whole block
+    const RowStats mine = static_cast<int>(threadIdx.x) < c.layout.slices ? slice_stats[first + threadIdx.x] : stats_empty();
+    const RowStats merged = block_merge(mine, stats_empty());
+    if (threadIdx.x == 0) {
+      states[row] = RowState{merged, keep_all(), req.greedy || stats_degenerate(merged)};
+      c.settled[row] = 1;
+    }
+    return;
+  }
   RowCut cut;
   const bool settled = select_cut(sh, c.sums + first, c.cands + first * kSliceKeep, c.layout.slices, req.rs, p.v,
                                   mass_shift, &cut);
@@ -383,9 +417,9 @@ __global__ void __launch_bounds__(kThreads) chain_ragged_select_kernel(ChainRagg
                                : RowState{RowStats{cut.top, fixed_sum_value(cut.kept, mass_shift)}, cut.cut, false, kept};
 }
 
-// Launch 1: block (n, i) prepares row i of request n (those past its drafts, and the filtered rows
-// select settled, exit), into states[n * (max_spec_len + 1) + i]. One block an SM: the selection
-// takes the registers.
+// Launch 1: block (n, i) prepares row i of request n (those past its drafts, and the rows select
+// settled, exit), into states[n * (max_spec_len + 1) + i]. One block an SM: the selection takes the
+// registers.
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1) chain_ragged_rows_kernel(ChainRaggedParams p, RowState* states,
                                                                          const int32_t* settled, int mass_shift) {
@@ -393,7 +427,7 @@ __global__ void __launch_bounds__(kThreads, 1) chain_ragged_rows_kernel(ChainRag
   const int64_t width = p.max_spec_len + 1;
   const int64_t n = blockIdx.x / width, i = blockIdx.x % width;
   const Request req = request_of(p, n);
-  if (i > req.k || (req.filtered && settled[blockIdx.x])) return;  // the whole block
+  if (i > req.k || settled[blockIdx.x]) return;  // the whole block
   const RowView<T> r{static_cast<const T*>(p.logits) + (req.lo + n + i) * p.v, p.v, req.greedy ? 1.0f : req.rs.inv_t};
   prepare(sh, r, req.rs, req.greedy, req.filtered, mass_shift);
   if (threadIdx.x == 0) states[blockIdx.x] = sh.row;
@@ -460,9 +494,9 @@ SliceLayout layout_of(const ChainRaggedParams& p) {
 }
 
 // The workspace: every row's state, its Z (block verification with draft probabilities), then the
-// candidates: whether select settled the row, the slices' summaries and candidates.
+// slices': whether select settled the row, the slices' summaries, statistics and candidates.
 struct Workspace {
-  size_t states, residuals, settled, sums, cands;  // byte offsets
+  size_t states, residuals, settled, sums, stats, cands;  // byte offsets
   size_t bytes;
 };
 
@@ -473,7 +507,8 @@ Workspace workspace_of(const ChainRaggedParams& p) {
   w.residuals = align_up(sizeof(RowState) * rows);
   w.settled = w.residuals + (p.block && p.q ? align_up(sizeof(float) * rows) : 0);
   w.sums = w.settled + align_up(sizeof(int32_t) * rows);
-  w.cands = w.sums + align_up(sizeof(SliceSummary) * slices);
+  w.stats = w.sums + align_up(sizeof(SliceSummary) * slices);
+  w.cands = w.stats + align_up(sizeof(RowStats) * slices);
   w.bytes = w.cands + sizeof(Candidate) * kSliceKeep * slices;
   return w;
 }
@@ -484,6 +519,7 @@ cudaError_t launch_typed(const ChainRaggedParams& p, void* workspace, cudaStream
   const Workspace w = workspace_of(p);
   auto* states = reinterpret_cast<RowState*>(base + w.states);
   auto* residuals = reinterpret_cast<float*>(base + w.residuals);
+  auto* slice_stats = reinterpret_cast<RowStats*>(base + w.stats);
   const CandidateSpace c{layout_of(p), reinterpret_cast<SliceSummary*>(base + w.sums),
                          reinterpret_cast<Candidate*>(base + w.cands), reinterpret_cast<int32_t*>(base + w.settled)};
   const auto rows = static_cast<unsigned>(row_count(p));
@@ -491,7 +527,8 @@ cudaError_t launch_typed(const ChainRaggedParams& p, void* workspace, cudaStream
   const unsigned blocks = rows * static_cast<unsigned>(c.layout.slices);
   chain_ragged_scan_kernel<T, false><<<blocks, kThreads, 0, stream>>>(p, c);
   chain_ragged_scan_kernel<T, true><<<blocks, kThreads, 0, stream>>>(p, c);
-  chain_ragged_select_kernel<<<rows, kThreads, 0, stream>>>(p, c, states, shift);
+  chain_ragged_stats_kernel<T><<<blocks, kThreads, 0, stream>>>(p, c.layout, slice_stats);
+  chain_ragged_select_kernel<<<rows, kThreads, 0, stream>>>(p, c, slice_stats, states, shift);
   chain_ragged_rows_kernel<T><<<rows, kThreads, 0, stream>>>(p, states, c.settled, shift);
   if (p.block && p.q) chain_ragged_residual_kernel<T><<<rows, kThreads, 0, stream>>>(p, states, residuals);
   chain_ragged_kernel<T><<<static_cast<unsigned>(p.n), kThreads, 0, stream>>>(p, states, residuals, c);

@@ -2,13 +2,20 @@
 // epilogue kept, in place of the row's merged result:
 //  a. filtered_scan_kernel: a block per (row, slice) of a row with top-k or top-p reads its slice
 //     once (candidates.cuh's scan_slice): its best kSliceKeep ids and its top;
-//  b. filtered_select_kernel: a block per such row finds the cut from its slices' candidates
-//     (select_cut: the radix path's cut and kept fixed-point mass, exactly) and draws over the kept
-//     ids (the noise observe_group gives them), noting the rows it settles;
-//  c. filtered_pick_kernel: a block per row the pipeline did not settle (min-p alone; top-k beyond
-//     the candidates, ties at the cut, flat rows, top-p's target within its total's bounds of a
-//     step, rows without a finite top) finds the row's cut (row_filter.cuh) and draws over the ids
-//     it keeps.
+//     min_p_slices_kernel: a block per (row, slice) of a row with min-p alone draws over its
+//     slice's ids at or above the floor (the row's top from the epilogue's partial results), the
+//     Gumbel-max and softmax statistics of the kept ids, as the epilogue's partial results are;
+//  b. filtered_select_kernel: a block per row with top-k or top-p finds the cut from its slices'
+//     candidates (select_cut: the radix path's cut and kept fixed-point mass, exactly) and draws
+//     over the kept ids (the noise observe_group gives them); a row with min-p alone merges its
+//     slices' draws in slice order; it notes the rows it settles;
+//  c. filtered_pick_kernel: a block per row the pipeline did not settle (top-k beyond the
+//     candidates, ties at the cut, flat rows, top-p's target within its total's bounds of a step,
+//     rows without a finite top) finds the row's cut (row_filter.cuh) and draws over the ids it
+//     keeps.
+// Min-p alone's token is filtered_pick's (the same noise a kept id); its log-probability sums the
+// kept mass slice by slice, in a fixed order, where filtered_pick summed it in its block's order:
+// the two differ in the last bits.
 #include "candidates.cuh"
 #include "refine_kernels.cuh"
 
@@ -25,18 +32,35 @@ size_t cands_bytes(const RefineParams& p, int64_t rows) {
   return align_up(sizeof(Candidate) * kSliceKeep * static_cast<size_t>(rows) * layout_of(p).slices);
 }
 
-// Where a launch's candidates live in RefineWorkspace::candidates (rows: the launch's).
-CandidateSpace carve_candidates(const RefineParams& p, void* base, int64_t rows) {
+size_t settled_bytes(int64_t rows) { return align_up(sizeof(int32_t) * static_cast<size_t>(rows)); }
+
+// Where a launch's candidates live in RefineWorkspace::candidates (rows: the launch's), and after
+// them min-p alone's draws, a SampledRow a (row, slice).
+CandidateSpace carve_candidates(const RefineParams& p, void* base, int64_t rows, SampledRow** min_p_draws) {
   char* at = static_cast<char*>(base);
+  *min_p_draws = reinterpret_cast<SampledRow*>(at + sums_bytes(p, rows) + cands_bytes(p, rows) + settled_bytes(rows));
   return CandidateSpace{layout_of(p), reinterpret_cast<SliceSummary*>(at),
                         reinterpret_cast<Candidate*>(at + sums_bytes(p, rows)),
                         reinterpret_cast<int32_t*>(at + sums_bytes(p, rows) + cands_bytes(p, rows))};
 }
 
-// Whether the pipeline takes launch row m: live, filtered, with top-k or top-p (min-p alone's kept
-// sum is a float sum in filtered_pick's order, which the candidates cannot give bitwise).
+// Whether the candidates serve launch row m: live, filtered, with top-k or top-p.
 __device__ __forceinline__ bool pipeline_row(const RefineParams& p, const RowSet& rs, int64_t m) {
   return row_live(p, rs, m) && row_filtered(p, m / rs.d_count) && top_bits(p.s.row(m / rs.d_count), p.v) != TopBits::kNone;
+}
+
+// Whether launch row m filters by min-p alone (its slices draw over the ids at or above the floor).
+__device__ __forceinline__ bool min_p_row(const RefineParams& p, const RowSet& rs, int64_t m) {
+  return row_live(p, rs, m) && row_filtered(p, m / rs.d_count) && top_bits(p.s.row(m / rs.d_count), p.v) == TopBits::kNone;
+}
+
+// The merge of launch row m's partial results (the epilogue's), at every thread: its top is the
+// largest a of the kept logits.
+__device__ __forceinline__ SampledRow merged_partials(const RefineWorkspace& w, int64_t m, int64_t partials) {
+  const SampledRow* partial = w.partial + m * partials;
+  SampledRow merged = sampled_empty();
+  for (int64_t c = threadIdx.x; c < partials; c += kThreads) merged = sampled_merge(merged, partial[c]);
+  return block_merge_all(merged, sampled_empty());
 }
 
 // The noise observe_group gives id i of a row (its group's Philox draw, word i % 4).
@@ -104,20 +128,79 @@ __global__ void __launch_bounds__(kThreads, 4) filtered_scan_kernel(RefineParams
                                 c.cands + static_cast<int64_t>(blockIdx.x) * kSliceKeep);
 }
 
-// b. A block per filtered row (it notes whether it settled each one; min-p alone it leaves to
-// filtered_pick): where a pipeline row's candidates settle the cut (and the row has a finite top),
-// the Gumbel-max pick over the kept ids, all among them, and its log-probability from the kept
-// fixed-point mass: what filtered_pick's draw from a gather gives.
+// a'. Block (row, slice) of a row with min-p alone: the Gumbel-max and softmax statistics of its
+// slice's ids at or above the floor (observe_group's noise), into draws[blockIdx.x]. A row without
+// a finite top leaves nothing (filtered_select_kernel does not settle it).
+__global__ void __launch_bounds__(kThreads, 4) min_p_slices_kernel(RefineParams p, RowSet rs, RefineWorkspace w,
+                                                                   SliceLayout layout, int64_t partials,
+                                                                   SampledRow* draws) {
+  const int64_t m = blockIdx.x / layout.slices, slice = blockIdx.x % layout.slices;
+  if (!min_p_row(p, rs, m)) return;  // the whole block
+  const float t = merged_partials(w, m, partials).stats.top.val;
+  if (!is_finite_f32(t)) return;  // the whole block
+  if (slice == 0) XK_ROW_PASS();
+  const int64_t n = m / rs.d_count;
+  const RowNoise rn = row_noise(p, n, rs.d_begin + m % rs.d_count);
+  const FilterCut cut{min_p_floor(t, p.s.row(n).min_p), 0x7FFFFFFF};
+  const float* row = w.logits + m * p.v;
+  const int64_t groups = (p.v + 3) / 4, begin = slice * layout.chunks;  // a chunk: 4 floats, a group
+  const int64_t end = begin + layout.chunks < groups ? begin + layout.chunks : groups;
+  SampledRow best = sampled_empty();
+  const auto observe_kept = [&](int64_t q, float (&x)[4]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (!filter_keeps(cut, x[j] * rn.scale, static_cast<int32_t>(4 * q + j))) x[j] = kNegInf;
+    observe_group(best, x, q, p.v, rn);
+  };
+  // Every row starts 16-byte aligned where v is a multiple of 4: groups by 16-byte loads, kScanDepth
+  // in flight a thread (16 KB a block), as the scan's; else id by id.
+  const bool vector_ok = p.v % 4 == 0 && reinterpret_cast<uintptr_t>(w.logits) % 16 == 0;
+  const int64_t vector_end = vector_ok ? end : begin;
+  for_each_batched<kScanDepth>(
+      begin + threadIdx.x, vector_end, kThreads, [&](int64_t q) { return reinterpret_cast<const uint4*>(row)[q]; },
+      [&](int64_t q, const uint4& chunk) {
+        float x[4];
+        unpack<float>(chunk, 1.0f, x);
+        observe_kept(q, x);
+      });
+  for (int64_t q = vector_end + threadIdx.x; q < end; q += kThreads) {
+    float x[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) x[j] = 4 * q + j < p.v ? row[4 * q + j] : kNegInf;
+    observe_kept(q, x);
+  }
+  best = block_merge(best, sampled_empty());
+  if (threadIdx.x == 0) draws[blockIdx.x] = best;
+}
+
+// b. A block per filtered row (it notes whether it settled each one): where a pipeline row's
+// candidates settle the cut (and the row has a finite top), the Gumbel-max pick over the kept ids,
+// all among them, and its log-probability from the kept fixed-point mass: what filtered_pick's draw
+// from a gather gives. A row with min-p alone and a finite top: its slices' draws merged in slice
+// order, the pick and log-probability of the kept ids (filtered_pick's pick).
 __global__ void __launch_bounds__(kThreads) filtered_select_kernel(RefineParams p, RowSet rs, RefineWorkspace w,
-                                                                   CandidateSpace c, int mass_shift, int64_t* tokens,
-                                                                   float* logprobs) {
+                                                                   CandidateSpace c, int mass_shift,
+                                                                   int64_t partials, const SampledRow* draws,
+                                                                   int64_t* tokens, float* logprobs) {
   __shared__ SelectShared sh;
   const int64_t m = blockIdx.x;
   if (!row_live(p, rs, m)) return;  // the whole block
   const int64_t n = m / rs.d_count, d = rs.d_begin + m % rs.d_count;
   if (!row_filtered(p, n)) return;
   bool settled = false;
-  if (pipeline_row(p, rs, m)) {
+  if (min_p_row(p, rs, m)) {
+    settled = is_finite_f32(merged_partials(w, m, partials).stats.top.val);  // else min_p_slices_kernel drew nothing
+    if (settled) {
+      const int slices = c.layout.slices;  // <= kMaxSlices <= kThreads
+      const SampledRow mine = static_cast<int>(threadIdx.x) < slices ? draws[m * slices + threadIdx.x] : sampled_empty();
+      const SampledRow best = block_merge(mine, sampled_empty());
+      if (threadIdx.x == 0) {
+        const int64_t at = row_index(p, rs, m);
+        tokens[at] = sampled_token(best);
+        logprobs[at] = sampled_logprob(best);
+      }
+    }
+  } else if (pipeline_row(p, rs, m)) {
     const int64_t first = m * c.layout.slices;
     RowCut cut;
     settled = select_cut(sh, c.sums + first, c.cands + first * kSliceKeep, c.layout.slices, p.s.row(n), p.v,
@@ -165,9 +248,7 @@ __global__ void __launch_bounds__(kThreads, 1) filtered_pick_kernel(RefineParams
   const RowNoise rn = row_noise(p, n, d);
   const RowView<float> r{w.logits + m * p.v, p.v, rn.scale};
   const SampledRow* partial = w.partial + m * partials;
-  SampledRow merged = sampled_empty();
-  for (int64_t c = threadIdx.x; c < partials; c += kThreads) merged = sampled_merge(merged, partial[c]);
-  merged = block_merge_all(merged, sampled_empty());
+  const SampledRow merged = merged_partials(w, m, partials);
   const float t = merged.stats.top.val;  // the epilogue's top: the largest a of the kept logits
   if (!is_finite_f32(t)) return;  // the whole block
   const TopBits bits = top_bits(samp, p.v);  // kNone: min-p alone
@@ -228,7 +309,8 @@ __global__ void __launch_bounds__(kThreads, 1) filtered_pick_kernel(RefineParams
 }  // namespace
 
 size_t filtered_candidates_bytes(const RefineParams& p, int64_t rows) {
-  return sums_bytes(p, rows) + cands_bytes(p, rows) + align_up(sizeof(int32_t) * static_cast<size_t>(rows));
+  return sums_bytes(p, rows) + cands_bytes(p, rows) + settled_bytes(rows) +
+         align_up(sizeof(SampledRow) * static_cast<size_t>(rows) * layout_of(p).slices);
 }
 
 cudaError_t launch_filtered_pick(const RefineParams& p, const RowSet& rs, const RefineWorkspace& w, int64_t rows,
@@ -236,13 +318,15 @@ cudaError_t launch_filtered_pick(const RefineParams& p, const RowSet& rs, const 
   if (rows == 0) return cudaSuccess;
   const int shift = cut_mass_shift(p.v);
   // The workspace holds the candidates of p.n * p.d rows, laid out for them.
-  const CandidateSpace c = carve_candidates(p, w.candidates, p.n * p.d);
+  SampledRow* draws = nullptr;
+  const CandidateSpace c = carve_candidates(p, w.candidates, p.n * p.d, &draws);
   const int32_t* settled = nullptr;
   if (!p.pick_only && rows * c.layout.slices <= 0x7FFFFFFF) {  // a grid's limit; beyond it filtered_pick takes every row
     const auto blocks = static_cast<unsigned>(rows * c.layout.slices);
     filtered_scan_kernel<false><<<blocks, kThreads, 0, stream>>>(p, rs, w, c);
     filtered_scan_kernel<true><<<blocks, kThreads, 0, stream>>>(p, rs, w, c);
-    filtered_select_kernel<<<rows, kThreads, 0, stream>>>(p, rs, w, c, shift, tokens, logprobs);
+    min_p_slices_kernel<<<blocks, kThreads, 0, stream>>>(p, rs, w, c.layout, partials, draws);
+    filtered_select_kernel<<<rows, kThreads, 0, stream>>>(p, rs, w, c, shift, partials, draws, tokens, logprobs);
     settled = c.settled;
   }
   filtered_pick_kernel<<<rows, kThreads, 0, stream>>>(p, rs, w, settled, partials, shift, tokens, logprobs);

@@ -109,7 +109,8 @@ def test_empty_batch(emu):
 
 
 # Passes over a row of 20011 ids (3 slices in bfloat16, 5 in float32) for requests of no drafts (one
-# row each, and its sample): greedy reads it once; unfiltered, its statistics and the sample; a
+# row each, and its sample): greedy reads it once; unfiltered, its statistics (its slices') and the
+# sample; a
 # filtered row its slices once (candidates.cuh) where the candidates settle its cut (1: the sample
 # draws from its kept ids), else also the radix path's statistics, gather and sample (4: min-p
 # alone, top-k beyond the candidates, top-p alone whose nucleus holds ~900 of these flat ids).
@@ -193,6 +194,34 @@ def test_rows_of_one_and_many_slices(emu, vocab):
     for method in ("token", "block"):
         got = emu.chain_verify_ragged(drafts, cu, logits, 3, method=method, **params)
         _check(got, ref_chain.chain_verify_ragged(drafts, cu, logits, 3, method=method, **params))
+
+
+@pytest.mark.parametrize("vocab", [700, 8192 * 5 + 3, 4096 * 40 + 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_unfiltered_rows_of_one_and_many_slices(emu, vocab, dtype):
+    """Greedy and plain sampled requests (no filter): each row's statistics are its slices' (launch
+    0c), merged in slice order by select; the rows kernel reads none of them. With drafts and q,
+    token-wise and block, a row with a NaN and one with +inf (point masses) among them; the sampled
+    rows are read twice (the slices' statistics, the sample), greedy ones once."""
+    g = torch.Generator().manual_seed(vocab)
+    counts = [2, 1, 3, 0]
+    cu = torch.tensor(counts).cumsum(0)
+    logits = (torch.randn(sum(counts) + len(counts), vocab, generator=g) * 4).to(dtype)
+    logits[1, vocab // 2] = float("nan")
+    logits[4, vocab - 1] = float("inf")
+    drafts = torch.randint(0, vocab, (sum(counts),), generator=g)
+    q = torch.softmax(torch.randn(sum(counts), vocab, generator=g), -1)
+    params = dict(temperature=torch.tensor([1.0, 0.0, 0.7, 1.3]), seed=torch.tensor([1, 2, 3, 4]),
+                  offset=torch.tensor([0, 5, 9, 2]))
+    for method in ("token", "block"):
+        got = emu.chain_verify_ragged(drafts, cu, logits, 3, q, method=method, **params)
+        _check(got, ref_chain.chain_verify_ragged(drafts, cu, logits, 3, q, method=method, **params))
+    none = torch.empty(0, dtype=torch.int64)
+    rows = logits[:4].float().nan_to_num(0.0, 1.0, -1.0).to(dtype)
+    emu.take_row_passes()
+    got = emu.chain_verify_ragged(none, torch.zeros(4, dtype=torch.int64), rows, 0, **params)
+    assert emu.take_row_passes() == 2 + 1 + 2 + 2
+    _check(got, ref_chain.chain_verify_ragged(none, torch.zeros(4, dtype=torch.int64), rows, 0, **params))
 
 
 def test_block_verification_where_the_residuals_decide(emu):

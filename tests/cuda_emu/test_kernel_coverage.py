@@ -7,14 +7,15 @@ from pathlib import Path
 # Every kernel of the package, by the file that defines it; the test below checks this list
 # against the sources, so a new kernel must be added here (and covered) the day it lands.
 KERNELS = {
-    "chain_ragged_kernel.cu": {"chain_ragged_scan_kernel", "chain_ragged_select_kernel", "chain_ragged_rows_kernel",
-                               "chain_ragged_residual_kernel", "chain_ragged_kernel"},
+    "chain_ragged_kernel.cu": {"chain_ragged_scan_kernel", "chain_ragged_stats_kernel", "chain_ragged_select_kernel",
+                               "chain_ragged_rows_kernel", "chain_ragged_residual_kernel", "chain_ragged_kernel"},
     "chain_verify_kernel.cu": {"row_stats_kernel", "chain_walk_kernel", "sample_slices_kernel",
                                "sample_finish_kernel"},
     "refine_kernel.cu": {"front_mix_kernel", "front_hidden_kernel", "front_down_kernel", "read_epilogue_kernel",
                          "merge_kernel", "jacobi_init_kernel", "jacobi_update_kernel"},
     "refine_read_fused_kernel.cu": {"read_fused_kernel"},
-    "refine_filtered_pick_kernel.cu": {"filtered_scan_kernel", "filtered_select_kernel", "filtered_pick_kernel"},
+    "refine_filtered_pick_kernel.cu": {"filtered_scan_kernel", "min_p_slices_kernel", "filtered_select_kernel",
+                                       "filtered_pick_kernel"},
     "tree_kernel.cu": {"build_tree_kernel", "tree_mask_kernel", "tree_sample_kernel", "tree_sample_finish_kernel",
                        "compact_kv_kernel"},
     "tree_walk.cuh": {"tree_verify_kernel"},
@@ -23,6 +24,7 @@ KERNELS = {
     "spiffy_materialize_kernel.cu": {"spiffy_rows_kernel", "spiffy_select_kernel", "spiffy_materialize_kernel"},
     "spiffy_filtered_rows.cuh": {"spiffy_scan_kernel", "spiffy_filtered_rows_kernel"},
     "spiffy_kernels.cuh": {"spiffy_accept_prepare_kernel", "spiffy_accept_kernel"},
+    "spiffy_filtered.cuh": {"spiffy_accept_scan_kernel", "spiffy_accept_pick_kernel"},
     "spiffy_mask_kernel.cu": {"spiffy_mask_kernel"},
     "param_errors_kernel.cu": {"param_errors_kernel"},
     "shard_row_stats_kernel.cu": {"shard_row_stats_kernel"},

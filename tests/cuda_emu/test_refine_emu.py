@@ -279,7 +279,7 @@ def test_out_of_range_tokens_read_a_zero_row(emu, temperature):
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("filters", [{}, dict(top_k=3, top_p=0.9)])  # filtered_pick keeps the merged result
+@pytest.mark.parametrize("filters", [{}, dict(top_k=3, top_p=0.9), dict(min_p=0.2)])  # the merged result kept
 def test_a_row_with_nan_is_a_point_mass_at_its_argmax(emu, temperature, weight_dtype, filters):
     ctx, prev, base, weights = make_case(2, 3, 2, 8, 16, 8, weight_dtype=weight_dtype, seed=1)
     weights = weights._replace(w_read=torch.zeros_like(weights.w_read))
@@ -329,7 +329,7 @@ def test_per_sequence_sampling_and_per_request_streams(emu, weight_dtype, read, 
 # above top-k's bin. Min-p alone draws in the first read. The pipeline reads a row with top-k or
 # top-p once (its one slice of 3,001 ids keeps its best 64) and draws from the candidates where
 # they settle the cut, as on every row here but top_k=2500, which filtered_pick then reads as
-# alone (6 + 18); min-p alone is filtered_pick's.
+# alone (6 + 18); min-p alone draws in the one read of its slices (min_p_slices_kernel).
 READS_OF_FILTERED_ROWS = [
     (dict(top_k=50), (12, 6), 6),
     (dict(top_k=20), (12, 6), 6),
@@ -401,7 +401,8 @@ def test_one_read_on_the_fused_read_is_the_radix_passes_result(emu, pick_only, r
     assert torch.equal(other[0], got[8][0]) and torch.equal(other[1][:2], got[8][1][:2])
 
 
-@pytest.mark.parametrize("filters", [dict(top_k=20), dict(top_p=0.9), dict(top_k=30, top_p=0.9, min_p=0.1)])
+@pytest.mark.parametrize("filters", [dict(top_k=20), dict(top_p=0.9), dict(top_k=30, top_p=0.9, min_p=0.1),
+                                     dict(min_p=0.1)])
 @pytest.mark.parametrize("finite", [5, 40, 600])
 def test_a_filtered_row_with_few_finite_ids(emu, filters, finite):
     """Rows whose ids past the first `finite` are -inf, so that most partial results' maxima are -inf:
@@ -437,12 +438,13 @@ def test_more_partial_results_than_the_buffer(emu):
 
 @pytest.mark.parametrize("op", ["refine_step", "jacobi_refine", "sequential_refine"])
 @pytest.mark.parametrize("filters", [dict(top_k=400), dict(top_p=0.9), dict(top_k=200, top_p=0.8, min_p=0.01),
-                                     dict(top_p=0.9, min_p=0.02)])
+                                     dict(top_p=0.9, min_p=0.02), dict(min_p=0.05)])
 def test_the_pipeline_settles_rows_of_many_slices(emu, op, filters):
     from tests.test_refine_sampling import reference_call
 
     """Rows of 40,001 ids (10 slices of the candidate pipeline, 640 candidates): top-k within them,
-    top-p alone (the total's bounds from the slices' mass sums) and with min-p, in every op's launch
+    top-p alone (the total's bounds from the slices' mass sums) and with min-p, min-p alone (its
+    slices' draws merged), in every op's launch
     sequences (Jacobi's converged sequences and final slots, the sequential op's one-slot launches):
     a filtered row is read once, and tokens and log-probabilities equal the reference's."""
     n, d = 3, 2
@@ -463,3 +465,17 @@ def test_the_pipeline_settles_rows_of_many_slices(emu, op, filters):
     torch.testing.assert_close(got_logprobs, want_logprobs, atol=1e-4, rtol=1e-4)
     if op == "refine_step":
         assert passes == 2 * d  # the two filtered sequences' rows, once each
+
+
+@pytest.mark.parametrize("v", [3001, 3000, 40001])  # rows read id by id, by 16-byte loads; 1 or 10 slices
+@pytest.mark.parametrize("case", ["plain", "flat", "ties"])
+def test_min_p_alone_from_slices_is_filtered_picks(emu, v, case):
+    """Min-p alone through min_p_slices_kernel: the tokens filtered_pick alone (pick_only) draws, and
+    log-probabilities within float rounding of its (the kept mass summed slice by slice, not in its
+    block's order), at 8 and 132 SMs (3 or 36 partial results give the top)."""
+    args, params = filtered_rows_case(case, dict(min_p=0.05), v=v)
+    for num_sms in (8, 132):
+        new = emu.refine("refine_step", *args, **params, num_sms=num_sms)
+        old = emu.refine("refine_step", *args, **params, num_sms=num_sms, pick_only=True)
+        assert torch.equal(new[0], old[0]), num_sms
+        torch.testing.assert_close(new[1], old[1], atol=1e-6, rtol=1e-6)
