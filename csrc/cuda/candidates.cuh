@@ -10,9 +10,9 @@
 //     exact head of the row's ranking, from L2, and finds the cut of all three filters and the kept
 //     fixed-point mass exactly as row_filter.cuh's radix path defines them (filter_cut, kept_sum).
 //     It declines (returns false) where the head does not settle them: top-k beyond the head, a
-//     top-p whose target the total's bound leaves on both sides of a step, min-p alone (today's kept
-//     sum is a float sum in the radix block's order), a row with fewer finite ids than top_k. The
-//     caller then runs the radix path for that row, so results stay exact.
+//     top-p whose target the total's bound leaves on both sides of a step, min-p alone whose floor
+//     does not lie above every dropped key, a row with fewer finite ids than top_k. The caller then
+//     runs the radix path for that row, so results stay exact.
 // Torch-free; chain_ragged_kernel.cu serves the ragged verifier's filtered rows with it.
 #pragma once
 
@@ -458,9 +458,17 @@ __device__ inline bool select_cut(SelectShared& sh, const SliceSummary* sums, co
   __syncthreads();
   const bool by_k = top_bits(rs, v) == TopBits::kCount, by_p = rs.top_p < 1.0f;
   const float floor = min_p_floor(top.val, rs.min_p);  // +inf without min-p
-  // min-p alone: today's kept sum is the radix block's float sum; no head: every finite id ties
-  // with a dropped one (a flat row)
-  if ((!by_k && !by_p) || n == 0) return false;
+  // no head: every finite id ties with a dropped one (a flat row)
+  if (n == 0) return false;
+  if (!by_k && !by_p) {  // min-p alone: the ids at or above its floor, all in the head where it lies above every dropped key
+    if (!(sh.tau == 0u || floor > key_value(sh.tau))) return false;
+    local = 0;
+    for (int j = threadIdx.x; j < n; j += kThreads)
+      if (key_value(sh.head[j].key) >= floor) local += mass(j);
+    block_exclusive_scan(sh.warp_sums, local, &out->kept);
+    out->cut = FilterCut{floor, 0x7FFFFFFF};
+    return true;
+  }
   int last = n - 1;
   if (by_k) {
     if (rs.top_k > n) return false;  // beyond the head, or fewer finite ids than top_k

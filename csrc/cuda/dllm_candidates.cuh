@@ -6,9 +6,8 @@
 //     its raw statistics in the order dllm_filtered_pick's statistics pass sums them (each thread's
 //     chunks t, t + 256, ...; the same block merge), so that the confidence keeps its bits. A block
 //     a row, not a grid of slices, for that order: a thread's running sum cannot be split.
-//  b. dllm_pick_candidates, a block a row: the cut from the candidates (select_cut, or min-p
-//     alone's floor above every dropped key: plain sampling needs no kept sum), the draw over the
-//     kept ids (Gumbel-max with the noise dllm_filtered_pick gives them: the same token), then the
+//  b. dllm_pick_candidates, a block a row: the cut from the candidates (select_cut), the draw over
+//     the kept ids (Gumbel-max with the noise dllm_filtered_pick gives them: the same token), then the
 //     confidence softmax(raw)[pick]. A row it does not settle goes to dllm_filtered_pick whole.
 #pragma once
 
@@ -75,15 +74,8 @@ __device__ __forceinline__ SettledPick dllm_pick_candidates(SelectShared& sh, co
                                                             int mass_shift, uint64_t seed, uint64_t offset,
                                                             uint32_t sequence, uint32_t position) {
   RowCut cut;
-  bool settled = select_cut(sh, sum, cands, 1, rs, v, mass_shift, &cut);
+  const bool settled = select_cut(sh, sum, cands, 1, rs, v, mass_shift, &cut);
   const int n = sh.offset[1];  // the head: every id ranked above tau*, ranked
-  if (!settled && top_bits(rs, v) == TopBits::kNone && !(rs.top_p < 1.0f) && rs.min_p > 0.0f) {
-    // min-p alone keeps the ids at or above its floor (filter_cut's cut), all in the head where the
-    // floor is above every dropped key
-    const float floor = min_p_floor(cut.top.val, rs.min_p);
-    settled = sh.tau == 0u || floor > key_value(sh.tau);
-    cut.cut = FilterCut{floor, 0x7FFFFFFF};
-  }
   ArgMax best = argmax_empty();
   if (settled && !cut.degenerate) {
     for (int j = threadIdx.x; j < n; j += kThreads) {

@@ -705,17 +705,25 @@ __device__ FilterCut filter_cut(CutShared& sh, const RowView<T>& r, float top, c
   return cut;
 }
 
-// The filtered row's sum of exp(a - top) over the ids `cut` keeps, at thread 0 of the block (of
-// kBlock threads): filter_cut's fixed-point kept sum where it is known, else a pass.
-template <int kBlock = kThreads, typename T>
+// The filtered row's sum of exp(a - top) over the ids `cut` keeps, at every thread of the block:
+// filter_cut's fixed-point kept sum where it is known, else a pass that sums the kept ids'
+// fixed-point masses (exact integers, so the sum does not depend on the order: min-p alone's kept
+// sum is the candidates' select_cut's, bitwise).
+template <typename T>
 __device__ float kept_sum(const RowView<T>& r, const FilterCut& cut, float top, unsigned long long kept,
                           int mass_shift) {
-  if (kept != kMassUnknown) return fixed_sum_value(kept, mass_shift);
-  float sum = 0.0f;
-  r.for_each_in_order([&](int64_t i, float a) {
-    if (a != kNegInf && filter_keeps(cut, a, static_cast<int32_t>(i))) sum += exp_f32(a - top);
-  });
-  return block_sum<kBlock>(sum);
+  if (kept == kMassUnknown) {
+    struct Scratch {
+      unsigned long long warp_sums[32];
+    };
+    __shared__ Scratch sh;
+    unsigned long long local = 0;
+    r.for_each_in_order([&](int64_t i, float a) {
+      if (a != kNegInf && filter_keeps(cut, a, static_cast<int32_t>(i))) local += fixed_mass(a - top, mass_shift);
+    });
+    block_exclusive_scan(sh.warp_sums, local, &kept);
+  }
+  return fixed_sum_value(kept, mass_shift);
 }
 
 }  // namespace xkernels::cuda

@@ -227,9 +227,9 @@ struct VisitedCut {
 // The cut of a visited row (row_filter.cuh) and the filtered row's statistics: the kept ids' sum
 // from the selection, or a pass where it is not known. by_candidates: the statistics pass kept the
 // row's candidates in cs.cand (a warp a slice), and where select_cut settles the cut from them the
-// row takes no other pass; where it does not, one pass notes the top key bits (the statistics pass
-// did not) and the radix path runs as for the other rows, whose statistics pass noted them. The
-// filtered walk's (kFilteredVerifyThreads threads).
+// row takes no other pass; where it does not, one pass notes the top key bits for a top-k cut (the
+// statistics pass did not; min-p alone's floor needs none) and the radix path runs as for the other
+// rows, whose statistics pass noted them. The filtered walk's (kFilteredVerifyThreads threads).
 template <typename T>
 __device__ __forceinline__ VisitedCut cut_visited_row(WalkCutShared& cs, const T* row, int64_t v, float scale,
                                                       RowSampling rs, RowStats s, bool by_candidates) {
@@ -240,14 +240,16 @@ __device__ __forceinline__ VisitedCut cut_visited_row(WalkCutShared& cs, const T
     if (select_cut(cs.cand.select, cs.cand.sums, cs.cand.cands[0], kWalkWarps, rs, v, mass_shift, &c))
       return VisitedCut{c.cut, RowStats{s.top, fixed_sum_value(c.kept, mass_shift)}, true};
     __syncthreads();  // the selection's state is read before the radix path's overwrites it
-    clear_top_bits(cs.radix);
-    __syncthreads();
-    r.for_each_any_order([&](int64_t, float a) { observe_top_bits(cs.radix, a, TopBits::kCount); });
-    __syncthreads();
+    if (top_bits(rs, v) == TopBits::kCount) {  // min-p alone's floor needs no bits
+      clear_top_bits(cs.radix);
+      __syncthreads();
+      r.for_each_any_order([&](int64_t, float a) { observe_top_bits(cs.radix, a, TopBits::kCount); });
+      __syncthreads();
+    }
   }
   unsigned long long kept;
   const FilterCut c = filter_cut(cs.radix, r, s.top.val, rs, mass_shift, &kept);
-  return VisitedCut{c, RowStats{s.top, kept_sum<kFilteredVerifyThreads>(r, c, s.top.val, kept, mass_shift)}, false};
+  return VisitedCut{c, RowStats{s.top, kept_sum(r, c, s.top.val, kept, mass_shift)}, false};
 }
 
 // A Gumbel-max over n entries of a settled row's kept ids, each scored as tree_sample_kernel scores
@@ -464,9 +466,9 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
   const bool greedy = inv_t == 0.0f;  // a greedy row of the draft kernel reads no q
   const float scale = greedy ? 1.0f : inv_t;
   const bool filtering = kFilter && !greedy && filters_active(rs, v);  // the same for the whole block
-  // A top-k cut is selected from the candidates the statistics pass keeps (cut_visited_row); top-p
-  // without top-k (the candidates hold no bound of the row's mass) and min-p alone as before.
-  const bool by_candidates = filtering && top_bits(rs, v) == TopBits::kCount;
+  // A top-k cut, and min-p alone's floor, are selected from the candidates the statistics pass keeps
+  // (cut_visited_row); top-p without top-k (the candidates hold no bound of the row's mass) as before.
+  const bool by_candidates = filtering && top_bits(rs, v) != TopBits::kGuide;
   const TopBits bits = filtering && !by_candidates ? top_bits(rs, v) : TopBits::kNone;
   const auto note = [&](float a) {  // the statistics pass's share of the cut
     if (bits != TopBits::kNone) observe_top_bits(cs->radix, a, bits);

@@ -112,13 +112,14 @@ def test_empty_batch(emu):
 # row each, and its sample): greedy reads it once; unfiltered, its statistics (its slices') and the
 # sample; a
 # filtered row its slices once (candidates.cuh) where the candidates settle its cut (1: the sample
-# draws from its kept ids), else also the radix path's statistics, gather and sample (4: min-p
-# alone, top-k beyond the candidates, top-p alone whose nucleus holds ~900 of these flat ids).
+# draws from its kept ids), else also the radix path's statistics, gather and sample (4: top-k
+# beyond the candidates, top-p alone whose nucleus holds ~900 of these flat ids). Min-p alone
+# settles where its floor lies above every key the slices dropped.
 # Logits * 3.
 PASS_CASES = [(dict(temperature=0.0, top_k=50), 1), (dict(temperature=1.0), 2), (dict(temperature=1.0, top_k=50), 1),
               (dict(temperature=1.0, top_p=0.9), 4), (dict(temperature=0.2, top_p=0.9), 1),
               (dict(temperature=0.5, top_k=50, top_p=0.9), 1), (dict(temperature=1.0, top_k=1000, top_p=0.9), 4),
-              (dict(temperature=1.0, min_p=0.1), 4),
+              (dict(temperature=1.0, min_p=0.1), 1),  # its floor above every dropped key: settled
               # min-p moves these cuts (15-30 ids pass it), above the candidates' least key
               (dict(temperature=1.0, top_k=50, min_p=0.1), 1), (dict(temperature=1.0, top_p=0.9, min_p=0.1), 1),
               (dict(temperature=1.0, top_k=50, top_p=0.9, min_p=0.1), 1)]
@@ -153,14 +154,16 @@ def _rows_case(emu, logits, params, seed=5):
 
 # Rows the candidates cannot settle take the radix path (4 passes a row), with the same results:
 # a flat row (every key tied with the dropped ones), ties at the cut, a top-k past the candidates,
-# min-p alone; rows they settle take 1 (the bonus draw from the kept ids; a point mass's too).
+# min-p alone with its floor below a dropped key; rows they settle take 1 (the bonus draw from the
+# kept ids; a point mass's too).
 FALLBACK_CASES = [
     ("flat", lambda g: torch.zeros(2, 5000), dict(top_k=10), 14),  # the radix path splits the ties: 6 a row
     ("flat top-p", lambda g: torch.zeros(2, 5000), dict(top_p=0.5), 16),
     ("ties at the cut", lambda g: torch.randint(0, 3, (2, 5000), generator=g).float(), dict(top_k=100), 8),
     ("huge top-k", lambda g: torch.randn(2, 9000, generator=g) * 3, dict(top_k=2500), 8),
     ("top-k within the head", lambda g: torch.randn(2, 9000, generator=g) * 3, dict(top_k=40, top_p=0.7), 2),
-    ("min-p alone", lambda g: torch.randn(2, 9000, generator=g) * 3, dict(min_p=0.2), 8),
+    ("min-p alone", lambda g: torch.randn(2, 9000, generator=g) * 3, dict(min_p=0.2), 2),
+    ("min-p alone, floor in the tail", lambda g: torch.randn(2, 9000, generator=g) * 3, dict(min_p=0.0001), 8),
     ("top-p alone, peaked", lambda g: torch.randn(2, 9000, generator=g) * 9, dict(top_p=0.95), 2),
     ("top-p and min-p", lambda g: torch.randn(2, 9000, generator=g) * 3, dict(top_p=0.95, min_p=0.05), 2),
     ("V = 1", lambda g: torch.randn(3, 1, generator=g), dict(top_p=0.5), 3),

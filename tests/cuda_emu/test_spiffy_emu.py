@@ -268,14 +268,15 @@ def test_materialize_per_sequence_parameters(emu, v):
     (dict(top_k=20, top_p=0.8), 2),
     (dict(top_k=50, min_p=0.5), 2),  # min-p moves the cut above top-k's: the head holds its ids
     (dict(top_k=3000, top_p=0.9), 5),  # top-k beyond the candidates: the radix path's 3 passes
-    (dict(min_p=0.05), 3),  # min-p alone: the radix path's kept sum (a float sum), select's top
+    (dict(min_p=0.05), 2),  # min-p alone: its floor above every dropped key, its ids all in the head
     (dict(top_k=2500), 3),  # fewer finite ids than k: the counts' pass, the cut keeps all
 ])
 def test_materialize_filtered_row_passes(emu, filters, passes):
     """A masked row whose sequence filters is read by the slices pass (its statistics and top tokens,
     as every masked row) and by the candidates' scan; a row the candidates do not settle also by the
     radix path (bench/floors.md's filters table): its statistics pass noting the top key bits (not
-    for min-p alone, whose top is select's), its gathers, min-p alone's kept sum. Greedy and
+    for min-p alone, whose top is select's), its gathers, min-p alone's kept sum (where its floor
+    lies at or below a key the candidates dropped). Greedy and
     unfiltered masked rows are read once, unmasked rows never. The scores are those of p' (a wrong
     kept sum moves them)."""
     n, length, v = 5, 6, 3001
