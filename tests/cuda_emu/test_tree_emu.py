@@ -392,18 +392,24 @@ def test_tree_verify_filtered_mixed_rows(emu, dtype, v, with_q, without_replacem
             assert torch.equal(a, b)
 
 
+# Top-k with top-p, min-p, both; min-p alone (its floor above every dropped key).
+SETTLED_FILTERS = {"top-k": dict(top_k=torch.tensor([10, 64, 30, 1]), top_p=torch.tensor([1.0, 0.9, 0.8, 1.0]),
+                                 min_p=torch.tensor([0.0, 0.0, 0.05, 0.0])),
+                   "min-p alone": dict(min_p=torch.tensor([0.1, 0.3, 0.05, 0.2]))}
+
+
+@pytest.mark.parametrize("filters", list(SETTLED_FILTERS))
 @pytest.mark.parametrize("dtype,v", [(torch.bfloat16, 8200), (torch.float32, 3001)])
-def test_tree_verify_settled_rows_take_no_pass(emu, dtype, v):
-    """Top-k cuts the candidates settle (with top-p, min-p, both): no row pass beyond the walk's
+def test_tree_verify_settled_rows_take_no_pass(emu, dtype, v, filters):
+    """Cuts the candidates settle (SETTLED_FILTERS): no row pass beyond the walk's
     statistics pass, the stop draws included (from the kept ids, in the walk), at M = 1 too; the
     same rows made flat (every id ties: the candidates hold no head) take the radix path, and their
-    stop draws the sampling launches: two passes a visited row, one a draw, at least. Both bitwise
-    as the reference."""
+    stop draws the sampling launches: two passes a visited row (min-p alone: one, its kept sum), one
+    a draw, at least. Both bitwise as the reference."""
     n = 4
     tokens, parents, logits, _ = verify_case(n, 9, v, "chain", dtype, seed=v)
-    params = dict(temperature=torch.tensor([1.0, 0.8, 1.1, 1.0]), top_k=torch.tensor([10, 64, 30, 1]),
-                  top_p=torch.tensor([1.0, 0.9, 0.8, 1.0]), min_p=torch.tensor([0.0, 0.0, 0.05, 0.0]),
-                  seed=torch.arange(n) + 1, offset=torch.arange(n))
+    params = dict(temperature=torch.tensor([1.0, 0.8, 1.1, 1.0]), seed=torch.arange(n) + 1, offset=torch.arange(n),
+                  **SETTLED_FILTERS[filters])
     for m in (9, 1):
         emu.take_row_passes()
         got = emu.tree_verify(tokens[:, :m], parents[:, :m], logits[:, :m], **params)
@@ -417,7 +423,8 @@ def test_tree_verify_settled_rows_take_no_pass(emu, dtype, v):
     want = reference.tree_verify(tokens, parents, flat, **params)
     for a, b in zip(got, want):
         assert torch.equal(a, b)
-    assert passes >= int(2 * (got[0] + 1).sum() + n)
+    per_row = 1 if filters == "min-p alone" else 2  # its kept sum; top-k's bits and gather
+    assert passes >= int(per_row * (got[0] + 1).sum() + n)
 
 
 def test_tree_verify_filtered_with_draft_probs_needs_room_for_the_cut(emu):
