@@ -3,11 +3,12 @@
 //     argmax and best ids; unfiltered rows (greedy, plain sampling): a block per (row, slice) sums
 //     its slice's statistics. Then a block per row merges them: a filtered row's cut and kept sum
 //     from its candidates, into the row's state, where they settle it (nearly every row of a
-//     trained model; not min-p alone); an unfiltered row's statistics, its slices' in slice order.
+//     trained model; min-p alone where its floor lies above every dropped key); an unfiltered
+//     row's statistics, its slices' in slice order.
 //  1. rows: a block per (request, row) prepares every row the slices did not settle at once: a pass
 //     for its statistics; a filtered row then finds its cut (row_filter.cuh: radix selection,
-//     usually 1 more pass), which also gives the kept ids' sum (a pass of its own only for min-p
-//     alone). The rows' states go to the workspace.
+//     usually 1 more pass), which also gives the kept ids' sum (a pass of its own, of fixed-point
+//     masses, only for min-p alone). The rows' states go to the workspace.
 //  2. residuals (block verification with draft probabilities): a block per drafted row computes
 //     its prefix weight from the prepared rows before it and its residual mass Z_i (a pass over the
 //     row and its q), every row at once.
