@@ -348,13 +348,30 @@ struct SelectShared {
   unsigned long long total_lo, total_hi;  // bounds of the row's fixed-point mass (with_total)
 };
 
+// The relative error a float sum of e_i = e^(a_i - top) adds to total_bounds' (where the slices'
+// mass are float sums, tree_verify's walk: RowStats, each term an exp2f of an FMA or an expf of a
+// difference, then rescales by expf, products and sums), where each term passed at most `steps`
+// roundings of each kind (rescale, product, sum). First order (x1.02 covers the rest): a term's
+// relative error is within 2^-21 (steps + 2) (2 ulp a exp, 2^-24 a product or sum) + 2^-23 |top|
+// (the FMA's top log2(e)) + 2^-20 (top - a_i) (the arguments' roundings, their sizes summing to at
+// most top - a_i), and sum_i e_i (top - a_i) <= 40 S + v 40 e^-40 <= (40 + 2^-21) S with S >= 1 (the
+// top's own term): so the float sum is S within eps S. Each fixed_mass is e_i within fix = 2^-22 +
+// 2^-24 (top - a_i): the total lies within 2 (eps + fix) S 2^shift of the sum's, the truncations and
+// total_bounds' own terms aside.
+__device__ __forceinline__ double float_sum_error(int64_t steps, float top) {
+  const double eps = 1.02 * (0x1p-21 * static_cast<double>(steps + 2) + 0x1p-23 * fabs(static_cast<double>(top)) +
+                             0x1p-20 * 41.0);
+  const double fix = 1.02 * (0x1p-22 + 0x1p-24 * 41.0);
+  return 2.0 * (eps + fix);
+}
+
 // Bounds of the row's total fixed-point mass sum_i floor(exp_f32(a_i - top) 2^shift) from the slices'
 // double sums of e_i (see SliceStats). Both are e^(a - top) within a factor exp(+-(2^-23 |a - top| +
 // 2^-21)) (each exp_f32 within 2 ulp, each float difference rounded once, |a - m_i| <= |a - top|; an
 // e below 2^-149 holds no mass at shift <= 62); the bound doubles that, adds the double sums'
 // rounding and one unit a term for the truncations. slices <= 32, at lane 0 of warp 0.
 __device__ __forceinline__ void total_bounds(const SliceSummary* sums, int slices, float top, int64_t v, int shift,
-                                             unsigned long long* lo, unsigned long long* hi) {
+                                             int64_t float_steps, unsigned long long* lo, unsigned long long* hi) {
   double mass = 0.0, spread = 0.0;  // spread: sum e_i (top - a_i) >= 0
   for (int s = 0; s < slices; ++s) {
     const SliceSummary x = sums[s];
@@ -365,7 +382,8 @@ __device__ __forceinline__ void total_bounds(const SliceSummary* sums, int slice
     spread += (d > 0.0 ? d : 0.0) * f + fabs(static_cast<double>(top)) * x.mass * f * 0x1p-40;
   }
   const double unit = static_cast<double>(1ull << shift);
-  const double err = (0x1p-22 * spread + 0x1p-20 * mass + 0x1p-30 * mass) * unit + static_cast<double>(v) + 2.0;
+  const double rel = 0x1p-20 + 0x1p-30 + (float_steps > 0 ? float_sum_error(float_steps, top) : 0.0);
+  const double err = (0x1p-22 * spread + rel * mass) * unit + static_cast<double>(v) + 2.0;
   const double center = mass * unit;
   const double l = center - err, h = center + err;
   *lo = l > 0.0 ? static_cast<unsigned long long>(l) : 0ull;
@@ -391,8 +409,9 @@ __device__ __forceinline__ int first_at_least(const unsigned long long* incl, in
 
 // Pass B: the row's cut from its slices' summaries and candidates (see the top of this file), at
 // every thread; false where the candidates do not settle it (the caller takes the radix path).
+// float_steps: where above 0, the slices' masses are float sums (float_sum_error's steps).
 __device__ inline bool select_cut(SelectShared& sh, const SliceSummary* sums, const Candidate* cands, int slices,
-                           const RowSampling& rs, int64_t v, int mass_shift, RowCut* out) {
+                           const RowSampling& rs, int64_t v, int mass_shift, RowCut* out, int64_t float_steps = 0) {
   const int lane = threadIdx.x % 32;
   if (threadIdx.x < 32) {
     const bool in = lane < slices;
@@ -423,7 +442,7 @@ __device__ inline bool select_cut(SelectShared& sh, const SliceSummary* sums, co
       sh.top = top;
       sh.tau = tau;
       if (select_needs_total(rs, v) && is_finite_f32(top.val))
-        total_bounds(sums, slices, top.val, v, mass_shift, &sh.total_lo, &sh.total_hi);
+        total_bounds(sums, slices, top.val, v, mass_shift, float_steps, &sh.total_lo, &sh.total_hi);
     }
   }
   __syncthreads();

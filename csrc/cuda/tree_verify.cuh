@@ -83,9 +83,10 @@ constexpr int kVerifyBlock = kFilter ? kFilteredVerifyThreads : kVerifyThreads;
 template <bool kDraft>
 constexpr int kRowDepth = kDraft ? 8 : 16;
 // The statistics pass's chunks in flight a thread: a filtered walk without draft_probs, which also
-// keeps the row's candidates, reads 12 (48 KB a block): at 16 it spilled (sm_90a, 255 registers).
+// keeps the row's candidates, reads 10 (40 KB a block): at 16 it spilled, and at 12 once the warps'
+// float sums went to select_cut for top-p alone (sm_90a, 255 registers).
 template <bool kDraft, bool kFilter>
-constexpr int kWalkDepth = kFilter && !kDraft ? 12 : kRowDepth<kDraft>;
+constexpr int kWalkDepth = kFilter && !kDraft ? 10 : kRowDepth<kDraft>;
 
 // What the draft kernel's q stage leaves of the shared memory a block may have: the kernel's static
 // shared memory (336 bytes, ptxas) and a margin.

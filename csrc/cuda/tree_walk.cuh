@@ -109,23 +109,18 @@ __device__ __forceinline__ float q_chunk_sum(const float (&qs)[kIds]) {
 
 // One thread's share of a row's softmax statistics (exactly thread_row_stats's) and of q's sum, in
 // one pass over both rows: q's sum, needed at a node with children, rides on the row's pass.
-// observe(a): each scaled logit, as read (the cut's top key bits).
-template <int kBlock, typename T, typename Q, typename Observe>
+template <int kBlock, typename T, typename Q>
 __device__ __forceinline__ RowStats thread_row_stats_and_q_sum(const T* row, const Q* q, int64_t v, bool vector_ok,
-                                                               float scale, void* stage, int depth, float& zq,
-                                                               const Observe& observe) {
+                                                               float scale, void* stage, int depth, float& zq) {
   constexpr int kIds = 16 / sizeof(T);
   RowStats s = stats_empty();
   for_each_row_and_q<kBlock>(
       row, q, v, vector_ok, scale, stage, depth,
       [&](const float (&a)[kIds], const float (&qs)[kIds], int32_t id) {
-#pragma unroll
-        for (int k = 0; k < kIds; ++k) observe(a[k]);
         observe_chunk_in_order<false>(s, a, id);
         zq += q_chunk_sum(qs);
       },
       [&](float a, float qx, int32_t id) {
-        observe(a);
         stats_observe(s, a, id);
         zq += qx;
       });
@@ -224,32 +219,41 @@ struct VisitedCut {
   bool settled;    // by the candidates: the kept ids are the ranked head's first (select_keep)
 };
 
+// The most roundings of each kind (float_sum_error's steps) a term of a warp's float sum in the
+// walk passes: two a chunk (or id) its thread reads after its own, a chunk's sum, the warp's merges.
+template <int kIds>
+__device__ __forceinline__ int64_t walk_sum_steps(int64_t v, bool vector_ok) {
+  constexpr int64_t kBlock = kFilteredVerifyThreads;
+  const int64_t reads = vector_ok ? (v / kIds + kBlock - 1) / kBlock + 1 : (v + kBlock - 1) / kBlock;
+  return 2 * reads + kIds + 64;
+}
+
 // The cut of a visited row (row_filter.cuh) and the filtered row's statistics: the kept ids' sum
-// from the selection, or a pass where it is not known. by_candidates: the statistics pass kept the
-// row's candidates in cs.cand (a warp a slice), and where select_cut settles the cut from them the
-// row takes no other pass; where it does not, one pass notes the top key bits for a top-k cut (the
-// statistics pass did not; min-p alone's floor needs none) and the radix path runs as for the other
-// rows, whose statistics pass noted them. The filtered walk's (kFilteredVerifyThreads threads).
+// from the selection, or a pass where it is not known. The statistics pass kept the row's
+// candidates in cs.cand (a warp a slice), and where select_cut settles the cut from them the row
+// takes no other pass (top-p alone: with the row's total bounded by the warps' float sums);
+// where it does not, one pass notes the top key bits (min-p alone's floor needs none) and the radix
+// path runs. The filtered walk's (kFilteredVerifyThreads threads).
 template <typename T>
-__device__ __forceinline__ VisitedCut cut_visited_row(WalkCutShared& cs, const T* row, int64_t v, float scale,
-                                                      RowSampling rs, RowStats s, bool by_candidates) {
+__device__ __forceinline__ VisitedCut cut_visited_row(WalkCutShared& cs, const T* row, int64_t v, bool vector_ok,
+                                                      float scale, RowSampling rs, RowStats s) {
   const RowView<T> r{row, v, scale};
   const int mass_shift = cut_mass_shift(v);
-  if (by_candidates) {
-    RowCut c;
-    if (select_cut(cs.cand.select, cs.cand.sums, cs.cand.cands[0], kWalkWarps, rs, v, mass_shift, &c))
-      return VisitedCut{c.cut, RowStats{s.top, fixed_sum_value(c.kept, mass_shift)}, true};
-    __syncthreads();  // the selection's state is read before the radix path's overwrites it
-    if (top_bits(rs, v) == TopBits::kCount) {  // min-p alone's floor needs no bits
-      clear_top_bits(cs.radix);
-      __syncthreads();
-      r.for_each_any_order([&](int64_t, float a) { observe_top_bits(cs.radix, a, TopBits::kCount); });
-      __syncthreads();
-    }
+  RowCut c;
+  if (select_cut(cs.cand.select, cs.cand.sums, cs.cand.cands[0], kWalkWarps, rs, v, mass_shift, &c,
+                 walk_sum_steps<16 / sizeof(T)>(v, vector_ok)))
+    return VisitedCut{c.cut, RowStats{s.top, fixed_sum_value(c.kept, mass_shift)}, true};
+  __syncthreads();  // the selection's state is read before the radix path's overwrites it
+  const TopBits bits = top_bits(rs, v);
+  if (bits != TopBits::kNone) {
+    clear_top_bits(cs.radix);
+    __syncthreads();
+    r.for_each_any_order([&](int64_t, float a) { observe_top_bits(cs.radix, a, bits); });
+    __syncthreads();
   }
   unsigned long long kept;
-  const FilterCut c = filter_cut(cs.radix, r, s.top.val, rs, mass_shift, &kept);
-  return VisitedCut{c, RowStats{s.top, kept_sum(r, c, s.top.val, kept, mass_shift)}, false};
+  const FilterCut cut = filter_cut(cs.radix, r, s.top.val, rs, mass_shift, &kept);
+  return VisitedCut{cut, RowStats{s.top, kept_sum(r, cut, s.top.val, kept, mass_shift)}, false};
 }
 
 // A Gumbel-max over n entries of a settled row's kept ids, each scored as tree_sample_kernel scores
@@ -465,21 +469,12 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
   const float inv_t = rs.inv_t;
   const bool greedy = inv_t == 0.0f;  // a greedy row of the draft kernel reads no q
   const float scale = greedy ? 1.0f : inv_t;
-  const bool filtering = kFilter && !greedy && filters_active(rs, v);  // the same for the whole block
-  // A top-k cut, and min-p alone's floor, are selected from the candidates the statistics pass keeps
-  // (cut_visited_row); top-p without top-k (the candidates hold no bound of the row's mass) as before.
-  const bool by_candidates = filtering && top_bits(rs, v) != TopBits::kGuide;
-  const TopBits bits = filtering && !by_candidates ? top_bits(rs, v) : TopBits::kNone;
-  const auto note = [&](float a) {  // the statistics pass's share of the cut
-    if (bits != TopBits::kNone) observe_top_bits(cs->radix, a, bits);
-  };
+  // The same for the whole block. Its cuts are selected from the candidates the statistics pass
+  // keeps (cut_visited_row; top-p alone with the row's total bounded by the pass's float sum).
+  const bool filtering = kFilter && !greedy && filters_active(rs, v);
   int64_t node = 0, acc = 0;
   for (;;) {
     const T* row = static_cast<const T*>(p.logits) + (n * m + node) * v;
-    if (bits != TopBits::kNone) {
-      clear_top_bits(cs->radix);
-      __syncthreads();
-    }
     if (kDraft) {
       // The children first (they depend on the parents alone): q's sum is needed only at a node
       // with children, and then rides on the row's pass (or follows it, q_sum_noting_sign).
@@ -489,20 +484,24 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
     }
     const bool with_q = kDraft && !greedy && sh.kids > 0;  // read before block_merge's barrier, then rewritten
     // One block reads the row, 128 KB in flight (64 KB with draft_probs, and 128 KB of q beside it
-    // at a node with children; half of each in a filtered walk's 256 threads, and 48 KB there
+    // at a node with children; half of each in a filtered walk's 256 threads, and 40 KB there
     // without draft_probs, 32 KB with them where the pass keeps candidates, kWalkDepth, and q then
     // read after it, q_sum_noting_sign): 64 blocks then keep 2-12 MB in flight, about HBM's
     // bandwidth times its latency or more.
     const int64_t chunks = (v + kIds - 1) / kIds;
     float zq = 0.0f;
     RowStats s;
-    if (kFilter && by_candidates) {
+    if (kFilter && filtering) {
       WarpCandidates wc;
       const int warp = threadIdx.x / 32;
       s = row_stats_keeping_candidates<kBlock, kWalkDepth<kDraft, kFilter>>(row, v, vector_ok, scale,
                                                                             cs->cand.cands[warp], wc);
-      const ArgMax top = warp_merge(s.top);
-      if (threadIdx.x % 32 == 0) cs->cand.sums[warp] = SliceSummary{top, 0.0, 0.0, wc.tau, wc.count};
+      // the warp's float sum, which bounds the row's total for top-p alone (select_cut's float_steps)
+      const RowStats ws = warp_merge(s);
+      if (threadIdx.x % 32 == 0) {
+        const double mass = ws.sum;
+        cs->cand.sums[warp] = SliceSummary{ws.top, mass, static_cast<double>(ws.top.val) * mass, wc.tau, wc.count};
+      }
       if constexpr (kDraft) {
         if (with_q) {
           bool negative;
@@ -515,9 +514,8 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
       constexpr int kDepth = kWalkDepth<kDraft, kFilter>;
       s = greedy ? thread_row_stats<T, true, kDepth>(row, v, 0, chunks, vector_ok, 1.0f, -1, pass_thread(), kBlock)
           : with_q ? thread_row_stats_and_q_sum<kBlock>(row, static_cast<const Q*>(sh.q), v, vector_ok, scale, q_stage,
-                                                        w.q_depth, zq, note)
-                   : thread_row_stats<T, false, kDepth>(row, v, 0, chunks, vector_ok, scale, -1, pass_thread(), kBlock,
-                                                        note);
+                                                        w.q_depth, zq)
+                   : thread_row_stats<T, false, kDepth>(row, v, 0, chunks, vector_ok, scale, -1, pass_thread(), kBlock);
     }
     s = block_merge<kBlock>(s, stats_empty());
     if (with_q) zq = block_sum<kBlock>(zq);  // block_merge's buffer is another: no barrier between
@@ -529,7 +527,7 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
       }
       __syncthreads();
       if (filtering && !stats_degenerate(sh.stats)) {
-        const VisitedCut c = cut_visited_row(*cs, row, v, scale, rs, sh.stats, by_candidates);
+        const VisitedCut c = cut_visited_row(*cs, row, v, vector_ok, scale, rs, sh.stats);
         if (threadIdx.x == 0) s = c.stats, visited_cut = c.cut;
         settled = c.settled;
       }

@@ -326,8 +326,9 @@ def test_tree_verify_filtered_long_rows(emu, dtype, v, with_q):
     candidates settle (top_k 50) takes none, its stop draw none either (from the kept ids, in the
     walk), nor with draft_probs its residual sums (over the kept ids; test_tree_q_emu counts them);
     a top-k beyond the candidates (1000, with top-p) two (a pass noting the top key bits the
-    candidates' statistics pass did not, and the radix gather); top-p alone one (the guided
-    gather); rows the walk does not visit none. With draft_probs the unsettled rows' residual sums
+    candidates' statistics pass did not, and the radix gather); top-p alone (at 0.9 and 0.5 of
+    peaked rows: its nucleus among the candidates, its target away from a step by more than the
+    bound of the warps' float sums) none; rows the walk does not visit none. With draft_probs the unsettled rows' residual sums
     come on top (at least the count without them)."""
     n = 6
     tokens, parents, logits, q = verify_case(n, 9, v, "bushy", dtype, seed=v)
@@ -345,8 +346,8 @@ def test_tree_verify_filtered_long_rows(emu, dtype, v, with_q):
         assert torch.equal(a, b)
     accept_len = got[0]
     # passes a visited row, by the sequence's filters; the candidates settle sequence 0's cuts
-    walk = torch.tensor([0, 1, 2, 0, 1, 0])
-    settled = torch.tensor([True, False, False, False, False, False])
+    walk = torch.tensor([0, 0, 2, 0, 0, 0])
+    settled = torch.tensor([True, True, False, False, True, False])
     draws = (params["temperature"] > 0) & ~settled
     expected = int(((accept_len + 1) * walk).sum() + draws.sum())
     assert passes >= expected if with_q else passes == expected
@@ -392,10 +393,15 @@ def test_tree_verify_filtered_mixed_rows(emu, dtype, v, with_q, without_replacem
             assert torch.equal(a, b)
 
 
-# Top-k with top-p, min-p, both; min-p alone (its floor above every dropped key).
+# Top-k with top-p, min-p, both; min-p alone (its floor above every dropped key); top-p alone at
+# temperatures that keep its nucleus among the candidates, and top_p values whose target lies at
+# least 1.4e-3 of the total from a step in every row of these cases (the bound of the walk's float
+# sums is ~2e-4; at 0.9 and 0.95, rows within 4e-5 take the radix path, as they must).
 SETTLED_FILTERS = {"top-k": dict(top_k=torch.tensor([10, 64, 30, 1]), top_p=torch.tensor([1.0, 0.9, 0.8, 1.0]),
                                  min_p=torch.tensor([0.0, 0.0, 0.05, 0.0])),
-                   "min-p alone": dict(min_p=torch.tensor([0.1, 0.3, 0.05, 0.2]))}
+                   "min-p alone": dict(min_p=torch.tensor([0.1, 0.3, 0.05, 0.2])),
+                   "top-p alone": dict(temperature=torch.tensor([0.3, 0.25, 0.35, 0.3]),
+                                       top_p=torch.tensor([0.85, 0.5, 0.7, 0.75]))}
 
 
 @pytest.mark.parametrize("filters", list(SETTLED_FILTERS))
@@ -408,8 +414,8 @@ def test_tree_verify_settled_rows_take_no_pass(emu, dtype, v, filters):
     a draw, at least. Both bitwise as the reference."""
     n = 4
     tokens, parents, logits, _ = verify_case(n, 9, v, "chain", dtype, seed=v)
-    params = dict(temperature=torch.tensor([1.0, 0.8, 1.1, 1.0]), seed=torch.arange(n) + 1, offset=torch.arange(n),
-                  **SETTLED_FILTERS[filters])
+    params = {"temperature": torch.tensor([1.0, 0.8, 1.1, 1.0]), "seed": torch.arange(n) + 1,
+              "offset": torch.arange(n), **SETTLED_FILTERS[filters]}
     for m in (9, 1):
         emu.take_row_passes()
         got = emu.tree_verify(tokens[:, :m], parents[:, :m], logits[:, :m], **params)
@@ -423,8 +429,33 @@ def test_tree_verify_settled_rows_take_no_pass(emu, dtype, v, filters):
     want = reference.tree_verify(tokens, parents, flat, **params)
     for a, b in zip(got, want):
         assert torch.equal(a, b)
-    per_row = 1 if filters == "min-p alone" else 2  # its kept sum; top-k's bits and gather
+    per_row = 1 if filters == "min-p alone" else 2  # its kept sum; the bits and the gather
     assert passes >= int(per_row * (got[0] + 1).sum() + n)
+
+
+@pytest.mark.parametrize("dtype,v", [(torch.bfloat16, 8200), (torch.float32, 3001)])
+def test_tree_verify_top_p_alone_bounds_the_total(emu, dtype, v):
+    """Top-p alone takes the row's total mass from the walk's float sums, within a bound (~2e-4 of
+    the total here, float_sum_error): a row whose target lies inside that bound of a step but
+    outside the bound of exact sums (~1e-6) takes the radix path, bitwise as the reference: two top
+    ids of equal mass, a tail of e^-17.5 each, top_p 0.5, so the target lies 2e-5 (V = 3001) or
+    5e-5 (V = 8200) of the total past the first. The same rows with the second id lower (the target
+    well inside the first) settle with no pass."""
+    n, m = 2, 4
+    tokens, parents, _, _ = verify_case(n, m, v, "chain", dtype, seed=3)
+    params = dict(temperature=1.0, top_p=0.5, seed=torch.arange(n) + 5, offset=torch.arange(n))
+    for second, settles in ((10.0, False), (9.0, True)):
+        logits = torch.full((n, m, v), -7.5)
+        logits[:, :, 7] = 10.0
+        logits[:, :, 11] = second
+        logits = logits.to(dtype)
+        emu.take_row_passes()
+        got = emu.tree_verify(tokens, parents, logits, **params)
+        passes = emu.take_row_passes()
+        assert (passes == 0) == settles
+        want = reference.tree_verify(tokens, parents, logits, **params)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
 
 
 def test_tree_verify_filtered_with_draft_probs_needs_room_for_the_cut(emu):
