@@ -124,14 +124,7 @@ unsigned spiffy_accept_blocks(const SpiffyAcceptParams& p) {
   if (!p.clusters || p.n > 0x7FFFFFFF / kAcceptCluster) return 1;
   // A build without an sm_90+ image of the kernel (a JIT from compute_80's PTX) has no clusters.
   // Asked once (the first call, on an sm_90+ device, usually comes before any graph capture).
-  static const bool built_for_clusters = [] {
-    cudaFuncAttributes attr{};
-    if (cudaFuncGetAttributes(&attr, spiffy_accept_kernel<float, true, false>) != cudaSuccess) {
-      (void)cudaGetLastError();  // a query's failure is no launch error
-      return false;
-    }
-    return attr.binaryVersion >= 90 && attr.ptxVersion >= 90;
-  }();
+  static const bool built_for_clusters = has_cluster_image(spiffy_accept_kernel<float, true, false>);
   if (!built_for_clusters) return 1;
   switch (p.dtype) {
     case LogitsType::kFloat32: return accept_cluster_size<float>(p.n);

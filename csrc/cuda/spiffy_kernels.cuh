@@ -5,11 +5,10 @@
 // (each combination in one file only).
 #pragma once
 
-#include <cooperative_groups.h>
-
 #include <type_traits>
 
 #include "candidates.cuh"
+#include "cluster_team.cuh"
 #include "device_utils.cuh"
 #include "dllm_row.cuh"
 #include "spiffy_launch.h"
@@ -271,31 +270,6 @@ struct AcceptWorkspace {
   RowStats* raw = nullptr;       // [rows]
   int32_t* settled = nullptr;    // [rows]
 };
-
-// The blocks that walk one sequence: a thread block cluster (kCluster, sm_90+: co-scheduled, so they
-// can wait for each other), or one block.
-template <bool kCluster>
-__device__ __forceinline__ unsigned team_rank() {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-  if constexpr (kCluster) return cooperative_groups::this_cluster().block_rank();
-#endif
-  return 0;
-}
-
-// A barrier of every thread of the team; cluster.sync (barrier.cluster arrive.release and
-// wait.acquire) also orders the global memory the team's blocks exchange.
-template <bool kCluster>
-__device__ __forceinline__ void team_sync() {
-  if constexpr (kCluster) {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-    cooperative_groups::this_cluster().sync();
-#else
-    __trap();  // never launched: spiffy_accept_blocks takes one block a sequence below sm_90
-#endif
-  } else {
-    __syncthreads();
-  }
-}
 
 // The masked positions of tokens[0, l), at every lane of the (full) warp.
 __device__ inline int64_t warp_count_masked(const int64_t* tokens, int64_t l, int64_t mask_id) {
@@ -571,12 +545,7 @@ __global__ void __launch_bounds__(kThreads, 1) spiffy_accept_kernel(SpiffyAccept
 
 // The launch of n sequences a cluster of `blocks` (the attribute lives in *cluster).
 inline cudaLaunchConfig_t accept_cluster_config(int64_t n, unsigned blocks, cudaLaunchAttribute* cluster) {
-  cluster->id = cudaLaunchAttributeClusterDimension;
-  cluster->val.clusterDim.x = blocks, cluster->val.clusterDim.y = 1, cluster->val.clusterDim.z = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(n * blocks)), config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = 0, config.attrs = cluster, config.numAttrs = 1;
-  return config;
+  return cluster_config(static_cast<unsigned>(n * blocks), kThreads, 0, nullptr, blocks, cluster);
 }
 
 // The walk's launch, a block a sequence (kCluster false; blocks is 1) or a cluster of `blocks`.

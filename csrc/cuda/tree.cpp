@@ -113,6 +113,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_cuda(
   p.out_tokens = out.mutable_data_ptr<int64_t>();
   p.num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   p.max_smem = static_cast<int>(at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin);
+  p.clusters = at::cuda::getCurrentDeviceProperties()->major >= 9;
   auto scratch = cuda::workspace(cuda::tree_verify_workspace_bytes(p), logits);
   cuda::check_launch(cuda::launch_tree_verify(p, scratch.mutable_data_ptr(), cuda::stream()), "tree_verify");
   return {accept_len, path, out};

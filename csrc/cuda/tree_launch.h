@@ -55,6 +55,7 @@ struct TreeVerifyParams {
   int64_t *accept_len, *path, *out_tokens;  // [n], [n, m], [n, m]
   int num_sms;                              // sizes the split of the sampling pass
   int max_smem;  // shared memory a block may opt into (bytes; 0: 48 KB): sizes the draft passes' q stage
+  bool clusters;  // the device runs thread block clusters (compute capability 9.0 and up)
 };
 size_t tree_verify_workspace_bytes(const TreeVerifyParams& p);
 cudaError_t launch_tree_verify(const TreeVerifyParams& p, void* workspace, cudaStream_t stream);

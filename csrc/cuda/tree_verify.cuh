@@ -38,6 +38,11 @@ struct VerifyWorkspace {
   ArgMax* slices;     // [n, sample_slices]: each slice's Gumbel-max
   int sample_slices;
   int q_depth;  // q_stage_depth
+  // A walk a cluster of kVerifyTeam blocks (p.clusters): each block's statistics of the row they
+  // stand on, [n, kVerifyTeam], and the node rank 0 chose next (-1: the walk stopped), [n]; null
+  // without clusters.
+  RowStats* team_stats;
+  int64_t* team_next;
 };
 
 // What thread 0 decides and the block shares at one node.
@@ -78,6 +83,10 @@ __device__ __forceinline__ float softmax_weight(float a, float top_log2) { retur
 // 255 of 256 threads without a spill beside the walk (sm_90a), which then keeps half the bytes in
 // flight.
 constexpr int kVerifyThreads = 512, kFilteredVerifyThreads = 256;
+// The blocks of a walk that neither cuts its rows nor reads draft_probs, on sm_90+ (tree_walk.cuh):
+// a cluster a sequence, each block a share of every row's statistics pass, so that 64 sequences
+// read on 128 SMs instead of 64.
+constexpr int kVerifyTeam = 2;
 template <bool kFilter>
 constexpr int kVerifyBlock = kFilter ? kFilteredVerifyThreads : kVerifyThreads;
 template <bool kDraft>

@@ -7,6 +7,7 @@
 
 #include <type_traits>
 
+#include "cluster_team.cuh"
 #include "per_device.h"
 #include "tree_verify.cuh"
 
@@ -443,11 +444,17 @@ __device__ __forceinline__ void list_children(NodeState& sh, const int64_t* pare
 
 // vector_ok: rows of logits (and of q) start aligned, so whole chunks load as vectors. kDraft: p.q
 // is set, of type Q (the residual passes are compiled only then). kFilter: w.cuts is set, some
-// sequence may filter (the selection is compiled only then).
-template <typename T, typename Q, bool kDraft, bool kFilter>
+// sequence may filter (the selection is compiled only then). kCluster (neither; sm_90+): a cluster
+// of kVerifyTeam blocks walks each sequence; each block reads its share of a row's statistics pass
+// (the team's threads take the row's chunks in turn), the team merges the blocks' statistics in
+// rank order through w.team_stats, and rank 0 walks on from them as a lone block does, handing the
+// node it chose (w.team_next) to the others, which only read.
+template <typename T, typename Q, bool kDraft, bool kFilter, bool kCluster = false>
 __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
     tree_verify_kernel(TreeVerifyParams p, VerifyWorkspace w, bool vector_ok) {
+  static_assert(!kCluster || (!kDraft && !kFilter), "a team shares only the statistics pass");
   constexpr int kBlock = kVerifyBlock<kFilter>;
+  constexpr int kTeam = kCluster ? kVerifyTeam : 1;
   constexpr int kIds = 16 / sizeof(T);
   __shared__ NodeState sh;
   // kFilter: the selection's state (cut_smem_bytes), then the draft kernel's q stage (w.q_depth
@@ -458,7 +465,8 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
   __shared__ RowStream st;  // thread 0's, kept out of the registers of the row passes
   __shared__ FilterCut visited_cut;  // the visited row's
   __shared__ uint32_t q_negative;    // some q < 0 in a row q_sum_noting_sign read
-  const int64_t n = blockIdx.x, m = p.m, v = p.v;
+  const unsigned rank = team_rank<kCluster>();
+  const int64_t n = blockIdx.x / kTeam, m = p.m, v = p.v;
   const int64_t count = node_count(p.num_nodes, n, m);
   const int64_t* tokens = p.tokens + n * m;
   const int64_t* parents = p.parents + n * m;
@@ -487,7 +495,7 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
     // at a node with children; half of each in a filtered walk's 256 threads, and 40 KB there
     // without draft_probs, 32 KB with them where the pass keeps candidates, kWalkDepth, and q then
     // read after it, q_sum_noting_sign): 64 blocks then keep 2-12 MB in flight, about HBM's
-    // bandwidth times its latency or more.
+    // bandwidth times its latency or more. kCluster: two blocks on two SMs read it, 256 KB.
     const int64_t chunks = (v + kIds - 1) / kIds;
     float zq = 0.0f;
     RowStats s;
@@ -512,12 +520,27 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
       }
     } else {
       constexpr int kDepth = kWalkDepth<kDraft, kFilter>;
-      s = greedy ? thread_row_stats<T, true, kDepth>(row, v, 0, chunks, vector_ok, 1.0f, -1, pass_thread(), kBlock)
+      const int64_t first = rank * kBlock + pass_thread(), stride = kTeam * kBlock;  // the team's threads in turn
+      s = greedy ? thread_row_stats<T, true, kDepth>(row, v, 0, chunks, vector_ok, 1.0f, -1, first, stride)
           : with_q ? thread_row_stats_and_q_sum<kBlock>(row, static_cast<const Q*>(sh.q), v, vector_ok, scale, q_stage,
                                                         w.q_depth, zq)
-                   : thread_row_stats<T, false, kDepth>(row, v, 0, chunks, vector_ok, scale, -1, pass_thread(), kBlock);
+                   : thread_row_stats<T, false, kDepth>(row, v, 0, chunks, vector_ok, scale, -1, first, stride);
     }
     s = block_merge<kBlock>(s, stats_empty());
+    if constexpr (kCluster) {
+      if (threadIdx.x == 0) w.team_stats[n * kTeam + rank] = s;
+      team_sync<true>();
+      if (rank != 0) {
+        team_sync<true>();  // rank 0's choice
+        node = w.team_next[n];
+        if (node < 0) break;
+        continue;
+      }
+      if (threadIdx.x == 0) {  // in rank order: the same statistics whatever the blocks' timing
+        s = w.team_stats[n * kTeam];
+        for (int r = 1; r < kTeam; ++r) s = stats_merge(s, w.team_stats[n * kTeam + r]);
+      }
+    }
     if (with_q) zq = block_sum<kBlock>(zq);  // block_merge's buffer is another: no barrier between
     bool settled = false;  // the candidates settled the row's cut
     if constexpr (kFilter) {  // the row's cut, and p' = its filtered row's statistics
@@ -633,6 +656,10 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
                             residual ? 0 : sh.rejected, residual, top.idx, top.val * kLog2e, scale,
                             tree_coef(sh.res.coef)};
       }
+      if constexpr (kCluster) {
+        if (threadIdx.x == 0) w.team_next[n] = -1;
+        team_sync<true>();
+      }
       break;
     }
     if (threadIdx.x == 0) {
@@ -641,8 +668,13 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
     }
     ++acc;
     node = chosen;
+    if constexpr (kCluster) {
+      if (threadIdx.x == 0) w.team_next[n] = chosen;
+      team_sync<true>();
+    }
     __syncthreads();  // sh and the shared reduction buffers are reused for the next node
   }
+  if (rank != 0) return;  // the walk's outputs are rank 0's
   for (int64_t j = threadIdx.x; j < m; j += kBlock) {
     if (j == 0) p.path[n * m] = 0;
     if (j > acc) p.path[n * m + j] = -1;
@@ -650,7 +682,27 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
   }
 }
 
-// The walk's launch: dynamic shared memory for the cut's state (kFilter) and the q stage (kDraft).
+// Whether the current device runs the walk's clusters: an sm_90+ image of the kernel and room for a
+// cluster, asked once a device (a failed query, not kept, reads as no: a block a sequence).
+template <typename T>
+bool verify_walk_clusters() {
+  static PerDevice at_once;
+  return at_once.get([] {
+    cudaLaunchAttribute cluster{};
+    const cudaLaunchConfig_t config = cluster_config(kVerifyTeam, kVerifyThreads, 0, nullptr, kVerifyTeam, &cluster);
+    int count = 0;
+    if (!has_cluster_image(tree_verify_kernel<T, float, false, false, true>) ||
+        cudaOccupancyMaxActiveClusters(&count, tree_verify_kernel<T, float, false, false, true>, &config) !=
+            cudaSuccess) {
+      (void)cudaGetLastError();  // a query's failure is no launch error
+      return PerDevice::Result{0, false};
+    }
+    return PerDevice::Result{count, true};
+  }) > 0;
+}
+
+// The walk's launch: dynamic shared memory for the cut's state (kFilter) and the q stage (kDraft);
+// a walk that does neither, a cluster a sequence where the device runs them (w.team_stats set).
 template <typename T, typename Q, bool kDraft, bool kFilter>
 cudaError_t launch_verify_walk(const TreeVerifyParams& p, const VerifyWorkspace& w, bool vector_ok,
                                cudaStream_t stream) {
@@ -662,6 +714,14 @@ cudaError_t launch_verify_walk(const TreeVerifyParams& p, const VerifyWorkspace&
     static PerDevice opted_in;
     const cudaError_t err = opt_in_max_dynamic_smem(opted_in, tree_verify_kernel<T, Q, kDraft, kFilter>);
     if (err != cudaSuccess) return err;
+  }
+  if constexpr (!kDraft && !kFilter) {
+    if (w.team_stats && p.n <= 0x7FFFFFFF / kVerifyTeam && verify_walk_clusters<T>()) {
+      cudaLaunchAttribute cluster{};
+      const cudaLaunchConfig_t config =
+          cluster_config(static_cast<unsigned>(p.n * kVerifyTeam), kBlock, smem, stream, kVerifyTeam, &cluster);
+      return cudaLaunchKernelEx(&config, tree_verify_kernel<T, Q, false, false, true>, p, w, vector_ok);
+    }
   }
   tree_verify_kernel<T, Q, kDraft, kFilter><<<p.n, kBlock, smem, stream>>>(p, w, vector_ok);
   return cudaGetLastError();

@@ -131,6 +131,7 @@ struct Emu {
   std::set<const void*> non_portable_cluster;
   std::set<std::string> launched;  // kernel names that have run
   uint64_t row_passes = 0;  // count_row_pass's, since take_row_passes
+  uint64_t cluster_launches = 0;  // grids of clusters of 2+ blocks, since take_cluster_launches
   int threads = 0;  // of a block; fibers[blocks * threads..] are spare
   int blocks = 1;   // of the running cluster; the fibers of block `slot` are [slot * threads, (slot + 1) * threads)
   dim3 cluster;
@@ -486,6 +487,7 @@ void run_grid(const char* name, dim3 grid, dim3 block, size_t smem, void (*body)
   e.launched.insert(name);
   const int threads = static_cast<int>(block.x * block.y * block.z);
   const int blocks = static_cast<int>(cluster.x * cluster.y * cluster.z);
+  if (blocks > 1) ++e.cluster_launches;
   const size_t fibers = static_cast<size_t>(threads) * blocks;
   if (e.fibers.size() < fibers) e.fibers.resize(fibers);
   for (Fiber& f : e.fibers)  // stacks are kept from launch to launch
@@ -589,6 +591,12 @@ void count_row_pass() {
 uint64_t take_row_passes() {
   const uint64_t n = emu().row_passes;
   emu().row_passes = 0;
+  return n;
+}
+
+uint64_t take_cluster_launches() {
+  const uint64_t n = emu().cluster_launches;
+  emu().cluster_launches = 0;
   return n;
 }
 

@@ -110,6 +110,8 @@ std::string take_violation();
 // since the last call, which clears them: the tests of the pass counts bench/floors.md states.
 void count_row_pass();
 uint64_t take_row_passes();
+// The grids launched in clusters of more than one block since the last call, which clears them.
+uint64_t take_cluster_launches();
 
 template <typename T>
 T* dynamic_smem() {

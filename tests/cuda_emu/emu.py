@@ -91,6 +91,11 @@ class CudaEmu:
         self.lib.xk_emu_take_row_passes.restype = ctypes.c_uint64
         return self.lib.xk_emu_take_row_passes()
 
+    def take_cluster_launches(self):
+        """The grids launched in clusters of 2+ blocks since the last call."""
+        self.lib.xk_emu_take_cluster_launches.restype = ctypes.c_uint64
+        return self.lib.xk_emu_take_cluster_launches()
+
     def _check(self, rc, message):
         text = message.value.decode()
         if rc == -1:
@@ -245,9 +250,11 @@ class CudaEmu:
         return out
 
     def tree_verify(self, tokens, parents, logits, q=None, without_replacement=False, temperature=0.0, seed=0,
-                    offset=0, num_nodes=None, num_sms=4, max_smem=227 * 1024, top_k=None, top_p=None, min_p=None):
-        """max_smem: the shared memory a block may opt into (an H100's by default; 0: 48 KB). The
-        sampling arguments as xkernels.tree_verify takes them."""
+                    offset=0, num_nodes=None, num_sms=4, max_smem=227 * 1024, top_k=None, top_p=None, min_p=None,
+                    clusters=True):
+        """max_smem: the shared memory a block may opt into (an H100's by default; 0: 48 KB); clusters:
+        the device runs thread block clusters (the binding's test of sm_90+). The sampling arguments
+        as xkernels.tree_verify takes them."""
         n, m, v = logits.shape
         sampling, held = _sampling_args(n, v, temperature, top_k, top_p, min_p, seed, offset)
         may_sample, filtered = held[-2:]
@@ -261,7 +268,7 @@ class CudaEmu:
             _ptr(tokens), _ptr(parents), _ptr(num_nodes), _ptr(logits), LOGITS_TYPES[logits.dtype], _ptr(q),
             _probs_type(q), ctypes.c_int(without_replacement), i64(n), i64(m), i64(v), *sampling,
             ctypes.c_int(may_sample), ctypes.c_int(filtered), ctypes.c_int(num_sms), ctypes.c_int(max_smem),
-            _ptr(accept_len), _ptr(path), _ptr(out), msg, ctypes.c_size_t(len(msg)))
+            ctypes.c_int(clusters), _ptr(accept_len), _ptr(path), _ptr(out), msg, ctypes.c_size_t(len(msg)))
         self._check(rc, msg)
         return accept_len, path, out
 

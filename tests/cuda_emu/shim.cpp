@@ -313,7 +313,8 @@ int xk_emu_tree_mask(const int64_t* parents, const int64_t* num_nodes, int64_t n
 int xk_emu_tree_verify(const int64_t* tokens, const int64_t* parents, const int64_t* num_nodes, const void* logits,
                        int logits_type, const void* q, int q_type, int without_replacement, int64_t n, int64_t m,
                        int64_t v, XK_EMU_SAMPLING_ARGS, int may_sample, int filtered, int num_sms, int max_smem,
-                       int64_t* accept_len, int64_t* path, int64_t* out_tokens, char* message, size_t message_len) {
+                       int clusters, int64_t* accept_len, int64_t* path, int64_t* out_tokens, char* message,
+                       size_t message_len) {
   using namespace xkernels::cuda;
   Device dev;
   TreeVerifyParams p{};
@@ -329,6 +330,7 @@ int xk_emu_tree_verify(const int64_t* tokens, const int64_t* parents, const int6
   p.s = sampling_view(dev, n, XK_EMU_SAMPLING_FORWARD);
   p.may_sample = may_sample != 0, p.filtered = filtered != 0;
   p.max_smem = max_smem;
+  p.clusters = clusters != 0;
   p.accept_len = dev.alloc<int64_t>(sizeof(int64_t) * n, 0xA5);
   p.path = dev.alloc<int64_t>(sizeof(int64_t) * n * m, 0xA5);
   p.out_tokens = dev.alloc<int64_t>(sizeof(int64_t) * n * m, 0xA5);
@@ -594,6 +596,9 @@ void xk_emu_gumbel_gate_check(const float* w, const float* best, const uint32_t*
 
 // The passes over a row since the last call (xk_emu::take_row_passes).
 uint64_t xk_emu_take_row_passes() { return xk_emu::take_row_passes(); }
+
+// The cluster launches since the last call (xk_emu::take_cluster_launches).
+uint64_t xk_emu_take_cluster_launches() { return xk_emu::take_cluster_launches(); }
 
 // The kernels that have run a block so far, comma-separated, into buffer.
 void xk_emu_launched_kernels(char* buffer, size_t len) {

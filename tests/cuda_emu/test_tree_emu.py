@@ -135,13 +135,65 @@ def test_tree_verify_many_children(emu, temperature, with_q, without_replacement
 
 @pytest.mark.parametrize("temperature,with_q", [(0.0, False), (1.0, False), (1.0, True)])
 def test_tree_verify_long_rows(emu, temperature, with_q):
-    """Rows of 70,008 bf16 ids, 8,751 chunks of 16 bytes: more than one round of a block's vector
-    loads (512 threads x 16 in flight)."""
-    tokens, parents, logits, q = verify_case(2, 4, 70008, "chain", torch.bfloat16, seed=5)
+    """Rows of 150,008 bf16 ids, 18,751 chunks of 16 bytes: more than one round of the vector loads
+    of a cluster's two blocks (without draft_probs: 2 x 512 threads x 16 in flight), and of a block's
+    (with them)."""
+    tokens, parents, logits, q = verify_case(2, 4, 150008, "chain", torch.bfloat16, seed=5)
     got = emu.tree_verify(tokens, parents, logits, q if with_q else None, False, temperature, 7, 1)
     want = reference.tree_verify(tokens, parents, logits, q if with_q else None, False, temperature, 7, 1)
     for a, b in zip(got, want):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype,v", [(torch.bfloat16, 8200), (torch.float32, 3001), (torch.float16, 37),
+                                     (torch.bfloat16, 1)])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_tree_verify_walks_a_cluster_a_sequence(emu, dtype, v, temperature):
+    """Where the device runs clusters, the walk that neither filters nor reads draft_probs runs a
+    cluster of two blocks a sequence (one cluster launch), each block a share of every visited row's
+    statistics pass, merged in rank order: the same lengths, paths and tokens as a block a sequence
+    and as the reference (chains and bushy trees, num_nodes; rows the second block has no share of:
+    V = 37 and 1; unaligned rows: 3001 and 37). The walks with draft_probs or filters stay a block
+    a sequence."""
+    n, m = 5, 9
+    num_nodes = torch.tensor([9, 1, 5, 9, 3])
+    for kind in ("chain", "bushy"):
+        tokens, parents, logits, q = verify_case(n, m, v, kind, dtype, seed=v + len(kind))
+        args = (tokens, parents, logits, None, False, temperature, 3, 1, num_nodes)
+        want = reference.tree_verify(*args)
+        emu.take_cluster_launches()
+        team = emu.tree_verify(*args)
+        assert emu.take_cluster_launches() == 1
+        alone = emu.tree_verify(*args, clusters=False)
+        assert emu.take_cluster_launches() == 0
+        for a, b, c in zip(team, alone, want):
+            assert torch.equal(a, c) and torch.equal(b, c)
+    if temperature > 0 and v > 5:  # (a top-k of 5 filters nothing at V = 1)
+        emu.tree_verify(tokens, parents, logits, q, False, temperature, 3, 1, num_nodes)
+        emu.tree_verify(tokens, parents, logits, None, False, temperature, 3, 1, num_nodes, top_k=5)
+        assert emu.take_cluster_launches() == 0
+
+
+def test_tree_verify_cluster_merges_both_blocks_mass(emu):
+    """Half of each root row's mass in each cluster block's share (ids 10 and 5000 of 8200 bf16:
+    chunks of 8 ids dealt to 2 x 512 threads in turn, ids 4096-8191 the second block's): the draft
+    token 10 has probability 1/2 only with both blocks' sums (1 with the first's alone), so about
+    half of 32 sequences accept it, as the reference does, per-sequence streams."""
+    n, v = 32, 8200
+    parents = torch.tensor([[-1, 0]] * n)
+    tokens = torch.tensor([[-1, 10]] * n)
+    logits = torch.full((n, 2, v), -30.0)
+    logits[:, :, 10] = 0.0
+    logits[:, :, 5000] = 0.0
+    logits = logits.bfloat16()
+    params = dict(temperature=1.0, seed=torch.arange(n) + 1, offset=torch.zeros(n, dtype=torch.int64))
+    emu.take_cluster_launches()
+    got = emu.tree_verify(tokens, parents, logits, **params)
+    assert emu.take_cluster_launches() == 1
+    want = reference.tree_verify(tokens, parents, logits, **params)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    assert 0 < int(got[0].sum()) < n
 
 
 def test_greedy_ties_and_nan_rows(emu):
