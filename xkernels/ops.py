@@ -917,15 +917,17 @@ def tree_verify(
     Kernels:
         - CPU: sequences in parallel, reading only the visited rows; a filtered row's cut by a
           streaming top-k selection or mass bands (as :func:`chain_verify_ragged`), never a sort.
-        - CUDA: a block per sequence walks the tree, reading only the visited rows; the residual
-          stays on the device (``draft_probs`` read in its dtype, staged by ``cp.async``); with
-          filters, the walk finds the cut of each row it visits: a top-k cut (alone or with top-p
-          and min-p) from the candidates its statistics pass keeps (each warp's best 64 ids), with
-          no other pass over the row where they settle it (with ``draft_probs``, q is read once more
-          for its sum at a node with children, and the residual sums and the stop row's draw then
-          take the kept ids alone, unless some q is below 0); top-p alone, min-p alone and the rows
-          the candidates do not settle by radix selection (no sort: usually one more pass over the
-          row); never syncs the host.
+        - CUDA: a block per sequence walks the tree, reading only the visited rows (without
+          filters, on sm_90+, a cluster of two blocks, each reading half of every pass over a
+          row); the residual stays on the device (``draft_probs`` read in its dtype, staged by
+          ``cp.async``); with filters, the walk finds the cut of each row it visits from the
+          candidates its statistics pass keeps (each warp's best 64 ids), with no other pass over
+          the row where they settle it (with ``draft_probs``, q is read once more for its sum at a
+          node with children, and the residual sums and the stop row's draw then take the kept ids
+          alone, unless some q is below 0); top-p alone settles where its target lies clear of the
+          bound of the row's total that the pass's float sums give; the rows the candidates do not
+          settle by radix selection (no sort: usually one more pass over the row); never syncs
+          the host.
     """
     return torch.ops.xkernels.tree_verify.default(
         _ids(tokens, "tokens"), _ids(parents, "parents"), _tensor(target_logits, "target_logits"),

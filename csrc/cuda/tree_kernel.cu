@@ -8,8 +8,8 @@
 //  / tree_positions     mask, then a thread per node walks its ancestors, setting its own row
 //                       (no two threads write one row).
 //  tree_verify:         a block per sequence walks the tree (a cluster of two blocks on sm_90+
-//                       where the walk neither filters nor reads draft_probs: both read each
-//                       visited row's statistics pass, rank 0 merges them and walks on; see
+//                       where the walk does not filter: each reads half of every pass over a
+//                       row, both merge the halves alike and take the same decisions; see
 //                       tree_walk.cuh); at each visited node the block
 //                       reduces that one row's softmax statistics, thread 0 tests the children in
 //                       order, and with draft_probs the block sums the residual (read-only, from the
@@ -438,11 +438,8 @@ cudaError_t launch_verify_q(const TreeVerifyParams& p, const VerifyWorkspace& w,
   return launch_verify_typed<T, float>(p, w, stream);
 }
 
-// The clustered walk's exchange (VerifyWorkspace::team_stats, team_next), where the device runs
-// clusters.
-size_t team_bytes(const TreeVerifyParams& p) {
-  return p.clusters ? align_up(sizeof(RowStats) * p.n * kVerifyTeam) + align_up(sizeof(int64_t) * p.n) : 0;
-}
+// The blocks that may walk a sequence: a cluster's where the device runs clusters.
+int64_t walk_team(const TreeVerifyParams& p) { return p.clusters ? kVerifyTeam : 1; }
 
 }  // namespace
 
@@ -465,10 +462,12 @@ cudaError_t launch_tree_mask(const TreeMaskParams& p, cudaStream_t stream) {
 }
 
 size_t tree_verify_workspace_bytes(const TreeVerifyParams& p) {
-  const size_t lists = 2 * align_up(sizeof(int32_t) * p.n * p.m) + (p.filtered ? align_up(sizeof(FilterCut) * p.n * p.m) : 0);
+  const size_t lists = 2 * align_up(sizeof(int32_t) * walk_team(p) * p.n * p.m) +
+                       (p.filtered ? align_up(sizeof(FilterCut) * p.n * p.m) : 0);
   const size_t draws = align_up(sizeof(StopJob) * p.n) +
                        align_up(sizeof(ArgMax) * p.n * row_slice_count(p.n, p.v, p.num_sms));
-  return lists + draws + team_bytes(p);
+  const size_t team = p.clusters ? align_up(sizeof(TeamShare) * p.n * 2 * kVerifyTeam) : 0;
+  return lists + draws + team;
 }
 
 cudaError_t launch_tree_verify(const TreeVerifyParams& p, void* workspace, cudaStream_t stream) {
@@ -476,9 +475,9 @@ cudaError_t launch_tree_verify(const TreeVerifyParams& p, void* workspace, cudaS
   char* at = static_cast<char*>(workspace);
   VerifyWorkspace w{};
   w.kids = reinterpret_cast<int32_t*>(at);
-  at += align_up(sizeof(int32_t) * p.n * p.m);
+  at += align_up(sizeof(int32_t) * walk_team(p) * p.n * p.m);
   w.rejected = reinterpret_cast<int32_t*>(at);
-  at += align_up(sizeof(int32_t) * p.n * p.m);
+  at += align_up(sizeof(int32_t) * walk_team(p) * p.n * p.m);
   if (p.filtered) {
     w.cuts = reinterpret_cast<FilterCut*>(at);
     at += align_up(sizeof(FilterCut) * p.n * p.m);
@@ -488,11 +487,7 @@ cudaError_t launch_tree_verify(const TreeVerifyParams& p, void* workspace, cudaS
   w.slices = reinterpret_cast<ArgMax*>(at);
   w.sample_slices = row_slice_count(p.n, p.v, p.num_sms);
   at += align_up(sizeof(ArgMax) * p.n * w.sample_slices);
-  if (p.clusters) {
-    w.team_stats = reinterpret_cast<RowStats*>(at);
-    at += align_up(sizeof(RowStats) * p.n * kVerifyTeam);
-    w.team_next = reinterpret_cast<int64_t*>(at);
-  }
+  if (p.clusters) w.team = reinterpret_cast<TeamShare*>(at);
   w.q_depth = q_stage_depth(p);
   switch (p.dtype) {
     case LogitsType::kFloat32: return launch_verify_q<float>(p, w, stream);

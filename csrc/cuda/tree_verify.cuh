@@ -30,19 +30,25 @@ struct StopJob {
   TreeCoef coef;   // the residual's
 };
 
+// A block's share of a pass over a row in a clustered walk: its statistics and, with draft_probs, q's
+// or the residual's sum.
+struct TeamShare {
+  RowStats stats;
+  float sum;
+};
+
 struct VerifyWorkspace {
-  int32_t* kids;      // [n, m] the children of the node being tested
-  int32_t* rejected;  // [n, m] tokens rejected at it (with draft_probs each once)
+  int32_t* kids;      // [n, m] the children of the node being tested (team: [kVerifyTeam n, m])
+  int32_t* rejected;  // [n, m] tokens rejected at it (with draft_probs each once; team as kids)
   FilterCut* cuts;    // [n, m] the cuts of the visited rows (the walk's), or null: no filter
   StopJob* jobs;      // [n]
   ArgMax* slices;     // [n, sample_slices]: each slice's Gumbel-max
   int sample_slices;
   int q_depth;  // q_stage_depth
-  // A walk a cluster of kVerifyTeam blocks (p.clusters): each block's statistics of the row they
-  // stand on, [n, kVerifyTeam], and the node rank 0 chose next (-1: the walk stopped), [n]; null
-  // without clusters.
-  RowStats* team_stats;
-  int64_t* team_next;
+  // A walk a cluster of kVerifyTeam blocks (p.clusters; null without): each block's share of a
+  // pass over the row, [n, 2, kVerifyTeam] (two sets, team_merge's parity); kids and rejected then
+  // hold kVerifyTeam times their rows, rank r's at [r n + sequence].
+  TeamShare* team;
 };
 
 // What thread 0 decides and the block shares at one node.
@@ -83,9 +89,9 @@ __device__ __forceinline__ float softmax_weight(float a, float top_log2) { retur
 // 255 of 256 threads without a spill beside the walk (sm_90a), which then keeps half the bytes in
 // flight.
 constexpr int kVerifyThreads = 512, kFilteredVerifyThreads = 256;
-// The blocks of a walk that neither cuts its rows nor reads draft_probs, on sm_90+ (tree_walk.cuh):
-// a cluster a sequence, each block a share of every row's statistics pass, so that 64 sequences
-// read on 128 SMs instead of 64.
+// The blocks of a walk that does not cut its rows, on sm_90+ (tree_walk.cuh): a cluster a
+// sequence, each block a share of every pass over a row, so that 64 sequences read on 128 SMs
+// instead of 64.
 constexpr int kVerifyTeam = 2;
 template <bool kFilter>
 constexpr int kVerifyBlock = kFilter ? kFilteredVerifyThreads : kVerifyThreads;

@@ -23,29 +23,33 @@ struct QChunk {
 };
 
 // A row of logits and its row of q (of type Q, each value converted to float where it is used:
-// exact, so the floats of a float32 copy) read side by side by the block (of kBlock threads), each
+// exact, so the floats of a float32 copy) read side by side by the block (of kBlock threads; the
+// team's share: block `rank` of kTeam, whose threads take their turns after the lower blocks'), each
 // thread's ids in increasing order: when vector_ok (both rows start aligned and hold whole chunks)
-// chunks of kIds ids, thread t taking chunks t, t + kBlock, ... (as thread_row_stats reads the row
-// alone), `depth` (q_stage_depth) a round: their 16-byte loads of the row into registers and their
-// q units (QChunk) into `stage` (depth chunks of q a thread of shared memory), each chunk then to
-// on_chunk(a[kIds], q[kIds], first id); otherwise every id to on_id(a, q, id). a: the logits times
-// scale. kWithRow false: q alone (the row is not read, a is 0), through the stage all the same, so
-// that its loads in flight hold no registers.
-template <int kBlock, bool kWithRow = true, typename T, typename Q, typename OnChunk, typename OnId>
+// chunks of kIds ids, team thread f = rank kBlock + t taking chunks f, f + kTeam kBlock, ... (as
+// thread_row_stats reads the row alone), `depth` (q_stage_depth) a round: their 16-byte loads of
+// the row into registers and their q units (QChunk) into `stage` (depth chunks of q a thread of
+// shared memory), each chunk then to on_chunk(a[kIds], q[kIds], first id); otherwise every id to
+// on_id(a, q, id). a: the logits times scale. kWithRow false: q alone (the row is not read, a is
+// 0), through the stage all the same, so that its loads in flight hold no registers.
+template <int kBlock, bool kWithRow = true, int kTeam = 1, typename T, typename Q, typename OnChunk, typename OnId>
 __device__ __forceinline__ void for_each_row_and_q(const T* row, const Q* q, int64_t v, bool vector_ok, float scale,
-                                                   void* stage, int depth, OnChunk&& on_chunk, OnId&& on_id) {
+                                                   void* stage, int depth, unsigned rank, OnChunk&& on_chunk,
+                                                   OnId&& on_id) {
   using C = QChunk<T, Q>;
   using Unit = typename C::Unit;
   constexpr int kIds = C::kIds, kUnits = C::kUnits;
+  constexpr int64_t kStride = static_cast<int64_t>(kTeam) * kBlock;
   // Where chunk c's q lands: its round slot's kUnits units, consecutive threads at consecutive
-  // units (no bank conflicts). Thread t's chunks of a round are t + kBlock u, u < depth.
+  // units (no bank conflicts). Thread t's chunks of a round are first + kStride u, u < depth.
   const uint32_t t = pass_thread();
+  const int64_t first = static_cast<int64_t>(rank) * kBlock + t;
   const auto staged = [&](int64_t c) {
-    return static_cast<Unit*>(stage) + static_cast<int>(c / kBlock) % depth * kUnits * kBlock + t;
+    return static_cast<Unit*>(stage) + static_cast<int>(c / kStride) % depth * kUnits * kBlock + t;
   };
   const int64_t whole = vector_ok ? v / kIds : 0;
   for_each_batched<kRowDepth<true>>(
-      t, whole, kBlock, depth,
+      first, whole, kStride, depth,
       [&](int64_t c) {
         Unit* at = staged(c);
 #pragma unroll
@@ -70,21 +74,21 @@ __device__ __forceinline__ void for_each_row_and_q(const T* row, const Q* q, int
         }
         on_chunk(a, qs, static_cast<int32_t>(kIds * c));
       });
-  for (int64_t i = kIds * whole + t; i < v; i += kBlock)
+  for (int64_t i = kIds * whole + first; i < v; i += kStride)
     on_id(kWithRow ? scaled(row, i, scale) : 0.0f, to_float(q[i]), static_cast<int32_t>(i));
 }
 
 // The residual's sum, sum_i max(e_i - coef q_i, 0) with e_i = exp(a_i - max) from the row (at
-// thread 0): read-only, from the logits and q, nothing stored.
-template <int kBlock, typename T, typename Q>
+// thread 0; the block's share of the team's, kTeam): read-only, from the logits and q, nothing stored.
+template <int kBlock, int kTeam = 1, typename T, typename Q>
 __device__ __forceinline__ float residual_sum(const T* row, const Q* q, int64_t v, bool vector_ok, float scale,
-                                              void* stage, int depth, float top_log2, TreeCoef coef,
+                                              void* stage, int depth, unsigned rank, float top_log2, TreeCoef coef,
                                               const FilterCut& cut) {
   constexpr int kIds = 16 / sizeof(T);
   XK_ROW_PASS();
   float total = 0.0f;
-  for_each_row_and_q<kBlock>(
-      row, q, v, vector_ok, scale, stage, depth,
+  for_each_row_and_q<kBlock, true, kTeam>(
+      row, q, v, vector_ok, scale, stage, depth, rank,
       [&](const float (&a)[kIds], const float (&qs)[kIds], int32_t id) {
         float add = 0.0f;
 #pragma unroll
@@ -110,13 +114,14 @@ __device__ __forceinline__ float q_chunk_sum(const float (&qs)[kIds]) {
 
 // One thread's share of a row's softmax statistics (exactly thread_row_stats's) and of q's sum, in
 // one pass over both rows: q's sum, needed at a node with children, rides on the row's pass.
-template <int kBlock, typename T, typename Q>
+template <int kBlock, int kTeam = 1, typename T, typename Q>
 __device__ __forceinline__ RowStats thread_row_stats_and_q_sum(const T* row, const Q* q, int64_t v, bool vector_ok,
-                                                               float scale, void* stage, int depth, float& zq) {
+                                                               float scale, void* stage, int depth, unsigned rank,
+                                                               float& zq) {
   constexpr int kIds = 16 / sizeof(T);
   RowStats s = stats_empty();
-  for_each_row_and_q<kBlock>(
-      row, q, v, vector_ok, scale, stage, depth,
+  for_each_row_and_q<kBlock, true, kTeam>(
+      row, q, v, vector_ok, scale, stage, depth, rank,
       [&](const float (&a)[kIds], const float (&qs)[kIds], int32_t id) {
         observe_chunk_in_order<false>(s, a, id);
         zq += q_chunk_sum(qs);
@@ -141,7 +146,7 @@ __device__ __forceinline__ float q_sum_noting_sign(const Q* q, int64_t v, bool v
   float zq = 0.0f;
   bool neg = false;
   for_each_row_and_q<kBlock, false>(
-      static_cast<const T*>(nullptr), q, v, vector_ok, 1.0f, stage, depth,
+      static_cast<const T*>(nullptr), q, v, vector_ok, 1.0f, stage, depth, 0u,
       [&](const float (&)[kIds], const float (&qs)[kIds], int32_t) {
 #pragma unroll
         for (int k = 0; k < kIds; ++k) neg |= qs[k] < 0.0f;
@@ -442,17 +447,39 @@ __device__ __forceinline__ void list_children(NodeState& sh, const int64_t* pare
   if (lane == 0) sh.kids = k;
 }
 
+// The team's merge of a pass over the row (kCluster): each block's share (`mine`, at its thread 0)
+// to its slot of the sequence's `slots` (w.team), a cluster barrier, then every block merges the
+// slots in rank order, so that all of them hold bitwise the same values and take the same
+// decisions. The slots alternate between two sets (parity): a block that writes a set passed the
+// barrier of the pass between, which every reader of that set reaches only after reading it. The
+// merged values at thread 0.
+template <int kTeam>
+__device__ __forceinline__ TeamShare team_merge(TeamShare* slots, unsigned rank, int& parity, const TeamShare& mine) {
+  TeamShare* set = slots + parity * kTeam;
+  if (threadIdx.x == 0) set[rank] = mine;
+  team_sync<true>();
+  parity ^= 1;
+  TeamShare out = mine;
+  if (threadIdx.x == 0) {
+    out = set[0];
+    for (int r = 1; r < kTeam; ++r) out = TeamShare{stats_merge(out.stats, set[r].stats), out.sum + set[r].sum};
+  }
+  return out;
+}
+
 // vector_ok: rows of logits (and of q) start aligned, so whole chunks load as vectors. kDraft: p.q
 // is set, of type Q (the residual passes are compiled only then). kFilter: w.cuts is set, some
-// sequence may filter (the selection is compiled only then). kCluster (neither; sm_90+): a cluster
-// of kVerifyTeam blocks walks each sequence; each block reads its share of a row's statistics pass
-// (the team's threads take the row's chunks in turn), the team merges the blocks' statistics in
-// rank order through w.team_stats, and rank 0 walks on from them as a lone block does, handing the
-// node it chose (w.team_next) to the others, which only read.
+// sequence may filter (the selection is compiled only then). kCluster (not kFilter; sm_90+): a
+// cluster of kVerifyTeam blocks walks each sequence: each block reads its share of every pass over
+// a row (the statistics with q's sum, the residual sums; the team's threads take the row's chunks in
+// turn), team_merge gives every block the team's values, and each walks the tree as a lone block
+// does, taking the same decisions; rank 0 alone writes the walk's outputs, and each block lists its
+// children and rejected tokens in its own rows of w.kids and w.rejected (rank 0's those of a lone
+// block, which the stop draw reads).
 template <typename T, typename Q, bool kDraft, bool kFilter, bool kCluster = false>
 __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
     tree_verify_kernel(TreeVerifyParams p, VerifyWorkspace w, bool vector_ok) {
-  static_assert(!kCluster || (!kDraft && !kFilter), "a team shares only the statistics pass");
+  static_assert(!kCluster || !kFilter, "a team does not cut rows");
   constexpr int kBlock = kVerifyBlock<kFilter>;
   constexpr int kTeam = kCluster ? kVerifyTeam : 1;
   constexpr int kIds = 16 / sizeof(T);
@@ -470,8 +497,9 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
   const int64_t count = node_count(p.num_nodes, n, m);
   const int64_t* tokens = p.tokens + n * m;
   const int64_t* parents = p.parents + n * m;
-  int32_t* kids = w.kids + n * m;
-  int32_t* rejected = w.rejected + n * m;
+  int32_t* kids = w.kids + (rank * p.n + n) * m;
+  int32_t* rejected = w.rejected + (rank * p.n + n) * m;
+  int parity = 0;  // team_merge's
   if (threadIdx.x == 0) st = p.s.stream(n);
   const RowSampling rs = p.s.row(n);
   const float inv_t = rs.inv_t;
@@ -495,7 +523,7 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
     // at a node with children; half of each in a filtered walk's 256 threads, and 40 KB there
     // without draft_probs, 32 KB with them where the pass keeps candidates, kWalkDepth, and q then
     // read after it, q_sum_noting_sign): 64 blocks then keep 2-12 MB in flight, about HBM's
-    // bandwidth times its latency or more. kCluster: two blocks on two SMs read it, 256 KB.
+    // bandwidth times its latency or more. kCluster: two blocks on two SMs read it, twice that.
     const int64_t chunks = (v + kIds - 1) / kIds;
     float zq = 0.0f;
     RowStats s;
@@ -522,26 +550,16 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
       constexpr int kDepth = kWalkDepth<kDraft, kFilter>;
       const int64_t first = rank * kBlock + pass_thread(), stride = kTeam * kBlock;  // the team's threads in turn
       s = greedy ? thread_row_stats<T, true, kDepth>(row, v, 0, chunks, vector_ok, 1.0f, -1, first, stride)
-          : with_q ? thread_row_stats_and_q_sum<kBlock>(row, static_cast<const Q*>(sh.q), v, vector_ok, scale, q_stage,
-                                                        w.q_depth, zq)
+          : with_q ? thread_row_stats_and_q_sum<kBlock, kTeam>(row, static_cast<const Q*>(sh.q), v, vector_ok, scale,
+                                                               q_stage, w.q_depth, rank, zq)
                    : thread_row_stats<T, false, kDepth>(row, v, 0, chunks, vector_ok, scale, -1, first, stride);
     }
     s = block_merge<kBlock>(s, stats_empty());
-    if constexpr (kCluster) {
-      if (threadIdx.x == 0) w.team_stats[n * kTeam + rank] = s;
-      team_sync<true>();
-      if (rank != 0) {
-        team_sync<true>();  // rank 0's choice
-        node = w.team_next[n];
-        if (node < 0) break;
-        continue;
-      }
-      if (threadIdx.x == 0) {  // in rank order: the same statistics whatever the blocks' timing
-        s = w.team_stats[n * kTeam];
-        for (int r = 1; r < kTeam; ++r) s = stats_merge(s, w.team_stats[n * kTeam + r]);
-      }
-    }
     if (with_q) zq = block_sum<kBlock>(zq);  // block_merge's buffer is another: no barrier between
+    if constexpr (kCluster) {
+      const TeamShare team = team_merge<kTeam>(w.team + n * 2 * kTeam, rank, parity, TeamShare{s, zq});
+      s = team.stats, zq = team.sum;
+    }
     bool settled = false;  // the candidates settled the row's cut
     if constexpr (kFilter) {  // the row's cut, and p' = its filtered row's statistics
       if (threadIdx.x == 0) {
@@ -601,8 +619,10 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
             const KeptResidual* list = kept_list();
             total = kept_residual_sum<kBlock, kIds>(list, kept_n, v, vector_ok, coef);
           } else {
-            total = residual_sum<kBlock>(row, static_cast<const Q*>(sh.q), v, vector_ok, scale, q_stage, w.q_depth,
-                                         top_log2, coef, cut);
+            total = residual_sum<kBlock, kTeam>(row, static_cast<const Q*>(sh.q), v, vector_ok, scale, q_stage,
+                                                w.q_depth, rank, top_log2, coef, cut);
+            if constexpr (kCluster)
+              total = team_merge<kTeam>(w.team + n * 2 * kTeam, rank, parity, TeamShare{stats_empty(), total}).sum;
           }
           if (threadIdx.x == 0) {
             sh.res.sum = total;
@@ -649,29 +669,21 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
           token = draw_kept(cs->cand, cut, rejected, sh.rejected, st, at, top.idx);
         }
       }
-      if (threadIdx.x == 0) {
+      if (threadIdx.x == 0 && rank == 0) {
         p.out_tokens[n * m + acc] = token;
         p.accept_len[n] = acc;
         w.jobs[n] = StopJob{draw && !here ? static_cast<int32_t>(node) : -1, static_cast<int32_t>(acc),
                             residual ? 0 : sh.rejected, residual, top.idx, top.val * kLog2e, scale,
                             tree_coef(sh.res.coef)};
       }
-      if constexpr (kCluster) {
-        if (threadIdx.x == 0) w.team_next[n] = -1;
-        team_sync<true>();
-      }
       break;
     }
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 && rank == 0) {
       p.out_tokens[n * m + acc] = tokens[chosen];
       p.path[n * m + acc + 1] = chosen;
     }
     ++acc;
     node = chosen;
-    if constexpr (kCluster) {
-      if (threadIdx.x == 0) w.team_next[n] = chosen;
-      team_sync<true>();
-    }
     __syncthreads();  // sh and the shared reduction buffers are reused for the next node
   }
   if (rank != 0) return;  // the walk's outputs are rank 0's
@@ -683,16 +695,17 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
 }
 
 // Whether the current device runs the walk's clusters: an sm_90+ image of the kernel and room for a
-// cluster, asked once a device (a failed query, not kept, reads as no: a block a sequence).
-template <typename T>
-bool verify_walk_clusters() {
+// cluster of it (with smem bytes of dynamic shared memory), asked once a device (a failed query,
+// not kept, reads as no: a block a sequence).
+template <typename T, typename Q, bool kDraft>
+bool verify_walk_clusters(size_t smem) {
   static PerDevice at_once;
-  return at_once.get([] {
+  return at_once.get([smem] {
     cudaLaunchAttribute cluster{};
-    const cudaLaunchConfig_t config = cluster_config(kVerifyTeam, kVerifyThreads, 0, nullptr, kVerifyTeam, &cluster);
+    const cudaLaunchConfig_t config = cluster_config(kVerifyTeam, kVerifyThreads, smem, nullptr, kVerifyTeam, &cluster);
     int count = 0;
-    if (!has_cluster_image(tree_verify_kernel<T, float, false, false, true>) ||
-        cudaOccupancyMaxActiveClusters(&count, tree_verify_kernel<T, float, false, false, true>, &config) !=
+    if (!has_cluster_image(tree_verify_kernel<T, Q, kDraft, false, true>) ||
+        cudaOccupancyMaxActiveClusters(&count, tree_verify_kernel<T, Q, kDraft, false, true>, &config) !=
             cudaSuccess) {
       (void)cudaGetLastError();  // a query's failure is no launch error
       return PerDevice::Result{0, false};
@@ -702,7 +715,7 @@ bool verify_walk_clusters() {
 }
 
 // The walk's launch: dynamic shared memory for the cut's state (kFilter) and the q stage (kDraft);
-// a walk that does neither, a cluster a sequence where the device runs them (w.team_stats set).
+// a walk that does not cut its rows, a cluster a sequence where the device runs them (w.team set).
 template <typename T, typename Q, bool kDraft, bool kFilter>
 cudaError_t launch_verify_walk(const TreeVerifyParams& p, const VerifyWorkspace& w, bool vector_ok,
                                cudaStream_t stream) {
@@ -711,16 +724,18 @@ cudaError_t launch_verify_walk(const TreeVerifyParams& p, const VerifyWorkspace&
   const size_t smem = (kFilter ? cut_smem_bytes() : 0) + stage;
   if (kDraft) {
     // Above 48 KB of dynamic shared memory a kernel must opt in: once a device, to the device's limit.
-    static PerDevice opted_in;
-    const cudaError_t err = opt_in_max_dynamic_smem(opted_in, tree_verify_kernel<T, Q, kDraft, kFilter>);
+    static PerDevice opted_in, team_opted_in;
+    cudaError_t err = opt_in_max_dynamic_smem(opted_in, tree_verify_kernel<T, Q, kDraft, kFilter>);
+    if (err == cudaSuccess && !kFilter && w.team)
+      err = opt_in_max_dynamic_smem(team_opted_in, tree_verify_kernel<T, Q, kDraft, false, true>);
     if (err != cudaSuccess) return err;
   }
-  if constexpr (!kDraft && !kFilter) {
-    if (w.team_stats && p.n <= 0x7FFFFFFF / kVerifyTeam && verify_walk_clusters<T>()) {
+  if constexpr (!kFilter) {
+    if (w.team && p.n <= 0x7FFFFFFF / kVerifyTeam && verify_walk_clusters<T, Q, kDraft>(smem)) {
       cudaLaunchAttribute cluster{};
       const cudaLaunchConfig_t config =
           cluster_config(static_cast<unsigned>(p.n * kVerifyTeam), kBlock, smem, stream, kVerifyTeam, &cluster);
-      return cudaLaunchKernelEx(&config, tree_verify_kernel<T, Q, false, false, true>, p, w, vector_ok);
+      return cudaLaunchKernelEx(&config, tree_verify_kernel<T, Q, kDraft, false, true>, p, w, vector_ok);
     }
   }
   tree_verify_kernel<T, Q, kDraft, kFilter><<<p.n, kBlock, smem, stream>>>(p, w, vector_ok);

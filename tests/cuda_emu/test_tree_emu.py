@@ -147,19 +147,22 @@ def test_tree_verify_long_rows(emu, temperature, with_q):
 
 @pytest.mark.parametrize("dtype,v", [(torch.bfloat16, 8200), (torch.float32, 3001), (torch.float16, 37),
                                      (torch.bfloat16, 1)])
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_tree_verify_walks_a_cluster_a_sequence(emu, dtype, v, temperature):
-    """Where the device runs clusters, the walk that neither filters nor reads draft_probs runs a
-    cluster of two blocks a sequence (one cluster launch), each block a share of every visited row's
-    statistics pass, merged in rank order: the same lengths, paths and tokens as a block a sequence
-    and as the reference (chains and bushy trees, num_nodes; rows the second block has no share of:
-    V = 37 and 1; unaligned rows: 3001 and 37). The walks with draft_probs or filters stay a block
-    a sequence."""
+@pytest.mark.parametrize("temperature,with_q,without_replacement",
+                         [(0.0, False, False), (1.0, False, False), (1.0, True, False), (0.7, True, True)])
+def test_tree_verify_walks_a_cluster_a_sequence(emu, dtype, v, temperature, with_q, without_replacement):
+    """Where the device runs clusters, the walk that does not filter runs a cluster of two blocks a
+    sequence (one cluster launch), each block a share of every pass over a visited row (the
+    statistics with q's sum, the residual sums), merged in rank order: the same lengths, paths and
+    tokens as a block a sequence and as the reference (chains and bushy trees, num_nodes; rows the
+    second block has no share of: V = 37 and 1; unaligned rows: 3001 and 37; q in bfloat16 at V =
+    8200). A walk that filters stays a block a sequence."""
     n, m = 5, 9
     num_nodes = torch.tensor([9, 1, 5, 9, 3])
     for kind in ("chain", "bushy"):
         tokens, parents, logits, q = verify_case(n, m, v, kind, dtype, seed=v + len(kind))
-        args = (tokens, parents, logits, None, False, temperature, 3, 1, num_nodes)
+        if v == 8200:
+            q = q.bfloat16()
+        args = (tokens, parents, logits, q if with_q else None, without_replacement, temperature, 3, 1, num_nodes)
         want = reference.tree_verify(*args)
         emu.take_cluster_launches()
         team = emu.tree_verify(*args)
@@ -169,8 +172,7 @@ def test_tree_verify_walks_a_cluster_a_sequence(emu, dtype, v, temperature):
         for a, b, c in zip(team, alone, want):
             assert torch.equal(a, c) and torch.equal(b, c)
     if temperature > 0 and v > 5:  # (a top-k of 5 filters nothing at V = 1)
-        emu.tree_verify(tokens, parents, logits, q, False, temperature, 3, 1, num_nodes)
-        emu.tree_verify(tokens, parents, logits, None, False, temperature, 3, 1, num_nodes, top_k=5)
+        emu.tree_verify(*args, top_k=5)
         assert emu.take_cluster_launches() == 0
 
 
@@ -191,6 +193,32 @@ def test_tree_verify_cluster_merges_both_blocks_mass(emu):
     got = emu.tree_verify(tokens, parents, logits, **params)
     assert emu.take_cluster_launches() == 1
     want = reference.tree_verify(tokens, parents, logits, **params)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    assert 0 < int(got[0].sum()) < n
+
+
+def test_tree_verify_cluster_merges_both_blocks_residual(emu):
+    """The residual sums of a clustered walk with draft_probs are the team's: a root whose p holds
+    half its mass at id 10 (the first block's share) and half at 5000 (the second's), q 0.9 at id 20
+    and 0.1 at 10, children 20 then 10 drawn without replacement: 20 is rejected (p(20) ~ 0), and
+    10 is accepted with probability r(10) = 0.4 / 0.9 only with both blocks' residual sums (1 with
+    the first's alone): about half of 32 sequences, as the reference, per-sequence streams."""
+    n, v = 32, 8200
+    parents = torch.tensor([[-1, 0, 0]] * n)
+    tokens = torch.tensor([[-1, 20, 10]] * n)
+    logits = torch.full((n, 3, v), -30.0)
+    logits[:, :, 10] = 0.0
+    logits[:, :, 5000] = 0.0
+    logits = logits.bfloat16()
+    q = torch.zeros(n, 3, v)
+    q[:, :, 20] = 0.9
+    q[:, :, 10] = 0.1
+    params = dict(temperature=1.0, seed=torch.arange(n) + 1, offset=torch.zeros(n, dtype=torch.int64))
+    emu.take_cluster_launches()
+    got = emu.tree_verify(tokens, parents, logits, q, True, **params)
+    assert emu.take_cluster_launches() == 1
+    want = reference.tree_verify(tokens, parents, logits, q, True, **params)
     for a, b in zip(got, want):
         assert torch.equal(a, b)
     assert 0 < int(got[0].sum()) < n
