@@ -363,16 +363,22 @@ def refine_inputs(n, b, v, r, h, dtype=torch.bfloat16, seed=0, device="cuda"):
 
 
 @contextlib.contextmanager
-def refine_read(read):
-    """The refine read forced to `read` (XKERNELS_REFINE_READ, which the ops read at each call)."""
-    saved = os.environ.get("XKERNELS_REFINE_READ")
-    os.environ["XKERNELS_REFINE_READ"] = read
+def forced_env(name, value):
+    """Environment variable `name` set to `value` (the ops read XKERNELS_REFINE_READ and
+    XKERNELS_TREE_CLUSTERS at each call), restored after."""
+    saved = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
-        os.environ.pop("XKERNELS_REFINE_READ")
+        os.environ.pop(name)
         if saved is not None:
-            os.environ["XKERNELS_REFINE_READ"] = saved
+            os.environ[name] = saved
+
+
+def refine_read(read):
+    """The refine read forced to `read` (XKERNELS_REFINE_READ)."""
+    return forced_env("XKERNELS_REFINE_READ", read)
 
 
 def refine_reads(fn, timer, **kw):
@@ -488,6 +494,8 @@ def bench_tree(results, bench):
         qq = None if q_dtype is None else q.to(q_dtype)
         op = lambda: xkernels.tree_verify(tokens, parents, logits, draft_probs=qq, temperature=temperature, seed=1)  # noqa: E731
         us = bench.time(op, iters=50)
+        with forced_env("XKERNELS_TREE_CLUSTERS", "0"):  # a block a sequence, in the same run
+            alone = bench.time(op, iters=50)
         accept_len, _, _ = op()
         visited = (accept_len + 1).sum().item()
         # Every visited row once, plus (draft_probs) its q row and residual passes (at least one).
@@ -495,6 +503,7 @@ def bench_tree(results, bench):
         with_q = None if qq is None else str(q_dtype).removeprefix("torch.")
         row = dict(op="tree_verify", shape=f"N={n} M={m} V={v} bf16", temperature=temperature, draft_probs=with_q,
                    mean_accept_len=round(accept_len.float().mean().item(), 2), us=round(us, 1),
+                   block_a_sequence_us=round(alone, 1), vs_block_a_sequence=round(us / alone, 2),
                    h200_estimate_us=ESTIMATE_US[("tree_verify", temperature, with_q)])
         bench.bandwidth(row, read, us)
         bench.emit(results, row, op)

@@ -170,6 +170,30 @@ def test_tree_verify_matches_reference(device, dtype, kind, temperature, with_q,
             assert 0 <= out[s, a] < 37
 
 
+@pytest.mark.needs_cuda
+@pytest.mark.parametrize("temperature,with_q,without_replacement",
+                         [(0.0, False, False), (1.0, False, False), (1.0, True, False), (0.7, True, True)])
+def test_tree_verify_cuda_walks_alike_in_clusters_and_alone(monkeypatch, temperature, with_q, without_replacement):
+    """XKERNELS_TREE_CLUSTERS=0 walks a block a sequence where the device would run a cluster of two
+    (sm_90+; elsewhere both are the lone block's walk): both give the reference's lengths, paths and
+    tokens on rows both blocks share (V = 8200 bf16), num_nodes too; a value other than 0 or 1
+    raises at the call, naming the variable."""
+    tokens, parents, logits, q = verify_case(6, 13, 8200, "bushy", torch.bfloat16, seed=8)
+    num_nodes = torch.tensor([13, 13, 5, 1, 9, 13])
+    want = reference.tree_verify(tokens, parents, logits, q if with_q else None, without_replacement, temperature, 11,
+                                 2, num_nodes)
+    for clusters in ("0", "1"):
+        monkeypatch.setenv("XKERNELS_TREE_CLUSTERS", clusters)
+        got = xkernels.tree_verify(tokens.cuda(), parents.cuda(), logits.cuda(),
+                                   draft_probs=q.cuda() if with_q else None, without_replacement=without_replacement,
+                                   temperature=temperature, seed=11, offset=2, num_nodes=num_nodes.cuda())
+        for a, b in zip(got, want):
+            assert torch.equal(a.cpu(), b)
+    monkeypatch.setenv("XKERNELS_TREE_CLUSTERS", "yes")
+    with pytest.raises(RuntimeError, match="XKERNELS_TREE_CLUSTERS"):
+        xkernels.tree_verify(tokens.cuda(), parents.cuda(), logits.cuda())
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_greedy_ties_and_degenerate_rows(device):
     parents = torch.tensor([[-1, 0, 0, 1]])

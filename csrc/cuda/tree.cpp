@@ -6,6 +6,9 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <cstdlib>
+#include <cstring>
+
 #include "../ops/checks.h"
 #include "../ops/sampling_args.h"
 #include "binding.h"
@@ -75,6 +78,16 @@ at::Tensor tree_positions_cuda(const at::Tensor& parents, const std::optional<at
   return tree_walk_cuda(parents, num_nodes, false, true);
 }
 
+// XKERNELS_TREE_CLUSTERS=0 walks a block a sequence where the walk would run a cluster of blocks
+// (1, unset or empty: clusters where the device runs them), read at each call so that one process
+// can test or time both; any other value raises, naming the variable.
+bool tree_clusters_from_env() {
+  const char* v = std::getenv("XKERNELS_TREE_CLUSTERS");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "1") == 0) return true;
+  TORCH_CHECK(std::strcmp(v, "0") == 0, "XKERNELS_TREE_CLUSTERS must be 0 or 1, got '", v, "'");
+  return false;
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_cuda(
     const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& target_logits,
     const std::optional<at::Tensor>& draft_probs, bool without_replacement,
@@ -113,7 +126,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_cuda(
   p.out_tokens = out.mutable_data_ptr<int64_t>();
   p.num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   p.max_smem = static_cast<int>(at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin);
-  p.clusters = at::cuda::getCurrentDeviceProperties()->major >= 9;
+  p.clusters = at::cuda::getCurrentDeviceProperties()->major >= 9 && tree_clusters_from_env();
   auto scratch = cuda::workspace(cuda::tree_verify_workspace_bytes(p), logits);
   cuda::check_launch(cuda::launch_tree_verify(p, scratch.mutable_data_ptr(), cuda::stream()), "tree_verify");
   return {accept_len, path, out};
