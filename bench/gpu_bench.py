@@ -42,7 +42,7 @@ PEAK_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12, "B200": 8.0e12, "A100": 2.0
 ESTIMATE_US = {("chain_verify", 0.0, False): 88, ("chain_verify", 1.0, False): 106, ("chain_verify", 1.0, True): 112,
                ("refine_step", 1): 38, ("refine_step", 8): 58, ("refine_step", 32): 265, ("jacobi_refine", 1): 158,
                ("build_draft_tree",): 15, ("tree_attention_mask",): 5, ("build_draft_tree mask=packed",): 17,
-               ("tree_verify", 0.0, None): 14, ("tree_verify", 1.0, None): 32, ("tree_verify", 1.0, "float32"): 140,
+               ("tree_verify", 0.0, None): 14, ("tree_verify", 1.0, None): 42, ("tree_verify", 1.0, "float32"): 140,
                ("tree_verify", 1.0, "bfloat16"): 125,
                ("dllm_step T=0",): 38, ("dllm_step T=1",): 120, ("spiffy_materialize",): 128, ("spiffy_accept",): 500,
                ("spiffy_attention_mask",): 5, ("chain_verify_ragged",): 500, ("chain_verify_ragged block",): 650,

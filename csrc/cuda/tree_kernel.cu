@@ -285,6 +285,10 @@ int q_stage_depth(const TreeVerifyParams& p) {
   return static_cast<int>(fit < least ? least : fit > kRowDepth<true> ? kRowDepth<true> : fit);
 }
 
+// The 16-byte chunks of the stop row a thread of tree_sample_kernel keeps in flight (each with its
+// q for a residual draw): 16 KB a block of the row at 16-bit logits (8 KB before, in 8-byte loads).
+constexpr int kSampleDepth = 4;
+
 // The stop rows' Gumbel-max, each row split in w.sample_slices slices over the grid (one block a
 // sequence had left the draw, Philox-bound, on a single SM). Weights: the scaled logits without the
 // rejected tokens, or the residual max(e - coef q, 0) from the row and q, linear (linear_group).
@@ -340,29 +344,55 @@ __global__ void __launch_bounds__(kThreads) tree_sample_kernel(TreeVerifyParams 
       tree_sample_group(best, seed, offset, sequence, node, static_cast<uint32_t>(g), wt, cnt);
     }
   };
-  struct Group {
-    Four a, q;
+  // Chunks of 16 bytes of the row (kIds ids, kIds / 4 groups) and their q, kSampleDepth in flight a
+  // thread; the slices are whole chunks. The groups, their weights and scores are those of any other
+  // split: the draw is the best score of all of them.
+  using C = QChunk<T, Q>;
+  constexpr int kIds = C::kIds;
+  struct Chunk {
+    uint4 row;
+    typename C::Unit q[kDraft ? C::kUnits : 1];
   };
-  const SliceRange range = slice_range(v, 4, w.sample_slices, slice);
-  const int64_t vector_end = vector_ok ? vector_span_end(range.begin, range.end, v / 4) : range.begin;
-  for_each_batched<4>(
+  const SliceRange range = slice_range(v, kIds, w.sample_slices, slice);
+  const int64_t vector_end = vector_ok ? vector_span_end(range.begin, range.end, v / kIds) : range.begin;
+  for_each_batched<kSampleDepth>(
       range.begin + threadIdx.x, vector_end, kThreads,
-      [&](int64_t g) {
-        Group x{};
-        unpack<T>(reinterpret_cast<const typename Quad<T>::type*>(row)[g], scale, x.a.x);
-        if (q) unpack<Q>(reinterpret_cast<const typename Quad<Q>::type*>(q)[g], 1.0f, x.q.x);
+      [&](int64_t c) {
+        Chunk x{};
+        x.row = reinterpret_cast<const uint4*>(row)[c];
+        if (kDraft && q) {
+#pragma unroll
+          for (int j = 0; j < C::kUnits; ++j) x.q[j] = reinterpret_cast<const typename C::Unit*>(q)[C::kUnits * c + j];
+        }
         return x;
       },
-      [&](int64_t g, const Group& x) { observe(g, x.a, x.q, 4); });
-  for (int64_t g = vector_end + threadIdx.x; g < range.end; g += kThreads) {
+      [&](int64_t c, const Chunk& x) {
+        float a[kIds], qs[kIds] = {};
+        unpack<T>(x.row, scale, a);
+        if (kDraft && q) {
+          const Q* e = reinterpret_cast<const Q*>(x.q);
+#pragma unroll
+          for (int k = 0; k < kIds; ++k) qs[k] = to_float(e[k]);
+        }
+#pragma unroll
+        for (int h = 0; h < kIds / 4; ++h) {
+          Four ga, gq;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) ga.x[j] = a[4 * h + j], gq.x[j] = qs[4 * h + j];
+          observe(kIds / 4 * c + h, ga, gq, 4);
+        }
+      });
+  const int64_t groups = (v + 3) / 4, slice_groups = kIds / 4 * range.end;
+  const int64_t g_end = slice_groups < groups ? slice_groups : groups;
+  for (int64_t g = kIds / 4 * vector_end + threadIdx.x; g < g_end; g += kThreads) {
     const int cnt = v - 4 * g < 4 ? static_cast<int>(v - 4 * g) : 4;
-    Group x;
+    Four ga, gq;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      x.a.x[j] = j < cnt ? scaled(row, 4 * g + j, scale) : 0.0f;
-      x.q.x[j] = j < cnt && q ? to_float(q[4 * g + j]) : 0.0f;
+      ga.x[j] = j < cnt ? scaled(row, 4 * g + j, scale) : 0.0f;
+      gq.x[j] = j < cnt && q ? to_float(q[4 * g + j]) : 0.0f;
     }
-    observe(g, x.a, x.q, cnt);
+    observe(g, ga, gq, cnt);
   }
   best = block_merge(best, argmax_empty());
   if (threadIdx.x == 0) w.slices[blockIdx.x] = best;

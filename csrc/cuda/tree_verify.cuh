@@ -2,6 +2,8 @@
 // workspace, the per-node state, the block sizes.
 #pragma once
 
+#include <type_traits>
+
 #include "candidates.cuh"
 #include "device_utils.cuh"
 #include "row_filter.cuh"
@@ -49,6 +51,15 @@ struct VerifyWorkspace {
   // pass over the row, [n, 2, kVerifyTeam] (two sets, team_merge's parity); kids and rejected then
   // hold kVerifyTeam times their rows, rank r's at [r n + sequence].
   TeamShare* team;
+};
+
+// A chunk's q (the kIds values of Q beside a 16-byte chunk of logits T): kUnits copies of a Unit, 8
+// or 16 bytes (cp.async's sizes, for the walk's q stage; float logits with 16-bit q: 8 bytes).
+template <typename T, typename Q>
+struct QChunk {
+  static constexpr int kIds = 16 / sizeof(T), kBytes = kIds * sizeof(Q);
+  using Unit = std::conditional_t<(kBytes >= 16), uint4, uint2>;
+  static constexpr int kUnits = kBytes / sizeof(Unit), kUnitIds = sizeof(Unit) / sizeof(Q);
 };
 
 // What thread 0 decides and the block shares at one node.

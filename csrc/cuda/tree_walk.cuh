@@ -5,22 +5,11 @@
 
 #include <cuda_pipeline_primitives.h>
 
-#include <type_traits>
-
 #include "cluster_team.cuh"
 #include "per_device.h"
 #include "tree_verify.cuh"
 
 namespace xkernels::cuda {
-
-// A chunk's q (kIds values of Q) in the q stage: kUnits copies of a Unit, 8 or 16 bytes (cp.async's
-// sizes; float logits with 16-bit q: 8 bytes a chunk).
-template <typename T, typename Q>
-struct QChunk {
-  static constexpr int kIds = 16 / sizeof(T), kBytes = kIds * sizeof(Q);
-  using Unit = std::conditional_t<(kBytes >= 16), uint4, uint2>;
-  static constexpr int kUnits = kBytes / sizeof(Unit), kUnitIds = sizeof(Unit) / sizeof(Q);
-};
 
 // A row of logits and its row of q (of type Q, each value converted to float where it is used:
 // exact, so the floats of a float32 copy) read side by side by the block (of kBlock threads; the
