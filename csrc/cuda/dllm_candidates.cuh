@@ -9,6 +9,8 @@
 //  b. dllm_pick_candidates, a block a row: the cut from the candidates (select_cut), the draw over
 //     the kept ids (Gumbel-max with the noise dllm_filtered_pick gives them: the same token), then the
 //     confidence softmax(raw)[pick]. A row it does not settle goes to dllm_filtered_pick whole.
+// Where a kernel's block picks its rows one after another (spiffy_accept's walk), a and b run in
+// that block, the candidates in its shared memory: dllm_block_filtered_pick.
 #pragma once
 
 #include "candidates.cuh"
@@ -89,6 +91,41 @@ __device__ __forceinline__ SettledPick dllm_pick_candidates(SelectShared& sh, co
   // no softmax, or nothing drawable: the tempered argmax, as dllm_filtered_pick
   const int32_t pick = cut.degenerate || best.val == kNegInf ? cut.top.idx : best.idx;
   return SettledPick{true, DllmPick{pick, dllm_confidence(*raw, dllm_logit(to_float(src[pick]), pick, mask))}};
+}
+
+// The shared memory of dllm_block_filtered_pick: one of the three steps' at a time, and the scan's
+// output, which the select step reads.
+struct BlockPickShared {
+  union {
+    ScanShared scan;
+    SelectShared select;
+    CutShared cut;
+  };
+  SliceSummary sum;
+  Candidate cands[kSliceKeep];
+};
+
+// dllm_filtered_pick<kDepth> of row `src` by the whole block, through a and b where the row may
+// settle from its candidates (a sampled row that filters, scanned in dllm_filtered_pick's order, and
+// `candidates`): one read of the row where it settles, where dllm_filtered_pick reads a filtered row
+// twice. The same token and confidence either way; at thread 0 (every thread where the row goes to
+// dllm_filtered_pick).
+template <int kDepth, typename T>
+__device__ __forceinline__ DllmPick dllm_block_filtered_pick(BlockPickShared& sh, const T* src, int64_t v, int64_t mask,
+                                             const RowSampling& rs, int mass_shift, uint64_t seed, uint64_t offset,
+                                             uint32_t sequence, uint32_t position, bool vector_ok, bool candidates) {
+  if (candidates && rs.inv_t != 0.0f && filters_active(rs, v) && scans_in_order(src, vector_ok)) {
+    const RowStats raw = select_needs_total(rs, v)
+                             ? dllm_scan_row<T, true>(sh.scan, src, v, mask, rs, &sh.sum, sh.cands)
+                             : dllm_scan_row<T, false>(sh.scan, src, v, mask, rs, &sh.sum, sh.cands);
+    __syncthreads();  // the summary and candidates, to every thread; the scan's state is free
+    const SettledPick got = dllm_pick_candidates(sh.select, &sh.sum, sh.cands, &raw, src, v, mask, rs, mass_shift,
+                                                 seed, offset, sequence, position);
+    __syncthreads();  // select's state and the candidates are read before a next row, or the radix path, reuses them
+    if (got.settled) return got.pick;  // the same at every thread
+  }
+  return dllm_filtered_pick<kDepth>(sh.cut, src, v, mask, rs, mass_shift, seed, offset, sequence, position,
+                                    vector_ok);
 }
 
 }  // namespace xkernels::cuda

@@ -2,7 +2,8 @@
 // row) picks the masked rows of the root and of each kept draft at the step the rule fixes for the
 // node (dllm_step's row rule, dllm_row.cuh; spiffy_kernels.cuh's accept_prepared_step): the whole
 // GPU at once. With filters, the prepared rows that filter go through the candidate pipeline before
-// it (spiffy_filtered.cuh: a read a row it settles; the prepare kernel skips them). Then a thread
+// it (spiffy_filtered.cuh: a read a row it settles; the prepare kernel skips them), and the walk
+// picks its own filtered rows through the same steps in its blocks. Then a thread
 // block cluster of 8 or 4 blocks per sequence (sm_90+; one block below) walks the steps: a step
 // whose picks were not prepared (a threshold's) has its masked rows dealt out to the team's blocks,
 // a block a row, on the logits of the node reached, then cluster.sync; warp 0 of block 0 applies the

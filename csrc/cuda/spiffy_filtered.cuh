@@ -8,7 +8,8 @@
 //     rows) finds its cut by row_filter.cuh's radix path, as before the pipeline.
 // The cut and kept fixed-point sum are the radix path's either way, so the drafts and scores are too.
 // spiffy_accept's prepared rows that filter take dllm_step's pipeline (dllm_candidates.cuh: a block
-// a row scans it, a block a row picks its token); the prepare kernel picks the rest as before.
+// a row scans it, a block a row picks its token); the prepare kernel picks the rest as before. The
+// walk's own filtered rows take the same steps in the walk's block (accept_row_pick).
 // The kernels of 1 and 3 (spiffy_filtered_rows.cuh) are instantiated a logits type a file
 // (spiffy_filtered_rows_<type>_kernel.cu), as the filtered accept walk and its prepare kernel here are
 // (spiffy_filtered_accept_[prepare_|cluster_]<type>_kernel.cu): they take most of the Spiffy kernels'
@@ -114,7 +115,8 @@ cudaError_t launch_filtered_accept_prepare(const SpiffyAcceptParams& p, const Ac
   return launch_accept_prepare<T, true>(p, prepared, vector_ok, stream);
 }
 
-// The filtered walk: every row picked by dllm_filtered_pick.
+// The filtered walk: a filtered row from its candidates where they settle it, every other row by
+// dllm_filtered_pick (accept_row_pick).
 template <typename T, bool kCluster>
 cudaError_t launch_filtered_accept_walk(const SpiffyAcceptParams& p, const AcceptWorkspace& ws, unsigned blocks,
                                         bool vector_ok, cudaStream_t stream) {

@@ -10,6 +10,7 @@
 #include "candidates.cuh"
 #include "cluster_team.cuh"
 #include "device_utils.cuh"
+#include "dllm_candidates.cuh"
 #include "dllm_row.cuh"
 #include "spiffy_launch.h"
 
@@ -296,22 +297,31 @@ __device__ __forceinline__ int64_t accept_prepared_step(const DllmRule& rule, bo
   return (masked0 - count) / rule.num_unmask;
 }
 
-// The shared memory of a row's pick: the cut's where the walk may filter.
-template <bool kFilter>
-using AcceptShared = std::conditional_t<kFilter, CutShared, char>;
+// The shared memory of a row's pick where the kernel may filter: the cut's, or with the candidate
+// pipeline (kCandidates) its three steps'.
+template <bool kFilter, bool kCandidates>
+using AcceptShared = std::conditional_t<kFilter, std::conditional_t<kCandidates, BlockPickShared, CutShared>, char>;
 
-// The pick of masked row q of a node's logits `node` at a step's stream st, by a block: the
-// prepare kernel's and the walk's (the same code, so the same token and confidence).
-template <typename T, bool kFilter>
-__device__ __forceinline__ DllmPick accept_row_pick(AcceptShared<kFilter>& sh, const SpiffyAcceptParams& p,
-                                                    const T* node, int64_t q, const RowSampling& rs, int mass_shift,
-                                                    const RowStream& st, bool vector_ok) {
+// The pick of masked row q of a node's logits `node` at a step's stream st, by a block (the same
+// token and confidence whichever way; at thread 0): the prepare kernel's by dllm_filtered_pick
+// where it may filter (its rows that filter went through the pipeline before it), the walk's
+// (kCandidates) through the candidate pipeline on the block (dllm_block_filtered_pick: one read of a
+// filtered row its candidates settle, unless p.radix_only).
+template <typename T, bool kFilter, bool kCandidates = false>
+__device__ __forceinline__ DllmPick accept_row_pick(AcceptShared<kFilter, kCandidates>& sh,
+                                                    const SpiffyAcceptParams& p, const T* node, int64_t q,
+                                                    const RowSampling& rs, int mass_shift, const RowStream& st,
+                                                    bool vector_ok) {
   const auto slot = static_cast<uint32_t>(q);
-  if constexpr (kFilter)
-    return dllm_filtered_pick<8>(sh, node + q * p.v, p.v, p.rule.mask_id, rs, mass_shift, st.seed, st.offset_at(slot),
+  const T* src = node + q * p.v;
+  if constexpr (kFilter && kCandidates)
+    return dllm_block_filtered_pick<7>(sh, src, p.v, p.rule.mask_id, rs, mass_shift, st.seed, st.offset_at(slot),
+                                       st.sequence_at(), st.position_at(slot), vector_ok, !p.radix_only);
+  else if constexpr (kFilter)
+    return dllm_filtered_pick<8>(sh, src, p.v, p.rule.mask_id, rs, mass_shift, st.seed, st.offset_at(slot),
                                  st.sequence_at(), st.position_at(slot), vector_ok);
   else
-    return dllm_row_pick(node + q * p.v, p.v, p.rule.mask_id, rs.inv_t, keep_all(), st.seed, st.offset_at(slot),
+    return dllm_row_pick(src, p.v, p.rule.mask_id, rs.inv_t, keep_all(), st.seed, st.offset_at(slot),
                          st.sequence_at(), st.position_at(slot), vector_ok, threadIdx.x, kThreads,
                          [](auto s, auto empty) { return block_merge_all(s, empty); });
 }
@@ -365,7 +375,7 @@ __device__ inline int64_t prepared_row_step(const SpiffyAcceptParams& p, const A
 template <typename T, bool kFilter>
 __global__ void __launch_bounds__(kThreads, 1) spiffy_accept_prepare_kernel(SpiffyAcceptParams p, AcceptWorkspace ws,
                                                                           bool vector_ok) {
-  __shared__ AcceptShared<kFilter> sh;
+  __shared__ AcceptShared<kFilter, false> sh;
   const int64_t rows = p.n * (ws.drafts ? p.k + 1 : 1) * p.l;
   const int mass_shift = cut_mass_shift(p.v);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {  // the same for the whole block
@@ -485,14 +495,16 @@ __device__ inline int64_t warp_spiffy_match(const int64_t* block, const int64_t*
 // block a row (its threads over the row, 16 loads of 16 B in flight each: 64 KB a block; dllm_row.cuh's
 // rule), rows dealt out in turn, and a team barrier hands the picks over. Then the leader applies
 // the selection, looks for a kept draft equal to the new block and plans the next step; a team
-// barrier hands the plan over. kFilter (some sequence may filter): every row is picked by
-// dllm_filtered_pick, each filtered row's cut found on it (two reads of the row); a kernel of its
-// own, as dllm_row_pick's loads beside the selection spilled.
-// 255 registers, no spill (sm_90a), 8 loads in flight a thread in the statistics pass (32 KB an SM).
+// barrier hands the plan over. kFilter (some sequence may filter): a kernel of its own, as
+// dllm_row_pick's loads beside the selection spilled; a filtered row is scanned once for its
+// candidates (16 KB in flight a block), then picked from them in the block, or where they do not
+// settle it by dllm_filtered_pick (its cut found on the row, a second read), as every other row:
+// 7 loads in flight a thread in its statistics pass (28 KB an SM; 8 spilled 32 bytes beside the
+// scan). 242-254 registers, no spill (sm_90a).
 template <typename T, bool kCluster, bool kFilter>
 __global__ void __launch_bounds__(kThreads, 1) spiffy_accept_kernel(SpiffyAcceptParams p, AcceptWorkspace ws,
                                                                  unsigned blocks, bool vector_ok) {
-  __shared__ AcceptShared<kFilter> sh;
+  __shared__ AcceptShared<kFilter, true> sh;
   const unsigned rank = team_rank<kCluster>();
   const int64_t n = blockIdx.x / blocks;
   int64_t* state = p.new_block + n * p.l;
@@ -520,7 +532,7 @@ __global__ void __launch_bounds__(kThreads, 1) spiffy_accept_kernel(SpiffyAccept
       const RowStream st = dllm_step_stream(stream, steps, p.l);
       for (int64_t j = rank; j < w.count; j += blocks) {  // the same for the whole block
         const int64_t q = rows[j];
-        const DllmPick pick = accept_row_pick<T, kFilter>(sh, p, logits, q, rs, mass_shift, st, vector_ok);
+        const DllmPick pick = accept_row_pick<T, kFilter, true>(sh, p, logits, q, rs, mass_shift, st, vector_ok);
         if (threadIdx.x == 0) x0[q] = pick.token, conf[q] = pick.confidence;
       }
       team_sync<kCluster>();  // the picks, to the leader

@@ -130,6 +130,19 @@ def prepared_rows(args):
     return total
 
 
+def reads_with_and_without_candidates(emu, args, clusters, params):
+    """The results (the reference's, and radix_only's the same) and the reads of rows with the
+    candidate pipeline and without it (radix_only)."""
+    emu.take_row_passes()
+    got = check(emu, args, clusters, **params)
+    once = emu.take_row_passes()
+    old = emu.spiffy_accept(*args, MASK, clusters=clusters, radix_only=True, **params)
+    twice = emu.take_row_passes()
+    for a, b in zip(got, old):
+        assert torch.equal(a, b)
+    return got, once, twice
+
+
 @pytest.mark.parametrize("clusters", [True, False])
 def test_prepared_filtered_rows_are_read_once(emu, clusters):
     """Sampled sequences with top-k along chains of drafts (2 x 5 nodes, every step prepared): the
@@ -138,13 +151,7 @@ def test_prepared_filtered_rows_are_read_once(emu, clusters):
     args = chain_case(2, 12, 40, 4, seed=6)
     params = dict(temperature=torch.tensor([1.0, 0.8]), top_k=torch.tensor([5, 3]), seed=4,
                   offset=torch.tensor([0, 9]))
-    emu.take_row_passes()
-    got = check(emu, args, clusters, **params)
-    once = emu.take_row_passes()
-    old = emu.spiffy_accept(*args, MASK, clusters=clusters, radix_only=True, **params)
-    twice = emu.take_row_passes()
-    for a, b in zip(got, old):
-        assert torch.equal(a, b)
+    _, once, twice = reads_with_and_without_candidates(emu, args, clusters, params)
     rows = prepared_rows(args)
     assert (once, twice) == (rows, 2 * rows)
 
@@ -172,3 +179,47 @@ def test_prepared_filtered_rows_match_the_radix_path(emu, filters, dtype, v):
     old = emu.spiffy_accept(*args, MASK, radix_only=True, **params)
     for a, b in zip(got, old):
         assert torch.equal(a, b)
+
+
+def walked_rows(args, got):
+    """The rows spiffy_accept's walk picks with a threshold no confidence reaches (a token a step;
+    only the root's rows prepared): each sequence's masked rows at each step after the first."""
+    return sum(sum(int((block == MASK).sum()) - t for t in range(1, int(steps)))
+               for block, steps in zip(args[4], got[0]))
+
+
+@pytest.mark.parametrize("clusters", [True, False])
+def test_walk_filtered_rows_are_read_once(emu, clusters):
+    """With a threshold, the walk picks every step after the root's: a sampled row with top-k is
+    scanned once for its candidates and picked from them in the walk's block, where
+    dllm_filtered_pick alone (radix_only) read it twice; the same results either way. A low
+    temperature keeps the samples on the chain, so that the walks take several steps."""
+    args = chain_case(2, 12, 40, 4, seed=6)
+    params = dict(temperature=torch.tensor([0.05, 0.05]), top_k=torch.tensor([5, 3]), seed=4,
+                  offset=torch.tensor([0, 9]), threshold=2.0)
+    got, once, twice = reads_with_and_without_candidates(emu, args, clusters, params)
+    rows = sum(int((block == MASK).sum()) for block in args[4]) + walked_rows(args, got)  # the roots' prepared
+    assert walked_rows(args, got) > 0
+    assert (once, twice) == (rows, 2 * rows)
+
+
+@pytest.mark.parametrize("filters", PIPELINE_FILTERS, ids=lambda f: "-".join(f"{k}{v}" for k, v in f.items()))
+@pytest.mark.parametrize("clusters,dtype,v", [(True, torch.bfloat16, 304), (False, torch.float32, 301),
+                                              (True, torch.float16, 296)])
+def test_walk_filtered_rows_match_the_radix_path(emu, filters, clusters, dtype, v):
+    """The walk's picks from candidates are dllm_filtered_pick's: with a threshold the walk picks
+    every step after the root's, and tokens, positions, steps and continuations equal radix_only's
+    and the reference's; rows the candidates settle and rows they do not (top-k past them, a flat
+    row) in one batch, beside a greedy sequence."""
+    n = 3
+    params = dict(temperature=torch.tensor([1.0, 0.7, 0.0]), seed=torch.tensor([11, 2**33 + 5, 3]),
+                  offset=torch.tensor([0, 40, 7]), threshold=0.3,
+                  **{key: torch.tensor([value] * n) for key, value in filters.items()})
+    args = walked_case(n, 8, 12, v, dtype, {k: w for k, w in params.items() if k != "threshold"}, seed=3,
+                       threshold=0.3)
+    args[1][1, 0, 2] = 0.0  # a flat row of the first draft: ties at any cut
+    got = check(emu, args, clusters, **params)
+    old = emu.spiffy_accept(*args, MASK, clusters=clusters, radix_only=True, **params)
+    for a, b in zip(got, old):
+        assert torch.equal(a, b)
+    assert (got[0] > 1).any()
