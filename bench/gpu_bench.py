@@ -46,7 +46,7 @@ ESTIMATE_US = {("chain_verify", 0.0, False): 88, ("chain_verify", 1.0, False): 1
                ("tree_verify", 1.0, "bfloat16"): 125,
                ("dllm_step T=0",): 38, ("dllm_step T=1",): 120, ("spiffy_materialize",): 128, ("spiffy_accept",): 500,
                ("spiffy_attention_mask",): 5, ("chain_verify_ragged",): 500, ("chain_verify_ragged block",): 650,
-               ("tree_verify mixed",): 250, ("dllm_step T=1 top_k=50 top_p=0.9",): 54,
+               ("tree_verify mixed",): 170, ("dllm_step T=1 top_k=50 top_p=0.9",): 54,
                ("spiffy_materialize top_k=50 top_p=0.9",): 180, ("refine_step top_k=50 top_p=0.9",): 100,
                ("shard_cut_histogram first round",): 15, ("shard_cut_histogram first round mass",): 18,
                ("shard_cut_histogram later round",): 6, ("shard_cut_pick",): 4, ("shard_cut_candidates",): 20}
@@ -517,10 +517,13 @@ def bench_tree(results, bench):
                  seed=torch.arange(n, device=bench.device), offset=torch.zeros(n, dtype=torch.int64, device=bench.device))
     op = lambda: xkernels.tree_verify(tokens, parents, logits, draft_probs=q, **mixed)  # noqa: E731
     us = bench.time(op, iters=50)
+    with forced_env("XKERNELS_TREE_CLUSTERS", "0"):  # a block a sequence, in the same run
+        alone = bench.time(op, iters=50)
     accept_len, _, _ = op()
     visited = (accept_len + 1).sum().item()
     row = dict(op="tree_verify mixed", shape=f"N={n} M={m} V={v} bf16", draft_probs=True,
                mean_accept_len=round(accept_len.float().mean().item(), 2), us=round(us, 1),
+               block_a_sequence_us=round(alone, 1), vs_block_a_sequence=round(us / alone, 2),
                h200_estimate_us=ESTIMATE_US[("tree_verify mixed",)])
     bench.bandwidth(row, visited * v * (2 + 4 * 3), us)  # as the T=1 draft_probs row's floor
     bench.emit(results, row, op)

@@ -3,5 +3,7 @@
 // so that no translation unit compiles for long.
 #include "tree_walk.cuh"
 
+XK_TREE_TEAM_WALK_ELSEWHERE(__nv_bfloat16, __nv_bfloat16, true)
+XK_TREE_TEAM_WALK_ELSEWHERE(__nv_bfloat16, __half, true)
 XK_TREE_VERIFY_WALK(__nv_bfloat16, __nv_bfloat16, true, true)
 XK_TREE_VERIFY_WALK(__nv_bfloat16, __half, true, true)

@@ -3,5 +3,7 @@
 // so that no translation unit compiles for long.
 #include "tree_walk.cuh"
 
+XK_TREE_TEAM_WALK_ELSEWHERE(float, __nv_bfloat16, true)
+XK_TREE_TEAM_WALK_ELSEWHERE(float, __half, true)
 XK_TREE_VERIFY_WALK(float, __nv_bfloat16, true, true)
 XK_TREE_VERIFY_WALK(float, __half, true, true)

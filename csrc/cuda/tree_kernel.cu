@@ -497,7 +497,8 @@ size_t tree_verify_workspace_bytes(const TreeVerifyParams& p) {
   const size_t draws = align_up(sizeof(StopJob) * p.n) +
                        align_up(sizeof(ArgMax) * p.n * row_slice_count(p.n, p.v, p.num_sms));
   const size_t team = p.clusters ? align_up(sizeof(TeamShare) * p.n * 2 * kVerifyTeam) : 0;
-  return lists + draws + team;
+  const size_t team_cands = p.clusters && p.filtered ? align_up(sizeof(TeamCandidates) * p.n * 2 * kVerifyTeam) : 0;
+  return lists + draws + team + team_cands;
 }
 
 cudaError_t launch_tree_verify(const TreeVerifyParams& p, void* workspace, cudaStream_t stream) {
@@ -517,7 +518,11 @@ cudaError_t launch_tree_verify(const TreeVerifyParams& p, void* workspace, cudaS
   w.slices = reinterpret_cast<ArgMax*>(at);
   w.sample_slices = row_slice_count(p.n, p.v, p.num_sms);
   at += align_up(sizeof(ArgMax) * p.n * w.sample_slices);
-  if (p.clusters) w.team = reinterpret_cast<TeamShare*>(at);
+  if (p.clusters) {
+    w.team = reinterpret_cast<TeamShare*>(at);
+    at += align_up(sizeof(TeamShare) * p.n * 2 * kVerifyTeam);
+    if (p.filtered) w.team_cands = reinterpret_cast<TeamCandidates*>(at);
+  }
   w.q_depth = q_stage_depth(p);
   switch (p.dtype) {
     case LogitsType::kFloat32: return launch_verify_q<float>(p, w, stream);

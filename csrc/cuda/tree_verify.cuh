@@ -39,6 +39,8 @@ struct TeamShare {
   float sum;
 };
 
+struct TeamCandidates;  // below
+
 struct VerifyWorkspace {
   int32_t* kids;      // [n, m] the children of the node being tested (team: [kVerifyTeam n, m])
   int32_t* rejected;  // [n, m] tokens rejected at it (with draft_probs each once; team as kids)
@@ -51,6 +53,7 @@ struct VerifyWorkspace {
   // pass over the row, [n, 2, kVerifyTeam] (two sets, team_merge's parity); kids and rejected then
   // hold kVerifyTeam times their rows, rank r's at [r n + sequence].
   TeamShare* team;
+  TeamCandidates* team_cands;  // a filtered walk's team (cuts and team set), as team: each block's lists
 };
 
 // A chunk's q (the kIds values of Q beside a 16-byte chunk of logits T): kUnits copies of a Unit, 8
@@ -100,9 +103,8 @@ __device__ __forceinline__ float softmax_weight(float a, float top_log2) { retur
 // 255 of 256 threads without a spill beside the walk (sm_90a), which then keeps half the bytes in
 // flight.
 constexpr int kVerifyThreads = 512, kFilteredVerifyThreads = 256;
-// The blocks of a walk that does not cut its rows, on sm_90+ (tree_walk.cuh): a cluster a
-// sequence, each block a share of every pass over a row, so that 64 sequences read on 128 SMs
-// instead of 64.
+// The blocks of a walk on sm_90+ (tree_walk.cuh): a cluster a sequence, each block a share of every
+// pass over a row, so that 64 sequences read on 128 SMs instead of 64.
 constexpr int kVerifyTeam = 2;
 template <bool kFilter>
 constexpr int kVerifyBlock = kFilter ? kFilteredVerifyThreads : kVerifyThreads;
@@ -110,9 +112,10 @@ template <bool kDraft>
 constexpr int kRowDepth = kDraft ? 8 : 16;
 // The statistics pass's chunks in flight a thread: a filtered walk without draft_probs, which also
 // keeps the row's candidates, reads 10 (40 KB a block): at 16 it spilled, and at 12 once the warps'
-// float sums went to select_cut for top-p alone (sm_90a, 255 registers).
-template <bool kDraft, bool kFilter>
-constexpr int kWalkDepth = kFilter && !kDraft ? 10 : kRowDepth<kDraft>;
+// float sums went to select_cut for top-p alone (sm_90a, 255 registers); as a team 8 (32 KB a
+// block, 64 KB a sequence): 9-11 spilled 16-28 bytes.
+template <bool kDraft, bool kFilter, bool kCluster = false>
+constexpr int kWalkDepth = kFilter && !kDraft && !kCluster ? 10 : kRowDepth<kDraft || kFilter>;
 
 // What the draft kernel's q stage leaves of the shared memory a block may have: the kernel's static
 // shared memory (336 bytes, ptxas) and a margin.
@@ -120,14 +123,25 @@ constexpr size_t kStaticSmemReserve = 1024;
 
 // A filtered walk's candidates (candidates.cuh) of the row it stands on: each warp's buffer, which
 // the statistics pass fills by ballot (a warp a slice of select_cut's: kWarpSlots = kSliceKeep), the
-// warps' summaries, and the selection over them.
+// warps' summaries, and the selection over them. A team's blocks each hold every warp's of the
+// team, block r's warps at lists r kWalkWarps + warp.
 constexpr int kWalkWarps = kFilteredVerifyThreads / 32;
+constexpr int kWalkLists = kWalkWarps * kVerifyTeam;
 static_assert(kFilteredVerifyThreads == kThreads, "select_cut and select_keep run kThreads threads");
 static_assert(kWarpSlots == kSliceKeep, "a warp's buffer is a slice's candidates");
+static_assert(kWalkLists <= kMaxSlices, "select_cut merges at most kMaxSlices lists");
 struct WalkCandidates {
+  Candidate cands[kWalkLists][kSliceKeep];
+  SliceSummary sums[kWalkLists];
+  SelectShared select;
+};
+
+// One block's lists of a filtered walk's team, handed to the others through the workspace
+// (VerifyWorkspace::team_cands), and whether some q it read was below 0.
+struct alignas(16) TeamCandidates {
   Candidate cands[kWalkWarps][kSliceKeep];
   SliceSummary sums[kWalkWarps];
-  SelectShared select;
+  uint32_t q_negative;
 };
 
 // A kept id of a row the candidates settled, at a node with children of the walk with draft_probs:
@@ -140,7 +154,7 @@ struct KeptResidual {
 
 // The residual list, over the selection's gathered ids (select_cut's scratch: free once it has
 // returned; the ranked head, which draw_kept reads, stays).
-static_assert(sizeof(KeptResidual) * kWalkWarps * kSliceKeep <= sizeof(SelectShared::gathered),
+static_assert(sizeof(KeptResidual) * kWalkLists * kSliceKeep <= sizeof(SelectShared::gathered),
               "a settled row keeps at most its warps' candidates");
 __device__ __forceinline__ KeptResidual* kept_residual_list(WalkCandidates& wc) {
   return reinterpret_cast<KeptResidual*>(wc.select.gathered);

@@ -74,7 +74,7 @@ __device__ __forceinline__ float residual_sum(const T* row, const Q* q, int64_t 
                                               void* stage, int depth, unsigned rank, float top_log2, TreeCoef coef,
                                               const FilterCut& cut) {
   constexpr int kIds = 16 / sizeof(T);
-  XK_ROW_PASS();
+  if (rank == 0) XK_ROW_PASS();  // a team's blocks read the row once between them
   float total = 0.0f;
   for_each_row_and_q<kBlock, true, kTeam>(
       row, q, v, vector_ok, scale, stage, depth, rank,
@@ -128,14 +128,14 @@ __device__ __forceinline__ RowStats thread_row_stats_and_q_sum(const T* row, con
 // walk spilled, sm_90a): through the q stage, as the passes that read both. negative: some q < 0,
 // the one value at which an id the cut drops adds to the residual (max(0 - c q, 0) > 0), so that
 // its sums cannot be taken over the kept ids alone.
-template <int kBlock, typename T, typename Q>
+template <int kBlock, int kTeam, typename T, typename Q>
 __device__ __forceinline__ float q_sum_noting_sign(const Q* q, int64_t v, bool vector_ok, void* stage, int depth,
-                                                   bool& negative) {
+                                                   unsigned rank, bool& negative) {
   constexpr int kIds = 16 / sizeof(T);
   float zq = 0.0f;
   bool neg = false;
-  for_each_row_and_q<kBlock, false>(
-      static_cast<const T*>(nullptr), q, v, vector_ok, 1.0f, stage, depth, 0u,
+  for_each_row_and_q<kBlock, false, kTeam>(
+      static_cast<const T*>(nullptr), q, v, vector_ok, 1.0f, stage, depth, rank,
       [&](const float (&)[kIds], const float (&qs)[kIds], int32_t) {
 #pragma unroll
         for (int k = 0; k < kIds; ++k) neg |= qs[k] < 0.0f;
@@ -155,27 +155,30 @@ __device__ __forceinline__ float q_sum_noting_sign(const Q* q, int64_t v, bool v
 // together, so that each warp offers the ids above its threshold to its buffer `buf` by ballot,
 // ranked at the end. No histogram atomics. A round's chunks that hold such an id (rare once the
 // buffers have filled) are offered after the round, loaded again (from L1, just read): an offer
-// inlined a chunk of the unrolled round took ptxas minutes and spilled (sm_90a).
-template <int kBlock, int kDepth, typename T>
+// inlined a chunk of the unrolled round took ptxas minutes and spilled (sm_90a). kTeam: the
+// block's share of the team's (block `rank`), its thread t reading as the team's thread
+// rank kBlock + t of kTeam kBlock.
+template <int kBlock, int kDepth, int kTeam = 1, typename T>
 __device__ __forceinline__ RowStats row_stats_keeping_candidates(const T* row, int64_t v, bool vector_ok, float scale,
-                                                                 Candidate* buf, WarpCandidates& wc) {
+                                                                 unsigned rank, Candidate* buf, WarpCandidates& wc) {
   constexpr int kIds = 16 / sizeof(T);
+  constexpr int64_t kStride = static_cast<int64_t>(kTeam) * kBlock;
   static_assert(kDepth <= 32, "a bit a chunk of the round");
-  const uint32_t t = pass_thread();
+  const uint32_t t = (kTeam > 1 ? rank * kBlock : 0u) + pass_thread();
   RowStats s = stats_empty();
   const int64_t whole = vector_ok ? v / kIds : 0;
   const uint4* chunks = reinterpret_cast<const uint4*>(row);
-  for (int64_t c0 = 0; c0 < whole; c0 += static_cast<int64_t>(kDepth) * kBlock) {
+  for (int64_t c0 = 0; c0 < whole; c0 += kDepth * kStride) {
     uint4 x[kDepth];
 #pragma unroll
     for (int u = 0; u < kDepth; ++u) {
-      const int64_t c = c0 + u * kBlock + t;
+      const int64_t c = c0 + u * kStride + t;
       if (c < whole) x[u] = chunks[c];
     }
     uint32_t pending = 0;  // the round's chunks some lane of the warp offers from (the same at every lane)
 #pragma unroll
     for (int u = 0; u < kDepth; ++u) {
-      const int64_t c = c0 + u * kBlock + t;
+      const int64_t c = c0 + u * kStride + t;
       float m = kNegInf;
       if (c < whole) {
         float a[kIds];
@@ -188,7 +191,7 @@ __device__ __forceinline__ RowStats row_stats_keeping_candidates(const T* row, i
       pending |= static_cast<uint32_t>(__ballot_sync(kFullMask, m != kNegInf && order_key(m) > wc.tau) != 0) << u;
     }
     for (; pending != 0; pending &= pending - 1) {
-      const int64_t c = c0 + (__ffs(static_cast<int>(pending)) - 1) * kBlock + t;
+      const int64_t c = c0 + (__ffs(static_cast<int>(pending)) - 1) * kStride + t;
       const bool live = c < whole;
       float a[kIds];
       if (live) unpack<T>(chunks[c], scale, a);
@@ -197,7 +200,7 @@ __device__ __forceinline__ RowStats row_stats_keeping_candidates(const T* row, i
         offer(buf, wc, live ? order_key(a[j]) : 0u, static_cast<int32_t>(kIds * c + j), live && a[j] != kNegInf);
     }
   }
-  for (int64_t b = kIds * whole; b < v; b += kBlock) {  // a partial last chunk, or an unaligned row
+  for (int64_t b = kIds * whole; b < v; b += kStride) {  // a partial last chunk, or an unaligned row
     const int64_t i = b + t;
     const bool live = i < v;
     const float a = live ? scaled(row, i, scale) : kNegInf;
@@ -228,14 +231,15 @@ __device__ __forceinline__ int64_t walk_sum_steps(int64_t v, bool vector_ok) {
 // candidates in cs.cand (a warp a slice), and where select_cut settles the cut from them the row
 // takes no other pass (top-p alone: with the row's total bounded by the warps' float sums);
 // where it does not, one pass notes the top key bits (min-p alone's floor needs none) and the radix
-// path runs. The filtered walk's (kFilteredVerifyThreads threads).
+// path runs (a team's blocks each alone, reaching the same cut). The filtered walk's
+// (kFilteredVerifyThreads threads); lists: the warps' lists in cs.cand (kWalkWarps a block of the team).
 template <typename T>
 __device__ __forceinline__ VisitedCut cut_visited_row(WalkCutShared& cs, const T* row, int64_t v, bool vector_ok,
-                                                      float scale, RowSampling rs, RowStats s) {
+                                                      float scale, RowSampling rs, RowStats s, int lists) {
   const RowView<T> r{row, v, scale};
   const int mass_shift = cut_mass_shift(v);
   RowCut c;
-  if (select_cut(cs.cand.select, cs.cand.sums, cs.cand.cands[0], kWalkWarps, rs, v, mass_shift, &c,
+  if (select_cut(cs.cand.select, cs.cand.sums, cs.cand.cands[0], lists, rs, v, mass_shift, &c,
                  walk_sum_steps<16 / sizeof(T)>(v, vector_ok)))
     return VisitedCut{c.cut, RowStats{s.top, fixed_sum_value(c.kept, mass_shift)}, true};
   __syncthreads();  // the selection's state is read before the radix path's overwrites it
@@ -272,11 +276,12 @@ __device__ __forceinline__ int32_t draw_over_kept(int n, const RowStream& st, ui
 }
 
 // The stop node's draw where the candidates settled its cut, from p': the kept ids (the ranked
-// head's prefix) but the `nrej` rejected ones.
-__device__ __forceinline__ int32_t draw_kept(WalkCandidates& wc, const FilterCut& cut, const int32_t* rejected,
-                                             int32_t nrej, const RowStream& st, uint32_t node, int32_t top) {
+// head's prefix) but the `nrej` rejected ones; lists: select_cut's.
+__device__ __forceinline__ int32_t draw_kept(WalkCandidates& wc, int lists, const FilterCut& cut,
+                                             const int32_t* rejected, int32_t nrej, const RowStream& st, uint32_t node,
+                                             int32_t top) {
   Candidate* kept = wc.cands[0];  // the selection has read the warps' candidates
-  const int n = select_keep(wc.select, kWalkWarps, cut, kept);
+  const int n = select_keep(wc.select, lists, cut, kept);
   __syncthreads();
   return draw_over_kept(n, st, node, top, [&](int e, int32_t& id) {
     const Candidate c = kept[e];
@@ -298,13 +303,14 @@ __device__ __forceinline__ uint64_t residual_order(int32_t i, int64_t whole) {
 
 // The residual list of a settled row at a node with children (KeptResidual): its kept ids with e
 // and q (q gathered at them: the only reads of q the residual sums and the draw then make), in
-// residual_order. Returns their count. The whole block, after the row's cut and statistics.
-template <int kBlock, typename T, typename Q>
+// residual_order (of the team's kTeam kBlock threads). Returns their count. The whole block, after
+// the row's cut and statistics.
+template <int kBlock, int kTeam, typename T, typename Q>
 __device__ __forceinline__ int list_kept_residual(WalkCandidates& wc, const FilterCut& cut, const Q* q, int64_t v,
                                                   bool vector_ok, float top_log2) {
   constexpr int kIds = 16 / sizeof(T);
   Candidate* kept = wc.cands[0];
-  const int n = select_keep(wc.select, kWalkWarps, cut, kept);
+  const int n = select_keep(wc.select, kWalkWarps * kTeam, cut, kept);
   __syncthreads();
   KeptResidual* list = kept_residual_list(wc);
   int n2 = 1;
@@ -314,7 +320,7 @@ __device__ __forceinline__ int list_kept_residual(WalkCandidates& wc, const Filt
     KeptResidual r{~0ull, 0.0f, 0.0f};  // padding: last
     if (j < n) {
       const Candidate c = kept[j];
-      r = KeptResidual{residual_order<kBlock, kIds>(c.id, whole), softmax_weight(key_value(c.key), top_log2),
+      r = KeptResidual{residual_order<kBlock * kTeam, kIds>(c.id, whole), softmax_weight(key_value(c.key), top_log2),
                        to_float(q[c.id])};
     }
     list[j] = r;
@@ -333,28 +339,36 @@ __device__ __forceinline__ int list_kept_residual(WalkCandidates& wc, const Filt
 // residual_sum over a settled row's kept ids alone (list_kept_residual's n), bitwise: an id the cut
 // drops has e = 0 and, with no q below 0, a residual of 0, so each thread adds what it added there
 // but the zeros, in the same order and groups (a chunk's ids together, each id past the chunks
-// alone), and the block sums the threads' totals as there.
-template <int kBlock, int kIds>
+// alone), and the block sums the threads' totals as there. A team's block sums every block's share
+// in turn (thread t that of the team's thread r kBlock + t) and adds them in rank order, as
+// team_merge does: the team's residual_sum, at thread 0.
+template <int kBlock, int kTeam, int kIds>
 __device__ __forceinline__ float kept_residual_sum(const KeptResidual* list, int n, int64_t v, bool vector_ok,
                                                    TreeCoef coef) {
-  const uint64_t mine = static_cast<uint64_t>(threadIdx.x) << 32;
-  int j = 0;
-  for (int hi = n; j < hi;) {  // this thread's first entry
-    const int mid = (j + hi) / 2;
-    if (list[mid].order < mine) j = mid + 1;
-    else hi = mid;
-  }
   const int64_t ids = vector_ok ? kIds * (v / kIds) : 0;
-  float total = 0.0f, add = 0.0f;
-  int64_t group = -1;
-  for (; j < n && list[j].order >> 32 == threadIdx.x; ++j) {
-    const int32_t id = static_cast<int32_t>(list[j].order);
-    const int64_t g = id < ids ? id / kIds : -2 - static_cast<int64_t>(id);
-    if (g != group) total += add, add = 0.0f, group = g;
-    add += tree_residual_weight(list[j].e, list[j].q, coef);
+  float team_total = 0.0f;
+  for (int r = 0; r < kTeam; ++r) {
+    const uint64_t owner = static_cast<uint64_t>(r) * kBlock + threadIdx.x;
+    int j = 0;
+    for (int hi = n; j < hi;) {  // this thread's first entry
+      const int mid = (j + hi) / 2;
+      if (list[mid].order < owner << 32) j = mid + 1;
+      else hi = mid;
+    }
+    float total = 0.0f, add = 0.0f;
+    int64_t group = -1;
+    for (; j < n && list[j].order >> 32 == owner; ++j) {
+      const int32_t id = static_cast<int32_t>(list[j].order);
+      const int64_t g = id < ids ? id / kIds : -2 - static_cast<int64_t>(id);
+      if (g != group) total += add, add = 0.0f, group = g;
+      add += tree_residual_weight(list[j].e, list[j].q, coef);
+    }
+    total += add;
+    if (r > 0) __syncthreads();  // block_sum's buffer is reused
+    const float share = block_sum<kBlock>(total);
+    team_total = r == 0 ? share : team_total + share;
   }
-  total += add;
-  return block_sum<kBlock>(total);
+  return team_total;
 }
 
 // The stop node's residual draw (tree_sample_kernel's, from max(e - coef q, 0)) where the residual
@@ -436,6 +450,29 @@ __device__ __forceinline__ void list_children(NodeState& sh, const int64_t* pare
   if (lane == 0) sh.kids = k;
 }
 
+// A filtered row's candidate lists of block `rank` of a team (its warps' at lists rank kWalkWarps +
+// warp of wc), and whether some q it read was below 0, to its slot `out` of the pass's set of
+// w.team_cands, before team_merge's barrier (the block's lists complete: block_merge's barrier).
+// Whole lists, a 16-byte vector a thread (the entries past a list's count unread).
+static_assert(sizeof(TeamCandidates::cands) == kFilteredVerifyThreads * sizeof(uint4), "a vector a thread");
+__device__ __forceinline__ void export_candidates(const WalkCandidates& wc, unsigned rank, uint32_t q_negative,
+                                                  TeamCandidates* out) {
+  const int first = static_cast<int>(rank) * kWalkWarps;
+  reinterpret_cast<uint4*>(out->cands)[threadIdx.x] = reinterpret_cast<const uint4*>(wc.cands[first])[threadIdx.x];
+  if (threadIdx.x < kWalkWarps) out->sums[threadIdx.x] = wc.sums[first + threadIdx.x];
+  if (threadIdx.x == 0) out->q_negative = q_negative;
+}
+
+// Block r's lists, after team_merge's barrier, to lists r kWalkWarps + warp of wc; its q's sign
+// into q_negative (at thread 0). The block's later barriers order them before the selection.
+__device__ __forceinline__ void import_candidates(const TeamCandidates* in, unsigned r, WalkCandidates& wc,
+                                                  uint32_t& q_negative) {
+  const int first = static_cast<int>(r) * kWalkWarps;
+  reinterpret_cast<uint4*>(wc.cands[first])[threadIdx.x] = reinterpret_cast<const uint4*>(in->cands)[threadIdx.x];
+  if (threadIdx.x < kWalkWarps) wc.sums[first + threadIdx.x] = in->sums[threadIdx.x];
+  if (threadIdx.x == 0 && in->q_negative) q_negative = 1u;
+}
+
 // The team's merge of a pass over the row (kCluster): each block's share (`mine`, at its thread 0)
 // to its slot of the sequence's `slots` (w.team), a cluster barrier, then every block merges the
 // slots in rank order, so that all of them hold bitwise the same values and take the same
@@ -458,19 +495,22 @@ __device__ __forceinline__ TeamShare team_merge(TeamShare* slots, unsigned rank,
 
 // vector_ok: rows of logits (and of q) start aligned, so whole chunks load as vectors. kDraft: p.q
 // is set, of type Q (the residual passes are compiled only then). kFilter: w.cuts is set, some
-// sequence may filter (the selection is compiled only then). kCluster (not kFilter; sm_90+): a
-// cluster of kVerifyTeam blocks walks each sequence: each block reads its share of every pass over
-// a row (the statistics with q's sum, the residual sums; the team's threads take the row's chunks in
-// turn), team_merge gives every block the team's values, and each walks the tree as a lone block
-// does, taking the same decisions; rank 0 alone writes the walk's outputs, and each block lists its
+// sequence may filter (the selection is compiled only then). kCluster (sm_90+): a cluster of
+// kVerifyTeam blocks walks each sequence: each block reads its share of every pass over a row (the
+// statistics with q's sum, the residual sums; the team's threads take the row's chunks in turn),
+// team_merge gives every block the team's values, and each walks the tree as a lone block does,
+// taking the same decisions; rank 0 alone writes the walk's outputs, and each block lists its
 // children and rejected tokens in its own rows of w.kids and w.rejected (rank 0's those of a lone
-// block, which the stop draw reads).
+// block, which the stop draw reads). A filtered row's candidates: each block's warps keep those of
+// their chunks, hand them to the others through w.team_cands in the same barrier, and every block
+// selects over all the team's lists in rank order (the same cut, kept ids and draws); where they do
+// not settle the cut, each block finds it alone on the radix path (the same cut).
 template <typename T, typename Q, bool kDraft, bool kFilter, bool kCluster = false>
 __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
     tree_verify_kernel(TreeVerifyParams p, VerifyWorkspace w, bool vector_ok) {
-  static_assert(!kCluster || !kFilter, "a team does not cut rows");
   constexpr int kBlock = kVerifyBlock<kFilter>;
   constexpr int kTeam = kCluster ? kVerifyTeam : 1;
+  constexpr int kLists = kWalkWarps * kTeam;  // a filtered row's candidate lists
   constexpr int kIds = 16 / sizeof(T);
   __shared__ NodeState sh;
   // kFilter: the selection's state (cut_smem_bytes), then the draft kernel's q stage (w.q_depth
@@ -481,13 +521,17 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
   __shared__ RowStream st;  // thread 0's, kept out of the registers of the row passes
   __shared__ FilterCut visited_cut;  // the visited row's
   __shared__ uint32_t q_negative;    // some q < 0 in a row q_sum_noting_sign read
-  const unsigned rank = team_rank<kCluster>();
+  // The block's rank in its team, read where it is used rather than held through the passes (held,
+  // the filtered team walks spilled: sm_90a).
+  const auto rank = [] { return team_rank<kCluster>(); };
   const int64_t n = blockIdx.x / kTeam, m = p.m, v = p.v;
   const int64_t count = node_count(p.num_nodes, n, m);
   const int64_t* tokens = p.tokens + n * m;
   const int64_t* parents = p.parents + n * m;
-  int32_t* kids = w.kids + (rank * p.n + n) * m;
-  int32_t* rejected = w.rejected + (rank * p.n + n) * m;
+  // The block's rows of w.kids and w.rejected, computed where used too (held, the filtered team
+  // walks with 16-bit draft_probs spilled).
+  const auto kids = [&] { return w.kids + (rank() * p.n + n) * m; };
+  const auto rejected = [&] { return w.rejected + (rank() * p.n + n) * m; };
   int parity = 0;  // team_merge's
   if (threadIdx.x == 0) st = p.s.stream(n);
   const RowSampling rs = p.s.row(n);
@@ -504,7 +548,7 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
       // The children first (they depend on the parents alone): q's sum is needed only at a node
       // with children, and then rides on the row's pass (or follows it, q_sum_noting_sign).
       if (threadIdx.x == 0) sh.q = static_cast<const Q*>(p.q) + (n * m + node) * v, q_negative = 0;
-      if (threadIdx.x < 32) list_children(sh, parents, node, count, kids);
+      if (threadIdx.x < 32) list_children(sh, parents, node, count, kids());
       __syncthreads();
     }
     const bool with_q = kDraft && !greedy && sh.kids > 0;  // read before block_merge's barrier, then rewritten
@@ -518,36 +562,43 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
     RowStats s;
     if (kFilter && filtering) {
       WarpCandidates wc;
-      const int warp = threadIdx.x / 32;
-      s = row_stats_keeping_candidates<kBlock, kWalkDepth<kDraft, kFilter>>(row, v, vector_ok, scale,
-                                                                            cs->cand.cands[warp], wc);
+      const int list = (kTeam > 1 ? rank() * kWalkWarps : 0) + threadIdx.x / 32;  // the warp's, in the team's
+      constexpr int kDepth = kWalkDepth<kDraft, kFilter, kCluster>;
+      s = row_stats_keeping_candidates<kBlock, kDepth, kTeam>(row, v, vector_ok, scale, rank(), cs->cand.cands[list],
+                                                              wc);
       // the warp's float sum, which bounds the row's total for top-p alone (select_cut's float_steps)
       const RowStats ws = warp_merge(s);
       if (threadIdx.x % 32 == 0) {
         const double mass = ws.sum;
-        cs->cand.sums[warp] = SliceSummary{ws.top, mass, static_cast<double>(ws.top.val) * mass, wc.tau, wc.count};
+        cs->cand.sums[list] = SliceSummary{ws.top, mass, static_cast<double>(ws.top.val) * mass, wc.tau, wc.count};
       }
       if constexpr (kDraft) {
         if (with_q) {
           bool negative;
-          zq = q_sum_noting_sign<kBlock, T>(static_cast<const Q*>(sh.q), v, vector_ok, q_stage, w.q_depth,
-                                               negative);
+          zq = q_sum_noting_sign<kBlock, kTeam, T>(static_cast<const Q*>(sh.q), v, vector_ok, q_stage, w.q_depth,
+                                                   rank(), negative);
           if (negative) atomicOr(&q_negative, 1u);  // read after block_merge's barriers
         }
       }
     } else {
-      constexpr int kDepth = kWalkDepth<kDraft, kFilter>;
-      const int64_t first = rank * kBlock + pass_thread(), stride = kTeam * kBlock;  // the team's threads in turn
+      constexpr int kDepth = kWalkDepth<kDraft, kFilter, kCluster>;
+      const int64_t first = rank() * kBlock + pass_thread(), stride = kTeam * kBlock;  // the team's threads in turn
       s = greedy ? thread_row_stats<T, true, kDepth>(row, v, 0, chunks, vector_ok, 1.0f, -1, first, stride)
           : with_q ? thread_row_stats_and_q_sum<kBlock, kTeam>(row, static_cast<const Q*>(sh.q), v, vector_ok, scale,
-                                                               q_stage, w.q_depth, rank, zq)
+                                                               q_stage, w.q_depth, rank(), zq)
                    : thread_row_stats<T, false, kDepth>(row, v, 0, chunks, vector_ok, scale, -1, first, stride);
     }
     s = block_merge<kBlock>(s, stats_empty());
     if (with_q) zq = block_sum<kBlock>(zq);  // block_merge's buffer is another: no barrier between
     if constexpr (kCluster) {
-      const TeamShare team = team_merge<kTeam>(w.team + n * 2 * kTeam, rank, parity, TeamShare{s, zq});
+      const int64_t set = (n * 2 + parity) * kTeam;  // team_merge's set of this pass, in w.team_cands too
+      if (kFilter && filtering) export_candidates(cs->cand, rank(), q_negative, w.team_cands + set + rank());
+      const TeamShare team = team_merge<kTeam>(w.team + n * 2 * kTeam, rank(), parity, TeamShare{s, zq});
       s = team.stats, zq = team.sum;
+      if (kFilter && filtering) {
+        for (unsigned r = 0; r < kTeam; ++r)
+          if (r != rank()) import_candidates(w.team_cands + set + r, r, cs->cand, q_negative);
+      }
     }
     bool settled = false;  // the candidates settled the row's cut
     if constexpr (kFilter) {  // the row's cut, and p' = its filtered row's statistics
@@ -557,11 +608,11 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
       }
       __syncthreads();
       if (filtering && !stats_degenerate(sh.stats)) {
-        const VisitedCut c = cut_visited_row(*cs, row, v, vector_ok, scale, rs, sh.stats);
+        const VisitedCut c = cut_visited_row(*cs, row, v, vector_ok, scale, rs, sh.stats, kLists);
         if (threadIdx.x == 0) s = c.stats, visited_cut = c.cut;
         settled = c.settled;
       }
-      if (threadIdx.x == 0) w.cuts[n * m + node] = visited_cut;  // for the draw at the stop node
+      if (threadIdx.x == 0 && rank() == 0) w.cuts[n * m + node] = visited_cut;  // for the draw at the stop node
       __syncthreads();  // sh.stats is read before the node's state rewrites it
     }
     if (threadIdx.x == 0)
@@ -580,12 +631,13 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
     int kept_n = 0;
     const auto kept_list = [&] {  // the whole block
       if (kept_n == 0)
-        kept_n = list_kept_residual<kBlock, T>(cs->cand, cut, static_cast<const Q*>(sh.q), v, vector_ok, top_log2);
+        kept_n = list_kept_residual<kBlock, kTeam, T>(cs->cand, cut, static_cast<const Q*>(sh.q), v, vector_ok,
+                                                      top_log2);
       return kept_residual_list(cs->cand);
     };
     if (point_mass || !kDraft) {
       if (threadIdx.x < 32)
-        test_children(sh, s, point_mass, row, scale, cut, tokens, parents, node, count, v, rejected, st);
+        test_children(sh, s, point_mass, row, scale, cut, tokens, parents, node, count, v, rejected(), st);
       __syncthreads();
     }
     if (kDraft && !point_mass && sh.kids > 0) {
@@ -595,7 +647,7 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
       for (int32_t i = 0; i < sh.kids; ++i) {
         __syncthreads();
         if (threadIdx.x == 0) {
-          const int64_t x = tokens[kids[i]];
+          const int64_t x = tokens[kids()[i]];
           sh.x = x >= 0 && x < v ? static_cast<int32_t>(x) : -1;
           sh.pass = sh.x >= 0 && stale;
         }
@@ -606,12 +658,12 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
           float total;
           if (by_kept) {
             const KeptResidual* list = kept_list();
-            total = kept_residual_sum<kBlock, kIds>(list, kept_n, v, vector_ok, coef);
+            total = kept_residual_sum<kBlock, kTeam, kIds>(list, kept_n, v, vector_ok, coef);
           } else {
             total = residual_sum<kBlock, kTeam>(row, static_cast<const Q*>(sh.q), v, vector_ok, scale, q_stage,
-                                                w.q_depth, rank, top_log2, coef, cut);
+                                                w.q_depth, rank(), top_log2, coef, cut);
             if constexpr (kCluster)
-              total = team_merge<kTeam>(w.team + n * 2 * kTeam, rank, parity, TeamShare{stats_empty(), total}).sum;
+              total = team_merge<kTeam>(w.team + n * 2 * kTeam, rank(), parity, TeamShare{stats_empty(), total}).sum;
           }
           if (threadIdx.x == 0) {
             sh.res.sum = total;
@@ -624,14 +676,14 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
         if (threadIdx.x == 0) {
           const int32_t x = sh.x;
           bool repeated = false;
-          for (int32_t k = 0; k < sh.rejected; ++k) repeated |= rejected[k] == x;
+          for (int32_t k = 0; k < sh.rejected; ++k) repeated |= rejected()[k] == x;
           const float q_x = to_float(static_cast<const Q*>(sh.q)[x]);
           const float e_x = softmax_weight(kept(cut, scaled(row, x, scale), x), top_log2);
-          if (tree_residual_accepts(sh.res, st.coin(static_cast<uint32_t>(kids[i])), e_x, q_x, repeated)) {
-            sh.chosen = kids[i];
+          if (tree_residual_accepts(sh.res, st.coin(static_cast<uint32_t>(kids()[i])), e_x, q_x, repeated)) {
+            sh.chosen = kids()[i];
           } else {
             tree_residual_reject(sh.res, q_x, p.without_replacement && !repeated);
-            if (!repeated) rejected[sh.rejected++] = x;
+            if (!repeated) rejected()[sh.rejected++] = x;
             stale = true;
           }
         }
@@ -655,10 +707,10 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
           const KeptResidual* list = kept_list();
           token = draw_kept_residual(list, kept_n, tree_coef(sh.res.coef), st, at, top.idx);
         } else {
-          token = draw_kept(cs->cand, cut, rejected, sh.rejected, st, at, top.idx);
+          token = draw_kept(cs->cand, kLists, cut, rejected(), sh.rejected, st, at, top.idx);
         }
       }
-      if (threadIdx.x == 0 && rank == 0) {
+      if (threadIdx.x == 0 && rank() == 0) {
         p.out_tokens[n * m + acc] = token;
         p.accept_len[n] = acc;
         w.jobs[n] = StopJob{draw && !here ? static_cast<int32_t>(node) : -1, static_cast<int32_t>(acc),
@@ -667,7 +719,7 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
       }
       break;
     }
-    if (threadIdx.x == 0 && rank == 0) {
+    if (threadIdx.x == 0 && rank() == 0) {
       p.out_tokens[n * m + acc] = tokens[chosen];
       p.path[n * m + acc + 1] = chosen;
     }
@@ -675,7 +727,7 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
     node = chosen;
     __syncthreads();  // sh and the shared reduction buffers are reused for the next node
   }
-  if (rank != 0) return;  // the walk's outputs are rank 0's
+  if (rank() != 0) return;  // the walk's outputs are rank 0's
   for (int64_t j = threadIdx.x; j < m; j += kBlock) {
     if (j == 0) p.path[n * m] = 0;
     if (j > acc) p.path[n * m + j] = -1;
@@ -686,15 +738,16 @@ __global__ void __launch_bounds__(kVerifyBlock<kFilter>, 1)
 // Whether the current device runs the walk's clusters: an sm_90+ image of the kernel and room for a
 // cluster of it (with smem bytes of dynamic shared memory), asked once a device (a failed query,
 // not kept, reads as no: a block a sequence).
-template <typename T, typename Q, bool kDraft>
+template <typename T, typename Q, bool kDraft, bool kFilter>
 bool verify_walk_clusters(size_t smem) {
   static PerDevice at_once;
   return at_once.get([smem] {
     cudaLaunchAttribute cluster{};
-    const cudaLaunchConfig_t config = cluster_config(kVerifyTeam, kVerifyThreads, smem, nullptr, kVerifyTeam, &cluster);
+    const cudaLaunchConfig_t config =
+        cluster_config(kVerifyTeam, kVerifyBlock<kFilter>, smem, nullptr, kVerifyTeam, &cluster);
     int count = 0;
-    if (!has_cluster_image(tree_verify_kernel<T, Q, kDraft, false, true>) ||
-        cudaOccupancyMaxActiveClusters(&count, tree_verify_kernel<T, Q, kDraft, false, true>, &config) !=
+    if (!has_cluster_image(tree_verify_kernel<T, Q, kDraft, kFilter, true>) ||
+        cudaOccupancyMaxActiveClusters(&count, tree_verify_kernel<T, Q, kDraft, kFilter, true>, &config) !=
             cudaSuccess) {
       (void)cudaGetLastError();  // a query's failure is no launch error
       return PerDevice::Result{0, false};
@@ -703,30 +756,43 @@ bool verify_walk_clusters(size_t smem) {
   }) > 0;
 }
 
+// The walk as a cluster of kVerifyTeam blocks a sequence, where the binding asks for it (w.team; a
+// filtered walk's lists too) and the device runs it: whether it launched, its error in *err. The
+// filtered walks' are compiled in files of their own (tree_filtered_team_verify_<type>_kernel.cu;
+// the lone walks' files declare them extern: XK_TREE_TEAM_WALK_ELSEWHERE), the others with the
+// lone walks.
+template <typename T, typename Q, bool kDraft, bool kFilter>
+bool launch_team_walk(const TreeVerifyParams& p, const VerifyWorkspace& w, bool vector_ok, size_t smem,
+                      cudaStream_t stream, cudaError_t* err) {
+  if (!w.team || (kFilter && !w.team_cands) || p.n > 0x7FFFFFFF / kVerifyTeam) return false;
+  if (kDraft) {  // above 48 KB of dynamic shared memory a kernel must opt in: once a device
+    static PerDevice opted_in;
+    *err = opt_in_max_dynamic_smem(opted_in, tree_verify_kernel<T, Q, kDraft, kFilter, true>);
+    if (*err != cudaSuccess) return true;
+  }
+  if (!verify_walk_clusters<T, Q, kDraft, kFilter>(smem)) return false;
+  cudaLaunchAttribute cluster{};
+  const cudaLaunchConfig_t config = cluster_config(static_cast<unsigned>(p.n * kVerifyTeam), kVerifyBlock<kFilter>,
+                                                   smem, stream, kVerifyTeam, &cluster);
+  *err = cudaLaunchKernelEx(&config, tree_verify_kernel<T, Q, kDraft, kFilter, true>, p, w, vector_ok);
+  return true;
+}
+
 // The walk's launch: dynamic shared memory for the cut's state (kFilter) and the q stage (kDraft);
-// a walk that does not cut its rows, a cluster a sequence where the device runs them (w.team set).
+// a cluster a sequence where launch_team_walk runs one, else a block a sequence.
 template <typename T, typename Q, bool kDraft, bool kFilter>
 cudaError_t launch_verify_walk(const TreeVerifyParams& p, const VerifyWorkspace& w, bool vector_ok,
                                cudaStream_t stream) {
   constexpr int kBlock = kVerifyBlock<kFilter>;
   const size_t stage = kDraft ? sizeof(Q) * (16 / sizeof(T)) * kBlock * w.q_depth : 0;
   const size_t smem = (kFilter ? cut_smem_bytes() : 0) + stage;
-  if (kDraft) {
-    // Above 48 KB of dynamic shared memory a kernel must opt in: once a device, to the device's limit.
-    static PerDevice opted_in, team_opted_in;
-    cudaError_t err = opt_in_max_dynamic_smem(opted_in, tree_verify_kernel<T, Q, kDraft, kFilter>);
-    if (err == cudaSuccess && !kFilter && w.team)
-      err = opt_in_max_dynamic_smem(team_opted_in, tree_verify_kernel<T, Q, kDraft, false, true>);
+  cudaError_t err = cudaSuccess;
+  if (kDraft) {  // above 48 KB of dynamic shared memory a kernel must opt in: once a device
+    static PerDevice opted_in;
+    err = opt_in_max_dynamic_smem(opted_in, tree_verify_kernel<T, Q, kDraft, kFilter>);
     if (err != cudaSuccess) return err;
   }
-  if constexpr (!kFilter) {
-    if (w.team && p.n <= 0x7FFFFFFF / kVerifyTeam && verify_walk_clusters<T, Q, kDraft>(smem)) {
-      cudaLaunchAttribute cluster{};
-      const cudaLaunchConfig_t config =
-          cluster_config(static_cast<unsigned>(p.n * kVerifyTeam), kBlock, smem, stream, kVerifyTeam, &cluster);
-      return cudaLaunchKernelEx(&config, tree_verify_kernel<T, Q, kDraft, false, true>, p, w, vector_ok);
-    }
-  }
+  if (launch_team_walk<T, Q, kDraft, kFilter>(p, w, vector_ok, smem, stream, &err)) return err;
   tree_verify_kernel<T, Q, kDraft, kFilter><<<p.n, kBlock, smem, stream>>>(p, w, vector_ok);
   return cudaGetLastError();
 }
@@ -737,3 +803,10 @@ cudaError_t launch_verify_walk(const TreeVerifyParams& p, const VerifyWorkspace&
 #define XK_TREE_VERIFY_WALK(T, Q, kDraft, kFilter)                \
   template cudaError_t xkernels::cuda::launch_verify_walk<T, Q, kDraft, kFilter>( \
       const xkernels::cuda::TreeVerifyParams&, const xkernels::cuda::VerifyWorkspace&, bool, cudaStream_t);
+// The filtered walk's team launch: compiled in a file of its own (XK_TREE_TEAM_WALK), declared so
+// where its lone walk is (XK_TREE_TEAM_WALK_ELSEWHERE), so that no translation unit compiles both.
+#define XK_TREE_TEAM_WALK(T, Q, kDraft)                                                                    \
+  template bool xkernels::cuda::launch_team_walk<T, Q, kDraft, true>(                                     \
+      const xkernels::cuda::TreeVerifyParams&, const xkernels::cuda::VerifyWorkspace&, bool, size_t, cudaStream_t, \
+      cudaError_t*);
+#define XK_TREE_TEAM_WALK_ELSEWHERE(T, Q, kDraft) extern XK_TREE_TEAM_WALK(T, Q, kDraft)

@@ -155,7 +155,7 @@ def test_tree_verify_walks_a_cluster_a_sequence(emu, dtype, v, temperature, with
     statistics with q's sum, the residual sums), merged in rank order: the same lengths, paths and
     tokens as a block a sequence and as the reference (chains and bushy trees, num_nodes; rows the
     second block has no share of: V = 37 and 1; unaligned rows: 3001 and 37; q in bfloat16 at V =
-    8200). A walk that filters stays a block a sequence."""
+    8200). Walks that filter: test_tree_verify_filtered_walks_a_cluster_a_sequence."""
     n, m = 5, 9
     num_nodes = torch.tensor([9, 1, 5, 9, 3])
     for kind in ("chain", "bushy"):
@@ -171,56 +171,110 @@ def test_tree_verify_walks_a_cluster_a_sequence(emu, dtype, v, temperature, with
         assert emu.take_cluster_launches() == 0
         for a, b, c in zip(team, alone, want):
             assert torch.equal(a, c) and torch.equal(b, c)
-    if temperature > 0 and v > 5:  # (a top-k of 5 filters nothing at V = 1)
-        emu.tree_verify(*args, top_k=5)
-        assert emu.take_cluster_launches() == 0
+
+
+def split_mass_logits(n, m, second):
+    """Rows of 8200 bf16 ids (chunks of 8 dealt to a cluster's threads in turn) with half their mass
+    at id 10, in the first block's share, and half at `second`, in the second block's: 5000 for the
+    walk that does not filter (2 x 512 threads: chunks 512-1023 of every 1,024 are the second's),
+    2400 for the filtered one (2 x 256: chunks 256-511 of every 512)."""
+    logits = torch.full((n, m, 8200), -30.0)
+    logits[:, :, 10] = 0.0
+    logits[:, :, second] = 0.0
+    return logits.bfloat16()
+
+
+def team_verify(emu, *args, **params):
+    """emu.tree_verify in one cluster launch, bitwise the reference's."""
+    emu.take_cluster_launches()
+    got = emu.tree_verify(*args, **params)
+    assert emu.take_cluster_launches() == 1
+    want = reference.tree_verify(*args, **params)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    return got
 
 
 def test_tree_verify_cluster_merges_both_blocks_mass(emu):
-    """Half of each root row's mass in each cluster block's share (ids 10 and 5000 of 8200 bf16:
-    chunks of 8 ids dealt to 2 x 512 threads in turn, ids 4096-8191 the second block's): the draft
+    """Half of each root row's mass in each cluster block's share (split_mass_logits): the draft
     token 10 has probability 1/2 only with both blocks' sums (1 with the first's alone), so about
     half of 32 sequences accept it, as the reference does, per-sequence streams."""
-    n, v = 32, 8200
+    n = 32
     parents = torch.tensor([[-1, 0]] * n)
     tokens = torch.tensor([[-1, 10]] * n)
-    logits = torch.full((n, 2, v), -30.0)
-    logits[:, :, 10] = 0.0
-    logits[:, :, 5000] = 0.0
-    logits = logits.bfloat16()
     params = dict(temperature=1.0, seed=torch.arange(n) + 1, offset=torch.zeros(n, dtype=torch.int64))
-    emu.take_cluster_launches()
-    got = emu.tree_verify(tokens, parents, logits, **params)
-    assert emu.take_cluster_launches() == 1
-    want = reference.tree_verify(tokens, parents, logits, **params)
-    for a, b in zip(got, want):
-        assert torch.equal(a, b)
+    got = team_verify(emu, tokens, parents, split_mass_logits(n, 2, 5000), **params)
     assert 0 < int(got[0].sum()) < n
 
 
-def test_tree_verify_cluster_merges_both_blocks_residual(emu):
+@pytest.mark.parametrize("dtype,v", [(torch.bfloat16, 4104), (torch.float32, 3001), (torch.float16, 37),
+                                     (torch.bfloat16, 8200)])
+@pytest.mark.parametrize("with_q,without_replacement", [(False, False), (True, False), (True, True)])
+def test_tree_verify_filtered_walks_a_cluster_a_sequence(emu, dtype, v, with_q, without_replacement):
+    """Where the device runs clusters, the walk that filters runs a cluster of two blocks a sequence
+    too: each block keeps the candidates of its share of the row, the blocks hand them over, and each
+    selects over both blocks' lists (or finds the cut alone on the radix path): every filter kind
+    (_mixed_params) on rows the candidates settle and rows they do not (flat, ties, a top-k beyond
+    them), the same lengths, paths and tokens as a block a sequence and as the reference, bitwise."""
+    n = 12
+    tokens, parents, logits, q = verify_case(n, 7, v, "bushy", torch.float32, seed=v + 5)
+    logits = logits * 2
+    logits[1] = logits[1].round()  # ties at every cut
+    logits[5, :3] = 0.0  # flat rows
+    logits = logits.to(dtype)
+    if v == 8200:
+        q = q.bfloat16()
+    args = (tokens, parents, logits, q if with_q else None, without_replacement)
+    params = _mixed_params(n, v + 1)
+    want = reference.tree_verify(*args, **params)
+    emu.take_cluster_launches()
+    team = emu.tree_verify(*args, **params)
+    assert emu.take_cluster_launches() == 1
+    alone = emu.tree_verify(*args, clusters=False, **params)
+    assert emu.take_cluster_launches() == 0
+    for a, b, c in zip(team, alone, want):
+        assert torch.equal(a, c) and torch.equal(b, c)
+
+
+@pytest.mark.parametrize("filters", [dict(top_k=2), dict(top_p=0.6), dict(min_p=0.5), dict(top_k=2, top_p=0.6)],
+                         ids=lambda f: "-".join(f"{k}{v}" for k, v in f.items()))
+@pytest.mark.parametrize("with_q", [False, True])
+def test_tree_verify_cluster_merges_both_blocks_candidates(emu, filters, with_q):
+    """A filtered row's cut takes both blocks' candidates: half of each root row's mass in each
+    block's share (split_mass_logits), every filter keeping both ids, so that the draft token 10 has
+    probability 1/2 only over both blocks' lists (1 over the first's alone); about half of 32
+    sequences accept it, as the reference does, per-sequence streams; with draft_probs (q 1 at id
+    10) the residual over the kept ids too. Every cut settles from the lists, so no row pass follows
+    the statistics pass (without the second block's lists the selection could not settle them: the
+    radix path, as exact but with passes)."""
+    n = 32
+    parents = torch.tensor([[-1, 0]] * n)
+    tokens = torch.tensor([[-1, 10]] * n)
+    q = torch.zeros(n, 2, 8200)
+    q[:, :, 10] = 1.0
+    params = dict(temperature=1.0, seed=torch.arange(n) + 1, offset=torch.zeros(n, dtype=torch.int64), **filters)
+    emu.take_row_passes()
+    got = team_verify(emu, tokens, parents, split_mass_logits(n, 2, 2400), q if with_q else None, False, **params)
+    assert emu.take_row_passes() == 0
+    assert 0 < int(got[0].sum()) < n
+
+
+@pytest.mark.parametrize("second,filters", [(5000, {}), (2400, dict(top_k=2))])
+def test_tree_verify_cluster_merges_both_blocks_residual(emu, second, filters):
     """The residual sums of a clustered walk with draft_probs are the team's: a root whose p holds
-    half its mass at id 10 (the first block's share) and half at 5000 (the second's), q 0.9 at id 20
-    and 0.1 at 10, children 20 then 10 drawn without replacement: 20 is rejected (p(20) ~ 0), and
-    10 is accepted with probability r(10) = 0.4 / 0.9 only with both blocks' residual sums (1 with
-    the first's alone): about half of 32 sequences, as the reference, per-sequence streams."""
-    n, v = 32, 8200
+    half its mass in each block's share (split_mass_logits), q 0.9 at id 20 and 0.1 at 10, children
+    20 then 10 drawn without replacement: 20 is rejected (p(20) ~ 0), and 10 is accepted with
+    probability r(10) = 0.4 / 0.9 only with both blocks' residual sums (1 with the first's alone):
+    about half of 32 sequences, as the reference, per-sequence streams. With top-k 2 (the filtered
+    walk) the sums run over the kept ids, each block adding both blocks' shares in rank order."""
+    n = 32
     parents = torch.tensor([[-1, 0, 0]] * n)
     tokens = torch.tensor([[-1, 20, 10]] * n)
-    logits = torch.full((n, 3, v), -30.0)
-    logits[:, :, 10] = 0.0
-    logits[:, :, 5000] = 0.0
-    logits = logits.bfloat16()
-    q = torch.zeros(n, 3, v)
+    q = torch.zeros(n, 3, 8200)
     q[:, :, 20] = 0.9
     q[:, :, 10] = 0.1
-    params = dict(temperature=1.0, seed=torch.arange(n) + 1, offset=torch.zeros(n, dtype=torch.int64))
-    emu.take_cluster_launches()
-    got = emu.tree_verify(tokens, parents, logits, q, True, **params)
-    assert emu.take_cluster_launches() == 1
-    want = reference.tree_verify(tokens, parents, logits, q, True, **params)
-    for a, b in zip(got, want):
-        assert torch.equal(a, b)
+    params = dict(temperature=1.0, seed=torch.arange(n) + 1, offset=torch.zeros(n, dtype=torch.int64), **filters)
+    got = team_verify(emu, tokens, parents, split_mass_logits(n, 3, second), q, True, **params)
     assert 0 < int(got[0].sum()) < n
 
 
@@ -398,7 +452,8 @@ def test_tree_verify_unchecked_sampling_values_stay_memory_safe(emu):
 
 @pytest.mark.parametrize("dtype,v", [(torch.bfloat16, 20011), (torch.float32, 9001)])
 @pytest.mark.parametrize("with_q", [False, True])
-def test_tree_verify_filtered_long_rows(emu, dtype, v, with_q):
+@pytest.mark.parametrize("clusters", [True, False])
+def test_tree_verify_filtered_long_rows(emu, dtype, v, with_q, clusters):
     """Filters on rows of thousands of ids (rows that start unaligned at V = 9001), and the passes
     each row takes (the emulation's count of row passes; the walk's statistics pass is not counted,
     nor its read of q's sum, the stop row's draw by the sampling launches is, once a row, and with
@@ -409,7 +464,8 @@ def test_tree_verify_filtered_long_rows(emu, dtype, v, with_q):
     candidates' statistics pass did not, and the radix gather); top-p alone (at 0.9 and 0.5 of
     peaked rows: its nucleus among the candidates, its target away from a step by more than the
     bound of the warps' float sums) none; rows the walk does not visit none. With draft_probs the unsettled rows' residual sums
-    come on top (at least the count without them)."""
+    come on top (at least the count without them). In a cluster each block finds an unsettled cut
+    alone: its two passes twice."""
     n = 6
     tokens, parents, logits, q = verify_case(n, 9, v, "bushy", dtype, seed=v)
     logits = logits * 3
@@ -419,14 +475,14 @@ def test_tree_verify_filtered_long_rows(emu, dtype, v, with_q):
                   seed=torch.arange(n) + 3, offset=torch.arange(n) * 7)
     qq = q if with_q else None
     emu.take_row_passes()
-    got = emu.tree_verify(tokens, parents, logits, qq, False, **params)
+    got = emu.tree_verify(tokens, parents, logits, qq, False, clusters=clusters, **params)
     passes = emu.take_row_passes()
     want = reference.tree_verify(tokens, parents, logits, qq, False, **params)
     for a, b in zip(got, want):
         assert torch.equal(a, b)
     accept_len = got[0]
     # passes a visited row, by the sequence's filters; the candidates settle sequence 0's cuts
-    walk = torch.tensor([0, 0, 2, 0, 0, 0])
+    walk = torch.tensor([0, 0, 2, 0, 0, 0]) * (2 if clusters else 1)
     settled = torch.tensor([True, True, False, False, True, False])
     draws = (params["temperature"] > 0) & ~settled
     expected = int(((accept_len + 1) * walk).sum() + draws.sum())
