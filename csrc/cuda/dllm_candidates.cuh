@@ -26,6 +26,13 @@ __device__ __forceinline__ bool scans_in_order(const T* src, bool vector_ok) {
   return (reinterpret_cast<uintptr_t>(src) % 16 == 0) == vector_ok;
 }
 
+// Whether the masked row at `src` may be picked from its candidates: it is sampled, filtered and
+// scanned in dllm_filtered_pick's order. Every other row goes to dllm_filtered_pick alone.
+template <typename T>
+__device__ __forceinline__ bool picks_from_candidates(const RowSampling& rs, int64_t v, const T* src, bool vector_ok) {
+  return rs.inv_t != 0.0f && filters_active(rs, v) && scans_in_order(src, vector_ok);
+}
+
 // scan_slice's reads of a row folded into its raw statistics (the mask token at -inf), as
 // for_each_row_value hands them to thread_row_stats: each thread's chunks (or ids) in its order.
 template <typename T>
@@ -114,7 +121,7 @@ template <int kDepth, typename T>
 __device__ __forceinline__ DllmPick dllm_block_filtered_pick(BlockPickShared& sh, const T* src, int64_t v, int64_t mask,
                                              const RowSampling& rs, int mass_shift, uint64_t seed, uint64_t offset,
                                              uint32_t sequence, uint32_t position, bool vector_ok, bool candidates) {
-  if (candidates && rs.inv_t != 0.0f && filters_active(rs, v) && scans_in_order(src, vector_ok)) {
+  if (candidates && picks_from_candidates(rs, v, src, vector_ok)) {
     const RowStats raw = select_needs_total(rs, v)
                              ? dllm_scan_row<T, true>(sh.scan, src, v, mask, rs, &sh.sum, sh.cands)
                              : dllm_scan_row<T, false>(sh.scan, src, v, mask, rs, &sh.sum, sh.cands);

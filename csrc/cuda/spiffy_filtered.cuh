@@ -51,7 +51,7 @@ template <typename T>
 __device__ __forceinline__ bool accept_scans_row(const SpiffyAcceptParams& p, AcceptRow a, const RowSampling& rs,
                                                  bool vector_ok, const T** src) {
   *src = accept_node_logits<T>(p, a.n, a.c) + a.q * p.v;
-  return rs.inv_t != 0.0f && filters_active(rs, p.v) && scans_in_order(*src, vector_ok);
+  return picks_from_candidates(rs, p.v, *src, vector_ok);
 }
 
 // a. A block a prepared row that filters: its candidates and raw statistics (kWithTotal: top-p

@@ -7,10 +7,10 @@
 //  tree_attention_mask: a block per sequence stages the parents in shared memory and zeroes the
 //  / tree_positions     mask, then a thread per node walks its ancestors, setting its own row
 //                       (no two threads write one row).
-//  tree_verify:         a block per sequence walks the tree (a cluster of two blocks on sm_90+
-//                       where the walk does not filter: each reads half of every pass over a
-//                       row, both merge the halves alike and take the same decisions; see
-//                       tree_walk.cuh); at each visited node the block
+//  tree_verify:         a block per sequence walks the tree (a cluster of two blocks on sm_90+,
+//                       filtered or not: each reads half of every pass over a row, both merge
+//                       the halves, and a filtered row's candidates, alike and take the same
+//                       decisions; see tree_walk.cuh); at each visited node the block
 //                       reduces that one row's softmax statistics, thread 0 tests the children in
 //                       order, and with draft_probs the block sums the residual (read-only, from the
 //                       row and q) when a test needs it. Only visited rows are read. At T > 0 two
