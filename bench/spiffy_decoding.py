@@ -107,7 +107,8 @@ def main():
               f"thread(s), {args.device}. Graphs: {len(graphs[None])} nodes (one token per step), "
               f"{len(graphs[THRESHOLD])} (threshold {THRESHOLD}). {args.prompts} held-out prompts per domain, "
               f"{args.tokens} new tokens, block 32, T = 0, best of {args.rounds} rounds. NFE: model calls per prompt "
-              f"(prompt prefill and finished blocks' cache calls included; batched: the batch's calls). "
+              f"(the prompt and finished blocks join the cache in the next block's first call; batched: the batch's "
+              f"calls). "
               f"Spiffy's overhead against {PAPER}."]
     for domain in data.DOMAINS:
         prompts = [torch.tensor(tok.encode(t).ids, device=args.device)

@@ -3,7 +3,8 @@
 Blocks of `block_size` masked tokens are decoded left to right. Within a block, each step calls
 the model on the block (after the exact prefix cache) and unmasks tokens by dllm_step's rule:
 the most confident one, or with `threshold` every one above it (at least one). A finished block's
-keys and values join the cache in one more call (the model is block-causal, so they never change).
+keys and values join the cache in the next block's first call, as the prompt's do in the first
+block's (BlockDiffusionLM.commit_then_forward: the model is block-causal, so they never change).
 
 With Spiffy, from a block's second step on, each call also verifies drafts: spiffy_materialize
 fills the draft graph from the last step distribution the loop has; one forward computes the
@@ -32,7 +33,7 @@ from .modes import request_seeds
 
 @dataclass
 class DllmStats:
-    model_calls: int = 0  # NFE: every forward, the prompt's and the finished blocks' included
+    model_calls: int = 0  # NFE: every forward (the prompt and finished blocks join the cache in a block's first)
     steps: int = 0  # unmasking steps (the calls vanilla one-step-per-call decoding makes per block)
     new_tokens: int = 0
     seconds: float = 0.0
@@ -85,12 +86,10 @@ def dllm_generate(model: BlockDiffusionLM, prompt_ids, max_new_tokens: int, *, b
     stats = DllmStats()
     clock = PhaseClock(stats, profile, prompt.device)
     cache = model.new_cache()
-    with clock("model"):
-        model.commit(prompt, cache)
-    stats.model_calls += 1
     seeds = request_seeds(seed, 1, prompt.device)
     out: List[torch.Tensor] = []
     blocks = -(-max_new_tokens // block_size)
+    unseen = prompt  # tokens not yet in the cache: a block's first call commits them
     for b in range(blocks):
         block = torch.full((1, block_size), mask_id, dtype=torch.int64, device=prompt.device)
         steps: list = []
@@ -108,7 +107,10 @@ def dllm_generate(model: BlockDiffusionLM, prompt_ids, max_new_tokens: int, *, b
                         drafts, node_ids = drafts[:, :used], node_ids[:, :used]
             copies = block if drafts is None else torch.cat([block, drafts[0]])
             with clock("model"):
-                logits = model(copies, cache)
+                if unseen is not None:
+                    logits, unseen = model.commit_then_forward(unseen, block, cache), None
+                else:
+                    logits = model(copies, cache)
             stats.model_calls += 1
             if drafts is None:
                 with clock("step"):
@@ -134,10 +136,7 @@ def dllm_generate(model: BlockDiffusionLM, prompt_ids, max_new_tokens: int, *, b
         if trace is not None:
             trace.append(steps)
         out.append(block[0])
-        if b + 1 < blocks:
-            with clock("model"):
-                model.commit(block, cache)
-            stats.model_calls += 1
+        unseen = block
     tokens = torch.cat(out)[:max_new_tokens]
     stats.new_tokens = tokens.numel()
     stats.seconds = time.perf_counter() - began

@@ -4,14 +4,17 @@ Every sequence decodes its own block in one forward: per sequence, its block and
 [N, (1 + K) * L] laid out one after another after the sequence's prefix (a StaticKVCache with
 per-sequence lengths), every copy at the block's positions, attending to the prefix and,
 bidirectionally, to itself only (xkernels.spiffy_attention_mask's rule, with each sequence's own
-prefix length). The forward writes the copies' keys and values after the prefix; the first L are
-the block's, so a sequence whose block was complete before the call keeps them (its length advances
-by L: the commit call of dllm_generate, in a row of a shared call) and starts a new block of masks,
-while the others take their step: dllm_step's, or with Spiffy spiffy_accept's walk through the
-drafts that spiffy_materialize filled from the sequence's last step distribution (none in a
-block's first call, as in dllm_generate). Sequences therefore finish blocks at their own steps
-(with a threshold or Spiffy, ragged), and the host reads once per call which blocks completed,
-their tokens and the steps taken (with Spiffy on the CPU once more: how many drafts to compute).
+prefix length). The forward writes the copies' keys and values after the prefix. A sequence whose
+block was complete before the call commits it there, as dllm_generate's next block's first call
+does: its copy 0 is the complete block (whose keys and values it keeps: its length advances by L)
+and its copy 1 the next block of masks, one block further on and seeing copy 0 too, whose logits
+take that block's first step. The others take their step: dllm_step's, or with Spiffy
+spiffy_accept's walk through the drafts that spiffy_materialize filled from the sequence's last
+step distribution (none in a block's first call, as in dllm_generate). Each prompt is committed
+alone with its first block's first step (commit_then_forward, one call a prompt). Sequences
+therefore finish blocks at their own steps (with a threshold or Spiffy, ragged), and the host reads
+once per call which blocks completed, their tokens and the steps taken (with Spiffy on the CPU
+once more: how many drafts to compute).
 
 Each sequence's noise is dllm_generate's: its own seed, and the offset of its block and step within
 it (the ops' per-request form), so at any temperature sequence i gets dllm_generate(model,
@@ -41,58 +44,69 @@ class DllmBatchDecoder:
         self.temperature, self.threshold = temperature, threshold
         self.seeds = request_seeds(seed, len(prompts), device)
         self.mask_id = model.cfg.mask_id
-        self.max_copies = 1 + (spiffy.keep if spiffy else 0)
+        self.max_copies = max(2, 1 + (spiffy.keep if spiffy else 0))  # a commit call holds 2
         lengths = [p.numel() for p in prompts]
         capacity = max(lengths) + -(-max_new_tokens // block_size) * block_size + self.max_copies * block_size
         self.cache = StaticKVCache.for_model(model.cfg, len(prompts), capacity, model.lm_head.weight.dtype, device)
+        n = len(prompts)
+        masks = torch.full((1, block_size), self.mask_id, dtype=torch.int64, device=device)
+        firsts = []
         for i, prompt in enumerate(prompts):  # each prompt's own block-causal layout (its blocks end where it does)
             alone = model.new_cache()
             with clock("model"):
-                model.commit(prompt.view(1, -1).to(device), alone)
+                firsts.append(model.commit_then_forward(prompt.view(1, -1).to(device), masks, alone))
             self.cache.load(i, alone.k, alone.v)
         self.cache.lengths.copy_(torch.tensor(lengths))
-        n = len(prompts)
-        self.block = torch.full((n, block_size), self.mask_id, dtype=torch.int64, device=device)
         # Each sequence's block and step within it: the offset of its noise, as in dllm_generate.
         self.block_index = torch.zeros(n, dtype=torch.int64, device=device)
         self.block_step = torch.zeros(n, dtype=torch.int64, device=device)
-        # Spiffy: each sequence's last step distribution, valid once its block has taken a step.
-        self.stale = None
-        self.has_stale = torch.zeros(n, dtype=torch.bool, device=device)
+        logits = torch.cat(firsts)
+        with clock("step"):
+            self.block, _, _, _ = dllm_step(logits, masks.expand(n, -1), self.mask_id, threshold=threshold,
+                                            temperature=temperature, seed=self.seeds, offset=self.block_step)
+        self.block_step += 1
+        # Spiffy: each sequence's last step distribution (that of its block before the last step).
+        self.stale = logits if spiffy is not None else None
 
     def drafts(self):
         """Each sequence's kept drafts from its last step distribution: (draft blocks [N, K, L],
-        node ids [N, K], -1 where unused: a block's first call and a finished sequence have none). On the CPU, where each
-        copy costs a forward, K is trimmed to the most any sequence uses (one host read)."""
-        if self.stale is None or self.block_size == 1:  # a block of one position completes in its first call
+        node ids [N, K], -1 where unused: a block's first call, a complete block and a finished
+        sequence have none). On the CPU, where each copy costs a forward, K is trimmed to the most
+        any sequence uses (one host read)."""
+        if self.block_size == 1:  # a block of one position completes in its first call
             return None, None
         with self.clock("draft"):
             drafts, node_ids, _ = spiffy_materialize(self.stale, self.block, self.mask_id, self.spiffy.graph,
                                                      keep=self.spiffy.keep, temperature=self.temperature)
-            node_ids = torch.where((self.has_stale & self.cache.active.bool())[:, None], node_ids, -1)
+            drafting = (self.block == self.mask_id).any(1) & self.cache.active.bool()
+            node_ids = torch.where(drafting[:, None], node_ids, -1)
             if node_ids.device.type == "cpu":  # kept nodes come first, unused slots last
                 used = int((node_ids >= 0).sum(1).max())
                 drafts, node_ids = drafts[:, :used], node_ids[:, :used]
         return drafts, node_ids
 
-    def layout(self, copies: int):
+    def layout(self, copies: int, committing: torch.Tensor):
         """Rotary positions [N, C * L] and the attention mask [N, 1, C * L, window] of C copies of
-        each sequence's block after its prefix: a copy sees the prefix and itself."""
+        each sequence's block after its prefix: a copy sees the prefix and itself; a committing
+        sequence's copy 1 (its next block) lies one block further on and sees copy 0 too."""
         cache, length = self.cache, self.block_size
         device = cache.lengths.device
         q = torch.arange(copies * length, device=device)
-        positions = cache.lengths[:, None] + q % length
+        next_block = committing[:, None] & (q // length == 1)  # [N, C * L]
+        positions = cache.lengths[:, None] + q % length + length * next_block
         rel = torch.arange(cache.window, device=device) - cache.lengths[:, None]  # [N, W]: key j is new entry rel
-        own = (rel[:, None, :] >= 0) & (rel[:, None, :].div(length, rounding_mode="floor") == (q // length)[:, None])
-        return positions, ((rel < 0)[:, None, :] | own)[:, None]
+        key_copy = torch.where(rel >= 0, rel.div(length, rounding_mode="floor"), -1)[:, None, :]
+        own = key_copy == (q // length)[:, None]
+        committed = next_block[:, :, None] & (key_copy == 0)
+        return positions, ((rel < 0)[:, None, :] | own | committed)[:, None]
 
-    def forward(self, copies: torch.Tensor) -> torch.Tensor:
-        """Logits [N, C, L, V] of each sequence's C copies [N, C, L] of its block, each attending to
-        its prefix and to itself; the copies' keys and values are written after the prefix."""
+    def forward(self, copies: torch.Tensor, committing: torch.Tensor) -> torch.Tensor:
+        """Logits [N, C, L, V] of each sequence's C copies [N, C, L] of its block (layout's
+        attention); the copies' keys and values are written after the prefix."""
         model, cache = self.model, self.cache
         n, c, length = copies.shape
         with self.clock("mask"):
-            positions, mask = self.layout(c)
+            positions, mask = self.layout(c, committing)
         with self.clock("model"):
             x = model.embed(copies.reshape(n, c * length))
             for i, block in enumerate(model.blocks):
@@ -100,34 +114,44 @@ class DllmBatchDecoder:
                 x = x + block.mlp(block.mlp_norm(x))
             return model.lm_head(model.norm(x)).view(n, c, length, -1)
 
-    def step(self, drafts: Optional[torch.Tensor] = None, node_ids: Optional[torch.Tensor] = None):
+    def step(self, commits: bool, drafts: Optional[torch.Tensor] = None, node_ids: Optional[torch.Tensor] = None):
         """One call for every sequence, with its drafts [N, K, L] and their node ids [N, K] (or
-        none): (completed [N] bool: the block this call completed, block [N, L]: every
-        sequence's block after the call, steps [N]: the steps it took)."""
-        length = self.block_size
-        committing = (self.block != self.mask_id).all(1)  # complete before this call: it writes their cache entries
-        offset = (self.block_index * length + self.block_step) * length
+        none); commits: whether some active sequence's block is complete (the host knows). Returns
+        (completed [N] bool: the block is complete after the call, block [N, L]: every sequence's
+        block after the call, steps [N]: the steps it took)."""
+        length, n = self.block_size, self.block.shape[0]
+        rows = torch.arange(n, device=self.block.device)
+        committing = (self.block != self.mask_id).all(1) & self.cache.active.bool()
+        masks = torch.full_like(self.block, self.mask_id)
+        block = torch.where(committing[:, None], masks, self.block)  # the block each sequence steps
+        index = self.block_index + committing
+        step = torch.where(committing, 0, self.block_step)
+        offset = (index * length + step) * length
         copies = self.block[:, None] if drafts is None else torch.cat([self.block[:, None], drafts], 1)
-        logits = self.forward(copies)
+        if commits and copies.shape[1] == 1:
+            copies = torch.cat([copies, masks[:, None]], 1)
+        if commits:  # a committing sequence's copy 1 is its next block (it has no drafts)
+            copies[:, 1] = torch.where(committing[:, None], masks, copies[:, 1])
+        logits = self.forward(copies, committing)
+        root = logits[rows, committing.long()]
         with self.clock("step"):
             if drafts is None:
-                stepped, _, _, _ = dllm_step(logits[:, 0], self.block, self.mask_id, threshold=self.threshold,
+                stepped, _, _, _ = dllm_step(root, block, self.mask_id, threshold=self.threshold,
                                              temperature=self.temperature, seed=self.seeds, offset=offset)
-                steps, last = (~committing).long(), torch.full_like(offset, -1)
+                steps, last = torch.ones_like(offset), torch.full_like(offset, -1)
             else:
                 steps, _, _, stepped, last = spiffy_accept(
-                    logits[:, 0], logits[:, 1:], drafts, node_ids, self.block, self.mask_id,
-                    threshold=self.threshold, temperature=self.temperature, seed=self.seeds, offset=offset)
+                    root, logits[:, 1:], copies[:, 1:], node_ids, block,
+                    self.mask_id, threshold=self.threshold, temperature=self.temperature, seed=self.seeds,
+                    offset=offset)
         if self.spiffy is not None:  # the distribution of each sequence's last step fills its next drafts
-            self.stale = logits[torch.arange(len(last), device=last.device), last + 1]
-            self.has_stale = ~committing
-        completed = (stepped != self.mask_id).all(1) & ~committing
+            self.stale = logits[rows, torch.where(committing, 1, last + 1)]
         cache = self.cache
-        cache.lengths += length * (committing & cache.active.bool())
-        self.block.copy_(torch.where(committing[:, None], self.mask_id, stepped))
-        self.block_index += committing  # a commit takes no step: the next block starts at step 0
-        self.block_step.copy_(torch.where(committing, 0, self.block_step + steps))
-        return completed, stepped, steps
+        cache.lengths += length * committing
+        self.block.copy_(stepped)
+        self.block_index.copy_(index)
+        self.block_step.copy_(step + steps)
+        return (stepped != self.mask_id).all(1), stepped, steps
 
 
 @torch.inference_mode()
@@ -156,26 +180,16 @@ def dllm_generate_batch(model: BlockDiffusionLM, prompts: Sequence, max_new_toke
     active = [True] * len(prompts)
     written = [p.numel() for p in prompts]  # each sequence's cache entries, as the host knows them
     pending = [False] * len(prompts)  # a completed block whose cache entries the next call writes
-    while any(active):
-        drafts, node_ids = decoder.drafts() if spiffy is not None else (None, None)
-        copies = 1 + (0 if drafts is None else drafts.shape[1])
-        if copies == 1:
-            drafts = node_ids = None
-        decoder.cache.window = min(decoder.cache.capacity, max(written) + copies * block_size)
-        completed, block, steps = decoder.step(drafts, node_ids)
-        used = (node_ids >= 0).sum(1) if node_ids is not None else torch.zeros_like(steps)
-        with clock("step"):  # the call's one host read
-            rows = torch.cat([completed[:, None].long(), steps[:, None], used[:, None], block], 1).tolist()
-        stats.model_calls += 1
+
+    def take(rows):
+        """Each active sequence's call: [completed, steps, drafts used, block...] a row."""
         finished = False
         for i, row in enumerate(rows):
             if not active[i]:
                 continue
             mine = stats.sequences[i]
-            mine.model_calls += 1
-            if pending[i]:  # this call was the sequence's commit of its last block
+            if pending[i]:  # this call committed the sequence's last block, and stepped the next
                 written[i], pending[i] = written[i] + block_size, False
-                continue
             mine.steps += row[1]
             mine.steps_per_call.append(row[1])
             mine.drafts += row[2]
@@ -186,6 +200,26 @@ def dllm_generate_batch(model: BlockDiffusionLM, prompts: Sequence, max_new_toke
                 finished |= not active[i]
         if finished:
             decoder.cache.active.copy_(torch.tensor(active, dtype=torch.int64))
+
+    block = decoder.block
+    take(torch.cat([(block != decoder.mask_id).all(1, keepdim=True).long(), torch.ones_like(block[:, :1]),
+                    torch.zeros_like(block[:, :1]), block], 1).tolist())
+    while any(active):
+        drafts, node_ids = decoder.drafts() if spiffy is not None else (None, None)
+        copies = 1 + (0 if drafts is None else drafts.shape[1])
+        if copies == 1:
+            drafts = node_ids = None
+        commits = any(p and a for p, a in zip(pending, active))
+        copies = max(copies, 2 if commits else 1)
+        decoder.cache.window = min(decoder.cache.capacity, max(written) + copies * block_size)
+        completed, block, steps = decoder.step(commits, drafts, node_ids)
+        used = (node_ids >= 0).sum(1) if node_ids is not None else torch.zeros_like(steps)
+        with clock("step"):  # the call's one host read
+            rows = torch.cat([completed[:, None].long(), steps[:, None], used[:, None], block], 1).tolist()
+        stats.model_calls += 1
+        for i in range(len(prompts)):
+            stats.sequences[i].model_calls += active[i]
+        take(rows)
     tokens = [torch.tensor(o[:m], dtype=torch.int64) for o, m in zip(outs, max_new)]
     stats.seconds = time.perf_counter() - began
     for mine, t in zip(stats.sequences, tokens):

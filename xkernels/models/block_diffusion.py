@@ -4,7 +4,8 @@ keys and values of finished blocks never change and a prefix KV cache is exact.
 
 A decoding call feeds copies of the current block: `forward(blocks [C, L], cache)` gives the
 logits of C versions of the block, each at the positions after the cache and attending to the
-cache and to itself only. Spiffy's draft copies ride in that batch dimension; a flat layout (the
+cache and to itself only; a block's first call also commits the tokens before it
+(`commit_then_forward`). Spiffy's draft copies ride in that batch dimension; a flat layout (the
 copies one after another in the sequence, under xkernels.spiffy_attention_mask) is supported too.
 """
 
@@ -35,9 +36,11 @@ class BlockDiffusionLM(Transformer):
     cfg: BlockDiffusionConfig
 
     def hidden(self, tokens: torch.Tensor, positions: torch.Tensor, mask: Optional[torch.Tensor],
-               cache: Optional[KVCache] = None, commit: bool = False) -> torch.Tensor:
+               cache: Optional[KVCache] = None, commit: bool = False, head_from: int = 0) -> torch.Tensor:
         """Logits of tokens [C, T] at positions, attending to the cache (all of it) and to each
-        other under mask [T, T] (None: all). commit appends their keys and values to the cache."""
+        other under mask [T, T] (None: all). commit appends their keys and values to the cache.
+        Only the tokens from head_from on get logits ([C, T - head_from, V]): the LM head is a
+        quarter of this model's work a token."""
         x = self.embed(tokens)
         c, t = tokens.shape
         start = 0 if cache is None else cache.length
@@ -52,7 +55,7 @@ class BlockDiffusionLM(Transformer):
                 a = block.attn(h, positions, prefix_kv=prefix, mask=mask)
             x = x + a
             x = x + block.mlp(block.mlp_norm(x))
-        return self.lm_head(self.norm(x))
+        return self.lm_head(self.norm(x[:, head_from:]))
 
     def forward(self, blocks: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
         """Logits [C, L, V] of C versions of the block that follows the cache."""
@@ -66,7 +69,21 @@ class BlockDiffusionLM(Transformer):
         start = cache.length
         positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
         self.hidden(tokens, positions, block_causal_mask(tokens.shape[1], self.cfg.block_size, tokens.device),
-                    cache, commit=True)
+                    cache, commit=True, head_from=tokens.shape[1])
+
+    def commit_then_forward(self, tokens: torch.Tensor, block: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """commit(tokens [1, T]) and forward(block [1, L]) in one call: the logits [1, L, V] of the
+        block that follows the tokens, which join the cache (the block's keys and values do not).
+        The same attention as the two calls, so the same values up to rounding; a decoding loop
+        takes a block's first step in the call that commits the tokens before it."""
+        start, t, length = cache.length, tokens.shape[1], block.shape[1]
+        mask = torch.ones(t + length, t + length, dtype=torch.bool, device=tokens.device)
+        mask[:t, :t] = block_causal_mask(t, self.cfg.block_size, tokens.device)
+        mask[:t, t:] = False  # the committed tokens never see the block
+        positions = torch.arange(start, start + t + length, device=tokens.device)
+        logits = self.hidden(torch.cat([tokens, block], dim=1), positions, mask, cache, commit=True, head_from=t)
+        cache.crop(start + t)
+        return logits
 
     def forward_flat(self, blocks: torch.Tensor, cache: KVCache, mask: torch.Tensor) -> torch.Tensor:
         """forward() with the copies [C, L] laid out one after another in one sequence under mask
