@@ -15,7 +15,7 @@ to no more than the baseline's (--baseline: the recipe before this sweep, N 24, 
 to the smaller D, N, depth. Only the selected configuration is decoded on the held-out prompts.
 
     python bench/spiffy_calibration_sweep.py [--prompts 24,96] [--depths 8,16] [--budgets 33,65,129]
-        [--keeps 1,8,16,32] [--dev 8] [--held-out 4] [--out FILE]
+        [--keeps 1,8,16,32] [--dev 8] [--held-out 4] [--weights DIR] [--out FILE]
 """
 
 import argparse
@@ -30,7 +30,7 @@ from xkernels import data
 from xkernels.decoding import dllm_generate
 from xkernels.decoding.spiffy_calibration import CALIBRATION_SEED, calibration_walks, select_graph
 from xkernels.demo_diffusion import THRESHOLD
-from xkernels.models.shipped import load_block_diffusion, load_tokenizer
+from xkernels.models.shipped import WEIGHTS, load_block_diffusion, load_tokenizer
 from xkernels.spiffy import SpiffyConfig, shipped_graph
 
 DEV_SEED = 11
@@ -62,6 +62,8 @@ def main():
     parser.add_argument("--held-out", type=int, default=4, help="held-out prompts per domain")
     parser.add_argument("--baseline", default="24,8,33", help="N,depth,D of the recipe the selection must not "
                         "make worse on math (the shipped graphs' before this sweep)")
+    parser.add_argument("--weights", type=Path, default=WEIGHTS,
+                        help="the block diffusion LM's folder (default: the shipped one), e.g. a stage not shipped yet")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
@@ -69,7 +71,7 @@ def main():
     baseline, select_keeps = tuple(ints(args.baseline)), ints(args.select_keeps)
     torch.set_num_threads(1)
     began = time.time()
-    model, tok = load_block_diffusion(), load_tokenizer()
+    model, tok = load_block_diffusion(args.weights), load_tokenizer()
     encode = lambda texts: [torch.tensor(tok.encode(t).ids) for t in texts]  # noqa: E731
     # calibration_prompts' texts: code then math, a smaller N a prefix of a larger one's
     calibration = {d: data.training_prompts(d, max(counts), rng_seed=CALIBRATION_SEED) for d in data.DOMAINS}

@@ -16,7 +16,8 @@ batch, so a prompt of any length can end a block.
 --data distill trains on the AR target's greedy continuations of training prompts (distill_corpus.py,
 cached under build/distill/), mixed with the real text at --text-share of each batch's rows; held-out
 loss is always measured on the real held-out text. The model card lists the stages the shipped
-weights come from, each with its command; --out writes a stage elsewhere (to compare before shipping).
+weights come from, each with its command; --out writes a stage elsewhere (to compare before shipping),
+--from continues such a folder instead of the shipped one.
 """
 
 import argparse
@@ -84,6 +85,9 @@ def main():
     parser.add_argument("--text-share", type=float, default=0.0,
                         help="--data distill: the share of each batch's rows drawn from the real text")
     parser.add_argument("--out", type=Path, default=OUT, help="where the weights, card and curve go")
+    parser.add_argument("--from", dest="source", type=Path, default=OUT,
+                        help="--init shipped: the folder whose weights and card to continue (default: the shipped "
+                        "ones; a scratch --out of an earlier stage, to try stages in turn before shipping them)")
     parser.add_argument("--threads", type=int, help="intra-op threads (default: torch's)")
     args = parser.parse_args()
     if not 0.0 <= args.text_share <= 1.0:
@@ -101,9 +105,9 @@ def main():
         model.load_state_dict(load_target().state_dict())
         stages = []
     else:
-        model = load_block_diffusion()
+        model = load_block_diffusion(args.source)
         cfg = model.cfg
-        stages = json.loads((OUT / "block_diffusion_card.json").read_text())["stages"]
+        stages = json.loads((args.source / "block_diffusion_card.json").read_text())["stages"]
     start_loss = held_out_loss(model.eval(), held)
     model.train()
     rng, gen = random.Random(len(stages)), torch.Generator().manual_seed(len(stages))  # new batches per stage
@@ -121,9 +125,10 @@ def main():
     save(model, cfg.to_dict(), "block_diffusion", args.out)
     plot = "block_diffusion_loss.png" if not stages else f"block_diffusion_loss_stage{len(stages) + 1}.png"
     plot_losses({"train": losses}, args.out / plot, "block diffusion LM (masked-token cross-entropy)")
-    # The command as it makes the shipped weights: --out changes where they go, not what they are.
-    given = sys.argv[1:]
-    argv = [a for i, a in enumerate(given) if not a.startswith("--out") and (i == 0 or given[i - 1] != "--out")]
+    # The command as it makes the shipped weights: --out and --from change where they go and come
+    # from (the stages run in turn on the shipped folder), not what they are.
+    given, moved = sys.argv[1:], ("--out", "--from")
+    argv = [a for i, a in enumerate(given) if not a.startswith(moved) and (i == 0 or given[i - 1] not in moved)]
     stage = {"loss_curve": plot, "command": " ".join(["python python/train/train_block_diffusion.py"] + argv),
              "init": args.init, "data": args.data, "steps": args.steps, "lr": args.lr,
              "minutes": round((time.time() - began) / 60, 1),
