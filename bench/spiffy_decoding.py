@@ -52,6 +52,28 @@ def measure(model, prompts, tokens, seed, modes, rounds, batched):
     return best
 
 
+@torch.inference_mode()
+def copy_cost(model, prompt, copies, repeats=20):
+    """(ms of a forward over the block alone, ms each draft copy adds) after prompt's cache, the
+    fastest of `repeats` forwards over 1 and `copies` copies. On the CPU each copy is a block's
+    worth of matrix work, so a call with K drafts saves time only where it takes more than
+    1 + K * added / alone steps."""
+    cache = model.new_cache()
+    block = torch.full((1, 32), model.cfg.mask_id, dtype=torch.int64, device=prompt.device)
+    model.commit_then_forward(prompt.view(1, -1), block, cache)
+    sync = torch.cuda.synchronize if prompt.is_cuda else (lambda: None)
+    times = {}
+    for c in (1, copies):
+        x = block.expand(c, -1)
+        for _ in range(repeats):
+            sync()
+            began = time.perf_counter()
+            model(x, cache)
+            sync()
+            times[c] = min(times.get(c, float("inf")), time.perf_counter() - began)
+    return 1e3 * times[1], 1e3 * (times[copies] - times[1]) / (copies - 1)
+
+
 def table(best, modes, prompts, batched, singles=None):
     """Rows against vanilla (the same threshold's for "same"); batched rows also against the single runs."""
     head = (f"{'mode':<22} {'NFE':>7} {'NFE cut':>8} {'tokens/s':>9} {'speed-up':>9} {'same':>5}"
@@ -114,6 +136,12 @@ def main():
         prompts = [torch.tensor(tok.encode(t).ids, device=args.device)
                    for t in data.held_out_prompts(domain, args.prompts, rng_seed=args.seed)]
         dllm_generate(model, prompts[0], 8)  # warm-up
+        if domain == data.DOMAINS[0]:
+            call, copy = copy_cost(model, prompts[0], 1 + max(keeps))
+            report[-1] += (f" One forward after the first {domain} prompt: {call:.2f} ms for the block alone, each "
+                           f"draft copy adds {copy:.2f} ms ({copy / call:.2f} of it; fastest of 20 at {1 + max(keeps)} "
+                           f"copies): a call with K drafts beats vanilla's time only where it takes more than "
+                           f"1 + {copy / call:.2f} K steps.")
         singles = measure(model, prompts, args.tokens, args.seed, modes, args.rounds, batched=False)
         report += ["", f"## {domain}: one prompt at a time", "", "```", table(singles, modes, prompts, False), "```"]
         print("\n".join(report[-6:]), flush=True)

@@ -66,7 +66,7 @@ def demo(args):
         return
     from .demo_diffusion import format_diffusion_tables, run_diffusion_demo
 
-    keep = args.keep if args.keep is not None else (16 if args.device.startswith("cuda") else 2)
+    keep = args.keep if args.keep is not None else (16 if args.device.startswith("cuda") else 1)
     report = run_diffusion_demo(prompts=args.prompts, tokens=args.tokens, temperature=args.temperature,
                                 keep=keep, seed=args.seed, out=Path(args.out), device=args.device)
     print(format_diffusion_tables(report))
@@ -111,7 +111,7 @@ def main(argv=None):
     d.add_argument("--no-sweep", action="store_true", help="skip the chain-vs-tree sweep of verified tokens")
     d.add_argument("--keep", type=int, default=None,
                    help="Spiffy drafts kept per model call (default 16 on CUDA, where a wider forward costs little; "
-                        "2 on the CPU, where each draft copy adds to the forward's time)")
+                        "1 on the CPU, where each draft copy adds about 0.4 of a forward's time)")
     d.add_argument("--no-diffusion", action="store_true", help="skip the block diffusion (Spiffy) section")
     d.add_argument("--out", default="demo_out", help="folder for demo.png and demo.json (default demo_out)")
     d.add_argument("--tp", type=int, default=0,

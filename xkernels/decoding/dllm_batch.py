@@ -62,7 +62,7 @@ class DllmBatchDecoder:
         self.block_step = torch.zeros(n, dtype=torch.int64, device=device)
         logits = torch.cat(firsts)
         with clock("step"):
-            self.block, _, _, _ = dllm_step(logits, masks.expand(n, -1), self.mask_id, threshold=threshold,
+            self.block, _, _, _ = dllm_step(logits, masks.repeat(n, 1), self.mask_id, threshold=threshold,
                                             temperature=temperature, seed=self.seeds, offset=self.block_step)
         self.block_step += 1
         # Spiffy: each sequence's last step distribution (that of its block before the last step).
