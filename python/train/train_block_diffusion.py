@@ -82,6 +82,8 @@ def main():
     parser.add_argument("--data", choices=["text", "distill"], default="text",
                         help="the training text: the corpus (default) or the AR target's greedy continuations")
     parser.add_argument("--distill-prompts", type=int, default=3000, help="--data distill: prompts per domain")
+    parser.add_argument("--distill-seed", type=int, default=0,
+                        help="--data distill: which training prompts (another seed draws other ones)")
     parser.add_argument("--text-share", type=float, default=0.0,
                         help="--data distill: the share of each batch's rows drawn from the real text")
     parser.add_argument("--out", type=Path, default=OUT, help="where the weights, card and curve go")
@@ -97,7 +99,7 @@ def main():
     torch.manual_seed(0)
     began = time.time()
     train, held = token_streams("train"), token_streams("held_out")
-    distilled = distilled_streams(args.distill_prompts) if args.data == "distill" else None
+    distilled = distilled_streams(args.distill_prompts, args.distill_seed) if args.data == "distill" else None
     text_rows = BATCH if distilled is None else round(BATCH * args.text_share)
     if args.init == "target":
         cfg = BlockDiffusionConfig(**load_config("target"))
@@ -134,7 +136,8 @@ def main():
              "minutes": round((time.time() - began) / 60, 1),
              "held_out_loss_at_start": round(start_loss, 3), "held_out_loss": round(held_loss, 3)}
     if distilled is not None:
-        stage.update(distill_prompts_per_domain=args.distill_prompts, text_share=args.text_share,
+        stage.update(distill_prompts_per_domain=args.distill_prompts, distill_seed=args.distill_seed,
+                     text_share=args.text_share,
                      distill_tokens={d: s.numel() for d, s in distilled.items()})
     stages.append(stage)
     card = {"batch": BATCH, "length": LENGTH, "block_size": cfg.block_size, "mask_id": cfg.mask_id,
