@@ -128,10 +128,11 @@ class DllmBatchDecoder:
         step = torch.where(committing, 0, self.block_step)
         offset = (index * length + step) * length
         copies = self.block[:, None] if drafts is None else torch.cat([self.block[:, None], drafts], 1)
-        if commits and copies.shape[1] == 1:
-            copies = torch.cat([copies, masks[:, None]], 1)
         if commits:  # a committing sequence's copy 1 is its next block (it has no drafts)
-            copies[:, 1] = torch.where(committing[:, None], masks, copies[:, 1])
+            if copies.shape[1] == 1:
+                copies = torch.cat([copies, masks[:, None]], 1)
+            else:
+                copies[:, 1] = torch.where(committing[:, None], masks, copies[:, 1])
         logits = self.forward(copies, committing)
         root = logits[rows, committing.long()]
         with self.clock("step"):
