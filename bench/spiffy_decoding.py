@@ -60,7 +60,7 @@ def copy_cost(model, prompt, copies, repeats=20):
     1 + K * added / alone steps."""
     cache = model.new_cache()
     block = torch.full((1, 32), model.cfg.mask_id, dtype=torch.int64, device=prompt.device)
-    model.commit_then_forward(prompt.view(1, -1), block, cache)
+    model.forward_copies(block, cache, commit=prompt.view(1, -1))
     sync = torch.cuda.synchronize if prompt.is_cuda else (lambda: None)
     times = {}
     for c in (1, copies):
@@ -129,7 +129,8 @@ def main():
               f"thread(s), {args.device}. Graphs: {len(graphs[None])} nodes (one token per step), "
               f"{len(graphs[THRESHOLD])} (threshold {THRESHOLD}). {args.prompts} held-out prompts per domain, "
               f"{args.tokens} new tokens, block 32, T = 0, best of {args.rounds} rounds. NFE: model calls per prompt "
-              f"(the prompt and finished blocks join the cache in the next block's first call; batched: the batch's "
+              f"(the prompt and finished blocks join the cache in the next call; with Spiffy a call whose walk ends "
+              f"on a complete draft also takes the next block's first step; batched: the batch's "
               f"calls). "
               f"Spiffy's overhead against {PAPER}."]
     for domain in data.DOMAINS:

@@ -127,3 +127,31 @@ def test_profiling_times_the_phases_and_changes_nothing():
     alone, single = dllm_generate(model, prompts[0], 12, block_size=8, spiffy=spiffy, profile=True)
     assert torch.equal(alone, want[0]) and set(single.phase_seconds) == {"model", "draft", "step"}
     assert sum(single.phase_seconds.values()) <= single.seconds
+
+
+def test_a_next_block_completed_in_the_call_that_finished_the_last_is_committed_with_it(monkeypatch):
+    """Blocks of 4 at a low threshold: a walk completes its block on a draft and the next block's
+    first step, taken in the same call, completes that one too; the next call commits both (at
+    the loop's block size, not the model's 8). Every sequence still gets vanilla's tokens, and in
+    the batch its own calls, steps per call and drafts; the case is checked to occur."""
+    model = tiny_model()
+    seeds = [2, 3, 4, 5, 0]
+    prompts = [torch.randint(2, 64, (3 + s,), generator=torch.Generator().manual_seed(s)) for s in seeds]
+    max_new = [24, 23, 17, 24, 5]
+    spiffy = SpiffyConfig(hand_graph(), 5)
+    kwargs = dict(block_size=4, threshold=0.2, temperature=1.0)
+    got, stats = dllm_generate_batch(model, prompts, max_new, seed=seeds, spiffy=spiffy, **kwargs)
+    forward_copies, two = type(model).forward_copies, []
+
+    def counting(self, blocks, cache, commit=None, follows=None, commit_block_size=None):
+        two.append(commit is not None and cache.length > 0 and commit.shape[1] == 2 * blocks.shape[1])
+        return forward_copies(self, blocks, cache, commit, follows, commit_block_size)
+
+    monkeypatch.setattr(type(model), "forward_copies", counting)
+    for prompt, n, seed, tokens, mine in zip(prompts, max_new, seeds, got, stats.sequences):
+        want, alone = dllm_generate(model, prompt, n, seed=seed, spiffy=spiffy, **kwargs)
+        assert torch.equal(want, dllm_generate(model, prompt, n, seed=seed, **kwargs)[0])
+        assert torch.equal(tokens, want)
+        assert (mine.model_calls, mine.steps_per_call, mine.drafts) == \
+            (alone.model_calls, alone.steps_per_call, alone.drafts)
+    assert any(two)

@@ -315,8 +315,10 @@ def test_spiffy_decodes_exactly_what_vanilla_decodes(temperature, threshold):
 
 def test_a_planted_graph_is_accepted_and_saves_the_calls_it_should():
     """Without attention every masked position has the same logits, so the vanilla steps go left
-    to right with the same token and the chain of (0, 0), (1, 0), ... is always accepted: a block
-    of 8 takes one plain call and then calls of keep + 1 steps."""
+    to right with the same token and the chain of (0, 0), (1, 0), ... is always accepted: block 0
+    takes one plain call and then calls of keep + 1 steps. Its last call ends on a complete draft,
+    so that call also takes block 1's first step from the next block laid out after the draft,
+    and block 1 needs no plain call."""
     model = tiny_model(attention=False)
     keep = 3
     chain = DraftGraph([[]] + [[(i, 0) for i in range(d)] for d in range(1, 4)], [(d, d + 1) for d in range(3)])
@@ -325,8 +327,8 @@ def test_a_planted_graph_is_accepted_and_saves_the_calls_it_should():
     got, stats = dllm_generate(model, prompt, 16, block_size=8, spiffy=SpiffyConfig(chain, keep))
     assert torch.equal(got, want)
     assert vanilla.model_calls == 8 + 8  # the prompt and block 0 join the cache in a block's first call
-    assert stats.steps_per_call == [1, 4, 3] * 2
-    assert stats.model_calls == 3 + 3
+    assert stats.steps_per_call == [1, 4, 3 + 1, 4, 3]
+    assert stats.model_calls == 5
 
 
 @pytest.mark.skipif(not (WEIGHTS / "block_diffusion.safetensors").exists(), reason="the model is not trained yet")
@@ -374,29 +376,44 @@ def test_the_flat_layout_under_the_spiffy_mask_matches_the_batched_copies():
     assert not torch.allclose(leaked[0], batched[0], atol=1e-4)
 
 
-@pytest.mark.parametrize("prefix, tokens", [(0, 11), (0, 3), (9, 8), (9, 21)])
-def test_commit_then_forward_is_a_commit_and_a_forward_in_one_call(prefix, tokens):
-    """The decoding loops' block-start call: the cache it leaves and the next block's logits are
-    commit's and forward's (up to rounding), from an empty cache (a prompt) or after a prefix, for
-    spans that end mid-block or span several; the block's own keys never reach the cache."""
+@pytest.mark.parametrize("prefix, tokens", [(0, 11), (0, 3), (9, 8), (9, 21), (9, 0)])
+def test_forward_copies_is_a_commit_and_forwards_in_one_call(prefix, tokens):
+    """The decoding loops' call: the cache it leaves and every copy's logits are commit's and
+    forward's (up to rounding), from an empty cache (a prompt) or after a prefix, for spans that
+    end mid-block or span several, or none; the copies' keys never reach the cache. A copy that
+    follows a complete draft gets the logits of the next block after that draft, committed."""
     model = tiny_model()
     g = torch.Generator().manual_seed(prefix + tokens)
     head, span = torch.randint(2, 64, (1, prefix), generator=g), torch.randint(2, 64, (1, tokens), generator=g)
-    block = torch.randint(2, 64, (1, 8), generator=g)
-    block[0, ::3] = model.cfg.mask_id
-    apart, merged = model.new_cache(), model.new_cache()
+    copies = torch.randint(2, 64, (3, 8), generator=g)
+    copies[:2, ::3] = model.cfg.mask_id  # the block and a draft; copy 2 is a complete draft
+    masks = torch.full((1, 8), model.cfg.mask_id)
+    apart, after_draft, merged = model.new_cache(), model.new_cache(), model.new_cache()
     with torch.no_grad():
-        for cache in (apart, merged):
+        for cache in (apart, after_draft, merged):
             if prefix:
                 model.commit(head, cache)
-        model.commit(span, apart)
-        want = model(block, apart)
-        got = model.commit_then_forward(span, block, merged)
-    assert got.shape == want.shape == (1, 8, 64)
-    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        for cache in (apart, after_draft):
+            if tokens:
+                model.commit(span, cache)
+        model.commit(copies[2:], after_draft)
+        want, want_next = model(copies, apart), model(masks, after_draft)
+        got = model.forward_copies(torch.cat([copies, masks]), merged, commit=span if tokens else None,
+                                   follows=[-1, -1, -1, 2])
+    assert got.shape == (4, 8, 64)
+    torch.testing.assert_close(got[:3], want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got[3:], want_next, atol=1e-4, rtol=1e-4)
     assert merged.length == apart.length == prefix + tokens
     for a, b in zip(apart.k + apart.v, merged.k + merged.v):
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("follows", [[-1, 2, 1], [-1, 3, -1], [-1, -1]])
+def test_forward_copies_rejects_a_bad_follows(follows):
+    """A next block must follow a copy that follows none, inside the call, one entry a copy."""
+    model = tiny_model()
+    with pytest.raises(ValueError, match="follows"):
+        model.forward_copies(torch.full((3, 8), 5), model.new_cache(), follows=follows)
 
 
 @pytest.mark.needs_cuda

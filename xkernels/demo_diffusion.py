@@ -1,7 +1,7 @@
 """The demo's diffusion section: the shipped block diffusion LM on held-out prompts of each domain,
 decoded one token per step (vanilla), with threshold unmasking, with Spiffy (the shipped graphs),
 and with both. It reports model calls (NFE; the prompt and finished blocks join the cache
-in the next block's first call), unmasking steps, tokens per second, the NFE reduction and speed-up over vanilla,
+in the next call), unmasking steps, tokens per second, the NFE reduction and speed-up over vanilla,
 whether the tokens equal vanilla's (Spiffy rows against the vanilla run with the same threshold),
 and the share of the decoding time spent in the model and in each phase outside it
 (spiffy_materialize, dllm_step / spiffy_accept with the call's host read, the loop's own).

@@ -3,19 +3,26 @@
 Blocks of `block_size` masked tokens are decoded left to right. Within a block, each step calls
 the model on the block (after the exact prefix cache) and unmasks tokens by dllm_step's rule:
 the most confident one, or with `threshold` every one above it (at least one). A finished block's
-keys and values join the cache in the next block's first call, as the prompt's do in the first
-block's (BlockDiffusionLM.commit_then_forward: the model is block-causal, so they never change).
+keys and values join the cache in the next call, as the prompt's do in the first block's
+(BlockDiffusionLM.forward_copies: the model is block-causal, so they never change).
 
 With Spiffy, from a block's second step on, each call also verifies drafts: spiffy_materialize
 fills the draft graph from the last step distribution the loop has; one forward computes the
-logits of the real block and of every draft (each copy attends to the prefix and to itself:
-the batch rows of BlockDiffusionLM.forward); spiffy_accept then takes the real step and, for as
-long as the block reached is a draft, that draft's step from its own logits. Every step is the
-vanilla step on the exact logits of the block it starts from, and step t of block b draws the
-noise of offset (b * block_size + t) * block_size in both loops (the ops' per-request form: position
-p at that offset + p; spiffy_accept's later steps at block_size more each), so the tokens are
-identical to vanilla decoding at any temperature, with and without a threshold, and
-dllm_generate_batch gives a sequence of the same seed the same tokens.
+logits of the real block and of every draft (each copy attends to the prefix and to itself);
+spiffy_accept then takes the real step and, for as long as the block reached is a draft, that
+draft's step from its own logits. Every step is the vanilla step on the exact logits of the block
+it starts from, and step t of block b draws the noise of offset (b * block_size + t) * block_size
+in both loops (the ops' per-request form: position p at that offset + p; spiffy_accept's later
+steps at block_size more each), so the tokens are identical to vanilla decoding at any
+temperature, with and without a threshold, and dllm_generate_batch gives a sequence of the same
+seed the same tokens.
+
+A block's first call has no step distribution to draft from, so it would take one step. Instead,
+the call also computes, after each complete draft (one that unmasks the whole block), the next
+block of masks seeing that draft: when the walk ends on it, those are the exact logits of the next
+block's first step, which the same call takes (the step vanilla takes, with its noise), and the
+next call commits the finished block while it drafts from them: a call saved per block whose last
+step a draft reaches. (Choosing those drafts is one more host read per such call on a GPU.)
 """
 
 import contextlib
@@ -89,15 +96,19 @@ def dllm_generate(model: BlockDiffusionLM, prompt_ids, max_new_tokens: int, *, b
     seeds = request_seeds(seed, 1, prompt.device)
     out: List[torch.Tensor] = []
     blocks = -(-max_new_tokens // block_size)
-    unseen = prompt  # tokens not yet in the cache: a block's first call commits them
+    masks = torch.full((1, block_size), mask_id, dtype=torch.int64, device=prompt.device)
+    unseen = prompt  # tokens not yet in the cache: the next call commits them
+    ahead = None  # (block, logits) of a block whose first step the call finishing the last one took
     for b in range(blocks):
-        block = torch.full((1, block_size), mask_id, dtype=torch.int64, device=prompt.device)
+        block, stale, t = masks, None, 0  # stale: the logits of the last step taken; they fill the drafts
+        if ahead is not None:
+            (block, stale), t, ahead = ahead, 1, None
+        masked = int((block == mask_id).sum())
         steps: list = []
-        stale = None  # the logits of the last step taken: they fill the next call's drafts
-        t, masked = 0, block_size
         while masked:
             offset = (b * block_size + t) * block_size
-            drafts, node_ids = None, None
+            drafts, node_ids, follows = None, None, None
+            copies = block
             if spiffy is not None and stale is not None:
                 with clock("draft"):
                     drafts, node_ids, _ = spiffy_materialize(stale, block, mask_id, spiffy.graph, keep=spiffy.keep,
@@ -105,12 +116,15 @@ def dllm_generate(model: BlockDiffusionLM, prompt_ids, max_new_tokens: int, *, b
                     if node_ids.device.type == "cpu":  # drop unused slots (at the end): free to read here,
                         used = int((node_ids[0] >= 0).sum())  # and on a CPU each copy costs a forward
                         drafts, node_ids = drafts[:, :used], node_ids[:, :used]
-            copies = block if drafts is None else torch.cat([block, drafts[0]])
+                    copies = torch.cat([block, drafts[0]])
+                    if b + 1 < blocks:  # the next block after each complete draft (a host read)
+                        complete = (drafts[0] != mask_id).all(1) & (node_ids[0] >= 0)
+                        follows = [-1] * copies.shape[0] + (1 + complete.nonzero()[:, 0]).tolist()
+                        copies = torch.cat([copies, masks.expand(len(follows) - copies.shape[0], -1)])
             with clock("model"):
-                if unseen is not None:
-                    logits, unseen = model.commit_then_forward(unseen, block, cache), None
-                else:
-                    logits = model(copies, cache)
+                logits = model.forward_copies(copies, cache, commit=unseen, follows=follows,
+                                              commit_block_size=None if b == 0 else block_size)
+            unseen = None
             stats.model_calls += 1
             if drafts is None:
                 with clock("step"):
@@ -121,22 +135,32 @@ def dllm_generate(model: BlockDiffusionLM, prompt_ids, max_new_tokens: int, *, b
                 if trace is not None:
                     steps.append((logits[0], block[0], new_block[0]))
             else:
-                stats.drafts += drafts.shape[1]
+                k = drafts.shape[1]
+                stats.drafts += k
                 with clock("step"):
                     taken, _, _, new_block, last = spiffy_accept(
-                        logits[:1], logits[1:][None], drafts, node_ids, block, mask_id, threshold=threshold,
+                        logits[:1], logits[1 : 1 + k][None], drafts, node_ids, block, mask_id, threshold=threshold,
                         temperature=temperature, seed=seeds, offset=offset)
                     # the call's one host read: steps taken, the draft they ended on, positions left
                     taken, last, masked = torch.stack([taken[0], last[0], (new_block == mask_id).sum()]).tolist()
             stale = logits[last + 1 : last + 2]
             block = new_block
             t += taken
+            if follows is not None and not masked and last + 1 in follows:
+                # the block ended on a complete draft whose next block this call computed: that
+                # block's first step is vanilla's (its logits see exactly this block)
+                nxt = logits[follows.index(last + 1) : follows.index(last + 1) + 1]
+                with clock("step"):
+                    stepped, _, _, _ = dllm_step(nxt, masks, mask_id, threshold=threshold, temperature=temperature,
+                                                 seed=seeds, offset=(b + 1) * block_size * block_size)
+                ahead = (stepped, nxt)
+                taken += 1
             stats.steps_per_call.append(taken)
         stats.steps += t
         if trace is not None:
             trace.append(steps)
         out.append(block[0])
-        unseen = block
+        unseen = block if unseen is None else torch.cat([unseen, block], 1)
     tokens = torch.cat(out)[:max_new_tokens]
     stats.new_tokens = tokens.numel()
     stats.seconds = time.perf_counter() - began

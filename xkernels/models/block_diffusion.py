@@ -4,13 +4,13 @@ keys and values of finished blocks never change and a prefix KV cache is exact.
 
 A decoding call feeds copies of the current block: `forward(blocks [C, L], cache)` gives the
 logits of C versions of the block, each at the positions after the cache and attending to the
-cache and to itself only; a block's first call also commits the tokens before it
-(`commit_then_forward`). Spiffy's draft copies ride in that batch dimension; a flat layout (the
+cache and to itself only; a block's first call also commits the tokens before it, and a copy
+may be the block after a complete draft (`forward_copies`). Spiffy's draft copies ride in that batch dimension; a flat layout (the
 copies one after another in the sequence, under xkernels.spiffy_attention_mask) is supported too.
 """
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from .target import KVCache, TargetConfig, Transformer
@@ -71,19 +71,40 @@ class BlockDiffusionLM(Transformer):
         self.hidden(tokens, positions, block_causal_mask(tokens.shape[1], self.cfg.block_size, tokens.device),
                     cache, commit=True, head_from=tokens.shape[1])
 
-    def commit_then_forward(self, tokens: torch.Tensor, block: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """commit(tokens [1, T]) and forward(block [1, L]) in one call: the logits [1, L, V] of the
-        block that follows the tokens, which join the cache (the block's keys and values do not).
-        The same attention as the two calls, so the same values up to rounding; a decoding loop
-        takes a block's first step in the call that commits the tokens before it."""
-        start, t, length = cache.length, tokens.shape[1], block.shape[1]
-        mask = torch.ones(t + length, t + length, dtype=torch.bool, device=tokens.device)
-        mask[:t, :t] = block_causal_mask(t, self.cfg.block_size, tokens.device)
-        mask[:t, t:] = False  # the committed tokens never see the block
-        positions = torch.arange(start, start + t + length, device=tokens.device)
-        logits = self.hidden(torch.cat([tokens, block], dim=1), positions, mask, cache, commit=True, head_from=t)
-        cache.crop(start + t)
-        return logits
+    def forward_copies(self, blocks: torch.Tensor, cache: KVCache, commit: Optional[torch.Tensor] = None,
+                       follows: Optional[Sequence[int]] = None, commit_block_size: Optional[int] = None) -> torch.Tensor:
+        """Logits [C, L, V] of C copies [C, L] of the block after the cache, in one call, each
+        seeing the cache and itself. commit: tokens [1, T] (a prompt, or finished blocks) that
+        join the cache in this call, block-causal in blocks of commit_block_size (default the
+        model's; a decoding loop's own for its blocks) ending at T; every copy sees them (the
+        copies' own keys never join).
+        follows (host ints, one a copy): where follows[c] = k >= 0, copy c is the block after copy
+        k, a complete block: one block further on, it sees copy k too (a block's first step taken
+        in the call that verifies the draft completing the block before it). The same attention
+        as commit() and forward() called apart, so the same values up to rounding."""
+        c, length = blocks.shape
+        t = 0 if commit is None else commit.shape[1]
+        after = torch.full((c,), -1, dtype=torch.int64) if follows is None else torch.as_tensor(follows)
+        if after.shape != (c,) or bool(((after >= c) | (after >= 0) & (after[after.clamp(0, c - 1)] >= 0)).any()):
+            raise ValueError(f"forward_copies: follows must name, for each of the {c} copies, -1 or a copy "
+                             f"that follows none; got {after.tolist()}")
+        if not t and bool((after < 0).all()):
+            return self.forward(blocks, cache)
+        start, device = cache.length, blocks.device
+        copy = torch.arange(c * length, device=device) // length
+        parent = after.to(device)[copy]
+        n = t + c * length
+        mask = torch.ones(n, n, dtype=torch.bool, device=device)
+        mask[:t, :t] = block_causal_mask(t, commit_block_size or self.cfg.block_size, device)
+        mask[:t, t:] = False  # the committed tokens never see the copies
+        mask[t:, t:] = (copy[None, :] == copy[:, None]) | (copy[None, :] == parent[:, None])
+        positions = torch.cat([torch.arange(start, start + t, device=device),
+                               start + t + torch.arange(c * length, device=device) % length + length * (parent >= 0)])
+        tokens = blocks.reshape(1, -1) if commit is None else torch.cat([commit, blocks.reshape(1, -1)], dim=1)
+        logits = self.hidden(tokens, positions, mask, cache, commit=bool(t), head_from=t)
+        if t:
+            cache.crop(start + t)
+        return logits.view(c, length, -1)
 
     def forward_flat(self, blocks: torch.Tensor, cache: KVCache, mask: torch.Tensor) -> torch.Tensor:
         """forward() with the copies [C, L] laid out one after another in one sequence under mask
